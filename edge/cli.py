@@ -1,0 +1,147 @@
+"""The `edge` command line. Heavy imports (torch, diffusers) happen inside the commands so
+`edge --help` stays instant."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    help="edge: make text-to-video models fit and run fast on devices.\n\n"
+         "The default model, tiny-sora, ships with the package: every command works offline.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
+train_app = typer.Typer(help="Train a model the project ships, from scratch.",
+                        no_args_is_help=True)
+app.add_typer(train_app, name="train")
+
+WeightsOption = Annotated[Path | None, typer.Option(
+    "--weights", help="tiny-sora weights folder [default: the one shipped in the package]",
+    exists=True, file_okay=False)]
+
+
+def _load_pipeline(weights: Path | None):
+    from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
+
+    return TinySora.load(weights or DEFAULT_WEIGHTS)
+
+
+def _cell(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help='What to draw, e.g. "a red circle moving left".')],
+    output: Annotated[Path, typer.Option(
+        "-o", "--output", help="Video file to write (.gif or .mp4).")] = Path("out.gif"),
+    seed: Annotated[int, typer.Option(help="Seed of the initial noise.")] = 0,
+    steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
+    guidance: Annotated[float | None, typer.Option(
+        help="Classifier-free guidance scale [default: the model's].")] = None,
+    scale: Annotated[int, typer.Option(min=1, help="Upscale frames by this factor.")] = 4,
+    fps: Annotated[int, typer.Option(min=1)] = 8,
+    weights: WeightsOption = None,
+) -> None:
+    """Generate a video from a prompt with the PyTorch reference pipeline."""
+    from tqdm import tqdm
+
+    from edge.video import FORMATS, write_video
+
+    if output.suffix.lower() not in FORMATS:
+        _fail(f"cannot write {output}: use a {' or '.join(FORMATS)} file name")
+    pipe = _load_pipeline(weights)
+    overrides = {k: v for k, v in (("steps", steps), ("guidance", guidance)) if v is not None}
+    total = overrides.get("steps", pipe.sampler.steps)
+    started = time.perf_counter()
+    with tqdm(total=total, desc="denoising", unit="step") as bar:
+        video = pipe.generate(prompt, seed=seed, on_step=lambda i, n: bar.update(1), **overrides)
+    path = write_video(output, video[0], fps=fps, scale=scale)
+    typer.echo(f"wrote {path} ({video.shape[1]} frames, {video.shape[2]}x{video.shape[3]} "
+               f"upscaled x{scale}) in {time.perf_counter() - started:.1f} s")
+
+
+@app.command("eval")
+def evaluate(
+    prompts: Annotated[Path | None, typer.Option(
+        help="Text file, one prompt per line [default: 48 built-in prompts incl. held-out "
+             "combinations and unseen paraphrases].", exists=True, dir_okay=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the first prompt; prompt i uses seed+i.")] = 0,
+    steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
+    batch: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
+    weights: WeightsOption = None,
+) -> None:
+    """Generate videos for a prompt set and score colour, shape, direction, consistency and
+    coherence with the shipped attribute classifier."""
+    from tqdm import tqdm
+
+    from edge.eval.run import default_prompts, load_classifier, read_prompts, reference_scores
+    from edge.eval.run import evaluate as run_eval
+    from edge.models.tiny_sora import DEFAULT_WEIGHTS
+
+    try:
+        prompt_set = read_prompts(prompts) if prompts else default_prompts()
+    except ValueError as err:
+        _fail(str(err))
+    pipe = _load_pipeline(weights)
+    classifier = load_classifier(weights or DEFAULT_WEIGHTS)
+    overrides = {"steps": steps} if steps else {}
+    started = time.perf_counter()
+    with tqdm(total=len(prompt_set), desc="generating", unit="prompt", disable=as_json) as bar:
+        result = run_eval(lambda p, s: pipe.generate(p, s, **overrides), classifier, prompt_set,
+                          seed=seed, batch=batch, on_batch=bar.update)
+    result["steps"] = steps or pipe.sampler.steps
+    result["wall_s"] = round(time.perf_counter() - started, 2)
+    result["real_clips"] = reference_scores(classifier, prompt_set, seed)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(f"{'metric':<16}{'all prompts':>12}{'held-out':>10}{'real clips':>12}")
+    for key in ("color_acc", "shape_acc", "direction_acc", "consistency", "coherence",
+                "n_prompts"):
+        row = [result.get(key), result.get(f"held_out_{key}"), result["real_clips"].get(key)]
+        cells = "".join(f"{_cell(v):>{w}}" for v, w in zip(row, (12, 10, 12), strict=True))
+        typer.echo(f"{key:<16}{cells}")
+    typer.echo(f"{result['steps']} steps, {result['wall_s']} s")
+
+
+@train_app.command("tiny-sora")
+def train_tiny_sora(
+    out: Annotated[Path, typer.Option(help="Folder to write the weights to.")] = Path(
+        "runs/tiny-sora"),
+    seed: Annotated[int, typer.Option()] = 0,
+    transformer_steps: Annotated[int | None, typer.Option(
+        min=1, help="Transformer optimisation steps [default: the shipped recipe's].")] = None,
+    checkpoint_every: Annotated[int, typer.Option(
+        min=0, help="Also save the transformer every N steps (0: never).")] = 0,
+) -> None:
+    """Reproduce the shipped tiny-sora weights (VAE, transformer, classifier) on the CPU.
+
+    Takes about 50 minutes on 2 cores with the default recipe. Copy the result over
+    edge/weights/tiny-sora to ship it."""
+    from dataclasses import replace
+
+    from edge.train import TrainingRecipe
+    from edge.train import train_tiny_sora as train
+
+    recipe = TrainingRecipe(seed=seed)
+    if transformer_steps:
+        recipe = replace(recipe, transformer_steps=transformer_steps)
+    log = train(out, recipe, checkpoint_every=checkpoint_every)
+    typer.echo(json.dumps(log, indent=2))
+    typer.echo(f"wrote {out} in {log['total_seconds'] / 60:.1f} min")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,92 @@
+"""tiny-sora: the default text-to-video model, as a PyTorch reference pipeline.
+
+text encoder (MiniLM) -> STDiT denoised by the rectified-flow sampler -> VAE decoder per frame.
+Weights ship in `edge/weights/tiny-sora/` (written by `edge train tiny-sora`). This pipeline
+only composes named components; the sampler is the NumPy one every runtime shares.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKL
+from safetensors.torch import load_file
+
+from edge.models.stdit import STDiT, STDiTConfig
+from edge.models.text_encoder import TextEncoder
+from edge.models.vae import decode_latents
+from edge.sampler import SamplerSettings, initial_noise, sample
+
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "tiny-sora"
+REQUIRED_FILES = ("tiny-sora.json", "transformer.safetensors", "vae/config.json",
+                  "vae/diffusion_pytorch_model.safetensors")
+
+
+def check_weights_dir(path: Path) -> None:
+    missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"tiny-sora weights folder {path} lacks {', '.join(missing)}; "
+            "run `edge train tiny-sora` to create it")
+
+
+@dataclass
+class TinySora:
+    text_encoder: TextEncoder
+    transformer: STDiT
+    vae: AutoencoderKL
+    sampler: SamplerSettings
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_WEIGHTS) -> TinySora:
+        path = Path(path)
+        check_weights_dir(path)
+        config = json.loads((path / "tiny-sora.json").read_text())
+        transformer = STDiT(STDiTConfig(**config["transformer"]))
+        transformer.load_state_dict(load_file(path / "transformer.safetensors"))
+        vae = AutoencoderKL.from_pretrained(path / "vae", local_files_only=True)
+        return cls(TextEncoder(), transformer.eval(), vae.eval(),
+                   SamplerSettings(**config["sampler"]))
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        c = self.transformer.cfg
+        return (c.in_channels, c.frames, c.latent_size, c.latent_size)
+
+    @torch.no_grad()
+    def generate_latents(self, prompts: list[str], seeds: list[int],
+                         on_step: Callable[[int, int], None] | None = None,
+                         **sampler_overrides) -> np.ndarray:
+        settings = replace(self.sampler, **sampler_overrides)
+        caption, mask = self.text_encoder(prompts)
+        null_caption, null_mask = self.transformer.null_condition(len(prompts))
+        caption2, mask2 = torch.cat([caption, null_caption]), torch.cat([mask, null_mask])
+
+        def predict(x: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
+            x2 = torch.from_numpy(np.concatenate([x, x]))
+            v = self.transformer(x2, torch.full((len(x2),), t), caption2, mask2).numpy()
+            return v[: len(x)], v[len(x):]
+
+        return sample(predict, initial_noise(self.latent_shape, seeds), settings, on_step)
+
+    @torch.no_grad()
+    def decode(self, latents: np.ndarray) -> np.ndarray:
+        """latents (B, C, T, h, w) -> uint8 video (B, T, H, W, 3)."""
+        video = decode_latents(self.vae, torch.from_numpy(latents)).numpy()
+        return np.round(video * 255).astype(np.uint8)
+
+    def generate(self, prompts: str | list[str], seed: int | list[int] = 0,
+                 on_step: Callable[[int, int], None] | None = None,
+                 **sampler_overrides) -> np.ndarray:
+        """One video per prompt: uint8 (B, T, H, W, 3). A single seed s gives prompt i the
+        seed s + i, so a batch is as reproducible as its prompts one by one."""
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        seeds = [seed + i for i in range(len(prompts))] if isinstance(seed, int) else seed
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        return self.decode(self.generate_latents(prompts, seeds, on_step, **sampler_overrides))

@@ -1,0 +1,33 @@
+"""Write a uint8 video (T, H, W, 3) to GIF or MP4 through imageio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import imageio.v2 as imageio
+import numpy as np
+
+FORMATS = (".gif", ".mp4")
+
+
+def upscale(video: np.ndarray, factor: int) -> np.ndarray:
+    """Nearest-neighbour upscaling: 32x32 frames are hard to see at their own size."""
+    return video.repeat(factor, axis=1).repeat(factor, axis=2) if factor > 1 else video
+
+
+def write_video(path: str | Path, video: np.ndarray, fps: int = 8, scale: int = 4) -> Path:
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"cannot write {path}: use a {' or '.join(FORMATS)} file name")
+    if video.dtype != np.uint8 or video.ndim != 4 or video.shape[-1] != 3:
+        raise ValueError(f"expected a uint8 video (T, H, W, 3), got {video.dtype} {video.shape}")
+    frames = upscale(video, scale)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".gif":
+        imageio.mimwrite(path, list(frames), duration=1000 / fps, loop=0)
+    else:
+        # yuv420p needs even sides; macro_block_size=1 keeps our exact size
+        imageio.mimwrite(path, list(frames), fps=fps, codec="libx264", quality=8,
+                         macro_block_size=1, pixelformat="yuv420p")
+    return path

@@ -1,0 +1,1 @@
+"""Per-target exporters (ONNX, CoreML, WebGPU). None is implemented yet: see README.md."""

@@ -1,0 +1,1 @@
+"""Embeddable runtimes (Python, web, Swift). None is implemented yet: see README.md."""
