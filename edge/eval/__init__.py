@@ -1,0 +1,1 @@
+"""`edge eval`: attribute classifier, metrics and the evaluation loop."""

@@ -1,0 +1,1 @@
+"""Model definitions; tiny-sora is the default model."""
