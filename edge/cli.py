@@ -42,7 +42,12 @@ def _fail(message: str) -> None:
 
 @app.command()
 def generate(
-    prompt: Annotated[str, typer.Argument(help='What to draw, e.g. "a red circle moving left".')],
+    first: Annotated[str, typer.Argument(
+        metavar="[PACKAGE] PROMPT",
+        help='An exported package folder (optional), then what to draw, e.g. '
+             '"a red circle moving left". Without a package the PyTorch reference '
+             'pipeline runs.')],
+    prompt: Annotated[str | None, typer.Argument(hidden=True)] = None,
     output: Annotated[Path, typer.Option(
         "-o", "--output", help="Video file to write (.gif or .mp4).")] = Path("out.gif"),
     seed: Annotated[int, typer.Option(help="Seed of the initial noise.")] = 0,
@@ -52,23 +57,125 @@ def generate(
     scale: Annotated[int, typer.Option(min=1, help="Upscale frames by this factor.")] = 4,
     fps: Annotated[int, typer.Option(min=1)] = 8,
     weights: WeightsOption = None,
+    memory_budget: Annotated[str | None, typer.Option(
+        help="With a package: most bytes of block weights held at once, e.g. 64MB "
+             "[default: no limit, every block resident].")] = None,
 ) -> None:
-    """Generate a video from a prompt with the PyTorch reference pipeline."""
+    """Generate a video from a prompt, with the PyTorch pipeline or an exported package."""
     from tqdm import tqdm
 
     from edge.video import FORMATS, write_video
 
     if output.suffix.lower() not in FORMATS:
         _fail(f"cannot write {output}: use a {' or '.join(FORMATS)} file name")
-    pipe = _load_pipeline(weights)
+    package, text = (Path(first), prompt) if prompt is not None else (None, first)
+    if package is None and memory_budget:
+        _fail("--memory-budget applies to exported packages: give the package folder first")
+    pipe = _load_runtime(package, memory_budget) if package else _load_pipeline(weights)
     overrides = {k: v for k, v in (("steps", steps), ("guidance", guidance)) if v is not None}
     total = overrides.get("steps", pipe.sampler.steps)
     started = time.perf_counter()
     with tqdm(total=total, desc="denoising", unit="step") as bar:
-        video = pipe.generate(prompt, seed=seed, on_step=lambda i, n: bar.update(1), **overrides)
+        video = pipe.generate(text, seed=seed, on_step=lambda i, n: bar.update(1), **overrides)
     path = write_video(output, video[0], fps=fps, scale=scale)
     typer.echo(f"wrote {path} ({video.shape[1]} frames, {video.shape[2]}x{video.shape[3]} "
                f"upscaled x{scale}) in {time.perf_counter() - started:.1f} s")
+    if package:
+        _print_run_figures(pipe.last_run)
+
+
+def _load_runtime(package: Path, memory_budget: str | None):
+    from edge.package import PackageError
+    from runtimes.python import BudgetError, Pipeline
+
+    try:
+        return Pipeline.load(package, memory_budget=memory_budget)
+    except (PackageError, BudgetError, ValueError) as err:
+        _fail(str(err))
+
+
+def _print_run_figures(run: dict) -> None:
+    from runtimes.python.loader import format_size
+
+    walls = ", ".join(f"{k} {v:.2f} s" for k, v in run["wall_s"].items())
+    bw = run["read_bandwidth_bytes_per_s"]
+    overlap = run["overlap_efficiency"]
+    typer.echo(
+        f"wall: {walls}\n"
+        f"transformer calls {run['transformer_calls']}, read {format_size(run['bytes_read'])}"
+        f" in {run['reads']} reads ({format_size(int(bw)) + '/s' if bw else 'n/a'}), "
+        f"compute waited {run['io_wait_s']:.2f} s for I/O, overlap efficiency "
+        f"{'n/a' if overlap is None else f'{overlap:.2f}'}, peak held "
+        f"{format_size(run['peak_held_bytes'])}, peak RSS {format_size(run['peak_rss_bytes'])}")
+
+
+TARGETS = ("onnx",)
+PLANNED_TARGETS = {"iphone": "CoreML", "web": "WebGPU"}
+
+
+@app.command()
+def export(
+    target: Annotated[str, typer.Option(help="onnx (iphone and web are planned).")] = "onnx",
+    model: Annotated[Path | None, typer.Option(
+        help="Model weights folder [default: the shipped tiny-sora].", exists=True,
+        file_okay=False)] = None,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Package folder [default: dist/tiny-sora-TARGET].")] = None,
+    memory_budget: Annotated[str | None, typer.Option(
+        help="Plan residency for this budget, e.g. 64MB (shown with --dry-run).")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
+) -> None:
+    """Export a model to a device package: one graph per block, validated against PyTorch."""
+    if target in PLANNED_TARGETS:
+        _fail(f"--target {target} ({PLANNED_TARGETS[target]}) is not built yet; "
+              f"available: {', '.join(TARGETS)}")
+    if target not in TARGETS:
+        _fail(f"unknown --target {target!r}; available: {', '.join(TARGETS)}")
+    from runtimes.python.loader import BudgetError, format_size, parse_size
+
+    try:
+        budget = parse_size(memory_budget)
+    except ValueError as err:
+        _fail(str(err))
+    pipe = _load_pipeline(model)
+    from edge.blocks import cut_pipeline
+
+    components = cut_pipeline(pipe)
+    if dry_run:
+        from edge.plan import plan_residency
+
+        try:
+            plan = plan_residency(components, budget)
+        except BudgetError as err:
+            _fail(str(err))
+        typer.echo(f"{'block':<28}{'weights':>12}  at {memory_budget or 'no budget'}")
+        for row in plan["blocks"]:
+            typer.echo(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
+                       f"{'resident' if row['resident'] else 'streamed every use'}")
+        typer.echo(f"total {format_size(plan['total_bytes'])}, resident "
+                   f"{format_size(plan['resident_bytes'])}, largest block "
+                   f"{format_size(plan['largest_bytes'])}")
+        return
+    from tqdm import tqdm
+
+    from exporters.onnx import ExportValidationError, end_to_end_check, export_onnx
+
+    dest = output or Path("dist") / f"tiny-sora-{target}"
+    total = sum(len(b) for b in components.values())
+    started = time.perf_counter()
+    try:
+        with tqdm(total=total, desc="exporting", unit="block") as bar:
+            manifest = export_onnx(pipe, dest, components=components,
+                                   on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
+                                   validate_end_to_end=end_to_end_check(pipe))
+    except ExportValidationError as err:
+        _fail(f"validation failed, nothing written to {dest}: {err}")
+    worst = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
+                for c in manifest["components"] for b in c["blocks"])
+    typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "
+               f"block error {worst[0]:.2g} ({worst[1]}), end to end PSNR "
+               f"{manifest['validation']['psnr_db']} dB")
 
 
 @app.command("eval")

@@ -38,7 +38,9 @@ class AttributeClassifier(nn.Module):
         return appearance, self.layout(maps).view(b, t, -1)
 
     def forward(self, video: torch.Tensor) -> dict[str, torch.Tensor]:
-        appearance, layout = self.features(video)
+        return self.logits(*self.features(video))
+
+    def logits(self, appearance: torch.Tensor, layout: torch.Tensor) -> dict[str, torch.Tensor]:
         pooled = appearance.mean(1)
         return {"color": self.color_head(pooled), "shape": self.shape_head(pooled),
                 "direction": self.direction_head(self.motion(layout.transpose(1, 2)))}

@@ -21,9 +21,8 @@ def classify(model: AttributeClassifier, video: np.ndarray) -> dict[str, np.ndar
     per-clip consistency: the share of frames whose own colour and shape prediction (the
     clip heads applied to that frame alone) agree with the clip's. A subject that changes
     colour or form mid-clip, or dissolves, scores low."""
-    x = torch.from_numpy(as_float(video))
-    logits = model(x)
-    appearance, _ = model.features(x)
+    appearance, layout = model.features(torch.from_numpy(as_float(video)))
+    logits = model.logits(appearance, layout)
     same = torch.ones(appearance.shape[:2], dtype=torch.bool)
     for k in ("color", "shape"):
         per_frame = getattr(model, f"{k}_head")(appearance).argmax(-1)       # (B, T)

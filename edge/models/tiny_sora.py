@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import AutoencoderKL
+from diffusers.utils import logging as diffusers_logging
 from safetensors.torch import load_file
 
 from edge.models.stdit import STDiT, STDiTConfig
@@ -49,6 +50,7 @@ class TinySora:
         config = json.loads((path / "tiny-sora.json").read_text())
         transformer = STDiT(STDiTConfig(**config["transformer"]))
         transformer.load_state_dict(load_file(path / "transformer.safetensors"))
+        diffusers_logging.set_verbosity_error()  # no advice to install `accelerate`
         vae = AutoencoderKL.from_pretrained(path / "vae", local_files_only=True)
         return cls(TextEncoder(), transformer.eval(), vae.eval(),
                    SamplerSettings(**config["sampler"]))

@@ -1,6 +1,9 @@
 """Train the attribute classifier on rendered clips (every combination: it is a measuring
 instrument, not the generator). Light noise and blur make it tolerant of the softness of
-generated frames; `measure_classifier` reports its accuracy on fresh clips."""
+generated frames; `measure_classifier` reports its accuracy on fresh clips.
+
+Colour and shape are also trained per frame (the heads on each frame's own features): 16x
+the signal per clip, and the consistency score relies on per-frame predictions."""
 
 from __future__ import annotations
 
@@ -39,9 +42,15 @@ def train_classifier(steps: int, batch: int, seed: int, lr: float = 2e-3):
     bar = tqdm(range(steps), desc="classifier", unit="step")
     for _ in bar:
         video, _, attrs = sample_batch(batch, rng, combos)
-        logits = model(_degrade(torch.from_numpy(video), gen))
+        x = _degrade(torch.from_numpy(video), gen)
+        appearance, layout = model.features(x)
+        logits = model.logits(appearance, layout)
         y = labels_of(attrs)
         loss = sum(F.cross_entropy(logits[k], y[:, i]) for i, k in enumerate(ATTRIBUTES))
+        frames = x.shape[1]
+        for i, k in enumerate(("color", "shape")):
+            per_frame = getattr(model, f"{k}_head")(appearance).flatten(0, 1)
+            loss = loss + F.cross_entropy(per_frame, y[:, i].repeat_interleave(frames))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -1,0 +1,208 @@
+"""`edge export --target onnx`: one ONNX graph per block, weights in flash-friendly files.
+
+Each block's graph takes its weights as ordinary inputs instead of embedding them, and its
+weights sit contiguous in one file per block (tensors 64-byte aligned, file padded to 4 KiB).
+So the runtime alone decides when weight bytes are read: a block load is one large read, and
+an onnxruntime session (graph only, a few hundred KB) is created once and never reloads
+weights. Embedded or external-data initializers would make onnxruntime read the weights
+itself at session creation, outside the loader's budget and prefetch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+import edge
+from edge.blocks import Block, cut_pipeline
+from edge.models.text_encoder import MAX_TOKENS, minilm_dir
+from edge.models.tiny_sora import TinySora
+from edge.package import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    atomic_directory,
+    file_entry,
+    weights_layout,
+)
+
+BLOCK_TOLERANCE = 1e-4     # fp32 max-abs error per block against PyTorch
+
+
+class ExportValidationError(RuntimeError):
+    pass
+
+
+def write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
+    """Write fp32 tensors into one file in the package's flash layout; return the table."""
+    arrays = {n: t.detach().contiguous().numpy().astype(np.float32, copy=False)
+              for n, t in tensors.items()}
+    offsets, size = weights_layout({n: a.nbytes for n, a in arrays.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for name, a in arrays.items():
+            f.write(b"\0" * (offsets[name] - f.tell()))
+            f.write(a.tobytes())
+        f.write(b"\0" * (size - f.tell()))
+    return [{"name": n, "dtype": "float32", "shape": list(a.shape), "offset": offsets[n],
+             "bytes": a.nbytes} for n, a in arrays.items()]
+
+
+def graph_output(name: str) -> str:
+    """ONNX forbids one name as both graph input and output (a layer maps `hidden` to
+    `hidden`), so graph outputs carry a prefix; the manifest keeps the plain names."""
+    return f"out:{name}"
+
+
+class WeightsAsInputs(nn.Module):
+    """Wraps a block so its parameters become graph inputs after the activations."""
+
+    def __init__(self, block: Block) -> None:
+        super().__init__()
+        self.block = block.module
+        self.n_inputs = len(block.inputs)
+        self.names = list(block.parameters())
+
+    def forward(self, *args):
+        weights = dict(zip(self.names, args[self.n_inputs:], strict=True))
+        return torch.func.functional_call(self.block, weights, args[:self.n_inputs])
+
+
+def export_graph(block: Block, path: Path) -> None:
+    weights = tuple(block.parameters().values())
+    batch = torch.export.Dim("batch", min=1)
+    shapes = [{0: batch} if d else None for d in block.dynamic_batch] + [None] * len(weights)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # the exporter's constant folder logs harmless "Evaluation failed" notes; keep them quiet
+    logging.getLogger("onnxscript").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(WeightsAsInputs(block), block.example + weights, str(path),
+                          input_names=block.inputs + list(block.parameters()),
+                          output_names=[graph_output(n) for n in block.outputs],
+                          dynamic_shapes=(tuple(shapes),),
+                          dynamo=True, external_data=False, verbose=False)
+
+
+def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list[bool]):
+    return [{"name": n, "dtype": str(t.dtype).removeprefix("torch."),
+             "shape": ["batch" if d else t.shape[0], *t.shape[1:]]}
+            for n, t, d in zip(names, tensors, dynamic, strict=True)]
+
+
+def validate_block(block: Block, graph: Path) -> float:
+    """Max-abs error of the ONNX graph against the PyTorch block on its example inputs."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    feed = {n: t.numpy() for n, t in zip(block.inputs, block.example, strict=True)}
+    feed |= {n: t.numpy() for n, t in block.parameters().items()}
+    got = session.run([graph_output(n) for n in block.outputs], feed)
+    want = block.run(*block.example)
+    return max(float(np.abs(g - w.numpy()).max()) for g, w in zip(got, want, strict=True))
+
+
+def export_block(block: Block, root: Path) -> dict:
+    graph = root / "graphs" / block.component / f"{block.name}.onnx"
+    weights = root / "weights" / block.component / f"{block.name}.bin"
+    export_graph(block, graph)
+    error = validate_block(block, graph)
+    if not error <= BLOCK_TOLERANCE:
+        raise ExportValidationError(
+            f"block {block.key}: ONNX output differs from PyTorch by {error:.3g} "
+            f"(max-abs; the limit is {BLOCK_TOLERANCE:g})")
+    table = write_weights(weights, block.parameters())
+    outputs = block.run(*block.example)
+    dynamic_out = [True] * len(outputs)
+    files = [file_entry(root, graph), file_entry(root, weights)]
+    return {
+        "name": block.name,
+        "files": files,
+        "graph": files[0]["path"],
+        "weights": {"path": files[1]["path"], "tensors": table},
+        "weight_bytes": block.weight_bytes(),
+        "inputs": signature(block.inputs, block.example, block.dynamic_batch),
+        "outputs": signature(block.outputs, outputs, dynamic_out),
+        "validation": {"max_abs_error": error},
+    }
+
+
+def write_extras(pipe: TinySora, root: Path) -> dict:
+    """Files the runtime needs beside the blocks: tokenizer, null caption."""
+    tok_dir = root / "tokenizer"
+    tok_dir.mkdir(parents=True)
+    shutil.copy(minilm_dir() / "tokenizer.json", tok_dir / "tokenizer.json")
+    null = root / "conditioning" / "null_caption.npy"
+    null.parent.mkdir(parents=True)
+    np.save(null, pipe.transformer.null_caption.detach().numpy().astype(np.float32))
+    return {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
+                          "max_tokens": MAX_TOKENS},
+            "conditioning": {"null_caption": file_entry(root, null)}}
+
+
+def export_onnx(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
+                components: dict[str, list[Block]] | None = None,
+                on_block: Callable[[str], None] | None = None,
+                validate_end_to_end: Callable[[Path], dict] | None = None) -> dict:
+    """Export every block to `dest` atomically; returns the manifest."""
+    components = components or cut_pipeline(pipe)
+    with atomic_directory(dest) as root:
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                    "producer": f"edge {edge.__version__}", "target": "onnx",
+                    "model": model_name} | write_extras(pipe, root)
+        manifest["sampler"] = pipe.sampler.to_dict()
+        manifest["latent_shape"] = list(pipe.latent_shape)
+        manifest["components"] = []
+        for name, blocks in components.items():
+            records = []
+            for block in blocks:
+                records.append(export_block(block, root))
+                if on_block:
+                    on_block(block.key)
+            manifest["components"].append({"name": name, "blocks": records})
+        (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if validate_end_to_end:
+            manifest["validation"] = validate_end_to_end(root)
+            (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+PSNR_LIMIT_DB = 40.0
+VALIDATION_PROMPT = "a red circle moving left"
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def end_to_end_check(pipe: TinySora, seed: int = 0) -> Callable[[Path], dict]:
+    """A check for `export_onnx`: the package run by the Python runtime must reproduce the
+    PyTorch pipeline's video on a fixed prompt and seed (PSNR >= 40 dB)."""
+
+    def check(root: Path) -> dict:
+        from runtimes.python import Pipeline
+
+        runtime = Pipeline.load(root)
+        try:
+            got = runtime.generate(VALIDATION_PROMPT, seed=seed)
+        finally:
+            runtime.close()
+        want = pipe.generate(VALIDATION_PROMPT, seed=seed)
+        value = psnr(got, want)
+        if not value >= PSNR_LIMIT_DB:
+            raise ExportValidationError(
+                f"end to end: the exported package's video differs from PyTorch's "
+                f"(PSNR {value:.1f} dB < {PSNR_LIMIT_DB:g} dB) on {VALIDATION_PROMPT!r}, "
+                f"seed {seed}")
+        return {"prompt": VALIDATION_PROMPT, "seed": seed, "psnr_db": round(float(value), 2)}
+
+    return check

@@ -1,0 +1,142 @@
+"""Export the shipped tiny-sora to ONNX once, then run it with the Python runtime."""
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from edge.cli import app
+from edge.package import PackageError, read_package
+from exporters.onnx import PSNR_LIMIT_DB, ExportValidationError, export_onnx, psnr
+from runtimes.python import BudgetError, Pipeline
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory, pipeline):
+    from exporters.onnx import end_to_end_check
+
+    root = tmp_path_factory.mktemp("export") / "tiny-sora-onnx"
+    manifest = export_onnx(pipeline, root, validate_end_to_end=end_to_end_check(pipeline))
+    return root, manifest
+
+
+def test_manifest_lists_every_block_with_validation(package):
+    root, manifest = package
+    assert read_package(root)["target"] == "onnx"
+    names = {c["name"]: [b["name"] for b in c["blocks"]] for c in manifest["components"]}
+    assert names["text_encoder"] == ["embeddings"] + [f"layer_{i}" for i in range(6)]
+    assert names["transformer"] == ["prologue", "pair_0", "pair_1", "pair_2", "pair_3",
+                                    "epilogue"]
+    assert names["vae_decoder"] == ["head", "up_0", "up_1", "up_2_out"]
+    for comp in manifest["components"]:
+        for block in comp["blocks"]:
+            assert block["validation"]["max_abs_error"] <= 1e-4
+            weights = root / block["weights"]["path"]
+            assert weights.stat().st_size % 4096 == 0
+            assert all(t["offset"] % 64 == 0 for t in block["weights"]["tensors"])
+    assert manifest["validation"]["psnr_db"] >= PSNR_LIMIT_DB
+
+
+def test_runtime_matches_pytorch_and_budget_does_not_change_the_video(package, pipeline):
+    root, manifest = package
+    want = pipeline.generate("a green square moving up", seed=11, steps=6)
+    sizes = [b["files"][1]["bytes"] for c in manifest["components"] for b in c["blocks"]]
+    for budget in (None, max(sizes) + 8192):
+        runtime = Pipeline.load(root, memory_budget=budget)
+        got = runtime.generate("a green square moving up", seed=11, steps=6)
+        assert psnr(got, want) >= PSNR_LIMIT_DB
+        run = runtime.last_run
+        assert run["transformer_calls"] == 6
+        if budget:
+            assert run["peak_held_bytes"] <= budget
+            assert run["bytes_read"] > sum(sizes)  # transformer blocks streamed every step
+        runtime.close()
+
+
+def test_budget_too_small_is_refused_before_running(package):
+    root, manifest = package
+    with pytest.raises(BudgetError, match="text_encoder/embeddings"):
+        Pipeline.load(root, memory_budget="1MB")
+
+
+def test_corrupt_package_is_refused(package, tmp_path):
+    root, manifest = package
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    target = copy / manifest["components"][1]["blocks"][2]["weights"]["path"]
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0xFF
+    target.write_bytes(bytes(data))
+    with pytest.raises(PackageError, match="pair_1.bin: sha256 differs"):
+        Pipeline.load(copy)
+    target.write_bytes(bytes(data[:4096]))
+    with pytest.raises(PackageError, match="pair_1.bin: 4096 bytes, manifest says"):
+        Pipeline.load(copy)
+
+
+def test_failed_validation_leaves_the_earlier_package(package, pipeline, tmp_path):
+    root, _ = package
+    dest = tmp_path / "dest"
+    shutil.copytree(root, dest)
+    before = (dest / "manifest.json").read_text()
+
+    def failing(_root):
+        raise ExportValidationError("end to end: forced")
+
+    with pytest.raises(ExportValidationError):
+        export_onnx(pipeline, dest, validate_end_to_end=failing)
+    assert (dest / "manifest.json").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+def test_cli_generate_runs_a_package(package, tmp_path):
+    root, _ = package
+    out = tmp_path / "v.gif"
+    res = runner.invoke(app, ["generate", str(root), "a red circle moving left", "-o", str(out),
+                              "--steps", "3", "--memory-budget", "64MB"])
+    assert res.exit_code == 0, res.output
+    assert out.is_file() and "transformer calls 3" in res.output and "peak RSS" in res.output
+
+
+def test_cli_generate_names_a_bad_budget(package):
+    root, _ = package
+    res = runner.invoke(app, ["generate", str(root), "a red circle moving left",
+                              "--memory-budget", "1KB"])
+    assert res.exit_code == 2 and "smallest budget that works" in res.output
+
+
+def test_cli_export_dry_run_plans_without_writing(tmp_path):
+    res = runner.invoke(app, ["export", "--target", "onnx", "--dry-run", "--memory-budget",
+                              "60MB", "-o", str(tmp_path / "never")])
+    assert res.exit_code == 0, res.output
+    assert "transformer/pair_0" in res.output and "resident" in res.output
+    assert "streamed every use" in res.output and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("target,message", [("iphone", "not built yet"), ("gpu", "unknown")])
+def test_cli_export_refuses_other_targets(target, message):
+    res = runner.invoke(app, ["export", "--target", target])
+    assert res.exit_code == 2 and message in res.output
+
+
+def test_runtime_needs_no_torch(package):
+    import subprocess
+    import sys
+
+    root, _ = package
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from runtimes.python import Pipeline\n"
+            f"p = Pipeline.load({str(root)!r})\n"
+            "v = p.generate('a red circle moving left', steps=2)\n"
+            "print(v.shape)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(1, 16, 32, 32, 3)" in out.stdout
+
+
+def test_manifest_json_is_documented():
+    doc = open("docs/package-format.md").read()
+    for field in ("format_version", "producer", "target", "model", "tokenizer", "conditioning",
+                  "sampler", "latent_shape", "components", "sha256", "weights", "inputs"):
+        assert f"`{field}`" in doc
