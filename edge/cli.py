@@ -109,6 +109,45 @@ def _print_run_figures(run: dict) -> None:
         f"{format_size(run['peak_held_bytes'])}, peak RSS {format_size(run['peak_rss_bytes'])}")
 
 
+@app.command()
+def bench(
+    package: Annotated[Path, typer.Argument(help="An exported package folder.", exists=True,
+                                            file_okay=False)],
+    memory_budget: Annotated[str, typer.Option(
+        help="Budget for the streamed and naive modes, e.g. 64MB.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    prompt: Annotated[str, typer.Option()] = "a red circle moving left",
+    steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="onnxruntime threads.")] = None,
+) -> None:
+    """Time one generation all-resident, streamed with prefetch under the budget, and naive
+    (load on demand, no prefetch), beside a cold sequential read of the weights."""
+    from edge.package import PackageError
+    from runtimes.python.bench import MODES
+    from runtimes.python.bench import bench as run_bench
+    from runtimes.python.loader import BudgetError, format_size, parse_size
+
+    try:
+        result = run_bench(package, parse_size(memory_budget), prompt=prompt, steps=steps,
+                           threads=threads)
+    except (PackageError, BudgetError, ValueError) as err:
+        _fail(str(err))
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    cold = result["cold_sequential_read"]
+    typer.echo(f"cold sequential read: {format_size(cold['bytes'])} at "
+               f"{format_size(int(cold['bytes_per_s']))}/s")
+    typer.echo(f"{'mode':<10}{'wall s':>9}{'x resident':>11}{'read':>11}{'io wait s':>10}"
+               f"{'overlap':>9}{'bw/cold':>8}{'peak RSS':>11}")
+    for mode in MODES:
+        r = result[mode]
+        typer.echo(f"{mode:<10}{r['wall_s']:>9.2f}{r['wall_vs_resident']:>11.2f}"
+                   f"{format_size(r['bytes_read']):>11}{r['io_wait_s']:>10.2f}"
+                   f"{_cell(r['overlap_efficiency']):>9}{_cell(r['read_bw_fraction']):>8}"
+                   f"{format_size(r['peak_rss_bytes']):>11}")
+
+
 TARGETS = ("onnx",)
 PLANNED_TARGETS = {"iphone": "CoreML", "web": "WebGPU"}
 
@@ -120,7 +159,7 @@ def export(
         help="Model weights folder [default: the shipped tiny-sora].", exists=True,
         file_okay=False)] = None,
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="Package folder [default: dist/tiny-sora-TARGET].")] = None,
+        "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].")] = None,
     memory_budget: Annotated[str | None, typer.Option(
         help="Plan residency for this budget, e.g. 64MB (shown with --dry-run).")] = None,
     dry_run: Annotated[bool, typer.Option(
@@ -161,12 +200,13 @@ def export(
 
     from exporters.onnx import ExportValidationError, end_to_end_check, export_onnx
 
-    dest = output or Path("dist") / f"tiny-sora-{target}"
+    model_name = model.resolve().name if model else "tiny-sora"
+    dest = output or Path("dist") / f"{model_name}-{target}"
     total = sum(len(b) for b in components.values())
     started = time.perf_counter()
     try:
         with tqdm(total=total, desc="exporting", unit="block") as bar:
-            manifest = export_onnx(pipe, dest, components=components,
+            manifest = export_onnx(pipe, dest, model_name=model_name, components=components,
                                    on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
                                    validate_end_to_end=end_to_end_check(pipe))
     except ExportValidationError as err:
@@ -221,6 +261,28 @@ def evaluate(
         cells = "".join(f"{_cell(v):>{w}}" for v, w in zip(row, (12, 10, 12), strict=True))
         typer.echo(f"{key:<16}{cells}")
     typer.echo(f"{result['steps']} steps, {result['wall_s']} s")
+
+
+@app.command("scale-model")
+def scale_model(
+    out: Annotated[Path, typer.Argument(help="Model folder to write.")],
+    hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
+    pairs: Annotated[int, typer.Option(min=1, help="Spatial/temporal block pairs.")] = 8,
+    heads: Annotated[int, typer.Option(min=1)] = 16,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Write tiny-sora's architecture at a larger size with random weights, for speed and
+    memory benchmarks (`edge export --model OUT`). The defaults give a ~1 GB transformer."""
+    from edge.models.scaled import write_scaled_model
+    from runtimes.python.loader import format_size
+
+    try:
+        config = write_scaled_model(out, hidden, pairs, heads, seed)
+    except ValueError as err:
+        _fail(str(err))
+    params = config["random_weights"]["transformer_params"]
+    typer.echo(f"wrote {out}: transformer of {params / 1e6:.0f} M parameters "
+               f"({format_size(params * 4)} fp32), random weights (seed {seed})")
 
 
 @train_app.command("tiny-sora")

@@ -1,1 +1,1 @@
-"""Per-target exporters (ONNX, CoreML, WebGPU). None is implemented yet: see README.md."""
+"""Per-target exporters: onnx is built; CoreML and WebGPU are not yet (see README.md)."""

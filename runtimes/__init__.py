@@ -1,1 +1,1 @@
-"""Embeddable runtimes (Python, web, Swift). None is implemented yet: see README.md."""
+"""Embeddable runtimes: python/ is built; web and Swift are not yet (see README.md)."""

@@ -140,3 +140,34 @@ def test_manifest_json_is_documented():
     for field in ("format_version", "producer", "target", "model", "tokenizer", "conditioning",
                   "sampler", "latent_shape", "components", "sha256", "weights", "inputs"):
         assert f"`{field}`" in doc
+
+
+def test_cli_bench_json_has_every_mode(package):
+    import json
+
+    root, _ = package
+    res = runner.invoke(app, ["bench", str(root), "--memory-budget", "64MB", "--json",
+                              "--steps", "2"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.output.strip().splitlines()[-1])
+    assert result["cold_sequential_read"]["bytes_per_s"] > 0
+    for mode in ("resident", "streamed", "naive"):
+        for key in ("wall_s", "peak_rss_bytes", "bytes_read", "io_wait_s",
+                    "overlap_efficiency", "read_bw_fraction"):
+            assert key in result[mode]
+    assert result["resident"]["bytes_read"] == 0
+    assert result["naive"]["bytes_read"] >= result["streamed"]["bytes_read"] > 0
+    assert result["streamed"]["peak_held_bytes"] <= 64 << 20
+
+
+def test_scaled_model_exports_with_the_same_command(tmp_path):
+    res = runner.invoke(app, ["scale-model", str(tmp_path / "wide"), "--hidden", "64",
+                              "--pairs", "2", "--heads", "2"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["export", "--model", str(tmp_path / "wide"), "-o",
+                              str(tmp_path / "wide-onnx")])
+    assert res.exit_code == 0, res.output
+    manifest = read_package(tmp_path / "wide-onnx")
+    assert manifest["model"] == "wide"
+    assert [b["name"] for b in manifest["components"][1]["blocks"]] == [
+        "prologue", "pair_0", "pair_1", "epilogue"]

@@ -44,18 +44,20 @@ class STDiTConfig:
         return asdict(self)
 
 
-def sincos_1d(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """Transformer sinusoidal encoding of float positions: (N,) -> (N, dim)."""
+def sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Transformer sinusoidal encoding of float positions: (N,) -> (N, dim), with
+    wavelengths from 2*pi up to 2*pi*max_period."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half)
     args = positions.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
-def sincos_2d(grid: int, dim: int) -> torch.Tensor:
+def sincos_2d(grid: int, dim: int, max_period: float) -> torch.Tensor:
     """(grid*grid, dim): half the channels encode the row, half the column."""
     ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
-    return torch.cat([sincos_1d(ys.flatten(), dim // 2), sincos_1d(xs.flatten(), dim // 2)], -1)
+    return torch.cat([sincos_1d(ys.flatten(), dim // 2, max_period),
+                      sincos_1d(xs.flatten(), dim // 2, max_period)], -1)
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -135,11 +137,21 @@ class Prologue(nn.Module):
         self.cfg = cfg
         self.patch_embed = nn.Conv3d(cfg.in_channels, d, kernel_size=(1, p, p), stride=(1, p, p))
         grid = cfg.latent_size // p
-        self.register_buffer("pos_spatial", sincos_2d(grid, d), persistent=False)
-        self.register_buffer("pos_temporal", sincos_1d(torch.arange(cfg.frames), d),
+        # Wavelengths matched to the (small) grids: with the usual max period of 10000 only a
+        # handful of channels vary across 4 positions, and where the object is, is what text
+        # must control (its direction of motion).
+        self.register_buffer("pos_spatial", sincos_2d(grid, d, max_period=4.0 * grid),
+                             persistent=False)
+        self.register_buffer("pos_temporal",
+                             sincos_1d(torch.arange(cfg.frames), d, 4.0 * cfg.frames),
                              persistent=False)
         self.t_embed = nn.Sequential(nn.Linear(256, d), nn.SiLU(), nn.Linear(d, d))
-        # pooled caption joins the timestep: a global "what to draw" signal for every block
+        # pooled caption joins the timestep: a global "what to draw" signal for every block.
+        # It is whitened with statistics of the training captions first (set_text_whitening):
+        # in raw MiniLM space "left" and "right" captions have cosine 0.97 against 0.77 for
+        # "red" and "blue", and gradient descent learns small input differences last.
+        self.register_buffer("pooled_mean", torch.zeros(cfg.caption_dim))
+        self.register_buffer("pooled_whiten", torch.eye(cfg.caption_dim))
         self.pooled_embed = nn.Sequential(nn.Linear(cfg.caption_dim, d), nn.SiLU(),
                                           nn.Linear(d, d))
         self.t_block = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
@@ -157,11 +169,28 @@ class Prologue(nn.Module):
         x = x + self.pos_spatial[None, None] + self.pos_temporal[:frames, None][None]
         mask = caption_mask.to(caption.dtype)
         pooled = (caption * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+        pooled = (pooled - self.pooled_mean) @ self.pooled_whiten
         c = self.t_embed(sincos_1d(t * 1000.0, 256)) + self.pooled_embed(pooled)
         t_mod = self.t_block(c).view(b, 6, d)
         y = self.caption_embed(caption)
         y_bias = ((1.0 - mask) * -1e4)[:, None, None, :]
         return x, t_mod, c, y, y_bias
+
+
+    @torch.no_grad()
+    def set_text_whitening(self, caption: torch.Tensor, caption_mask: torch.Tensor,
+                           shrink: float = 0.1) -> None:
+        """Whitening of pooled captions from a set of training captions: (x - mean) W with
+        W = (cov + shrink * max_eig * I)^(-1/2). Shrinkage keeps directions in which training
+        captions barely vary from blowing up for unseen phrasings."""
+        mask = caption_mask.to(caption.dtype)[..., None]
+        pooled = (caption * mask).sum(1) / mask.sum(1)
+        mean = pooled.mean(0)
+        x = (pooled - mean).double()
+        evals, evecs = torch.linalg.eigh(x.T @ x / len(x))
+        evals = evals.clamp(min=0) + shrink * evals.max()
+        self.pooled_mean.copy_(mean)
+        self.pooled_whiten.copy_((evecs @ torch.diag(evals.rsqrt()) @ evecs.T).float())
 
 
 class STDiTPair(nn.Module):
@@ -208,13 +237,11 @@ class STDiT(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        # start every block near identity and the output at zero (adaLN-zero style)
-        nn.init.zeros_(self.prologue.t_block[1].weight)
+        # The output starts at zero. The conditioning paths (adaLN-single and cross-attention)
+        # start small but not zero: zero-initialised, they still had ~10x smaller weights than
+        # self-attention after 400 steps, and the caption barely steered the layout.
+        nn.init.normal_(self.prologue.t_block[1].weight, std=0.02)
         nn.init.zeros_(self.prologue.t_block[1].bias)
-        for pair in self.pairs:
-            for block in (pair.spatial, pair.temporal):
-                nn.init.zeros_(block.cross_attn.proj.weight)
-                nn.init.zeros_(block.cross_attn.proj.bias)
         nn.init.zeros_(self.epilogue.linear.weight)
         nn.init.zeros_(self.epilogue.linear.bias)
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from diffusers import AutoencoderKL
 from safetensors.torch import save_file
 
 from edge.models.stdit import STDiTConfig
@@ -31,8 +32,8 @@ class TrainingRecipe:
     clips: int = 10000
     transformer_steps: int = 2400
     transformer_batch: int = 32
-    transformer_lr: float = 5e-4
-    classifier_steps: int = 300
+    transformer_lr: float = 1e-3
+    classifier_steps: int = 600
     classifier_batch: int = 32
 
 
@@ -52,7 +53,7 @@ def save_weights(out_dir: Path, vae, transformer, classifier, config: dict) -> N
 
 def train_tiny_sora(out_dir: Path, recipe: TrainingRecipe = TrainingRecipe(),
                     cfg: STDiTConfig = STDiTConfig(), threads: int | None = None,
-                    checkpoint_every: int = 0) -> dict:
+                    checkpoint_every: int = 0, vae_from: Path | None = None) -> dict:
     """Train every component and write the weights folder. With `checkpoint_every`, the
     transformer's EMA is also saved to out_dir/checkpoints/ during training."""
     if threads:
@@ -61,8 +62,12 @@ def train_tiny_sora(out_dir: Path, recipe: TrainingRecipe = TrainingRecipe(),
     started = time.perf_counter()
 
     t0 = time.perf_counter()
-    vae, figures = train_vae(recipe.vae_steps, recipe.vae_batch_clips, recipe.seed)
-    log |= figures | {"vae_seconds": time.perf_counter() - t0}
+    if vae_from:  # iterate on the transformer without retraining the (deterministic) VAE
+        vae = AutoencoderKL.from_pretrained(vae_from).eval().requires_grad_(False)
+        log["vae_reused_from"] = str(vae_from)
+    else:
+        vae, figures = train_vae(recipe.vae_steps, recipe.vae_batch_clips, recipe.seed)
+        log |= figures | {"vae_seconds": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
     data = LatentClips(vae, TextEncoder(), recipe.clips, recipe.seed)

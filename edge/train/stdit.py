@@ -6,8 +6,10 @@ Recipe, and why:
 - Timesteps t = shift(u, 3) with u uniform: where the object is and which way it moves is
   decided at high noise, which logit-normal sampling rarely visits. The sampler uses the
   same shift at inference.
-- The pooled caption joins the timestep embedding, so every block's modulation knows the
-  caption, not only the cross-attention.
+- The pooled caption, whitened with the training captions' statistics, joins the timestep
+  embedding, so every block's modulation knows the caption, not only the cross-attention.
+  Without whitening a run learned colour by step 800 but still ignored direction at 1200:
+  "left"/"right" captions differ ~7x less than "red"/"blue" in MiniLM space.
 - Captions are dropped to the learned null caption 10% of the time (classifier-free guidance).
 - An EMA of the weights is what ships.
 """
@@ -91,6 +93,7 @@ def train_stdit(data: LatentClips, cfg: STDiTConfig, steps: int, batch: int, see
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     model = STDiT(cfg)
+    model.prologue.set_text_whitening(data.caption_tokens, data.caption_mask)
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps,

@@ -178,6 +178,7 @@ class BlockLoader:
     every_step: tuple[str, ...] = ()   # keys run every denoising step: pinned first
     prefetch: int = 1                  # blocks read ahead of the one computing (0: naive)
     cold_reads: bool = False
+    pin: bool = True                   # False: stream every block, pin nothing (naive)
     stats: LoaderStats = field(default_factory=LoaderStats)
 
     def __post_init__(self) -> None:
@@ -187,6 +188,9 @@ class BlockLoader:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-prefetch")
 
     def plan_pins(self) -> set[str]:
+        if not self.pin:
+            check_budget({k: b.nbytes for k, b in self.blocks.items()}, self.budget)
+            return set()
         return plan_pins({k: b.nbytes for k, b in self.blocks.items()}, self.budget,
                          self.every_step, self.prefetch)
 

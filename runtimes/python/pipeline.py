@@ -67,7 +67,7 @@ class Pipeline:
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
              prefetch: int = 1, cold_reads: bool = False, threads: int | None = None,
-             check_hashes: bool = True) -> Pipeline:
+             check_hashes: bool = True, pin: bool = True) -> Pipeline:
         """Verify the package (sizes, sha256, paths, version) before anything runs, plan the
         loader for `memory_budget` (refused if smaller than the largest block), and create
         one onnxruntime session per block graph (graphs only: weights come from the loader)."""
@@ -90,7 +90,7 @@ class Pipeline:
             components[c.name] = c
         loader = BlockLoader(weights, parse_size(memory_budget),
                              every_step=tuple(components["transformer"].keys()),
-                             prefetch=prefetch, cold_reads=cold_reads)
+                             prefetch=prefetch, cold_reads=cold_reads, pin=pin)
         return cls(root, manifest, loader, components)
 
     def plan(self) -> list[dict]:
@@ -164,8 +164,10 @@ class Pipeline:
             calls += 1
             return v[:b], v[b:]
 
-        latents = sample(predict, initial_noise(self.latent_shape, seeds), settings, on_step)
-        runs.close()
+        try:
+            latents = sample(predict, initial_noise(self.latent_shape, seeds), settings, on_step)
+        finally:
+            runs.close()
         t2 = time.perf_counter()
         figures["wall_s"]["transformer"] = t2 - t1
 
@@ -177,6 +179,11 @@ class Pipeline:
         figures["wall_s"]["vae_decoder"] = t3 - t2
         figures["wall_s"]["total"] = t3 - started
         figures["transformer_calls"] = calls
+        self.last_run = self._loader_figures(figures, stats_before, io_before)
+        return np.round(video * 255).astype(np.uint8)
+
+    def _loader_figures(self, figures: dict, stats_before: dict, io_before: int | None) -> dict:
+        """Add what the loader and the OS counted during this run to `figures`."""
         after = self.loader.stats.as_dict()
         for k in ("bytes_read", "reads", "read_s", "io_wait_s"):
             figures[k] = after[k] - stats_before[k]
@@ -190,8 +197,7 @@ class Pipeline:
             (t_io + t_compute - t_wall) / min(t_io, t_compute) if t_io > 0 else None)
         figures["peak_held_bytes"] = self.loader.stats.peak_held_bytes
         figures["peak_rss_bytes"] = _peak_rss_bytes()
-        self.last_run = figures
-        return np.round(video * 255).astype(np.uint8)
+        return figures
 
     def close(self) -> None:
         self.loader.close()
