@@ -38,13 +38,16 @@ def test_shipped_vae_reconstructs_clips(pipeline):
 
 
 def test_generated_video_follows_the_prompt(pipeline, classifier):
-    # a small slice of the eval: held-out combinations, full 30 steps
+    # a small slice of the eval: 4 held-out combinations, 2 phrasings each, full 30 steps.
+    # Chance is 1/6 for colour and 1/4 for direction; the full 48-prompt figures are in
+    # docs/tiny-sora.md (this slice holds the combinations whose colour comes out worst).
     from edge.eval.run import default_prompts
 
     prompts = default_prompts()[:8]
     result = evaluate(lambda p, s: pipeline.generate(p, s), classifier, prompts)
-    assert result["color_acc"] >= 0.75
-    assert result["coherence"] >= 0.5
+    assert result["color_acc"] >= 0.5
+    assert result["direction_acc"] >= 0.75
+    assert result["coherence"] >= 0.75
 
 
 def test_cli_generate_writes_a_gif(tmp_path):
