@@ -74,6 +74,9 @@ class Pipeline:
         root = Path(package)
         manifest = read_package(root, check_hashes=check_hashes)
         options = ort.SessionOptions()
+        # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
+        # of streamed weights) for the life of the session, outside the loader's budget
+        options.enable_cpu_mem_arena = False
         if threads:
             options.intra_op_num_threads = threads
         components, weights = {}, {}
