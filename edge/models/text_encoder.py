@@ -11,9 +11,11 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
+
+from edge.tokenizer import load_tokenizer as load_tokenizer_file
+from edge.tokenizer import tokenize
 
 MAX_TOKENS = 16  # captions are short; longer ones are truncated
 HIDDEN = 384
@@ -33,19 +35,8 @@ def minilm_dir() -> Path:
 
 
 def load_tokenizer(path: Path | None = None, max_tokens: int = MAX_TOKENS) -> Tokenizer:
-    """The `tokenizers` tokenizer from tokenizer.json, padding/truncating to `max_tokens`."""
-    tok = Tokenizer.from_file(str((path or minilm_dir()) / "tokenizer.json"))
-    tok.enable_truncation(max_tokens)
-    tok.enable_padding(length=max_tokens, pad_id=0, pad_token="[PAD]")
-    return tok
-
-
-def tokenize(tok: Tokenizer, captions: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, attention_mask), both int64 of shape (batch, MAX_TOKENS)."""
-    enc = tok.encode_batch(captions)
-    ids = np.array([e.ids for e in enc], dtype=np.int64)
-    mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
-    return ids, mask
+    """MiniLM's tokenizer.json (from the package folder unless `path` is given)."""
+    return load_tokenizer_file((path or minilm_dir()) / "tokenizer.json", max_tokens)
 
 
 @lru_cache(maxsize=1)

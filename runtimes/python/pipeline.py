@@ -18,6 +18,7 @@ import onnxruntime as ort
 
 from edge.package import read_package, resolve_inside
 from edge.sampler import SamplerSettings, initial_noise, sample
+from edge.tokenizer import load_tokenizer, tokenize
 from runtimes.python.loader import BlockLoader, BlockWeights, parse_size
 
 
@@ -51,13 +52,9 @@ class Pipeline:
                  components: dict[str, Component]) -> None:
         self.root, self.manifest, self.loader, self.components = root, manifest, loader, components
         self.sampler = SamplerSettings(**manifest["sampler"])
-        from tokenizers import Tokenizer
-
         tok = manifest["tokenizer"]
-        self.tokenizer = Tokenizer.from_file(str(resolve_inside(root, tok["files"][0]["path"],
-                                                                "tokenizer")))
-        self.tokenizer.enable_truncation(tok["max_tokens"])
-        self.tokenizer.enable_padding(length=tok["max_tokens"])
+        self.tokenizer = load_tokenizer(resolve_inside(root, tok["files"][0]["path"],
+                                                       "tokenizer"), tok["max_tokens"])
         null = manifest["conditioning"]["null_caption"]["path"]
         self.null_caption = np.load(resolve_inside(root, null, "conditioning.null_caption"))
         self.latent_shape = tuple(manifest["latent_shape"])
@@ -125,9 +122,7 @@ class Pipeline:
             runs.close()
 
     def encode_prompts(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        enc = self.tokenizer.encode_batch(prompts)
-        ids = np.array([e.ids for e in enc], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        ids, mask = tokenize(self.tokenizer, prompts)
         out = self._run_component("text_encoder", {"input_ids": ids, "attention_mask": mask})
         return out["hidden"], mask
 
