@@ -188,11 +188,11 @@ class BlockLoader:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-prefetch")
 
     def plan_pins(self) -> set[str]:
+        sizes = {k: b.nbytes for k, b in self.blocks.items()}
         if not self.pin:
-            check_budget({k: b.nbytes for k, b in self.blocks.items()}, self.budget)
+            check_budget(sizes, self.budget)
             return set()
-        return plan_pins({k: b.nbytes for k, b in self.blocks.items()}, self.budget,
-                         self.every_step, self.prefetch)
+        return plan_pins(sizes, self.budget, self.every_step, self.prefetch)
 
     def _load(self, key: str) -> _Loaded:
         spec = self.blocks[key]
