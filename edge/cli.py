@@ -23,6 +23,34 @@ WeightsOption = Annotated[Path | None, typer.Option(
     exists=True, file_okay=False)]
 
 
+# Step leaping, token merging and the step cache (edge/sampler.py); None: the model's default
+LeapOption = Annotated[bool | None, typer.Option(
+    "--leap/--no-leap", help="Linear Proportional Leap: once consecutive velocities stop "
+    "aligning better, one step to the end [default: the model's, off].")]
+LeapAfterOption = Annotated[int | None, typer.Option(
+    min=1, help="Fixed leap: leap after this many steps (implies --leap) [default: dynamic].")]
+LeapMinStepsOption = Annotated[int | None, typer.Option(
+    min=1, help="Dynamic leap: never before this many steps [default: 15].")]
+LeapPatienceOption = Annotated[int | None, typer.Option(
+    min=1, help="Dynamic leap: after this many steps without a better cosine [default: 3].")]
+LeapTolOption = Annotated[float | None, typer.Option(
+    min=0, help="Dynamic leap: a better cosine must gain more than this [default: 1e-3].")]
+MergeStepsOption = Annotated[int | None, typer.Option(
+    min=0, help="Temporal token merging (TDTM) for the first N steps, e.g. 15 = the first "
+    "half of 30 [default: 0, off].")]
+CacheOption = Annotated[float | None, typer.Option(
+    min=0, help="Step cache: skip the transformer while the first block's input changed "
+    "less than this in total, e.g. 0.1 [default: 0, off].")]
+
+
+def _sampler_overrides(**values) -> dict:
+    """The sampler settings given on the command line (None: not given)."""
+    out = {k: v for k, v in values.items() if v is not None}
+    if out.get("leap_after") is not None:
+        out.setdefault("leap", True)
+    return out
+
+
 def _load_pipeline(weights: Path | None):
     from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 
@@ -60,6 +88,13 @@ def generate(
     memory_budget: Annotated[str | None, typer.Option(
         help="With a package: most bytes of block weights held at once, e.g. 64MB "
              "[default: no limit, every block resident].")] = None,
+    leap: LeapOption = None,
+    leap_after: LeapAfterOption = None,
+    leap_min_steps: LeapMinStepsOption = None,
+    leap_patience: LeapPatienceOption = None,
+    leap_tol: LeapTolOption = None,
+    merge_steps: MergeStepsOption = None,
+    cache_threshold: CacheOption = None,
 ) -> None:
     """Generate a video from a prompt, with the PyTorch pipeline or an exported package."""
     from tqdm import tqdm
@@ -72,14 +107,25 @@ def generate(
     if package is None and memory_budget:
         _fail("--memory-budget applies to exported packages: give the package folder first")
     pipe = _load_runtime(package, memory_budget) if package else _load_pipeline(weights)
-    overrides = {k: v for k, v in (("steps", steps), ("guidance", guidance)) if v is not None}
+    overrides = _sampler_overrides(
+        steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
+        leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
+        merge_steps=merge_steps, cache_threshold=cache_threshold)
     total = overrides.get("steps", pipe.sampler.steps)
     started = time.perf_counter()
     with tqdm(total=total, desc="denoising", unit="step") as bar:
-        video = pipe.generate(text, seed=seed, on_step=lambda i, n: bar.update(1), **overrides)
+        try:
+            video = pipe.generate(text, seed=seed, on_step=lambda i, n: bar.update(i - bar.n),
+                                  **overrides)
+        except ValueError as err:
+            _fail(str(err))
     path = write_video(output, video[0], fps=fps, scale=scale)
     typer.echo(f"wrote {path} ({video.shape[1]} frames, {video.shape[2]}x{video.shape[3]} "
                f"upscaled x{scale}) in {time.perf_counter() - started:.1f} s")
+    trace = pipe.last_run["sampler"] if package else pipe.last_trace.to_dict()
+    leaped = "no leap" if trace["leap_at"] is None else f"leap after step {trace['leap_at']}"
+    typer.echo(f"sampler: {trace['calls']} predictions, {trace['transformer_calls']} with the "
+               f"transformer pairs run, {trace['merged_calls']} merged (TDTM), {leaped}")
     if package:
         _print_run_figures(pipe.last_run)
 

@@ -3,19 +3,28 @@
 Convention (diffusers' FlowMatchEulerDiscreteScheduler): x_t = (1 - t) * x0 + t * noise, the
 model predicts v = noise - x0, and one Euler step is x_next = x + (t_next - t) * v.
 
+Three ways to make fewer or cheaper transformer calls, all decided here (see
+docs/techniques-in-edge.md):
+
+- Linear Proportional Leap (`leap`): once consecutive velocities stop growing more aligned,
+  one Euler step with the whole remaining time lands on t = 0.
+- Temporal token merging (`merge_steps`): the predictor is told to use the merged transformer
+  variant for the first `merge_steps` steps.
+- Step cache (`cache_threshold`): the predictor skips the transformer pairs while the
+  accumulated relative change of the first block's modulated input stays under the
+  threshold, reusing the pairs' last residual.
+
 This module imports no torch: the Python runtime uses it as is, and the JavaScript and Swift
-runtimes mirror it line by line, so keep it plain array code.
+runtimes mirror it line by line, so keep it plain array code. Every piece of state lives in
+one `sample()` call, so generations never influence each other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
-
-# predict(latents, t) -> (v_cond, v_uncond); latents (B, ...) float32, t a scalar in [0, 1]
-Predictor = Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -24,9 +33,47 @@ class SamplerSettings:
     guidance: float = 5.0
     shift: float = 3.0                 # SD3-style timestep shift: more steps at high noise
     num_train_timesteps: int = 1000
+    # Linear Proportional Leap
+    leap: bool = False
+    leap_after: int | None = None      # fixed mode: leap after this many steps; None: dynamic
+    leap_min_steps: int = 15           # dynamic mode never leaps before this many steps
+    leap_patience: int = 3             # steps that fail to improve the best cosine, then leap
+    leap_tol: float = 1e-3             # an improvement must exceed this
+    # temporal token merging: the merged transformer variant for the first merge_steps steps
+    merge_steps: int = 0
+    # step cache: 0 is off; larger skips more transformer calls
+    cache_threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"sampler setting {name}={getattr(self, name)!r}: {why}")
+
+        if self.steps < 1:
+            raise bad("steps", "must be at least 1")
+        if self.leap_after is not None and not 1 <= self.leap_after < self.steps:
+            raise bad("leap_after", f"must be between 1 and steps - 1 = {self.steps - 1}")
+        if self.leap_min_steps < 1:
+            raise bad("leap_min_steps", "must be at least 1")
+        if self.leap_patience < 1:
+            raise bad("leap_patience", "must be at least 1")
+        if self.leap_tol < 0:
+            raise bad("leap_tol", "must not be negative")
+        if self.merge_steps < 0:
+            raise bad("merge_steps", "must not be negative")
+        if self.cache_threshold < 0:
+            raise bad("cache_threshold", "must not be negative")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> SamplerSettings:
+        """From a manifest's `sampler` object; unknown keys are refused by name."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown sampler setting(s): {', '.join(unknown)}")
+        return cls(**values)
 
 
 def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
@@ -59,14 +106,168 @@ def initial_noise(shape: tuple[int, ...], seeds: list[int]) -> np.ndarray:
                      for s in seeds])
 
 
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity over the whole array (every sample, channel, frame, pixel), in
+    float64."""
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    denom = float(np.linalg.norm(a64) * np.linalg.norm(b64))
+    return float(a64 @ b64) / denom if denom > 0 else 1.0
+
+
+class LeapRule:
+    """Decides, after each velocity prediction, whether to leap to t = 0 now.
+
+    Dynamic: keep the best cosine of consecutive velocities seen so far; a step whose cosine
+    does not beat it by more than `leap_tol` is a stale step; after `leap_patience` stale steps
+    in a row, and once at least `leap_min_steps` steps are done, leap. Fixed (`leap_after`):
+    leap once that many steps are done. `steps_done` counts the Euler steps already taken, so
+    leaping after n steps makes n + 1 transformer calls."""
+
+    def __init__(self, settings: SamplerSettings) -> None:
+        self.settings = settings
+        self.previous: np.ndarray | None = None
+        self.best = -np.inf
+        self.stale = 0
+        self.cosines: list[float] = []
+
+    def should_leap(self, v: np.ndarray, steps_done: int) -> bool:
+        s = self.settings
+        if self.previous is not None:
+            c = cosine(v, self.previous)
+            self.cosines.append(c)
+            if c > self.best + s.leap_tol:
+                self.best, self.stale = c, 0
+            else:
+                self.stale += 1
+        self.previous = v
+        if not s.leap or steps_done >= s.steps - 1:  # the last step reaches t = 0 anyway
+            return False
+        if s.leap_after is not None:
+            return steps_done >= s.leap_after
+        return steps_done >= s.leap_min_steps and self.stale >= s.leap_patience
+
+
+def modulated_input(x: np.ndarray, t_mod: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """The first block's timestep-modulated input, from the prologue's outputs: LayerNorm of
+    the tokens x (B, T, S, D), scaled and shifted by the adaLN-single modulation t_mod
+    (B, 6, D) rows 1 (scale) and 0 (shift). The block's own learned table offset is left out:
+    it is a constant, and the step cache only compares this value between steps."""
+    x64 = x.astype(np.float64)
+    mean = x64.mean(-1, keepdims=True)
+    var = ((x64 - mean) ** 2).mean(-1, keepdims=True)
+    h = (x64 - mean) / np.sqrt(var + eps)
+    return h * (1.0 + t_mod[:, 1, None, None]) + t_mod[:, 0, None, None]
+
+
+def relative_l1(a: np.ndarray, b: np.ndarray) -> float:
+    """mean |a - b| / mean |b|."""
+    denom = float(np.abs(b).mean())
+    return float(np.abs(a - b).mean()) / denom if denom > 0 else np.inf
+
+
+@dataclass
+class StepCache:
+    """TeaCache-style reuse of the transformer pairs' residual across steps.
+
+    Each step the predictor reports the first block's modulated input (`modulated_input`);
+    the relative L1 change against the previous step's accumulates; while the sum stays
+    under `threshold` the pairs are skipped and x_after = x_before + the last computed
+    residual (x_after - x_before). Computing resets the sum. The first and last steps always
+    compute."""
+
+    threshold: float
+    previous: np.ndarray | None = None
+    accumulated: float = 0.0
+    residual: np.ndarray | None = None
+
+    def should_compute(self, indicator: np.ndarray, force: bool = False) -> bool:
+        change = np.inf if self.previous is None else relative_l1(indicator, self.previous)
+        self.previous = indicator
+        if force or self.residual is None or self.residual.shape[0] != indicator.shape[0]:
+            self.accumulated = 0.0
+            return True
+        self.accumulated += change
+        if self.accumulated < self.threshold:
+            return False
+        self.accumulated = 0.0
+        return True
+
+    def store(self, before: np.ndarray, after: np.ndarray) -> None:
+        self.residual = after - before
+
+    def reuse(self, before: np.ndarray) -> np.ndarray:
+        return (before + self.residual).astype(before.dtype)
+
+
+@dataclass
+class Step:
+    """What the sampler tells the predictor about one transformer call."""
+
+    index: int                    # 0-based call number
+    merged: bool                  # use the temporally merged (TDTM) transformer variant
+    cache: StepCache | None       # None: step cache off
+    last: bool                    # the last call of this generation, as far as known now
+    computed: bool = True         # set by run_pairs: False when the cache stood in
+
+
+def run_pairs(step: Step, x: np.ndarray, t_mod: np.ndarray,
+              pairs: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, bool]:
+    """Run the transformer pairs on tokens x, or reuse the cached residual. Returns the
+    tokens after the pairs and whether the pairs ran."""
+    if step.cache is None:
+        return pairs(x), True
+    if step.cache.should_compute(modulated_input(x, t_mod), force=step.index == 0 or step.last):
+        out = pairs(x)
+        step.cache.store(x, out)
+        return out, True
+    step.computed = False
+    return step.cache.reuse(x), False
+
+
+@dataclass
+class Trace:
+    """What one `sample()` call did: for run figures and the JSON fixtures of the runtimes."""
+
+    calls: int = 0                           # velocity predictions
+    transformer_calls: int = 0               # of them, with the transformer pairs run
+    leap_at: int | None = None               # steps done before the leap; None: no leap
+    cosines: list[float] = field(default_factory=list)  # of consecutive guided velocities
+    merged_calls: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# predict(latents, t, step) -> (v_cond, v_uncond); latents (B, ...) float32, t in [0, 1]
+Predictor = Callable[[np.ndarray, float, Step], tuple[np.ndarray, np.ndarray]]
+
+
 def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
-           on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
+           on_step: Callable[[int, int], None] | None = None,
+           trace: Trace | None = None) -> np.ndarray:
     """Integrate from t=1 (noise) to t=0; returns the final latents."""
     ts = timesteps(settings)
     x = noise.astype(np.float32)
+    trace = trace if trace is not None else Trace()
+    rule = LeapRule(settings)
+    cache = StepCache(settings.cache_threshold) if settings.cache_threshold > 0 else None
+    # a fixed leap is known in advance, so the cache can treat its step as the last
+    last_call = settings.leap_after if settings.leap and settings.leap_after else settings.steps - 1
     for i in range(settings.steps):
-        v_cond, v_uncond = predict(x, float(ts[i]))
-        x = euler_step(x, guided_velocity(v_cond, v_uncond, settings.guidance), ts[i], ts[i + 1])
+        step = Step(i, i < settings.merge_steps, cache, i == last_call)
+        v_cond, v_uncond = predict(x, float(ts[i]), step)
+        trace.calls += 1
+        trace.transformer_calls += step.computed
+        trace.merged_calls += step.merged
+        v = guided_velocity(v_cond, v_uncond, settings.guidance)
+        if rule.should_leap(v, i):
+            x = euler_step(x, v, ts[i], ts[-1])  # the whole remaining time in one step
+            trace.leap_at = i
+            if on_step is not None:
+                on_step(settings.steps, settings.steps)
+            break
+        x = euler_step(x, v, ts[i], ts[i + 1])
         if on_step is not None:
             on_step(i + 1, settings.steps)
+    trace.cosines = rule.cosines
     return x

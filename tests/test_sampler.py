@@ -42,7 +42,7 @@ def test_straight_path_reaches_its_target_exactly():
     x0 = np.random.default_rng(1).standard_normal((1, 4, 2, 4, 4), dtype=np.float32)
     noise = initial_noise(x0.shape[1:], [5])
 
-    def predict(x, t):
+    def predict(x, t, step):
         v = noise - x0
         return v, v
 
@@ -65,6 +65,6 @@ def test_noise_is_per_seed_and_deterministic():
 
 def test_on_step_reports_progress():
     seen = []
-    sample(lambda x, t: (x, x), np.zeros((1, 2), np.float32), SamplerSettings(steps=4),
+    sample(lambda x, t, step: (x, x), np.zeros((1, 2), np.float32), SamplerSettings(steps=4),
            on_step=lambda i, n: seen.append((i, n)))
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.models.tdtm import merge_frames, unmerge_frames
+
 
 @dataclass(frozen=True)
 class STDiTConfig:
@@ -112,20 +114,38 @@ class STBlock(nn.Module):
         self.scale_shift_table = nn.Parameter(torch.randn(6, d) / d**0.5)
 
     def forward(self, x: torch.Tensor, t_mod: torch.Tensor, y: torch.Tensor,
-                y_bias: torch.Tensor) -> torch.Tensor:
-        """x (B, T, S, D); t_mod (B, 6, D); y (B, L, D); y_bias (B, 1, 1, L) additive mask."""
-        b, t, s, d = x.shape
+                y_bias: torch.Tensor, merged: bool = False) -> torch.Tensor:
+        """x (B, T, S, D); t_mod (B, 6, D); y (B, L, D); y_bias (B, 1, 1, L) additive mask.
+
+        merged: temporal token merging (TDTM) — self- and cross-attention run on the mean of
+        each pair of consecutive frames and their outputs are copied back to both frames
+        before the residual add; the MLP stays per frame."""
+        frames = x.shape[1]
         shift1, scale1, gate1, shift2, scale2, gate2 = (
             self.scale_shift_table[None] + t_mod)[:, :, None, None].unbind(1)  # each (B, 1, 1, D)
         h = modulate(self.norm1(x), shift1, scale1)
+        if merged:
+            h = unmerge_frames(self._self_attention(merge_frames(h)), frames)
+        else:
+            h = self._self_attention(h)
+        x = x + gate1 * h
+        if merged:
+            x = x + unmerge_frames(self._cross_attention(merge_frames(x), y, y_bias), frames)
+        else:
+            x = x + self._cross_attention(x, y, y_bias)
+        return x + gate2 * self.mlp(modulate(self.norm2(x), shift2, scale2))
+
+    def _self_attention(self, h: torch.Tensor) -> torch.Tensor:
+        b, t, s, d = h.shape
         if self.temporal:
             h = h.transpose(1, 2).reshape(b * s, t, d)
-            h = self.attn(h).view(b, s, t, d).transpose(1, 2)
-        else:
-            h = self.attn(h.reshape(b * t, s, d)).view(b, t, s, d)
-        x = x + gate1 * h
-        x = x + self.cross_attn(x.reshape(b, t * s, d), y, y_bias).view(b, t, s, d)
-        return x + gate2 * self.mlp(modulate(self.norm2(x), shift2, scale2))
+            return self.attn(h).view(b, s, t, d).transpose(1, 2)
+        return self.attn(h.reshape(b * t, s, d)).view(b, t, s, d)
+
+    def _cross_attention(self, x: torch.Tensor, y: torch.Tensor,
+                         y_bias: torch.Tensor) -> torch.Tensor:
+        b, t, s, d = x.shape
+        return self.cross_attn(x.reshape(b, t * s, d), y, y_bias).view(b, t, s, d)
 
 
 class Prologue(nn.Module):
@@ -201,8 +221,23 @@ class STDiTPair(nn.Module):
         self.spatial = STBlock(cfg, temporal=False)
         self.temporal = STBlock(cfg, temporal=True)
 
+    def forward(self, x, t_mod, y, y_bias, merged: bool = False):
+        x = self.spatial(x, t_mod, y, y_bias, merged)
+        return self.temporal(x, t_mod, y, y_bias, merged)
+
+
+class MergedPair(nn.Module):
+    """The TDTM variant of a pair: the very same modules (so the same parameters under the
+    same names), run with temporal token merging. Exporters compile it as a second graph of
+    the pair's block."""
+
+    def __init__(self, pair: STDiTPair) -> None:
+        super().__init__()
+        self.spatial, self.temporal = pair.spatial, pair.temporal
+
     def forward(self, x, t_mod, y, y_bias):
-        return self.temporal(self.spatial(x, t_mod, y, y_bias), t_mod, y, y_bias)
+        x = self.spatial(x, t_mod, y, y_bias, merged=True)
+        return self.temporal(x, t_mod, y, y_bias, merged=True)
 
 
 class Epilogue(nn.Module):
@@ -250,9 +285,14 @@ class STDiT(nn.Module):
         tokens = self.null_caption[None].expand(batch, -1, -1)
         return tokens, torch.ones(batch, self.cfg.caption_len, dtype=torch.int64)
 
-    def forward(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,
-                caption_mask: torch.Tensor) -> torch.Tensor:
-        x, t_mod, c, y, y_bias = self.prologue(latent, t, caption, caption_mask)
+    def run_pairs(self, x: torch.Tensor, t_mod: torch.Tensor, y: torch.Tensor,
+                  y_bias: torch.Tensor, merged: bool = False) -> torch.Tensor:
         for pair in self.pairs:
-            x = pair(x, t_mod, y, y_bias)
-        return self.epilogue(x, c)
+            x = pair(x, t_mod, y, y_bias, merged)
+        return x
+
+    def forward(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,
+                caption_mask: torch.Tensor, merged: bool = False) -> torch.Tensor:
+        """merged: every pair with temporal token merging (TDTM)."""
+        x, t_mod, c, y, y_bias = self.prologue(latent, t, caption, caption_mask)
+        return self.epilogue(self.run_pairs(x, t_mod, y, y_bias, merged), c)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.text_encoder import TextEncoder
 from edge.models.vae import decode_latents
-from edge.sampler import SamplerSettings, initial_noise, sample
+from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "tiny-sora"
 REQUIRED_FILES = ("tiny-sora.json", "transformer.safetensors", "vae/config.json",
@@ -42,6 +42,7 @@ class TinySora:
     transformer: STDiT
     vae: AutoencoderKL
     sampler: SamplerSettings
+    last_trace: Trace = field(default_factory=Trace)  # what the last sampling did
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_WEIGHTS) -> TinySora:
@@ -53,7 +54,7 @@ class TinySora:
         diffusers_logging.set_verbosity_error()  # no advice to install `accelerate`
         vae = AutoencoderKL.from_pretrained(path / "vae", local_files_only=True)
         return cls(TextEncoder(), transformer.eval(), vae.eval(),
-                   SamplerSettings(**config["sampler"]))
+                   SamplerSettings.from_dict(config["sampler"]))
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -69,12 +70,24 @@ class TinySora:
         null_caption, null_mask = self.transformer.null_condition(len(prompts))
         caption2, mask2 = torch.cat([caption, null_caption]), torch.cat([mask, null_mask])
 
-        def predict(x: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
+        model = self.transformer
+
+        def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray]:
             x2 = torch.from_numpy(np.concatenate([x, x]))
-            v = self.transformer(x2, torch.full((len(x2),), t), caption2, mask2).numpy()
+            tokens, t_mod, c, y, y_bias = model.prologue(x2, torch.full((len(x2),), t),
+                                                         caption2, mask2)
+
+            def pairs(h: np.ndarray) -> np.ndarray:
+                return model.run_pairs(torch.from_numpy(h), t_mod, y, y_bias,
+                                       step.merged).numpy()
+
+            tokens, _ = run_pairs(step, tokens.numpy(), t_mod.numpy(), pairs)
+            v = model.epilogue(torch.from_numpy(tokens), c).numpy()
             return v[: len(x)], v[len(x):]
 
-        return sample(predict, initial_noise(self.latent_shape, seeds), settings, on_step)
+        self.last_trace = Trace()
+        return sample(predict, initial_noise(self.latent_shape, seeds), settings, on_step,
+                      self.last_trace)
 
     @torch.no_grad()
     def decode(self, latents: np.ndarray) -> np.ndarray:

@@ -7,17 +7,22 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import resource
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from edge.package import read_package, resolve_inside
-from edge.sampler import SamplerSettings, initial_noise, sample
+from edge.manifest_schema import MANIFEST, check_chain
+from edge.options import check_prompts, check_seeds, with_overrides
+from edge.package import PackageError, check_unchanged, read_package, resolve_inside
+from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
 from edge.tokenizer import load_tokenizer, tokenize
 from runtimes.python.loader import BlockLoader, BlockWeights, parse_size
 
@@ -42,16 +47,66 @@ class Component:
     name: str
     blocks: list[dict]
     sessions: dict[str, ort.InferenceSession] = field(default_factory=dict)
+    # (block key, variant name) -> session of that variant's graph; the weights are the
+    # base block's (same names), so the loader holds one copy whichever graph runs
+    variants: dict[tuple[str, str], ort.InferenceSession] = field(default_factory=dict)
 
     def keys(self) -> list[str]:
         return [f"{self.name}/{b['name']}" for b in self.blocks]
+
+
+RUNTIME_TARGET = "onnx"
+# what this runtime feeds each component and what it takes from it (see docs/package-format.md)
+COMPONENT_INPUTS = {"text_encoder": {"input_ids", "attention_mask"},
+                    "transformer": {"latent", "t", "caption", "caption_mask"},
+                    "vae_decoder": {"z"}}
+COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
+                     "vae_decoder": {"frames"}}
+
+
+def check_runnable(manifest: dict) -> None:
+    """Refuse, before any session exists, a well-formed package this runtime cannot run: another
+    target, a missing component, blocks needing inputs the runtime does not give or not
+    making the outputs it takes, sampler settings it does not know."""
+    if manifest["target"] != RUNTIME_TARGET:
+        raise PackageError(f"{MANIFEST}: target {manifest['target']!r}; the Python runtime "
+                           f"runs {RUNTIME_TARGET!r} packages")
+    components = {c["name"]: c["blocks"] for c in manifest["components"]}
+    for name, given in COMPONENT_INPUTS.items():
+        if name not in components:
+            raise PackageError(f"{MANIFEST}: no component {name!r}; the Python runtime needs "
+                               f"{', '.join(COMPONENT_INPUTS)}")
+        check_chain(name, components[name], provided=given)
+        made = {s["name"] for b in components[name] for s in b["outputs"]}
+        if not COMPONENT_OUTPUTS[name] <= made:
+            raise PackageError(f"{MANIFEST}: component {name!r} makes no "
+                               f"{', '.join(sorted(COMPONENT_OUTPUTS[name] - made))}")
+    if "latent_shape" not in manifest or "null_caption" not in manifest["conditioning"]:
+        raise PackageError(f"{MANIFEST}: the Python runtime needs 'latent_shape' and "
+                           "'conditioning.null_caption'")
+    try:
+        SamplerSettings.from_dict(manifest["sampler"])
+    except (TypeError, ValueError) as err:
+        raise PackageError(f"{MANIFEST} sampler: {err}") from None
+
+
+def _one_at_a_time(method: Callable) -> Callable:
+    """Calls from several threads run one after another: the loader's budget, its resident
+    blocks and the run figures belong to one generation at a time."""
+
+    @functools.wraps(method)
+    def serialised(self: Pipeline, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return serialised
 
 
 class Pipeline:
     def __init__(self, root: Path, manifest: dict, loader: BlockLoader,
                  components: dict[str, Component]) -> None:
         self.root, self.manifest, self.loader, self.components = root, manifest, loader, components
-        self.sampler = SamplerSettings(**manifest["sampler"])
+        self.sampler = SamplerSettings.from_dict(manifest["sampler"])
         tok = manifest["tokenizer"]
         self.tokenizer = load_tokenizer(resolve_inside(root, tok["files"][0]["path"],
                                                        "tokenizer"), tok["max_tokens"])
@@ -60,6 +115,7 @@ class Pipeline:
         self.latent_shape = tuple(manifest["latent_shape"])
         self.last_run: dict = {}
         self._compute_s = 0.0
+        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
@@ -69,7 +125,9 @@ class Pipeline:
         loader for `memory_budget` (refused if smaller than the largest block), and create
         one onnxruntime session per block graph (graphs only: weights come from the loader)."""
         root = Path(package)
-        manifest = read_package(root, check_hashes=check_hashes)
+        identities: dict = {}
+        manifest = read_package(root, check_hashes=check_hashes, identities=identities)
+        check_runnable(manifest)
         options = ort.SessionOptions()
         # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
         # of streamed weights) for the life of the session, outside the loader's budget
@@ -84,6 +142,10 @@ class Pipeline:
                 c.sessions[key] = ort.InferenceSession(
                     str(resolve_inside(root, block["graph"], where)), options,
                     providers=["CPUExecutionProvider"])
+                for variant, record in block.get("variants", {}).items():
+                    c.variants[key, variant] = ort.InferenceSession(
+                        str(resolve_inside(root, record["graph"], f"{where} variant {variant}")),
+                        options, providers=["CPUExecutionProvider"])
                 wpath = resolve_inside(root, block["weights"]["path"], where)
                 weights[key] = BlockWeights(key, wpath, wpath.stat().st_size,
                                             tuple(block["weights"]["tensors"]))
@@ -91,22 +153,29 @@ class Pipeline:
         loader = BlockLoader(weights, parse_size(memory_budget),
                              every_step=tuple(components["transformer"].keys()),
                              prefetch=prefetch, cold_reads=cold_reads, pin=pin)
-        return cls(root, manifest, loader, components)
+        pipe = cls(root, manifest, loader, components)
+        # graphs, tokenizer and null caption were read after verification: still the same?
+        for path, identity in identities.items():
+            check_unchanged(path, os.stat(path), identity)
+        return pipe
 
     def plan(self) -> list[dict]:
         """Per block: bytes and whether it stays resident under the budget."""
         return [{"block": k, "bytes": w.nbytes, "resident": k in self.loader.pinned}
                 for k, w in self.loader.blocks.items()]
 
-    def _run_blocks(self, comp: Component, runs, feeds: dict[str, np.ndarray]) -> dict:
-        """Run a component's blocks once, in order, taking weights from the loader's `runs`
-        and passing each block's outputs on by name."""
-        for block in comp.blocks:
+    def _run_blocks(self, comp: Component, runs, feeds: dict[str, np.ndarray],
+                    blocks: list[dict] | None = None, variant: str | None = None) -> dict:
+        """Run a component's blocks (default: all) once, in order, taking weights from the
+        loader's `runs` and passing each block's outputs on by name. `variant`: run that
+        variant's graph where a block has one (e.g. "tdtm"), the base graph elsewhere."""
+        for block in comp.blocks if blocks is None else blocks:
             key, weights = next(runs)
             inputs = {s["name"]: feeds[s["name"]] for s in block["inputs"]}
+            session = comp.variants.get((key, variant)) or comp.sessions[key]
             started = time.perf_counter()
-            outputs = comp.sessions[key].run([f"out:{s['name']}" for s in block["outputs"]],
-                                             inputs | weights)
+            outputs = session.run([f"out:{s['name']}" for s in block["outputs"]],
+                                  inputs | weights)
             self._compute_s += time.perf_counter() - started
             del weights  # a streamed block's memory is freed once nothing refers to it
             feeds = feeds | dict(zip((s["name"] for s in block["outputs"]), outputs,
@@ -126,14 +195,15 @@ class Pipeline:
         out = self._run_component("text_encoder", {"input_ids": ids, "attention_mask": mask})
         return out["hidden"], mask
 
+    @_one_at_a_time
     def generate(self, prompts: str | list[str], seed: int | list[int] = 0,
                  on_step: Callable[[int, int], None] | None = None,
                  **sampler_overrides) -> np.ndarray:
         """uint8 video (B, T, H, W, 3); one prompt gives B = 1. Seeds as in the PyTorch
         pipeline (prompt i gets seed + i), so the two produce the same video."""
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        seeds = [seed + i for i in range(len(prompts))] if isinstance(seed, int) else seed
-        settings = replace(self.sampler, **sampler_overrides)
+        prompts = check_prompts(prompts)
+        seeds = check_seeds(seed, len(prompts))
+        settings = with_overrides(self.sampler, sampler_overrides)
         stats_before = self.loader.stats.as_dict()
         io_before = _io_read_bytes()
         figures: dict = {"wall_s": {}}
@@ -148,24 +218,31 @@ class Pipeline:
         t1 = time.perf_counter()
         figures["wall_s"]["text_encoder"] = t1 - started
 
-        # The transformer runs as one schedule of steps x blocks, so the loader prefetches
-        # across step boundaries too.
         transformer = self.components["transformer"]
-        runs = self.loader.run(transformer.keys() * settings.steps)
-        calls = 0
+        if settings.merge_steps and not any(v == "tdtm" for _, v in transformer.variants):
+            raise ValueError(f"merge_steps={settings.merge_steps}: package {self.root} has no "
+                             "'tdtm' transformer variants; export it again with this edge")
+        trace = Trace()
+        if settings.cache_threshold > 0:
+            predict, runs = self._cached_predictor(transformer, caption2, mask2, b), None
+        else:
+            # One schedule of steps x blocks, so the loader prefetches across step boundaries
+            # too; a leap ends it early (closing it gives back what was read ahead).
+            runs = self.loader.run(transformer.keys() * settings.steps)
 
-        def predict(x: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
-            nonlocal calls
-            feeds = {"latent": np.concatenate([x, x]), "t": np.full(2 * b, t, np.float32),
-                     "caption": caption2, "caption_mask": mask2}
-            v = self._run_blocks(transformer, runs, feeds)["velocity"]
-            calls += 1
-            return v[:b], v[b:]
+            def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray]:
+                feeds = {"latent": np.concatenate([x, x]), "t": np.full(2 * b, t, np.float32),
+                         "caption": caption2, "caption_mask": mask2}
+                v = self._run_blocks(transformer, runs, feeds,
+                                     variant="tdtm" if step.merged else None)["velocity"]
+                return v[:b], v[b:]
 
         try:
-            latents = sample(predict, initial_noise(self.latent_shape, seeds), settings, on_step)
+            latents = sample(predict, initial_noise(self.latent_shape, seeds), settings,
+                             on_step, trace)
         finally:
-            runs.close()
+            if runs is not None:
+                runs.close()
         t2 = time.perf_counter()
         figures["wall_s"]["transformer"] = t2 - t1
 
@@ -176,9 +253,38 @@ class Pipeline:
         t3 = time.perf_counter()
         figures["wall_s"]["vae_decoder"] = t3 - t2
         figures["wall_s"]["total"] = t3 - started
-        figures["transformer_calls"] = calls
+        figures["transformer_calls"] = trace.transformer_calls
+        figures["sampler"] = trace.to_dict()
         self.last_run = self._loader_figures(figures, stats_before, io_before)
         return np.round(video * 255).astype(np.uint8)
+
+    def _cached_predictor(self, comp: Component, caption2: np.ndarray, mask2: np.ndarray,
+                          b: int):
+        """A predictor with the step cache: the prologue runs, the sampler's cache decides
+        whether the pairs run, the epilogue runs. Each part is its own loader schedule,
+        because whether the pairs are needed is known only after the prologue ran."""
+        prologue, *pairs, epilogue = comp.blocks
+        keys = comp.keys()
+
+        def part(blocks: list[dict], names: list[str], feeds: dict, variant: str | None):
+            runs = self.loader.run(names)
+            try:
+                return self._run_blocks(comp, runs, feeds, blocks, variant)
+            finally:
+                runs.close()
+
+        def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray]:
+            variant = "tdtm" if step.merged else None
+            feeds = part([prologue], keys[:1], {
+                "latent": np.concatenate([x, x]), "t": np.full(2 * b, t, np.float32),
+                "caption": caption2, "caption_mask": mask2}, variant)
+            feeds["x"], _ = run_pairs(
+                step, feeds["x"], feeds["t_mod"],
+                lambda h: part(pairs, keys[1:-1], feeds | {"x": h}, variant)["x"])
+            v = part([epilogue], keys[-1:], feeds, variant)["velocity"]
+            return v[:b], v[b:]
+
+        return predict
 
     def _loader_figures(self, figures: dict, stats_before: dict, io_before: int | None) -> dict:
         """Add what the loader and the OS counted during this run to `figures`."""
@@ -197,5 +303,6 @@ class Pipeline:
         figures["peak_rss_bytes"] = _peak_rss_bytes()
         return figures
 
+    @_one_at_a_time
     def close(self) -> None:
         self.loader.close()

@@ -1,0 +1,98 @@
+"""JSON fixtures of the sampler's decisions, for the runtimes that mirror edge/sampler.py
+(JavaScript, Swift): each replays a recorded velocity or indicator sequence and must reach
+the same decisions and numbers. `python tests/sampler_fixtures.py` rewrites them;
+tests/test_leap.py checks that they still match this implementation.
+
+Leap fixtures: the predictor ignores its input and returns velocities[i] at call i (cond =
+uncond, so guidance changes nothing); expected are the calls, the leap step, the cosines
+and the final latent. Cache fixtures: indicators[i] is the first block's modulated input at
+call i; expected is, per call, whether the pairs are computed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edge.sampler import SamplerSettings, StepCache, Trace, sample
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
+
+
+def rotating_velocities(angles: list[float]) -> np.ndarray:
+    """Unit 2-vectors at the given angles, as (steps, 1, 2) velocities."""
+    a = np.asarray(angles, np.float64)
+    return np.stack([np.cos(a), np.sin(a)], -1)[:, None].astype(np.float32)
+
+
+def straight(steps: int = 12) -> np.ndarray:
+    return np.tile(np.array([[[0.6, -0.8]]], np.float32), (steps, 1, 1))
+
+
+def curving_then_straight(steps: int = 12, bend_until: int = 8, tol: float = 1e-3) -> np.ndarray:
+    """Consecutive cosines rise by 4 * tol per step up to call `bend_until`, then stay."""
+    cos = [0.95 + 4 * tol * min(i, bend_until) for i in range(1, steps)]
+    angles = np.concatenate([[0.0], np.cumsum(np.arccos(cos))])
+    return rotating_velocities(list(angles))
+
+
+def replay_leap(settings: SamplerSettings, velocities: np.ndarray, noise: np.ndarray):
+    trace = Trace()
+
+    def predict(x, t, step):
+        return velocities[step.index][None], velocities[step.index][None]
+
+    out = sample(predict, noise[None], settings, trace=trace)
+    return out[0], trace
+
+
+def replay_cache(threshold: float, indicators: np.ndarray) -> list[bool]:
+    cache, computed = StepCache(threshold), []
+    for i, ind in enumerate(indicators):
+        do = cache.should_compute(ind, force=i == 0 or i == len(indicators) - 1)
+        if do:
+            cache.store(np.zeros_like(ind), np.ones_like(ind))
+        computed.append(do)
+    return computed
+
+
+def leap_cases() -> dict[str, tuple[SamplerSettings, np.ndarray]]:
+    common = {"steps": 12, "guidance": 1.0, "leap_min_steps": 4, "leap_patience": 2,
+              "leap_tol": 1e-3}
+    return {
+        "leap_straight_dynamic": (SamplerSettings(leap=True, **common), straight()),
+        "leap_curved_dynamic": (SamplerSettings(leap=True, **common), curving_then_straight()),
+        "leap_fixed": (SamplerSettings(leap=True, leap_after=5, **common),
+                       curving_then_straight()),
+        "leap_off": (SamplerSettings(leap=False, **common), curving_then_straight()),
+    }
+
+
+def cache_indicators() -> np.ndarray:
+    # relative L1 changes of 0.05, 0.05, 0.2, 0.01 x 4, 0.3, ...: a ramp of scales
+    scales = np.cumprod([1.0, 1.05, 1.05, 1.2, 1.01, 1.01, 1.01, 1.01, 1.3, 1.02, 1.02])
+    return (scales[:, None] * np.linspace(1, 2, 6)[None]).astype(np.float64)
+
+
+def build() -> dict[str, dict]:
+    noise = np.array([[1.0, 2.0]], np.float32)
+    out = {}
+    for name, (settings, velocities) in leap_cases().items():
+        x, trace = replay_leap(settings, velocities, noise)
+        out[name] = {"settings": settings.to_dict(), "noise": noise.tolist(),
+                     "velocities": velocities.tolist(),
+                     "expected": {"calls": trace.calls, "leap_at": trace.leap_at,
+                                  "cosines": trace.cosines, "latent": x.tolist()}}
+    indicators = cache_indicators()
+    out["cache"] = {"threshold": 0.12, "indicators": indicators.tolist(),
+                    "expected": {"computed": replay_cache(0.12, indicators)}}
+    return out
+
+
+if __name__ == "__main__":
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    for name, data in build().items():
+        (FIXTURES / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+        print(FIXTURES / f"{name}.json")
