@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from edge.models.stdit import MergedPair
 from edge.models.tiny_sora import TinySora
 
 
@@ -28,6 +29,9 @@ class Block:
     outputs: list[str]
     example: tuple[torch.Tensor, ...]      # example inputs, batch first
     dynamic_batch: list[bool] = field(default_factory=list)  # per input
+    # other computations of this block with the same inputs, outputs and parameters (the
+    # very same tensors, same names), e.g. {"tdtm": the temporally merged pair}
+    variants: dict[str, nn.Module] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -139,7 +143,7 @@ def cut_transformer(pipe: TinySora, batch: int = 2) -> list[Block]:
     blocks = [pro]
     for i, pair in enumerate(model.pairs):
         block = Block("transformer", f"pair_{i}", pair, ["x", "t_mod", "y", "y_bias"], ["x"],
-                      (x, t_mod, y, y_bias), [True] * 4)
+                      (x, t_mod, y, y_bias), [True] * 4, {"tdtm": MergedPair(pair)})
         blocks.append(block)
         (x,) = block.run(*block.example)
     blocks.append(Block("transformer", "epilogue", model.epilogue, ["x", "c"], ["velocity"],

@@ -7,25 +7,41 @@ It imports neither torch nor onnx, so runtimes can use it.
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
+import stat
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-FORMAT = "edge-package"
-TENSOR_ALIGN = 64          # tensors start 64-byte aligned: NumPy views stay SIMD-friendly
+from edge.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    TENSOR_ALIGN,  # tensors start 64-byte aligned: NumPy views stay SIMD-friendly
+    PackageError,
+    check_manifest,
+    iter_file_records,
+    manifest_digest,
+)
+
 FILE_ALIGN = 4096          # weight files are whole pages: O_DIRECT needs aligned lengths
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 READ_CHUNK = 8 << 20
-
-
-class PackageError(ValueError):
-    """A package that must not run; the message names the file and the problem."""
+MAX_MANIFEST_BYTES = 64 << 20   # far above any real manifest; bounds what a bad one costs
+# Files that operating systems and archivers drop into folders; never listed, never read.
+OS_NOISE = (".DS_Store", "Thumbs.db", "desktop.ini", ".directory")
+OS_NOISE_DIRS = ("__MACOSX", ".Spotlight-V100", ".Trashes", ".fseventsd")
 
 
 def align(n: int, to: int) -> int:
@@ -67,98 +83,340 @@ def resolve_inside(root: Path, relative: str, where: str) -> Path:
     return path
 
 
-def _require(obj: dict, key: str, kind: type | tuple[type, ...], where: str):
-    if not isinstance(obj, dict) or key not in obj:
-        raise PackageError(f"{where}: missing field {key!r}")
-    if not isinstance(obj[key], kind):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise PackageError(f"{where}: field {key!r} must be {names}, got "
-                           f"{type(obj[key]).__name__}")
-    return obj[key]
+def write_manifest(root: Path, manifest: dict) -> None:
+    """Write `root/manifest.json`, stamped with the digest of its own content."""
+    manifest.pop("manifest_sha256", None)
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def iter_files(manifest: dict) -> Iterator[tuple[str, dict]]:
     """Every file record in the manifest, with where it sits (for error messages)."""
-    tok = _require(manifest, "tokenizer", dict, MANIFEST)
-    for i, f in enumerate(_require(tok, "files", list, f"{MANIFEST} tokenizer")):
-        yield f"{MANIFEST} tokenizer.files[{i}]", f
-    for name, f in manifest.get("conditioning", {}).items():
-        yield f"{MANIFEST} conditioning.{name}", f
-    for comp in _require(manifest, "components", list, MANIFEST):
-        cname = _require(comp, "name", str, f"{MANIFEST} components[]")
-        for block in _require(comp, "blocks", list, f"{MANIFEST} component {cname}"):
-            bname = _require(block, "name", str, f"{MANIFEST} component {cname} blocks[]")
-            where = f"{MANIFEST} block {cname}/{bname}"
-            for i, f in enumerate(_require(block, "files", list, where)):
-                yield f"{where} files[{i}]", f
+    return iter_file_records(manifest)
 
 
 def validate_manifest(manifest: dict) -> None:
-    """Structure and version checks; raises PackageError naming the field."""
-    if _require(manifest, "format", str, MANIFEST) != FORMAT:
-        raise PackageError(f"{MANIFEST}: field 'format' is {manifest['format']!r}, "
-                           f"expected {FORMAT!r}")
-    version = _require(manifest, "format_version", int, MANIFEST)
-    if version != FORMAT_VERSION:
-        raise PackageError(f"{MANIFEST}: unknown format_version {version} (this edge reads "
-                           f"version {FORMAT_VERSION}); re-export the package with this edge")
-    for key in ("producer", "target", "model"):
-        _require(manifest, key, str, MANIFEST)
-    _require(manifest, "sampler", dict, MANIFEST)
+    """Structure and version checks (edge/manifest_schema.py); raises PackageError naming
+    the field."""
+    check_manifest(manifest)
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What a file was when it was verified; compared again (fstat) whenever it is read
+    later, so a file changed or replaced on disk after verification is detected."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def check_unchanged(path: Path, st: os.stat_result, expected: FileIdentity | None) -> None:
+    """Refuse a file whose size, mtime or inode differ from when it was verified."""
+    if expected is not None and FileIdentity.of(st) != expected:
+        raise PackageError(f"{path}: changed on disk since the package was verified (size, "
+                           "modification time or inode differ); load the package again")
+
+
+def read_verified(path: Path, expected: FileIdentity | None) -> bytes:
+    """A whole verified file, refused if it changed since verification."""
+    with open(path, "rb") as f:
+        data = f.read()
+        check_unchanged(path, os.fstat(f.fileno()), expected)
+    return data
+
+
+def _listed_file(root: Path, where: str, record: dict) -> tuple[Path, os.stat_result]:
+    path = resolve_inside(root, record["path"], where)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise PackageError(f"{path}: missing (listed in {where})") from None
+    except OSError as err:
+        raise PackageError(f"{path}: cannot be read ({err.strerror}; listed in {where})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PackageError(f"{path}: not a regular file (listed in {where})")
+    if st.st_size != record["bytes"]:
+        raise PackageError(f"{path}: {st.st_size} bytes, manifest says {record['bytes']} "
+                           "(truncated or altered)")
+    return path, st
+
+
+def verify_files(root: Path, manifest: dict, check_hashes: bool = True
+                 ) -> dict[Path, FileIdentity]:
+    """Every listed file exists inside the package with the listed size and sha256; returns
+    each file's identity at verification."""
+    identities: dict[Path, FileIdentity] = {}
     for where, f in iter_files(manifest):
-        _require(f, "path", str, where)
-        _require(f, "bytes", int, where)
-        digest = _require(f, "sha256", str, where)
-        if len(digest) != 64:
-            raise PackageError(f"{where}: field 'sha256' is not a sha256 hex digest")
+        path, st = _listed_file(root, where, f)
+        if check_hashes:
+            with open(path, "rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                after = os.fstat(fh.fileno())
+            if digest != f["sha256"]:
+                raise PackageError(f"{path}: sha256 differs from the manifest (altered or "
+                                   "corrupt)")
+            if FileIdentity.of(after) != FileIdentity.of(st):
+                raise PackageError(f"{path}: changed on disk while it was being verified")
+        identities[path] = FileIdentity.of(st)
+    return identities
 
 
-def verify_files(root: Path, manifest: dict, check_hashes: bool = True) -> None:
-    """Every listed file exists inside the package with the listed size and sha256."""
-    for where, f in iter_files(manifest):
-        path = resolve_inside(root, f["path"], where)
-        if not path.is_file():
-            raise PackageError(f"{path}: missing (listed in {where})")
-        size = path.stat().st_size
-        if size != f["bytes"]:
-            raise PackageError(f"{path}: {size} bytes, manifest says {f['bytes']} "
-                               "(truncated or altered)")
-        if check_hashes and sha256_of(path) != f["sha256"]:
-            raise PackageError(f"{path}: sha256 differs from the manifest (altered or corrupt)")
+def _is_noise(name: str) -> bool:
+    return name in OS_NOISE or name.startswith("._")  # ._*: macOS AppleDouble files
 
 
-def read_package(root: str | Path, check_hashes: bool = True) -> dict:
-    """Load and fully verify a package's manifest; returns the manifest."""
-    root = Path(root)
+def unlisted_files(root: Path, manifest: dict) -> list[str]:
+    """Package-relative paths present in the folder but listed nowhere in the manifest
+    (operating-system noise such as .DS_Store excepted)."""
+    listed = {MANIFEST} | {f["path"] for _, f in iter_files(manifest)}
+    prefixes = {p.rsplit("/", i)[0] for p in listed for i in range(1, p.count("/") + 1)}
+    extra = []
+    for folder, dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root).as_posix()
+        rel = "" if rel == "." else rel + "/"
+        dirs[:] = [d for d in dirs if d not in OS_NOISE_DIRS]
+        for d in dirs:  # a symlinked folder is not walked into: it must be on a listed path
+            if os.path.islink(os.path.join(folder, d)) and rel + d not in prefixes:
+                extra.append(rel + d)
+        extra += [rel + n for n in files if rel + n not in listed and not _is_noise(n)]
+    return sorted(extra)
+
+
+def _strict_json(text: str, path: Path):
+    """json.loads that refuses NaN/Infinity and keys given twice in one object."""
+
+    def constant(name: str):
+        raise PackageError(f"{path}: {name} is not a JSON number")
+
+    def unique(pairs: list[tuple[str, object]]) -> dict:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            dup = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+            raise PackageError(f"{path}: key {dup!r} appears twice in one object")
+        return obj
+
+    return json.loads(text, parse_constant=constant, object_pairs_hook=unique)
+
+
+def read_manifest(root: Path) -> dict:
+    """Parse and structurally check `root/manifest.json` (no other file is opened)."""
     path = root / MANIFEST
     if not path.is_file():
-        raise PackageError(f"{path}: not found; is {root} an edge package?")
+        hint = ""
+        earlier = sorted(root.parent.glob(f".{glob.escape(root.name)}.old-*"))
+        if earlier:
+            hint = (f"; an interrupted export left the earlier package at {earlier[0]}: the "
+                    "next export to this destination puts it back, or rename it yourself")
+        raise PackageError(f"{path}: not found; is {root} an edge package?{hint}")
+    resolve_inside(root, MANIFEST, MANIFEST)
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise PackageError(f"{path}: {size} bytes, more than any manifest needs "
+                           f"({MAX_MANIFEST_BYTES} at most)")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise PackageError(f"{path}: not valid JSON ({err})") from None
-    validate_manifest(manifest)
-    verify_files(root, manifest, check_hashes)
+        manifest = _strict_json(path.read_bytes().decode("utf-8"), path)
+    except PackageError:
+        raise
+    except UnicodeDecodeError as err:
+        raise PackageError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, huge ints, deep nesting
+        raise PackageError(f"{path}: not valid JSON ({str(err) or type(err).__name__})"
+                           ) from None
+    check_manifest(manifest)
     return manifest
+
+
+def read_package(root: str | Path, check_hashes: bool = True,
+                 identities: dict[Path, FileIdentity] | None = None) -> dict:
+    """Load and fully verify a package: the manifest's structure, no unlisted files, every
+    listed file's path, size and sha256. Returns the manifest; fills `identities` (when
+    given) with each verified file's identity, for checks at later reads."""
+    root = Path(root)
+    manifest = read_manifest(root)
+    for where, f in iter_files(manifest):  # paths that leave the folder first: never opened
+        resolve_inside(root, f["path"], where)
+    extra = unlisted_files(root, manifest)
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise PackageError(f"{root}: files not listed in {MANIFEST}: {shown}; a package holds "
+                           "exactly what its manifest lists (re-export it, or remove them)")
+    found = verify_files(root, manifest, check_hashes)
+    if identities is not None:
+        identities.update(found)
+    return manifest
+
+
+class PackageWriteError(RuntimeError):
+    """A package could not be written; nothing was left behind and an earlier package at the
+    destination is untouched."""
+
+
+# errors of the destination rather than of the exporter's own work
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
+                 errno.EFBIG, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EEXIST}
+
+
+def _write_error(dest: Path, err: OSError) -> PackageWriteError:
+    what = errno.errorcode.get(err.errno or 0, "")
+    where = f" ({err.filename})" if err.filename else ""
+    return PackageWriteError(
+        f"{dest}: cannot write the package: {err.strerror or err} [{what}]{where}; nothing "
+        "was written and any earlier package there is untouched")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def recover_interrupted(dest: Path) -> None:
+    """Undo what a killed writer left beside `dest`: an earlier package that a crash between
+    the two renames of the fallback commit left at `.NAME.old-PID` goes back to `dest`;
+    temporary folders of writers no longer running are removed."""
+    name = re.escape(dest.name)
+    for p in dest.parent.glob(f".{glob.escape(dest.name)}.*"):
+        old = re.fullmatch(rf"\.{name}\.old-(\d+)", p.name)
+        partial = re.fullmatch(rf"\.{name}\.(\d+)\..*\.partial", p.name)
+        pid = int((old or partial).group(1)) if (old or partial) else None
+        if pid is None or _pid_alive(pid):
+            continue
+        if old and not dest.exists():
+            os.rename(p, dest)
+        else:
+            _remove(p)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE; the standard
+    library has no binding). False where the system or file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _commit(tmp: Path, dest: Path) -> None:
+    """Put the finished `tmp` at `dest`. An existing `dest` is swapped out atomically where
+    the system can; else renamed aside first and renamed back if the second rename fails."""
+    if not os.path.lexists(dest):
+        os.rename(tmp, dest)
+        return
+    if _exchange(tmp, dest):
+        _remove(tmp)  # tmp now holds the earlier package
+        return
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    os.rename(dest, old)  # a crash here: recover_interrupted puts `old` back
+    try:
+        os.rename(tmp, dest)
+    except BaseException:
+        os.rename(old, dest)
+        raise
+    _remove(old)
+
+
+@contextmanager
+def _signals_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so the cleanup runs on both; an
+    application's own SIGTERM handler is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def interrupt(signum: int, frame) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while the package is put in place; they arrive right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def check_replaceable(dest: Path, force: bool) -> None:
+    """An export may replace `dest` only when asked (`force`) and only when it is an edge
+    package (or an empty folder): never a folder of other files."""
+    if not os.path.lexists(dest):
+        return
+    if not dest.is_dir() or dest.is_symlink():
+        raise PackageWriteError(f"{dest}: exists and is not a folder; choose another "
+                                "destination")
+    if not force:
+        raise PackageWriteError(f"{dest}: a package is already there; pass --force to replace "
+                                "it (nothing was changed)")
+    if any(dest.iterdir()) and not (dest / MANIFEST).is_file():
+        raise PackageWriteError(f"{dest}: not an edge package (no {MANIFEST}); refusing to "
+                                "replace a folder of other files")
 
 
 @contextmanager
 def atomic_directory(dest: str | Path) -> Iterator[Path]:
-    """Yield a temporary folder beside `dest`; on success it replaces `dest` in one rename.
+    """Yield a temporary folder beside `dest`; on success it replaces `dest` atomically.
 
-    On any error the temporary folder is removed and an existing `dest` is left untouched."""
+    On any error, Ctrl-C or SIGTERM the temporary folder is removed and an existing `dest` is
+    left untouched; a destination that cannot be written raises PackageWriteError. A writer
+    killed outright (SIGKILL, power loss) leaves only hidden folders beside `dest`, which the
+    next write to `dest` clears (recover_interrupted)."""
     dest = Path(dest).resolve()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
-        yield tmp
-        old = None
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-            os.rename(dest, old)
-        os.rename(tmp, dest)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        recover_interrupted(dest)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".partial",
+                                    dir=dest.parent))
+    except OSError as err:
+        raise _write_error(dest, err) from err
+    try:
+        with _signals_as_interrupt():
+            yield tmp
+            with _signals_deferred():
+                _commit(tmp, dest)
+    except OSError as err:
+        _remove(tmp)
+        if err.errno in _WRITE_ERRNOS:
+            raise _write_error(dest, err) from err
         raise
+    except BaseException:
+        _remove(tmp)
+        raise
+

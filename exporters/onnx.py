@@ -10,11 +10,11 @@ itself at session creation, outside the loader's budget and prefetch.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +28,10 @@ from edge.models.tiny_sora import TinySora
 from edge.package import (
     FORMAT,
     FORMAT_VERSION,
-    MANIFEST,
     atomic_directory,
     file_entry,
     weights_layout,
+    write_manifest,
 )
 
 BLOCK_TOLERANCE = 1e-4     # fp32 max-abs error per block against PyTorch
@@ -110,20 +110,47 @@ def validate_block(block: Block, graph: Path, want: tuple[torch.Tensor, ...]) ->
     return max(float(np.abs(g - w.numpy()).max()) for g, w in zip(got, want, strict=True))
 
 
-def export_block(block: Block, root: Path) -> dict:
-    graph = root / "graphs" / block.component / f"{block.name}.onnx"
-    weights = root / "weights" / block.component / f"{block.name}.bin"
+def export_validated_graph(block: Block, graph: Path, what: str) -> tuple:
+    """Export `block`'s graph and check it against PyTorch; returns (outputs, error)."""
     export_graph(block, graph)
     outputs = block.run(*block.example)  # the reference, and the source of the signatures
     error = validate_block(block, graph, outputs)
     if not error <= BLOCK_TOLERANCE:
         raise ExportValidationError(
-            f"block {block.key}: ONNX output differs from PyTorch by {error:.3g} "
+            f"block {what}: ONNX output differs from PyTorch by {error:.3g} "
             f"(max-abs; the limit is {BLOCK_TOLERANCE:g})")
+    return outputs, error
+
+
+def export_variants(block: Block, root: Path) -> dict:
+    """One more graph per variant (e.g. "tdtm"); the variant reads the base block's weights
+    file, since its parameters are the base block's (same names), so nothing is duplicated."""
+    records = {}
+    for name, module in block.variants.items():
+        variant = replace(block, module=module, variants={})
+        if list(variant.parameters()) != list(block.parameters()):
+            raise ExportValidationError(f"block {block.key} variant {name}: its parameters "
+                                        "are not the base block's")
+        graph = root / "graphs" / block.component / f"{block.name}.{name}.onnx"
+        _, error = export_validated_graph(variant, graph, f"{block.key} variant {name}")
+        entry = file_entry(root, graph)
+        records[name] = {"graph": entry["path"], "files": [entry],
+                         "validation": {"max_abs_error": error}}
+    return records
+
+
+def export_block(block: Block, root: Path) -> dict:
+    graph = root / "graphs" / block.component / f"{block.name}.onnx"
+    weights = root / "weights" / block.component / f"{block.name}.bin"
+    outputs, error = export_validated_graph(block, graph, block.key)
     table = write_weights(weights, block.parameters())
     dynamic_out = [True] * len(outputs)
     files = [file_entry(root, graph), file_entry(root, weights)]
-    return {
+    variants = export_variants(block, root)
+    # the block's files list every file it uses, its variants' graphs too, so verification
+    # and the unlisted-file check cover them
+    files += [f for v in variants.values() for f in v["files"]]
+    record = {
         "name": block.name,
         "files": files,
         "graph": files[0]["path"],
@@ -133,6 +160,9 @@ def export_block(block: Block, root: Path) -> dict:
         "outputs": signature(block.outputs, outputs, dynamic_out),
         "validation": {"max_abs_error": error},
     }
+    if variants:
+        record["variants"] = variants
+    return record
 
 
 def write_extras(pipe: TinySora, root: Path) -> dict:
@@ -168,10 +198,10 @@ def export_onnx(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
                 if on_block:
                     on_block(block.key)
             manifest["components"].append({"name": name, "blocks": records})
-        (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        write_manifest(root, manifest)
         if validate_end_to_end:
             manifest["validation"] = validate_end_to_end(root)
-            (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+            write_manifest(root, manifest)
     return manifest
 
 

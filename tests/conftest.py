@@ -20,3 +20,14 @@ def classifier():
     from edge.models.tiny_sora import DEFAULT_WEIGHTS
 
     return load_classifier(DEFAULT_WEIGHTS)
+
+
+@pytest.fixture(scope="session")
+def exported_package(tmp_path_factory, pipeline):
+    """tiny-sora exported to ONNX once per test session: (root, manifest). Copy it before
+    changing it."""
+    from exporters.onnx import end_to_end_check, export_onnx
+
+    root = tmp_path_factory.mktemp("export") / "tiny-sora-onnx"
+    manifest = export_onnx(pipeline, root, validate_end_to_end=end_to_end_check(pipeline))
+    return root, manifest

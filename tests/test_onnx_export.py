@@ -12,13 +12,9 @@ from runtimes.python import BudgetError, Pipeline
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def package(tmp_path_factory, pipeline):
-    from exporters.onnx import end_to_end_check
-
-    root = tmp_path_factory.mktemp("export") / "tiny-sora-onnx"
-    manifest = export_onnx(pipeline, root, validate_end_to_end=end_to_end_check(pipeline))
-    return root, manifest
+@pytest.fixture
+def package(exported_package):
+    return exported_package  # exported once per session (tests/conftest.py)
 
 
 def test_manifest_lists_every_block_with_validation(package):

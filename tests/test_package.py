@@ -22,12 +22,23 @@ def package(tmp_path):
     (root / "tokenizer" / "tokenizer.json").write_text("{}")
     (root / "weights").mkdir()
     (root / "weights" / "b.bin").write_bytes(bytes(range(256)) * 16)
+    (root / "graphs").mkdir()
+    (root / "graphs" / "b.onnx").write_bytes(b"graph")
+    (root / "null.npy").write_bytes(b"null")
+    signature = [{"name": "x", "dtype": "float32", "shape": ["batch", 4]}]
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "producer": "edge test",
                 "target": "onnx", "model": "m", "sampler": {},
                 "tokenizer": {"files": [file_entry(root, root / "tokenizer" / "tokenizer.json")],
                               "max_tokens": 16},
+                "conditioning": {"null_caption": file_entry(root, root / "null.npy")},
                 "components": [{"name": "c", "blocks": [
-                    {"name": "b", "files": [file_entry(root, root / "weights" / "b.bin")]}]}]}
+                    {"name": "b", "files": [file_entry(root, root / "weights" / "b.bin"),
+                                            file_entry(root, root / "graphs" / "b.onnx")],
+                     "graph": "graphs/b.onnx",
+                     "weights": {"path": "weights/b.bin", "tensors": [
+                         {"name": "w", "dtype": "float32", "shape": [1024], "offset": 0,
+                          "bytes": 4096}]},
+                     "inputs": signature, "outputs": signature}]}]}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -112,6 +123,8 @@ def test_symlink_out_of_the_package(package, tmp_path):
     shutil.copy(package / "weights" / "b.bin", outside)
     (package / "weights" / "link.bin").symlink_to(outside)
     rewrite(package, lambda m: m["components"][0]["blocks"][0]["files"][0].update(
+        path="weights/link.bin"))
+    rewrite(package, lambda m: m["components"][0]["blocks"][0]["weights"].update(
         path="weights/link.bin"))
     with pytest.raises(PackageError, match="escapes the package folder"):
         read_package(package)

@@ -1,0 +1,289 @@
+"""Structure checks of an edge package's manifest, before any file is opened.
+
+`check_manifest` walks the parsed JSON and raises `PackageError` naming the field and the
+problem: wrong types, an unknown format version or target, duplicate names, file records that
+disagree with each other or with the tensor tables, and blocks that do not chain (a block's
+input must be an input of its component or an output of an earlier block). Everything here is
+about the JSON alone; edge/package.py checks the files on disk. Unknown extra fields are
+ignored, so a package may carry fields a later edge adds within one format version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import Any
+
+MANIFEST = "manifest.json"
+FORMAT = "edge-package"
+FORMAT_VERSION = 1
+TARGETS = ("onnx", "iphone", "web")
+TENSOR_ALIGN = 64          # tensors start 64-byte aligned in a weights file
+DIGEST_FIELD = "manifest_sha256"
+# dtypes a weights file or an activation may hold (NumPy names, little-endian on disk)
+DTYPES = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1,
+          "bool": 1}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class PackageError(ValueError):
+    """A package that must not run; the message names the file and the problem."""
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    return "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+
+def _json_type(value: Any) -> str:
+    return type(value).__name__
+
+
+def require(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """`obj[key]`, refusing a missing key or a value of another JSON type (booleans are not
+    integers here, though Python says they are)."""
+    if not isinstance(obj, dict):
+        raise PackageError(f"{where}: must be an object, got {_json_type(obj)}")
+    if key not in obj:
+        raise PackageError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise PackageError(f"{where}: field {key!r} must be {_type_name(kind)}, got "
+                           f"{_json_type(value)}")
+    return value
+
+
+def _count(obj: dict, key: str, where: str, minimum: int = 0) -> int:
+    value = require(obj, key, int, where)
+    if value < minimum:
+        raise PackageError(f"{where}: field {key!r} is {value}, must be at least {minimum}")
+    return value
+
+
+def _items(obj: dict, key: str, where: str) -> list:
+    return require(obj, key, list, where)
+
+
+def check_relative_path(path: str, where: str) -> None:
+    """A package path: relative, POSIX, no `..` and no empty or `.` segments."""
+    parts = path.split("/")
+    if (not path or path.startswith("/") or "\\" in path or "\0" in path
+            or PurePosixPath(path).is_absolute() or re.match(r"[A-Za-z]:", path)
+            or any(p in ("", ".", "..") for p in parts)):
+        raise PackageError(f"{where}: file path {path!r} escapes the package folder or is "
+                           "not a plain relative path")
+
+
+def check_file_record(record: Any, where: str) -> None:
+    check_relative_path(require(record, "path", str, where), where)
+    _count(record, "bytes", where)
+    digest = require(record, "sha256", str, where)
+    if not _SHA256.fullmatch(digest):
+        raise PackageError(f"{where}: field 'sha256' is not a lowercase sha256 hex digest")
+
+
+def iter_file_records(manifest: dict) -> Iterator[tuple[str, Any]]:
+    """Every file record in the manifest, with where it sits (for error messages)."""
+    tok = require(manifest, "tokenizer", dict, MANIFEST)
+    for i, f in enumerate(_items(tok, "files", f"{MANIFEST} tokenizer")):
+        yield f"{MANIFEST} tokenizer.files[{i}]", f
+    for name, f in require(manifest, "conditioning", dict, MANIFEST).items():
+        yield f"{MANIFEST} conditioning.{name}", f
+    for i, f in enumerate(manifest.get("files", [])):  # optional: further files of a target
+        yield f"{MANIFEST} files[{i}]", f
+    for comp in _items(manifest, "components", MANIFEST):
+        cname = require(comp, "name", str, f"{MANIFEST} components[]")
+        for block in _items(comp, "blocks", f"{MANIFEST} component {cname}"):
+            bname = require(block, "name", str, f"{MANIFEST} component {cname} blocks[]")
+            where = f"{MANIFEST} block {cname}/{bname}"
+            for i, f in enumerate(_items(block, "files", where)):
+                yield f"{where} files[{i}]", f
+
+
+def _check_files(manifest: dict) -> dict[str, dict]:
+    """Every file record well formed; one path listed twice must agree. Returns path ->
+    record."""
+    if "files" in manifest:
+        require(manifest, "files", list, MANIFEST)
+    seen: dict[str, tuple[str, dict]] = {}
+    for where, record in iter_file_records(manifest):
+        check_file_record(record, where)
+        earlier = seen.setdefault(record["path"], (where, record))
+        if (earlier[1]["bytes"], earlier[1]["sha256"]) != (record["bytes"], record["sha256"]):
+            raise PackageError(f"{where}: {record['path']!r} is also listed by {earlier[0]} "
+                               "with another size or sha256")
+    return {path: record for path, (_, record) in seen.items()}
+
+
+def _check_signature(items: Any, where: str) -> list[str]:
+    names = []
+    for i, s in enumerate(items):
+        at = f"{where}[{i}]"
+        names.append(require(s, "name", str, at))
+        dtype = require(s, "dtype", str, at)
+        if dtype not in DTYPES:
+            raise PackageError(f"{at}: unknown dtype {dtype!r}")
+        for d in require(s, "shape", list, at):
+            if not (d == "batch" or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)):
+                raise PackageError(f"{at}: shape entry {d!r} must be a size or \"batch\"")
+    if len(set(names)) != len(names):
+        raise PackageError(f"{where}: a name appears twice")
+    return names
+
+
+def _check_weights(block: dict, files: dict[str, dict], where: str) -> None:
+    weights = require(block, "weights", dict, where)
+    path = require(weights, "path", str, f"{where} weights")
+    listed = {f["path"] for f in block["files"]}
+    if path not in listed:
+        raise PackageError(f"{where}: weights file {path!r} is not one of the block's files")
+    size = files[path]["bytes"]
+    names, spans = set(), []
+    for i, t in enumerate(require(weights, "tensors", list, f"{where} weights")):
+        at = f"{where} weights.tensors[{i}]"
+        name = require(t, "name", str, at)
+        if name in names:
+            raise PackageError(f"{at}: tensor {name!r} appears twice")
+        names.add(name)
+        dtype = require(t, "dtype", str, at)
+        if dtype not in DTYPES:
+            raise PackageError(f"{at}: unknown dtype {dtype!r}")
+        shape = require(t, "shape", list, at)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise PackageError(f"{at}: shape {shape!r} must be a list of sizes")
+        offset, nbytes = _count(t, "offset", at), _count(t, "bytes", at)
+        if nbytes != math.prod(shape) * DTYPES[dtype]:
+            raise PackageError(f"{at}: {nbytes} bytes disagree with shape {shape} of {dtype}")
+        if offset + nbytes > size:
+            raise PackageError(f"{at}: tensor {name!r} ends at byte {offset + nbytes}, beyond "
+                               f"{path} ({size} bytes)")
+        if offset % TENSOR_ALIGN:
+            raise PackageError(f"{at}: tensor {name!r} starts at byte {offset}, not "
+                               f"{TENSOR_ALIGN}-byte aligned")
+        spans.append((offset, offset + nbytes, name))
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            raise PackageError(f"{where} weights: tensors {a!r} and {b!r} overlap in {path}")
+
+
+def check_chain(name: str, blocks: list[dict], provided: set[str] | None = None) -> None:
+    """Blocks pass tensors on by name: every input of a block must be an input of the
+    component (`provided`; by default the first block's inputs) or an output of an earlier
+    block. Refuses gaps (an input nothing produces) and cycles or misordering (an input only
+    a later block produces)."""
+    if not blocks:
+        return
+    names = [[s["name"] for s in b["inputs"]] for b in blocks]
+    if provided is None:
+        # The first block's inputs, bar those only a later block makes (a block that takes
+        # and gives the same name, like a transformer pair's x, may still be first).
+        own = {s["name"] for s in blocks[0]["outputs"]}
+        later = {s["name"] for b in blocks[1:] for s in b["outputs"]}
+        provided = set(names[0]) - (later - own)
+    available = set(provided)
+    for i, block in enumerate(blocks):
+        where = f"{MANIFEST} block {name}/{block['name']}"
+        for x in names[i]:
+            if x in available:
+                continue
+            later = [b["name"] for b in blocks[i + 1:]
+                     if x in (s["name"] for s in b["outputs"])]
+            if later:
+                raise PackageError(f"{where}: input {x!r} comes only from the later block "
+                                   f"{name}/{later[0]} (blocks out of order or in a cycle)")
+            raise PackageError(f"{where}: input {x!r} is neither an input of component "
+                               f"{name!r} nor an output of an earlier block (a gap)")
+        available |= {s["name"] for s in block["outputs"]}
+
+
+def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
+    graph = require(block, "graph", str, where)
+    if graph not in {f["path"] for f in block["files"]}:
+        raise PackageError(f"{where}: graph {graph!r} is not one of the block's files")
+    _check_weights(block, files, where)
+    _check_signature(require(block, "inputs", list, where), f"{where} inputs")
+    _check_signature(require(block, "outputs", list, where), f"{where} outputs")
+    if not block["outputs"]:
+        raise PackageError(f"{where}: a block must have at least one output")
+    if "weight_bytes" in block:
+        _count(block, "weight_bytes", where)
+
+
+def _check_sampler(sampler: dict) -> None:
+    where = f"{MANIFEST} sampler"
+    for key, value in sampler.items():
+        if not isinstance(value, bool | int | float | str | type(None)):
+            raise PackageError(f"{where}: field {key!r} must be a number, got "
+                               f"{_json_type(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PackageError(f"{where}: field {key!r} is {value}, must be finite")
+    for key in ("steps", "num_train_timesteps"):
+        if key in sampler:
+            _count(sampler, key, where, minimum=1)
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of the manifest's content without its own digest field, in canonical JSON: the
+    manifest's guard against damage, as the file records are the files'."""
+    body = {k: v for k, v in manifest.items() if k != DIGEST_FIELD}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_manifest(manifest: Any) -> dict[str, dict]:
+    """Raise PackageError for the first structural problem; returns path -> file record of
+    every listed file."""
+    if not isinstance(manifest, dict):
+        raise PackageError(f"{MANIFEST}: must be a JSON object, got {_json_type(manifest)}")
+    if require(manifest, "format", str, MANIFEST) != FORMAT:
+        raise PackageError(f"{MANIFEST}: field 'format' is {manifest['format']!r}, "
+                           f"expected {FORMAT!r}")
+    version = require(manifest, "format_version", int, MANIFEST)
+    if version != FORMAT_VERSION:
+        newer = " (written by a newer edge; upgrade edge)" if version > FORMAT_VERSION else ""
+        raise PackageError(f"{MANIFEST}: unknown format_version {version}{newer}; this edge "
+                           f"reads version {FORMAT_VERSION}")
+    if DIGEST_FIELD in manifest:  # optional in version 1; every edge exporter writes it
+        digest = require(manifest, DIGEST_FIELD, str, MANIFEST)
+        if digest != manifest_digest(manifest):
+            raise PackageError(f"{MANIFEST}: content differs from its {DIGEST_FIELD} (the "
+                               "manifest was altered or is corrupt)")
+    for key in ("producer", "model"):
+        require(manifest, key, str, MANIFEST)
+    target = require(manifest, "target", str, MANIFEST)
+    if target not in TARGETS:
+        raise PackageError(f"{MANIFEST}: unknown target {target!r}; known: {', '.join(TARGETS)}")
+    _check_sampler(require(manifest, "sampler", dict, MANIFEST))
+    tok = require(manifest, "tokenizer", dict, MANIFEST)
+    if not _items(tok, "files", f"{MANIFEST} tokenizer"):
+        raise PackageError(f"{MANIFEST} tokenizer: field 'files' is empty")
+    _count(tok, "max_tokens", f"{MANIFEST} tokenizer", minimum=1)
+    if "latent_shape" in manifest:
+        shape = require(manifest, "latent_shape", list, MANIFEST)
+        if len(shape) != 4 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                      for d in shape):
+            raise PackageError(f"{MANIFEST}: field 'latent_shape' {shape!r} must be four "
+                               "positive sizes [channels, frames, height, width]")
+    files = _check_files(manifest)
+    components = _items(manifest, "components", MANIFEST)
+    seen_components: set[str] = set()
+    for comp in components:
+        cname = comp["name"]
+        if cname in seen_components:
+            raise PackageError(f"{MANIFEST}: component {cname!r} appears twice")
+        seen_components.add(cname)
+        seen_blocks: set[str] = set()
+        for block in comp["blocks"]:
+            where = f"{MANIFEST} block {cname}/{block['name']}"
+            if block["name"] in seen_blocks:
+                raise PackageError(f"{where}: block id {cname}/{block['name']} appears twice")
+            seen_blocks.add(block["name"])
+            _check_block(block, files, where)
+        check_chain(cname, comp["blocks"])
+    return files

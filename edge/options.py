@@ -1,0 +1,88 @@
+"""Checks of a generation request (prompts, seeds, sampler settings) for the runtimes: a bad
+value is refused with the option and the value named before any block runs, instead of
+failing deep inside a block or producing noise (a NaN guidance scale gives a NaN video)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, replace
+from typing import Any
+
+from edge.sampler import SamplerSettings
+
+
+def check_prompts(prompts: Any) -> list[str]:
+    """One prompt or a non-empty list of them, each a string of valid Unicode text. Empty
+    prompts are allowed (they mean "no caption")."""
+    items = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(items, list | tuple) or not items:
+        raise ValueError(f"prompts must be a string or a non-empty list of strings, got "
+                         f"{prompts!r:.80}")
+    for i, p in enumerate(items):
+        if not isinstance(p, str):
+            raise ValueError(f"prompt {i} must be a string, got {type(p).__name__}")
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as err:  # lone surrogates, e.g. from a bad decode
+            raise ValueError(f"prompt {i} is not valid Unicode text ({err.reason} at "
+                             f"character {err.start})") from None
+    return list(items)
+
+
+def check_seeds(seed: Any, n: int) -> list[int]:
+    """Seed i of n prompts: `seed + i` for one integer, else a list of n integers; all
+    non-negative (NumPy's generators refuse negative seeds)."""
+    seeds = [seed + i for i in range(n)] if _is_int(seed) else seed
+    if not isinstance(seeds, list | tuple) or len(seeds) != n:
+        raise ValueError(f"seed must be an integer or a list of {n} integers, got {seed!r:.80}")
+    for s in seeds:
+        if not _is_int(s) or s < 0:
+            raise ValueError(f"seed {s!r} must be a non-negative integer")
+    return list(seeds)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_value(name: str, value: Any, default: Any) -> None:
+    """A setting's value has the kind of its default (bool, int, real number); reals are
+    finite."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int) or (default is None and name.endswith(("steps", "after"))):
+        ok = _is_int(value) or (default is None and value is None)
+    elif isinstance(default, float):
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              and math.isfinite(value))
+    else:
+        ok = True
+    if not ok:
+        kind = {bool: "true or false", int: "an integer", float: "a finite number"}.get(
+            type(default), "an integer or None")
+        raise ValueError(f"sampler setting {name}={value!r}: must be {kind}")
+
+
+def check_settings(settings: SamplerSettings) -> SamplerSettings:
+    """Every setting of the kind its default has, and settings consistent with each other."""
+    for f in fields(settings):
+        _check_value(f.name, getattr(settings, f.name), f.default)
+    if settings.shift <= 0:
+        raise ValueError(f"sampler setting shift={settings.shift!r}: must be positive")
+    merge = getattr(settings, "merge_steps", 0)
+    if merge > settings.steps:
+        raise ValueError(f"sampler setting merge_steps={merge}: more than steps="
+                         f"{settings.steps} (merging applies to the first merge_steps steps)")
+    return settings
+
+
+def with_overrides(settings: SamplerSettings, overrides: dict[str, Any]) -> SamplerSettings:
+    """`settings` with `overrides` applied and checked; unknown names are refused by name."""
+    known = {f.name for f in fields(settings)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown sampler setting(s): {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(known))}")
+    for name, value in overrides.items():  # before replace(): __post_init__ compares values
+        _check_value(name, value, next(f.default for f in fields(settings) if f.name == name))
+    return check_settings(replace(settings, **overrides))
