@@ -132,7 +132,126 @@ def test_a_consumer_that_stops_early_gives_its_bytes_back(tmp_path):
     runs = loader.run(schedule())
     next(runs), next(runs)
     runs.close()
-    assert loader._budget.held == sum(
+    assert loader.buffers.in_use == sum(
         blocks[k].nbytes for k in loader._resident)
     list(loader.run(schedule()))  # and the next run is not starved
+    loader.close()
+
+
+# --- the buffer pool: recycled, pre-faulted buffers under the budget ---------------------
+
+def test_streamed_blocks_of_one_size_cycle_through_recycled_buffers(tmp_path):
+    blocks = make_blocks(tmp_path, {f"tr/p{i}": 2 for i in range(4)})
+    loader = BlockLoader(blocks, 4 * PAGE, prefetch=1)  # room for two pairs: nothing pinned
+    steps = 5
+    for key, weights in loader.run(list(blocks) * steps):
+        assert weights["w"][0] == int(key[-1]) and weights["w"][-1] == int(key[-1])
+    assert loader.stats.reads == 4 * steps
+    # one buffer computing, one being read ahead: two made, every later read reuses one
+    assert loader.buffers.made == 2 and loader.stats.buffers_reused == 4 * steps - 2
+    assert loader.buffers.peak == 4 * PAGE and loader.buffers.in_use == 2 * PAGE
+    del weights  # the last block's buffer comes back once its views are gone
+    assert loader.buffers.in_use == 0
+    loader.close()
+    assert loader.buffers.kept == 0
+
+
+def test_pool_never_keeps_more_than_its_limit_under_concurrent_use():
+    from runtimes.python.loader import BufferPool
+
+    pool = BufferPool(10 * PAGE)
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 5, size=(4, 60)) * PAGE - rng.integers(0, 100, size=(4, 60))
+    errors = []
+
+    def worker(row):
+        try:
+            for n in row:
+                buf = pool.acquire(int(n))
+                assert len(buf) % PAGE == 0 and len(buf) >= n
+                assert pool.kept <= pool.limit
+                time.sleep(0.0005)
+                pool.give_back(buf)
+        except Exception as err:  # surfaced below: a thread's assert would be lost otherwise
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(row,)) for row in sizes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert pool.peak <= 10 * PAGE and pool.in_use == 0
+    assert pool.reused > 0 and pool.unmapped > 0  # sizes vary: some buffers made way for others
+
+
+def test_a_new_size_waits_for_a_buffer_in_use_rather_than_exceed_the_limit():
+    from runtimes.python.loader import BufferPool
+
+    pool = BufferPool(3 * PAGE)
+    first = pool.acquire(2 * PAGE)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(2 * PAGE - 10)))
+    waiter.start()
+    time.sleep(0.1)
+    assert not got and pool.kept == 2 * PAGE  # 2 + 2 pages would exceed 3
+    pool.give_back(first)  # (a buffer never lent: returned by hand)
+    waiter.join(5)
+    assert got and got[0] is first and pool.reused == 1  # same page-rounded size: recycled
+
+
+def test_buffers_come_back_when_a_consumer_stops_early(tmp_path):
+    blocks = make_blocks(tmp_path, {f"tr/p{i}": 2 for i in range(4)})
+    loader = BlockLoader(blocks, 6 * PAGE, prefetch=2, pin=False)
+    runs = loader.run(list(blocks) * 3)
+    next(runs), next(runs)
+    assert loader.buffers.in_use >= 2 * PAGE  # one held, up to two read ahead
+    runs.close()  # the held block and the ones read ahead go back to the pool
+    assert loader.buffers.in_use == 0 and 0 < loader.buffers.kept <= 6 * PAGE
+    made = loader.buffers.made
+    assert [k for k, _ in loader.run(list(blocks))] == list(blocks)
+    assert loader.buffers.made == made  # the next run reads into the same buffers
+    loader.close()
+
+
+def test_a_view_kept_past_its_block_is_never_overwritten(tmp_path):
+    blocks = make_blocks(tmp_path, {f"tr/p{i}": 2 for i in range(4)})
+    loader = BlockLoader(blocks, 4 * PAGE, prefetch=1)
+    kept = None
+    for key, weights in loader.run(list(blocks) * 2):
+        if key == "tr/p0" and kept is None:
+            kept = weights["w"]  # held beyond the next block: the contract is broken
+    assert (kept == 0).all()  # its buffer was abandoned, not recycled under it
+    assert loader.buffers.abandoned >= 1 and loader.buffers.peak <= 4 * PAGE
+    loader.close()
+
+
+def test_concurrent_prefetch_reads_ahead_within_budget(tmp_path, monkeypatch):
+    import runtimes.python.loader as loader_module
+
+    real_read = loader_module.read_file
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def counting_read(*args, **kwargs):
+        with lock:
+            in_flight[0] += 1
+        time.sleep(0.01)
+        try:
+            return real_read(*args, **kwargs)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    monkeypatch.setattr(loader_module, "read_file", counting_read)
+    blocks = make_blocks(tmp_path, {f"tr/p{i}": 2 for i in range(5)})
+    loader = BlockLoader(blocks, 6 * PAGE, prefetch=2, pin=False)
+    for key, weights in loader.run(list(blocks) * 3):
+        with lock:
+            most[0] = max(most[0], in_flight[0])
+        assert weights["w"][0] == int(key[-1])
+        assert loader.buffers.kept <= 6 * PAGE
+        time.sleep(0.01)
+    assert loader.stats.peak_held_bytes <= 6 * PAGE and loader.buffers.made == 3
+    assert loader.stats.reads == 15 and loader.buffers.reused == 12
     loader.close()

@@ -7,6 +7,10 @@
 - Reads are one large read per block file into an aligned buffer; with `cold_reads` the page
   cache is bypassed (O_DIRECT where the file system allows it, else posix_fadvise DONTNEED
   after each read) so the figures measure storage, not memory.
+- Buffers are recycled (`BufferPool`): made and faulted in once, reused by later reads of a
+  block of the same size, and counted against the budget whether in use or free. Blocks are
+  handed out as NumPy views of their buffer (no copy); a buffer returns to the pool only
+  when the last view of it is gone.
 - Counts bytes read, read time, time compute waited, and the most bytes it ever held.
 """
 
@@ -16,8 +20,10 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,10 +48,14 @@ class LoaderStats:
     reads: int = 0
     read_s: float = 0.0            # time spent inside reads (any thread)
     wait_s: float = 0.0            # time compute waited for a block
-    peak_held_bytes: int = 0
+    peak_held_bytes: int = 0       # most bytes of buffers held at once (in use or free)
+    buffers_made: int = 0          # aligned buffers allocated (and faulted in)
+    buffers_reused: int = 0        # reads into a recycled buffer
+    buffers_abandoned: int = 0     # kept by a consumer past their block: no longer counted
 
     def as_dict(self) -> dict:
         return {"bytes_read": self.bytes_read, "reads": self.reads,
+                "buffers_made": self.buffers_made, "buffers_reused": self.buffers_reused,
                 "read_s": round(self.read_s, 4), "io_wait_s": round(self.wait_s, 4),
                 "peak_held_bytes": self.peak_held_bytes,
                 "read_bandwidth_bytes_per_s": (self.bytes_read / self.read_s
@@ -109,34 +119,149 @@ def plan_pins(sizes: dict[str, int], budget: int | None, every_step: tuple[str, 
     return pinned
 
 
-class _ByteBudget:
-    """A counting semaphore in bytes: acquire blocks until the bytes fit."""
+def _page_round(nbytes: int) -> int:
+    return max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)
+
+
+def _aligned_buffer(nbytes: int) -> mmap.mmap:
+    """Page-aligned, page-sized writable memory (anonymous mmap, as O_DIRECT requires), faulted
+    in now: the kernel zeroes a buffer once, when it is made, not during the reads that run
+    beside compute. Huge pages where the kernel offers them (fewer faults and TLB misses)."""
+    size = _page_round(nbytes)
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    np.frombuffer(buf, np.uint8)[::PAGE] = 0  # touch every page
+    return buf
+
+
+@dataclass
+class _Lent:
+    buffer: mmap.mmap
+    views: weakref.ref          # the array every view of the buffer derives from
+    retired: bool = False       # the loader has let go of the block
+    abandoned: bool = False     # no longer counted: returns to the garbage collector
+
+
+class BufferPool:
+    """Recycles aligned, pre-faulted buffers between block reads under a byte limit that
+    counts every buffer it keeps, in use or free, so the limit bounds the memory it holds.
+
+    A buffer handed out is lent against one NumPy array (`lend`): it comes back to the pool
+    when that array and every view of it are gone, never earlier, so a recycled buffer is
+    never overwritten under a reader. A buffer is reused only for a block of exactly its
+    (page-rounded) size, so a pinned block never sits in a larger buffer; streamed blocks of
+    one size (a model's pairs) cycle through the same few buffers. When a new size does not
+    fit, free buffers are unmapped first; when only buffers in use remain, `acquire` waits."""
 
     def __init__(self, limit: int | None) -> None:
-        self.limit, self.held, self.peak = limit, 0, 0
+        self.limit = limit
+        self.kept = 0       # bytes of every buffer the pool counts (in use + free)
+        self.in_use = 0     # bytes of buffers handed out
+        self.peak = 0       # high-water mark of `kept`
+        self.made = self.reused = self.unmapped = self.abandoned = 0
+        self.waiting = 0    # threads inside `acquire` waiting for bytes
+        self._free: list[mmap.mmap] = []
+        self._lent: dict[int, _Lent] = {}
         self._cv = threading.Condition()
 
-    def acquire(self, n: int) -> None:
+    def acquire(self, nbytes: int) -> mmap.mmap:
+        size = _page_round(nbytes)
         with self._cv:
-            while self.limit is not None and self.held + n > self.limit:
+            while True:
+                for i, buf in enumerate(self._free):
+                    if len(buf) == size:
+                        self.in_use += size
+                        self.reused += 1
+                        return self._free.pop(i)
+                while self._free and not self._fits(size):
+                    self._unmap(self._free.pop(0))
+                if self._fits(size):
+                    self.kept += size
+                    self.in_use += size
+                    self.peak = max(self.peak, self.kept)
+                    self.made += 1
+                    break
+                self.waiting += 1
                 self._cv.wait()
-            self.held += n
-            self.peak = max(self.peak, self.held)
+                self.waiting -= 1
+        try:  # faulting the pages in takes a while: outside the lock
+            return _aligned_buffer(size)
+        except BaseException:
+            self._uncount(size)
+            raise
 
-    def release(self, n: int) -> None:
+    def lend(self, buf: mmap.mmap, views: np.ndarray) -> None:
+        """`buf` comes back to the pool when `views` (and so every view of it) is gone."""
+        key = id(buf)
         with self._cv:
-            self.held -= n
+            self._lent[key] = _Lent(buf, weakref.ref(views, lambda _: self._views_gone(key)))
+
+    def retire(self, buf: mmap.mmap) -> None:
+        """The loader has let go of `buf`'s block; the consumer may still hold views."""
+        with self._cv:
+            if id(buf) in self._lent:
+                self._lent[id(buf)].retired = True
+
+    def abandon_retired(self) -> int:
+        """Stop counting buffers whose blocks the loader let go but whose views someone still
+        holds: that someone is waiting on this pool, so they would never come back. They are
+        left to the garbage collector; returns how many."""
+        with self._cv:
+            stuck = [lent for lent in self._lent.values() if lent.retired and not lent.abandoned]
+            for lent in stuck:
+                lent.abandoned = True
+                self.abandoned += 1
+                self.kept -= len(lent.buffer)
+                self.in_use -= len(lent.buffer)
+            if stuck:
+                self._cv.notify_all()
+            return len(stuck)
+
+    def give_back(self, buf: mmap.mmap) -> None:
+        """Return a buffer that was never lent (e.g. its read failed)."""
+        with self._cv:
+            self.in_use -= len(buf)
+            self._free.append(buf)
+            self._cv.notify_all()
+
+    def clear(self) -> None:
+        """Unmap every free buffer."""
+        with self._cv:
+            while self._free:
+                self._unmap(self._free.pop())
+            self._cv.notify_all()
+
+    def _views_gone(self, key: int) -> None:
+        with self._cv:
+            lent = self._lent.pop(key, None)
+            if lent is None or lent.abandoned:
+                return
+            self.in_use -= len(lent.buffer)
+            self._free.append(lent.buffer)
+            self._cv.notify_all()
+
+    def _fits(self, size: int) -> bool:
+        return self.limit is None or self.kept + size <= self.limit
+
+    def _unmap(self, buf: mmap.mmap) -> None:
+        self.kept -= len(buf)
+        self.unmapped += 1
+        try:
+            buf.close()
+        except BufferError:  # a view is being torn down right now: the collector unmaps it
+            pass
+
+    def _uncount(self, size: int) -> None:
+        with self._cv:
+            self.kept -= size
+            self.in_use -= size
             self._cv.notify_all()
 
 
-def _aligned_buffer(nbytes: int) -> memoryview:
-    """Page-aligned, page-sized writable memory (anonymous mmap), as O_DIRECT requires."""
-    return memoryview(mmap.mmap(-1, max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)))
-
-
-def read_file(path: Path, nbytes: int, cold: bool) -> memoryview:
-    """One block file into fresh aligned memory, in a few large reads."""
-    buf = _aligned_buffer(nbytes)
+def read_file(path: Path, nbytes: int, cold: bool, into: mmap.mmap | None = None) -> memoryview:
+    """One block file into aligned memory (`into`, else a fresh buffer), in one large read."""
+    buf = memoryview(into if into is not None else _aligned_buffer(nbytes))
     flags = os.O_RDONLY
     direct = cold and hasattr(os, "O_DIRECT")
     try:
@@ -145,9 +270,9 @@ def read_file(path: Path, nbytes: int, cold: bool) -> memoryview:
         direct = False
         fd = os.open(path, flags)
     try:
-        done = 0
+        done, end = 0, _page_round(nbytes)
         while done < nbytes:
-            n = os.readv(fd, [buf[done:]])
+            n = os.readv(fd, [buf[done:end]])
             if n == 0:
                 raise OSError(f"{path}: ended after {done} of {nbytes} bytes")
             done += n
@@ -158,17 +283,29 @@ def read_file(path: Path, nbytes: int, cold: bool) -> memoryview:
     return buf
 
 
-def tensors_from(buf: memoryview, spec: BlockWeights) -> dict[str, np.ndarray]:
-    return {t["name"]: np.frombuffer(buf, dtype=t["dtype"], count=int(np.prod(t["shape"])),
-                                     offset=t["offset"]).reshape(t["shape"])
-            for t in spec.tensors}
+def _views(buf: memoryview | mmap.mmap, spec: BlockWeights) -> tuple[np.ndarray,
+                                                                     dict[str, np.ndarray]]:
+    """One flat array over `buf` and each tensor as a view of it (no copy)."""
+    flat = np.frombuffer(buf, np.uint8)
+    return flat, {t["name"]: flat[t["offset"]:t["offset"] + t["bytes"]].view(t["dtype"])
+                  .reshape(t["shape"]) for t in spec.tensors}
+
+
+def tensors_from(buf: memoryview | mmap.mmap, spec: BlockWeights) -> dict[str, np.ndarray]:
+    """NumPy views of a block's tensors inside `buf` (no copy)."""
+    return _views(buf, spec)[1]
 
 
 @dataclass
 class _Loaded:
     weights: dict[str, np.ndarray]
-    nbytes: int
+    buffer: mmap.mmap
     pinned: bool
+
+    def release_to(self, pool: BufferPool) -> None:
+        """Drop the loader's views; the buffer returns once the consumer's are gone too."""
+        self.weights = {}
+        pool.retire(self.buffer)
 
 
 @dataclass
@@ -183,9 +320,9 @@ class BlockLoader:
 
     def __post_init__(self) -> None:
         self.pinned = self.plan_pins()
-        self._budget = _ByteBudget(self.budget)
+        self.buffers = BufferPool(self.budget)  # every byte of block weights lives in these
         self._resident: dict[str, _Loaded] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-prefetch")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-prefetch")
 
     def plan_pins(self) -> set[str]:
         sizes = {k: b.nbytes for k, b in self.blocks.items()}
@@ -196,17 +333,25 @@ class BlockLoader:
 
     def _load(self, key: str) -> _Loaded:
         spec = self.blocks[key]
-        self._budget.acquire(spec.nbytes)
-        started = time.perf_counter()
-        buf = read_file(spec.path, spec.nbytes, self.cold_reads)
-        self.stats.read_s += time.perf_counter() - started
+        buffer = self.buffers.acquire(spec.nbytes)
+        try:
+            started = time.perf_counter()
+            view = read_file(spec.path, spec.nbytes, self.cold_reads, into=buffer)
+            self.stats.read_s += time.perf_counter() - started
+            flat, weights = _views(view, spec)
+            view.release()
+        except BaseException:
+            self.buffers.give_back(buffer)
+            raise
+        self.buffers.lend(buffer, flat)
         self.stats.bytes_read += spec.nbytes
         self.stats.reads += 1
-        return _Loaded(tensors_from(buf, spec), spec.nbytes, key in self.pinned)
+        return _Loaded(weights, buffer, key in self.pinned)
 
     def run(self, schedule: Iterable[str]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
-        """Yield (key, weights) for each key in `schedule`, in order. Streamed blocks are
-        freed when the consumer asks for the next one."""
+        """Yield (key, weights) for each key in `schedule`, in order. A streamed block's
+        weights are valid until the consumer asks for the next block: its buffer then goes
+        back to the pool for a later read."""
         schedule = list(schedule)
         first_use = {}
         for i, key in enumerate(schedule):
@@ -220,7 +365,7 @@ class BlockLoader:
 
         def ensure_submitted(i: int) -> None:
             if i < len(schedule) and i not in futures and needs_read(i):
-                futures[i] = self._pool.submit(self._load, schedule[i])
+                futures[i] = self._reader.submit(self._load, schedule[i])
 
         held: _Loaded | None = None  # the streamed block the consumer is using
         try:
@@ -230,27 +375,42 @@ class BlockLoader:
                     ensure_submitted(i + ahead)
                 if i in futures:
                     started = time.perf_counter()
-                    loaded = futures.pop(i).result()
+                    loaded = self._result(futures.pop(i))
                     self.stats.wait_s += time.perf_counter() - started
                     if loaded.pinned:
                         self._resident[key] = loaded
                 else:
                     loaded = self._resident[key]
-                self.stats.peak_held_bytes = max(self.stats.peak_held_bytes, self._budget.peak)
+                self.stats.peak_held_bytes = max(self.stats.peak_held_bytes, self.buffers.peak)
                 held = None if loaded.pinned else loaded
                 yield key, loaded.weights
                 del loaded
                 if held is not None:
-                    self._budget.release(held.nbytes)
+                    held.release_to(self.buffers)
                     held = None
         finally:  # the consumer stopped early: give back what it held and what was read ahead
             if held is not None:
-                self._budget.release(held.nbytes)
+                held.release_to(self.buffers)
             for f in futures.values():
-                self._budget.release(f.result().nbytes)
+                if f.exception() is None:
+                    f.result().release_to(self.buffers)
+            self.stats.buffers_made = self.buffers.made
+            self.stats.buffers_reused = self.buffers.reused
+
+    def _result(self, future: Future) -> _Loaded:
+        """Wait for a read. A read that waits for bytes while this thread waits for it is
+        stuck if the only bytes to wait for are in blocks this thread's consumer moved past
+        but still holds views of (e.g. `list(loader.run(...))`): those are abandoned."""
+        while True:
+            try:
+                return future.result(timeout=0.05)
+            except FutureTimeout:
+                if self.buffers.waiting and self.buffers.abandon_retired():
+                    self.stats.buffers_abandoned = self.buffers.abandoned
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
         for loaded in self._resident.values():
-            self._budget.release(loaded.nbytes)
+            loaded.release_to(self.buffers)
         self._resident.clear()
+        self.buffers.clear()
