@@ -1,0 +1,200 @@
+"""`edge serve`: only files inside the package folder, with the right types, on loopback
+unless asked otherwise. Requests are sent raw (http.client) so no client normalises them."""
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from edge.serve import make_server, parse_range, request_segments
+
+SECRET = b"outside the package"
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A package folder with one file of each served kind, a secret beside it, symlinks in
+    and out of the folder, and a hidden file (read only by the tests)."""
+    tmp_path = tmp_path_factory.mktemp("serve")
+    root = tmp_path / "pkg"
+    (root / "weights" / "transformer").mkdir(parents=True)
+    (root / "web").mkdir()
+    (root / "manifest.json").write_text('{"format": "edge-package"}')
+    (root / "weights" / "transformer" / "pair_0.bin").write_bytes(bytes(range(256)) * 16)
+    (root / "web" / "runtime.wasm").write_bytes(b"\0asm\1\0\0\0")
+    (root / "web" / "index.js").write_text("export {};")
+    (root / "web" / "worker.mjs").write_text("export {};")
+    (root / "web" / "blocks.wgsl").write_text("@compute fn main() {}")
+    (root / "web" / "index.html").write_text("<!doctype html>")
+    (root / "name with space%.json").write_text("{}")
+    (root / ".hidden").write_text("hidden")
+    (tmp_path / "secret.txt").write_bytes(SECRET)
+    (tmp_path / "secret_dir").mkdir()
+    (tmp_path / "secret_dir" / "s.txt").write_bytes(SECRET)
+    os.symlink(tmp_path / "secret.txt", root / "leak.txt")
+    os.symlink(tmp_path / "secret_dir", root / "leakdir")
+    os.symlink("manifest.json", root / "alias.json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tree):
+    srv = make_server(tree, port=0, quiet=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def get(server, target, method="GET", headers=None):
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request(method, target, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def test_binds_loopback_by_default(tree):
+    srv = make_server(tree, port=0, quiet=True)
+    try:
+        assert srv.server_address[0] == "127.0.0.1"
+    finally:
+        srv.server_close()
+
+
+def test_other_host_only_when_asked_and_with_a_warning(tree, capsys):
+    srv = make_server(tree, host="0.0.0.0", port=0, quiet=True)
+    try:
+        assert srv.server_address[0] == "0.0.0.0"
+    finally:
+        srv.server_close()
+    assert "warning: serving on 0.0.0.0" in capsys.readouterr().err
+    make_server(tree, host="localhost", port=0, quiet=True).server_close()
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path, ctype", [
+    ("/manifest.json", "application/json"),
+    ("/web/runtime.wasm", "application/wasm"),
+    ("/web/index.js", "text/javascript; charset=utf-8"),
+    ("/web/worker.mjs", "text/javascript; charset=utf-8"),
+    ("/web/blocks.wgsl", "text/wgsl; charset=utf-8"),
+    ("/weights/transformer/pair_0.bin", "application/octet-stream"),
+    ("/web/", "text/html; charset=utf-8"),
+    ("/name%20with%20space%25.json", "application/json"),
+    ("/alias.json", "application/json"),  # a symlink that stays inside is followed
+    ("/manifest.json?v=1#x", "application/json"),
+])
+def test_serves_files_with_their_content_type(server, tree, path, ctype):
+    status, headers, body = get(server, path)
+    assert status == 200
+    assert headers["Content-Type"] == ctype
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert int(headers["Content-Length"]) == len(body) > 0
+
+
+def test_head_sends_headers_only(server):
+    status, headers, body = get(server, "/weights/transformer/pair_0.bin", method="HEAD")
+    assert (status, headers["Content-Length"], body) == (200, "4096", b"")
+
+
+@pytest.mark.parametrize("target", [
+    "/../secret.txt", "/web/../../secret.txt", "/%2e%2e/secret.txt", "/%2E%2E/secret.txt",
+    "/web/%2e%2e/%2e%2e/secret.txt", "/..%2fsecret.txt", "/..%2Fsecret.txt",
+    "/%2e%2e%2fsecret.txt", "/..%5csecret.txt", "/..\\secret.txt", "/%252e%252e/secret.txt",
+    "//secret.txt", "/./manifest.json", "/%2e/manifest.json", "/leak.txt", "/leakdir/s.txt",
+    "/manifest.json%00.txt", "/.hidden", "/%2ehidden", "/nonexistent",
+    "/" + str(os.path.abspath("/etc/passwd")).lstrip("/"),
+])
+def test_nothing_outside_the_folder_is_served(server, target):
+    status, _, body = get(server, target)
+    assert status in (400, 404)
+    assert SECRET not in body and b"root:" not in body
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "http://evil/../secret.txt", "secret.txt",
+                                    "/%ff%fe"])
+def test_absolute_and_malformed_targets_are_refused(server, target):
+    status, _, body = get(server, target)
+    assert status in (400, 404)
+    assert SECRET not in body and b"root:" not in body
+
+
+def test_no_directory_listing(server):
+    for target in ("/", "/weights/", "/weights/transformer/"):
+        status, _, body = get(server, target)
+        assert status == 404, target
+        assert b"pair_0" not in body and b"manifest" not in body
+
+
+def test_folder_without_slash_redirects_to_its_page(server):
+    status, headers, _ = get(server, "/web")
+    assert (status, headers["Location"]) == (301, "/web/")
+
+
+def test_only_get_and_head(server):
+    assert get(server, "/manifest.json", method="POST")[0] == 501
+    assert get(server, "/manifest.json", method="PUT")[0] == 501
+
+
+@pytest.mark.parametrize("header, status, want", [
+    ("bytes=0-9", 206, (0, 9)), ("bytes=4090-", 206, (4090, 4095)),
+    ("bytes=-6", 206, (4090, 4095)), ("bytes=4000-99999", 206, (4000, 4095)),
+    ("bytes=4096-", 416, None), ("bytes=9-3", 416, None), ("bytes=0-1,5-6", 200, None),
+    ("items=0-1", 200, None),
+])
+def test_range_requests(server, header, status, want):
+    got, headers, body = get(server, "/weights/transformer/pair_0.bin", headers={"Range": header})
+    assert got == status
+    full = bytes(range(256)) * 16
+    if want:
+        assert body == full[want[0]:want[1] + 1]
+        assert headers["Content-Range"] == f"bytes {want[0]}-{want[1]}/4096"
+    elif status == 200:
+        assert body == full
+    else:
+        assert headers["Content-Range"] == "bytes */4096"
+
+
+def test_range_parsing():
+    assert parse_range(None, 10) is None
+    assert parse_range("bytes=-20", 10) == (0, 9)
+    assert parse_range("bytes=-", 10) is None
+
+
+def test_request_segments_decode_once():
+    assert request_segments("/a/b%20c.json?x=1") == ["a", "b c.json"]
+    assert request_segments("/a/%252e%252e") == ["a", "%2e%2e"]  # a literal name, not ".."
+
+
+def test_missing_folder_is_refused(tmp_path):
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        make_server(tmp_path / "nope", port=0)
+
+
+def test_cli_serves_until_interrupted(tree):
+    proc = subprocess.Popen([sys.executable, "-c", "from edge.cli import main; main()", "serve",
+                             str(tree), "--port", "0",
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"serving {tree} at http://127.0.0.1:"), line
+        port = int(line.split("127.0.0.1:")[1].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/web/runtime.wasm")
+        resp = conn.getresponse()
+        assert (resp.status, resp.getheader("Content-Type")) == (200, "application/wasm")
+        conn.close()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
