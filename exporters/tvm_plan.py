@@ -1,0 +1,446 @@
+"""A block through TVM: PyTorch -> relax -> WebGPU (WGSL) kernels + a static launch plan.
+
+TVM's own browser runtime (tvmjs with a wasm build of the host code) cannot be built from the
+PyPI wheel, so the host side of a compiled relax function is replaced by data: the *launch
+plan*. It lists, in order, every kernel call with the buffers it binds, its grid size and its
+scalar arguments, plus the intermediate buffers (TVM's static memory plan: storages that calls
+share once a value is dead). `runtimes/web/executor.js` replays it; `replay_llvm` replays the
+very same plan with an llvm build of the unscheduled kernels, to check the plan on the CPU.
+
+Plan value ids name where a tensor lives: `input:NAME`, `weight:NAME`, `const:N`,
+`storage:N` (an intermediate, with a byte offset) or `output:N` (a buffer the plan allocates
+for a returned tensor). A reshape makes no call: its value shares the buffer of its source.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.frontend.torch import from_exported_program
+
+from edge.blocks import Block
+
+WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
+BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
+MAX_GRID_X = 65535                # WebGPU maxComputeWorkgroupsPerDimension
+WGSL_SCALAR_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32"}
+
+
+class PlanError(RuntimeError):
+    """A block the web target cannot express; the message names the block and the reason."""
+
+
+def webgpu_target() -> tvm.target.Target:
+    return tvm.target.Target({"kind": "webgpu", "host": WGSL_HOST})
+
+
+def _plain_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False):
+    """softmax(q k^T * scale + mask) v written out: torch.export's own decomposition of SDPA
+    guards fully masked rows with int8/bool buffers, which WGSL storage arrays cannot hold."""
+    if is_causal or dropout_p:
+        raise PlanError("causal or dropout attention has no web lowering")
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if attn_mask is not None:
+        scores = scores + attn_mask if attn_mask.dtype != torch.bool else scores.masked_fill(
+            ~attn_mask, -1e4)
+    return scores.softmax(-1) @ v
+
+
+@contextlib.contextmanager
+def plain_attention() -> Iterator[None]:
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _plain_sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def web_example(block: Block) -> tuple[torch.Tensor, ...]:
+    """The block's example inputs as the web runtime feeds them: int64 (no WGSL type) as
+    int32, which every index in tiny-sora fits."""
+    return tuple(t.to(torch.int32) if t.dtype == torch.int64 else t for t in block.example)
+
+
+def import_block(block: Block) -> tvm.IRModule:
+    """The block as a relax module `main(*inputs, *weights)` with static shapes."""
+    with plain_attention(), torch.no_grad():
+        program = torch.export.export(block.module.eval(), web_example(block))
+    mod = from_exported_program(program, keep_params_as_input=True)
+    # the frontend keeps the weight values in an attribute of main: drop them, so the module
+    # is the block's structure alone (weights are parameters) and equal for equal blocks
+    return tvm.IRModule({gv: f.without_attr("params") if isinstance(f, relax.Function) else f
+                         for gv, f in mod.functions.items()})
+
+
+def lower(mod: tvm.IRModule) -> tvm.IRModule:
+    """Relax passes of TVM's GPU pipeline up to the static memory plan, without schedules:
+    the result's `main` is the call sequence the launch plan is read from."""
+    t = relax.transform
+    with webgpu_target():
+        return tvm.transform.Sequential([
+            relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
+            t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant(), t.FuseOps(),
+            t.FuseTIR(), t.RewriteDataflowReshape(), t.ToNonDataflow(),
+            t.RemovePurityChecking(), t.CallTIRRewrite(), t.StaticPlanBlockMemory(),
+            t.AttachGlobalSymbol(),
+        ])(mod)
+
+
+def prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:
+    return tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                         if isinstance(f, tvm.tirx.PrimFunc)})
+
+
+def _dims(shape) -> list[int]:
+    return [int(d) for d in (shape.values if hasattr(shape, "values") else shape)]
+
+
+@dataclass
+class LaunchPlan:
+    inputs: list[str]
+    weights: list[str]
+    values: dict[str, dict] = field(default_factory=dict)     # relax var -> buffer view
+    storages: list[int] = field(default_factory=list)         # bytes of each storage
+    outputs_alloc: list[dict] = field(default_factory=list)   # {"shape", "dtype"}
+    constants: list[np.ndarray] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)           # {"func", "args": [value ids]}
+    results: list[str] = field(default_factory=list)          # value ids returned, in order
+
+    def to_json(self) -> dict:
+        """JSON of the plan; constants carry their little-endian bytes in base64."""
+        return {"inputs": self.inputs, "weights": self.weights, "values": self.values,
+                "storages": self.storages, "outputs_alloc": self.outputs_alloc,
+                "constants": [{"shape": list(c.shape), "dtype": str(c.dtype),
+                               "base64": base64.b64encode(
+                                   np.ascontiguousarray(c).astype(c.dtype.newbyteorder("<"))
+                                   .tobytes()).decode("ascii")}
+                              for c in self.constants],
+                "calls": self.calls, "results": self.results}
+
+
+def _constant_array(const) -> np.ndarray:
+    value = getattr(const, "value", None)
+    value = getattr(const, "data", None) if value is None else value
+    return value.numpy()
+
+
+def _int(expr) -> int:
+    return int(getattr(expr, "value", expr))
+
+
+def _view(buffer: str, offset: int, shape, dtype: str) -> dict:
+    return {"buffer": buffer, "offset": int(offset), "shape": _dims(shape), "dtype": str(dtype)}
+
+
+def read_plan(mod: tvm.IRModule, inputs: list[str], weights: list[str], key: str) -> LaunchPlan:
+    """The launch plan of a lowered module's `main` (see `lower`), whose parameters are the
+    block's `inputs` then its `weights` in that order (torch.export's own names, e.g.
+    `p_linear_weight`, are replaced by the block's parameter names)."""
+    main = mod["main"]
+    n_inputs = len(inputs)
+    names = list(inputs) + list(weights)
+    if len(main.params) != len(names):
+        raise PlanError(f"block {key}: relax main takes {len(main.params)} tensors, the block "
+                        f"has {n_inputs} inputs and {len(weights)} weights")
+    plan = LaunchPlan(inputs=list(inputs), weights=list(weights))
+    ids: dict[relax.Var, str] = {}
+    for p, name in zip(main.params, names, strict=True):
+        kind = "input" if len(ids) < n_inputs else "weight"
+        ids[p] = f"{kind}:{name}"
+        plan.values[ids[p]] = _view(ids[p], 0, p.ty.shape, p.ty.dtype)
+    storage_ids: dict[relax.Var, int] = {}
+    tuples: dict[relax.Var, list] = {}
+
+    def value_of(arg) -> str:
+        if isinstance(arg, tvm.ir.expr.Constant):
+            data = _constant_array(arg)
+            if data.dtype == np.int64:
+                data = data.astype(np.int32)
+            vid = f"const:{len(plan.constants)}"
+            plan.constants.append(data)
+            plan.values[vid] = _view(vid, 0, data.shape, str(data.dtype))
+            return vid
+        if isinstance(arg, relax.Var) and arg in ids:
+            return ids[arg]
+        raise PlanError(f"block {key}: kernel argument {arg} is not a tensor the plan knows")
+
+    body = main.body
+    for binding_block in body.blocks:
+        for b in binding_block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                raise PlanError(f"block {key}: unsupported binding {type(b).__name__}")
+            var, value = b.var, b.value
+            if isinstance(value, relax.Var):
+                ids[var] = ids[value]
+                continue
+            if isinstance(value, tvm.ir.expr.Tuple | relax.Tuple):
+                tuples[var] = list(value.fields)
+                continue
+            if isinstance(value, tvm.ir.expr.TupleGetItem | relax.TupleGetItem):
+                ids[var] = value_of(tuples[value.tuple_value][value.index])
+                continue
+            if not isinstance(value, relax.Call):
+                raise PlanError(f"block {key}: unsupported binding {value}")
+            op = value.op
+            if isinstance(op, tvm.ir.GlobalVar):
+                plan.calls.append({"func": op.name_hint,
+                                   "args": [value_of(a) for a in value.args]})
+                continue
+            name = op.name
+            if name == "relax.memory.alloc_storage":
+                storage_ids[var] = len(plan.storages)
+                plan.storages.append(_int(value.args[0].values[0]))
+            elif name == "relax.memory.alloc_tensor":
+                storage, offset, shape = value.args[0], value.args[1], value.args[2]
+                off = _int(offset)
+                if off % BINDING_OFFSET_ALIGN:
+                    raise PlanError(f"block {key}: tensor offset {off} is not "
+                                    f"{BINDING_OFFSET_ALIGN}-byte aligned")
+                vid = f"{var.name}"
+                ids[var] = vid
+                plan.values[vid] = _view(f"storage:{storage_ids[storage]}", off, shape,
+                                         var.ty.dtype)
+            elif name == "relax.builtin.alloc_tensor":
+                vid = f"output:{len(plan.outputs_alloc)}"
+                plan.outputs_alloc.append({"shape": _dims(value.args[0]),
+                                           "dtype": str(var.ty.dtype)})
+                ids[var] = vid
+                plan.values[vid] = _view(vid, 0, value.args[0], var.ty.dtype)
+            elif name == "relax.reshape":
+                src = plan.values[value_of(value.args[0])]
+                vid = var.name
+                ids[var] = vid
+                plan.values[vid] = dict(src, shape=_dims(var.ty.shape))
+            else:
+                raise PlanError(f"block {key}: relax op {name} has no web lowering")
+    result = body.body
+    fields = tuples.get(result, [result]) if isinstance(result, relax.Var) else (
+        list(result.fields) if hasattr(result, "fields") else [result])
+    plan.results = [value_of(f) for f in fields]
+    return plan
+
+
+# ---- WebGPU kernels ------------------------------------------------------------------------
+
+
+def _children(stmt) -> list:
+    out = []
+    for attr in ("seq", "body", "block", "init", "then_case", "else_case"):
+        child = getattr(stmt, attr, None)
+        if child is None:
+            continue
+        out.extend(child if attr == "seq" else [child])
+    return out
+
+
+def _thread_tag(stmt) -> str | None:
+    if isinstance(stmt, tvm.tirx.For) and stmt.thread_binding is not None:
+        return stmt.thread_binding.thread_tag
+    return None
+
+
+def kernel_grids(func: tvm.tirx.PrimFunc) -> list[list[int]]:
+    """Grid size (blockIdx x, y, z extents) of each kernel launch of a scheduled PrimFunc,
+    in program order: one launch per outermost thread-bound loop nest."""
+    launches: list[list[int]] = []
+
+    def inside(stmt, grid: list[int]) -> None:
+        tag = _thread_tag(stmt)
+        if tag and tag.startswith("blockIdx."):
+            grid["xyz".index(tag[-1])] *= int(stmt.extent)
+        for c in _children(stmt):
+            inside(c, grid)
+
+    def outside(stmt) -> None:
+        if _thread_tag(stmt):
+            grid = [1, 1, 1]
+            inside(stmt, grid)
+            launches.append(grid)
+            return
+        for c in _children(stmt):
+            outside(c)
+
+    outside(func.body)
+    return launches
+
+
+def schedule(mod: tvm.IRModule) -> tvm.IRModule:
+    """dlight's default GPU schedules on every PrimFunc (TVM's generic GPU choice)."""
+    import tvm.s_tir.dlight as dl
+
+    with webgpu_target():
+        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+
+
+_SECTION = re.compile(r"^// Function: (\S+)\n//-+\n", re.M)
+_BINDING = re.compile(r"@group\(0\) @binding\((\d+)\) var<(storage, \w+|uniform)> (\w+) : ([^;]+);")
+_POD = re.compile(r"struct PODArgs \{([^}]*)\}")
+
+
+def split_wgsl(source: str) -> dict[str, str]:
+    """TVM's WebGPU module source -> {kernel name: WGSL of that kernel alone}."""
+    parts = _SECTION.split(source)
+    kernels: dict[str, str] = {}
+    for name, text in zip(parts[1::2], parts[2::2], strict=True):
+        if text.strip():
+            kernels[name] = text.strip() + "\n"
+    return kernels
+
+
+def _param_names(func: tvm.tirx.PrimFunc) -> list[str]:
+    return [p.name for p in func.params]
+
+
+def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str],
+                   key: str) -> list[dict]:
+    """For each launch of a PrimFunc: kernel name, which call arguments it binds (in binding
+    order), its grid, and its uniform fields."""
+    grids = kernel_grids(func)
+    names = [f"{func_name}_kernel"] + [f"{func_name}_kernel_{i}" for i in range(1, len(grids))]
+    params = _param_names(func)
+    records = []
+    for name, grid in zip(names, grids, strict=True):
+        if name not in wgsl:
+            raise PlanError(f"block {key}: kernel {name} missing from the WGSL source")
+        text = wgsl[name]
+        bindings, uniform = [], None
+        for index, kind, var, ty in _BINDING.findall(text):
+            if kind == "uniform":
+                uniform = int(index)
+                continue
+            if not re.fullmatch(r"array<(f32|i32|u32)>", ty.strip()):
+                raise PlanError(f"block {key}: kernel {name} binds {var} as {ty.strip()}, "
+                                "which the web executor does not support")
+            buf = var.removesuffix("_ptr")
+            if buf not in params:
+                raise PlanError(f"block {key}: kernel {name} binds {var}, no parameter of "
+                                f"{func_name} is named so")
+            bindings.append(params.index(buf))
+        pod = _POD.search(text)
+        fields = [f.split(":")[0].strip() for f in pod.group(1).split(",") if f.strip()] \
+            if pod else []
+        if fields != ["packGridDimX"]:
+            raise PlanError(f"block {key}: kernel {name} takes scalar arguments {fields}; "
+                            "only static shapes are supported")
+        if grid[1] > MAX_GRID_X:
+            raise PlanError(f"block {key}: kernel {name} grid {grid} exceeds WebGPU limits")
+        records.append({"kernel": name, "bindings": bindings, "uniform_binding": uniform,
+                        "grid": grid})
+    return records
+
+
+def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str) -> dict[str, str]:
+    """Schedule and compile the plan's kernels for WebGPU; fills each call's `kernels` and
+    returns {kernel name: WGSL}."""
+    scheduled = schedule(prim_funcs(lowered))
+    executable = tvm.compile(scheduled, target=webgpu_target())
+    device_module = executable.imports[0] if not hasattr(executable, "mod") else \
+        executable.mod.imports[0]
+    wgsl = split_wgsl(device_module.inspect_source())
+    used: dict[str, str] = {}
+    records = {}
+    for call in plan.calls:
+        func = call["func"]
+        if func not in records:
+            records[func] = kernel_records(func, scheduled[func], wgsl, key)
+        call["kernels"] = records[func]
+        for r in records[func]:
+            used[r["kernel"]] = wgsl[r["kernel"]]
+    return used
+
+
+# ---- CPU replay of the plan ---------------------------------------------------------------
+
+
+def replay_llvm(lowered: tvm.IRModule, plan: LaunchPlan, inputs: list[np.ndarray],
+                weights: list[np.ndarray], library=None) -> list[np.ndarray]:
+    """Run the launch plan exactly as the web executor does (same buffers, offsets, call
+    order, reshapes as shared buffers), with the kernels built for llvm instead of WebGPU."""
+    lib = library or tvm.compile(prim_funcs(lowered), target="llvm")
+    buffers: dict[str, np.ndarray] = {}
+    for name, a in zip(plan.inputs, inputs, strict=True):
+        buffers[f"input:{name}"] = np.ascontiguousarray(a).view(np.uint8).reshape(-1).copy()
+    for name, a in zip(plan.weights, weights, strict=True):
+        buffers[f"weight:{name}"] = np.ascontiguousarray(a).view(np.uint8).reshape(-1).copy()
+    for i, c in enumerate(plan.constants):
+        buffers[f"const:{i}"] = np.ascontiguousarray(c).view(np.uint8).reshape(-1).copy()
+    for i, n in enumerate(plan.storages):
+        buffers[f"storage:{i}"] = np.zeros(n, np.uint8)
+    for i, o in enumerate(plan.outputs_alloc):
+        n = int(np.prod(o["shape"])) * np.dtype(o["dtype"]).itemsize
+        buffers[f"output:{i}"] = np.zeros(n, np.uint8)
+
+    def view(vid: str) -> np.ndarray:
+        v = plan.values[vid]
+        dt = np.dtype(v["dtype"])
+        n = int(np.prod(v["shape"])) * dt.itemsize
+        return buffers[v["buffer"]][v["offset"]:v["offset"] + n].view(dt).reshape(v["shape"])
+
+    dev = tvm.cpu()
+    for call in plan.calls:
+        args = [tvm.runtime.tensor(view(a).copy(), dev) for a in call["args"]]
+        lib[call["func"]](*args)
+        for a, t in zip(call["args"], args, strict=True):
+            view(a)[...] = t.numpy()
+    return [view(r).copy() for r in plan.results]
+
+
+# ---- one block, end to end ----------------------------------------------------------------
+
+
+@dataclass
+class CompiledBlock:
+    """A block's launch plan, its WGSL kernels and the llvm build that checks the plan."""
+
+    source: tvm.IRModule       # the imported relax module, before lowering
+    lowered: tvm.IRModule
+    plan: LaunchPlan
+    wgsl: dict[str, str]
+    library: object
+
+    def replay(self, inputs: list[np.ndarray], weights: list[np.ndarray]) -> list[np.ndarray]:
+        return replay_llvm(self.lowered, self.plan, inputs, weights, self.library)
+
+
+class BlockCompiler:
+    """Compiles blocks for the web target. Blocks of one structure (a model's pairs or
+    encoder layers: same code and shapes, other weights) share one compilation, since the
+    weights are parameters of the relax module, not constants in it."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, CompiledBlock] = {}
+
+    def compile(self, block: Block, module: torch.nn.Module | None = None) -> CompiledBlock:
+        """`module`: a variant of the block (same inputs and parameters) to compile instead."""
+        variant = block if module is None else Block(
+            block.component, block.name, module, block.inputs, block.outputs, block.example)
+        mod = import_block(variant)
+        weights = list(dict(variant.module.named_parameters()))
+        digest = tvm_ffi.structural_hash(mod)
+        cached = self._cache.get(digest)
+        if cached is not None and tvm_ffi.structural_equal(mod, cached.source):
+            plan = read_plan(cached.lowered, block.inputs, weights, block.key)
+            for call, done in zip(plan.calls, cached.plan.calls, strict=True):
+                call["kernels"] = done["kernels"]
+            return CompiledBlock(mod, cached.lowered, plan, cached.wgsl, cached.library)
+        lowered = lower(mod)
+        plan = read_plan(lowered, block.inputs, weights, block.key)
+        wgsl = build_webgpu(lowered, plan, block.key)
+        library = tvm.compile(prim_funcs(lowered), target="llvm")
+        compiled = CompiledBlock(mod, lowered, plan, wgsl, library)
+        self._cache[digest] = compiled
+        return compiled
+
