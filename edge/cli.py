@@ -251,22 +251,28 @@ def export(
         _fail(str(err))
     pipe = _load_pipeline(model)
     from edge.blocks import cut_pipeline
+    from edge.plan import READ_UNIT, partition, plan_residency
 
-    components = cut_pipeline(pipe)
+    try:  # a budget re-cuts the blocks: pairs too large split, small neighbours merged
+        cut = partition(cut_pipeline(pipe), budget)
+        plan = plan_residency(cut.components, budget)
+    except BudgetError as err:
+        _fail(str(err))
+    components = cut.components
     if dry_run:
-        from edge.plan import plan_residency
-
-        try:
-            plan = plan_residency(components, budget)
-        except BudgetError as err:
-            _fail(str(err))
+        for note in cut.notes + plan["notes"]:
+            typer.echo(note)
         typer.echo(f"{'block':<28}{'weights':>12}  at {memory_budget or 'no budget'}")
         for row in plan["blocks"]:
+            made_of = cut.members.get(row["block"])
             typer.echo(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
-                       f"{'resident' if row['resident'] else 'streamed every use'}")
+                       f"{'resident' if row['resident'] else 'streamed every use'}"
+                       f"{'  <- ' + ', '.join(made_of) if made_of else ''}")
         typer.echo(f"total {format_size(plan['total_bytes'])}, resident "
                    f"{format_size(plan['resident_bytes'])}, largest block "
-                   f"{format_size(plan['largest_bytes'])}")
+                   f"{format_size(plan['largest_bytes'])}, working set "
+                   f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
+                   " + the block read ahead)")
         return
     from tqdm import tqdm
 
@@ -280,7 +286,8 @@ def export(
         with tqdm(total=total, desc="exporting", unit="block") as bar:
             manifest = export_onnx(pipe, dest, model_name=model_name, components=components,
                                    on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
-                                   validate_end_to_end=end_to_end_check(pipe))
+                                   validate_end_to_end=end_to_end_check(pipe),
+                                   plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
     except ExportValidationError as err:
         _fail(f"validation failed, nothing written to {dest}: {err}")
     worst = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")

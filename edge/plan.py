@@ -1,22 +1,136 @@
-"""`edge export --dry-run`: which blocks a memory budget keeps resident, before exporting.
+"""`edge export --memory-budget`: cut the blocks for a budget, and say what stays resident.
 
-Uses the runtime loader's own policy on the sizes the blocks will have in the package, so the
-plan printed is the plan that runs.
+The planned working set while streaming is the pinned blocks plus two streamed blocks: the one
+computing and the one being read ahead. So, for a budget B:
+
+1. Split: a block larger than B/2 leaves no room to read the next block while it computes; a
+   transformer pair that large is split into its spatial and temporal halves. A block still
+   larger than B cannot run at all: refused, naming it and the smallest budget that works.
+2. Pin: the runtime loader's own policy (`runtimes.python.loader.plan_pins`) on the sizes the
+   blocks will have in the package, so the plan printed is the plan that runs.
+3. Merge: adjacent streamed blocks of one kind (`layer_0`, `layer_1`, ...) are merged into one
+   block while the merged weights stay within READ_UNIT and within the second largest
+   streamed block, so streaming them is one large read instead of several small ones, and
+   the two largest streamed blocks, hence the working set and what is pinned, stay as they
+   were.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from edge.blocks import Block
 from edge.package import weights_layout
-from runtimes.python.loader import plan_pins
+from edge.partition import kind, merge, split, splittable
+from runtimes.python.loader import format_size, plan_pins
+
+# Reads of this size reach the disk's sequential bandwidth (docs/benchmarks.md); merging
+# blocks beyond it gains nothing and coarsens what the loader can pin.
+READ_UNIT = 16 << 20
+
+
+def block_bytes(block: Block) -> int:
+    """The size of the block's weights file in the package (flash layout, page padded)."""
+    return weights_layout({n: p.numel() * p.element_size()
+                           for n, p in block.parameters().items()})[1]
+
+
+@dataclass
+class Partition:
+    components: dict[str, list[Block]]
+    members: dict[str, list[str]] = field(default_factory=dict)  # new block key -> cut from
+    notes: list[str] = field(default_factory=list)
+
+    def to_manifest(self, budget: int, read_unit: int) -> dict:
+        return {"memory_budget_bytes": budget, "read_unit_bytes": read_unit,
+                "blocks": {k: v for k, v in self.members.items()}}
+
+
+def _split_large(blocks: list[Block], budget: int, out: Partition) -> list[Block]:
+    result = []
+    for b in blocks:
+        size = block_bytes(b)
+        if size > budget // 2 and splittable(b):
+            halves = split(b)
+            for h in halves:
+                out.members[h.key] = [b.name]
+            result += halves
+            out.notes.append(
+                f"{b.key} ({format_size(size)}) split into {halves[0].name} and "
+                f"{halves[1].name}: two of it do not fit {format_size(budget)}, so the next "
+                "block could not be read while it computes")
+        else:
+            result.append(b)
+    return result
+
+
+def _merge_runs(blocks: list[Block], cap: int, pinned: set[str],
+                out: Partition) -> list[Block]:
+    result, run = [], []
+
+    def flush(upto: int) -> None:
+        if len(run) > 1:
+            later = {n for b in blocks[upto:] for n in b.inputs}
+            merged = merge(run, later)
+            out.members[merged.key] = [b.name for b in run]
+            out.notes.append(f"{merged.key} = {', '.join(b.name for b in run)} "
+                             f"({format_size(block_bytes(merged))}): one read instead of "
+                             f"{len(run)}")
+            result.append(merged)
+        else:
+            result.extend(run)
+        run.clear()
+
+    size = 0
+    for i, b in enumerate(blocks):
+        n = block_bytes(b)
+        if run and (b.key in pinned or run[-1].key in pinned or kind(b.name) is None
+                    or kind(b.name) != kind(run[-1].name) or size + n > cap):
+            flush(i)
+        if not run:
+            size = 0
+        run.append(b)
+        size += n
+    flush(len(blocks))
+    return result
+
+
+def partition(components: dict[str, list[Block]], budget: int | None,
+              read_unit: int = READ_UNIT) -> Partition:
+    """The blocks to export for `budget` (None: as cut, nothing changes)."""
+    if budget is None:
+        return Partition(dict(components))
+    out = Partition({})
+    split_components = {c: _split_large(blocks, budget, out) for c, blocks in components.items()}
+    sizes = {b.key: block_bytes(b) for blocks in split_components.values() for b in blocks}
+    pinned = _pins(split_components, sizes, budget)  # refuses a budget below the largest block
+    streamed = sorted((n for k, n in sizes.items() if k not in pinned), reverse=True)
+    cap = min(read_unit, streamed[1]) if len(streamed) > 1 else 0
+    out.components = {c: _merge_runs(blocks, cap, pinned, out)
+                      for c, blocks in split_components.items()}
+    return out
+
+
+def _pins(components: dict[str, list[Block]], sizes: dict[str, int],
+          budget: int | None) -> set[str]:
+    every_step = tuple(b.key for b in components.get("transformer", []))
+    return plan_pins(sizes, budget, every_step)
 
 
 def plan_residency(components: dict[str, list[Block]], budget: int | None) -> dict:
-    sizes = {b.key: weights_layout({n: p.numel() * 4 for n, p in b.parameters().items()})[1]
-             for blocks in components.values() for b in blocks}
-    every_step = tuple(b.key for b in components.get("transformer", []))
-    pinned = plan_pins(sizes, budget, every_step)
+    sizes = {b.key: block_bytes(b) for blocks in components.values() for b in blocks}
+    pinned = _pins(components, sizes, budget)
+    streamed = sorted(((n, k) for k, n in sizes.items() if k not in pinned), reverse=True)
+    resident = sum(sizes[k] for k in pinned)
+    # pinned + the block computing + the one read ahead; the loader never holds more than the
+    # budget, so where the two largest streamed blocks do not fit, the read waits instead
+    working_set = resident + sum(n for n, _ in streamed[:2])
+    notes = []
+    if budget is not None and working_set > budget:
+        notes.append(f"{format_size(budget)} cannot hold {streamed[0][1]} and the next block "
+                     f"together: the next block cannot be read while {streamed[0][1]} "
+                     f"computes (a budget of {format_size(working_set)} allows it)")
     return {"blocks": [{"block": k, "bytes": n, "resident": k in pinned}
                        for k, n in sizes.items()],
             "total_bytes": sum(sizes.values()), "largest_bytes": max(sizes.values()),
-            "resident_bytes": sum(sizes[k] for k in pinned)}
+            "resident_bytes": resident, "working_set_bytes": working_set, "notes": notes}

@@ -181,8 +181,10 @@ def write_extras(pipe: TinySora, root: Path) -> dict:
 def export_onnx(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
                 components: dict[str, list[Block]] | None = None,
                 on_block: Callable[[str], None] | None = None,
-                validate_end_to_end: Callable[[Path], dict] | None = None) -> dict:
-    """Export every block to `dest` atomically; returns the manifest."""
+                validate_end_to_end: Callable[[Path], dict] | None = None,
+                plan: dict | None = None) -> dict:
+    """Export every block to `dest` atomically; returns the manifest. `plan`: how the blocks
+    were cut for a memory budget (edge/plan.py), recorded in the manifest."""
     components = components or cut_pipeline(pipe)
     with atomic_directory(dest) as root:
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
@@ -190,6 +192,8 @@ def export_onnx(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
                     "model": model_name} | write_extras(pipe, root)
         manifest["sampler"] = pipe.sampler.to_dict()
         manifest["latent_shape"] = list(pipe.latent_shape)
+        if plan is not None:
+            manifest["plan"] = plan
         manifest["components"] = []
         for name, blocks in components.items():
             records = []

@@ -156,14 +156,28 @@ def test_cli_bench_json_has_every_mode(package):
     assert result["streamed"]["peak_held_bytes"] <= 64 << 20
 
 
-def test_scaled_model_exports_with_the_same_command(tmp_path):
+def test_scaled_model_exports_with_the_same_command_and_a_budget(tmp_path):
+    """Also the export-time plan (edge/plan.py): at 50 MB the 45.5 MiB embedding table
+    streams, so the small streamed neighbours (the pairs) are merged into one block."""
     res = runner.invoke(app, ["scale-model", str(tmp_path / "wide"), "--hidden", "64",
                               "--pairs", "2", "--heads", "2"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["export", "--model", str(tmp_path / "wide"), "-o",
-                              str(tmp_path / "wide-onnx")])
+                              str(tmp_path / "wide-onnx"), "--memory-budget", "50MB"])
     assert res.exit_code == 0, res.output
-    manifest = read_package(tmp_path / "wide-onnx")
+    manifest = read_package(tmp_path / "wide-onnx")  # every file listed, sized, hashed
     assert manifest["model"] == "wide"
     assert [b["name"] for b in manifest["components"][1]["blocks"]] == [
-        "prologue", "pair_0", "pair_1", "epilogue"]
+        "prologue", "pair_0-1", "epilogue"]
+    assert manifest["plan"]["memory_budget_bytes"] == 50 << 20
+    assert manifest["plan"]["blocks"]["transformer/pair_0-1"] == ["pair_0", "pair_1"]
+    assert "tdtm" in manifest["components"][1]["blocks"][1]["variants"]
+    # the export's end-to-end check ran the re-cut package against PyTorch
+    assert manifest["validation"]["psnr_db"] >= PSNR_LIMIT_DB
+    pipe = Pipeline.load(tmp_path / "wide-onnx", memory_budget="50MB")
+    try:
+        video = pipe.generate("a red circle moving left", steps=2, merge_steps=1)
+    finally:
+        pipe.close()
+    assert video.shape[:2] == (1, 16) and pipe.last_run["peak_held_bytes"] <= 50 << 20
+    assert pipe.last_run["sampler"]["merged_calls"] == 1

@@ -1,0 +1,101 @@
+"""Re-cut a component's blocks: merge adjacent blocks into one, or split a transformer pair
+into its spatial and temporal halves. `edge/plan.py` decides which, for a memory budget.
+
+A merged block runs its members in order and passes tensors on by name, exactly as the
+runtime chains blocks, so a component computes the same thing whichever way it is cut
+(tested). Its parameters keep the members' names under `parts.<member>.`; a variant of any
+member (e.g. "tdtm") becomes a variant of the merged block, the other members running their
+base module in it, so variant and base still share one weights file.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from edge.blocks import Block
+from edge.models.stdit import STDiTPair
+
+
+class Chain(nn.Module):
+    """Member modules run in order; each takes its inputs by name from the tensors so far."""
+
+    def __init__(self, members: list[tuple[str, nn.Module, list[str], list[str]]],
+                 inputs: list[str], outputs: list[str]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict({name: module for name, module, _, _ in members})
+        self.wiring = [(name, ins, outs) for name, _, ins, outs in members]
+        self.inputs, self.outputs = inputs, outputs
+
+    def forward(self, *args: torch.Tensor):
+        tensors = dict(zip(self.inputs, args, strict=True))
+        for name, ins, outs in self.wiring:
+            out = self.parts[name](*(tensors[n] for n in ins))
+            tensors.update(zip(outs, out if isinstance(out, tuple) else (out,), strict=True))
+        result = tuple(tensors[n] for n in self.outputs)
+        return result if len(result) > 1 else result[0]
+
+
+def kind(name: str) -> str | None:
+    """`layer_3` -> `layer`: blocks of one kind repeat; only they are merged together."""
+    match = re.fullmatch(r"(.+)_(\d+)", name)
+    return match.group(1) if match else None
+
+
+def merge(blocks: list[Block], needed_after: set[str]) -> Block:
+    """One block computing `blocks` in order. Its outputs are the last member's plus any
+    earlier member's output that a later block of the component (`needed_after`) takes."""
+    inputs, made, example, dynamic = [], set(), [], []
+    for b in blocks:
+        for name, value, dyn in zip(b.inputs, b.example, b.dynamic_batch, strict=True):
+            if name not in made and name not in inputs:
+                inputs.append(name)
+                example.append(value)
+                dynamic.append(dyn)
+        made |= set(b.outputs)
+    outputs = list(blocks[-1].outputs) + sorted(
+        n for n in made & needed_after if n not in blocks[-1].outputs)
+
+    def chain(variant: str | None) -> Chain:
+        return Chain([(b.name, b.variants.get(variant, b.module) if variant else b.module,
+                       b.inputs, b.outputs) for b in blocks], inputs, outputs)
+
+    first, last = blocks[0], blocks[-1]
+    name = f"{first.name}-{last.name.rsplit('_', 1)[1]}"  # layer_0-5
+    variants = {v: chain(v) for b in blocks for v in b.variants}
+    return Block(first.component, name, chain(None), inputs, outputs, tuple(example), dynamic,
+                 variants)
+
+
+class PairHalf(nn.Module):
+    """The spatial or the temporal block of a pair, under the pair's parameter names."""
+
+    def __init__(self, pair: STDiTPair, part: str, merged: bool = False) -> None:
+        super().__init__()
+        self.add_module(part, getattr(pair, part))
+        self.part, self.merged = part, merged
+
+    def forward(self, x, t_mod, y, y_bias):
+        return getattr(self, self.part)(x, t_mod, y, y_bias, self.merged)
+
+
+def splittable(block: Block) -> bool:
+    return isinstance(block.module, STDiTPair)
+
+
+def split(block: Block) -> list[Block]:
+    """A transformer pair as two blocks, `<pair>_spatial` then `<pair>_temporal`, each with
+    the pair's inputs and its TDTM variant when the pair has one."""
+    if not splittable(block):
+        raise ValueError(f"block {block.key} cannot be split (only transformer pairs can)")
+    halves, example = [], block.example
+    for part in ("spatial", "temporal"):
+        variants = {"tdtm": PairHalf(block.module, part, merged=True)} if "tdtm" in \
+            block.variants else {}
+        half = Block(block.component, f"{block.name}_{part}", PairHalf(block.module, part),
+                     block.inputs, block.outputs, example, block.dynamic_batch, variants)
+        halves.append(half)
+        example = (*half.run(*example), *example[1:])  # x changes; t_mod, y, y_bias pass on
+    return halves
