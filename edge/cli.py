@@ -238,6 +238,11 @@ def export(
         help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
+    if target == "web":  # WebGPU kernels by TVM + launch plans; the package is a static site
+        from exporters.web_cli import export_web_command
+
+        export_web_command(model, output)
+        return
     if target in PLANNED_TARGETS:
         _fail(f"--target {target} ({PLANNED_TARGETS[target]}) is not built yet; "
               f"available: {', '.join(TARGETS)}")

@@ -141,7 +141,14 @@ def _check_weights(block: dict, files: dict[str, dict], where: str) -> None:
     listed = {f["path"] for f in block["files"]}
     if path not in listed:
         raise PackageError(f"{where}: weights file {path!r} is not one of the block's files")
-    size = files[path]["bytes"]
+    # web packages split a large block's weights into shards (`shards`, the first being
+    # `path`); tensor offsets then index the shards' concatenation
+    shards = require(weights, "shards", list, f"{where} weights") if "shards" in weights \
+        else [path]
+    if not shards or shards[0] != path or any(s not in listed for s in shards):
+        raise PackageError(f"{where} weights: shards {shards!r} must start with {path!r} and "
+                           "all be files of the block")
+    size = sum(files[s]["bytes"] for s in shards)
     names, spans = set(), []
     for i, t in enumerate(require(weights, "tensors", list, f"{where} weights")):
         at = f"{where} weights.tensors[{i}]"

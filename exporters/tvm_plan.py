@@ -290,9 +290,16 @@ _BINDING = re.compile(r"@group\(0\) @binding\((\d+)\) var<(storage, \w+|uniform)
 _POD = re.compile(r"struct PODArgs \{([^}]*)\}")
 
 
+# TVM prints infinity as `inff`, which WGSL does not have (and a constant expression that
+# evaluates to infinity is a shader-creation error): the largest finite float stands in, the
+# same bound for every finite value (clip(x, max=inf) is min(x, FLT_MAX)).
+_INF = re.compile(r"\binff\b")
+FLT_MAX_WGSL = "0x1.fffffep+127f"
+
+
 def split_wgsl(source: str) -> dict[str, str]:
     """TVM's WebGPU module source -> {kernel name: WGSL of that kernel alone}."""
-    parts = _SECTION.split(source)
+    parts = _SECTION.split(_INF.sub(FLT_MAX_WGSL, source))
     kernels: dict[str, str] = {}
     for name, text in zip(parts[1::2], parts[2::2], strict=True):
         if text.strip():

@@ -1,0 +1,166 @@
+"""`edge export --target web`: a package that is a static site running the model in a browser.
+
+Every block goes through TVM (exporters/tvm_plan.py) to WebGPU kernels and a static launch
+plan, stored as one JSON file per block (`plans/<component>/<block>.json`: the plan and the
+WGSL of its kernels); its weights are one flash-laid-out file per block (the ONNX target's
+layout), each at most `SHARD_BYTES`, listed with size and sha256 in the manifest like every
+file. The JavaScript runtime (runtimes/web) and the demo page (web_demo) are copied in, so
+serving the folder (`edge serve`) gives a working page.
+
+Shapes are static on the web (WGSL kernels are compiled for one shape): the text encoder runs
+one caption, the transformer the guidance batch of 2 (caption, null caption), the VAE decoder
+`VAE_FRAMES` frames per call. Each block's plan is replayed with TVM's llvm build of the same
+kernels against the PyTorch block at export; drift over `BLOCK_TOLERANCE` fails the export.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import edge
+from edge.blocks import Block, cut_text_encoder, cut_transformer, cut_vae_decoder
+from edge.models.tiny_sora import TinySora
+from edge.package import FORMAT, FORMAT_VERSION, atomic_directory, file_entry, write_manifest
+from exporters.onnx import ExportValidationError, write_extras, write_weights
+from exporters.tvm_plan import BlockCompiler, CompiledBlock, web_example
+
+BLOCK_TOLERANCE = 1e-4          # fp32 max-abs error of a replayed plan against PyTorch
+SHARD_BYTES = 32 * 1024 * 1024  # largest weights file a browser fetches in one piece
+VAE_FRAMES = 4                  # frames the VAE decoder blocks take per call
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME_DIR = REPO / "runtimes" / "web"
+DEMO_DIR = REPO / "web_demo"
+SITE_SUFFIXES = {".js", ".mjs", ".html", ".css"}
+
+
+def web_blocks(pipe: TinySora) -> dict[str, list[Block]]:
+    """The pipeline cut with the web runtime's static shapes."""
+    return {"text_encoder": cut_text_encoder(pipe, batch=1),
+            "transformer": cut_transformer(pipe, batch=2),
+            "vae_decoder": cut_vae_decoder(pipe, frames=VAE_FRAMES)}
+
+
+def signature(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[dict]:
+    return [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            for n, t in zip(names, tensors, strict=True)]
+
+
+def validate(compiled: CompiledBlock, block: Block, module: torch.nn.Module, what: str) -> float:
+    """Max-abs error of the plan replayed on the CPU against the PyTorch module."""
+    with torch.no_grad():
+        want = module(*block.example)
+    want = want if isinstance(want, tuple) else (want,)
+    got = compiled.replay([t.numpy() for t in web_example(block)],
+                          [p.detach().numpy() for p in block.parameters().values()])
+    error = max(float(np.abs(g - w.numpy()).max()) for g, w in zip(got, want, strict=True))
+    if not error <= BLOCK_TOLERANCE:
+        raise ExportValidationError(f"block {what}: the web launch plan differs from PyTorch by "
+                                    f"{error:.3g} (max-abs; the limit is {BLOCK_TOLERANCE:g})")
+    return error
+
+
+def write_plan(compiled: CompiledBlock, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"plan": compiled.plan.to_json(), "kernels": compiled.wgsl}))
+
+
+def split_shards(path: Path, limit: int = SHARD_BYTES) -> list[Path]:
+    """Cut a weights file over `limit` bytes into `NAME.0.bin`, `NAME.1.bin`, ... of at most
+    `limit` bytes each (tensor offsets then index their concatenation)."""
+    size = path.stat().st_size
+    if size <= limit:
+        return [path]
+    shards = []
+    with open(path, "rb") as f:
+        for i in range(-(-size // limit)):
+            shard = path.with_name(f"{path.stem}.{i}{path.suffix}")
+            shard.write_bytes(f.read(limit))
+            shards.append(shard)
+    path.unlink()
+    return shards
+
+
+def export_block(block: Block, compiler: BlockCompiler, root: Path,
+                 variants: bool = True) -> dict:
+    plan_path = root / "plans" / block.component / f"{block.name}.json"
+    weights_path = root / "weights" / block.component / f"{block.name}.bin"
+    compiled = compiler.compile(block)
+    error = validate(compiled, block, block.module, block.key)
+    write_plan(compiled, plan_path)
+    table = write_weights(weights_path, block.parameters())
+    shards = [file_entry(root, p) for p in split_shards(weights_path)]
+    files = [file_entry(root, plan_path), *shards]
+    records = {}
+    for name, module in (block.variants if variants else {}).items():
+        path = root / "plans" / block.component / f"{block.name}.{name}.json"
+        variant = compiler.compile(block, module)
+        v_error = validate(variant, replace(block, module=module), module,
+                           f"{block.key} variant {name}")
+        write_plan(variant, path)
+        entry = file_entry(root, path)
+        files.append(entry)
+        records[name] = {"graph": entry["path"], "files": [entry],
+                         "validation": {"max_abs_error": v_error}}
+    outputs = block.run(*block.example)
+    record = {"name": block.name, "files": files, "graph": files[0]["path"],
+              "weights": {"path": shards[0]["path"], "shards": [f["path"] for f in shards],
+                          "tensors": table},
+              "weight_bytes": block.weight_bytes(),
+              "inputs": signature(block.inputs, web_example(block)),
+              "outputs": signature(block.outputs, outputs),
+              "validation": {"max_abs_error": error}}
+    if records:
+        record["variants"] = records
+    return record
+
+
+def copy_site(root: Path) -> list[dict]:
+    """The runtime (under runtime/) and the demo page (at the top) into the package."""
+    copied = []
+    for src_dir, dest_dir in ((RUNTIME_DIR, root / "runtime"), (DEMO_DIR, root)):
+        for src in sorted(src_dir.rglob("*")):
+            if src.is_file() and (src.suffix in SITE_SUFFIXES or src.name.endswith("LICENSE")):
+                dest = dest_dir / src.relative_to(src_dir)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dest)
+                copied.append(file_entry(root, dest))
+    return copied
+
+
+def export_web(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
+               on_block: Callable[[str], None] | None = None,
+               compiler: BlockCompiler | None = None, variants: bool = True) -> dict:
+    """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
+    out the blocks' variants (the TDTM pairs), so `merge_steps` is refused by the page."""
+    compiler = compiler or BlockCompiler()
+    components = web_blocks(pipe)
+    with atomic_directory(dest) as root:
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                    "producer": f"edge {edge.__version__}", "target": "web",
+                    "model": model_name} | write_extras(pipe, root)
+        manifest["sampler"] = pipe.sampler.to_dict()
+        manifest["latent_shape"] = list(pipe.latent_shape)
+        manifest["web"] = {"guidance_batch": 2, "vae_frames": VAE_FRAMES,
+                           "shard_bytes": SHARD_BYTES}
+        manifest["components"] = []
+        for name, blocks in components.items():
+            records = []
+            for block in blocks:
+                records.append(export_block(block, compiler, root, variants))
+                if on_block:
+                    on_block(block.key)
+            manifest["components"].append({"name": name, "blocks": records})
+        manifest["files"] = copy_site(root)
+        write_manifest(root, manifest)
+    return manifest
+
+
+def block_count(pipe: TinySora) -> int:
+    return sum(len(b) for b in web_blocks(pipe).values())

@@ -1,0 +1,178 @@
+// Replays a block's static launch plan (written by exporters/tvm_plan.py) on WebGPU.
+//
+// A plan lists, in order, every kernel launch of the block with the buffers it binds, its
+// grid and its uniform; plus the intermediate storages (TVM's static memory plan) and the
+// buffers of the returned tensors. Value ids say where a tensor lives: `input:NAME`,
+// `weight:NAME`, `const:N`, `storage:N` (intermediate, at a byte offset) or `output:N`.
+
+const BYTES = { float32: 4, int32: 4, uint32: 4 };
+const MAX_GRID = 65535; // WebGPU maxComputeWorkgroupsPerDimension
+
+export function byteSize(shape, dtype) {
+  const per = BYTES[dtype];
+  if (!per) throw new Error(`dtype ${dtype} has no WebGPU storage type`);
+  return shape.reduce((a, b) => a * b, 1) * per;
+}
+
+function align4(n) {
+  return Math.max(4, Math.ceil(n / 4) * 4);
+}
+
+function decodeBase64(text) {
+  const raw = atob(text);
+  const out = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
+  return out;
+}
+
+// TVM's WebGPU kernels fold a grid wider than the device limit into z and skip the
+// workgroups past `packGridDimX` (their last index), as TVM's own runtime does.
+function dispatchSize(grid) {
+  const [x, y, z] = grid;
+  if (y > MAX_GRID || z > 1) throw new Error(`grid ${grid} exceeds WebGPU limits`);
+  if (x <= MAX_GRID) return { dims: [x, y, 1], pack: x - 1 };
+  const zs = Math.ceil(x / MAX_GRID);
+  return { dims: [Math.ceil(x / zs), y, zs], pack: x - 1 };
+}
+
+export class PlanExecutor {
+  constructor(device) {
+    this.device = device;
+    this.pipelines = new Map(); // WGSL text -> compute pipeline (pairs share kernels)
+    this.uniforms = new Map(); // packGridDimX -> uniform buffer
+  }
+
+  static async create(adapter) {
+    // kernels may bind more storage buffers than the default limit of 8
+    const limits = {};
+    for (const k of ["maxStorageBuffersPerShaderStage", "maxStorageBufferBindingSize",
+      "maxBufferSize", "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX"]) {
+      limits[k] = adapter.limits[k];
+    }
+    const device = await adapter.requestDevice({ requiredLimits: limits });
+    return new PlanExecutor(device);
+  }
+
+  async pipeline(name, wgsl) {
+    let p = this.pipelines.get(wgsl);
+    if (!p) {
+      const module = this.device.createShaderModule({ code: wgsl, label: name });
+      p = this.device.createComputePipelineAsync({
+        layout: "auto", compute: { module, entryPoint: name }, label: name,
+      }).catch(async (err) => {
+        // the compiler's own messages say what is wrong with the WGSL
+        const info = await module.getCompilationInfo();
+        const lines = info.messages.map((m) => `${m.type} at ${m.lineNum}:${m.linePos}: ${m.message}`);
+        throw new Error(`kernel ${name} does not compile on this adapter: ${lines.join("; ") || err.message}`);
+      });
+      this.pipelines.set(wgsl, p);
+    }
+    return p;
+  }
+
+  uniform(pack) {
+    let u = this.uniforms.get(pack);
+    if (!u) {
+      u = this.device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      this.device.queue.writeBuffer(u, 0, new Uint32Array([pack, 0, 0, 0]));
+      this.uniforms.set(pack, u);
+    }
+    return u;
+  }
+
+  storageBuffer(bytes, label) {
+    return this.device.createBuffer({
+      size: align4(bytes), label,
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+    });
+  }
+
+  upload(data, label) {
+    const bytes = data instanceof ArrayBuffer ? new Uint8Array(data)
+      : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    const buf = this.storageBuffer(bytes.byteLength, label);
+    this.device.queue.writeBuffer(buf, 0, bytes, 0, bytes.byteLength);
+    return buf;
+  }
+
+  // Compile a block's kernels and make its constant and intermediate buffers.
+  // blockFile: {plan, kernels: {name: wgsl}} as the exporter writes it.
+  async prepare(blockFile, label = "block") {
+    const { plan, kernels } = blockFile;
+    const launches = [];
+    for (const call of plan.calls) {
+      for (const k of call.kernels) {
+        const wgsl = kernels[k.kernel];
+        if (!wgsl) throw new Error(`${label}: kernel ${k.kernel} missing from the block file`);
+        launches.push({ call, record: k, pipeline: this.pipeline(k.kernel, wgsl) });
+      }
+    }
+    for (const l of launches) l.pipeline = await l.pipeline;
+    const fixed = new Map();
+    plan.constants.forEach((c, i) => fixed.set(`const:${i}`, this.upload(decodeBase64(c.base64), `${label} const:${i}`)));
+    plan.storages.forEach((n, i) => fixed.set(`storage:${i}`, this.storageBuffer(n, `${label} storage:${i}`)));
+    return { label, plan, launches, fixed };
+  }
+
+  // Run a prepared block. inputs/weights: {name: GPUBuffer}. Returns {result index: GPUBuffer}
+  // as a list in the plan's result order; the caller owns (and destroys) them.
+  run(block, inputs, weights) {
+    const { plan, launches, fixed, label } = block;
+    const buffers = new Map(fixed);
+    for (const name of plan.inputs) {
+      if (!inputs[name]) throw new Error(`${label}: input ${name} not given`);
+      buffers.set(`input:${name}`, inputs[name]);
+    }
+    for (const name of plan.weights) {
+      if (!weights[name]) throw new Error(`${label}: weight ${name} not loaded`);
+      buffers.set(`weight:${name}`, weights[name]);
+    }
+    const outputs = plan.outputs_alloc.map((o, i) => {
+      const b = this.storageBuffer(byteSize(o.shape, o.dtype), `${label} output:${i}`);
+      buffers.set(`output:${i}`, b);
+      return b;
+    });
+    const binding = (vid) => {
+      const v = plan.values[vid];
+      return { buffer: buffers.get(v.buffer), offset: v.offset, size: align4(byteSize(v.shape, v.dtype)) };
+    };
+    const encoder = this.device.createCommandEncoder({ label });
+    const pass = encoder.beginComputePass({ label });
+    for (const { call, record, pipeline } of launches) {
+      const { dims, pack } = dispatchSize(record.grid);
+      const entries = record.bindings.map((arg, slot) => ({ binding: slot, resource: binding(call.args[arg]) }));
+      entries.push({ binding: record.uniform_binding, resource: { buffer: this.uniform(pack) } });
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries }));
+      pass.dispatchWorkgroups(...dims);
+    }
+    pass.end();
+    // a result that is not a whole output buffer (a view of an input, a storage, a reshape
+    // at an offset) is copied out, so what is returned never aliases the plan's buffers
+    const results = plan.results.map((vid) => {
+      const v = plan.values[vid];
+      const src = buffers.get(v.buffer);
+      const n = byteSize(v.shape, v.dtype);
+      if (v.buffer.startsWith("output:") && v.offset === 0 && src.size === align4(n)) return src;
+      const dst = this.storageBuffer(n, `${label} result`);
+      encoder.copyBufferToBuffer(src, v.offset, dst, 0, align4(n));
+      return dst;
+    });
+    this.device.queue.submit([encoder.finish()]);
+    const kept = new Set(results);
+    for (const b of outputs) if (!kept.has(b)) b.destroy();
+    return results;
+  }
+
+  async read(buffer, bytes) {
+    const staging = this.device.createBuffer({ size: align4(bytes), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const encoder = this.device.createCommandEncoder();
+    encoder.copyBufferToBuffer(buffer, 0, staging, 0, align4(bytes));
+    this.device.queue.submit([encoder.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const copy = staging.getMappedRange(0, align4(bytes)).slice(0, bytes);
+    staging.unmap();
+    staging.destroy();
+    return copy;
+  }
+}

@@ -1,0 +1,228 @@
+// Fetches and verifies a web package's files, and keeps block weights on the GPU under a budget.
+//
+// Files are fetched with byte-accurate progress, kept with the Cache API, and checked against
+// the manifest's size and SHA-256 (crypto.subtle) before use. A cached copy that fails the
+// check is dropped and fetched once more; a fresh copy that fails is a clear error naming the
+// file. GPU residency follows the Python runtime's loader (runtimes/python/loader.py): blocks
+// run every denoising step are pinned first, in order, while pinned bytes plus room to stream
+// the two largest remaining blocks fit the budget; the others are uploaded at each use and
+// destroyed right after.
+
+export const FORMAT = "edge-package";
+export const FORMAT_VERSION = 1;
+const CACHE_NAME = "edge-web-packages-v1";
+
+export class PackageError extends Error {}
+
+function hex(buffer) {
+  return [...new Uint8Array(buffer)].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+export async function sha256Hex(buffer) {
+  return hex(await crypto.subtle.digest("SHA-256", buffer));
+}
+
+// Every file record in the manifest, as the Python side lists them (edge/manifest_schema.py).
+export function fileRecords(manifest) {
+  const out = [...manifest.tokenizer.files, ...Object.values(manifest.conditioning)];
+  for (const c of manifest.components) for (const b of c.blocks) out.push(...b.files);
+  const seen = new Set();
+  return out.filter((r) => !seen.has(r.path) && seen.add(r.path));
+}
+
+export function checkManifest(manifest, url) {
+  const where = `${url}`;
+  if (manifest.format !== FORMAT) throw new PackageError(`${where}: not an edge package (format ${JSON.stringify(manifest.format)})`);
+  if (manifest.format_version !== FORMAT_VERSION) {
+    throw new PackageError(`${where}: format_version ${manifest.format_version}; this runtime reads version ${FORMAT_VERSION}`);
+  }
+  if (manifest.target !== "web") {
+    throw new PackageError(`${where}: target ${JSON.stringify(manifest.target)}; the web runtime runs "web" packages (export with: edge export --target web)`);
+  }
+  for (const r of fileRecords(manifest)) {
+    if (typeof r.path !== "string" || r.path.startsWith("/") || r.path.split("/").some((p) => p === ".." || p === "." || p === "")) {
+      throw new PackageError(`${where}: file path ${JSON.stringify(r.path)} escapes the package folder`);
+    }
+  }
+}
+
+export class PackageFiles {
+  // base: URL of the package folder (ends with "/"); onProgress(loadedBytes, totalBytes, path)
+  constructor(base, manifest, { onProgress = () => {}, useCache = true } = {}) {
+    this.base = base;
+    this.manifest = manifest;
+    this.onProgress = onProgress;
+    this.useCache = useCache && typeof caches !== "undefined";
+    this.refetched = [];   // paths whose cached or first copy failed verification
+    this.fromCache = 0;    // files served by the Cache API
+  }
+
+  static async open(base, options = {}) {
+    const url = new URL("manifest.json", base).href;
+    const response = await fetch(url, { cache: "no-cache" });
+    if (!response.ok) throw new PackageError(`${url}: HTTP ${response.status}`);
+    let manifest;
+    try {
+      manifest = await response.json();
+    } catch (err) {
+      throw new PackageError(`${url}: invalid JSON (${err.message})`);
+    }
+    checkManifest(manifest, url);
+    return new PackageFiles(base, manifest, options);
+  }
+
+  url(path) {
+    return new URL(path, this.base).href;
+  }
+
+  async verify(record, buffer) {
+    if (buffer.byteLength !== record.bytes) return `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
+    const digest = await sha256Hex(buffer);
+    return digest === record.sha256 ? null : `sha256 ${digest}, the manifest says ${record.sha256}`;
+  }
+
+  async download(record, progress) {
+    const response = await fetch(this.url(record.path), { cache: "reload" });
+    if (!response.ok) throw new PackageError(`${record.path}: HTTP ${response.status}`);
+    const reader = response.body.getReader();
+    const chunks = [];
+    let got = 0;
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      chunks.push(value);
+      got += value.byteLength;
+      progress(got);
+    }
+    const out = new Uint8Array(got);
+    let at = 0;
+    for (const c of chunks) { out.set(c, at); at += c.byteLength; }
+    return out.buffer;
+  }
+
+  // One file's bytes, verified. progress(bytesOfThisFile) during downloads.
+  async fetchFile(record, progress = () => {}) {
+    const cache = this.useCache ? await caches.open(CACHE_NAME) : null;
+    const url = this.url(record.path);
+    if (cache) {
+      const hit = await cache.match(url);
+      if (hit) {
+        const buffer = await hit.arrayBuffer();
+        if (!(await this.verify(record, buffer))) {
+          this.fromCache += 1;
+          progress(record.bytes);
+          return buffer;
+        }
+        await cache.delete(url); // corrupt or stale: drop it and fetch once more
+        this.refetched.push(record.path);
+      }
+    }
+    let buffer = await this.download(record, progress);
+    let problem = await this.verify(record, buffer);
+    if (problem && !this.refetched.includes(record.path)) {
+      this.refetched.push(record.path);
+      buffer = await this.download(record, progress);
+      problem = await this.verify(record, buffer);
+    }
+    if (problem) {
+      throw new PackageError(`${record.path}: the downloaded file does not match the manifest (${problem}), also after fetching it again; the package on the server is damaged or changed`);
+    }
+    if (cache) await cache.put(url, new Response(buffer.slice(0)));
+    return buffer;
+  }
+
+  // Many files at once, with one progress figure over all their bytes. Returns path -> bytes.
+  async fetchAll(records) {
+    const total = records.reduce((n, r) => n + r.bytes, 0);
+    const done = new Map();
+    let finished = 0;
+    const report = (path) => this.onProgress(finished + [...done.values()].reduce((a, b) => a + b, 0), total, path);
+    const out = new Map();
+    for (const r of records) {
+      out.set(r.path, await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); }));
+      done.delete(r.path);
+      finished += r.bytes;
+      report(r.path);
+    }
+    return out;
+  }
+}
+
+export function parseSize(text) {
+  if (text === null || text === undefined || text === "") return null;
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*$/i.exec(String(text));
+  if (!m) throw new Error(`memory budget ${JSON.stringify(text)}: expected e.g. 64MB, 512KB or a byte count`);
+  const unit = { "": 1, K: 1024, M: 1024 ** 2, G: 1024 ** 3 }[m[2].toUpperCase()];
+  return Math.floor(Number(m[1]) * unit);
+}
+
+// The blocks kept on the GPU once uploaded: the Python loader's rule (plan_pins).
+export function planPins(sizes, budget, everyStep = []) {
+  const keys = Object.keys(sizes);
+  const largest = keys.reduce((a, k) => (sizes[k] > sizes[a] ? k : a), keys[0]);
+  if (budget !== null && budget < sizes[largest]) {
+    throw new Error(`GPU memory budget ${budget} bytes is smaller than block ${largest} (${sizes[largest]} bytes); the smallest budget that works is ${sizes[largest]} bytes`);
+  }
+  if (budget === null) return new Set(keys);
+  const order = [...everyStep, ...keys.filter((k) => !everyStep.includes(k))];
+  let pinned = new Set();
+  for (const key of order) {
+    const trial = new Set([...pinned, key]);
+    const streamed = keys.filter((k) => !trial.has(k)).map((k) => sizes[k]).sort((a, b) => b - a);
+    const reserve = streamed.slice(0, 2).reduce((a, b) => a + b, 0);
+    const held = [...trial].reduce((a, k) => a + sizes[k], 0);
+    if (held + reserve <= budget) pinned = trial;
+  }
+  return pinned;
+}
+
+// Block weights on the GPU. bytesOf(key) -> ArrayBuffer of the block's weights file;
+// tensorsOf(key) -> the manifest's tensor table.
+export class GpuWeights {
+  constructor(executor, sizes, tensorsOf, bytesOf, budget, everyStep) {
+    this.executor = executor;
+    this.sizes = sizes;
+    this.tensorsOf = tensorsOf;
+    this.bytesOf = bytesOf;
+    this.budget = budget;
+    this.pinned = planPins(sizes, budget, everyStep);
+    this.resident = new Map();
+    this.held = 0;
+    this.stats = { uploads: 0, uploadedBytes: 0, peakHeldBytes: 0 };
+  }
+
+  upload(key) {
+    const bytes = this.bytesOf(key);
+    const weights = {};
+    for (const t of this.tensorsOf(key)) {
+      weights[t.name] = this.executor.upload(new Uint8Array(bytes, t.offset, t.bytes), `${key} ${t.name}`);
+    }
+    this.stats.uploads += 1;
+    this.stats.uploadedBytes += this.sizes[key];
+    this.held += this.sizes[key];
+    this.stats.peakHeldBytes = Math.max(this.stats.peakHeldBytes, this.held);
+    return weights;
+  }
+
+  // The block's weights; call release(key, weights) when its kernels are submitted.
+  acquire(key) {
+    if (this.resident.has(key)) return this.resident.get(key);
+    const w = this.upload(key);
+    if (this.pinned.has(key)) this.resident.set(key, w);
+    return w;
+  }
+
+  release(key, weights) {
+    if (this.resident.has(key)) return;
+    for (const b of Object.values(weights)) b.destroy(); // freed once the queued work is done
+    this.held -= this.sizes[key];
+  }
+
+  destroy() {
+    for (const [key, w] of this.resident) {
+      for (const b of Object.values(w)) b.destroy();
+      this.held -= this.sizes[key];
+    }
+    this.resident.clear();
+  }
+}

@@ -1,0 +1,302 @@
+// Runs a web package (edge export --target web) in the browser: tokenizer -> text encoder ->
+// rectified-flow sampler over the transformer blocks -> VAE decoder, every block a launch
+// plan replayed on WebGPU (executor.js), weights fetched and verified by loader.js.
+import { PlanExecutor, byteSize } from "./executor.js";
+import { GpuWeights, PackageError, PackageFiles, parseSize } from "./loader.js";
+import { checkSettings, runPairs, sample } from "./sampler.js";
+import { CaptionTokenizer } from "./tokenizer.js";
+
+export class WebGpuUnavailable extends Error {}
+
+// Adapter and device, or a clear reason why not.
+export async function requestAdapter() {
+  if (typeof navigator === "undefined" || !navigator.gpu) {
+    throw new WebGpuUnavailable("This browser has no WebGPU (navigator.gpu is missing): use a recent Chrome, Edge or Safari, served over https or from localhost.");
+  }
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) throw new WebGpuUnavailable("WebGPU is present but no GPU adapter is available (it may be disabled or blocklisted for this GPU).");
+  return adapter;
+}
+
+export function adapterInfo(adapter) {
+  const i = adapter.info || {};
+  return {
+    vendor: i.vendor || "", architecture: i.architecture || "", description: i.description || "",
+    shaderF16: adapter.features.has("shader-f16"),
+    maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize,
+    maxStorageBuffersPerShaderStage: adapter.limits.maxStorageBuffersPerShaderStage,
+  };
+}
+
+// A little-endian float32 .npy file (version 1 to 3) -> {shape, data}
+export function parseNpy(buffer, where) {
+  const bytes = new Uint8Array(buffer);
+  if (bytes[0] !== 0x93 || String.fromCharCode(...bytes.slice(1, 6)) !== "NUMPY") throw new PackageError(`${where}: not a .npy file`);
+  const view = new DataView(buffer);
+  const major = bytes[6];
+  const headerLen = major === 1 ? view.getUint16(8, true) : view.getUint32(8, true);
+  const start = major === 1 ? 10 : 12;
+  const header = new TextDecoder().decode(bytes.slice(start, start + headerLen));
+  if (!/'descr':\s*'<f4'/.test(header) || /'fortran_order':\s*True/.test(header)) throw new PackageError(`${where}: expected a C-ordered little-endian float32 array`);
+  const shape = /'shape':\s*\(([^)]*)\)/.exec(header)[1].split(",").filter((s) => s.trim()).map(Number);
+  const offset = start + headerLen;
+  return { shape, data: new Float32Array(buffer.slice(offset, offset + shape.reduce((a, b) => a * b, 1) * 4)) };
+}
+
+// np.round: halves to even
+function roundHalfEven(x) {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+function concatBuffers(buffers) {
+  const total = buffers.reduce((n, b) => n + b.byteLength, 0);
+  const out = new Uint8Array(total);
+  let at = 0;
+  for (const b of buffers) { out.set(new Uint8Array(b), at); at += b.byteLength; }
+  return out.buffer;
+}
+
+const now = () => performance.now() / 1000;
+
+export class WebPipeline {
+  constructor(files, executor, blocks, weights, tokenizer, nullCaption, adapter) {
+    Object.assign(this, { files, executor, blocks, weights, tokenizer, nullCaption, adapter });
+    this.manifest = files.manifest;
+    this.settings = checkSettings(this.manifest.sampler);
+    this.latentShape = this.manifest.latent_shape;
+    this.lastRun = null;
+  }
+
+  // base: URL of the package folder; budget: GPU bytes for block weights ("64MB"; null: all)
+  static async load(base, { budget = null, onProgress = () => {}, useCache = true } = {}) {
+    const started = now();
+    const adapter = await requestAdapter();
+    const files = await PackageFiles.open(base, { onProgress, useCache });
+    const m = files.manifest;
+    const records = [...m.tokenizer.files, ...Object.values(m.conditioning)];
+    for (const c of m.components) for (const b of c.blocks) records.push(...b.files);
+    const seen = new Set();
+    const bytes = await files.fetchAll(records.filter((r) => !seen.has(r.path) && seen.add(r.path)));
+    const fetchedAt = now();
+    const executor = await PlanExecutor.create(adapter);
+    const blocks = new Map(); // key -> {record, prepared, variants: {name: prepared}}
+    const json = (path) => JSON.parse(new TextDecoder().decode(bytes.get(path)));
+    for (const c of m.components) {
+      for (const b of c.blocks) {
+        const key = `${c.name}/${b.name}`;
+        const variants = {};
+        for (const [name, v] of Object.entries(b.variants || {})) variants[name] = await executor.prepare(json(v.graph), `${key}.${name}`);
+        blocks.set(key, { component: c.name, record: b, prepared: await executor.prepare(json(b.graph), key), variants });
+      }
+    }
+    const sizes = {};
+    const weightBytes = new Map();
+    for (const [key, b] of blocks) {
+      const shards = b.record.weights.shards || [b.record.weights.path];
+      weightBytes.set(key, concatBuffers(shards.map((p) => bytes.get(p))));
+      sizes[key] = b.record.weights.tensors.reduce((n, t) => n + t.bytes, 0);
+    }
+    const transformerKeys = [...blocks.keys()].filter((k) => blocks.get(k).component === "transformer");
+    const weights = new GpuWeights(executor, sizes, (k) => blocks.get(k).record.weights.tensors,
+      (k) => weightBytes.get(k), parseSize(budget), transformerKeys);
+    const tokenizer = new CaptionTokenizer(json(m.tokenizer.files[0].path), m.tokenizer.max_tokens);
+    const nullCaption = parseNpy(bytes.get(m.conditioning.null_caption.path), m.conditioning.null_caption.path);
+    const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, adapter);
+    pipe.loadFigures = {
+      fetch_s: fetchedAt - started, compile_s: now() - fetchedAt,
+      bytes: records.reduce((n, r) => n + r.bytes, 0), from_cache: files.fromCache, refetched: files.refetched,
+      pinned: [...weights.pinned], kernels: executor.pipelines.size,
+    };
+    return pipe;
+  }
+
+  keys(component) {
+    return [...this.blocks.keys()].filter((k) => this.blocks.get(k).component === component);
+  }
+
+  upload(array) {
+    return this.executor.upload(array);
+  }
+
+  // Run blocks in order; feeds: {name: GPUBuffer}. Blocks pass outputs on by name.
+  runBlocks(keys, feeds, variant = null, temp = []) {
+    for (const key of keys) {
+      const b = this.blocks.get(key);
+      const prepared = (variant && b.variants[variant]) || b.prepared;
+      const inputs = {};
+      for (const s of b.record.inputs) {
+        if (!feeds[s.name]) throw new Error(`block ${key}: input ${s.name} was not computed`);
+        inputs[s.name] = feeds[s.name];
+      }
+      const w = this.weights.acquire(key);
+      const t0 = now();
+      const outs = this.executor.run(prepared, inputs, w);
+      this.computeS += now() - t0;
+      this.weights.release(key, w);
+      feeds = { ...feeds };
+      b.record.outputs.forEach((s, i) => { feeds[s.name] = outs[i]; temp.push(outs[i]); });
+    }
+    return feeds;
+  }
+
+  async read(buffer, shape) {
+    return new Float32Array(await this.executor.read(buffer, byteSize(shape, "float32")));
+  }
+
+  signature(key, name, io = "outputs") {
+    return this.blocks.get(key).record[io].find((s) => s.name === name).shape;
+  }
+
+  async encodePrompt(prompt) {
+    const { ids, mask, truncated } = this.tokenizer.encode(prompt);
+    const temp = [];
+    const feeds = this.runBlocks(this.keys("text_encoder"), { input_ids: this.upload(ids), attention_mask: this.upload(mask) }, null, temp);
+    const keys = this.keys("text_encoder");
+    const hidden = await this.read(feeds.hidden, this.signature(keys[keys.length - 1], "hidden"));
+    for (const b of temp) b.destroy();
+    return { hidden, mask, truncated };
+  }
+
+  // options: seed (for the JS generator) or noise (Float32Array, e.g. from Python's
+  // initial_noise), onStep(done, total), and sampler overrides (leap, merge_steps, ...)
+  async generate(prompt, { noise = null, seed = 0, onStep = null, ...overrides } = {}) {
+    const settings = checkSettings({ ...this.manifest.sampler, ...overrides });
+    const tKeys = this.keys("transformer");
+    if (settings.merge_steps > 0 && !tKeys.some((k) => this.blocks.get(k).variants.tdtm)) {
+      throw new Error(`merge_steps=${settings.merge_steps}: this package has no 'tdtm' transformer variants`);
+    }
+    const figures = { wall_s: {}, uploads_before: this.weights.stats.uploads };
+    this.computeS = 0;
+    const t0 = now();
+    const { hidden, mask, truncated } = await this.encodePrompt(prompt);
+    const [, tokens, dim] = this.nullCaption.shape.length === 2 ? [1, ...this.nullCaption.shape] : this.nullCaption.shape;
+    const caption2 = new Float32Array(2 * tokens * dim);
+    caption2.set(hidden, 0);
+    caption2.set(this.nullCaption.data, tokens * dim);
+    const mask2 = new Int32Array(2 * tokens).fill(1);
+    mask2.set(mask, 0);
+    const captionBuf = this.upload(caption2);
+    const maskBuf = this.upload(mask2);
+    const t1 = now();
+    figures.wall_s.text_encoder = t1 - t0;
+
+    const n = this.latentShape.reduce((a, b) => a * b, 1);
+    const x0 = noise ? Float32Array.from(noise) : seededNoise(n, seed);
+    if (x0.length !== n) throw new Error(`noise has ${x0.length} values; the latents (${this.latentShape}) have ${n}`);
+    const [prologue, ...rest] = tKeys;
+    const epilogue = rest.pop();
+    const pairs = rest;
+    const xShape = this.signature(prologue, "x");
+    const tmodShape = this.signature(prologue, "t_mod");
+    const velocityShape = this.signature(epilogue, "velocity");
+    const predict = async (x, t, step) => {
+      const temp = [];
+      const variant = step.merged ? "tdtm" : null;
+      const latent = new Float32Array(2 * n);
+      latent.set(x, 0);
+      latent.set(x, n);
+      const inputs = { latent: this.upload(latent), t: this.upload(new Float32Array([t, t])), caption: captionBuf, caption_mask: maskBuf };
+      temp.push(inputs.latent, inputs.t);
+      let feeds = this.runBlocks([prologue], inputs, variant, temp);
+      if (step.cache === null) {
+        feeds = this.runBlocks(pairs, feeds, variant, temp);
+      } else {
+        const tokensX = await this.read(feeds.x, xShape);
+        const tMod = await this.read(feeds.t_mod, tmodShape);
+        const [after] = await runPairs(step, tokensX, tMod, async (h) => {
+          const out = this.runBlocks(pairs, { ...feeds, x: this.upload(h) }, variant, temp);
+          temp.push(out.x);
+          return this.read(out.x, xShape);
+        }, xShape[0], xShape[xShape.length - 1]);
+        const xBuf = this.upload(after);
+        temp.push(xBuf);
+        feeds = { ...feeds, x: xBuf };
+      }
+      feeds = this.runBlocks([epilogue], feeds, variant, temp);
+      const v = await this.read(feeds.velocity, velocityShape);
+      for (const b of temp) b.destroy();
+      return [v.subarray(0, n), v.subarray(n, 2 * n)];
+    };
+    const trace = {};
+    const latents = await sample(predict, x0, settings, onStep, trace);
+    captionBuf.destroy();
+    maskBuf.destroy();
+    const t2 = now();
+    figures.wall_s.transformer = t2 - t1;
+
+    const frames = await this.decode(latents);
+    const t3 = now();
+    figures.wall_s.vae_decoder = t3 - t2;
+    figures.wall_s.total = t3 - t0;
+    figures.compute_submit_s = this.computeS;
+    figures.transformer_calls = trace.transformer_calls;
+    figures.sampler = trace;
+    figures.prompt_truncated = truncated;
+    figures.weight_uploads = this.weights.stats.uploads - figures.uploads_before;
+    figures.peak_gpu_weight_bytes = this.weights.stats.peakHeldBytes;
+    delete figures.uploads_before;
+    this.lastRun = figures;
+    return frames;
+  }
+
+  // latents (C, T, h, w) -> {frames: Uint8ClampedArray (T, H, W, 3), shape: [T, H, W, 3]}
+  async decode(latents) {
+    const [c, t, h, w] = this.latentShape;
+    const keys = this.keys("vae_decoder");
+    const chunk = this.signature(keys[0], "z", "inputs")[0];
+    const outShape = this.signature(keys[keys.length - 1], "frames"); // (chunk, 3, H, W)
+    const [, , H, W] = outShape;
+    const video = new Uint8ClampedArray(t * H * W * 3);
+    for (let f0 = 0; f0 < t; f0 += chunk) {
+      const z = new Float32Array(chunk * c * h * w); // (frames, C, h, w); past the end: zeros
+      for (let f = 0; f < chunk && f0 + f < t; f++) {
+        for (let ci = 0; ci < c; ci++) {
+          z.set(latents.subarray((ci * t + f0 + f) * h * w, (ci * t + f0 + f + 1) * h * w), (f * c + ci) * h * w);
+        }
+      }
+      const temp = [];
+      const zBuf = this.upload(z);
+      temp.push(zBuf);
+      const feeds = this.runBlocks(keys, { z: zBuf }, null, temp);
+      const frames = await this.read(feeds.frames, outShape);
+      for (const b of temp) b.destroy();
+      for (let f = 0; f < chunk && f0 + f < t; f++) {
+        for (let y = 0; y < H; y++) {
+          for (let x = 0; x < W; x++) {
+            for (let ch = 0; ch < 3; ch++) {
+              video[(((f0 + f) * H + y) * W + x) * 3 + ch] = roundHalfEven(Math.fround(frames[((f * 3 + ch) * H + y) * W + x] * 255));
+            }
+          }
+        }
+      }
+    }
+    return { frames: video, shape: [t, H, W, 3] };
+  }
+
+  destroy() {
+    this.weights.destroy();
+    this.executor.device.destroy();
+  }
+}
+
+// The page's own seeded standard normal noise (mulberry32 + Box-Muller). It is not NumPy's
+// PCG64 stream: to reproduce a Python generation exactly, pass that run's noise instead.
+export function seededNoise(n, seed) {
+  let a = seed >>> 0;
+  const next = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i += 2) {
+    const u = 1 - next(), v = next();
+    const r = Math.sqrt(-2 * Math.log(u));
+    out[i] = r * Math.cos(2 * Math.PI * v);
+    if (i + 1 < n) out[i + 1] = r * Math.sin(2 * Math.PI * v);
+  }
+  return out;
+}

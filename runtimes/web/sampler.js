@@ -1,0 +1,197 @@
+// The rectified-flow sampler of edge/sampler.py, mirrored line by line (keep the two in step).
+//
+// Arrays are Float32Array (the latents) and plain numbers (float64). NumPy computes float32
+// arrays op by op in float32, so every such op here is rounded with Math.fround; reductions
+// it does in float64 (cosines, the step cache's L1 and LayerNorm) are in float64 here too.
+// tests/fixtures/sampler/*.json replay recorded sequences through both.
+
+const f32 = Math.fround;
+
+export const DEFAULT_SETTINGS = {
+  steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000,
+  leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
+  merge_steps: 0, cache_threshold: 0.0,
+};
+
+export function checkSettings(values) {
+  const unknown = Object.keys(values).filter((k) => !(k in DEFAULT_SETTINGS));
+  if (unknown.length) throw new Error(`unknown sampler setting(s): ${unknown.sort().join(", ")}`);
+  const s = { ...DEFAULT_SETTINGS, ...values };
+  const bad = (name, why) => new Error(`sampler setting ${name}=${JSON.stringify(s[name])}: ${why}`);
+  if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
+  if (s.leap_after !== null && !(s.leap_after >= 1 && s.leap_after < s.steps)) {
+    throw bad("leap_after", `must be between 1 and steps - 1 = ${s.steps - 1}`);
+  }
+  if (s.leap_min_steps < 1) throw bad("leap_min_steps", "must be at least 1");
+  if (s.leap_patience < 1) throw bad("leap_patience", "must be at least 1");
+  if (!(s.leap_tol >= 0)) throw bad("leap_tol", "must not be negative");
+  if (!Number.isInteger(s.merge_steps) || s.merge_steps < 0) throw bad("merge_steps", "must not be negative");
+  if (!(s.cache_threshold >= 0)) throw bad("cache_threshold", "must not be negative");
+  if (!Number.isFinite(s.guidance)) throw bad("guidance", "must be a finite number");
+  return s;
+}
+
+// float32 arrays: shift * s / (1 + (shift - 1) * s), op by op
+function shiftSigma32(s, shift) {
+  return f32(f32(f32(shift) * s) / f32(1 + f32(f32(shift - 1) * s)));
+}
+
+export function timesteps(settings) {
+  const n = settings.num_train_timesteps;
+  const x = 1.0 / n; // float64 here, as in NumPy
+  const sigmaMin = settings.shift * x / (1 + (settings.shift - 1) * x);
+  const steps = settings.steps;
+  const out = new Float32Array(steps + 1);
+  const step = steps > 1 ? (sigmaMin - 1.0) / (steps - 1) : 0;
+  for (let i = 0; i < steps; i++) {
+    const lin = steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0; // np.linspace
+    out[i] = shiftSigma32(f32(lin), settings.shift);
+  }
+  out[steps] = 0;
+  return out;
+}
+
+export function guidedVelocity(vCond, vUncond, guidance) {
+  const g = f32(guidance);
+  const out = new Float32Array(vCond.length);
+  for (let i = 0; i < out.length; i++) out[i] = f32(vUncond[i] + f32(g * f32(vCond[i] - vUncond[i])));
+  return out;
+}
+
+export function eulerStep(x, v, t, tNext) {
+  const d = f32(f32(tNext) - f32(t));
+  const out = new Float32Array(x.length);
+  for (let i = 0; i < x.length; i++) out[i] = f32(x[i] + f32(d * v[i]));
+  return out;
+}
+
+export function cosine(a, b) {
+  let dot = 0, na = 0, nb = 0;
+  for (let i = 0; i < a.length; i++) { dot += a[i] * b[i]; na += a[i] * a[i]; nb += b[i] * b[i]; }
+  const denom = Math.sqrt(na) * Math.sqrt(nb);
+  return denom > 0 ? dot / denom : 1.0;
+}
+
+export class LeapRule {
+  constructor(settings) {
+    this.settings = settings;
+    this.previous = null;
+    this.best = -Infinity;
+    this.stale = 0;
+    this.cosines = [];
+  }
+
+  shouldLeap(v, stepsDone) {
+    const s = this.settings;
+    if (this.previous !== null) {
+      const c = cosine(v, this.previous);
+      this.cosines.push(c);
+      if (c > this.best + s.leap_tol) { this.best = c; this.stale = 0; } else { this.stale += 1; }
+    }
+    this.previous = v;
+    if (!s.leap || stepsDone >= s.steps - 1) return false;
+    if (s.leap_after !== null) return stepsDone >= s.leap_after;
+    return stepsDone >= s.leap_min_steps && this.stale >= s.leap_patience;
+  }
+}
+
+// x: (B, T, S, D) tokens, tMod: (B, 6, D); returns float64 values (Float64Array)
+export function modulatedInput(x, tMod, batch, dim, eps = 1e-6) {
+  const rows = x.length / dim;
+  const perSample = rows / batch;
+  const out = new Float64Array(x.length);
+  for (let r = 0; r < rows; r++) {
+    const b = Math.floor(r / perSample);
+    let mean = 0;
+    for (let d = 0; d < dim; d++) mean += x[r * dim + d];
+    mean /= dim;
+    let v = 0;
+    for (let d = 0; d < dim; d++) { const e = x[r * dim + d] - mean; v += e * e; }
+    const inv = Math.sqrt(v / dim + eps);
+    for (let d = 0; d < dim; d++) {
+      const h = (x[r * dim + d] - mean) / inv;
+      out[r * dim + d] = h * (1.0 + tMod[(b * 6 + 1) * dim + d]) + tMod[(b * 6) * dim + d];
+    }
+  }
+  return out;
+}
+
+export function relativeL1(a, b) {
+  let num = 0, den = 0;
+  for (let i = 0; i < a.length; i++) { num += Math.abs(a[i] - b[i]); den += Math.abs(b[i]); }
+  num /= a.length; den /= a.length;
+  return den > 0 ? num / den : Infinity;
+}
+
+export class StepCache {
+  constructor(threshold) {
+    this.threshold = threshold;
+    this.previous = null;
+    this.accumulated = 0.0;
+    this.residual = null;
+  }
+
+  shouldCompute(indicator, force = false) {
+    const change = this.previous === null ? Infinity : relativeL1(indicator, this.previous);
+    this.previous = indicator;
+    if (force || this.residual === null || this.residual.length !== indicator.length) {
+      this.accumulated = 0.0;
+      return true;
+    }
+    this.accumulated += change;
+    if (this.accumulated < this.threshold) return false;
+    this.accumulated = 0.0;
+    return true;
+  }
+
+  store(before, after) {
+    this.residual = new Float32Array(after.length);
+    for (let i = 0; i < after.length; i++) this.residual[i] = f32(after[i] - before[i]);
+  }
+
+  reuse(before) {
+    const out = new Float32Array(before.length);
+    for (let i = 0; i < before.length; i++) out[i] = f32(before[i] + this.residual[i]);
+    return out;
+  }
+}
+
+// runPairs(step, x, tMod, pairs, batch, dim) -> [tokens after the pairs, whether they ran]
+export async function runPairs(step, x, tMod, pairs, batch, dim) {
+  if (step.cache === null) return [await pairs(x), true];
+  if (step.cache.shouldCompute(modulatedInput(x, tMod, batch, dim), step.index === 0 || step.last)) {
+    const out = await pairs(x);
+    step.cache.store(x, out);
+    return [out, true];
+  }
+  step.computed = false;
+  return [step.cache.reuse(x), false];
+}
+
+// predict(x, t, step) -> Promise<[vCond, vUncond]>; returns the final latents.
+export async function sample(predict, noise, settings, onStep = null, trace = {}) {
+  const ts = timesteps(settings);
+  let x = Float32Array.from(noise);
+  Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0 });
+  const rule = new LeapRule(settings);
+  const cache = settings.cache_threshold > 0 ? new StepCache(settings.cache_threshold) : null;
+  const lastCall = settings.leap && settings.leap_after ? settings.leap_after : settings.steps - 1;
+  for (let i = 0; i < settings.steps; i++) {
+    const step = { index: i, merged: i < settings.merge_steps, cache, last: i === lastCall, computed: true };
+    const [vCond, vUncond] = await predict(x, ts[i], step);
+    trace.calls += 1;
+    trace.transformer_calls += step.computed ? 1 : 0;
+    trace.merged_calls += step.merged ? 1 : 0;
+    const v = guidedVelocity(vCond, vUncond, settings.guidance);
+    if (rule.shouldLeap(v, i)) {
+      x = eulerStep(x, v, ts[i], ts[settings.steps]);
+      trace.leap_at = i;
+      if (onStep) onStep(settings.steps, settings.steps);
+      break;
+    }
+    x = eulerStep(x, v, ts[i], ts[i + 1]);
+    if (onStep) onStep(i + 1, settings.steps);
+  }
+  trace.cosines = rule.cosines;
+  return x;
+}

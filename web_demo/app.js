@@ -1,0 +1,105 @@
+// The demo page: loads the package it is served from, then generates on request. Lives at
+// the top of a web package, beside runtime/ (edge export --target web copies both in).
+import { WebPipeline, WebGpuUnavailable, adapterInfo } from "./runtime/pipeline.js";
+
+const $ = (id) => document.getElementById(id);
+const state = { pipe: null, budget: null, busy: false };
+window.edgeDemo = state; // for tests and the console: state.pipe, state.lastFrames
+
+function fail(err) {
+  const box = err instanceof WebGpuUnavailable ? $("gpu-missing") : $("error");
+  box.textContent = err.message;
+  box.hidden = false;
+  state.error = err.message;
+}
+
+function mb(n) { return `${(n / 1e6).toFixed(1)} MB`; }
+
+async function load() {
+  const budget = $("budget").value.trim() || null;
+  if (state.pipe && budget === state.budget) return state.pipe;
+  if (state.pipe) state.pipe.destroy();
+  state.pipe = null;
+  state.budget = budget;
+  const base = new URL(".", location.href).href;
+  state.pipe = await WebPipeline.load(base, {
+    budget,
+    onProgress: (got, total) => {
+      $("download").max = total; $("download").value = got;
+      $("download-text").textContent = `${mb(got)} / ${mb(total)}`;
+    },
+  });
+  const m = state.pipe.manifest;
+  $("model").textContent = `${m.model} (${m.target})`;
+  if (!$("steps").value) $("steps").value = m.sampler.steps;
+  const info = adapterInfo(state.pipe.adapter);
+  $("adapter").textContent = `GPU: ${info.vendor} ${info.architecture} ${info.description}`.trim() +
+    `; shader-f16: ${info.shaderF16 ? "yes" : "no"}; kernels compiled: ${state.pipe.loadFigures.kernels}`;
+  return state.pipe;
+}
+
+function draw(video, frame) {
+  const [, H, W] = video.shape;
+  const canvas = $("video");
+  const small = new OffscreenCanvas(W, H);
+  const img = new ImageData(W, H);
+  const px = video.frames.subarray(frame * H * W * 3, (frame + 1) * H * W * 3);
+  for (let i = 0; i < H * W; i++) {
+    img.data[4 * i] = px[3 * i]; img.data[4 * i + 1] = px[3 * i + 1]; img.data[4 * i + 2] = px[3 * i + 2]; img.data[4 * i + 3] = 255;
+  }
+  small.getContext("2d").putImageData(img, 0, 0);
+  const ctx = canvas.getContext("2d");
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(small, 0, 0, canvas.width, canvas.height);
+}
+
+function play(video) {
+  clearInterval(state.timer);
+  let frame = 0;
+  draw(video, 0);
+  state.timer = setInterval(() => { frame = (frame + 1) % video.shape[0]; draw(video, frame); }, 125);
+}
+
+// options come from the form; a test may pass `noise` (Python's initial noise) as well
+export async function generate(extra = {}) {
+  if (state.busy) return null;
+  state.busy = true;
+  $("generate").disabled = true;
+  $("error").hidden = true;
+  try {
+    const pipe = await load();
+    const options = {
+      seed: Number($("seed").value), steps: Number($("steps").value), leap: $("leap").checked,
+      merge_steps: Number($("merge").value), cache_threshold: Number($("cache").value),
+      onStep: (done, total) => {
+        $("steps-progress").max = total; $("steps-progress").value = done;
+        $("step-text").textContent = `${done} / ${total}`;
+      },
+      ...extra,
+    };
+    const video = await pipe.generate($("prompt").value, options);
+    state.lastFrames = video;
+    play(video);
+    const f = pipe.lastRun;
+    $("timings").textContent = [
+      `total ${f.wall_s.total.toFixed(2)} s: text ${f.wall_s.text_encoder.toFixed(2)} s, ` +
+      `transformer ${f.wall_s.transformer.toFixed(2)} s (${f.transformer_calls} calls), VAE ${f.wall_s.vae_decoder.toFixed(2)} s`,
+      `load: fetch ${pipe.loadFigures.fetch_s.toFixed(2)} s (${pipe.loadFigures.from_cache} files from cache), kernels ${pipe.loadFigures.compile_s.toFixed(2)} s`,
+      `GPU weights: ${pipe.loadFigures.pinned.length} blocks resident, ${f.weight_uploads} uploads this run, peak ${mb(f.peak_gpu_weight_bytes)}`,
+      f.sampler.leap_at !== null ? `leapt after ${f.sampler.leap_at} steps` : "",
+      f.prompt_truncated ? "the prompt was longer than the model reads and was truncated" : "",
+    ].filter(Boolean).join("\n");
+    state.lastRun = f;
+    return f;
+  } catch (err) {
+    fail(err);
+    throw err;
+  } finally {
+    state.busy = false;
+    $("generate").disabled = false;
+  }
+}
+state.generate = generate;
+
+$("form").addEventListener("submit", (e) => { e.preventDefault(); generate().catch(() => {}); });
+load().then(() => { $("generate").disabled = false; state.ready = true; }, (err) => { fail(err); state.ready = false; });
