@@ -312,6 +312,18 @@ def evaluate(
     steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
     batch: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
     weights: WeightsOption = None,
+    sweep: Annotated[bool, typer.Option(
+        "--sweep", help="Run an exported package under every leap/merge/cache setting, all "
+        "blocks resident and streamed under a tight budget; one table per regime.")] = False,
+    package: Annotated[Path, typer.Option(
+        help="With --sweep: the exported package.", file_okay=False)] = Path(
+        "dist/tiny-sora-onnx"),
+    memory_budget: Annotated[str | None, typer.Option(
+        help="With --sweep: the streamed regime's budget [default: the smallest that "
+             "works].")] = None,
+    cache_threshold: CacheOption = None,
+    threads: Annotated[int | None, typer.Option(
+        min=1, help="With --sweep: onnxruntime threads [default: onnxruntime's].")] = None,
 ) -> None:
     """Generate videos for a prompt set and score colour, shape, direction, consistency and
     coherence with the shipped attribute classifier."""
@@ -325,6 +337,11 @@ def evaluate(
         prompt_set = read_prompts(prompts) if prompts else default_prompts()
     except ValueError as err:
         _fail(str(err))
+    if sweep:
+        _eval_sweep(package, prompt_set, load_classifier(weights or DEFAULT_WEIGHTS), as_json,
+                    steps=steps or 30, seed=seed, batch=batch, memory_budget=memory_budget,
+                    cache_threshold=cache_threshold, threads=threads)
+        return
     pipe = _load_pipeline(weights)
     classifier = load_classifier(weights or DEFAULT_WEIGHTS)
     overrides = {"steps": steps} if steps else {}
@@ -345,6 +362,40 @@ def evaluate(
         cells = "".join(f"{_cell(v):>{w}}" for v, w in zip(row, (12, 10, 12), strict=True))
         typer.echo(f"{key:<16}{cells}")
     typer.echo(f"{result['steps']} steps, {result['wall_s']} s")
+
+
+def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, **options) -> None:
+    """`edge eval --sweep`: edge/sweep.py."""
+    from tqdm import tqdm
+
+    from edge.package import PackageError
+    from edge.sweep import DEFAULT_CACHE_THRESHOLD, format_table, generations, run_sweep
+    from runtimes.python.loader import BudgetError
+
+    if options["cache_threshold"] is None:
+        options["cache_threshold"] = DEFAULT_CACHE_THRESHOLD
+    if not (package / "manifest.json").is_file():
+        _fail(f"no package at {package}: run `edge export --target onnx -o {package}` first")
+    started = time.perf_counter()
+    total = generations(len(prompt_set), options["batch"])
+    with tqdm(total=total, desc="sweep", unit="run") as bar:  # stderr: JSON stays clean
+        try:
+            result = run_sweep(package, classifier, prompt_set,
+                               on_generation=lambda name: (bar.set_postfix_str(name),
+                                                           bar.update()), **options)
+        except (PackageError, BudgetError, ValueError) as err:
+            _fail(str(err))
+    result["sweep_wall_s"] = round(time.perf_counter() - started, 1)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for regime, rows in result["regimes"].items():
+        typer.echo(f"\n{regime}" + (f" (budget {result['streamed_budget_bytes']} bytes, cold "
+                                      "reads)" if regime == "streamed" else "") + ":")
+        typer.echo(format_table(rows))
+    typer.echo(f"\n{result['n_prompts']} prompts, {result['steps']} steps, batch "
+               f"{result['batch']}, threads {result['threads'] or 'default'}, "
+               f"{result['sweep_wall_s']} s")
 
 
 @app.command("scale-model")

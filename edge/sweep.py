@@ -1,0 +1,198 @@
+"""`edge eval --sweep`: what step leaping, token merging and the step cache buy and cost.
+
+Runs an exported package with the Python runtime under one setting per row (baseline, LPL
+dynamic and fixed, TDTM for half or all steps, step cache, LPL + TDTM, all combined) and
+two memory regimes (every block resident; a tight budget that streams the transformer's
+blocks every step, read cold). Per row: transformer calls, wall time and its ratio to the
+baseline, PSNR of the frames against the baseline video of the same prompt and seed, and
+the attribute scores of `edge eval`.
+
+Settings are interleaved batch by batch (every setting runs batch 1, then batch 2, ...), so
+a slow stretch of the machine falls on all rows alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edge.eval.classifier import AttributeClassifier
+from edge.eval.metrics import score, summarize
+from edge.eval.run import PromptSet
+from runtimes.python import Pipeline
+from runtimes.python.loader import parse_size
+
+# Step cache threshold of the sweep's rows, chosen on held-out prompts (docs/benchmarks.md)
+DEFAULT_CACHE_THRESHOLD = 0.1
+REGIMES = ("resident", "streamed")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    overrides: dict
+
+
+def sweep_settings(steps: int, leap_min_steps: int,
+                   cache_threshold: float = DEFAULT_CACHE_THRESHOLD) -> list[Setting]:
+    """The rows. Every row states each technique's switch, so package defaults never leak
+    in; `half` (15 of 30) is where LPL fixed leaps and TDTM "first half" stops merging."""
+    if steps < 2:
+        raise ValueError(f"steps={steps}: the sweep needs at least 2 steps to leap or merge")
+    half = steps // 2
+    off = {"steps": steps, "leap": False, "leap_after": None, "merge_steps": 0,
+           "cache_threshold": 0.0}
+    # dynamic leap keeps the package's tol and patience; min_steps no later than half
+    dynamic = {"leap": True, "leap_min_steps": min(leap_min_steps, half)}
+    rows = [("baseline", {}),
+            ("LPL dynamic", dynamic),
+            (f"LPL fixed at {half}", {"leap": True, "leap_after": half}),
+            (f"TDTM first {half}", {"merge_steps": half}),
+            ("TDTM all steps", {"merge_steps": steps}),
+            ("step cache", {"cache_threshold": cache_threshold}),
+            ("LPL + TDTM", dynamic | {"merge_steps": half}),
+            ("all combined", dynamic | {"merge_steps": half,
+                                        "cache_threshold": cache_threshold})]
+    return [Setting(name, off | o) for name, o in rows]
+
+
+def smallest_budget(package: Path) -> int:
+    """The tightest budget the loader accepts: the largest block plus two pages."""
+    from edge.package import read_package
+
+    manifest = read_package(package, check_hashes=False)
+    return max(b["files"][1]["bytes"] for c in manifest["components"]
+               for b in c["blocks"]) + 8192
+
+
+def pooled_psnr(videos: list[np.ndarray], references: list[np.ndarray]) -> float | None:
+    """PSNR over every frame of every video against the reference's; None when equal."""
+    se = sum(float(((v.astype(np.float64) - r.astype(np.float64)) ** 2).sum())
+             for v, r in zip(videos, references, strict=True))
+    mse = se / sum(v.size for v in videos)
+    return None if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
+@dataclass
+class _Row:
+    """What one setting accumulated over the batches of one regime."""
+
+    wall_s: float = 0.0
+    transformer_s: float = 0.0
+    transformer_calls: int = 0
+    predictions: int = 0
+    merged_calls: int = 0
+    generations: int = 0
+    bytes_read: int = 0
+    io_wait_s: float = 0.0
+
+    def add(self, run: dict) -> None:
+        self.wall_s += run["wall_s"]["total"]
+        self.transformer_s += run["wall_s"]["transformer"]
+        self.transformer_calls += run["sampler"]["transformer_calls"]
+        self.predictions += run["sampler"]["calls"]
+        self.merged_calls += run["sampler"]["merged_calls"]
+        self.generations += 1
+        self.bytes_read += run["bytes_read"]
+        self.io_wait_s += run["io_wait_s"]
+
+
+def run_regime(pipe: Pipeline, settings: list[Setting], classifier: AttributeClassifier,
+               prompts: PromptSet, seed: int = 0, batch: int = 1,
+               on_generation: Callable[[str], None] | None = None) -> list[dict]:
+    """Every setting on every prompt with one loaded pipeline; one result dict per row."""
+    # warm-up, not counted: resident blocks loaded, both graphs of each pair run once
+    pipe.generate(prompts[0][0], seed=seed, **(settings[0].overrides | {"steps": 2,
+                                                                          "merge_steps": 1}))
+    rows = {s.name: _Row() for s in settings}
+    per_clip: dict[str, dict[str, list]] = {s.name: {} for s in settings}
+    videos: dict[str, list[np.ndarray]] = {s.name: [] for s in settings}
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start:start + batch]
+        seeds = [seed + start + i for i in range(len(chunk))]
+        labels = np.array([a.labels for _, a in chunk])
+        for s in settings:
+            video = pipe.generate([p for p, _ in chunk], seed=seeds, **s.overrides)
+            rows[s.name].add(pipe.last_run)
+            videos[s.name].extend(video)
+            for k, v in score(classifier, video, labels).items():
+                per_clip[s.name].setdefault(k, []).append(v)
+            if on_generation:
+                on_generation(s.name)
+    base = settings[0].name
+    out = []
+    for s in settings:
+        r = rows[s.name]
+        scores = summarize({k: np.concatenate(v) for k, v in per_clip[s.name].items()})
+        out.append({
+            "setting": s.name, "overrides": s.overrides,
+            "transformer_calls": r.transformer_calls / r.generations,
+            "predictions": r.predictions / r.generations,
+            "merged_calls": r.merged_calls / r.generations,
+            "calls_ratio": rows[base].transformer_calls / r.transformer_calls,
+            "wall_s": r.wall_s, "speedup": rows[base].wall_s / r.wall_s,
+            "transformer_s": r.transformer_s,
+            "transformer_speedup": rows[base].transformer_s / r.transformer_s,
+            "bytes_read": r.bytes_read, "io_wait_s": r.io_wait_s,
+            "psnr_db": None if s.name == base else pooled_psnr(videos[s.name], videos[base]),
+        } | scores)
+    return out
+
+
+def run_sweep(package: Path, classifier: AttributeClassifier, prompts: PromptSet,
+              steps: int = 30, seed: int = 0, batch: int = 1,
+              memory_budget: str | int | None = None,
+              cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
+              regimes: tuple[str, ...] = REGIMES, threads: int | None = None,
+              on_generation: Callable[[str], None] | None = None) -> dict:
+    """Both regimes on one prompt set. `memory_budget` is the streamed regime's (default:
+    the smallest the package accepts); its reads bypass the page cache. `threads`:
+    onnxruntime's threads per session (1 keeps timings steady on a busy machine)."""
+    unknown = sorted(set(regimes) - set(REGIMES))
+    if unknown:
+        raise ValueError(f"unknown regime(s) {', '.join(unknown)}; known: {', '.join(REGIMES)}")
+    budget = parse_size(memory_budget) or smallest_budget(package)
+    result: dict = {"package": str(package), "steps": steps, "seed": seed, "batch": batch,
+                    "n_prompts": len(prompts), "cache_threshold": cache_threshold,
+                    "threads": threads,
+                    "streamed_budget_bytes": budget, "regimes": {}}
+    for regime in regimes:
+        streamed = regime == "streamed"
+        pipe = Pipeline.load(package, memory_budget=budget if streamed else None,
+                             cold_reads=streamed, threads=threads)
+        try:
+            settings = sweep_settings(steps, pipe.sampler.leap_min_steps, cache_threshold)
+            result["regimes"][regime] = run_regime(pipe, settings, classifier, prompts, seed,
+                                                   batch, on_generation)
+        finally:
+            pipe.close()
+    return result
+
+
+def generations(n_prompts: int, batch: int, regimes: int = len(REGIMES),
+                settings: int = 8) -> int:
+    """How many generate() calls a sweep makes (for a progress bar)."""
+    return regimes * settings * -(-n_prompts // batch)
+
+
+COLUMNS = ("setting", "calls", "calls ×", "wall s", "speedup", "DiT speedup", "PSNR dB",
+           "colour", "shape", "direction", "consistency", "read MiB", "I/O wait s")
+
+
+def format_table(rows: list[dict]) -> str:
+    """A Markdown table of one regime's rows."""
+
+    def cells(r: dict) -> list[str]:
+        psnr = "—" if r["psnr_db"] is None else f"{r['psnr_db']:.1f}"
+        return [r["setting"], f"{r['transformer_calls']:.1f}", f"{r['calls_ratio']:.2f}",
+                f"{r['wall_s']:.1f}", f"{r['speedup']:.2f}", f"{r['transformer_speedup']:.2f}",
+                psnr, f"{r['color_acc']:.3f}", f"{r['shape_acc']:.3f}",
+                f"{r['direction_acc']:.3f}", f"{r['consistency']:.3f}",
+                f"{r['bytes_read'] / 2**20:.0f}", f"{r['io_wait_s']:.2f}"]
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
