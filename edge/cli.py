@@ -220,13 +220,15 @@ def serve(
         server.server_close()
 
 
-TARGETS = ("onnx",)
-PLANNED_TARGETS = {"iphone": "CoreML", "web": "WebGPU"}
+TARGETS = ("onnx", "iphone")
+PLANNED_TARGETS = {"web": "WebGPU"}
 
 
 @app.command()
 def export(
-    target: Annotated[str, typer.Option(help="onnx (iphone and web are planned).")] = "onnx",
+    target: Annotated[str, typer.Option(
+        help="onnx, or iphone (CoreML: one .mlpackage per block; compiling them to "
+        ".mlmodelc is macOS-only). web is planned.")] = "onnx",
     model: Annotated[Path | None, typer.Option(
         help="Model weights folder [default: the shipped tiny-sora].", exists=True,
         file_okay=False)] = None,
@@ -236,6 +238,9 @@ def export(
         help="Plan residency for this budget, e.g. 64MB (shown with --dry-run).")] = None,
     dry_run: Annotated[bool, typer.Option(
         help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
+    quantize: Annotated[str | None, typer.Option(
+        help="iphone: weight compression fp16, 8 (int8 linear), 6 or 4 (palettized) "
+        "[default: fp16].")] = None,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
     if target == "web":  # WebGPU kernels by TVM + launch plans; the package is a static site
@@ -254,6 +259,13 @@ def export(
         budget = parse_size(memory_budget)
     except ValueError as err:
         _fail(str(err))
+    if quantize is not None and target != "iphone":
+        _fail(f"--quantize applies to --target iphone, not {target}")
+    if target == "iphone" and not dry_run:
+        from exporters.coreml_cli import export_iphone
+
+        export_iphone(model, output, quantize or "fp16")
+        return
     pipe = _load_pipeline(model)
     from edge.blocks import cut_pipeline
     from edge.plan import READ_UNIT, partition, plan_residency

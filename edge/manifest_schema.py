@@ -234,6 +234,38 @@ def _check_sampler(sampler: dict) -> None:
             _count(sampler, key, where, minimum=1)
 
 
+# CoreML's MLComputeUnits, as the Swift runtime names them
+COREML_COMPUTE_UNITS = ("all", "cpuOnly", "cpuAndGPU", "cpuAndNeuralEngine")
+
+
+def _check_coreml(manifest: dict) -> None:
+    """An iphone package: its `coreml` settings, and every block's (and variant's) program
+    is a listed `.mlpackage` folder holding the block's graph and weights files."""
+    where = f"{MANIFEST} coreml"
+    coreml = require(manifest, "coreml", dict, MANIFEST)
+    units = require(coreml, "compute_units", str, where)
+    if units not in COREML_COMPUTE_UNITS:
+        raise PackageError(f"{where}: compute_units {units!r}; known: "
+                           f"{', '.join(COREML_COMPUTE_UNITS)}")
+    require(coreml, "minimum_deployment_target", str, where)
+    require(coreml, "output_prefix", str, where)
+    for comp in manifest["components"]:
+        for block in comp["blocks"]:
+            at = f"{MANIFEST} block {comp['name']}/{block['name']}"
+            listed = {f["path"] for f in block["files"]}
+            variants = require(block, "variants", dict, at) if "variants" in block else {}
+            records = [(at, block)] + [(f"{at} variant {n}", v) for n, v in variants.items()]
+            for place, record in records:
+                model = require(record, "model", str, place)
+                if not model.endswith(".mlpackage"):
+                    raise PackageError(f"{place}: model {model!r} is not an .mlpackage")
+                for field in ("graph", "weights"):
+                    path = record[field]["path"] if field == "weights" else record[field]
+                    if not (path.startswith(model + "/") and path in listed):
+                        raise PackageError(f"{place}: {field} {path!r} is not a listed file "
+                                           f"inside {model}")
+
+
 def manifest_digest(manifest: dict) -> str:
     """sha256 of the manifest's content without its own digest field, in canonical JSON: the
     manifest's guard against damage, as the file records are the files'."""
@@ -293,4 +325,6 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
             seen_blocks.add(block["name"])
             _check_block(block, files, where)
         check_chain(cname, comp["blocks"])
+    if target == "iphone":
+        _check_coreml(manifest)
     return files

@@ -1,0 +1,183 @@
+"""Validation of a CoreML package on a machine where CoreML cannot predict (Linux).
+
+Structural: each saved program's inputs and outputs (names, shapes, dtypes, read from its
+spec) are the ones the manifest records, and the blocks chain: every input is an input of
+the component or an output of an earlier block with the same shape and dtype, and the
+components fit one another (caption tokens, latents, frames).
+
+Numeric: each program's weights, read back out of the `.mlpackage` and decompressed
+(exporters.coreml_weights), run in the PyTorch reference block on its example inputs and are
+compared with the fp32 block (max-abs error); end to end, the whole pipeline with those
+weights renders the validation prompt and is compared with fp32 PyTorch (PSNR). This measures
+what weight compression costs. It does not measure fp16 activation arithmetic on the device,
+which only a Mac or an iPhone can run.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge.blocks import Block
+from edge.models.tiny_sora import TinySora
+from exporters.coreml_weights import import_coremltools, read_parameters
+
+VALIDATION_PROMPT = "a red circle moving left"
+# the least end-to-end PSNR (dB) against fp32 each setting must reach, else the export fails
+PSNR_FLOOR_DB = {"fp16": 40.0, "8": 30.0, "6": 20.0, "4": 12.0}
+_DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
+def program_interface(mlpackage: Path) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of a saved program as {"name", "dtype", "shape"} records."""
+    ct = import_coremltools()
+    spec = ct.models.MLModel(str(mlpackage), skip_model_load=True).get_spec()
+
+    def records(features) -> list[dict]:
+        out = []
+        for f in features:
+            array = f.type.multiArrayType
+            out.append({"name": f.name, "dtype": _DTYPES.get(array.dataType, str(array.dataType)),
+                        "shape": [int(d) for d in array.shape]})
+        return out
+
+    return records(spec.description.input), records(spec.description.output)
+
+
+def _interface_problems(root: Path, where: str, model: str, block: dict,
+                        prefix: str) -> list[str]:
+    inputs, outputs = program_interface(root / model)
+    want_out = [{**s, "name": prefix + s["name"]} for s in block["outputs"]]
+    problems = []
+    if inputs != block["inputs"]:
+        problems.append(f"{where}: program inputs {inputs} differ from the manifest's "
+                        f"{block['inputs']}")
+    # output shapes are not always inferred into the spec; names must match, shapes when known
+    if [o["name"] for o in outputs] != [o["name"] for o in want_out]:
+        problems.append(f"{where}: program outputs {[o['name'] for o in outputs]} differ from "
+                        f"the manifest's {[o['name'] for o in want_out]}")
+    for got, want in zip(outputs, want_out, strict=False):
+        if got["shape"] and got["shape"] != want["shape"]:
+            problems.append(f"{where}: output {want['name']} has shape {got['shape']}, the "
+                            f"manifest says {want['shape']}")
+    return problems
+
+
+def _chain_problems(name: str, blocks: list[dict]) -> tuple[list[str], dict[str, dict]]:
+    """Problems of one component's chain, and every tensor it ends up with by name."""
+    problems: list[str] = []
+    available = {s["name"]: s for s in blocks[0]["inputs"]}
+    for block in blocks:
+        where = f"block {name}/{block['name']}"
+        for s in block["inputs"]:
+            have = available.get(s["name"])
+            if have is None:
+                problems.append(f"{where}: input {s['name']!r} is neither a component input "
+                                "nor an earlier block's output")
+            elif (have["shape"], have["dtype"]) != (s["shape"], s["dtype"]):
+                problems.append(f"{where}: input {s['name']} is {s['dtype']} {s['shape']} but "
+                                f"arrives as {have['dtype']} {have['shape']}")
+        available |= {s["name"]: s for s in block["outputs"]}
+    return problems, available
+
+
+def check_structure(root: Path, manifest: dict) -> list[str]:
+    """Every mismatch between the saved programs, the manifest and the block chain."""
+    prefix = manifest["coreml"]["output_prefix"]
+    problems: list[str] = []
+    tensors: dict[str, dict[str, dict]] = {}
+    for comp in manifest["components"]:
+        for block in comp["blocks"]:
+            where = f"block {comp['name']}/{block['name']}"
+            problems += _interface_problems(root, where, block["model"], block, prefix)
+            for vname, variant in block.get("variants", {}).items():
+                problems += _interface_problems(root, f"{where} variant {vname}",
+                                                variant["model"], block, prefix)
+        found, tensors[comp["name"]] = _chain_problems(comp["name"], comp["blocks"])
+        problems += found
+    if set(tensors) != {"text_encoder", "transformer", "vae_decoder"}:
+        return problems  # a partial export (tests): nothing to link across components
+    c, t, h, w = manifest["latent_shape"]
+    tokens = manifest["tokenizer"]["max_tokens"]
+    text, dit, vae = (tensors[k] for k in ("text_encoder", "transformer", "vae_decoder"))
+    links = [  # (what, got, want): shapes that must agree across components
+        ("text_encoder hidden -> transformer caption (one prompt + null caption)",
+         [2 * d if i == 0 else d for i, d in enumerate(text["hidden"]["shape"])],
+         dit["caption"]["shape"]),
+        ("tokenizer max_tokens -> text_encoder input_ids", tokens,
+         text["input_ids"]["shape"][1]),
+        ("latent_shape -> transformer latent", [c, t, h, w], dit["latent"]["shape"][1:]),
+        ("transformer velocity -> latent", dit["velocity"]["shape"], dit["latent"]["shape"]),
+        ("latent frames -> vae_decoder z", [t, c, h, w], vae["z"]["shape"]),
+    ]
+    problems += [f"{what}: {got} vs {want}" for what, got, want in links if got != want]
+    return problems
+
+
+@torch.no_grad()
+def block_numerics(mlpackage: Path, module: nn.Module, block: Block,
+                   reference: tuple[torch.Tensor, ...]) -> dict:
+    """The program's stored weights run in the PyTorch block against fp32 `reference`."""
+    params = {n: p.detach() for n, p in module.named_parameters()}
+    stored, how = read_parameters(mlpackage, params)
+    weight_error = max((float((stored[n] - p).abs().max()) for n, p in params.items()),
+                       default=0.0)
+    out = torch.func.functional_call(module, stored, block.example)
+    out = out if isinstance(out, tuple) else (out,)
+    error = max(float((o - r).abs().max()) for o, r in zip(out, reference, strict=True))
+    scale = max(float(r.abs().max()) for r in reference)
+    return {"max_abs_error": error, "reference_max_abs": scale,
+            "weights_max_abs_error": weight_error, "weights_found": how}
+
+
+def pipeline_with_stored_weights(pipe: TinySora, root: Path, manifest: dict,
+                                 cut: Callable[[TinySora], dict[str, list[Block]]]) -> TinySora:
+    """A copy of `pipe` whose parameters are the ones stored in the package's programs."""
+    twin = copy.deepcopy(pipe)
+    blocks = {b.key: b for bs in cut(twin).values() for b in bs}
+    for comp in manifest["components"]:
+        for record in comp["blocks"]:
+            block = blocks[f"{comp['name']}/{record['name']}"]
+            params = dict(block.module.named_parameters())
+            stored, _ = read_parameters(root / record["model"],
+                                        {n: p.detach() for n, p in params.items()})
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(stored[n])
+    return twin
+
+
+def end_to_end_check(pipe: TinySora, quantize: str, seed: int = 0,
+                     steps: int | None = None) -> Callable[[Path, dict], dict]:
+    """A check for `export_coreml`: PSNR of the video rendered with the package's stored
+    weights against fp32 PyTorch, on a fixed prompt and seed; fails under the setting's
+    floor (PSNR_FLOOR_DB)."""
+    from exporters.coreml import ExportValidationError, cut_for_device
+
+    def check(root: Path, manifest: dict) -> dict:
+        overrides = {"steps": steps} if steps else {}
+        twin = pipeline_with_stored_weights(pipe, root, manifest, cut_for_device)
+        got = twin.generate(VALIDATION_PROMPT, seed=seed, **overrides)
+        want = pipe.generate(VALIDATION_PROMPT, seed=seed, **overrides)
+        value = psnr(got, want)
+        floor = PSNR_FLOOR_DB[quantize]
+        if not value >= floor:
+            raise ExportValidationError(
+                f"end to end: with the package's {quantize} weights the video differs from "
+                f"fp32 PyTorch by PSNR {value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, "
+                f"seed {seed}")
+        return {"prompt": VALIDATION_PROMPT, "seed": seed,
+                "steps": steps or pipe.sampler.steps, "psnr_db": round(value, 2),
+                "psnr_floor_db": floor, "measures": "stored weights in fp32 PyTorch"}
+
+    return check

@@ -1,0 +1,247 @@
+"""`edge export --target iphone`: CoreML packages, validated where CoreML cannot predict.
+
+One full export of tiny-sora (fp16) per session; quantization is checked on one transformer
+block, converted at each setting and read back out of its .mlpackage."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install -e "
+                    "'.[test]'); the CoreML exporter needs it")
+
+from edge.manifest_schema import PackageError, check_manifest  # noqa: E402
+from edge.package import read_package  # noqa: E402
+from exporters.coreml import (  # noqa: E402
+    ExportValidationError,
+    convert_module,
+    cut_for_device,
+    export_coreml,
+)
+from exporters.coreml_check import (  # noqa: E402
+    block_numerics,
+    check_structure,
+    end_to_end_check,
+    program_interface,
+)
+from exporters.coreml_weights import read_parameters  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def coreml_package(tmp_path_factory, pipeline):
+    """tiny-sora exported to CoreML (fp16) once per session, end-to-end check on 6 steps:
+    (root, manifest). Copy it before changing it."""
+    root = tmp_path_factory.mktemp("coreml") / "tiny-sora-iphone"
+    manifest = export_coreml(pipeline, root, validate_end_to_end=end_to_end_check(
+        pipeline, "fp16", steps=6))
+    return root, manifest
+
+
+@pytest.fixture(scope="module")
+def pair_block(pipeline):
+    return cut_for_device(pipeline)["transformer"][1]
+
+
+def test_package_is_valid_and_complete(coreml_package, pipeline):
+    root, manifest = coreml_package
+    assert read_package(root) == json.loads((root / "manifest.json").read_text())
+    assert manifest["target"] == "iphone"
+    coreml = manifest["coreml"]
+    assert coreml["compute_units"] == "cpuAndNeuralEngine"
+    assert coreml["minimum_deployment_target"] == "iOS17"
+    assert coreml["compression"]["setting"] == "fp16"
+    assert "macOS" in coreml["note"]
+    names = {c["name"]: [b["name"] for b in c["blocks"]] for c in manifest["components"]}
+    assert names == {k: [b.name for b in v] for k, v in cut_for_device(pipeline).items()}
+    for comp in manifest["components"]:
+        for block in comp["blocks"]:
+            assert (root / block["model"] / "Manifest.json").is_file()
+            assert block["model"] == f"models/{comp['name']}/{block['name']}.mlpackage"
+            # fp16 weights (a block's constant tables, e.g. position encodings, count too)
+            assert block["weight_bytes"] < 0.8 * block["reference_weight_bytes"]
+    blocks = [b for c in manifest["components"] for b in c["blocks"]]
+    ratio = (sum(b["weight_bytes"] for b in blocks)
+             / sum(b["reference_weight_bytes"] for b in blocks))
+    assert 0.45 < ratio < 0.56, ratio
+    pairs = [b for b in manifest["components"][1]["blocks"] if b["name"].startswith("pair_")]
+    assert len(pairs) == 4 and all(set(b["variants"]) == {"tdtm"} for b in pairs)
+    tok = root / manifest["tokenizer"]["files"][0]["path"]
+    assert json.loads(tok.read_text())["model"]["type"] == "WordPiece"
+    null = np.fromfile(root / manifest["conditioning"]["null_caption_f32"]["path"], "<f4")
+    assert np.array_equal(null.reshape(16, 384),
+                          np.load(root / manifest["conditioning"]["null_caption"]["path"]))
+
+
+def test_programs_match_manifest_and_chain(coreml_package):
+    root, manifest = coreml_package
+    assert check_structure(root, manifest) == []
+    emb = manifest["components"][0]["blocks"][0]
+    inputs, outputs = program_interface(root / emb["model"])
+    assert inputs == [{"name": "input_ids", "dtype": "int32", "shape": [1, 16]},
+                      {"name": "attention_mask", "dtype": "int32", "shape": [1, 16]}]
+    assert [o["name"] for o in outputs] == ["out_hidden", "out_attention_bias"]
+
+
+def test_structure_check_names_a_mismatch(coreml_package):
+    root, manifest = coreml_package
+    bad = copy.deepcopy(manifest)
+    bad["components"][1]["blocks"][2]["inputs"][0]["shape"] = [2, 8, 16, 128]
+    problems = check_structure(root, bad)
+    assert any("transformer/pair_1" in p and "inputs" in p for p in problems), problems
+    assert any("pair_1: input x is float32 [2, 8, 16, 128]" in p for p in problems), problems
+    bad = copy.deepcopy(manifest)
+    bad["latent_shape"][1] = 8
+    assert any(p.startswith("latent_shape -> transformer latent") for p in
+               check_structure(root, bad))
+
+
+def test_numerics_recorded(coreml_package):
+    _, manifest = coreml_package
+    for comp in manifest["components"]:
+        for block in comp["blocks"]:
+            v = block["validation"]
+            # fp16 weights in fp32 PyTorch: errors of fp16 rounding, relative to the outputs
+            assert v["weights_max_abs_error"] < 2e-3, block["name"]
+            assert v["max_abs_error"] < 5e-3 * max(1.0, min(v["reference_max_abs"], 100.0))
+            assert v["weights_found"]["by_name"] > 0
+    assert manifest["validation"]["psnr_db"] >= 40
+    assert manifest["validation"]["steps"] == 6
+
+
+def _refused(manifest: dict, match: str) -> None:
+    manifest.pop("manifest_sha256")  # edited on purpose: the digest would refuse it first
+    with pytest.raises(PackageError, match=match):
+        check_manifest(manifest)
+
+
+def test_manifest_refusals(coreml_package):
+    _, manifest = coreml_package
+    m = copy.deepcopy(manifest)
+    m["coreml"]["compute_units"] = "gpuOnly"
+    _refused(m, "compute_units 'gpuOnly'")
+    m = copy.deepcopy(manifest)
+    del m["coreml"]
+    _refused(m, "missing field 'coreml'")
+    m = copy.deepcopy(manifest)
+    m["components"][0]["blocks"][1]["graph"] = m["components"][0]["blocks"][0]["graph"]
+    _refused(m, "graph .* is not one of the block's files")
+    m = copy.deepcopy(manifest)
+    m["components"][1]["blocks"][1]["variants"]["tdtm"]["model"] = "models/x.mlpackage"
+    _refused(m, "pair_0 variant tdtm: graph .* not a listed file inside models/x.mlpackage")
+
+
+def test_python_runtime_refuses_an_iphone_package(coreml_package):
+    from runtimes.python import Pipeline
+
+    with pytest.raises(PackageError, match="target 'iphone'"):
+        Pipeline.load(coreml_package[0])
+
+
+def test_failed_validation_writes_nothing(tmp_path, pipeline, coreml_package):
+    dest = tmp_path / "pkg"  # an earlier package, which a failed export must leave alone
+    dest.mkdir()
+    (dest / "manifest.json").write_bytes((coreml_package[0] / "manifest.json").read_bytes())
+    before = (dest / "manifest.json").read_bytes()
+    blocks = {"vae_decoder": cut_for_device(pipeline)["vae_decoder"][-1:]}
+
+    def failing(root, manifest):
+        raise ExportValidationError("end to end: too far from fp32")
+
+    with pytest.raises(ExportValidationError, match="too far"):
+        export_coreml(pipeline, dest, components=blocks, validate_end_to_end=failing)
+    assert (dest / "manifest.json").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+    with pytest.raises(ValueError, match="--quantize '3'"):
+        export_coreml(pipeline, tmp_path / "other", quantize="3", components=blocks)
+    assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("quantize,levels", [("8", 256), ("4", 16)])
+def test_quantized_weights_read_back(tmp_path, pair_block, quantize, levels):
+    """The compressed weights, read back out of the saved program, are what the setting
+    promises (at most 2^bits values per tensor or per output channel), smaller on disk, and
+    the block computes close to fp32 with them."""
+    paths = {}
+    for setting in ("fp16", quantize):
+        paths[setting] = tmp_path / f"{setting}.mlpackage"
+        convert_module(pair_block.module, pair_block, setting).save(str(paths[setting]))
+    params = pair_block.parameters()
+    stored, how = read_parameters(paths[quantize], params)
+    assert how["folded"] == [] and set(stored) == set(params)
+    big = [n for n, p in params.items() if p.numel() >= 2048]
+    assert len(big) >= 8
+    for name in big:
+        w = stored[name].numpy()
+        rows = w.reshape(w.shape[0], -1) if quantize == "8" else w.reshape(1, -1)
+        assert max(len(np.unique(r)) for r in rows) <= levels, name
+        assert not np.array_equal(w, params[name].numpy())
+        ref = params[name].numpy()
+        relative = float(np.linalg.norm(w - ref) / np.linalg.norm(ref))
+        assert relative < (0.01 if quantize == "8" else 0.2), (name, relative)
+
+    def weight_bin(p):
+        return (p / "Data/com.apple.CoreML/weights/weight.bin").stat().st_size
+
+    assert weight_bin(paths[quantize]) < (0.6 if quantize == "8" else 0.35) * weight_bin(
+        paths["fp16"])
+    reference = pair_block.run(*pair_block.example)
+    got = block_numerics(paths[quantize], pair_block.module, pair_block, reference)
+    fp16 = block_numerics(paths["fp16"], pair_block.module, pair_block, reference)
+    assert fp16["max_abs_error"] < got["max_abs_error"] < 0.25 * got["reference_max_abs"]
+    with torch.no_grad():
+        assert torch.equal(pair_block.run(*pair_block.example)[0], reference[0])  # untouched
+
+
+def test_cli_refuses_bad_quantize_and_wrong_target():
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["export", "--target", "iphone", "--quantize", "3"])
+    assert result.exit_code == 2 and "--quantize '3' not understood" in result.output
+    result = runner.invoke(app, ["export", "--target", "onnx", "--quantize", "4"])
+    assert result.exit_code == 2 and "--quantize applies to --target iphone" in result.output
+
+
+def _shape_of(manifest: dict) -> dict:
+    """What a runtime decodes from a manifest, less the bytes, digests and measurements that
+    change from one export to the next."""
+    return {"target": manifest["target"], "sampler": manifest["sampler"],
+            "latent_shape": manifest["latent_shape"],
+            "coreml": {k: v for k, v in manifest["coreml"].items()},
+            "components": [[(b["name"], b["model"], b["graph"], b["inputs"], b["outputs"],
+                             sorted(b.get("variants", {}))) for b in c["blocks"]]
+                           for c in manifest["components"]]}
+
+
+def test_swift_fixtures_are_current(coreml_package):
+    """The fixtures runtimes/swift/Tests read exist and are what the Python side writes now
+    (tests/swift_fixtures.py, tests/sampler_fixtures.py), and the manifest example is a
+    current export's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import sampler_fixtures
+    import swift_fixtures
+
+    for name, data in swift_fixtures.build().items():
+        on_disk = json.loads((swift_fixtures.FIXTURES / name).read_text())
+        assert on_disk == json.loads(json.dumps(data)), f"{name}: run tests/swift_fixtures.py"
+    for name, data in sampler_fixtures.build().items():
+        on_disk = json.loads((sampler_fixtures.FIXTURES / f"{name}.json").read_text())
+        assert on_disk == json.loads(json.dumps(data)), name
+    tok = swift_fixtures.FIXTURES / "tokenizer.json"
+    assert tok.read_bytes() == swift_fixtures.default_tokenizer().read_bytes()
+    example = json.loads((swift_fixtures.FIXTURES / "manifest_iphone.json").read_text())
+    check_manifest(example)
+    assert _shape_of(example) == _shape_of(coreml_package[1])
+    bad = json.loads((swift_fixtures.FIXTURES / "manifest_bad_version.json").read_text())
+    with pytest.raises(PackageError, match="unknown format_version 2"):
+        check_manifest(bad)
