@@ -1,0 +1,8 @@
+import SwiftUI
+
+@main
+struct EdgeDemoApp: App {
+    var body: some Scene {
+        WindowGroup { ContentView() }
+    }
+}

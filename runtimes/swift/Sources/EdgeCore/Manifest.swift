@@ -1,0 +1,138 @@
+import Foundation
+
+/// The edge package manifest (docs/package-format.md), as far as the Swift runtime reads it.
+/// Fields it does not use (validation figures, tensor tables) are ignored.
+public struct Manifest: Decodable {
+    public struct FileRecord: Decodable, Equatable {
+        public let path: String
+        public let bytes: Int
+        public let sha256: String
+    }
+
+    public struct Signature: Decodable, Equatable {
+        public let name: String
+        public let dtype: String      // "float32" or "int32" in iphone packages
+        public let shape: [Int]       // static: iphone packages have no "batch" axis
+    }
+
+    public struct WeightsRef: Decodable, Equatable {
+        public let path: String
+    }
+
+    public struct Variant: Decodable, Equatable {
+        public let model: String      // the variant's .mlpackage folder
+        public let files: [FileRecord]
+        public let weightBytes: Int
+    }
+
+    public struct Block: Decodable, Equatable {
+        public let name: String
+        public let model: String      // the block's .mlpackage folder
+        public let files: [FileRecord]
+        public let weights: WeightsRef
+        public let weightBytes: Int
+        public let inputs: [Signature]
+        public let outputs: [Signature]
+        public let variants: [String: Variant]?
+    }
+
+    public struct Component: Decodable, Equatable {
+        public let name: String
+        public let blocks: [Block]
+    }
+
+    public struct TokenizerSpec: Decodable, Equatable {
+        public let files: [FileRecord]
+        public let maxTokens: Int
+    }
+
+    public struct Conditioning: Decodable, Equatable {
+        public let nullCaption: FileRecord
+        public let nullCaptionF32: FileRecord   // raw little-endian float32 (max_tokens, 384)
+    }
+
+    public struct CoreML: Decodable, Equatable {
+        public let minimumDeploymentTarget: String
+        public let computeUnits: String
+        public let computePrecision: String
+        public let outputPrefix: String
+    }
+
+    public let format: String
+    public let formatVersion: Int
+    public let producer: String
+    public let target: String
+    public let model: String
+    public let tokenizer: TokenizerSpec
+    public let conditioning: Conditioning
+    public let sampler: SamplerSettings
+    public let latentShape: [Int]
+    public let coreml: CoreML
+    public let components: [Component]
+
+    public func component(_ name: String) throws -> Component {
+        guard let c = components.first(where: { $0.name == name }) else {
+            throw ManifestError.invalid("manifest.json: no component \(name)")
+        }
+        return c
+    }
+
+    /// Every file the package lists, for verification before anything runs.
+    public var allFiles: [FileRecord] {
+        tokenizer.files + [conditioning.nullCaption, conditioning.nullCaptionF32]
+            + components.flatMap { $0.blocks.flatMap(\.files) }
+    }
+}
+
+public enum ManifestError: Error, CustomStringConvertible, Equatable {
+    case invalid(String)
+    public var description: String {
+        switch self { case .invalid(let why): return why }
+    }
+}
+
+private struct Header: Decodable {
+    let format: String
+    let formatVersion: Int
+    let target: String
+}
+
+public enum ManifestReader {
+    public static let format = "edge-package"
+    public static let formatVersion = 1
+
+    /// Decode and check a manifest: the format, its version and the target first (so a
+    /// package of another version or target gets a plain error), then every field.
+    /// The decoder for edge JSON: snake_case keys become the Swift names.
+    public static func jsonDecoder() -> JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.keyDecodingStrategy = .convertFromSnakeCase
+        return decoder
+    }
+
+    public static func decode(_ data: Data) throws -> Manifest {
+        let decoder = jsonDecoder()
+        let header: Header
+        do { header = try decoder.decode(Header.self, from: data) } catch {
+            throw ManifestError.invalid("manifest.json: not an edge manifest (\(error))")
+        }
+        guard header.format == format else {
+            throw ManifestError.invalid("manifest.json: format \(header.format), expected \(format)")
+        }
+        guard header.formatVersion == formatVersion else {
+            throw ManifestError.invalid("manifest.json: unknown format_version \(header.formatVersion); this runtime reads version \(formatVersion)")
+        }
+        guard header.target == "iphone" else {
+            throw ManifestError.invalid("manifest.json: target \(header.target); the Swift runtime runs iphone packages (edge export --target iphone)")
+        }
+        let manifest: Manifest
+        do { manifest = try decoder.decode(Manifest.self, from: data) } catch {
+            throw ManifestError.invalid("manifest.json: \(error)")
+        }
+        for comp in ["text_encoder", "transformer", "vae_decoder"] { _ = try manifest.component(comp) }
+        for file in manifest.allFiles where file.path.hasPrefix("/") || file.path.split(separator: "/").contains("..") {
+            throw ManifestError.invalid("manifest.json: file path \(file.path) escapes the package folder")
+        }
+        return manifest
+    }
+}

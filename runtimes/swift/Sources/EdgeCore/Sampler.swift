@@ -1,0 +1,281 @@
+import Foundation
+
+// A line-by-line mirror of edge/sampler.py (rectified-flow Euler sampler with classifier-free
+// guidance, Linear Proportional Leap, TDTM step switch, step cache). Keep the two in step:
+// the XCTests replay tests/fixtures/sampler/*.json and tests/fixtures/swift/*.json, written
+// by the Python implementation. Arithmetic follows NumPy's dtypes: latents and velocities in
+// float32, cosines and the cache indicator in float64.
+
+public enum SettingsError: Error, CustomStringConvertible {
+    case invalid(String)
+    case unknownKeys([String])
+
+    public var description: String {
+        switch self {
+        case .invalid(let why): return why
+        case .unknownKeys(let keys): return "unknown sampler setting(s): \(keys.joined(separator: ", "))"
+        }
+    }
+}
+
+/// The manifest's `sampler` object (fields of SamplerSettings in edge/sampler.py).
+public struct SamplerSettings: Codable, Equatable {
+    public var steps = 30
+    public var guidance = 5.0
+    public var shift = 3.0
+    public var numTrainTimesteps = 1000
+    public var leap = false
+    public var leapAfter: Int? = nil
+    public var leapMinSteps = 15
+    public var leapPatience = 3
+    public var leapTol = 1e-3
+    public var mergeSteps = 0
+    public var cacheThreshold = 0.0
+
+    public init() {}
+
+    // decoded with .convertFromSnakeCase (ManifestReader.jsonDecoder): num_train_timesteps
+    // arrives as numTrainTimesteps
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case steps, guidance, shift, numTrainTimesteps, leap, leapAfter, leapMinSteps
+        case leapPatience, leapTol, mergeSteps, cacheThreshold
+    }
+
+    private struct AnyKey: CodingKey {
+        var stringValue: String
+        var intValue: Int? { nil }
+        init?(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
+    }
+
+    /// Missing keys take the defaults; an unknown key is refused by name (as from_dict does).
+    public init(from decoder: Decoder) throws {
+        let known = Set(CodingKeys.allCases.map(\.rawValue))
+        let unknown = try decoder.container(keyedBy: AnyKey.self).allKeys.map(\.stringValue)
+            .filter { !known.contains($0) }
+        if !unknown.isEmpty { throw SettingsError.unknownKeys(unknown.sorted()) }
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        steps = try c.decodeIfPresent(Int.self, forKey: .steps) ?? steps
+        guidance = try c.decodeIfPresent(Double.self, forKey: .guidance) ?? guidance
+        shift = try c.decodeIfPresent(Double.self, forKey: .shift) ?? shift
+        numTrainTimesteps = try c.decodeIfPresent(Int.self, forKey: .numTrainTimesteps) ?? numTrainTimesteps
+        leap = try c.decodeIfPresent(Bool.self, forKey: .leap) ?? leap
+        leapAfter = try c.decodeIfPresent(Int.self, forKey: .leapAfter)
+        leapMinSteps = try c.decodeIfPresent(Int.self, forKey: .leapMinSteps) ?? leapMinSteps
+        leapPatience = try c.decodeIfPresent(Int.self, forKey: .leapPatience) ?? leapPatience
+        leapTol = try c.decodeIfPresent(Double.self, forKey: .leapTol) ?? leapTol
+        mergeSteps = try c.decodeIfPresent(Int.self, forKey: .mergeSteps) ?? mergeSteps
+        cacheThreshold = try c.decodeIfPresent(Double.self, forKey: .cacheThreshold) ?? cacheThreshold
+        try validate()
+    }
+
+    public func validate() throws {
+        func bad(_ name: String, _ value: Any, _ why: String) -> SettingsError {
+            .invalid("sampler setting \(name)=\(value): \(why)")
+        }
+        if steps < 1 { throw bad("steps", steps, "must be at least 1") }
+        if let after = leapAfter, !(1 <= after && after < steps) {
+            throw bad("leap_after", after, "must be between 1 and steps - 1 = \(steps - 1)")
+        }
+        if leapMinSteps < 1 { throw bad("leap_min_steps", leapMinSteps, "must be at least 1") }
+        if leapPatience < 1 { throw bad("leap_patience", leapPatience, "must be at least 1") }
+        if leapTol < 0 { throw bad("leap_tol", leapTol, "must not be negative") }
+        if mergeSteps < 0 { throw bad("merge_steps", mergeSteps, "must not be negative") }
+        if cacheThreshold < 0 { throw bad("cache_threshold", cacheThreshold, "must not be negative") }
+    }
+}
+
+/// shift * s / (1 + (shift - 1) * s), in float32 as NumPy computes it on a float32 array.
+func shiftSigma(_ s: Float, _ shift: Double) -> Float {
+    Float(shift) * s / (1 + Float(shift - 1) * s)
+}
+
+/// The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 (float32, steps + 1 values).
+public func timesteps(_ settings: SamplerSettings) -> [Float] {
+    let shift = settings.shift
+    let tiny = 1.0 / Double(settings.numTrainTimesteps)
+    let sigmaMin = shift * tiny / (1 + (shift - 1) * tiny)  // float64, as np.float64 input
+    let n = settings.steps
+    var sigmas = [Float]()
+    for i in 0..<n {  // np.linspace(1.0, sigma_min, n): i * step + start, the last exact
+        let value = n == 1 ? 1.0 : (i == n - 1 ? sigmaMin : Double(i) * ((sigmaMin - 1.0) / Double(n - 1)) + 1.0)
+        sigmas.append(shiftSigma(Float(value), shift))
+    }
+    return sigmas + [0]
+}
+
+public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
+    let g = Float(guidance)
+    return Tensor(shape: cond.shape, data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })
+}
+
+public func eulerStep(_ x: Tensor, _ v: Tensor, _ t: Float, _ tNext: Float) -> Tensor {
+    let dt = tNext - t
+    return Tensor(shape: x.shape, data: zip(x.data, v.data).map { $0 + dt * $1 })
+}
+
+/// Cosine similarity over the whole arrays, in float64.
+public func cosine(_ a: Tensor, _ b: Tensor) -> Double {
+    var dot = 0.0, na = 0.0, nb = 0.0
+    for (p, q) in zip(a.data, b.data) {
+        let x = Double(p), y = Double(q)
+        dot += x * y; na += x * x; nb += y * y
+    }
+    let denom = na.squareRoot() * nb.squareRoot()
+    return denom > 0 ? dot / denom : 1.0
+}
+
+/// Decides, after each velocity prediction, whether to leap to t = 0 now (see LeapRule in
+/// edge/sampler.py).
+public final class LeapRule {
+    let settings: SamplerSettings
+    var previous: Tensor?
+    var best = -Double.infinity
+    var stale = 0
+    public private(set) var cosines: [Double] = []
+
+    public init(_ settings: SamplerSettings) { self.settings = settings }
+
+    public func shouldLeap(_ v: Tensor, stepsDone: Int) -> Bool {
+        let s = settings
+        if let previous {
+            let c = cosine(v, previous)
+            cosines.append(c)
+            if c > best + s.leapTol { best = c; stale = 0 } else { stale += 1 }
+        }
+        previous = v
+        if !s.leap || stepsDone >= s.steps - 1 { return false }
+        if let after = s.leapAfter { return stepsDone >= after }
+        return stepsDone >= s.leapMinSteps && stale >= s.leapPatience
+    }
+}
+
+/// The first block's timestep-modulated input from the prologue's outputs x (B, T, S, D) and
+/// t_mod (B, 6, D): LayerNorm over D (eps 1e-6, no affine) * (1 + t_mod[:, 1]) + t_mod[:, 0],
+/// in float64. Returned flat in x's order.
+public func modulatedInput(_ x: Tensor, _ tMod: Tensor, eps: Double = 1e-6) -> [Double] {
+    let d = x.shape[x.shape.count - 1], perItem = x.count / x.shape[0]
+    var out = [Double](repeating: 0, count: x.count)
+    for start in stride(from: 0, to: x.count, by: d) {
+        let row = x.data[start..<(start + d)].map(Double.init)
+        let mean = row.reduce(0, +) / Double(d)
+        let variance = row.reduce(0) { $0 + ($1 - mean) * ($1 - mean) } / Double(d)
+        let norm = (variance + eps).squareRoot()
+        let b = start / perItem
+        for j in 0..<d {
+            let scale = Double(tMod.data[(b * 6 + 1) * d + j]), shift = Double(tMod.data[b * 6 * d + j])
+            out[start + j] = (row[j] - mean) / norm * (1.0 + scale) + shift
+        }
+    }
+    return out
+}
+
+/// mean |a - b| / mean |b|.
+public func relativeL1(_ a: [Double], _ b: [Double]) -> Double {
+    var diff = 0.0, base = 0.0
+    for (x, y) in zip(a, b) { diff += abs(x - y); base += abs(y) }
+    return base > 0 ? (diff / Double(a.count)) / (base / Double(b.count)) : .infinity
+}
+
+/// TeaCache-style reuse of the transformer pairs' residual across steps (StepCache).
+public final class StepCache {
+    public let threshold: Double
+    var previous: [Double]?
+    var accumulated = 0.0
+    var residual: Tensor?
+    var residualBatch: Int?
+
+    public init(threshold: Double) { self.threshold = threshold }
+
+    /// `batch`: the indicator's leading size (the guidance batch).
+    public func shouldCompute(_ indicator: [Double], batch: Int, force: Bool = false) -> Bool {
+        let change = previous.map { relativeL1(indicator, $0) } ?? .infinity
+        previous = indicator
+        if force || residual == nil || residualBatch != batch {
+            accumulated = 0
+            return true
+        }
+        accumulated += change
+        if accumulated < threshold { return false }
+        accumulated = 0
+        return true
+    }
+
+    public func store(before: Tensor, after: Tensor) {
+        residual = Tensor(shape: after.shape, data: zip(after.data, before.data).map { $0 - $1 })
+        residualBatch = before.shape[0]
+    }
+
+    public func reuse(_ before: Tensor) -> Tensor {
+        Tensor(shape: before.shape, data: zip(before.data, residual!.data).map { $0 + $1 })
+    }
+}
+
+/// What the sampler tells the predictor about one transformer call.
+public final class Step {
+    public let index: Int
+    public let merged: Bool      // run the TDTM variants of the pairs
+    public let cache: StepCache?
+    public let last: Bool
+    public var computed = true   // set by runPairs: false when the cache stood in
+
+    public init(index: Int, merged: Bool, cache: StepCache?, last: Bool) {
+        self.index = index; self.merged = merged; self.cache = cache; self.last = last
+    }
+}
+
+/// Run the transformer pairs on tokens x, or reuse the cached residual.
+public func runPairs(_ step: Step, x: Tensor, tMod: Tensor,
+                     pairs: (Tensor) throws -> Tensor) rethrows -> (Tensor, Bool) {
+    guard let cache = step.cache else { return (try pairs(x), true) }
+    let indicator = modulatedInput(x, tMod)
+    if cache.shouldCompute(indicator, batch: x.shape[0], force: step.index == 0 || step.last) {
+        let out = try pairs(x)
+        cache.store(before: x, after: out)
+        return (out, true)
+    }
+    step.computed = false
+    return (cache.reuse(x), false)
+}
+
+/// What one `sample` call did.
+public struct Trace: Equatable {
+    public var calls = 0
+    public var transformerCalls = 0
+    public var leapAt: Int? = nil
+    public var cosines: [Double] = []
+    public var mergedCalls = 0
+
+    public init() {}
+}
+
+/// predict(latents, t, step) -> (v_cond, v_uncond)
+public typealias Predictor = (Tensor, Float, Step) throws -> (Tensor, Tensor)
+
+/// Integrate from t = 1 (noise) to t = 0; returns the final latents.
+public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
+                   onStep: ((Int, Int) -> Void)? = nil, trace: inout Trace) rethrows -> Tensor {
+    let ts = timesteps(settings)
+    var x = noise
+    let rule = LeapRule(settings)
+    let cache = settings.cacheThreshold > 0 ? StepCache(threshold: settings.cacheThreshold) : nil
+    let lastCall = settings.leap && settings.leapAfter != nil ? settings.leapAfter! : settings.steps - 1
+    for i in 0..<settings.steps {
+        let step = Step(index: i, merged: i < settings.mergeSteps, cache: cache, last: i == lastCall)
+        let (cond, uncond) = try predict(x, ts[i], step)
+        trace.calls += 1
+        trace.transformerCalls += step.computed ? 1 : 0
+        trace.mergedCalls += step.merged ? 1 : 0
+        let v = guidedVelocity(cond, uncond, settings.guidance)
+        if rule.shouldLeap(v, stepsDone: i) {
+            x = eulerStep(x, v, ts[i], ts[ts.count - 1])
+            trace.leapAt = i
+            onStep?(settings.steps, settings.steps)
+            break
+        }
+        x = eulerStep(x, v, ts[i], ts[i + 1])
+        onStep?(i + 1, settings.steps)
+    }
+    trace.cosines = rule.cosines
+    return x
+}

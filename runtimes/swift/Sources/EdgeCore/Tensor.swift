@@ -1,0 +1,69 @@
+import Foundation
+
+/// A dense float32 array in row-major order: what blocks exchange and the sampler steps.
+public struct Tensor: Equatable {
+    public var shape: [Int]
+    public var data: [Float]
+
+    public init(shape: [Int], data: [Float]) {
+        precondition(shape.reduce(1, *) == data.count, "shape \(shape) holds \(shape.reduce(1, *)) values, got \(data.count)")
+        self.shape = shape
+        self.data = data
+    }
+
+    public init(zeros shape: [Int]) {
+        self.init(shape: shape, data: [Float](repeating: 0, count: shape.reduce(1, *)))
+    }
+
+    public var count: Int { data.count }
+
+    /// Sample `i` of the leading (batch) axis.
+    public func item(_ i: Int) -> Tensor {
+        let n = count / shape[0]
+        return Tensor(shape: [1] + shape.dropFirst(), data: Array(data[(i * n)..<((i + 1) * n)]))
+    }
+
+    /// Concatenation along the leading (batch) axis.
+    public static func concat(_ parts: [Tensor]) -> Tensor {
+        let rest = Array(parts[0].shape.dropFirst())
+        precondition(parts.allSatisfy { Array($0.shape.dropFirst()) == rest }, "concat: shapes differ")
+        return Tensor(shape: [parts.reduce(0) { $0 + $1.shape[0] }] + rest,
+                      data: parts.flatMap { $0.data })
+    }
+
+    public func reshaped(_ shape: [Int]) -> Tensor { Tensor(shape: shape, data: data) }
+}
+
+/// Seeded standard-normal noise. The Swift runtime does not reproduce NumPy's PCG64
+/// generator, so a seed gives another video here than in the Python runtime; the sampler
+/// fixtures pass the noise in, so the sampler itself is compared exactly.
+public struct NormalNoise {
+    private var state: UInt64
+
+    public init(seed: UInt64) { state = seed }
+
+    private mutating func next() -> UInt64 {  // SplitMix64
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    private mutating func uniform() -> Double {  // in (0, 1]
+        Double((next() >> 11) + 1) / Double(UInt64(1) << 53)
+    }
+
+    /// Box-Muller: `count` standard normal values.
+    public mutating func sample(_ shape: [Int]) -> Tensor {
+        let count = shape.reduce(1, *)
+        var out = [Float]()
+        out.reserveCapacity(count + 1)
+        while out.count < count {
+            let r = (-2 * log(uniform())).squareRoot(), a = 2 * Double.pi * uniform()
+            out.append(Float(r * cos(a)))
+            out.append(Float(r * sin(a)))
+        }
+        return Tensor(shape: shape, data: Array(out.prefix(count)))
+    }
+}

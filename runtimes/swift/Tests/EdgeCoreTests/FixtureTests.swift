@@ -1,0 +1,174 @@
+import Foundation
+import XCTest
+@testable import EdgeCore
+
+/// The JSON fixtures the Python side writes (tests/sampler_fixtures.py,
+/// tests/swift_fixtures.py), read from the repository this package sits in.
+enum Fixtures {
+    // runtimes/swift/Tests/EdgeCoreTests/FixtureTests.swift -> the repository root
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().appendingPathComponent("tests/fixtures")
+
+    static func url(_ path: String) -> URL { root.appendingPathComponent(path) }
+
+    static func json(_ path: String) throws -> Any {
+        try JSONSerialization.jsonObject(with: Data(contentsOf: url(path)))
+    }
+
+    static func object(_ path: String) throws -> [String: Any] {
+        try XCTUnwrap(json(path) as? [String: Any])
+    }
+
+    static func settings(_ value: Any) throws -> SamplerSettings {
+        let data = try JSONSerialization.data(withJSONObject: value)
+        return try ManifestReader.jsonDecoder().decode(SamplerSettings.self, from: data)
+    }
+}
+
+/// Nested JSON arrays of numbers -> flat values and shape.
+func flatten(_ value: Any) -> (shape: [Int], values: [Double]) {
+    if let list = value as? [Any] {
+        let parts = list.map(flatten)
+        return ([list.count] + (parts.first?.shape ?? []), parts.flatMap(\.values))
+    }
+    return ([], [(value as? NSNumber)?.doubleValue ?? .nan])
+}
+
+func tensor(_ value: Any) -> Tensor {
+    let (shape, values) = flatten(value)
+    return Tensor(shape: shape, data: values.map { Float($0) })
+}
+
+func assertClose(_ got: [Double], _ want: [Double], _ tolerance: Double, _ what: String,
+                 file: StaticString = #filePath, line: UInt = #line) {
+    XCTAssertEqual(got.count, want.count, what, file: file, line: line)
+    for (i, (g, w)) in zip(got, want).enumerated() where abs(g - w) > tolerance * max(1, abs(w)) {
+        XCTFail("\(what)[\(i)]: \(g) vs \(w)", file: file, line: line)
+        return
+    }
+}
+
+final class SamplerFixtureTests: XCTestCase {
+    func testLeapFixtures() throws {
+        for name in ["leap_straight_dynamic", "leap_curved_dynamic", "leap_fixed", "leap_off"] {
+            let f = try Fixtures.object("sampler/\(name).json")
+            let settings = try Fixtures.settings(f["settings"]!)
+            let velocities = (f["velocities"] as! [Any]).map(tensor)
+            let noise = tensor(f["noise"]!)
+            var trace = Trace()
+            let x = sample(predict: { _, _, step in (velocities[step.index].reshaped([1] + velocities[step.index].shape), velocities[step.index].reshaped([1] + velocities[step.index].shape)) },
+                           noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
+            let expected = f["expected"] as! [String: Any]
+            XCTAssertEqual(trace.calls, expected["calls"] as? Int, name)
+            XCTAssertEqual(trace.leapAt, expected["leap_at"] as? Int, name)
+            assertClose(trace.cosines, flatten(expected["cosines"]!).values, 1e-12, "\(name) cosines")
+            assertClose(x.data.map(Double.init), flatten(expected["latent"]!).values, 1e-6, "\(name) latent")
+        }
+    }
+
+    func testStepCacheFixture() throws {
+        let f = try Fixtures.object("sampler/cache.json")
+        let indicators = (f["indicators"] as! [Any]).map { flatten($0).values }
+        let cache = StepCache(threshold: f["threshold"] as! Double)
+        var computed: [Bool] = []
+        for (i, indicator) in indicators.enumerated() {
+            let batch = indicator.count  // the Python replay's indicators are 1-D
+            let compute = cache.shouldCompute(indicator, batch: batch, force: i == 0 || i == indicators.count - 1)
+            if compute {
+                cache.store(before: Tensor(zeros: [batch]), after: Tensor(shape: [batch], data: [Float](repeating: 1, count: batch)))
+            }
+            computed.append(compute)
+        }
+        XCTAssertEqual(computed, (f["expected"] as! [String: Any])["computed"] as? [Bool])
+    }
+
+    func testTimesteps() throws {
+        for case let c as [String: Any] in try Fixtures.json("swift/timesteps.json") as! [Any] {
+            let got = timesteps(try Fixtures.settings(c["settings"]!)).map(Double.init)
+            assertClose(got, flatten(c["timesteps"]!).values, 0, "timesteps")
+        }
+    }
+
+    func testGuidedMergeRuns() throws {
+        for case let run as [String: Any] in try Fixtures.json("swift/guided_merge.json") as! [Any] {
+            let settings = try Fixtures.settings(run["settings"]!)
+            let cond = (run["cond"] as! [Any]).map(tensor), uncond = (run["uncond"] as! [Any]).map(tensor)
+            let noise = tensor(run["noise"]!)
+            var calls: [[String: Any]] = []
+            var trace = Trace()
+            let x = sample(predict: { _, t, step in
+                calls.append(["index": step.index, "t": Double(t), "merged": step.merged, "last": step.last])
+                return (cond[step.index].reshaped([1] + cond[step.index].shape),
+                        uncond[step.index].reshaped([1] + uncond[step.index].shape))
+            }, noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
+            let expected = run["expected"] as! [String: Any]
+            let want = expected["calls"] as! [[String: Any]]
+            XCTAssertEqual(calls.count, want.count)
+            for (g, w) in zip(calls, want) {
+                XCTAssertEqual(g["index"] as? Int, w["index"] as? Int)
+                XCTAssertEqual(g["merged"] as? Bool, w["merged"] as? Bool)
+                XCTAssertEqual(g["last"] as? Bool, w["last"] as? Bool)
+                XCTAssertEqual(g["t"] as! Double, w["t"] as! Double, accuracy: 0)
+            }
+            let wantTrace = expected["trace"] as! [String: Any]
+            XCTAssertEqual(trace.calls, wantTrace["calls"] as? Int)
+            XCTAssertEqual(trace.mergedCalls, wantTrace["merged_calls"] as? Int)
+            XCTAssertEqual(trace.leapAt, wantTrace["leap_at"] as? Int)
+            assertClose(x.data.map(Double.init), flatten(expected["latent"]!).values, 1e-6, "latent")
+        }
+    }
+
+    func testModulatedInput() throws {
+        let f = try Fixtures.object("swift/modulated_input.json")
+        let got = modulatedInput(tensor(f["x"]!), tensor(f["t_mod"]!))
+        assertClose(got, flatten(f["expected"]!).values, 1e-12, "modulated input")
+    }
+}
+
+final class TokenizerFixtureTests: XCTestCase {
+    func testMatchesPythonTokenizer() throws {
+        let f = try Fixtures.object("swift/tokens.json")
+        let tok = try WordPieceTokenizer(contentsOf: Fixtures.url("swift/tokenizer.json"),
+                                         maxTokens: f["max_tokens"] as! Int)
+        let prompts = f["prompts"] as! [String]
+        let ids = f["input_ids"] as! [[Int]], masks = f["attention_mask"] as! [[Int]]
+        for (i, prompt) in prompts.enumerated() {
+            let (gotIds, gotMask) = tok.encode(prompt)
+            XCTAssertEqual(gotIds.map(Int.init), ids[i], prompt)
+            XCTAssertEqual(gotMask.map(Int.init), masks[i], prompt)
+        }
+    }
+}
+
+final class ManifestFixtureTests: XCTestCase {
+    func testDecodesAnIphoneManifest() throws {
+        let m = try ManifestReader.decode(Data(contentsOf: Fixtures.url("swift/manifest_iphone.json")))
+        XCTAssertEqual(m.target, "iphone")
+        XCTAssertEqual(m.coreml.computeUnits, "cpuAndNeuralEngine")
+        XCTAssertEqual(m.tokenizer.maxTokens, 16)
+        XCTAssertEqual(m.latentShape.count, 4)
+        let transformer = try m.component("transformer")
+        XCTAssertEqual(transformer.blocks.first?.name, "prologue")
+        XCTAssertEqual(transformer.blocks.last?.name, "epilogue")
+        let pairs = transformer.blocks.filter { $0.name.hasPrefix("pair_") }
+        XCTAssertFalse(pairs.isEmpty)
+        XCTAssertTrue(pairs.allSatisfy { $0.variants?["tdtm"] != nil })
+        XCTAssertEqual(try m.component("text_encoder").blocks[0].inputs.map(\.dtype), ["int32", "int32"])
+        XCTAssertEqual(m.sampler.steps, 30)
+        XCTAssertTrue(m.allFiles.allSatisfy { !$0.sha256.isEmpty && $0.bytes > 0 })
+    }
+
+    func testRefusesAnUnknownVersion() throws {
+        let data = try Data(contentsOf: Fixtures.url("swift/manifest_bad_version.json"))
+        XCTAssertThrowsError(try ManifestReader.decode(data)) { error in
+            XCTAssertTrue("\(error)".contains("unknown format_version 2"), "\(error)")
+        }
+    }
+
+    func testRefusesUnknownSamplerSettings() {
+        XCTAssertThrowsError(try Fixtures.settings(["steps": 4, "warp": true])) { error in
+            XCTAssertTrue("\(error)".contains("warp"), "\(error)")
+        }
+    }
+}
