@@ -130,6 +130,15 @@ def generate(
         _print_run_figures(pipe.last_run)
 
 
+def _check_destination(dest: Path, force: bool) -> None:
+    from edge.package import PackageWriteError, check_replaceable
+
+    try:
+        check_replaceable(dest, force)
+    except PackageWriteError as err:
+        _fail(str(err))
+
+
 def _load_runtime(package: Path, memory_budget: str | None):
     from edge.package import PackageError
     from runtimes.python import BudgetError, Pipeline
@@ -241,12 +250,18 @@ def export(
     quantize: Annotated[str | None, typer.Option(
         help="iphone: weight compression fp16, 8 (int8 linear), 6 or 4 (palettized) "
         "[default: fp16].")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace a package already at the destination.")] = False,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
+    model_name = model.resolve().name if model else "tiny-sora"
+    suffix = f"-q{quantize}" if target == "iphone" and quantize not in (None, "fp16") else ""
+    dest = output or Path("dist") / f"{model_name}-{target}{suffix}"
     if target == "web":  # WebGPU kernels by TVM + launch plans; the package is a static site
         from exporters.web_cli import export_web_command
 
-        export_web_command(model, output)
+        _check_destination(dest, force)
+        export_web_command(model, dest)
         return
     if target in PLANNED_TARGETS:
         _fail(f"--target {target} ({PLANNED_TARGETS[target]}) is not built yet; "
@@ -261,10 +276,12 @@ def export(
         _fail(str(err))
     if quantize is not None and target != "iphone":
         _fail(f"--quantize applies to --target iphone, not {target}")
+    if not dry_run:  # before any work: replacing a package must be asked for
+        _check_destination(dest, force)
     if target == "iphone" and not dry_run:
         from exporters.coreml_cli import export_iphone
 
-        export_iphone(model, output, quantize or "fp16")
+        export_iphone(model, dest, quantize or "fp16")
         return
     pipe = _load_pipeline(model)
     from edge.blocks import cut_pipeline
@@ -293,10 +310,9 @@ def export(
         return
     from tqdm import tqdm
 
+    from edge.package import PackageWriteError
     from exporters.onnx import ExportValidationError, end_to_end_check, export_onnx
 
-    model_name = model.resolve().name if model else "tiny-sora"
-    dest = output or Path("dist") / f"{model_name}-{target}"
     total = sum(len(b) for b in components.values())
     started = time.perf_counter()
     try:
@@ -307,6 +323,8 @@ def export(
                                    plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
     except ExportValidationError as err:
         _fail(f"validation failed, nothing written to {dest}: {err}")
+    except PackageWriteError as err:  # full disk, unwritable destination
+        _fail(str(err))
     worst = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
                 for c in manifest["components"] for b in c["blocks"])
     typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "

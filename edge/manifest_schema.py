@@ -219,6 +219,13 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
         raise PackageError(f"{where}: a block must have at least one output")
     if "weight_bytes" in block:
         _count(block, "weight_bytes", where)
+    listed = {f["path"] for f in block["files"]}
+    variants = require(block, "variants", dict, where) if "variants" in block else {}
+    for variant, record in variants.items():
+        at = f"{where} variant {variant}"
+        vgraph = require(record, "graph", str, at)
+        if vgraph not in listed:  # so it is verified like every other file of the block
+            raise PackageError(f"{at}: graph {vgraph!r} is not one of the block's files")
 
 
 def _check_sampler(sampler: dict) -> None:

@@ -8,7 +8,16 @@ import math
 from dataclasses import fields, replace
 from typing import Any
 
-from edge.sampler import SamplerSettings
+import numpy as np
+
+from edge.sampler import SamplerSettings, timesteps
+
+# Far above what any sampler uses; a schedule is `steps` long, so this bounds what a bad value
+# (a damaged manifest, a typo) costs before anything runs.
+MAX_STEPS = 10_000
+MAX_TRAIN_TIMESTEPS = 1_000_000
+# far above any useful guidance scale (models use 1 to 10); huge ones overflow into NaN
+MAX_GUIDANCE = 1e4
 
 
 def check_prompts(prompts: Any) -> list[str]:
@@ -69,6 +78,19 @@ def check_settings(settings: SamplerSettings) -> SamplerSettings:
         _check_value(f.name, getattr(settings, f.name), f.default)
     if settings.shift <= 0:
         raise ValueError(f"sampler setting shift={settings.shift!r}: must be positive")
+    for name, most in (("steps", MAX_STEPS), ("num_train_timesteps", MAX_TRAIN_TIMESTEPS)):
+        if getattr(settings, name) > most:
+            raise ValueError(f"sampler setting {name}={getattr(settings, name)}: more than "
+                             f"{most}")
+    if abs(settings.guidance) > MAX_GUIDANCE:
+        raise ValueError(f"sampler setting guidance={settings.guidance!r}: larger than "
+                         f"{MAX_GUIDANCE:g} in size (far above any useful scale)")
+    with np.errstate(all="ignore"):
+        schedule = timesteps(settings)
+    if not (np.isfinite(schedule).all() and (np.diff(schedule) < 0).all()):
+        raise ValueError(f"sampler settings shift={settings.shift!r}, num_train_timesteps="
+                         f"{settings.num_train_timesteps}: no usable noise schedule (its "
+                         "levels must fall from 1 to 0, finite and distinct)")
     merge = getattr(settings, "merge_steps", 0)
     if merge > settings.steps:
         raise ValueError(f"sampler setting merge_steps={merge}: more than steps="

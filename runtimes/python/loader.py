@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.package import FileIdentity, check_unchanged
+
 PAGE = 4096
 
 
@@ -40,6 +42,7 @@ class BlockWeights:
     path: Path
     nbytes: int               # file size (page-padded)
     tensors: tuple[dict, ...]  # {"name", "dtype", "shape", "offset", "bytes"}
+    identity: FileIdentity | None = None  # the file as verified; a read of another is refused
 
 
 @dataclass
@@ -259,8 +262,10 @@ class BufferPool:
             self._cv.notify_all()
 
 
-def read_file(path: Path, nbytes: int, cold: bool, into: mmap.mmap | None = None) -> memoryview:
-    """One block file into aligned memory (`into`, else a fresh buffer), in one large read."""
+def read_file(path: Path, nbytes: int, cold: bool, into: mmap.mmap | None = None,
+              identity: FileIdentity | None = None) -> memoryview:
+    """One block file into aligned memory (`into`, else a fresh buffer), in one large read;
+    refused (PackageError) if the file is no longer the one verified (`identity`)."""
     buf = memoryview(into if into is not None else _aligned_buffer(nbytes))
     flags = os.O_RDONLY
     direct = cold and hasattr(os, "O_DIRECT")
@@ -278,6 +283,7 @@ def read_file(path: Path, nbytes: int, cold: bool, into: mmap.mmap | None = None
             done += n
         if cold and not direct and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        check_unchanged(path, os.fstat(fd), identity)  # after the read: covers it too
     finally:
         os.close(fd)
     return buf
@@ -336,7 +342,8 @@ class BlockLoader:
         buffer = self.buffers.acquire(spec.nbytes)
         try:
             started = time.perf_counter()
-            view = read_file(spec.path, spec.nbytes, self.cold_reads, into=buffer)
+            view = read_file(spec.path, spec.nbytes, self.cold_reads, into=buffer,
+                             identity=spec.identity)
             self.stats.read_s += time.perf_counter() - started
             flat, weights = _views(view, spec)
             view.release()

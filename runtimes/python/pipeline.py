@@ -20,10 +20,11 @@ import numpy as np
 import onnxruntime as ort
 
 from edge.manifest_schema import MANIFEST, check_chain
-from edge.options import check_prompts, check_seeds, with_overrides
+from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
 from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
 from edge.tokenizer import load_tokenizer, tokenize
+from runtimes.python.graph_check import check_block_graph, check_runtime_feeds
 from runtimes.python.loader import BlockLoader, BlockWeights, parse_size
 
 
@@ -85,9 +86,23 @@ def check_runnable(manifest: dict) -> None:
         raise PackageError(f"{MANIFEST}: the Python runtime needs 'latent_shape' and "
                            "'conditioning.null_caption'")
     try:
-        SamplerSettings.from_dict(manifest["sampler"])
+        check_settings(SamplerSettings.from_dict(manifest["sampler"]))
     except (TypeError, ValueError) as err:
         raise PackageError(f"{MANIFEST} sampler: {err}") from None
+
+
+def _session(root: Path, graph: str, options: ort.SessionOptions, where: str,
+             block: dict) -> ort.InferenceSession:
+    """A session of a verified graph file, refused unless it is a graph whose inputs and
+    outputs are what the manifest declares for the block."""
+    path = resolve_inside(root, graph, where)
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own exception types, e.g. InvalidProtobuf
+        raise PackageError(f"{path}: not a graph onnxruntime can load ({where}): "
+                           f"{str(err)[:200]}") from None
+    check_block_graph(f"{MANIFEST} {where}", block, session)
+    return session
 
 
 def _one_at_a_time(method: Callable) -> Callable:
@@ -108,10 +123,17 @@ class Pipeline:
         self.root, self.manifest, self.loader, self.components = root, manifest, loader, components
         self.sampler = SamplerSettings.from_dict(manifest["sampler"])
         tok = manifest["tokenizer"]
-        self.tokenizer = load_tokenizer(resolve_inside(root, tok["files"][0]["path"],
-                                                       "tokenizer"), tok["max_tokens"])
-        null = manifest["conditioning"]["null_caption"]["path"]
-        self.null_caption = np.load(resolve_inside(root, null, "conditioning.null_caption"))
+        tok_path = resolve_inside(root, tok["files"][0]["path"], "tokenizer")
+        try:
+            self.tokenizer = load_tokenizer(tok_path, tok["max_tokens"])
+        except Exception as err:  # the tokenizers library raises its own exception types
+            raise PackageError(f"{tok_path}: not a tokenizer ({str(err)[:200]})") from None
+        null = resolve_inside(root, manifest["conditioning"]["null_caption"]["path"],
+                              "conditioning.null_caption")
+        try:
+            self.null_caption = np.load(null, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:
+            raise PackageError(f"{null}: not a NumPy array file ({err})") from None
         self.latent_shape = tuple(manifest["latent_shape"])
         self.last_run: dict = {}
         self._compute_s = 0.0
@@ -139,21 +161,20 @@ class Pipeline:
             c = Component(comp["name"], comp["blocks"])
             for block, key in zip(c.blocks, c.keys(), strict=True):
                 where = f"block {key}"
-                c.sessions[key] = ort.InferenceSession(
-                    str(resolve_inside(root, block["graph"], where)), options,
-                    providers=["CPUExecutionProvider"])
+                c.sessions[key] = _session(root, block["graph"], options, where, block)
                 for variant, record in block.get("variants", {}).items():
-                    c.variants[key, variant] = ort.InferenceSession(
-                        str(resolve_inside(root, record["graph"], f"{where} variant {variant}")),
-                        options, providers=["CPUExecutionProvider"])
+                    c.variants[key, variant] = _session(
+                        root, record["graph"], options, f"{where} variant {variant}", block)
                 wpath = resolve_inside(root, block["weights"]["path"], where)
                 weights[key] = BlockWeights(key, wpath, wpath.stat().st_size,
-                                            tuple(block["weights"]["tensors"]))
+                                            tuple(block["weights"]["tensors"]),
+                                            identity=identities.get(wpath))
             components[c.name] = c
         loader = BlockLoader(weights, parse_size(memory_budget),
                              every_step=tuple(components["transformer"].keys()),
                              prefetch=prefetch, cold_reads=cold_reads, pin=pin)
         pipe = cls(root, manifest, loader, components)
+        check_runtime_feeds(manifest, pipe.null_caption)
         # graphs, tokenizer and null caption were read after verification: still the same?
         for path, identity in identities.items():
             check_unchanged(path, os.stat(path), identity)
@@ -243,6 +264,10 @@ class Pipeline:
         finally:
             if runs is not None:
                 runs.close()
+        if not np.isfinite(latents).all():  # never hand back a silently broken video
+            raise FloatingPointError(
+                f"the denoised latents hold NaN or infinity (package {self.root}, sampler "
+                f"settings {settings}); the package's blocks or these settings are broken")
         t2 = time.perf_counter()
         figures["wall_s"]["transformer"] = t2 - t1
 

@@ -1,0 +1,124 @@
+"""Agreement between a package's manifest and the graphs it ships, checked when sessions are
+created and before any block runs.
+
+The manifest's structure is checked alone (edge/manifest_schema.py) and its files by size and
+sha256 (edge/package.py); neither proves that the signatures it declares are the graphs'. A
+manifest whose tensor table, inputs or outputs disagree with its graphs (a faulty exporter,
+or a manifest edited and re-stamped) would otherwise fail inside onnxruntime in the middle of
+a generation. Here each block's declared weights and activations are compared with its
+graph's inputs and outputs, each block's inputs with what feeds them (the runtime's own feeds
+or an earlier block's declared outputs), and the refusal names the block and the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from edge.manifest_schema import MANIFEST, PackageError
+
+# NumPy dtype names of the manifest -> onnxruntime's type strings
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)",
+             "int64": "tensor(int64)", "int32": "tensor(int32)", "int8": "tensor(int8)",
+             "uint8": "tensor(uint8)", "bool": "tensor(bool)"}
+BATCH = "batch"
+
+
+def _dims_agree(declared: list, actual: Iterable[Any]) -> bool:
+    """A declared shape ("batch" or sizes) agrees with a graph's (sizes, or names/None for
+    dynamic axes): same rank, equal wherever both are sizes, "batch" only where the graph's
+    axis is dynamic."""
+    actual = list(actual)
+    if len(declared) != len(actual):
+        return False
+    for d, a in zip(declared, actual, strict=True):
+        fixed = isinstance(a, int)
+        if d == BATCH and fixed:
+            return False
+        if d != BATCH and fixed and d != a:
+            return False
+    return True
+
+
+def _check_args(where: str, what: str, declared: Mapping[str, tuple[str, list]],
+                graph_args: Mapping[str, Any]) -> None:
+    for name, (dtype, shape) in declared.items():
+        arg = graph_args.get(name)
+        if arg is None:
+            raise PackageError(f"{where}: {what} {name!r} is not in the block's graph")
+        if ORT_TYPES.get(dtype) != arg.type:
+            raise PackageError(f"{where}: {what} {name!r} is {dtype} in {MANIFEST} but "
+                               f"{arg.type} in the graph")
+        if not _dims_agree(shape, arg.shape):
+            raise PackageError(f"{where}: {what} {name!r} has shape {shape} in {MANIFEST} but "
+                               f"{arg.shape} in the graph")
+
+
+def check_block_graph(where: str, block: dict, session: Any) -> None:
+    """The block's weights and inputs are exactly its graph's inputs, and its outputs are
+    among the graph's outputs (named `out:<name>`), with the declared dtypes and shapes."""
+    tensors = {t["name"]: (t["dtype"], t["shape"]) for t in block["weights"]["tensors"]}
+    inputs = {s["name"]: (s["dtype"], s["shape"]) for s in block["inputs"]}
+    clash = sorted(set(tensors) & set(inputs))
+    if clash:
+        raise PackageError(f"{where}: {clash[0]!r} is both a weight and an activation input")
+    graph_inputs = {a.name: a for a in session.get_inputs()}
+    unfed = sorted(set(graph_inputs) - set(tensors) - set(inputs))
+    if unfed:
+        raise PackageError(f"{where}: the graph needs input {unfed[0]!r}, which {MANIFEST} "
+                           "lists neither as a weight nor as an input")
+    _check_args(where, "weight", tensors, graph_inputs)
+    _check_args(where, "input", inputs, graph_inputs)
+    outputs = {f"out:{s['name']}": (s["dtype"], s["shape"]) for s in block["outputs"]}
+    _check_args(where, "output", outputs, {a.name: a for a in session.get_outputs()})
+
+
+def check_feeds(component: str, blocks: list[dict], given: Mapping[str, tuple[str, list]]
+                ) -> None:
+    """Each block input agrees with what feeds it: `given` (the runtime's inputs of the
+    component, "batch" for the batch axis) or the latest earlier block's declared output."""
+    available = dict(given)
+    for block in blocks:
+        where = f"{MANIFEST} block {component}/{block['name']}"
+        for s in block["inputs"]:
+            source = available.get(s["name"])
+            if source is None:
+                continue  # a gap; check_chain refuses it by name
+            dtype, shape = source
+            if dtype != s["dtype"] or list(shape) != list(s["shape"]):
+                raise PackageError(f"{where}: input {s['name']!r} is declared {s['dtype']} "
+                                   f"{s['shape']}, but what feeds it is {dtype} {list(shape)}")
+        available |= {s["name"]: (s["dtype"], s["shape"]) for s in block["outputs"]}
+
+
+def check_runtime_feeds(manifest: dict, null_caption: Any) -> None:
+    """The Python runtime's feeds (token ids of `max_tokens`, latents of `latent_shape`, the
+    null caption) agree with what the blocks declare, and the text encoder's output with the
+    caption the transformer takes."""
+    tokens = manifest["tokenizer"]["max_tokens"]
+    c, _, h, w = manifest["latent_shape"]
+    if str(null_caption.dtype) != "float32" or null_caption.ndim != 2:
+        raise PackageError(f"{MANIFEST} conditioning.null_caption: must be a float32 matrix "
+                           f"(tokens x width), is {null_caption.dtype} {null_caption.shape}")
+    caption = [BATCH, *null_caption.shape]
+    given = {
+        "text_encoder": {"input_ids": ("int64", [BATCH, tokens]),
+                         "attention_mask": ("int64", [BATCH, tokens])},
+        "transformer": {"latent": ("float32", [BATCH, *manifest["latent_shape"]]),
+                        "t": ("float32", [BATCH]), "caption": ("float32", caption),
+                        "caption_mask": ("int64", [BATCH, tokens])},
+        "vae_decoder": {"z": ("float32", [BATCH, c, h, w])},
+    }
+    made = {}
+    for comp in manifest["components"]:
+        if comp["name"] in given:
+            check_feeds(comp["name"], comp["blocks"], given[comp["name"]])
+        made[comp["name"]] = {s["name"]: (s["dtype"], list(s["shape"]))
+                              for b in comp["blocks"] for s in b["outputs"]}
+    takes = {"text_encoder": ("hidden", ("float32", caption)),
+             "transformer": ("velocity", ("float32", [BATCH, *manifest["latent_shape"]]))}
+    for comp, (name, want) in takes.items():
+        got = made.get(comp, {}).get(name)
+        if got is not None and got != want:
+            raise PackageError(f"{MANIFEST} component {comp}: output {name!r} is declared "
+                               f"{got[0]} {got[1]}, the runtime needs {want[0]} {want[1]}")
