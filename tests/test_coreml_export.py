@@ -47,6 +47,14 @@ def pair_block(pipeline):
     return cut_for_device(pipeline)["transformer"][1]
 
 
+@pytest.fixture(scope="module")
+def pair_fp16(pair_block, tmp_path_factory):
+    """The pair block as an fp16 program, the baseline of the quantized ones."""
+    path = tmp_path_factory.mktemp("pair") / "fp16.mlpackage"
+    convert_module(pair_block.module, pair_block, "fp16").save(str(path))
+    return path
+
+
 def test_package_is_valid_and_complete(coreml_package, pipeline):
     root, manifest = coreml_package
     assert read_package(root) == json.loads((root / "manifest.json").read_text())
@@ -162,14 +170,12 @@ def test_failed_validation_writes_nothing(tmp_path, pipeline, coreml_package):
 
 
 @pytest.mark.parametrize("quantize,levels", [("8", 256), ("4", 16)])
-def test_quantized_weights_read_back(tmp_path, pair_block, quantize, levels):
+def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, levels):
     """The compressed weights, read back out of the saved program, are what the setting
     promises (at most 2^bits values per tensor or per output channel), smaller on disk, and
     the block computes close to fp32 with them."""
-    paths = {}
-    for setting in ("fp16", quantize):
-        paths[setting] = tmp_path / f"{setting}.mlpackage"
-        convert_module(pair_block.module, pair_block, setting).save(str(paths[setting]))
+    paths = {"fp16": pair_fp16, quantize: tmp_path / f"{quantize}.mlpackage"}
+    convert_module(pair_block.module, pair_block, quantize).save(str(paths[quantize]))
     params = pair_block.parameters()
     stored, how = read_parameters(paths[quantize], params)
     assert how["folded"] == [] and set(stored) == set(params)
@@ -245,3 +251,13 @@ def test_swift_fixtures_are_current(coreml_package):
     bad = json.loads((swift_fixtures.FIXTURES / "manifest_bad_version.json").read_text())
     with pytest.raises(PackageError, match="unknown format_version 2"):
         check_manifest(bad)
+
+
+def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
+    from exporters.coreml_cli import summary
+
+    root, manifest = coreml_package
+    text = summary(manifest, root, 12.0)
+    assert "17 blocks (+4 TDTM variants)" in text
+    assert f"end to end PSNR {manifest['validation']['psnr_db']} dB" in text
+    assert "2.0x smaller" in text and "needs macOS" in text
