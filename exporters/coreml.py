@@ -11,8 +11,9 @@ output channel) quantization; "6" and "4" are k-means palettization with a per-t
 table (the granularity iOS 17 runs). The same `OptimizationConfig` is applied to every
 block's program before it is saved: both compressions work tensor by tensor, so compressing
 block by block stores exactly the tables and scales that compressing the whole model before
-cutting it would, and no block is left uncompressed. Tensors under `WEIGHT_THRESHOLD`
-elements (norms, biases) stay fp16, coremltools' default.
+cutting it would, and no block is left uncompressed (tested: a pair's base and TDTM
+programs, two graphs over the same tensors, store byte-identical compressed weights).
+Tensors under `WEIGHT_THRESHOLD` elements (norms, biases) stay fp16, coremltools' default.
 
 CoreML cannot predict on Linux, so validation here is (1) structural: the saved programs'
 inputs, outputs, shapes and dtypes match the manifest and chain block to block; and (2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -169,6 +170,9 @@ def test_failed_validation_writes_nothing(tmp_path, pipeline, coreml_package):
     assert not (tmp_path / "other").exists()
 
 
+BIN = "Data/com.apple.CoreML/weights/weight.bin"
+
+
 @pytest.mark.parametrize("quantize,levels", [("8", 256), ("4", 16)])
 def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, levels):
     """The compressed weights, read back out of the saved program, are what the setting
@@ -191,7 +195,7 @@ def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, 
         assert relative < (0.01 if quantize == "8" else 0.2), (name, relative)
 
     def weight_bin(p):
-        return (p / "Data/com.apple.CoreML/weights/weight.bin").stat().st_size
+        return (p / BIN).stat().st_size
 
     assert weight_bin(paths[quantize]) < (0.6 if quantize == "8" else 0.35) * weight_bin(
         paths["fp16"])
@@ -199,6 +203,15 @@ def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, 
     got = block_numerics(paths[quantize], pair_block.module, pair_block, reference)
     fp16 = block_numerics(paths["fp16"], pair_block.module, pair_block, reference)
     assert fp16["max_abs_error"] < got["max_abs_error"] < 0.25 * got["reference_max_abs"]
+    if quantize == "4":
+        # compression works tensor by tensor: another program over the same tensors (the
+        # TDTM variant) stores the very same bytes, so compressing each block's program
+        # equals compressing the whole model before cutting it
+        variant = replace(pair_block, module=pair_block.variants["tdtm"])
+        convert_module(variant.module, variant, "4").save(str(tmp_path / "tdtm.mlpackage"))
+        assert weight_bin(tmp_path / "tdtm.mlpackage") == weight_bin(paths["4"])
+        assert ((tmp_path / "tdtm.mlpackage" / BIN).read_bytes()
+                == (paths["4"] / BIN).read_bytes())
     with torch.no_grad():
         assert torch.equal(pair_block.run(*pair_block.example)[0], reference[0])  # untouched
 
