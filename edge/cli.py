@@ -278,10 +278,14 @@ def export(
         _fail(f"--quantize applies to --target iphone, not {target}")
     if not dry_run:  # before any work: replacing a package must be asked for
         _check_destination(dest, force)
-    if target == "iphone" and not dry_run:
+    if target == "iphone":
+        from exporters.coreml_cli import dry_run as plan_iphone
         from exporters.coreml_cli import export_iphone
 
-        export_iphone(model, dest, quantize or "fp16")
+        if dry_run:
+            plan_iphone(model, quantize or "fp16")
+        else:
+            export_iphone(model, dest, quantize or "fp16")
         return
     pipe = _load_pipeline(model)
     from edge.blocks import cut_pipeline

@@ -38,6 +38,48 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
             "(CoreML cannot predict on Linux).")
 
 
+BITS = {"fp16": 16, "8": 8, "6": 6, "4": 4}
+
+
+def estimated_bytes(block, quantize: str) -> int:
+    """Stored weight bytes of a block at a setting, before exporting: tensors of at least
+    WEIGHT_THRESHOLD elements at the setting's bits (lookup tables and scales left out), the
+    rest fp16."""
+    from exporters.coreml import WEIGHT_THRESHOLD
+
+    bits = sum(p.numel() * (BITS[quantize] if p.numel() >= WEIGHT_THRESHOLD else 16)
+               for p in block.parameters().values())
+    return bits // 8
+
+
+def dry_run(model: Path | None, quantize: str) -> None:
+    """The device cut: blocks, their static input shapes, fp32 bytes and an estimate of the
+    stored bytes at `quantize`; writes nothing."""
+    from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
+    from exporters.coreml import cut_for_device
+
+    _check(quantize)
+    components = cut_for_device(TinySora.load(model or DEFAULT_WEIGHTS))
+    typer.echo(f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs")
+    total = estimate = 0
+    for blocks in components.values():
+        for block in blocks:
+            est = estimated_bytes(block, quantize)
+            total, estimate = total + block.weight_bytes(), estimate + est
+            shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(block.inputs,
+                                                                   block.example, strict=True))
+            extra = f" (+{', '.join(block.variants)} variant)" if block.variants else ""
+            typer.echo(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}{est / 1e6:>10.2f}  "
+                       f"{shapes}{extra}")
+    typer.echo(f"total {total / 1e6:.1f} MB fp32, about {estimate / 1e6:.1f} MB at {quantize} "
+               f"(estimate; TDTM variants add a copy of their pair's weights). {MACOS_ONLY_NOTE}.")
+
+
+def _check(quantize: str) -> None:
+    if quantize not in QUANTIZE:
+        _fail(f"--quantize {quantize!r} not understood; use one of {', '.join(QUANTIZE)}")
+
+
 def export_iphone(model: Path | None, output: Path | None, quantize: str) -> None:
     """Export, validate and report; exits with status 2 and a message on failure."""
     from tqdm import tqdm
@@ -46,8 +88,7 @@ def export_iphone(model: Path | None, output: Path | None, quantize: str) -> Non
     from exporters.coreml import ExportValidationError, cut_for_device, export_coreml
     from exporters.coreml_check import end_to_end_check
 
-    if quantize not in QUANTIZE:
-        _fail(f"--quantize {quantize!r} not understood; use one of {', '.join(QUANTIZE)}")
+    _check(quantize)
     model_name = model.resolve().name if model else "tiny-sora"
     suffix = "" if quantize == "fp16" else f"-q{quantize}"
     dest = output or Path("dist") / f"{model_name}-iphone{suffix}"

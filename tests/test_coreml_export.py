@@ -274,3 +274,16 @@ def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
     assert "17 blocks (+4 TDTM variants)" in text
     assert f"end to end PSNR {manifest['validation']['psnr_db']} dB" in text
     assert "2.0x smaller" in text and "needs macOS" in text
+
+
+def test_cli_dry_run_shows_the_device_cut():
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    result = CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run",
+                                      "--quantize", "8"])
+    assert result.exit_code == 0, result.output
+    assert "transformer/pair_0" in result.output and "(+tdtm variant)" in result.output
+    assert "latent [2, 4, 16, 8, 8]" in result.output  # static shapes: one prompt + null
+    assert "102.2 MB fp32, about 25.6 MB at 8" in result.output and "macOS" in result.output
