@@ -91,16 +91,19 @@ public final class EdgePipeline {
         }
     }
 
+    /// The loader's key of a block, or of its variant where it has one.
+    static func key(_ component: String, _ block: Manifest.Block, _ variant: String?) -> String {
+        let base = "\(component)/\(block.name)"
+        if let variant, block.variants?[variant] != nil { return "\(base)#\(variant)" }
+        return base
+    }
+
     /// Run `blocks` of a component in order, passing outputs on by name; the next block is
     /// prefetched while one runs. `variant`: that variant's program where a block has one.
     func run(_ component: String, _ blocks: [Manifest.Block], _ feeds: [String: Tensor],
              variant: String? = nil, prefetchAfter: String? = nil) throws -> [String: Tensor] {
         var feeds = feeds
-        func key(_ block: Manifest.Block) -> String {
-            let base = "\(component)/\(block.name)"
-            if let variant, block.variants?[variant] != nil { return "\(base)#\(variant)" }
-            return base
-        }
+        func key(_ block: Manifest.Block) -> String { Self.key(component, block, variant) }
         for (i, block) in blocks.enumerated() {
             let k = key(block)
             if i + 1 < blocks.count { loader.prefetch(key(blocks[i + 1])) }
@@ -154,14 +157,18 @@ public final class EdgePipeline {
         let pairs = Array(dit.blocks.dropFirst().dropLast())
         let predict: Predictor = { [self] x, t, step in
             let variant = step.merged ? "tdtm" : nil
+            // while one part runs, the next one's first block loads (across steps too)
+            let nextPair = pairs.first.map { Self.key("transformer", $0, variant) }
             var feeds = try run("transformer", [prologue], [
                 "latent": Tensor.concat([x, x]), "t": Tensor(shape: [2], data: [t, t]),
-                "caption": caption2, "caption_mask": mask2], variant: variant)
+                "caption": caption2, "caption_mask": mask2], variant: variant, prefetchAfter: nextPair)
             let (after, _) = try runPairs(step, x: feeds["x"]!, tMod: feeds["t_mod"]!) { h in
-                try run("transformer", pairs, feeds.merging(["x": h]) { $1 }, variant: variant)["x"]!
+                try run("transformer", pairs, feeds.merging(["x": h]) { $1 }, variant: variant,
+                        prefetchAfter: "transformer/\(epilogue.name)")["x"]!
             }
             feeds["x"] = after
-            let v = try run("transformer", [epilogue], feeds, variant: variant)["velocity"]!
+            let v = try run("transformer", [epilogue], feeds, variant: variant,
+                            prefetchAfter: step.last ? "vae_decoder/\(vae.blocks[0].name)" : "transformer/\(prologue.name)")["velocity"]!
             return (v.item(0), v.item(1))
         }
         var noise = NormalNoise(seed: seed)
