@@ -45,7 +45,7 @@ def test_cli_sweep_runs_every_row_in_both_regimes(exported_package, tmp_path):
                               str(prompts), "--steps", "4", "--batch", "2", "--threads", "1",
                               "--json"])
     assert res.exit_code == 0, res.output
-    result = json.loads(res.output.strip().splitlines()[-1])
+    result = json.loads(res.stdout.strip().splitlines()[-1])  # progress goes to stderr
     assert result["n_prompts"] == 2 and result["steps"] == 4
     for regime in ("resident", "streamed"):
         rows = {r["setting"]: r for r in result["regimes"][regime]}
