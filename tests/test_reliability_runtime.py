@@ -90,6 +90,9 @@ def test_prompt_that_is_not_text_is_refused(runtime):
     ({"leap_after": 0}, "leap_after"), ({"cache_threshold": "0.1"}, "cache_threshold"),
     ({"leap": 1}, "leap"), ({"stepz": 3}, "unknown sampler setting"),
     ({"seed": -1}, "seed -1"), ({"seed": [1, 2]}, "seed must be"),
+    ({"shift": 1e308}, "no usable noise schedule"), ({"shift": 1e-300}, "no usable noise"),
+    ({"num_train_timesteps": 1}, "no usable noise"), ({"steps": 10 ** 9}, "more than 10000"),
+    ({"guidance": -1e300}, "guidance=-1e\\+300: larger than"),
 ])
 def test_invalid_options_are_refused_by_name_before_any_block_runs(runtime, monkeypatch,
                                                                    options, message):
@@ -99,6 +102,15 @@ def test_invalid_options_are_refused_by_name_before_any_block_runs(runtime, monk
     with pytest.raises(ValueError, match=message):
         runtime.generate("a red circle", seed=seed, **options)
     assert ran == []
+
+
+def test_a_generation_that_goes_non_finite_raises_instead_of_returning_noise(runtime,
+                                                                            monkeypatch):
+    import runtimes.python.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "sample", lambda predict, x, *a: np.full_like(x, np.nan))
+    with pytest.raises(FloatingPointError, match="NaN or infinity"):
+        runtime.generate("a red circle", steps=STEPS)
 
 
 # --- threads ---------------------------------------------------------------------------------
@@ -177,6 +189,8 @@ def _tensor(m, name="spatial.attn.q.weight"):
      "not a graph onnxruntime can load"),
     (lambda m: block_record(m)["variants"]["tdtm"].update(graph="graphs/transformer/x.onnx"),
      "not one of the block's files"),
+    (lambda m: m["sampler"].update(shift=1e308), "sampler: .*no usable noise schedule"),
+    (lambda m: m["sampler"].update(steps=10 ** 12), "sampler: .*more than 10000"),
 ])
 def test_manifest_that_disagrees_with_its_graphs_is_refused_at_load(pkg, monkeypatch, change,
                                                                     message):
