@@ -117,7 +117,7 @@ def generate(
         try:
             video = pipe.generate(text, seed=seed, on_step=lambda i, n: bar.update(i - bar.n),
                                   **overrides)
-        except ValueError as err:
+        except (ValueError, FloatingPointError) as err:  # bad options, a changed file, NaN
             _fail(str(err))
     path = write_video(output, video[0], fps=fps, scale=scale)
     typer.echo(f"wrote {path} ({video.shape[1]} frames, {video.shape[2]}x{video.shape[3]} "

@@ -261,3 +261,16 @@ def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypa
     monkeypatch.setattr(pipeline, "read_package", package.read_package)
     with pytest.raises(PackageError, match="changed on disk since"):
         Pipeline.load(pkg)
+
+
+def test_cli_generate_names_a_bad_option_combination(exported_package, tmp_path):
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    res = CliRunner().invoke(app, ["generate", str(exported_package[0]), "a red circle",
+                                   "-o", str(tmp_path / "v.gif"), "--steps", "2",
+                                   "--merge-steps", "5"])
+    assert res.exit_code == 2, res.output
+    assert "merge_steps=5: more than steps=2" in res.output
+    assert not (tmp_path / "v.gif").exists()
