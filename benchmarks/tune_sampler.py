@@ -1,7 +1,7 @@
 """Pick the step cache threshold (and check the leap defaults) on prompts that are not in
 `edge eval`'s set: training combinations under training phrasings, seeds from 1000.
 
-    python benchmarks/tune_sampler.py dist/tiny-sora-onnx [--prompts 16]
+    python benchmarks/tune_sampler.py dist/tiny-sora-onnx [--prompts 16] [--leap-curve]
 
 Prints, per setting, transformer calls, PSNR against the 30-step video of the same seed and
 the attribute accuracies. Quality figures only; wall times come from `edge eval --sweep`.
@@ -28,6 +28,9 @@ SETTINGS = {
     "LPL dynamic (defaults)": {"leap": True},
     "LPL patience 2": {"leap": True, "leap_patience": 2},
 }
+# --leap-curve: how quality depends on where the leap happens
+LEAP_CURVE = {"baseline": {}} | {f"LPL fixed at {n}": {"leap": True, "leap_after": n}
+                                 for n in (15, 18, 21, 24)}
 
 
 def tuning_prompts(n: int) -> list[tuple[str, object]]:
@@ -42,14 +45,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("package")
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--leap-curve", action="store_true")
     args = parser.parse_args()
+    settings = LEAP_CURVE if args.leap_curve else SETTINGS
     prompts = tuning_prompts(args.prompts)
     pipe = Pipeline.load(args.package, threads=1)
     classifier = load_classifier(DEFAULT_WEIGHTS)
     labels = np.array([a.labels for _, a in prompts])
     seeds = [1000 + i for i in range(len(prompts))]
     videos = {}
-    for name, overrides in SETTINGS.items():
+    for name, overrides in settings.items():
         video = pipe.generate([p for p, _ in prompts], seed=seeds, **overrides)
         videos[name] = video
         s = summarize(score(classifier, video, labels))
