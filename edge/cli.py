@@ -229,15 +229,16 @@ def serve(
         server.server_close()
 
 
-TARGETS = ("onnx", "iphone")
-PLANNED_TARGETS = {"web": "WebGPU"}
+TARGETS = ("onnx", "iphone", "web")
+PLANNED_TARGETS: dict[str, str] = {}
 
 
 @app.command()
 def export(
     target: Annotated[str, typer.Option(
         help="onnx, or iphone (CoreML: one .mlpackage per block; compiling them to "
-        ".mlmodelc is macOS-only). web is planned.")] = "onnx",
+        ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM + the demo page: a static "
+        "site for `edge serve`).")] = "onnx",
     model: Annotated[Path | None, typer.Option(
         help="Model weights folder [default: the shipped tiny-sora].", exists=True,
         file_okay=False)] = None,

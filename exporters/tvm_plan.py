@@ -416,10 +416,13 @@ class CompiledBlock:
     lowered: tvm.IRModule
     plan: LaunchPlan
     wgsl: dict[str, str]
-    library: object
+    built: dict = field(default_factory=dict)  # the llvm build, made on the first replay;
+    # shared by blocks of one structure
 
     def replay(self, inputs: list[np.ndarray], weights: list[np.ndarray]) -> list[np.ndarray]:
-        return replay_llvm(self.lowered, self.plan, inputs, weights, self.library)
+        if "llvm" not in self.built:
+            self.built["llvm"] = tvm.compile(prim_funcs(self.lowered), target="llvm")
+        return replay_llvm(self.lowered, self.plan, inputs, weights, self.built["llvm"])
 
 
 class BlockCompiler:
@@ -442,12 +445,11 @@ class BlockCompiler:
             plan = read_plan(cached.lowered, block.inputs, weights, block.key)
             for call, done in zip(plan.calls, cached.plan.calls, strict=True):
                 call["kernels"] = done["kernels"]
-            return CompiledBlock(mod, cached.lowered, plan, cached.wgsl, cached.library)
+            return CompiledBlock(mod, cached.lowered, plan, cached.wgsl, cached.built)
         lowered = lower(mod)
         plan = read_plan(lowered, block.inputs, weights, block.key)
         wgsl = build_webgpu(lowered, plan, block.key)
-        library = tvm.compile(prim_funcs(lowered), target="llvm")
-        compiled = CompiledBlock(mod, lowered, plan, wgsl, library)
+        compiled = CompiledBlock(mod, lowered, plan, wgsl)
         self._cache[digest] = compiled
         return compiled
 

@@ -54,3 +54,23 @@ def test_plan_refuses_a_weight_list_that_does_not_match(pipeline, compiler):
     compiled = compiler.compile(block)
     with pytest.raises(PlanError, match="transformer/epilogue.*weights"):
         read_plan(compiled.lowered, block.inputs, compiled.plan.weights[:-1], block.key)
+
+
+def test_export_validation_refuses_a_plan_that_drifts(pipeline, compiler):
+    """The exporter's check replays the plan and compares it with the PyTorch module; a
+    module that computes something else (here: other weights) fails the export."""
+    import copy
+
+    import torch
+
+    from exporters.onnx import ExportValidationError
+    from exporters.web import validate
+
+    block = cut_transformer(pipeline)[-1]
+    compiled = compiler.compile(block)
+    assert validate(compiled, block, block.module, block.key) < 1e-4
+    drifted = copy.deepcopy(block.module)
+    with torch.no_grad():
+        next(drifted.parameters()).mul_(1.01)
+    with pytest.raises(ExportValidationError, match="transformer/epilogue.*differs from PyTorch"):
+        validate(compiled, block, drifted, block.key)

@@ -101,5 +101,7 @@ export async function generate(extra = {}) {
 }
 state.generate = generate;
 
+// ?budget=64MB&seed=1 preset the controls before the package loads
+for (const [key, value] of new URLSearchParams(location.search)) if ($(key)) $(key).value = value;
 $("form").addEventListener("submit", (e) => { e.preventDefault(); generate().catch(() => {}); });
 load().then(() => { $("generate").disabled = false; state.ready = true; }, (err) => { fail(err); state.ready = false; });
