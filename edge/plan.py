@@ -6,6 +6,8 @@ computing and the one being read ahead. So, for a budget B:
 1. Split: a block larger than B/2 leaves no room to read the next block while it computes; a
    transformer pair that large is split into its spatial and temporal halves. A block still
    larger than B cannot run at all: refused, naming it and the smallest budget that works.
+   Pairs are also split where the halves let the loader pin more of the transformer (a finer
+   grain fills the budget better), so fewer bytes are read every denoising step.
 2. Pin: the runtime loader's own policy (`runtimes.python.loader.plan_pins`) on the sizes the
    blocks will have in the package, so the plan printed is the plan that runs.
 3. Merge: adjacent streamed blocks of one kind (`layer_0`, `layer_1`, ...) are merged into one
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from edge.blocks import Block
 from edge.package import weights_layout
 from edge.partition import kind, merge, split, splittable
-from runtimes.python.loader import format_size, plan_pins
+from runtimes.python.loader import check_budget, format_size, plan_pins
 
 # Reads of this size reach the disk's sequential bandwidth (docs/benchmarks.md); merging
 # blocks beyond it gains nothing and coarsens what the loader can pin.
@@ -46,22 +48,51 @@ class Partition:
                 "blocks": {k: v for k, v in self.members.items()}}
 
 
-def _split_large(blocks: list[Block], budget: int, out: Partition) -> list[Block]:
+def _split_large(blocks: list[Block], limit: int, why: str, out: Partition) -> list[Block]:
+    """Split every splittable block larger than `limit` bytes."""
     result = []
     for b in blocks:
         size = block_bytes(b)
-        if size > budget // 2 and splittable(b):
+        if size > limit and splittable(b):
             halves = split(b)
             for h in halves:
                 out.members[h.key] = [b.name]
             result += halves
-            out.notes.append(
-                f"{b.key} ({format_size(size)}) split into {halves[0].name} and "
-                f"{halves[1].name}: two of it do not fit {format_size(budget)}, so the next "
-                "block could not be read while it computes")
+            out.notes.append(f"{b.key} ({format_size(size)}) split into {halves[0].name} and "
+                             f"{halves[1].name}: {why}")
         else:
             result.append(b)
     return result
+
+
+def _streamed_per_step(components: dict[str, list[Block]], budget: int) -> int:
+    """Bytes read every denoising step: the transformer blocks left unpinned."""
+    sizes = {b.key: block_bytes(b) for blocks in components.values() for b in blocks}
+    pinned = _pins(components, sizes, budget)
+    return sum(block_bytes(b) for b in components.get("transformer", []) if b.key not in pinned)
+
+
+def _split(components: dict[str, list[Block]], budget: int, out: Partition) -> dict:
+    """Pairs larger than half the budget must split (two must fit: one computing, one read
+    ahead). The others split too where halves pin more, so fewer bytes stream every step."""
+    must = Partition({})
+    kept = {c: _split_large(blocks, budget // 2, f"two of it do not fit {format_size(budget)}, "
+                            "so the next block could not be read while it computes", must)
+            for c, blocks in components.items()}
+    check_budget({b.key: block_bytes(b) for blocks in kept.values() for b in blocks}, budget)
+    every = Partition({})
+    halves = {c: _split_large(blocks, 0, "", every) for c, blocks in components.items()}
+    if every.members.keys() != must.members.keys():
+        before, after = _streamed_per_step(kept, budget), _streamed_per_step(halves, budget)
+        if after < before:
+            out.members |= every.members
+            out.notes.append(f"transformer pairs split into spatial and temporal halves: "
+                             f"halves pin more, {format_size(after)} instead of "
+                             f"{format_size(before)} streamed every step")
+            return halves
+    out.members |= must.members
+    out.notes += must.notes
+    return kept
 
 
 def _merge_runs(blocks: list[Block], cap: int, pinned: set[str],
@@ -101,7 +132,7 @@ def partition(components: dict[str, list[Block]], budget: int | None,
     if budget is None:
         return Partition(dict(components))
     out = Partition({})
-    split_components = {c: _split_large(blocks, budget, out) for c, blocks in components.items()}
+    split_components = _split(components, budget, out)
     sizes = {b.key: block_bytes(b) for blocks in split_components.values() for b in blocks}
     pinned = _pins(split_components, sizes, budget)  # refuses a budget below the largest block
     streamed = sorted((n for k, n in sizes.items() if k not in pinned), reverse=True)

@@ -111,6 +111,21 @@ def test_a_budget_below_two_pairs_splits_them(wide):
     assert plan["largest_bytes"] <= budget // 2
 
 
+def test_pairs_split_where_halves_pin_more(wide):
+    """At 2.2 pairs, whole pairs leave only the prologue pinned (two pairs must stay free to
+    stream); halves need half that room, so one pair's halves stay resident too."""
+    blocks = wide
+    pair = block_bytes(blocks["transformer"][1])
+    budget = pair * 22 // 10
+    whole = plan_residency(blocks, budget)
+    cut = partition(blocks, budget)
+    halved = plan_residency(cut.components, budget)
+    assert "transformer/pair_0_spatial" in cut.members
+    assert any("halves pin more" in n for n in cut.notes)
+    assert halved["resident_bytes"] > whole["resident_bytes"]
+    assert halved["working_set_bytes"] <= budget
+
+
 def test_a_budget_roomy_for_pairs_keeps_them_whole(wide):
     blocks = wide
     pair = block_bytes(blocks["transformer"][1])
