@@ -255,3 +255,30 @@ def test_concurrent_prefetch_reads_ahead_within_budget(tmp_path, monkeypatch):
     assert loader.stats.peak_held_bytes <= 6 * PAGE and loader.buffers.made == 3
     assert loader.stats.reads == 15 and loader.buffers.reused == 12
     loader.close()
+
+
+def test_read_ahead_starts_behind_resident_blocks(tmp_path):
+    """The next streamed block is read while resident blocks before it compute: with p1
+    pinned, the read of p2 starts while the consumer still holds p0, not once it reaches p1."""
+    blocks = make_blocks(tmp_path, {"tr/p0": 2, "tr/p1": 1, "tr/p2": 2, "tr/p3": 2})
+    started = {k: threading.Event() for k in blocks}
+
+    class Recording(BlockLoader):
+        def _load(self, key):
+            started[key].set()
+            return super()._load(key)
+
+    loader = Recording(blocks, budget=5 * PAGE, prefetch=1,
+                       every_step=("tr/p1", "tr/p0", "tr/p2", "tr/p3"))
+    assert loader.pinned == {"tr/p1"}
+    runs = loader.run(["tr/p1", "tr/p0", "tr/p1", "tr/p2", "tr/p3"])
+    try:
+        assert next(runs)[0] == "tr/p1"
+        key, weights = next(runs)
+        assert key == "tr/p0"
+        assert started["tr/p2"].wait(5), "p2 was not read while p0 and resident p1 computed"
+        del weights
+        assert [k for k, _ in runs] == ["tr/p1", "tr/p2", "tr/p3"]
+    finally:
+        runs.close()
+        loader.close()

@@ -374,12 +374,26 @@ class BlockLoader:
             if i < len(schedule) and i not in futures and needs_read(i):
                 futures[i] = self._reader.submit(self._load, schedule[i])
 
+        scanned = 0  # schedule positions before this one are read or being read if need be
+
+        def read_ahead(i: int) -> None:
+            """Keep `prefetch` reads in flight beyond position i, counting reads, not
+            positions: a read is started behind resident blocks too (e.g. the next step's
+            first pair while this step's pinned epilogue and prologue compute)."""
+            nonlocal scanned
+            scanned = max(scanned, i + 1)
+            in_flight = sum(1 for j in futures if j > i)
+            while in_flight < self.prefetch and scanned < len(schedule):
+                if needs_read(scanned):
+                    ensure_submitted(scanned)
+                    in_flight += 1
+                scanned += 1
+
         held: _Loaded | None = None  # the streamed block the consumer is using
         try:
             for i, key in enumerate(schedule):
                 ensure_submitted(i)
-                for ahead in range(1, self.prefetch + 1):  # overlap reads with compute
-                    ensure_submitted(i + ahead)
+                read_ahead(i)  # overlap reads with compute
                 if i in futures:
                     started = time.perf_counter()
                     loaded = self._result(futures.pop(i))
