@@ -110,10 +110,11 @@ def test_cli_export_dry_run_plans_without_writing(tmp_path):
     assert "streamed every use" in res.output and not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize("target,message", [("iphone", "not built yet"), ("gpu", "unknown")])
-def test_cli_export_refuses_other_targets(target, message):
-    res = runner.invoke(app, ["export", "--target", target])
-    assert res.exit_code == 2 and message in res.output
+def test_cli_export_refuses_unknown_target():
+    res = runner.invoke(app, ["export", "--target", "gpu"])
+    assert res.exit_code == 2 and "unknown" in res.output
+    for target in ("onnx", "iphone", "web"):  # the error lists what there is
+        assert target in res.output
 
 
 def test_runtime_needs_no_torch(package):
