@@ -276,12 +276,15 @@ def kernel_grids(func: tvm.tirx.PrimFunc) -> list[list[int]]:
     return launches
 
 
-def schedule(mod: tvm.IRModule) -> tvm.IRModule:
-    """dlight's default GPU schedules on every PrimFunc (TVM's generic GPU choice)."""
+def schedule(mod: tvm.IRModule, tiled_matmul: bool = True) -> tvm.IRModule:
+    """dlight's default GPU schedules on every PrimFunc (TVM's generic GPU choice).
+    `tiled_matmul=False` leaves out the Matmul rule: matmuls then get the GEMV or the plain
+    one-thread-per-output schedule, the alternative the page may time against it."""
     import tvm.s_tir.dlight as dl
 
+    rules = [dl.gpu.Matmul()] if tiled_matmul else []
     with webgpu_target():
-        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+        return dl.ApplyDefaultSchedule(*rules, dl.gpu.GEMV(), dl.gpu.Reduction(),
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
 
 
@@ -349,16 +352,63 @@ def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str]
     return records
 
 
-def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str) -> dict[str, str]:
-    """Schedule and compile the plan's kernels for WebGPU; fills each call's `kernels` and
-    returns {kernel name: WGSL}."""
-    scheduled = schedule(prim_funcs(lowered))
+def compile_wgsl(scheduled: tvm.IRModule) -> dict[str, str]:
     executable = tvm.compile(scheduled, target=webgpu_target())
     device_module = executable.imports[0] if not hasattr(executable, "mod") else \
         executable.mod.imports[0]
-    wgsl = split_wgsl(device_module.inspect_source())
+    return split_wgsl(device_module.inspect_source())
+
+
+ALT_SUFFIX = "__alt"
+
+
+def alternative_kernels(lowered: tvm.IRModule, funcs: set[str], key: str
+                        ) -> dict[str, tuple[list[dict], dict[str, str]]]:
+    """Another schedule of the matmul kernels (see `schedule(tiled_matmul=False)`), for the
+    page to time on the user's adapter: {func: (launch records, {kernel: WGSL})}, kernel
+    names suffixed `__alt`; only funcs whose kernels come out different."""
+    matmuls = {f for f in funcs if "matmul" in f}
+    if not matmuls:
+        return {}
+    module = tvm.IRModule({gv: f for gv, f in prim_funcs(lowered).functions.items()
+                           if gv.name_hint in matmuls})
+    scheduled = schedule(module, tiled_matmul=False)
+    wgsl = compile_wgsl(scheduled)
+    out = {}
+    for func in matmuls:
+        records = kernel_records(func, scheduled[func], wgsl, key)
+        texts = {}
+        for r in records:
+            name = r["kernel"]
+            r["kernel"] = name + ALT_SUFFIX
+            texts[r["kernel"]] = re.sub(rf"\bfn {re.escape(name)}\(",
+                                        f"fn {r['kernel']}(", wgsl[name])
+        out[func] = (records, texts)
+    return out
+
+
+# An alternative that launches this many times the workgroups of TVM's tiled matmul is not
+# offered: one workgroup per output of a large matmul was 25-40x slower in every trial (on
+# SwiftShader), and timing it at page load would cost more than it could save. What remains
+# are the attention matmuls (batched, small), where the alternative was up to 6x faster.
+MAX_ALT_WORKGROUPS_RATIO = 4
+
+
+def _workgroups(records: list[dict]) -> int:
+    return sum(int(np.prod(r["grid"])) for r in records)
+
+
+def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str,
+                 choices: bool = True) -> dict[str, str]:
+    """Schedule and compile the plan's kernels for WebGPU; fills each call's `kernels` and
+    returns {kernel name: WGSL}. With `choices`, a call whose kernels have another schedule
+    also gets `choices`: [its kernels, the alternative's], timed by the page (JIT choice)."""
+    scheduled = schedule(prim_funcs(lowered))
+    wgsl = compile_wgsl(scheduled)
     used: dict[str, str] = {}
     records = {}
+    funcs = {call["func"] for call in plan.calls}
+    alternatives = alternative_kernels(lowered, funcs, key) if choices else {}
     for call in plan.calls:
         func = call["func"]
         if func not in records:
@@ -366,6 +416,14 @@ def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str) -> dict[str,
         call["kernels"] = records[func]
         for r in records[func]:
             used[r["kernel"]] = wgsl[r["kernel"]]
+        if func in alternatives:
+            alt_records, texts = alternatives[func]
+            same = [used[r["kernel"]] for r in records[func]] == [
+                texts[r["kernel"]].replace(ALT_SUFFIX + "(", "(") for r in alt_records]
+            if not same and _workgroups(alt_records) <= MAX_ALT_WORKGROUPS_RATIO * \
+                    _workgroups(records[func]):
+                call["choices"] = [records[func], alt_records]
+                used.update(texts)
     return used
 
 

@@ -85,6 +85,7 @@ export async function generate(extra = {}) {
       `total ${f.wall_s.total.toFixed(2)} s: text ${f.wall_s.text_encoder.toFixed(2)} s, ` +
       `transformer ${f.wall_s.transformer.toFixed(2)} s (${f.transformer_calls} calls), VAE ${f.wall_s.vae_decoder.toFixed(2)} s`,
       `load: fetch ${pipe.loadFigures.fetch_s.toFixed(2)} s (${pipe.loadFigures.from_cache} files from cache), kernels ${pipe.loadFigures.compile_s.toFixed(2)} s`,
+      `kernel choice: ${pipe.loadFigures.kernel_choices.timed} timed now (${pipe.loadFigures.kernel_choices.alternative} took the alternative schedule) in ${pipe.loadFigures.tune_s.toFixed(2)} s, ${pipe.loadFigures.kernel_choices.remembered} remembered for this GPU`,
       `GPU weights: ${pipe.loadFigures.pinned.length} blocks resident, ${f.weight_uploads} uploads this run, peak ${mb(f.peak_gpu_weight_bytes)}`,
       f.sampler.leap_at !== null ? `leapt after ${f.sampler.leap_at} steps` : "",
       f.prompt_truncated ? "the prompt was longer than the model reads and was truncated" : "",

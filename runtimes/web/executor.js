@@ -35,11 +35,42 @@ function dispatchSize(grid) {
   return { dims: [Math.ceil(x / zs), y, zs], pack: x - 1 };
 }
 
+// FNV-1a of a string, for short stable keys of kernel choices
+function fnv1a(text) {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193) >>> 0;
+  return h.toString(16).padStart(8, "0");
+}
+
+const CHOICE_STORE = "edge-kernel-choices-v1";
+
 export class PlanExecutor {
-  constructor(device) {
+  constructor(device, adapterKey = "adapter") {
     this.device = device;
     this.pipelines = new Map(); // WGSL text -> compute pipeline (pairs share kernels)
     this.uniforms = new Map(); // packGridDimX -> uniform buffer
+    // JIT kernel choice: for calls the exporter gave several schedules, the index of the
+    // fastest on this adapter, timed once and remembered per adapter (localStorage)
+    this.adapterKey = adapterKey;
+    this.choices = this.loadChoices();
+    this.tuned = { timed: 0, alternative: 0 };
+  }
+
+  loadChoices() {
+    try {
+      const all = JSON.parse(globalThis.localStorage?.getItem(CHOICE_STORE) || "{}");
+      return new Map(Object.entries(all[this.adapterKey] || {}));
+    } catch {
+      return new Map();
+    }
+  }
+
+  saveChoices() {
+    try {
+      const all = JSON.parse(globalThis.localStorage?.getItem(CHOICE_STORE) || "{}");
+      all[this.adapterKey] = Object.fromEntries(this.choices);
+      globalThis.localStorage?.setItem(CHOICE_STORE, JSON.stringify(all));
+    } catch { /* no storage: choices last for this page only */ }
   }
 
   static async create(adapter) {
@@ -50,7 +81,8 @@ export class PlanExecutor {
       limits[k] = adapter.limits[k];
     }
     const device = await adapter.requestDevice({ requiredLimits: limits });
-    return new PlanExecutor(device);
+    const i = adapter.info || {};
+    return new PlanExecutor(device, [i.vendor, i.architecture, i.device, i.description].join("|"));
   }
 
   async pipeline(name, wgsl) {
@@ -99,25 +131,76 @@ export class PlanExecutor {
   // blockFile: {plan, kernels: {name: wgsl}} as the exporter writes it.
   async prepare(blockFile, label = "block") {
     const { plan, kernels } = blockFile;
-    const launches = [];
+    // one entry per call: its options (the exporter's schedules), each a list of launches
+    const calls = [];
     for (const call of plan.calls) {
-      for (const k of call.kernels) {
+      const options = (call.choices || [call.kernels]).map((records) => records.map((k) => {
         const wgsl = kernels[k.kernel];
         if (!wgsl) throw new Error(`${label}: kernel ${k.kernel} missing from the block file`);
-        launches.push({ call, record: k, pipeline: this.pipeline(k.kernel, wgsl) });
-      }
+        return { call, record: k, pipeline: this.pipeline(k.kernel, wgsl) };
+      }));
+      const key = options.length > 1 ? fnv1a(options.map((o) => o.map((l) => kernels[l.record.kernel]).join("")).join("|")) : null;
+      calls.push({ call, options, key });
     }
-    for (const l of launches) l.pipeline = await l.pipeline;
+    for (const c of calls) for (const o of c.options) for (const l of o) l.pipeline = await l.pipeline;
     const fixed = new Map();
     plan.constants.forEach((c, i) => fixed.set(`const:${i}`, this.upload(decodeBase64(c.base64), `${label} const:${i}`)));
     plan.storages.forEach((n, i) => fixed.set(`storage:${i}`, this.storageBuffer(n, `${label} storage:${i}`)));
-    return { label, plan, launches, fixed };
+    return { label, plan, calls, fixed };
   }
 
-  // Run a prepared block. inputs/weights: {name: GPUBuffer}. Returns {result index: GPUBuffer}
-  // as a list in the plan's result order; the caller owns (and destroys) them.
-  run(block, inputs, weights) {
-    const { plan, launches, fixed, label } = block;
+  launches(block) {
+    return block.calls.flatMap((c) => c.options[c.key ? (this.choices.get(c.key) ?? 0) : 0]);
+  }
+
+  // Time each option of the block's calls not yet decided on this adapter (its buffers bound
+  // as in `run`; values do not matter for timing), keep the fastest, remember it.
+  async tune(block, inputs, weights, repeats = 3) {
+    const open = block.calls.filter((c) => c.key && !this.choices.has(c.key));
+    if (!open.length) return;
+    const { binding, outputs } = this.bind(block, inputs, weights);
+    for (const c of open) {
+      if (this.choices.has(c.key)) continue; // the same kernels earlier in this block
+      const times = [];
+      for (const option of c.options) {
+        let best = Infinity;
+        const rival = Math.min(...times);
+        for (let r = 0; r < repeats && best < 4 * rival; r++) { // a clear loser runs once
+          const encoder = this.device.createCommandEncoder();
+          const pass = encoder.beginComputePass();
+          this.encode(pass, option, binding);
+          pass.end();
+          const t0 = performance.now();
+          this.device.queue.submit([encoder.finish()]);
+          await this.device.queue.onSubmittedWorkDone();
+          best = Math.min(best, performance.now() - t0);
+        }
+        times.push(best);
+      }
+      const pick = times.indexOf(Math.min(...times));
+      this.choices.set(c.key, pick);
+      this.tuned.timed += 1;
+      this.tuned.alternative += pick > 0 ? 1 : 0;
+    }
+    for (const b of outputs) b.destroy();
+    this.saveChoices();
+  }
+
+  encode(pass, launches, binding) {
+    for (const { call, record, pipeline } of launches) {
+      const { dims, pack } = dispatchSize(record.grid);
+      const entries = record.bindings.map((arg, slot) => ({ binding: slot, resource: binding(call.args[arg]) }));
+      entries.push({ binding: record.uniform_binding, resource: { buffer: this.uniform(pack) } });
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries }));
+      pass.dispatchWorkgroups(...dims);
+    }
+  }
+
+  // The buffer of every value of a run: fixed ones, the given inputs and weights, fresh
+  // output buffers.
+  bind(block, inputs, weights) {
+    const { plan, fixed, label } = block;
     const buffers = new Map(fixed);
     for (const name of plan.inputs) {
       if (!inputs[name]) throw new Error(`${label}: input ${name} not given`);
@@ -136,16 +219,17 @@ export class PlanExecutor {
       const v = plan.values[vid];
       return { buffer: buffers.get(v.buffer), offset: v.offset, size: align4(byteSize(v.shape, v.dtype)) };
     };
+    return { buffers, outputs, binding };
+  }
+
+  // Run a prepared block. inputs/weights: {name: GPUBuffer}. Returns {result index: GPUBuffer}
+  // as a list in the plan's result order; the caller owns (and destroys) them.
+  run(block, inputs, weights) {
+    const { plan, label } = block;
+    const { buffers, outputs, binding } = this.bind(block, inputs, weights);
     const encoder = this.device.createCommandEncoder({ label });
     const pass = encoder.beginComputePass({ label });
-    for (const { call, record, pipeline } of launches) {
-      const { dims, pack } = dispatchSize(record.grid);
-      const entries = record.bindings.map((arg, slot) => ({ binding: slot, resource: binding(call.args[arg]) }));
-      entries.push({ binding: record.uniform_binding, resource: { buffer: this.uniform(pack) } });
-      pass.setPipeline(pipeline);
-      pass.setBindGroup(0, this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries }));
-      pass.dispatchWorkgroups(...dims);
-    }
+    this.encode(pass, this.launches(block), binding);
     pass.end();
     // a result that is not a whole output buffer (a view of an input, a storage, a reshape
     // at an offset) is copied out, so what is returned never aliases the plan's buffers

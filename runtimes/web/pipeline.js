@@ -69,7 +69,9 @@ export class WebPipeline {
   }
 
   // base: URL of the package folder; budget: GPU bytes for block weights ("64MB"; null: all)
-  static async load(base, { budget = null, onProgress = () => {}, useCache = true } = {}) {
+  // tune: time the exporter's alternative schedules of the transformer's kernels on this
+  // adapter and keep the fastest (remembered per adapter; see PlanExecutor.tune)
+  static async load(base, { budget = null, onProgress = () => {}, useCache = true, tune = true } = {}) {
     const started = now();
     const adapter = await requestAdapter();
     const files = await PackageFiles.open(base, { onProgress, useCache });
@@ -100,11 +102,27 @@ export class WebPipeline {
     const transformerKeys = [...blocks.keys()].filter((k) => blocks.get(k).component === "transformer");
     const weights = new GpuWeights(executor, sizes, (k) => blocks.get(k).record.weights.tensors,
       (k) => weightBytes.get(k), parseSize(budget), transformerKeys);
+    const compiledAt = now();
+    if (tune) {
+      for (const key of transformerKeys) {
+        const b = blocks.get(key);
+        for (const prepared of [b.prepared, ...Object.values(b.variants)]) {
+          if (!prepared.calls.some((c) => c.key && !executor.choices.has(c.key))) continue;
+          const inputs = {};
+          for (const s of b.record.inputs) inputs[s.name] = executor.storageBuffer(byteSize(s.shape, s.dtype));
+          const w = weights.acquire(key);
+          await executor.tune(prepared, inputs, w);
+          weights.release(key, w);
+          for (const buf of Object.values(inputs)) buf.destroy();
+        }
+      }
+    }
     const tokenizer = new CaptionTokenizer(json(m.tokenizer.files[0].path), m.tokenizer.max_tokens);
     const nullCaption = parseNpy(bytes.get(m.conditioning.null_caption.path), m.conditioning.null_caption.path);
     const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, adapter);
     pipe.loadFigures = {
-      fetch_s: fetchedAt - started, compile_s: now() - fetchedAt,
+      fetch_s: fetchedAt - started, compile_s: compiledAt - fetchedAt, tune_s: now() - compiledAt,
+      kernel_choices: { ...executor.tuned, remembered: executor.choices.size },
       bytes: records.reduce((n, r) => n + r.bytes, 0), from_cache: files.fromCache, refetched: files.refetched,
       pinned: [...weights.pinned], kernels: executor.pipelines.size,
     };
