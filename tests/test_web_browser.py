@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api",
                                      reason="playwright (test extra) is not installed")
 
+from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402  (after the skips)
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -27,6 +31,13 @@ CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background
 FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
 STEPS = 2             # a short generation keeps SwiftShader's share of the suite small
 PSNR_LIMIT_DB = 30.0
+
+
+def model_records(manifest: dict) -> list[dict]:
+    """The files the page fetches (runtimes/web/pipeline.js), in its order, once each."""
+    out = [*manifest["tokenizer"]["files"], *manifest["conditioning"].values()]
+    out += [f for c in manifest["components"] for b in c["blocks"] for f in b["files"]]
+    return list({f["path"]: f for f in out}.values())
 
 
 def b64(a: np.ndarray) -> str:
@@ -90,6 +101,14 @@ def browser():
         b.close()
 
 
+def skip_without_webgpu(context, pg) -> None:
+    adapter = pg.evaluate("async () => navigator.gpu ? !!(await navigator.gpu.requestAdapter()) "
+                          ": 'no navigator.gpu'")
+    if adapter is not True:
+        context.close()
+        pytest.skip(f"chromium gives no WebGPU adapter here ({adapter or 'requestAdapter null'})")
+
+
 @pytest.fixture(scope="module")
 def page(browser, served):
     """The demo page, loaded once (kernels compile once: SwiftShader takes ~30 s), with a GPU
@@ -98,11 +117,7 @@ def page(browser, served):
     context = browser.new_context()
     pg = context.new_page()
     pg.goto(served + "manifest.json")
-    adapter = pg.evaluate("async () => navigator.gpu ? !!(await navigator.gpu.requestAdapter()) "
-                          ": 'no navigator.gpu'")
-    if adapter is not True:
-        context.close()
-        pytest.skip(f"chromium gives no WebGPU adapter here ({adapter or 'requestAdapter null'})")
+    skip_without_webgpu(context, pg)
     pg.goto(served + "index.html?budget=64MB")
     pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
                          timeout=180_000)
@@ -149,15 +164,21 @@ FORCE_CHOICE = """([key, pick]) => {
 }"""
 
 
-def test_transformer_pair_on_webgpu_matches_pytorch(page, pipeline):
-    """One block alone on its example inputs (the end-to-end test below runs them all), with
-    each of the exporter's kernel schedules (TVM's tiled matmul and the alternative)."""
+def pair_case(pipeline):
+    """A transformer pair, its example inputs (base64, as RUN_BLOCK takes them) and PyTorch's
+    outputs on them."""
     from exporters.tvm_plan import web_example
     from exporters.web import web_blocks
 
     block = web_blocks(pipeline)["transformer"][1]
     inputs = {n: b64(t.numpy()) for n, t in zip(block.inputs, web_example(block), strict=True)}
-    want = [t.numpy() for t in block.run(*block.example)]
+    return block, inputs, [t.numpy() for t in block.run(*block.example)]
+
+
+def test_transformer_pair_on_webgpu_matches_pytorch(page, pipeline):
+    """One block alone on its example inputs (the end-to-end test below runs them all), with
+    each of the exporter's kernel schedules (TVM's tiled matmul and the alternative)."""
+    block, inputs, want = pair_case(pipeline)
     for pick in (0, 1):
         page.evaluate(FORCE_CHOICE, [block.key, pick])
         try:
@@ -260,6 +281,191 @@ def test_corrupt_shard_is_refetched_then_refused(page, web_package, served, tmp_
     finally:
         path.write_bytes(original)
     assert record["path"] in out["error"] and "also after fetching it again" in out["error"]
+
+
+class CuttingHandler(PackageRequestHandler):
+    """`edge serve`'s handler, except that a path in `server.cuts` ({path: [bytes, times]}) is
+    answered `times` times with its full Content-Length but only its first `bytes` bytes,
+    then the connection is closed: a download interrupted mid-body."""
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path.lstrip("/")
+        with self.server.lock:
+            self.server.gets[path] = self.server.gets.get(path, 0) + 1
+            cut = self.server.cuts.get(path)
+            if cut and cut[1] > 0:
+                cut[1] -= 1
+            else:
+                cut = None
+        if cut is None:
+            super().do_GET()
+            return
+        data = (self.server.root / path).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[:cut[0]])
+        self.close_connection = True
+
+
+@pytest.fixture(scope="module")
+def cutting(web_package):
+    """The package served by a server that cuts the downloads it is told to (CuttingHandler)."""
+    server = PackageServer(web_package[0], port=0, quiet=True)
+    server.RequestHandlerClass = CuttingHandler
+    server.lock, server.gets, server.cuts = threading.Lock(), {}, {}
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+# every file of the package through the loader, as the page loads it (no kernels compiled)
+FETCH_ALL = """async (records) => {
+  const { PackageFiles } = await import('/runtime/loader.js');
+  const files = await PackageFiles.open(location.origin + '/');
+  const progress = [];
+  files.onProgress = (got, total) => progress.push([got, total]);
+  const bytes = await files.fetchAll(records);
+  return { sizes: Object.fromEntries([...bytes].map(([p, b]) => [p, b.byteLength])), progress,
+           interrupted: files.interrupted, refetched: files.refetched, fromCache: files.fromCache };
+}"""
+
+# path -> [bytes, sha256] of each file the Cache API holds for this origin
+CACHED = """async () => {
+  const { sha256Hex } = await import('/runtime/loader.js');
+  const cache = await caches.open('edge-web-packages-v1'), out = {};
+  for (const request of await cache.keys()) {
+    const b = await (await cache.match(request)).arrayBuffer();
+    out[new URL(request.url).pathname.slice(1)] = [b.byteLength, await sha256Hex(b)];
+  }
+  return out;
+}"""
+
+GOT = re.compile(r"got (\d+) of (\d+) bytes")
+
+
+def test_interrupted_download_is_retried_and_never_cached(browser, cutting, web_package):
+    """Three kinds of cut download, each once: the server closes the connection mid-body
+    (full Content-Length, half the bytes), the connection is reset before any response
+    (Playwright's route.abort), a response ends early (route.fulfill with a short body). Each
+    file is fetched again and arrives whole; progress never counts a retried file twice. A
+    shard cut at every attempt is refused after 3 attempts naming the file and the bytes got,
+    and is not in the cache; a reload then finds only whole files there and fetches the
+    missing one."""
+    root, manifest = web_package
+    records = model_records(manifest)
+    by_path = {r["path"]: r for r in records}
+    shards = [r for r in records if r["path"].endswith(".bin")]
+    severed, reset, short, always = (shards[1], shards[2], shards[3], shards[4])
+    context = browser.new_context()
+    pg = context.new_page()
+    try:
+        pg.goto(cutting.url + "manifest.json")
+        cutting.cuts[severed["path"]] = [severed["bytes"] // 2, 1]
+        tries = {"reset": 0, "short": 0}
+
+        def reset_once(route):
+            tries["reset"] += 1
+            route.abort("connectionreset") if tries["reset"] == 1 else route.continue_()
+
+        def short_once(route):
+            tries["short"] += 1
+            if tries["short"] > 1:
+                route.continue_()
+                return
+            whole = route.fetch()
+            route.fulfill(status=200, headers=whole.headers, body=whole.body()[:1000])
+
+        pg.route("**/" + reset["path"], reset_once)
+        pg.route("**/" + short["path"], short_once)
+        out = pg.evaluate(FETCH_ALL, records)
+        pg.unroute_all()
+
+        assert out["sizes"] == {r["path"]: r["bytes"] for r in records}
+        assert cutting.gets[severed["path"]] == 2 and tries == {"reset": 2, "short": 2}
+        cut = {m.split(": ", 1)[0]: m for m in out["interrupted"]}
+        assert len(out["interrupted"]) == 3 and set(cut) == {r["path"] for r in (severed, reset,
+                                                                                  short)}
+        got, of = map(int, GOT.search(cut[severed["path"]]).groups())
+        assert got <= severed["bytes"] // 2 and of == severed["bytes"]
+        assert "got 1000 of" in cut[short["path"]] and "got 0 of" in cut[reset["path"]]
+        total = sum(r["bytes"] for r in records)
+        assert all(t == total and 0 <= g <= total for g, t in out["progress"])
+        assert out["progress"][-1] == [total, total]
+        cached = pg.evaluate(CACHED)
+        assert cached == {p: [r["bytes"], r["sha256"]] for p, r in by_path.items()}
+
+        # cut at every attempt: refused, nothing of it stored
+        pg.evaluate("async (u) => (await caches.open('edge-web-packages-v1')).delete(u)",
+                    cutting.url + always["path"])
+        cutting.cuts[always["path"]] = [always["bytes"] // 3, 99]
+        before = cutting.gets[always["path"]]
+        error = pg.evaluate("""async (record) => {
+          const { PackageFiles } = await import('/runtime/loader.js');
+          const files = await PackageFiles.open(location.origin + '/');
+          try { await files.fetchFile(record); return null; } catch (err) { return err.message; }
+        }""", always)
+        cutting.cuts.clear()
+        assert error.startswith(always["path"] + ": the download was interrupted 3 times")
+        assert len(GOT.findall(error)) == 3 and f"of {always['bytes']} bytes" in error
+        assert cutting.gets[always["path"]] == before + 3
+        assert always["path"] not in pg.evaluate(CACHED)
+
+        # the next visit: every cached file verifies, the missing one is fetched whole
+        pg.reload()
+        again = pg.evaluate(FETCH_ALL, records)
+        assert again["sizes"] == out["sizes"]
+        assert (again["fromCache"], again["refetched"], again["interrupted"]) == (
+            len(records) - 1, [], [])
+        assert cutting.gets[always["path"]] == before + 4
+    finally:
+        context.close()
+
+
+QUOTA_BYTES = 40_000_000  # room for the text encoder's first shard, not for the whole package
+
+
+def test_quota_exceeded_runs_from_memory_and_caches_nothing(browser, served, web_package,
+                                                            pipeline):
+    """A real storage quota: Chromium's DevTools `Storage.overrideQuotaForOrigin` sets this
+    origin's quota under the package's size, so the Cache API refuses a shard with
+    QuotaExceededError partway. The page says the model could not be stored, naming the
+    file; the model runs from memory (a transformer pair matches PyTorch); the files stored
+    before the refusal are dropped, so the cache holds nothing of the package."""
+    root, manifest = web_package
+    records = {r["path"]: r for r in model_records(manifest)}
+    assert sum(r["bytes"] for r in records.values()) > QUOTA_BYTES
+    context = browser.new_context()
+    pg = context.new_page()
+    try:
+        pg.goto(served + "manifest.json")
+        skip_without_webgpu(context, pg)
+        cdp = context.new_cdp_session(pg)
+        cdp.send("Storage.overrideQuotaForOrigin",
+                 {"origin": served.rstrip("/"), "quotaSize": QUOTA_BYTES})
+        pg.goto(served + "index.html?budget=64MB")
+        pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
+                             timeout=180_000)
+        assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
+        note = pg.inner_text("#notice")
+        assert pg.is_visible("#notice") and pg.is_hidden("#error")
+        stored = re.search(r"storage quota for this site is exceeded while storing (\S+)\)", note)
+        assert stored and stored.group(1) in records, note
+        assert "runs from memory" in note and "downloaded again on the next visit" in note
+        assert pg.evaluate("window.edgeDemo.pipe.loadFigures.cache_failure") == note
+        # files were stored before the refusal (the first shard fits the quota) and dropped
+        assert list(records).index(stored.group(1)) > 0
+        assert pg.evaluate(CACHED) == {}
+
+        block, inputs, want = pair_case(pipeline)
+        got = pg.evaluate(RUN_BLOCK, {"key": block.key, "inputs": inputs})
+        for text, w in zip(got, want, strict=True):
+            assert np.abs(from_b64(text, np.float32, w.shape) - w).max() < 1e-4
+    finally:
+        context.close()
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -13,6 +13,19 @@ function fail(err) {
   state.error = err.message;
 }
 
+// a note that is not an error: the model runs, something about it the user should know
+function notice(text) {
+  let box = $("notice");
+  if (!box) {
+    box = document.createElement("p");
+    box.id = "notice";
+    $("error").after(box);
+  }
+  box.textContent = text;
+  box.hidden = false;
+  state.notice = text;
+}
+
 function mb(n) { return `${(n / 1e6).toFixed(1)} MB`; }
 
 async function load() {
@@ -24,6 +37,7 @@ async function load() {
   const base = new URL(".", location.href).href;
   state.pipe = await WebPipeline.load(base, {
     budget,
+    onCacheFailure: notice,
     onProgress: (got, total) => {
       $("download").max = total; $("download").value = got;
       $("download-text").textContent = `${mb(got)} / ${mb(total)}`;

@@ -3,7 +3,10 @@
 // Files are fetched with byte-accurate progress, kept with the Cache API, and checked against
 // the manifest's size and SHA-256 (crypto.subtle) before use. A cached copy that fails the
 // check is dropped and fetched once more; a fresh copy that fails is a clear error naming the
-// file. GPU residency follows the Python runtime's loader (runtimes/python/loader.py): blocks
+// file. A download cut short (connection lost, body shorter than the file, 5xx) is tried again
+// a bounded number of times and never stored; only whole, verified files reach the cache. When
+// storing fails (storage quota), the files stay in memory for this page, every file of the
+// package already stored is dropped, and onCacheFailure says so. GPU residency follows the Python runtime's loader (runtimes/python/loader.py): blocks
 // run every denoising step are pinned first, in order, while pinned bytes plus room to stream
 // the two largest remaining blocks fit the budget; the others are uploaded at each use and
 // destroyed right after.
@@ -46,20 +49,41 @@ export function checkManifest(manifest, url) {
   }
 }
 
+// A download is tried this many times when the connection fails, the body arrives short, or
+// the server answers 5xx; a brief wait (this many ms times the attempt) lets a blip pass.
+const DOWNLOAD_ATTEMPTS = 3;
+const RETRY_DELAY_MS = 250;
+
+// This attempt did not bring the whole file (internal: fetchFile retries it).
+class Interrupted extends Error {}
+// The server sent more bytes than the manifest lists (internal: treated like a bad digest).
+class Oversized extends Error {}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
 export class PackageFiles {
-  // base: URL of the package folder (ends with "/"); onProgress(loadedBytes, totalBytes, path)
-  constructor(base, manifest, { onProgress = () => {}, useCache = true } = {}) {
+  // base: URL of the package folder (ends with "/"); onProgress(loadedBytes, totalBytes, path);
+  // onCacheFailure(message): the Cache API refused a file (quota): the model runs from memory
+  constructor(base, manifest, { onProgress = () => {}, useCache = true, onCacheFailure = () => {} } = {}) {
     this.base = base;
     this.manifest = manifest;
     this.onProgress = onProgress;
+    this.onCacheFailure = onCacheFailure;
     this.useCache = useCache && typeof caches !== "undefined";
-    this.refetched = [];   // paths whose cached or first copy failed verification
-    this.fromCache = 0;    // files served by the Cache API
+    this.refetched = [];     // paths whose cached or first copy failed verification
+    this.interrupted = [];   // "path: what happened" for each download attempt cut short
+    this.fromCache = 0;      // files served by the Cache API
+    this.cacheFailure = null; // message once storing failed; nothing of the package is kept
   }
 
   static async open(base, options = {}) {
     const url = new URL("manifest.json", base).href;
-    const response = await fetch(url, { cache: "no-cache" });
+    let response;
+    try {
+      response = await fetch(url, { cache: "no-cache" });
+    } catch (err) {
+      throw new PackageError(`${url}: could not be fetched (${err.message}); check the connection and load the page again`);
+    }
     if (!response.ok) throw new PackageError(`${url}: HTTP ${response.status}`);
     let manifest;
     try {
@@ -81,28 +105,100 @@ export class PackageFiles {
     return digest === record.sha256 ? null : `sha256 ${digest}, the manifest says ${record.sha256}`;
   }
 
+  // One attempt at the file's bytes. Throws Interrupted when the body is cut short.
   async download(record, progress) {
-    const response = await fetch(this.url(record.path), { cache: "reload" });
+    let response;
+    try {
+      response = await fetch(this.url(record.path), { cache: "reload" });
+    } catch (err) {
+      throw new Interrupted(`got 0 of ${record.bytes} bytes: no response (${err.message})`);
+    }
+    if (response.status >= 500) throw new Interrupted(`got 0 of ${record.bytes} bytes: HTTP ${response.status}`);
     if (!response.ok) throw new PackageError(`${record.path}: HTTP ${response.status}`);
+    const out = new Uint8Array(record.bytes);
     const reader = response.body.getReader();
-    const chunks = [];
     let got = 0;
+    progress(0); // a retried file starts its share of the progress over, never adds to it
     for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      chunks.push(value);
-      got += value.byteLength;
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        throw new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`);
+      }
+      if (chunk.done) break;
+      if (got + chunk.value.byteLength > record.bytes) {
+        reader.cancel().catch(() => {});
+        throw new Oversized(`more than ${record.bytes} bytes, the manifest says ${record.bytes}`);
+      }
+      out.set(chunk.value, got);
+      got += chunk.value.byteLength;
       progress(got);
     }
-    const out = new Uint8Array(got);
-    let at = 0;
-    for (const c of chunks) { out.set(c, at); at += c.byteLength; }
+    if (got < record.bytes) throw new Interrupted(`got ${got} of ${record.bytes} bytes: the response ended early`);
     return out.buffer;
+  }
+
+  // Downloads until a whole copy matches the manifest: interruptions are tried again up to
+  // DOWNLOAD_ATTEMPTS times, a whole copy that fails its check is fetched once more.
+  async downloadVerified(record, progress) {
+    const cuts = [];
+    for (;;) {
+      let problem;
+      try {
+        const buffer = await this.download(record, progress);
+        problem = await this.verify(record, buffer);
+        if (!problem) return buffer;
+      } catch (err) {
+        if (err instanceof Oversized) {
+          problem = err.message;
+        } else if (err instanceof Interrupted) {
+          cuts.push(err.message);
+          this.interrupted.push(`${record.path}: ${err.message}`);
+          if (cuts.length >= DOWNLOAD_ATTEMPTS) {
+            throw new PackageError(`${record.path}: the download was interrupted ${cuts.length} times (${cuts.join("; ")}); nothing of it was kept, check the connection and load the page again`);
+          }
+          await sleep(RETRY_DELAY_MS * cuts.length);
+          continue;
+        } else {
+          throw err;
+        }
+      }
+      if (this.refetched.includes(record.path)) {
+        throw new PackageError(`${record.path}: the downloaded file does not match the manifest (${problem}), also after fetching it again; the package on the server is damaged or changed`);
+      }
+      this.refetched.push(record.path);
+    }
+  }
+
+  // The Cache API, or null when it is off, missing, or failed earlier in this load.
+  async cache() {
+    if (!this.useCache || this.cacheFailure) return null;
+    try {
+      return await caches.open(CACHE_NAME);
+    } catch (err) {
+      await this.giveUpCache(null, err);
+      return null;
+    }
+  }
+
+  // Storing failed (storage quota, most often): keep the files in memory for this page only
+  // and drop every file of this package already stored, so the cache never holds part of it.
+  async giveUpCache(path, err) {
+    const reason = err && err.name === "QuotaExceededError" ? "the browser's storage quota for this site is exceeded" : `${(err && err.name) || "Error"}: ${err && err.message}`;
+    this.cacheFailure = `The model could not be stored in this browser (${reason}${path ? ` while storing ${path}` : ""}): it runs from memory on this page and will be downloaded again on the next visit.`;
+    try {
+      const cache = await caches.open(CACHE_NAME);
+      await Promise.all(fileRecords(this.manifest).map((r) => cache.delete(this.url(r.path))));
+    } catch {
+      // nothing stored can be reached either: nothing to drop
+    }
+    this.onCacheFailure(this.cacheFailure);
   }
 
   // One file's bytes, verified. progress(bytesOfThisFile) during downloads.
   async fetchFile(record, progress = () => {}) {
-    const cache = this.useCache ? await caches.open(CACHE_NAME) : null;
+    const cache = await this.cache();
     const url = this.url(record.path);
     if (cache) {
       const hit = await cache.match(url);
@@ -117,24 +213,21 @@ export class PackageFiles {
         this.refetched.push(record.path);
       }
     }
-    let buffer = await this.download(record, progress);
-    let problem = await this.verify(record, buffer);
-    if (problem && !this.refetched.includes(record.path)) {
-      this.refetched.push(record.path);
-      buffer = await this.download(record, progress);
-      problem = await this.verify(record, buffer);
+    const buffer = await this.downloadVerified(record, progress);
+    if (cache && !this.cacheFailure) {
+      try {
+        await cache.put(url, new Response(buffer.slice(0)));
+      } catch (err) {
+        await this.giveUpCache(record.path, err);
+      }
     }
-    if (problem) {
-      throw new PackageError(`${record.path}: the downloaded file does not match the manifest (${problem}), also after fetching it again; the package on the server is damaged or changed`);
-    }
-    if (cache) await cache.put(url, new Response(buffer.slice(0)));
     return buffer;
   }
 
   // Many files at once, with one progress figure over all their bytes. Returns path -> bytes.
   async fetchAll(records) {
     const total = records.reduce((n, r) => n + r.bytes, 0);
-    const done = new Map();
+    const done = new Map(); // path -> bytes of the file in flight (its latest attempt)
     let finished = 0;
     const report = (path) => this.onProgress(finished + [...done.values()].reduce((a, b) => a + b, 0), total, path);
     const out = new Map();

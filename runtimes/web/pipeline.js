@@ -71,10 +71,11 @@ export class WebPipeline {
   // base: URL of the package folder; budget: GPU bytes for block weights ("64MB"; null: all)
   // tune: time the exporter's alternative schedules of the transformer's kernels on this
   // adapter and keep the fastest (remembered per adapter; see PlanExecutor.tune)
-  static async load(base, { budget = null, onProgress = () => {}, useCache = true, tune = true } = {}) {
+  // onCacheFailure(message): the files could not be stored (quota); they run from memory
+  static async load(base, { budget = null, onProgress = () => {}, useCache = true, tune = true, onCacheFailure = () => {} } = {}) {
     const started = now();
     const adapter = await requestAdapter();
-    const files = await PackageFiles.open(base, { onProgress, useCache });
+    const files = await PackageFiles.open(base, { onProgress, useCache, onCacheFailure });
     const m = files.manifest;
     const records = [...m.tokenizer.files, ...Object.values(m.conditioning)];
     for (const c of m.components) for (const b of c.blocks) records.push(...b.files);
@@ -124,6 +125,7 @@ export class WebPipeline {
       fetch_s: fetchedAt - started, compile_s: compiledAt - fetchedAt, tune_s: now() - compiledAt,
       kernel_choices: { ...executor.tuned, remembered: executor.choices.size },
       bytes: records.reduce((n, r) => n + r.bytes, 0), from_cache: files.fromCache, refetched: files.refetched,
+      interrupted: files.interrupted, cache_failure: files.cacheFailure,
       pinned: [...weights.pinned], kernels: executor.pipelines.size,
     };
     return pipe;
