@@ -286,12 +286,15 @@ def test_corrupt_shard_is_refetched_then_refused(page, web_package, served, tmp_
 class CuttingHandler(PackageRequestHandler):
     """`edge serve`'s handler, except that a path in `server.cuts` ({path: [bytes, times]}) is
     answered `times` times with its full Content-Length but only its first `bytes` bytes,
-    then the connection is closed: a download interrupted mid-body."""
+    then the connection is closed: a download interrupted mid-body (such an answer ignores
+    a Range header, as a server without ranges does). `server.ranges` records each GET's
+    Range header by path."""
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path.lstrip("/")
         with self.server.lock:
             self.server.gets[path] = self.server.gets.get(path, 0) + 1
+            self.server.ranges.setdefault(path, []).append(self.headers.get("Range"))
             cut = self.server.cuts.get(path)
             if cut and cut[1] > 0:
                 cut[1] -= 1
@@ -314,7 +317,7 @@ def cutting(web_package):
     """The package served by a server that cuts the downloads it is told to (CuttingHandler)."""
     server = PackageServer(web_package[0], port=0, quiet=True)
     server.RequestHandlerClass = CuttingHandler
-    server.lock, server.gets, server.cuts = threading.Lock(), {}, {}
+    server.lock, server.gets, server.cuts, server.ranges = threading.Lock(), {}, {}, {}
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -350,11 +353,12 @@ GOT = re.compile(r"got (\d+) of (\d+) bytes")
 def test_interrupted_download_is_retried_and_never_cached(browser, cutting, web_package):
     """Three kinds of cut download, each once: the server closes the connection mid-body
     (full Content-Length, half the bytes), the connection is reset before any response
-    (Playwright's route.abort), a response ends early (route.fulfill with a short body). Each
-    file is fetched again and arrives whole; progress never counts a retried file twice. A
-    shard cut at every attempt is refused after 3 attempts naming the file and the bytes got,
-    and is not in the cache; a reload then finds only whole files there and fetches the
-    missing one."""
+    (Playwright's route.abort), a response ends early (route.fulfill with a short body). The
+    next attempt asks only for the missing bytes (Range) and the file arrives whole; the
+    progress figure only grows (a retried file is never counted twice). A shard cut at every
+    attempt (by a server that ignores Range: each attempt starts over) is refused after 3
+    attempts naming the file and the bytes got, and is not in the cache; a reload then finds
+    only whole files there and fetches the missing one."""
     root, manifest = web_package
     records = model_records(manifest)
     by_path = {r["path"]: r for r in records}
@@ -390,11 +394,15 @@ def test_interrupted_download_is_retried_and_never_cached(browser, cutting, web_
         assert len(out["interrupted"]) == 3 and set(cut) == {r["path"] for r in (severed, reset,
                                                                                   short)}
         got, of = map(int, GOT.search(cut[severed["path"]]).groups())
-        assert got <= severed["bytes"] // 2 and of == severed["bytes"]
+        assert 0 < got <= severed["bytes"] // 2 and of == severed["bytes"]
         assert "got 1000 of" in cut[short["path"]] and "got 0 of" in cut[reset["path"]]
+        assert cutting.ranges[severed["path"]] == [None, f"bytes={got}-"]
+        assert cutting.ranges[short["path"]] == [None, "bytes=1000-"]  # route.fetch, then retry
+        assert cutting.ranges[reset["path"]] == [None]                 # aborted before sent
         total = sum(r["bytes"] for r in records)
-        assert all(t == total and 0 <= g <= total for g, t in out["progress"])
-        assert out["progress"][-1] == [total, total]
+        loaded = [g for g, t in out["progress"] if t == total]
+        assert len(loaded) == len(out["progress"]) and loaded == sorted(loaded)
+        assert loaded[-1] == total
         cached = pg.evaluate(CACHED)
         assert cached == {p: [r["bytes"], r["sha256"]] for p, r in by_path.items()}
 
@@ -412,6 +420,9 @@ def test_interrupted_download_is_retried_and_never_cached(browser, cutting, web_
         assert error.startswith(always["path"] + ": the download was interrupted 3 times")
         assert len(GOT.findall(error)) == 3 and f"of {always['bytes']} bytes" in error
         assert cutting.gets[always["path"]] == before + 3
+        # each retry asks for the rest; the server answers all of it, so the next starts over
+        assert cutting.ranges[always["path"]][-2:] == [f"bytes={n}-" if int(n) else None
+                                                       for n, _ in GOT.findall(error)[:2]]
         assert always["path"] not in pg.evaluate(CACHED)
 
         # the next visit: every cached file verifies, the missing one is fetched whole

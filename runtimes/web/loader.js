@@ -3,13 +3,14 @@
 // Files are fetched with byte-accurate progress, kept with the Cache API, and checked against
 // the manifest's size and SHA-256 (crypto.subtle) before use. A cached copy that fails the
 // check is dropped and fetched once more; a fresh copy that fails is a clear error naming the
-// file. A download cut short (connection lost, body shorter than the file, 5xx) is tried again
-// a bounded number of times and never stored; only whole, verified files reach the cache. When
-// storing fails (storage quota), the files stay in memory for this page, every file of the
-// package already stored is dropped, and onCacheFailure says so. GPU residency follows the Python runtime's loader (runtimes/python/loader.py): blocks
-// run every denoising step are pinned first, in order, while pinned bytes plus room to stream
-// the two largest remaining blocks fit the budget; the others are uploaded at each use and
-// destroyed right after.
+// file. A download cut short (connection lost, body shorter than the file, 5xx) is tried
+// again a bounded number of times, asking only for the missing bytes, and is never stored:
+// only whole, verified files reach the cache. When storing fails (storage quota), the files
+// stay in memory for this page, every file of the package already stored is dropped, and
+// onCacheFailure says so. GPU residency follows the Python runtime's loader
+// (runtimes/python/loader.py): blocks run every denoising step are pinned first, in order,
+// while pinned bytes plus room to stream the two largest remaining blocks fit the budget; the
+// others are uploaded at each use and destroyed right after.
 
 export const FORMAT = "edge-package";
 export const FORMAT_VERSION = 1;
@@ -54,8 +55,14 @@ export function checkManifest(manifest, url) {
 const DOWNLOAD_ATTEMPTS = 3;
 const RETRY_DELAY_MS = 250;
 
-// This attempt did not bring the whole file (internal: fetchFile retries it).
-class Interrupted extends Error {}
+// This attempt did not bring the whole file (internal: downloadVerified tries again, going
+// on from `partial`, the bytes got so far, where there are some).
+class Interrupted extends Error {
+  constructor(message, partial = null) {
+    super(message);
+    this.partial = partial;
+  }
+}
 // The server sent more bytes than the manifest lists (internal: treated like a bad digest).
 class Oversized extends Error {}
 
@@ -105,26 +112,35 @@ export class PackageFiles {
     return digest === record.sha256 ? null : `sha256 ${digest}, the manifest says ${record.sha256}`;
   }
 
-  // One attempt at the file's bytes. Throws Interrupted when the body is cut short.
-  async download(record, progress) {
+  // One attempt at the file's bytes. Throws Interrupted when the body is cut short; its
+  // `partial` ({out, got}) lets the next attempt ask only for the rest (an HTTP Range).
+  async download(record, progress, partial = null) {
+    const resume = partial && partial.got > 0 && partial.got < record.bytes ? partial : null;
     let response;
     try {
-      response = await fetch(this.url(record.path), { cache: "reload" });
+      response = await fetch(this.url(record.path), { cache: "reload", headers: resume ? { Range: `bytes=${resume.got}-` } : {} });
     } catch (err) {
-      throw new Interrupted(`got 0 of ${record.bytes} bytes: no response (${err.message})`);
+      throw new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} bytes: no response (${err.message})`, resume);
     }
-    if (response.status >= 500) throw new Interrupted(`got 0 of ${record.bytes} bytes: HTTP ${response.status}`);
+    if (response.status >= 500) throw new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} bytes: HTTP ${response.status}`, resume);
     if (!response.ok) throw new PackageError(`${record.path}: HTTP ${response.status}`);
-    const out = new Uint8Array(record.bytes);
+    // the rest of the file where the server answered the range as asked, else all of it
+    const range = /^bytes (\d+)-\d+\/(\d+)$/.exec(response.headers.get("Content-Range") || "");
+    const resumed = resume && response.status === 206 && range && Number(range[1]) === resume.got && Number(range[2]) === record.bytes;
+    if (response.status === 206 && !resumed) {
+      response.body.cancel().catch(() => {});
+      throw new Interrupted(`got 0 of ${record.bytes} bytes: the server answered another range (${response.headers.get("Content-Range")})`);
+    }
+    const out = resumed ? resume.out : new Uint8Array(record.bytes);
+    let got = resumed ? resume.got : 0;
+    progress(got); // a retried file's share of the progress restarts where it stands, never adds
     const reader = response.body.getReader();
-    let got = 0;
-    progress(0); // a retried file starts its share of the progress over, never adds to it
     for (;;) {
       let chunk;
       try {
         chunk = await reader.read();
       } catch (err) {
-        throw new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`);
+        throw new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`, { out, got });
       }
       if (chunk.done) break;
       if (got + chunk.value.byteLength > record.bytes) {
@@ -135,18 +151,20 @@ export class PackageFiles {
       got += chunk.value.byteLength;
       progress(got);
     }
-    if (got < record.bytes) throw new Interrupted(`got ${got} of ${record.bytes} bytes: the response ended early`);
+    if (got < record.bytes) throw new Interrupted(`got ${got} of ${record.bytes} bytes: the response ended early`, { out, got });
     return out.buffer;
   }
 
-  // Downloads until a whole copy matches the manifest: interruptions are tried again up to
-  // DOWNLOAD_ATTEMPTS times, a whole copy that fails its check is fetched once more.
+  // Downloads until a whole copy matches the manifest: an interrupted download goes on from
+  // the bytes it got, up to DOWNLOAD_ATTEMPTS attempts; a whole copy that fails its check is
+  // fetched once more from the start (the sha256 covers the joined parts).
   async downloadVerified(record, progress) {
     const cuts = [];
+    let partial = null;
     for (;;) {
       let problem;
       try {
-        const buffer = await this.download(record, progress);
+        const buffer = await this.download(record, progress, partial);
         problem = await this.verify(record, buffer);
         if (!problem) return buffer;
       } catch (err) {
@@ -158,12 +176,14 @@ export class PackageFiles {
           if (cuts.length >= DOWNLOAD_ATTEMPTS) {
             throw new PackageError(`${record.path}: the download was interrupted ${cuts.length} times (${cuts.join("; ")}); nothing of it was kept, check the connection and load the page again`);
           }
+          partial = err.partial;
           await sleep(RETRY_DELAY_MS * cuts.length);
           continue;
         } else {
           throw err;
         }
       }
+      partial = null;
       if (this.refetched.includes(record.path)) {
         throw new PackageError(`${record.path}: the downloaded file does not match the manifest (${problem}), also after fetching it again; the package on the server is damaged or changed`);
       }
