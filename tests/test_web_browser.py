@@ -436,6 +436,30 @@ def test_interrupted_download_is_retried_and_never_cached(browser, cutting, web_
         context.close()
 
 
+
+def test_page_names_the_file_it_could_not_download(browser, cutting, web_package):
+    """The demo page, when a shard is cut at every attempt, stops before compiling anything
+    and shows the loader's error: the file, the attempts and the bytes got."""
+    shard = next(r for r in model_records(web_package[1]) if r["path"].endswith(".bin"))
+    context = browser.new_context()
+    pg = context.new_page()
+    try:
+        pg.goto(cutting.url + "manifest.json")
+        skip_without_webgpu(context, pg)
+        cutting.cuts[shard["path"]] = [shard["bytes"] // 2, 99]
+        pg.goto(cutting.url + "index.html")
+        pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
+                             timeout=60_000)
+        assert pg.evaluate("window.edgeDemo.ready") is False
+        assert pg.is_visible("#error")
+        error = pg.inner_text("#error")
+        assert error.startswith(shard["path"] + ": the download was interrupted 3 times")
+        assert f"of {shard['bytes']} bytes" in error and "load the page again" in error
+        assert pg.is_disabled("#generate")
+    finally:
+        cutting.cuts.clear()
+        context.close()
+
 QUOTA_BYTES = 40_000_000  # room for the text encoder's first shard, not for the whole package
 
 

@@ -34,6 +34,7 @@ async function load() {
   if (state.pipe) state.pipe.destroy();
   state.pipe = null;
   state.budget = budget;
+  if ($("notice")) $("notice").hidden = true; // said again below if it still holds
   const base = new URL(".", location.href).href;
   state.pipe = await WebPipeline.load(base, {
     budget,

@@ -236,7 +236,7 @@ export class PackageFiles {
     const buffer = await this.downloadVerified(record, progress);
     if (cache && !this.cacheFailure) {
       try {
-        await cache.put(url, new Response(buffer.slice(0)));
+        await cache.put(url, new Response(buffer)); // the Response copies the bytes
       } catch (err) {
         await this.giveUpCache(record.path, err);
       }
