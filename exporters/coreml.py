@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -38,12 +37,11 @@ import numpy as np
 import torch
 from torch import nn
 
-import edge
 from edge.blocks import Block, cut_text_encoder, cut_transformer, cut_vae_decoder
-from edge.models.text_encoder import MAX_TOKENS, minilm_dir
 from edge.models.tiny_sora import TinySora
-from edge.package import FORMAT, FORMAT_VERSION, atomic_directory, file_entry, write_manifest
+from edge.package import atomic_directory, file_entry, write_manifest
 from exporters.coreml_weights import import_coremltools
+from exporters.package_head import manifest_head
 
 QUANTIZE = ("fp16", "8", "6", "4")
 WEIGHT_THRESHOLD = 2048       # coremltools' default: smaller tensors are not compressed
@@ -206,24 +204,6 @@ def export_block(block: Block, root: Path, quantize: str) -> dict:
     return record
 
 
-def write_extras(pipe: TinySora, root: Path) -> dict:
-    """Files the runtime needs beside the blocks: tokenizer, null caption (as the ONNX
-    package, plus a raw little-endian float32 copy Swift reads without an .npy parser)."""
-    tok_dir = root / "tokenizer"
-    tok_dir.mkdir(parents=True)
-    shutil.copy(minilm_dir() / "tokenizer.json", tok_dir / "tokenizer.json")
-    null = pipe.transformer.null_caption.detach().numpy().astype("<f4")
-    npy = root / "conditioning" / "null_caption.npy"
-    npy.parent.mkdir(parents=True)
-    np.save(npy, null)
-    raw = npy.with_suffix(".f32")
-    raw.write_bytes(null.tobytes())
-    return {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
-                          "max_tokens": MAX_TOKENS},
-            "conditioning": {"null_caption": file_entry(root, npy),
-                             "null_caption_f32": file_entry(root, raw)}}
-
-
 def export_coreml(pipe: TinySora, dest: Path, quantize: str = "fp16",
                   model_name: str = "tiny-sora",
                   components: dict[str, list[Block]] | None = None,
@@ -238,11 +218,7 @@ def export_coreml(pipe: TinySora, dest: Path, quantize: str = "fp16",
     optimization_config(quantize)  # refuse a bad setting before converting anything
     components = components or cut_for_device(pipe)
     with atomic_directory(dest) as root:
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                    "producer": f"edge {edge.__version__}", "target": "iphone",
-                    "model": model_name} | write_extras(pipe, root)
-        manifest["sampler"] = pipe.sampler.to_dict()
-        manifest["latent_shape"] = list(pipe.latent_shape)
+        manifest = manifest_head(pipe, root, "iphone", model_name, raw_null_caption=True)
         manifest["coreml"] = {
             "format": "mlprogram", "minimum_deployment_target": DEPLOYMENT_TARGET,
             "compute_precision": "float16", "compute_units": COMPUTE_UNITS,

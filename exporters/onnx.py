@@ -11,7 +11,6 @@ itself at session creation, outside the loader's budget and prefetch.
 from __future__ import annotations
 
 import logging
-import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -21,18 +20,15 @@ import numpy as np
 import torch
 from torch import nn
 
-import edge
 from edge.blocks import Block, cut_pipeline
-from edge.models.text_encoder import MAX_TOKENS, minilm_dir
 from edge.models.tiny_sora import TinySora
 from edge.package import (
-    FORMAT,
-    FORMAT_VERSION,
     atomic_directory,
     file_entry,
     weights_layout,
     write_manifest,
 )
+from exporters.package_head import manifest_head
 
 BLOCK_TOLERANCE = 1e-4     # fp32 max-abs error per block against PyTorch
 
@@ -165,19 +161,6 @@ def export_block(block: Block, root: Path) -> dict:
     return record
 
 
-def write_extras(pipe: TinySora, root: Path) -> dict:
-    """Files the runtime needs beside the blocks: tokenizer, null caption."""
-    tok_dir = root / "tokenizer"
-    tok_dir.mkdir(parents=True)
-    shutil.copy(minilm_dir() / "tokenizer.json", tok_dir / "tokenizer.json")
-    null = root / "conditioning" / "null_caption.npy"
-    null.parent.mkdir(parents=True)
-    np.save(null, pipe.transformer.null_caption.detach().numpy().astype(np.float32))
-    return {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
-                          "max_tokens": MAX_TOKENS},
-            "conditioning": {"null_caption": file_entry(root, null)}}
-
-
 def export_onnx(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
                 components: dict[str, list[Block]] | None = None,
                 on_block: Callable[[str], None] | None = None,
@@ -187,11 +170,7 @@ def export_onnx(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
     were cut for a memory budget (edge/plan.py), recorded in the manifest."""
     components = components or cut_pipeline(pipe)
     with atomic_directory(dest) as root:
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                    "producer": f"edge {edge.__version__}", "target": "onnx",
-                    "model": model_name} | write_extras(pipe, root)
-        manifest["sampler"] = pipe.sampler.to_dict()
-        manifest["latent_shape"] = list(pipe.latent_shape)
+        manifest = manifest_head(pipe, root, "onnx", model_name)
         if plan is not None:
             manifest["plan"] = plan
         manifest["components"] = []

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import edge
 from edge.blocks import Block, cut_text_encoder, cut_transformer, cut_vae_decoder
 from edge.models.tiny_sora import TinySora
-from edge.package import FORMAT, FORMAT_VERSION, atomic_directory, file_entry, write_manifest
-from exporters.onnx import ExportValidationError, write_extras, write_weights
+from edge.package import atomic_directory, file_entry, write_manifest
+from exporters.onnx import ExportValidationError, write_weights
+from exporters.package_head import manifest_head
 from exporters.tvm_plan import BlockCompiler, CompiledBlock, web_example
 
 BLOCK_TOLERANCE = 1e-4          # fp32 max-abs error of a replayed plan against PyTorch
@@ -145,11 +145,7 @@ def export_web(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
     compiler = compiler or BlockCompiler()
     components = web_blocks(pipe)
     with atomic_directory(dest) as root:
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                    "producer": f"edge {edge.__version__}", "target": "web",
-                    "model": model_name} | write_extras(pipe, root)
-        manifest["sampler"] = pipe.sampler.to_dict()
-        manifest["latent_shape"] = list(pipe.latent_shape)
+        manifest = manifest_head(pipe, root, "web", model_name)
         manifest["web"] = {"guidance_batch": 2, "vae_frames": VAE_FRAMES,
                            "shard_bytes": SHARD_BYTES}
         manifest["components"] = []

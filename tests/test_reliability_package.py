@@ -6,9 +6,11 @@ import os
 import shutil
 
 import pytest
+from manifest_edits import block_record as block
+from manifest_edits import rewrite
 
 from edge.manifest_schema import check_manifest
-from edge.package import MANIFEST, PackageError, read_package, write_manifest
+from edge.package import MANIFEST, PackageError, read_package
 
 BLOCK = ("transformer", "pair_1")
 
@@ -28,18 +30,6 @@ def manifest(exported_package):
     m = copy.deepcopy(exported_package[1])
     m.pop("manifest_sha256")
     return m
-
-
-def block(m, comp="transformer", name="pair_1"):
-    c = next(c for c in m["components"] if c["name"] == comp)
-    return next(b for b in c["blocks"] if b["name"] == name)
-
-
-def rewrite(root, change):
-    """Change the manifest as a faulty exporter would: its own digest stays consistent."""
-    m = json.loads((root / MANIFEST).read_text())
-    change(m)
-    write_manifest(root, m)
 
 
 class NoBlockRuns:

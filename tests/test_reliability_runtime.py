@@ -2,7 +2,6 @@
 before any block runs, two generations from one pipeline in threads are safe (they run one
 after another), a manifest that disagrees with its graphs is refused at load, and a block file
 that changes on disk after verification is refused when it is read."""
-import json
 import os
 import shutil
 import threading
@@ -10,8 +9,9 @@ import warnings
 
 import numpy as np
 import pytest
+from manifest_edits import block_record, rewrite
 
-from edge.package import MANIFEST, PackageError, write_manifest
+from edge.package import PackageError
 from edge.tokenizer import PromptTruncatedWarning
 
 STEPS = 1
@@ -31,17 +31,6 @@ def pkg(exported_package, tmp_path):
     dest = tmp_path / "pkg"
     shutil.copytree(exported_package[0], dest)
     return dest
-
-
-def block_record(m, comp="transformer", name="pair_1"):
-    c = next(c for c in m["components"] if c["name"] == comp)
-    return next(b for b in c["blocks"] if b["name"] == name)
-
-
-def rewrite(root, change):
-    m = json.loads((root / MANIFEST).read_text())
-    change(m)
-    write_manifest(root, m)
 
 
 # --- prompts ---------------------------------------------------------------------------------
