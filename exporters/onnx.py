@@ -77,8 +77,10 @@ def export_graph(block: Block, path: Path) -> None:
     batch = torch.export.Dim("batch", min=1)
     shapes = [{0: batch} if d else None for d in block.dynamic_batch] + [None] * len(weights)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # the exporter's constant folder logs harmless "Evaluation failed" notes; keep them quiet
+    # the exporter's constant folder logs harmless "Evaluation failed" notes, and its op
+    # registry four "torchvision is not installed" lines per graph; keep them quiet
     logging.getLogger("onnxscript").setLevel(logging.ERROR)
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(WeightsAsInputs(block), block.example + weights, str(path),
