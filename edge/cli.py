@@ -319,17 +319,28 @@ def export(
     from exporters.onnx import ExportValidationError, end_to_end_check, export_onnx
 
     total = sum(len(b) for b in components.values())
+    check_bar: list[tqdm] = []  # made at the first step of the end-to-end check
+
+    def on_check_step(done: int, steps: int) -> None:
+        if not check_bar:
+            check_bar.append(tqdm(total=steps, desc="checking end to end", unit="step"))
+        check_bar[0].update(done - check_bar[0].n)
+
     started = time.perf_counter()
     try:
         with tqdm(total=total, desc="exporting", unit="block") as bar:
             manifest = export_onnx(pipe, dest, model_name=model_name, components=components,
                                    on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
-                                   validate_end_to_end=end_to_end_check(pipe),
+                                   validate_end_to_end=end_to_end_check(pipe,
+                                                                        on_step=on_check_step),
                                    plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
     except ExportValidationError as err:
         _fail(f"validation failed, nothing written to {dest}: {err}")
     except PackageWriteError as err:  # full disk, unwritable destination
         _fail(str(err))
+    finally:
+        for b in check_bar:
+            b.close()
     worst = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
                 for c in manifest["components"] for b in c["blocks"])
     typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "

@@ -199,19 +199,26 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
-def end_to_end_check(pipe: TinySora, seed: int = 0) -> Callable[[Path], dict]:
+def end_to_end_check(pipe: TinySora, seed: int = 0,
+                     on_step: Callable[[int, int], None] | None = None
+                     ) -> Callable[[Path], dict]:
     """A check for `export_onnx`: the package run by the Python runtime must reproduce the
-    PyTorch pipeline's video on a fixed prompt and seed (PSNR >= 40 dB)."""
+    PyTorch pipeline's video on a fixed prompt and seed (PSNR >= 40 dB). `on_step(done,
+    total)` counts the denoising steps of both generations (minutes on a large model)."""
+
+    def progress(offset: int) -> Callable[[int, int], None] | None:
+        return None if on_step is None else lambda i, n: on_step(offset + i, 2 * n)
 
     def check(root: Path) -> dict:
         from runtimes.python import Pipeline
 
         runtime = Pipeline.load(root)
         try:
-            got = runtime.generate(VALIDATION_PROMPT, seed=seed)
+            got = runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=progress(0))
         finally:
             runtime.close()
-        want = pipe.generate(VALIDATION_PROMPT, seed=seed)
+        want = pipe.generate(VALIDATION_PROMPT, seed=seed,
+                             on_step=progress(pipe.sampler.steps))
         value = psnr(got, want)
         if not value >= PSNR_LIMIT_DB:
             raise ExportValidationError(

@@ -6,7 +6,13 @@ from typer.testing import CliRunner
 
 from edge.cli import app
 from edge.package import PackageError, read_package
-from exporters.onnx import PSNR_LIMIT_DB, ExportValidationError, export_onnx, psnr
+from exporters.onnx import (
+    PSNR_LIMIT_DB,
+    ExportValidationError,
+    end_to_end_check,
+    export_onnx,
+    psnr,
+)
 from runtimes.python import BudgetError, Pipeline
 
 runner = CliRunner()
@@ -182,3 +188,14 @@ def test_scaled_model_exports_with_the_same_command_and_a_budget(tmp_path):
         pipe.close()
     assert video.shape[:2] == (1, 16) and pipe.last_run["peak_held_bytes"] <= 50 << 20
     assert pipe.last_run["sampler"]["merged_calls"] == 1
+
+
+def test_end_to_end_check_reports_the_steps_of_both_generations(pipeline, exported_package):
+    root, _ = exported_package
+    seen = []
+    result = end_to_end_check(pipeline, on_step=lambda done, total: seen.append((done, total)))(
+        root)
+    steps = pipeline.sampler.steps
+    assert result["psnr_db"] >= PSNR_LIMIT_DB
+    assert [d for d, _ in seen] == list(range(1, 2 * steps + 1))  # runtime's, then PyTorch's
+    assert {t for _, t in seen} == {2 * steps}
