@@ -21,9 +21,7 @@ from runtimes.python.loader import BlockWeights, BufferPool, read_file, tensors_
 
 
 def weights_of(root: Path, block: dict) -> BlockWeights:
-    path = root / block["weights"]["path"]
-    return BlockWeights(block["name"], path, path.stat().st_size,
-                        tuple(block["weights"]["tensors"]))
+    return BlockWeights.of_block(block["name"], root / block["weights"]["path"], block)
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ def main(package: Path, key: str, runs: int) -> None:
     block = next(b for c in manifest["components"] if c["name"] == comp
                  for b in c["blocks"] if b["name"] == name)
     wpath = package / block["weights"]["path"]
-    spec = BlockWeights(key, wpath, wpath.stat().st_size, tuple(block["weights"]["tensors"]))
+    spec = BlockWeights.of_block(key, wpath, block)
     rng = np.random.default_rng(0)
     feed = {s["name"]: rng.standard_normal([2 if d == "batch" else d for d in s["shape"]],
                                            dtype=np.float32)

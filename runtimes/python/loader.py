@@ -44,6 +44,14 @@ class BlockWeights:
     tensors: tuple[dict, ...]  # {"name", "dtype", "shape", "offset", "bytes"}
     identity: FileIdentity | None = None  # the file as verified; a read of another is refused
 
+    @classmethod
+    def of_block(cls, key: str, path: Path, block: dict,
+                 identity: FileIdentity | None = None) -> BlockWeights:
+        """The weights a manifest block record lists, in the file at `path` (resolved by the
+        caller inside its package)."""
+        return cls(key, path, path.stat().st_size, tuple(block["weights"]["tensors"]),
+                   identity)
+
 
 @dataclass
 class LoaderStats:

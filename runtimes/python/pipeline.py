@@ -166,9 +166,7 @@ class Pipeline:
                     c.variants[key, variant] = _session(
                         root, record["graph"], options, f"{where} variant {variant}", block)
                 wpath = resolve_inside(root, block["weights"]["path"], where)
-                weights[key] = BlockWeights(key, wpath, wpath.stat().st_size,
-                                            tuple(block["weights"]["tensors"]),
-                                            identity=identities.get(wpath))
+                weights[key] = BlockWeights.of_block(key, wpath, block, identities.get(wpath))
             components[c.name] = c
         loader = BlockLoader(weights, parse_size(memory_budget),
                              every_step=tuple(components["transformer"].keys()),
