@@ -95,6 +95,9 @@ def generate(
     leap_tol: LeapTolOption = None,
     merge_steps: MergeStepsOption = None,
     cache_threshold: CacheOption = None,
+    negative_prompt: Annotated[str | None, typer.Option(
+        help="With a package: what the unconditional pass is told [default: the package's "
+        "learned null caption or negative prompt].")] = None,
 ) -> None:
     """Generate a video from a prompt, with the PyTorch pipeline or an exported package."""
     from tqdm import tqdm
@@ -106,6 +109,8 @@ def generate(
     package, text = (Path(first), prompt) if prompt is not None else (None, first)
     if package is None and memory_budget:
         _fail("--memory-budget applies to exported packages: give the package folder first")
+    if package is None and negative_prompt is not None:
+        _fail("--negative-prompt applies to exported packages: give the package folder first")
     pipe = _load_runtime(package, memory_budget) if package else _load_pipeline(weights)
     overrides = _sampler_overrides(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
@@ -115,8 +120,9 @@ def generate(
     started = time.perf_counter()
     with tqdm(total=total, desc="denoising", unit="step") as bar:
         try:
+            extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
             video = pipe.generate(text, seed=seed, on_step=lambda i, n: bar.update(i - bar.n),
-                                  **overrides)
+                                  **extra, **overrides)
         except (ValueError, FloatingPointError) as err:  # bad options, a changed file, NaN
             _fail(str(err))
     path = write_video(output, video[0], fps=fps, scale=scale)
@@ -193,11 +199,12 @@ def bench(
     cold = result["cold_sequential_read"]
     typer.echo(f"cold sequential read: {format_size(cold['bytes'])} at "
                f"{format_size(int(cold['bytes_per_s']))}/s")
-    typer.echo(f"{'mode':<10}{'wall s':>9}{'x resident':>11}{'read':>11}{'io wait s':>10}"
-               f"{'overlap':>9}{'bw/cold':>8}{'peak RSS':>11}")
+    typer.echo(f"{'mode':<10}{'wall s':>9}{'x resident':>11}{'x floor':>8}{'read':>11}"
+               f"{'io wait s':>10}{'overlap':>9}{'bw/cold':>8}{'peak RSS':>11}")
     for mode in MODES:
         r = result[mode]
         typer.echo(f"{mode:<10}{r['wall_s']:>9.2f}{r['wall_vs_resident']:>11.2f}"
+                   f"{r['wall_vs_floor']:>8.2f}"
                    f"{format_size(r['bytes_read']):>11}{r['io_wait_s']:>10.2f}"
                    f"{_cell(r['overlap_efficiency']):>9}{_cell(r['read_bw_fraction']):>8}"
                    f"{format_size(r['peak_rss_bytes']):>11}")
@@ -240,8 +247,8 @@ def export(
         ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM + the demo page: a static "
         "site for `edge serve`).")] = "onnx",
     model: Annotated[Path | None, typer.Option(
-        help="Model weights folder [default: the shipped tiny-sora].", exists=True,
-        file_okay=False)] = None,
+        help="A diffusers pipeline folder (Wan 2.1: WanPipeline) or a tiny-sora weights "
+        "folder [default: the shipped tiny-sora]. Local files only.")] = None,
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].")] = None,
     memory_budget: Annotated[str | None, typer.Option(
@@ -253,8 +260,27 @@ def export(
         "[default: fp16].")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a package already at the destination.")] = False,
+    height: Annotated[int | None, typer.Option(
+        help="Video height of a diffusers model's package (static) [default: the family's, "
+        "480 for Wan].")] = None,
+    width: Annotated[int | None, typer.Option(
+        help="Video width [default: the family's, 832 for Wan].")] = None,
+    frames: Annotated[int | None, typer.Option(
+        help="Frame count [default: the family's, 81 for Wan; Wan takes 4k + 1].")] = None,
+    steps: Annotated[int | None, typer.Option(
+        min=1, help="Denoising steps the package defaults to [default: the family's, 50 "
+        "for Wan].")] = None,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
+    from edge.families import FamilyError, check_target, family_of
+
+    try:  # refused before any work: an unknown folder, a target the family lacks
+        family = family_of(model)
+        if target in TARGETS:
+            check_target(family, target)
+    except FamilyError as err:
+        _fail(str(err))
+    size_options = {"height": height, "width": width, "frames": frames, "steps": steps}
     model_name = model.resolve().name if model else "tiny-sora"
     suffix = f"-q{quantize}" if target == "iphone" and quantize not in (None, "fp16") else ""
     dest = output or Path("dist") / f"{model_name}-{target}{suffix}"
@@ -288,12 +314,17 @@ def export(
         else:
             export_iphone(model, dest, quantize or "fp16")
         return
-    pipe = _load_pipeline(model)
-    from edge.blocks import cut_pipeline
+    from edge.families import load_model
     from edge.plan import READ_UNIT, partition, plan_residency
 
+    try:
+        family_model = load_model(model, **size_options)
+    except FamilyError as err:
+        _fail(str(err))
+    for note in getattr(family_model, "notes", []):
+        typer.echo(note)
     try:  # a budget re-cuts the blocks: pairs too large split, small neighbours merged
-        cut = partition(cut_pipeline(pipe), budget)
+        cut = partition(family_model.cut(), budget)
         plan = plan_residency(cut.components, budget)
     except BudgetError as err:
         _fail(str(err))
@@ -329,10 +360,12 @@ def export(
     started = time.perf_counter()
     try:
         with tqdm(total=total, desc="exporting", unit="block") as bar:
-            manifest = export_onnx(pipe, dest, model_name=model_name, components=components,
+            manifest = export_onnx(family_model, dest, model_name=model_name,
+                                   components=components,
                                    on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
-                                   validate_end_to_end=end_to_end_check(pipe,
-                                                                        on_step=on_check_step),
+                                   validate_end_to_end=end_to_end_check(
+                                       family_model, on_step=on_check_step,
+                                       memory_budget=budget),
                                    plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
     except ExportValidationError as err:
         _fail(f"validation failed, nothing written to {dest}: {err}")
@@ -341,11 +374,14 @@ def export(
     finally:
         for b in check_bar:
             b.close()
+    import resource
+
     worst = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
                 for c in manifest["components"] for b in c["blocks"])
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "
                f"block error {worst[0]:.2g} ({worst[1]}), end to end PSNR "
-               f"{manifest['validation']['psnr_db']} dB")
+               f"{manifest['validation']['psnr_db']} dB, peak RSS {format_size(peak_rss)}")
 
 
 @app.command("eval")
@@ -447,15 +483,42 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, **options)
 @app.command("scale-model")
 def scale_model(
     out: Annotated[Path, typer.Argument(help="Model folder to write.")],
+    like: Annotated[str | None, typer.Option(
+        help="Write a diffusers folder with a real model's shapes instead: wan2.1-t2v-1.3b "
+        "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5).")] = None,
+    full_text_encoder: Annotated[bool, typer.Option(
+        help="With --like: UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32).")] = False,
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
     pairs: Annotated[int, typer.Option(min=1, help="Spatial/temporal block pairs.")] = 8,
     heads: Annotated[int, typer.Option(min=1)] = 16,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
-    """Write tiny-sora's architecture at a larger size with random weights, for speed and
-    memory benchmarks (`edge export --model OUT`). The defaults give a ~1 GB transformer."""
-    from edge.models.scaled import write_scaled_model
+    """Write a model with random weights for speed and memory benchmarks (`edge export
+    --model OUT`): tiny-sora's architecture at a larger size (the defaults give a ~1 GB
+    transformer), or with --like a diffusers folder of a real model's shapes, written one
+    block at a time."""
     from runtimes.python.loader import format_size
+
+    if like is not None:
+        from tqdm import tqdm
+
+        from edge.models.scaled_wan import write_wan_like
+
+        try:
+            with tqdm(desc="writing", unit="part") as bar:
+                written = write_wan_like(out, like, full_text_encoder, seed,
+                                         on_part=lambda name: (bar.set_postfix_str(name),
+                                                               bar.update()))
+        except ValueError as err:
+            _fail(str(err))
+        params = written["transformer_params"]
+        typer.echo(f"wrote {out}: {like} shapes, transformer of {params / 1e9:.2f} B "
+                   f"parameters ({format_size(params * 4)} fp32), text encoder of "
+                   f"{written['text_encoder_params'] / 1e6:.0f} M, random weights (seed {seed})")
+        return
+    if full_text_encoder:
+        _fail("--full-text-encoder applies with --like")
+    from edge.models.scaled import write_scaled_model
 
     try:
         config = write_scaled_model(out, hidden, pairs, heads, seed)

@@ -7,7 +7,8 @@ Three ways to make fewer or cheaper transformer calls, all decided here (see
 docs/techniques-in-edge.md):
 
 - Linear Proportional Leap (`leap`): once consecutive velocities stop growing more aligned,
-  one Euler step with the whole remaining time lands on t = 0.
+  one Euler step with the whole remaining time lands on t = 0 (with either scheduler of
+  edge/schedulers.py: the leap is x - t v, the predicted x0).
 - Temporal token merging (`merge_steps`): the predictor is told to use the merged transformer
   variant for the first `merge_steps` steps.
 - Step cache (`cache_threshold`): the predictor skips the transformer pairs while the
@@ -26,6 +27,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from edge.schedulers import SCHEDULERS, UniPCFlow, euler_sigmas, unipc_model_times, unipc_sigmas
+
 
 @dataclass(frozen=True)
 class SamplerSettings:
@@ -33,6 +36,7 @@ class SamplerSettings:
     guidance: float = 5.0
     shift: float = 3.0                 # SD3-style timestep shift: more steps at high noise
     num_train_timesteps: int = 1000
+    scheduler: str = "flow_euler"      # or "flow_unipc" (edge/schedulers.py)
     # Linear Proportional Leap
     leap: bool = False
     leap_after: int | None = None      # fixed mode: leap after this many steps; None: dynamic
@@ -48,6 +52,8 @@ class SamplerSettings:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"sampler setting {name}={getattr(self, name)!r}: {why}")
 
+        if self.scheduler not in SCHEDULERS:
+            raise bad("scheduler", f"known: {', '.join(SCHEDULERS)}")
         if self.steps < 1:
             raise bad("steps", "must be at least 1")
         if self.leap_after is not None and not 1 <= self.leap_after < self.steps:
@@ -76,20 +82,19 @@ class SamplerSettings:
         return cls(**values)
 
 
-def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
-    return shift * sigmas / (1 + (shift - 1) * sigmas)
-
-
 def timesteps(settings: SamplerSettings) -> np.ndarray:
-    """The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0, float32 of length steps + 1.
+    """The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 the sampler integrates over, float32
+    of length steps + 1, as the settings' diffusers scheduler sets them."""
+    make = unipc_sigmas if settings.scheduler == "flow_unipc" else euler_sigmas
+    return make(settings.steps, settings.shift, settings.num_train_timesteps)
 
-    Reproduces FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift: a linspace
-    from 1 to the (shifted) smallest training sigma, shifted once more, then a final 0."""
-    n_train = settings.num_train_timesteps
-    sigma_min = shift_sigmas(np.float64(1.0 / n_train), settings.shift)
-    sigmas = np.linspace(1.0, sigma_min, settings.steps)
-    sigmas = shift_sigmas(sigmas.astype(np.float32), settings.shift)
-    return np.append(sigmas, np.float32(0.0)).astype(np.float32)
+
+def model_times(settings: SamplerSettings) -> np.ndarray:
+    """What the transformer is told the time of each step is (length steps): the sigmas for
+    flow-match Euler; UniPC's whole training timesteps as fractions."""
+    if settings.scheduler == "flow_unipc":
+        return unipc_model_times(settings.steps, settings.shift, settings.num_train_timesteps)
+    return timesteps(settings)[:-1]
 
 
 def guided_velocity(v_cond: np.ndarray, v_uncond: np.ndarray, guidance: float) -> np.ndarray:
@@ -149,14 +154,16 @@ class LeapRule:
 
 def modulated_input(x: np.ndarray, t_mod: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """The first block's timestep-modulated input, from the prologue's outputs: LayerNorm of
-    the tokens x (B, T, S, D), scaled and shifted by the adaLN-single modulation t_mod
+    the tokens x (B, ..., D), scaled and shifted by the adaLN-single modulation t_mod
     (B, 6, D) rows 1 (scale) and 0 (shift). The block's own learned table offset is left out:
     it is a constant, and the step cache only compares this value between steps."""
     x64 = x.astype(np.float64)
     mean = x64.mean(-1, keepdims=True)
     var = ((x64 - mean) ** 2).mean(-1, keepdims=True)
     h = (x64 - mean) / np.sqrt(var + eps)
-    return h * (1.0 + t_mod[:, 1, None, None]) + t_mod[:, 0, None, None]
+    # rows broadcast over the token axes: (B, T, S, D) for tiny-sora, (B, S, D) for Wan
+    rows = (x.shape[0], *(1,) * (x.ndim - 2), x.shape[-1])
+    return h * (1.0 + t_mod[:, 1].reshape(rows)) + t_mod[:, 0].reshape(rows)
 
 
 def relative_l1(a: np.ndarray, b: np.ndarray) -> float:
@@ -246,7 +253,8 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
            on_step: Callable[[int, int], None] | None = None,
            trace: Trace | None = None) -> np.ndarray:
     """Integrate from t=1 (noise) to t=0; returns the final latents."""
-    ts = timesteps(settings)
+    ts, model_ts = timesteps(settings), model_times(settings)
+    unipc = UniPCFlow(ts) if settings.scheduler == "flow_unipc" else None
     x = noise.astype(np.float32)
     trace = trace if trace is not None else Trace()
     rule = LeapRule(settings)
@@ -255,7 +263,7 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
     last_call = settings.leap_after if settings.leap and settings.leap_after else settings.steps - 1
     for i in range(settings.steps):
         step = Step(i, i < settings.merge_steps, cache, i == last_call)
-        v_cond, v_uncond = predict(x, float(ts[i]), step)
+        v_cond, v_uncond = predict(x, float(model_ts[i]), step)
         trace.calls += 1
         trace.transformer_calls += step.computed
         trace.merged_calls += step.merged
@@ -266,7 +274,7 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
             if on_step is not None:
                 on_step(settings.steps, settings.steps)
             break
-        x = euler_step(x, v, ts[i], ts[i + 1])
+        x = unipc.step(v, i, x) if unipc else euler_step(x, v, ts[i], ts[i + 1])
         if on_step is not None:
             on_step(i + 1, settings.steps)
     trace.cosines = rule.cosines

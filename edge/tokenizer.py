@@ -4,6 +4,8 @@ sees one shape."""
 
 from __future__ import annotations
 
+import html
+import re
 import warnings
 from pathlib import Path
 
@@ -11,11 +13,28 @@ import numpy as np
 from tokenizers import Tokenizer
 
 
-def load_tokenizer(tokenizer_json: str | Path, max_tokens: int) -> Tokenizer:
+def load_tokenizer(tokenizer_json: str | Path, max_tokens: int,
+                   pad_token: str = "[PAD]") -> Tokenizer:
     tok = Tokenizer.from_file(str(tokenizer_json))
+    pad_id = tok.token_to_id(pad_token)
+    if pad_id is None:
+        raise ValueError(f"{tokenizer_json}: no pad token {pad_token!r} in the vocabulary")
     tok.enable_truncation(max_tokens)
-    tok.enable_padding(length=max_tokens, pad_id=0, pad_token="[PAD]")
+    tok.enable_padding(length=max_tokens, pad_id=pad_id, pad_token=pad_token)
     return tok
+
+
+# How a package's prompts are cleaned before tokenizing (manifest `tokenizer.clean`)
+CLEANERS = ("none", "wan")
+
+
+def clean_prompt(text: str, kind: str) -> str:
+    """"wan": WanPipeline's prompt_clean without ftfy (which diffusers uses only when it is
+    installed): HTML entities unescaped twice, whitespace runs collapsed, ends stripped."""
+    if kind == "wan":
+        text = html.unescape(html.unescape(text)).strip()
+        return re.sub(r"\s+", " ", text).strip()
+    return text
 
 
 class PromptTruncatedWarning(UserWarning):

@@ -37,7 +37,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block, cut_text_encoder, cut_transformer, cut_vae_decoder
+from edge.blocks import Block
+from edge.families.tiny_sora import (
+    TinySoraModel,
+    cut_text_encoder,
+    cut_transformer,
+    cut_vae_decoder,
+)
 from edge.models.tiny_sora import TinySora
 from edge.package import atomic_directory, file_entry, write_manifest
 from exporters.coreml_weights import import_coremltools
@@ -218,7 +224,8 @@ def export_coreml(pipe: TinySora, dest: Path, quantize: str = "fp16",
     optimization_config(quantize)  # refuse a bad setting before converting anything
     components = components or cut_for_device(pipe)
     with atomic_directory(dest) as root:
-        manifest = manifest_head(pipe, root, "iphone", model_name, raw_null_caption=True)
+        manifest = manifest_head(TinySoraModel(pipe), root, "iphone", model_name,
+                                 raw_null_caption=True)
         manifest["coreml"] = {
             "format": "mlprogram", "minimum_deployment_target": DEPLOYMENT_TARGET,
             "compute_precision": "float16", "compute_units": COMPUTE_UNITS,

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block, cut_pipeline
-from edge.models.tiny_sora import TinySora
+from edge.blocks import Block
+from edge.families import FamilyModel
 from edge.package import (
     atomic_directory,
     file_entry,
@@ -142,7 +142,7 @@ def export_block(block: Block, root: Path) -> dict:
     weights = root / "weights" / block.component / f"{block.name}.bin"
     outputs, error = export_validated_graph(block, graph, block.key)
     table = write_weights(weights, block.parameters())
-    dynamic_out = [True] * len(outputs)
+    dynamic_out = block.dynamic_outputs or [True] * len(outputs)
     files = [file_entry(root, graph), file_entry(root, weights)]
     variants = export_variants(block, root)
     # the block's files list every file it uses, its variants' graphs too, so verification
@@ -163,16 +163,18 @@ def export_block(block: Block, root: Path) -> dict:
     return record
 
 
-def export_onnx(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
+def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
                 components: dict[str, list[Block]] | None = None,
                 on_block: Callable[[str], None] | None = None,
                 validate_end_to_end: Callable[[Path], dict] | None = None,
                 plan: dict | None = None) -> dict:
-    """Export every block to `dest` atomically; returns the manifest. `plan`: how the blocks
-    were cut for a memory budget (edge/plan.py), recorded in the manifest."""
-    components = components or cut_pipeline(pipe)
+    """Export every block of `model` (a family's model, edge/families) to `dest` atomically;
+    returns the manifest. `components`: the blocks, if already cut (default: the family's
+    cut); `plan`: how they were cut for a memory budget (edge/plan.py), recorded in the
+    manifest."""
+    components = components or model.cut()
     with atomic_directory(dest) as root:
-        manifest = manifest_head(pipe, root, "onnx", model_name)
+        manifest = manifest_head(model, root, "onnx", model_name or model.name)
         if plan is not None:
             manifest["plan"] = plan
         manifest["components"] = []
@@ -199,12 +201,15 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
-def end_to_end_check(pipe: TinySora, seed: int = 0,
-                     on_step: Callable[[int, int], None] | None = None
-                     ) -> Callable[[Path], dict]:
+def end_to_end_check(model: FamilyModel, seed: int = 0,
+                     on_step: Callable[[int, int], None] | None = None,
+                     memory_budget: int | None = None) -> Callable[[Path], dict]:
     """A check for `export_onnx`: the package run by the Python runtime must reproduce the
-    PyTorch pipeline's video on a fixed prompt and seed (PSNR >= 40 dB). `on_step(done,
-    total)` counts the denoising steps of both generations (minutes on a large model)."""
+    family's PyTorch reference video (diffusers' own pipeline for a diffusers folder) on a
+    fixed prompt and seed (PSNR >= 40 dB). `on_step(done, total)` counts the denoising steps
+    of both generations (minutes on a large model). `memory_budget`: the runtime streams
+    under it, so the check does not hold a second copy of a large model beside the one being
+    exported."""
 
     def progress(offset: int) -> Callable[[int, int], None] | None:
         return None if on_step is None else lambda i, n: on_step(offset + i, 2 * n)
@@ -212,13 +217,13 @@ def end_to_end_check(pipe: TinySora, seed: int = 0,
     def check(root: Path) -> dict:
         from runtimes.python import Pipeline
 
-        runtime = Pipeline.load(root)
+        runtime = Pipeline.load(root, memory_budget=memory_budget)
         try:
             got = runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=progress(0))
         finally:
             runtime.close()
-        want = pipe.generate(VALIDATION_PROMPT, seed=seed,
-                             on_step=progress(pipe.sampler.steps))
+        want = model.generate(VALIDATION_PROMPT, seed=seed,
+                              on_step=progress(model.sampler.steps))
         value = psnr(got, want)
         if not value >= PSNR_LIMIT_DB:
             raise ExportValidationError(

@@ -24,7 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge.blocks import Block, cut_text_encoder, cut_transformer, cut_vae_decoder
+from edge.blocks import Block
+from edge.families.tiny_sora import (
+    TinySoraModel,
+    cut_text_encoder,
+    cut_transformer,
+    cut_vae_decoder,
+)
 from edge.models.tiny_sora import TinySora
 from edge.package import atomic_directory, file_entry, write_manifest
 from exporters.onnx import ExportValidationError, write_weights
@@ -145,7 +151,7 @@ def export_web(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
     compiler = compiler or BlockCompiler()
     components = web_blocks(pipe)
     with atomic_directory(dest) as root:
-        manifest = manifest_head(pipe, root, "web", model_name)
+        manifest = manifest_head(TinySoraModel(pipe), root, "web", model_name)
         manifest["web"] = {"guidance_batch": 2, "vae_frames": VAE_FRAMES,
                            "shard_bytes": SHARD_BYTES}
         manifest["components"] = []

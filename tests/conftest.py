@@ -15,6 +15,14 @@ def pipeline():
 
 
 @pytest.fixture(scope="session")
+def tiny_sora(pipeline):
+    """The shipped tiny-sora as its family's model (what exporters take)."""
+    from edge.families.tiny_sora import TinySoraModel
+
+    return TinySoraModel(pipeline)
+
+
+@pytest.fixture(scope="session")
 def classifier():
     from edge.eval.run import load_classifier
     from edge.models.tiny_sora import DEFAULT_WEIGHTS
@@ -23,11 +31,11 @@ def classifier():
 
 
 @pytest.fixture(scope="session")
-def exported_package(tmp_path_factory, pipeline):
+def exported_package(tmp_path_factory, tiny_sora):
     """tiny-sora exported to ONNX once per test session: (root, manifest). Copy it before
     changing it."""
     from exporters.onnx import end_to_end_check, export_onnx
 
     root = tmp_path_factory.mktemp("export") / "tiny-sora-onnx"
-    manifest = export_onnx(pipeline, root, validate_end_to_end=end_to_end_check(pipeline))
+    manifest = export_onnx(tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora))
     return root, manifest

@@ -77,7 +77,7 @@ def test_corrupt_package_is_refused(package, tmp_path):
         Pipeline.load(copy)
 
 
-def test_failed_validation_leaves_the_earlier_package(package, pipeline, tmp_path):
+def test_failed_validation_leaves_the_earlier_package(package, tiny_sora, tmp_path):
     root, _ = package
     dest = tmp_path / "dest"
     shutil.copytree(root, dest)
@@ -87,7 +87,7 @@ def test_failed_validation_leaves_the_earlier_package(package, pipeline, tmp_pat
         raise ExportValidationError("end to end: forced")
 
     with pytest.raises(ExportValidationError):
-        export_onnx(pipeline, dest, validate_end_to_end=failing)
+        export_onnx(tiny_sora, dest, validate_end_to_end=failing)
     assert (dest / "manifest.json").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
 
@@ -190,10 +190,11 @@ def test_scaled_model_exports_with_the_same_command_and_a_budget(tmp_path):
     assert pipe.last_run["sampler"]["merged_calls"] == 1
 
 
-def test_end_to_end_check_reports_the_steps_of_both_generations(pipeline, exported_package):
+def test_end_to_end_check_reports_the_steps_of_both_generations(pipeline, tiny_sora,
+                                                                exported_package):
     root, _ = exported_package
     seen = []
-    result = end_to_end_check(pipeline, on_step=lambda done, total: seen.append((done, total)))(
+    result = end_to_end_check(tiny_sora, on_step=lambda done, total: seen.append((done, total)))(
         root)
     steps = pipeline.sampler.steps
     assert result["psnr_db"] >= PSNR_LIMIT_DB

@@ -4,8 +4,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from edge.blocks import cut_text_encoder, cut_transformer
 from edge.cli import app
+from edge.families.tiny_sora import cut_text_encoder, cut_transformer
 from edge.partition import merge, split
 from edge.plan import block_bytes, partition, plan_residency
 from runtimes.python.loader import BudgetError

@@ -68,3 +68,46 @@ def test_on_step_reports_progress():
     sample(lambda x, t, step: (x, x), np.zeros((1, 2), np.float32), SamplerSettings(steps=4),
            on_step=lambda i, n: seen.append((i, n)))
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+@pytest.mark.parametrize("steps,shift", [(30, 3.0), (10, 5.0), (4, 1.0)])
+def test_unipc_matches_diffusers_step_by_step(steps, shift):
+    from diffusers import UniPCMultistepScheduler
+
+    from edge.sampler import model_times
+    from edge.schedulers import UniPCFlow
+
+    settings = SamplerSettings(steps=steps, shift=shift, scheduler="flow_unipc")
+    sched = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                    flow_shift=shift)
+    sched.set_timesteps(steps)
+    sigmas = timesteps(settings)
+    np.testing.assert_allclose(sigmas, sched.sigmas.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(model_times(settings) * 1000, sched.timesteps.numpy(), atol=1e-3)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 3, 8, 8), dtype=np.float32)
+    x_ref = torch.from_numpy(x.copy())
+    solver = UniPCFlow(sigmas)
+    for i, t in enumerate(sched.timesteps):
+        # a velocity that depends on the sample, as a model's does
+        v = (0.3 * x + rng.standard_normal(x.shape, dtype=np.float32)).astype(np.float32)
+        x = solver.step(v, i, x)
+        x_ref = sched.step(torch.from_numpy(v), t, x_ref).prev_sample
+        np.testing.assert_allclose(x, x_ref.numpy(), atol=2e-5, rtol=1e-5)
+
+
+def test_unipc_reaches_the_target_of_a_straight_path():
+    x0 = np.random.default_rng(1).standard_normal((1, 4, 2, 4, 4), dtype=np.float32)
+    noise = initial_noise(x0.shape[1:], [5])
+
+    def predict(x, t, step):
+        v = noise - x0
+        return v, v
+
+    out = sample(predict, noise, SamplerSettings(steps=7, scheduler="flow_unipc"))
+    np.testing.assert_allclose(out, x0, atol=1e-5)
+
+
+def test_unknown_scheduler_is_refused_by_name():
+    with pytest.raises(ValueError, match="scheduler='ddim'.*flow_euler, flow_unipc"):
+        SamplerSettings(scheduler="ddim")

@@ -36,7 +36,7 @@ from edge.data import (
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.text_encoder import TextEncoder
 from edge.models.vae import encode_video
-from edge.sampler import shift_sigmas
+from edge.schedulers import shift_sigmas
 
 
 def all_training_captions(a: Attributes) -> list[str]:

@@ -97,17 +97,27 @@ def check_runtime_feeds(manifest: dict, null_caption: Any) -> None:
     caption the transformer takes."""
     tokens = manifest["tokenizer"]["max_tokens"]
     c, _, h, w = manifest["latent_shape"]
-    if str(null_caption.dtype) != "float32" or null_caption.ndim != 2:
-        raise PackageError(f"{MANIFEST} conditioning.null_caption: must be a float32 matrix "
-                           f"(tokens x width), is {null_caption.dtype} {null_caption.shape}")
-    caption = [BATCH, *null_caption.shape]
+    if null_caption is not None:
+        if str(null_caption.dtype) != "float32" or null_caption.ndim != 2:
+            raise PackageError(f"{MANIFEST} conditioning.null_caption: must be a float32 "
+                               f"matrix (tokens x width), is {null_caption.dtype} "
+                               f"{null_caption.shape}")
+        caption = [BATCH, *null_caption.shape]
+    else:  # the unconditional caption is encoded like the prompt: as wide as the encoder says
+        encoded = {s["name"]: s for comp in manifest["components"]
+                   if comp["name"] == "text_encoder" for b in comp["blocks"]
+                   for s in b["outputs"]}
+        width = encoded["hidden"]["shape"][-1] if "hidden" in encoded else None
+        caption = [BATCH, tokens, width]
+    z = ([BATCH, *manifest["latent_shape"]] if manifest.get("latent_layout") == "video"
+         else [BATCH, c, h, w])
     given = {
         "text_encoder": {"input_ids": ("int64", [BATCH, tokens]),
                          "attention_mask": ("int64", [BATCH, tokens])},
         "transformer": {"latent": ("float32", [BATCH, *manifest["latent_shape"]]),
                         "t": ("float32", [BATCH]), "caption": ("float32", caption),
                         "caption_mask": ("int64", [BATCH, tokens])},
-        "vae_decoder": {"z": ("float32", [BATCH, c, h, w])},
+        "vae_decoder": {"z": ("float32", z)},
     }
     made = {}
     for comp in manifest["components"]:

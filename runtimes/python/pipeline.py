@@ -1,8 +1,13 @@
 """The embeddable Python runtime: runs an edge package with onnxruntime; no torch needed.
 
     pipe = Pipeline.load("dist/tiny-sora-onnx", memory_budget="64MB")
-    video = pipe.generate("a red circle moving left", seed=0)     # uint8 (T, H, W, 3)
+    video = pipe.generate("a red circle moving left", seed=0)     # uint8 (1, T, H, W, 3)
     print(pipe.last_run)                                           # figures of that run
+
+A package says what this runtime needs to know of its model as data (docs/package-format.md):
+the sampler (scheduler kind, shift, guidance), how prompts are cleaned and tokenized, whether
+the unconditional pass takes a learned null caption or an encoded negative prompt, and
+whether the VAE decoder takes latents frame by frame or as a whole video.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -23,7 +29,7 @@ from edge.manifest_schema import MANIFEST, check_chain
 from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
 from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
-from edge.tokenizer import load_tokenizer, tokenize
+from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
 from runtimes.python.graph_check import check_block_graph, check_runtime_feeds
 from runtimes.python.loader import BlockLoader, BlockWeights, parse_size
 
@@ -59,10 +65,13 @@ class Component:
 RUNTIME_TARGET = "onnx"
 # what this runtime feeds each component and what it takes from it (see docs/package-format.md)
 COMPONENT_INPUTS = {"text_encoder": {"input_ids", "attention_mask"},
-                    "transformer": {"latent", "t", "caption", "caption_mask"},
+                    "transformer": {"latent", "t", "caption", "caption_mask"},  # any of these
                     "vae_decoder": {"z"}}
 COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
                      "vae_decoder": {"frames"}}
+# how the VAE decoder takes the latents (B, C, T, h, w): "frames" as B*T images (C, h, w) and
+# gives (B*T, 3, H, W); "video" as they are and gives (B, 3, T', H, W) (a causal video VAE)
+LATENT_LAYOUTS = ("frames", "video")
 
 
 def check_runnable(manifest: dict) -> None:
@@ -82,9 +91,18 @@ def check_runnable(manifest: dict) -> None:
         if not COMPONENT_OUTPUTS[name] <= made:
             raise PackageError(f"{MANIFEST}: component {name!r} makes no "
                                f"{', '.join(sorted(COMPONENT_OUTPUTS[name] - made))}")
-    if "latent_shape" not in manifest or "null_caption" not in manifest["conditioning"]:
-        raise PackageError(f"{MANIFEST}: the Python runtime needs 'latent_shape' and "
-                           "'conditioning.null_caption'")
+    if "latent_shape" not in manifest:
+        raise PackageError(f"{MANIFEST}: the Python runtime needs 'latent_shape'")
+    if ("null_caption" not in manifest["conditioning"]
+            and not isinstance(manifest.get("negative_prompt"), str)):
+        raise PackageError(f"{MANIFEST}: the unconditional pass needs "
+                           "'conditioning.null_caption' or a 'negative_prompt' string")
+    if manifest.get("latent_layout", "frames") not in LATENT_LAYOUTS:
+        raise PackageError(f"{MANIFEST}: latent_layout {manifest['latent_layout']!r}; known: "
+                           f"{', '.join(LATENT_LAYOUTS)}")
+    if manifest["tokenizer"].get("clean", "none") not in CLEANERS:
+        raise PackageError(f"{MANIFEST} tokenizer: clean {manifest['tokenizer']['clean']!r}; "
+                           f"known: {', '.join(CLEANERS)}")
     try:
         check_settings(SamplerSettings.from_dict(manifest["sampler"]))
     except (TypeError, ValueError) as err:
@@ -125,16 +143,23 @@ class Pipeline:
         tok = manifest["tokenizer"]
         tok_path = resolve_inside(root, tok["files"][0]["path"], "tokenizer")
         try:
-            self.tokenizer = load_tokenizer(tok_path, tok["max_tokens"])
+            self.tokenizer = load_tokenizer(tok_path, tok["max_tokens"],
+                                            tok.get("pad_token", "[PAD]"))
         except Exception as err:  # the tokenizers library raises its own exception types
             raise PackageError(f"{tok_path}: not a tokenizer ({str(err)[:200]})") from None
-        null = resolve_inside(root, manifest["conditioning"]["null_caption"]["path"],
-                              "conditioning.null_caption")
-        try:
-            self.null_caption = np.load(null, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as err:
-            raise PackageError(f"{null}: not a NumPy array file ({err})") from None
+        self.clean = tok.get("clean", "none")
+        self.null_caption: np.ndarray | None = None
+        if "null_caption" in manifest["conditioning"]:
+            null = resolve_inside(root, manifest["conditioning"]["null_caption"]["path"],
+                                  "conditioning.null_caption")
+            try:
+                self.null_caption = np.load(null, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as err:
+                raise PackageError(f"{null}: not a NumPy array file ({err})") from None
+        # the unconditional pass: the learned null caption, else this prompt encoded
+        self.negative_prompt: str | None = manifest.get("negative_prompt")
         self.latent_shape = tuple(manifest["latent_shape"])
+        self.latent_layout = manifest.get("latent_layout", "frames")
         self.last_run: dict = {}
         self._compute_s = 0.0
         self._lock = threading.Lock()
@@ -210,18 +235,47 @@ class Pipeline:
             runs.close()
 
     def encode_prompts(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids, mask = tokenize(self.tokenizer, prompts)
+        ids, mask = tokenize(self.tokenizer, [clean_prompt(p, self.clean) for p in prompts])
         out = self._run_component("text_encoder", {"input_ids": ids, "attention_mask": mask})
         return out["hidden"], mask
+
+    def _unconditional(self, negative_prompt: str | None, b: int) -> tuple[np.ndarray, ...]:
+        """Captions and masks of the unconditional pass: the negative prompt encoded where one
+        is given (or the package has no null caption), else the learned null caption."""
+        if negative_prompt is None and self.null_caption is not None:
+            null = np.broadcast_to(self.null_caption, (b, *self.null_caption.shape))
+            return null, np.ones(null.shape[:2], np.int64)
+        text = negative_prompt if negative_prompt is not None else self.negative_prompt
+        return self.encode_prompts([text] * b)
+
+    def _check_latents(self, latents: Any, b: int) -> np.ndarray:
+        want = (b, *self.latent_shape)
+        if not isinstance(latents, np.ndarray) or latents.shape != want:
+            got = latents.shape if isinstance(latents, np.ndarray) else type(latents).__name__
+            raise ValueError(f"latents must be a NumPy array of shape {want} (batch, channels, "
+                             f"frames, height, width; diffusers' layout), got {got}")
+        if not np.isfinite(latents).all():
+            raise ValueError("latents hold NaN or infinity")
+        return latents.astype(np.float32)
 
     @_one_at_a_time
     def generate(self, prompts: str | list[str], seed: int | list[int] = 0,
                  on_step: Callable[[int, int], None] | None = None,
+                 negative_prompt: str | None = None, latents: np.ndarray | None = None,
                  **sampler_overrides) -> np.ndarray:
         """uint8 video (B, T, H, W, 3); one prompt gives B = 1. Seeds as in the PyTorch
-        pipeline (prompt i gets seed + i), so the two produce the same video."""
+        pipeline (prompt i gets seed + i), so the two produce the same video.
+        `negative_prompt`: the unconditional pass's text (default: the package's null caption
+        or negative prompt). `latents`: initial noise (B, C, T, h, w) in diffusers' layout,
+        instead of the seeds' (to reproduce a diffusers run exactly)."""
         prompts = check_prompts(prompts)
         seeds = check_seeds(seed, len(prompts))
+        if negative_prompt is not None:
+            check_prompts(negative_prompt)
+            if not isinstance(negative_prompt, str):
+                raise ValueError("negative_prompt must be one string")
+        noise = (initial_noise(self.latent_shape, seeds) if latents is None
+                 else self._check_latents(latents, len(prompts)))
         settings = with_overrides(self.sampler, sampler_overrides)
         stats_before = self.loader.stats.as_dict()
         io_before = _io_read_bytes()
@@ -231,9 +285,8 @@ class Pipeline:
 
         caption, mask = self.encode_prompts(prompts)
         b = len(prompts)
-        caption2 = np.concatenate([caption, np.broadcast_to(self.null_caption,
-                                                            (b, *self.null_caption.shape))])
-        mask2 = np.concatenate([mask, np.ones_like(mask)])
+        uncond, uncond_mask = self._unconditional(negative_prompt, b)
+        caption2, mask2 = np.concatenate([caption, uncond]), np.concatenate([mask, uncond_mask])
         t1 = time.perf_counter()
         figures["wall_s"]["text_encoder"] = t1 - started
 
@@ -257,8 +310,7 @@ class Pipeline:
                 return v[:b], v[b:]
 
         try:
-            latents = sample(predict, initial_noise(self.latent_shape, seeds), settings,
-                             on_step, trace)
+            latents = sample(predict, noise, settings, on_step, trace)
         finally:
             if runs is not None:
                 runs.close()
@@ -269,10 +321,7 @@ class Pipeline:
         t2 = time.perf_counter()
         figures["wall_s"]["transformer"] = t2 - t1
 
-        c, t, h, w = self.latent_shape
-        z = latents.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        frames = self._run_component("vae_decoder", {"z": z})["frames"]
-        video = frames.reshape(b, t, *frames.shape[1:]).transpose(0, 1, 3, 4, 2)
+        video = self._decode(latents)
         t3 = time.perf_counter()
         figures["wall_s"]["vae_decoder"] = t3 - t2
         figures["wall_s"]["total"] = t3 - started
@@ -280,6 +329,16 @@ class Pipeline:
         figures["sampler"] = trace.to_dict()
         self.last_run = self._loader_figures(figures, stats_before, io_before)
         return np.round(video * 255).astype(np.uint8)
+
+    def _decode(self, latents: np.ndarray) -> np.ndarray:
+        """latents (B, C, T, h, w) -> video (B, T', H, W, 3) in [0, 1]."""
+        b, c, t, h, w = latents.shape
+        if self.latent_layout == "video":
+            frames = self._run_component("vae_decoder", {"z": latents})["frames"]
+            return frames.transpose(0, 2, 3, 4, 1)
+        z = latents.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        frames = self._run_component("vae_decoder", {"z": z})["frames"]
+        return frames.reshape(b, t, *frames.shape[1:]).transpose(0, 1, 3, 4, 2)
 
     def _cached_predictor(self, comp: Component, caption2: np.ndarray, mask2: np.ndarray,
                           b: int):

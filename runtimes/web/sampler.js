@@ -8,7 +8,7 @@
 const f32 = Math.fround;
 
 export const DEFAULT_SETTINGS = {
-  steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000,
+  steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
   merge_steps: 0, cache_threshold: 0.0,
 };
@@ -18,6 +18,8 @@ export function checkSettings(values) {
   if (unknown.length) throw new Error(`unknown sampler setting(s): ${unknown.sort().join(", ")}`);
   const s = { ...DEFAULT_SETTINGS, ...values };
   const bad = (name, why) => new Error(`sampler setting ${name}=${JSON.stringify(s[name])}: ${why}`);
+  // edge/schedulers.py's flow_unipc is mirrored only in the Python runtime so far
+  if (s.scheduler !== "flow_euler") throw bad("scheduler", "this runtime runs flow_euler only");
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
   if (s.leap_after !== null && !(s.leap_after >= 1 && s.leap_after < s.steps)) {
     throw bad("leap_after", `must be between 1 and steps - 1 = ${s.steps - 1}`);

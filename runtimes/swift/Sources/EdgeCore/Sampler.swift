@@ -24,6 +24,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var guidance = 5.0
     public var shift = 3.0
     public var numTrainTimesteps = 1000
+    public var scheduler = "flow_euler"   // edge/schedulers.py; only flow_euler is mirrored here
     public var leap = false
     public var leapAfter: Int? = nil
     public var leapMinSteps = 15
@@ -37,7 +38,7 @@ public struct SamplerSettings: Codable, Equatable {
     // decoded with .convertFromSnakeCase (ManifestReader.jsonDecoder): num_train_timesteps
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case steps, guidance, shift, numTrainTimesteps, leap, leapAfter, leapMinSteps
+        case steps, guidance, shift, numTrainTimesteps, scheduler, leap, leapAfter, leapMinSteps
         case leapPatience, leapTol, mergeSteps, cacheThreshold
     }
 
@@ -59,6 +60,7 @@ public struct SamplerSettings: Codable, Equatable {
         guidance = try c.decodeIfPresent(Double.self, forKey: .guidance) ?? guidance
         shift = try c.decodeIfPresent(Double.self, forKey: .shift) ?? shift
         numTrainTimesteps = try c.decodeIfPresent(Int.self, forKey: .numTrainTimesteps) ?? numTrainTimesteps
+        scheduler = try c.decodeIfPresent(String.self, forKey: .scheduler) ?? scheduler
         leap = try c.decodeIfPresent(Bool.self, forKey: .leap) ?? leap
         leapAfter = try c.decodeIfPresent(Int.self, forKey: .leapAfter)
         leapMinSteps = try c.decodeIfPresent(Int.self, forKey: .leapMinSteps) ?? leapMinSteps
@@ -72,6 +74,9 @@ public struct SamplerSettings: Codable, Equatable {
     public func validate() throws {
         func bad(_ name: String, _ value: Any, _ why: String) -> SettingsError {
             .invalid("sampler setting \(name)=\(value): \(why)")
+        }
+        if scheduler != "flow_euler" {
+            throw bad("scheduler", scheduler, "this runtime runs flow_euler only")
         }
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
         if let after = leapAfter, !(1 <= after && after < steps) {

@@ -1,0 +1,98 @@
+"""Model families: which code knows how to load, cut and sample a model.
+
+`load_model(folder)` reads `folder/model_index.json` (a diffusers pipeline folder), picks the
+family by its `_class_name` and loads the model from local files only; no folder means the
+shipped tiny-sora (a tiny-sora weights folder has no model_index.json: it is recognised by its
+`tiny-sora.json`). One module per family answers the same questions (`FamilyModel`); the
+exporters, the package format and the runtimes know no family names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from edge.blocks import Block
+from edge.sampler import SamplerSettings
+
+
+class FamilyError(ValueError):
+    """A model folder edge cannot take; the message names the folder, file or value."""
+
+
+class FamilyModel(Protocol):
+    name: str                       # the model's name (package folder names use it)
+    family: str                     # the family's name, recorded in the manifest
+
+    @property
+    def sampler(self) -> SamplerSettings: ...
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]: ...
+
+    def cut(self) -> dict[str, list[Block]]:
+        """component name -> its blocks in execution order."""
+
+    def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
+        """Write tokenizer and conditioning files into `root`; return the manifest fields
+        (tokenizer, conditioning, sampler, latent_shape, and layout fields if any)."""
+
+    def generate(self, prompt: str, seed: int = 0,
+                 on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """The PyTorch reference video, uint8 (1, T, H, W, 3), for the runtime's noise of
+        `seed`: what an exported package must reproduce."""
+
+
+# `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
+PIPELINE_FAMILIES = {"WanPipeline": "wan"}
+TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx",)}
+
+
+def family_of(folder: Path | None) -> str:
+    """The family name of a model folder (None: the shipped tiny-sora), refused with a
+    message naming the folder or value when edge cannot take it."""
+    if folder is None or (folder / "tiny-sora.json").is_file():
+        return "tiny-sora"
+    index = folder / "model_index.json"
+    if not folder.is_dir():
+        raise FamilyError(f"{folder}: no such model folder")
+    if not index.is_file():
+        raise FamilyError(f"{folder}: no model_index.json (a diffusers pipeline folder has one; "
+                          "a tiny-sora weights folder has tiny-sora.json)")
+    try:
+        class_name = json.loads(index.read_text()).get("_class_name")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise FamilyError(f"{index}: not a JSON object ({err})") from None
+    if class_name not in PIPELINE_FAMILIES:
+        raise FamilyError(f"{index}: _class_name {class_name!r} is not a supported pipeline; "
+                          f"supported: {', '.join(sorted(PIPELINE_FAMILIES))} (and tiny-sora "
+                          "weights folders)")
+    return PIPELINE_FAMILIES[class_name]
+
+
+def check_target(family: str, target: str) -> None:
+    if target not in TARGETS_BY_FAMILY[family]:
+        raise FamilyError(f"--target {target} is not built for {family} models yet; "
+                          f"{family} exports to {', '.join(TARGETS_BY_FAMILY[family])} "
+                          "(docs/families.md)")
+
+
+def load_model(folder: Path | None = None, **options) -> FamilyModel:
+    """Load the model in `folder` (None: the shipped tiny-sora) through its family.
+    `options` are the family's export options (e.g. height, width, frames for Wan)."""
+    family = family_of(folder)
+    if family == "tiny-sora":
+        from edge.families import tiny_sora
+
+        if any(v is not None for v in options.values()):
+            given = ", ".join(f"--{k}" for k, v in options.items() if v is not None)
+            raise FamilyError(f"{given}: for diffusers pipeline folders; tiny-sora's video "
+                              "size and sampler come with its weights")
+        return tiny_sora.load(folder)
+    from edge.families import wan
+
+    return wan.load(folder, **options)

@@ -1,0 +1,577 @@
+"""Wan 2.1 text-to-video (diffusers `WanPipeline`): UMT5 text encoder, `WanTransformer3DModel`,
+`AutoencoderKLWan`, from a local diffusers pipeline folder.
+
+Cuts (each chained component equals the diffusers component; tests/test_wan.py):
+  text_encoder  embeddings (token embedding; the attention mask as an additive bias),
+                layer_0 .. layer_{N-1} (each UMT5 layer computes its own relative position
+                bias inside), final (final norm; states past the prompt zeroed, as
+                WanPipeline does before the transformer sees them)
+  transformer   prologue (patch embedding, RoPE cos/sin from tables stored as weights,
+                condition embedder: time -> temb and the 6-row modulation, text -> context),
+                block_0 .. block_{N-1} (each with a "tdtm" variant: temporal token merging
+                of consecutive latent frames around both attentions), epilogue (modulated
+                norm, proj_out, unpatchify)
+  vae_decoder   stage by stage: head (latents denormalised, post_quant_conv, conv_in, mid
+                block), up_0 .. up_3, out (norm, conv_out, clamp, to [0, 1])
+
+The VAE decoder is causal in time and diffusers decodes it latent frame by latent frame with a
+feature cache (each causal convolution keeps the last two frames it saw). A causal
+convolution's output at frame i depends only on its inputs at frames <= i, so the same numbers
+come out when each stage runs over all frames (in the same per-frame chunks, with its own
+cache) before the next stage starts: that is how it is cut here. Each piece is then one block
+run once, as every other component's blocks are, and the caches never leave a block. The
+price is activation memory: a stage holds the whole clip's activations at its resolution
+instead of one chunk's (docs/families.md).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge.blocks import Block
+from edge.families import FamilyError
+from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
+from edge.package import file_entry
+from edge.sampler import SamplerSettings, initial_noise
+
+NAME = "wan"
+COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
+DEFAULT_SIZE = {"height": 480, "width": 832, "frames": 81}     # Wan 2.1's own defaults
+TEXT_TOKENS = 512                                             # WanPipeline's max_sequence_length
+GUIDANCE = 5.0
+STEPS = 50
+TIMESTEP_SCALE = 1000.0   # the transformer takes timesteps in training steps
+
+
+# ---------------------------------------------------------------- loading and checks
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FamilyError(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise FamilyError(f"{path}: not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise FamilyError(f"{path}: must be a JSON object")
+    return value
+
+
+def sampler_settings(scheduler_config: Path) -> SamplerSettings:
+    """The sampler the folder's scheduler describes: UniPC with flow prediction (Wan's
+    default) or flow-match Euler with a static shift; anything else is refused by field."""
+    cfg = _read_json(scheduler_config)
+    kind = cfg.get("_class_name")
+    n_train = int(cfg.get("num_train_timesteps", 1000))
+    if kind == "UniPCMultistepScheduler":
+        want = {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "solver_order": 2,
+                "solver_type": "bh2", "predict_x0": True, "lower_order_final": True,
+                "use_dynamic_shifting": False, "final_sigmas_type": "zero",
+                "disable_corrector": [], "thresholding": False}
+        for key, value in want.items():
+            if cfg.get(key, value) != value:
+                raise FamilyError(f"{scheduler_config}: {key}={cfg.get(key)!r}; edge's UniPC "
+                                  f"mirror supports {key}={value!r}")
+        return SamplerSettings(steps=STEPS, guidance=GUIDANCE, shift=float(cfg["flow_shift"]),
+                               num_train_timesteps=n_train, scheduler="flow_unipc",
+                               leap_min_steps=STEPS // 2)
+    if kind == "FlowMatchEulerDiscreteScheduler":
+        for key in ("use_dynamic_shifting", "use_karras_sigmas", "use_exponential_sigmas",
+                    "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"):
+            if cfg.get(key):
+                raise FamilyError(f"{scheduler_config}: {key}=true is not supported; edge "
+                                  "mirrors flow-match Euler with a static shift")
+        if cfg.get("shift_terminal"):
+            raise FamilyError(f"{scheduler_config}: shift_terminal is not supported")
+        return SamplerSettings(steps=STEPS, guidance=GUIDANCE, shift=float(cfg.get("shift", 1.0)),
+                               num_train_timesteps=n_train, scheduler="flow_euler",
+                               leap_min_steps=STEPS // 2)
+    raise FamilyError(f"{scheduler_config}: scheduler {kind!r} is not supported for Wan; "
+                      "supported: UniPCMultistepScheduler (flow_prediction), "
+                      "FlowMatchEulerDiscreteScheduler")
+
+
+def check_folder(folder: Path) -> dict:
+    """model_index.json and every component folder a text-to-video Wan needs."""
+    index = _read_json(folder / "model_index.json")
+    for name in COMPONENTS:
+        entry = index.get(name)
+        if not isinstance(entry, list) or entry[0] is None:
+            raise FamilyError(f"{folder / 'model_index.json'}: no {name!r} component")
+        if not (folder / name).is_dir():
+            raise FamilyError(f"{folder / name}: missing (model_index.json lists {name!r})")
+    if index.get("boundary_ratio") is not None or (index.get("transformer_2") or [None])[0]:
+        raise FamilyError(f"{folder / 'model_index.json'}: a second transformer (Wan 2.2 "
+                          "boundary_ratio) is not supported")
+    if index.get("expand_timesteps"):
+        raise FamilyError(f"{folder / 'model_index.json'}: expand_timesteps (Wan 2.2 TI2V) is "
+                          "not supported")
+    return index
+
+
+def check_video_size(height: int, width: int, frames: int, spatial: int = 8,
+                     temporal: int = 4, patch: int = 2) -> None:
+    """Wan's constraints: frames = 4k + 1, height and width multiples of 16 (VAE x patch)."""
+    multiple = spatial * patch
+    for name, value in (("height", height), ("width", width)):
+        if value < multiple or value % multiple:
+            raise FamilyError(f"--{name} {value}: Wan needs a positive multiple of {multiple}")
+    if frames < 1 or (frames - 1) % temporal:
+        raise FamilyError(f"--frames {frames}: Wan needs {temporal}k + 1 frames (e.g. 5, 9, "
+                          "17, 81)")
+
+
+def stored_dtypes(component: Path) -> set[str]:
+    """The dtypes of the tensors stored in a component folder's safetensors files (headers
+    only: nothing is loaded)."""
+    from safetensors import safe_open
+
+    found = set()
+    for path in sorted(component.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            found |= {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
+    return found
+
+
+def _load_error(folder: Path, message: str) -> str:
+    """diffusers' loading error, said in terms of the folder: a weight whose shape is not the
+    config's is named with its file."""
+    import re
+
+    from safetensors import safe_open
+
+    found = re.search(r"because (\S+) expected shape torch\.Size\((\[.*?\])\), but got "
+                      r"torch\.Size\((\[.*?\])\)", message)
+    if found:
+        tensor, want, got = found.groups()
+        for component in ("transformer", "vae", "text_encoder"):
+            for path in sorted((folder / component).glob("*.safetensors")):
+                with safe_open(path, "pt") as f:
+                    if tensor in f.keys():  # noqa: SIM118
+                        return (f"{path}: tensor {tensor!r} has shape {got}, but "
+                                f"{folder / component / 'config.json'} makes it {want}")
+        return f"{folder}: tensor {tensor!r} has shape {got}, its config makes it {want}"
+    return f"{folder}: diffusers could not load the pipeline: {message.strip()[:400]}"
+
+
+def load_pipeline(folder: Path) -> tuple:
+    """The folder's WanPipeline in float32 from local files only; (pipeline, notes)."""
+    from diffusers import WanPipeline
+    from diffusers.utils import logging as diffusers_logging
+
+    check_folder(folder)
+    diffusers_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise FamilyError(_load_error(folder, str(err))) from None
+    notes: list[str] = []
+    for name in ("text_encoder", "transformer", "vae"):
+        setattr(pipe, name, getattr(pipe, name).float().eval())
+        stored = stored_dtypes(folder / name) - {"F32"}
+        if stored:
+            notes.append(f"{folder / name}: weights stored as {', '.join(sorted(stored))}, "
+                         "converted to float32 (packages hold float32)")
+    pipe.set_progress_bar_config(disable=True)  # edge shows its own
+    if pipe.transformer.config.added_kv_proj_dim is not None:
+        raise FamilyError(f"{folder / 'transformer'}: image conditioning (added_kv_proj_dim) "
+                          "is image-to-video; edge takes text-to-video Wan")
+    return pipe, notes
+
+
+# ---------------------------------------------------------------- text encoder blocks
+
+class T5EmbeddingsBlock(nn.Module):
+    """input_ids, attention_mask -> token embeddings, additive attention bias (B, 1, 1, L)."""
+
+    def __init__(self, embed_tokens: nn.Module) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        hidden = self.embed_tokens(input_ids)
+        masked = (1.0 - attention_mask.to(hidden.dtype))[:, None, None, :]
+        return hidden, masked * torch.finfo(hidden.dtype).min
+
+
+class T5LayerBlock(nn.Module):
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden: torch.Tensor, attention_bias: torch.Tensor) -> torch.Tensor:
+        out = self.layer(hidden, attention_mask=attention_bias)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class T5FinalBlock(nn.Module):
+    """Final norm; the states past the prompt zeroed (WanPipeline trims and zero-pads)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.norm(hidden) * attention_mask[..., None].to(hidden.dtype)
+
+
+# ---------------------------------------------------------------- transformer blocks
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Wan's RoPE on interleaved pairs, built with stack (diffusers writes out[..., 0::2],
+    which exports as ScatterND)."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)
+
+
+def attention(attn: nn.Module, x: torch.Tensor, context: torch.Tensor | None = None,
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """WanAttention's computation (diffusers' WanAttnProcessor, text-only) on its weights."""
+    source = x if context is None else context
+    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    k = attn.norm_k(attn.to_k(source)).unflatten(2, (attn.heads, -1))
+    v = attn.to_v(source).unflatten(2, (attn.heads, -1))
+    if rope is not None:
+        q, k = rotate(q, *rope), rotate(k, *rope)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return attn.to_out[1](attn.to_out[0](out.transpose(1, 2).flatten(2)))
+
+
+class WanPrologue(nn.Module):
+    """latent (B, C, T, H, W), t in [0, 1] (B,), caption (B, L, text_dim) -> tokens x, the
+    modulation t_mod (B, 6, D), temb (B, D), context (B, L, D), RoPE cos/sin (1, S, 1, d/2).
+    The RoPE tables are parameters here, so they are stored like weights, not graph
+    constants."""
+
+    def __init__(self, model: nn.Module, latent_shape: tuple[int, int, int, int]) -> None:
+        super().__init__()
+        self.patch_embedding = model.patch_embedding
+        self.condition_embedder = model.condition_embedder
+        rope = model.rope
+        self.split = [rope.t_dim, rope.h_dim, rope.w_dim]
+        self.rope_cos = nn.Parameter(rope.freqs_cos.float().clone(), requires_grad=False)
+        self.rope_sin = nn.Parameter(rope.freqs_sin.float().clone(), requires_grad=False)
+        p_t, p_h, p_w = model.config.patch_size
+        _, t, h, w = latent_shape
+        self.grid = (t // p_t, h // p_h, w // p_w)
+
+    def _rope_table(self, table: torch.Tensor) -> torch.Tensor:
+        f, h, w = self.grid
+        parts = table.split(self.split, dim=1)
+        grid = torch.cat([parts[0][:f].view(f, 1, 1, -1).expand(f, h, w, -1),
+                          parts[1][:h].view(1, h, 1, -1).expand(f, h, w, -1),
+                          parts[2][:w].view(1, 1, w, -1).expand(f, h, w, -1)], dim=-1)
+        return grid.reshape(1, f * h * w, 1, -1)
+
+    def forward(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor):
+        x = self.patch_embedding(latent).flatten(2).transpose(1, 2)
+        temb, t_proj, context, _ = self.condition_embedder(t * TIMESTEP_SCALE, caption, None)
+        cos = self._rope_table(self.rope_cos)[..., 0::2]
+        sin = self._rope_table(self.rope_sin)[..., 1::2]
+        return x, t_proj.unflatten(1, (6, -1)), temb, context, cos, sin
+
+
+class WanBlock(nn.Module):
+    """One WanTransformerBlock (diffusers' forward, attention through `attention`)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, t_mod, context, rope_cos, rope_sin):
+        b = self.block
+        shift, scale, gate, c_shift, c_scale, c_gate = (b.scale_shift_table + t_mod).chunk(6, 1)
+        h = b.norm1(x) * (1 + scale) + shift
+        x = x + attention(b.attn1, h, rope=(rope_cos, rope_sin)) * gate
+        x = x + attention(b.attn2, b.norm2(x), context)
+        h = b.norm3(x) * (1 + c_scale) + c_shift
+        return x + b.ffn(h) * c_gate
+
+
+class MergedWanBlock(nn.Module):
+    """The TDTM variant of a Wan block (the same modules, so the same weights under the same
+    names): self- and cross-attention see the tokens of consecutive latent frames averaged in
+    pairs (frames 2i and 2i + 1; an odd last frame alone), each merged token with the RoPE
+    of the first frame of its pair, and their outputs go back to both frames before the
+    residual adds; the feed-forward runs on every token. Wan's attention is full 3D, so
+    merging halves the keys and the queries: self-attention costs about a quarter."""
+
+    def __init__(self, block: nn.Module, frames: int) -> None:
+        super().__init__()
+        self.block, self.frames = block, frames
+
+    def _merge(self, h: torch.Tensor) -> torch.Tensor:
+        b, s, d = h.shape
+        return merge_frames(h.view(b, self.frames, s // self.frames, d)).flatten(1, 2)
+
+    def _unmerge(self, m: torch.Tensor) -> torch.Tensor:
+        b, _, d = m.shape
+        m = m.view(b, merged_frames(self.frames), -1, d)
+        return unmerge_frames(m, self.frames).flatten(1, 2)
+
+    def _merged_rope(self, table: torch.Tensor) -> torch.Tensor:
+        _, s, _, d = table.shape
+        return table.view(1, self.frames, s // self.frames, 1, d)[:, 0::2].flatten(1, 2)
+
+    def forward(self, x, t_mod, context, rope_cos, rope_sin):
+        b = self.block
+        rope = (self._merged_rope(rope_cos), self._merged_rope(rope_sin))
+        shift, scale, gate, c_shift, c_scale, c_gate = (b.scale_shift_table + t_mod).chunk(6, 1)
+        h = self._merge(b.norm1(x) * (1 + scale) + shift)
+        x = x + self._unmerge(attention(b.attn1, h, rope=rope)) * gate
+        x = x + self._unmerge(attention(b.attn2, self._merge(b.norm2(x)), context))
+        h = b.norm3(x) * (1 + c_scale) + c_shift
+        return x + b.ffn(h) * c_gate
+
+
+class WanEpilogue(nn.Module):
+    """tokens, temb -> velocity (B, C, T, H, W)."""
+
+    def __init__(self, model: nn.Module, latent_shape: tuple[int, int, int, int]) -> None:
+        super().__init__()
+        self.scale_shift_table = model.scale_shift_table
+        self.norm_out, self.proj_out = model.norm_out, model.proj_out
+        self.patch = tuple(model.config.patch_size)
+        _, t, h, w = latent_shape
+        p_t, p_h, p_w = self.patch
+        self.grid = (t // p_t, h // p_h, w // p_w)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
+        x = self.proj_out(self.norm_out(x) * (1 + scale) + shift)
+        f, h, w = self.grid
+        x = x.reshape(x.shape[0], f, h, w, *self.patch, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+
+# ---------------------------------------------------------------- VAE decoder blocks
+
+class WanDecoderStage(nn.Module):
+    """One stage of the causal decoder over every frame: the input split into the chunks
+    diffusers would feed it (one latent frame's worth each), each run with this stage's own
+    feature cache, the outputs concatenated in time."""
+
+    def __init__(self, run: Callable, modules: dict[str, nn.Module], chunks: list[int],
+                 head: Callable | None = None, tail: Callable | None = None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict(modules)
+        self.run_chunk, self.chunks, self.head, self.tail = run, chunks, head, tail
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.head is not None:
+            x = self.head(self.parts, x)
+        cache: list = [None] * 64
+        outs, start = [], 0
+        for i, size in enumerate(self.chunks):
+            outs.append(self.run_chunk(self.parts, x[:, :, start:start + size], cache, [0],
+                                       i == 0))
+            start += size
+        out = torch.cat(outs, 2)
+        return out if self.tail is None else self.tail(self.parts, out)
+
+
+def _cached_conv(conv: nn.Module, x: torch.Tensor, cache: list, idx: list[int]) -> torch.Tensor:
+    """diffusers' feature-cache step around one causal convolution (the decoder's conv_in
+    and conv_out)."""
+    i = idx[0]
+    cache_x = x[:, :, -2:].clone()
+    if cache_x.shape[2] < 2 and cache[i] is not None:
+        cache_x = torch.cat([cache[i][:, :, -1:], cache_x], dim=2)
+    out = conv(x, cache[i])
+    cache[i] = cache_x
+    idx[0] += 1
+    return out
+
+
+def cut_vae_decoder(vae: nn.Module, latent_frames: int) -> list[tuple[str, nn.Module]]:
+    """(name, stage) pairs; latents in (B, C, T, h, w) as the sampler makes them."""
+    dec = vae.decoder
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+
+    def denormalise(parts, z):
+        return parts["post_quant_conv"](z * std.to(z.dtype) + mean.to(z.dtype))
+
+    def head(parts, x, cache, idx, first):
+        return parts["mid_block"](_cached_conv(parts["conv_in"], x, cache, idx), cache, idx)
+
+    def up(parts, x, cache, idx, first):
+        return parts["up"](x, feat_cache=cache, feat_idx=idx, first_chunk=first)
+
+    def out(parts, x, cache, idx, first):
+        return _cached_conv(parts["conv_out"], parts["nonlinearity"](parts["norm_out"](x)),
+                            cache, idx)
+
+    def to_unit(parts, x):
+        return (x.clamp(-1, 1) + 1) / 2
+
+    chunks = [1] * latent_frames
+    stages = [("head", WanDecoderStage(head, {"post_quant_conv": vae.post_quant_conv,
+                                              "conv_in": dec.conv_in,
+                                              "mid_block": dec.mid_block}, chunks, denormalise))]
+    for i, block in enumerate(dec.up_blocks):
+        stages.append((f"up_{i}", WanDecoderStage(up, {"up": block}, chunks)))
+        if getattr(block, "upsamplers", None) and block.upsamplers[0].mode == "upsample3d":
+            chunks = [1] + [2 * c for c in chunks[1:]]   # the first chunk is never upsampled
+    stages.append(("out", WanDecoderStage(out, {"norm_out": dec.norm_out,
+                                                "nonlinearity": dec.nonlinearity,
+                                                "conv_out": dec.conv_out}, chunks,
+                                          tail=to_unit)))
+    return stages
+
+
+# ---------------------------------------------------------------- the family's model
+
+@dataclass
+class WanModel:
+    pipe: object                    # diffusers WanPipeline, float32
+    folder: Path
+    height: int
+    width: int
+    frames: int
+    sampler: SamplerSettings
+    notes: list[str]
+    name: str = NAME
+    family: str = NAME
+    text_tokens: int = TEXT_TOKENS
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        vae = self.pipe.vae
+        return (vae.config.z_dim, (self.frames - 1) // self.pipe.vae_scale_factor_temporal + 1,
+                self.height // self.pipe.vae_scale_factor_spatial,
+                self.width // self.pipe.vae_scale_factor_spatial)
+
+    def _ids(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+        enc = self.pipe.tokenizer([prompt_clean(p) for p in prompts], padding="max_length",
+                                  max_length=self.text_tokens, truncation=True,
+                                  add_special_tokens=True, return_attention_mask=True,
+                                  return_tensors="pt")
+        return enc.input_ids, enc.attention_mask
+
+    def cut(self, batch: int = 2) -> dict[str, list[Block]]:
+        return {"text_encoder": self._cut_text_encoder(),
+                "transformer": self._cut_transformer(batch),
+                "vae_decoder": self._cut_vae_decoder()}
+
+    def _cut_text_encoder(self) -> list[Block]:
+        enc = self.pipe.text_encoder.encoder
+        ids, mask = self._ids(["a red circle moving left", "the dog"])
+        emb = T5EmbeddingsBlock(enc.embed_tokens).eval()
+        blocks = [Block("text_encoder", "embeddings", emb, ["input_ids", "attention_mask"],
+                        ["hidden", "attention_bias"], (ids, mask), [True, True])]
+        hidden, bias = blocks[0].run(ids, mask)
+        for i, layer in enumerate(enc.block):
+            block = Block("text_encoder", f"layer_{i}", T5LayerBlock(layer).eval(),
+                          ["hidden", "attention_bias"], ["hidden"], (hidden, bias), [True, True])
+            blocks.append(block)
+            (hidden,) = block.run(hidden, bias)
+        blocks.append(Block("text_encoder", "final", T5FinalBlock(enc.final_layer_norm).eval(),
+                            ["hidden", "attention_mask"], ["hidden"], (hidden, mask),
+                            [True, True]))
+        return blocks
+
+    def _cut_transformer(self, batch: int) -> list[Block]:
+        model = self.pipe.transformer
+        g = torch.Generator().manual_seed(0)
+        latent = torch.randn(batch, *self.latent_shape, generator=g)
+        t = torch.rand(batch, generator=g)
+        caption = torch.randn(batch, self.text_tokens, model.config.text_dim, generator=g)
+        pro = Block("transformer", "prologue", WanPrologue(model, self.latent_shape).eval(),
+                    ["latent", "t", "caption"],
+                    ["x", "t_mod", "temb", "context", "rope_cos", "rope_sin"],
+                    (latent, t, caption), [True, True, True],
+                    dynamic_outputs=[True, True, True, True, False, False])
+        x, t_mod, temb, context, cos, sin = pro.run(*pro.example)
+        blocks = [pro]
+        frames = self.latent_shape[1] // model.config.patch_size[0]
+        for i, b in enumerate(model.blocks):
+            variants = {"tdtm": MergedWanBlock(b, frames).eval()} if frames > 1 else {}
+            block = Block("transformer", f"block_{i}", WanBlock(b).eval(),
+                          ["x", "t_mod", "context", "rope_cos", "rope_sin"], ["x"],
+                          (x, t_mod, context, cos, sin), [True, True, True, False, False],
+                          variants)
+            blocks.append(block)
+            (x,) = block.run(*block.example)
+        blocks.append(Block("transformer", "epilogue", WanEpilogue(model, self.latent_shape),
+                            ["x", "temb"], ["velocity"], (x, temb), [True, True]))
+        return blocks
+
+    def _cut_vae_decoder(self) -> list[Block]:
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(2, *self.latent_shape, generator=g)  # batch 1 would be specialised
+        blocks = []
+        stages = cut_vae_decoder(self.pipe.vae, self.latent_shape[1])
+        for i, (name, stage) in enumerate(stages):
+            block = Block("vae_decoder", name, stage.eval(), ["z" if i == 0 else "h"],
+                          ["frames" if i == len(stages) - 1 else "h"], (x,), [True])
+            blocks.append(block)
+            (x,) = block.run(x)
+        return blocks
+
+    def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
+        tok_dir = root / "tokenizer"
+        tok_dir.mkdir(parents=True)
+        self.pipe.tokenizer.backend_tokenizer.save(str(tok_dir / "tokenizer.json"))
+        return {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
+                              "max_tokens": self.text_tokens,
+                              "pad_token": self.pipe.tokenizer.pad_token,
+                              "clean": "wan"},
+                "conditioning": {}, "negative_prompt": "",
+                "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
+                "latent_layout": "video",
+                "video": {"height": self.height, "width": self.width, "frames": self.frames}}
+
+    @torch.no_grad()
+    def reference(self, prompt: str, latents: np.ndarray, negative_prompt: str = "",
+                  steps: int | None = None, guidance: float | None = None,
+                  on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """diffusers' WanPipeline itself: uint8 video (B, T, H, W, 3) from these initial
+        latents (B, C, T, h, w)."""
+        steps = steps or self.sampler.steps
+
+        def callback(pipe, i, t, kwargs):
+            if on_step is not None:
+                on_step(i + 1, steps)
+            return {}
+
+        frames = self.pipe(prompt, negative_prompt=negative_prompt, height=self.height,
+                           width=self.width, num_frames=self.frames, num_inference_steps=steps,
+                           guidance_scale=self.sampler.guidance if guidance is None else guidance,
+                           latents=torch.from_numpy(latents), output_type="np",
+                           max_sequence_length=self.text_tokens,
+                           callback_on_step_end=callback).frames
+        return np.round(np.asarray(frames) * 255).astype(np.uint8)
+
+    def generate(self, prompt: str, seed: int = 0,
+                 on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
+        return self.reference(prompt, initial_noise(self.latent_shape, [seed]), on_step=on_step)
+
+
+def load(folder: Path, height: int | None = None, width: int | None = None,
+         frames: int | None = None, steps: int | None = None) -> WanModel:
+    given = {"height": height, "width": width, "frames": frames}
+    size = {k: DEFAULT_SIZE[k] if v is None else v for k, v in given.items()}
+    check_folder(folder)
+    check_video_size(**size)
+    sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json")
+    if steps is not None:
+        from dataclasses import replace
+
+        sampler = replace(sampler, steps=steps, leap_min_steps=max(1, steps // 2))
+    pipe, notes = load_pipeline(folder)
+    return WanModel(pipe, folder, sampler=sampler, notes=notes, name=folder.resolve().name,
+                    **size)

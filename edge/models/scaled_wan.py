@@ -1,0 +1,150 @@
+"""A diffusers Wan 2.1 folder with the real model's shapes and random weights, for speed and
+memory benchmarks at real size without a download.
+
+`edge scale-model --like wan2.1-t2v-1.3b OUT` writes a `WanPipeline` folder whose transformer
+has Wan2.1-T2V-1.3B's shapes (1.42 B parameters, 5.7 GB fp32) and whose VAE is Wan's (127 M).
+The text encoder is a small UMT5 with the real output width (4096) unless `full_text_encoder`
+asks for UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32). Large models are written one
+block per safetensors shard with diffusers' / transformers' index files, each block built on
+its own, so memory holds one block at a time, never the model. Random weights cost exactly
+what trained ones cost to read and compute; they make no video worth looking at.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from edge.package import atomic_directory
+
+LIKE = ("wan2.1-t2v-1.3b",)
+
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
+WAN21_T2V_13B = {"patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128,
+                 "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256,
+                 "ffn_dim": 8960, "num_layers": 30, "cross_attn_norm": True,
+                 "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None,
+                 "added_kv_proj_dim": None, "rope_max_seq_len": 1024}
+# google/umt5-xxl encoder shapes
+UMT5_XXL = {"d_model": 4096, "d_kv": 64, "num_heads": 64, "d_ff": 10240, "num_layers": 24,
+            "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+            "feed_forward_proj": "gated-gelu", "vocab_size": 256384}
+# the small default: UMT5-XXL's output width (the transformer's text_dim), little else
+UMT5_SMALL = UMT5_XXL | {"num_heads": 8, "d_ff": 1024, "num_layers": 2}
+
+TOKENIZER_WORDS = ("a red blue green circle square cat dog moving left right up down slowly "
+                   "the over under fast bright dark video of and surfing wave sea sky").split()
+
+
+def small_tokenizer():
+    """A Unigram T5 tokenizer over a few words, built in memory (no hub)."""
+    from transformers import T5Tokenizer
+
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    vocab += [(f"▁{w}", -5.0 - i * 0.01) for i, w in enumerate(TOKENIZER_WORDS)]
+    vocab += [(c, -8.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    return T5Tokenizer(vocab=vocab, extra_ids=0)
+
+
+def write_shards(folder: Path, weights_name: str, index_name: str,
+                 parts: Iterator[tuple[str, nn.Module]], count: int,
+                 on_part: Callable[[str], None] | None = None) -> int:
+    """Each of the `count` (prefix, module) pairs `parts` yields as its own safetensors shard
+    (tensor names prefixed), plus the index that maps every tensor to its shard; returns the
+    parameter count. `parts` is consumed lazily: one module exists at a time."""
+    stem = weights_name.removesuffix(".safetensors")
+    weight_map, total_bytes, params = {}, 0, 0
+    for i, (prefix, module) in enumerate(parts):
+        shard = f"{stem}-{i + 1:05d}-of-{count:05d}.safetensors"
+        tensors, seen = {}, set()
+        for k, v in module.state_dict().items():
+            if v.data_ptr() in seen:  # a tied copy (UMT5's encoder.embed_tokens is `shared`)
+                continue
+            seen.add(v.data_ptr())
+            tensors[f"{prefix}{k}"] = v.detach().contiguous()
+        save_file(tensors, folder / shard, metadata={"format": "pt"})
+        for name, t in tensors.items():
+            weight_map[name] = shard
+            total_bytes += t.numel() * t.element_size()
+        params += sum(p.numel() for p in module.parameters())
+        del module, tensors
+        if on_part:
+            on_part(prefix or "rest")
+    (folder / index_name).write_text(json.dumps(
+        {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}, indent=1) + "\n")
+    return params
+
+
+def transformer_parts(config: dict) -> Iterator[tuple[str, nn.Module]]:
+    """The transformer without its blocks, then each WanTransformerBlock on its own."""
+    from diffusers import WanTransformer3DModel
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    dim = config["num_attention_heads"] * config["attention_head_dim"]
+    yield "", WanTransformer3DModel(**(config | {"num_layers": 0}))
+    for i in range(config["num_layers"]):
+        yield f"blocks.{i}.", WanTransformerBlock(
+            dim, config["ffn_dim"], config["num_attention_heads"], config["qk_norm"],
+            config["cross_attn_norm"], config["eps"], config["added_kv_proj_dim"])
+
+
+def text_encoder_parts(config) -> Iterator[tuple[str, nn.Module]]:
+    """The UMT5 encoder without layers (embedding, final norm), then each layer."""
+    from transformers import UMT5EncoderModel
+    from transformers.models.umt5.modeling_umt5 import UMT5Block
+
+    empty = config.__class__(**(config.to_dict() | {"num_layers": 0}))
+    yield "", UMT5EncoderModel(empty)
+    for i in range(config.num_layers):
+        yield f"encoder.block.{i}.", UMT5Block(config, layer_idx=i)
+
+
+def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
+                   full_text_encoder: bool = False, seed: int = 0,
+                   on_part: Callable[[str], None] | None = None) -> dict:
+    """Write the folder atomically; returns what was written (parameter counts)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
+    from transformers import UMT5Config
+
+    if like not in LIKE:
+        raise ValueError(f"--like {like!r}: known: {', '.join(LIKE)}")
+    torch.manual_seed(seed)
+    tok = small_tokenizer()
+    text = UMT5_XXL if full_text_encoder else UMT5_SMALL | {"vocab_size": len(tok)}
+    text_config = UMT5Config(**text, pad_token_id=0, eos_token_id=1, tie_word_embeddings=False)
+    index = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1",
+             "boundary_ratio": None, "expand_timesteps": False,
+             "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+             "text_encoder": ["transformers", "UMT5EncoderModel"],
+             "tokenizer": ["transformers", "T5Tokenizer"],
+             "transformer": ["diffusers", "WanTransformer3DModel"],
+             "transformer_2": [None, None], "vae": ["diffusers", "AutoencoderKLWan"]}
+    with atomic_directory(out) as tmp:
+        (tmp / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+        tok.save_pretrained(tmp / "tokenizer")
+        UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                flow_shift=3.0).save_pretrained(tmp / "scheduler")
+        AutoencoderKLWan().eval().save_pretrained(tmp / "vae")
+        folder = tmp / "transformer"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(
+            {"_class_name": "WanTransformer3DModel", "_diffusers_version": "0.42.1",
+             **WAN21_T2V_13B}, indent=2) + "\n")
+        transformer_params = write_shards(folder, "diffusion_pytorch_model.safetensors",
+                                          "diffusion_pytorch_model.safetensors.index.json",
+                                          transformer_parts(WAN21_T2V_13B),
+                                          WAN21_T2V_13B["num_layers"] + 1, on_part)
+        folder = tmp / "text_encoder"
+        folder.mkdir()
+        text_config.architectures = ["UMT5EncoderModel"]
+        text_config.save_pretrained(folder)
+        text_params = write_shards(folder, "model.safetensors", "model.safetensors.index.json",
+                                   text_encoder_parts(text_config), text_config.num_layers + 1,
+                                   on_part)
+    return {"like": like, "seed": seed, "transformer_params": transformer_params,
+            "text_encoder_params": text_params}

@@ -1,0 +1,138 @@
+"""The noise schedules and update rules the shared sampler (edge/sampler.py) integrates with.
+
+Two schedulers, each a NumPy mirror of a diffusers scheduler with the same numbers (tested
+step by step against it):
+
+- `flow_euler`: FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video).
+- `flow_unipc`: UniPCMultistepScheduler as Wan 2.1 configures it: flow prediction, flow
+  sigmas with `flow_shift`, order 2, the bh2 variant, predictor-corrector, first order at the
+  last step. An order-2 multistep method: an Euler sampler does not reproduce it.
+
+Both take the model's velocity v = noise - x0 (x_t = (1 - t) x0 + t noise). A scheduler's
+`model_times` are what the transformer is told the time is, in [0, 1]; UniPC rounds its
+timesteps down to whole training steps (diffusers keeps them as int64), so they differ
+slightly from its sigmas. No torch here: the runtimes use this module as it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SCHEDULERS = ("flow_euler", "flow_unipc")
+
+
+def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+def euler_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+    """FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift: a linspace from 1 to
+    the (shifted) smallest training sigma, shifted once more, then a final 0 (float32)."""
+    sigma_min = shift_sigmas(np.float64(1.0 / num_train_timesteps), shift)
+    sigmas = np.linspace(1.0, sigma_min, steps)
+    sigmas = shift_sigmas(sigmas.astype(np.float32), shift)
+    return np.append(sigmas, np.float32(0.0)).astype(np.float32)
+
+
+def unipc_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+    """UniPCMultistepScheduler.set_timesteps with use_flow_sigmas: shifted in float64 from
+    linspace(1, 1/N, steps + 1) without its end, the first nudged below 1, a final 0."""
+    sigmas = np.linspace(1.0, 1.0 / num_train_timesteps, steps + 1)[:-1]
+    sigmas = shift_sigmas(sigmas, shift)
+    if abs(sigmas[0] - 1.0) < 1e-6:
+        sigmas[0] -= 1e-6
+    return np.append(sigmas, 0.0).astype(np.float32)
+
+
+def unipc_model_times(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+    """The timesteps diffusers hands the model, int64(sigma * N) of the float64 sigmas, as
+    fractions of N (float32)."""
+    sigmas = shift_sigmas(np.linspace(1.0, 1.0 / num_train_timesteps, steps + 1)[:-1], shift)
+    if abs(sigmas[0] - 1.0) < 1e-6:
+        sigmas[0] -= 1e-6
+    whole = (sigmas * num_train_timesteps).astype(np.int64)
+    return (whole / num_train_timesteps).astype(np.float32)
+
+
+def _lambda(sigma: np.float32) -> np.float32:
+    """log(alpha / sigma) of a flow sigma (alpha = 1 - sigma); +inf at sigma = 0."""
+    with np.errstate(divide="ignore"):
+        return np.float32(np.log(np.float32(1) - sigma) - np.log(sigma))
+
+
+class UniPCFlow:
+    """One generation's UniPC state (order 2, bh2, predicting x0). `step(v, i, x)` takes the
+    guided velocity at sigmas[i] and returns the sample at sigmas[i + 1]; the scalars are
+    float32 as in diffusers, where they are float32 tensors."""
+
+    order = 2
+
+    def __init__(self, sigmas: np.ndarray) -> None:
+        self.sigmas = sigmas.astype(np.float32)
+        self.x0_history: list[np.ndarray] = []      # the last `order` converted outputs
+        self.last_sample: np.ndarray | None = None
+        self.last_order = 0
+
+    def _coefficients(self, i_s0: int, i_t: int) -> tuple[np.float32, ...]:
+        """alpha_t, sigma_t / sigma_s0, h_phi_1, B_h for a step from sigmas[i_s0] to
+        sigmas[i_t]."""
+        sigma_t, sigma_s0 = self.sigmas[i_t], self.sigmas[i_s0]
+        h = _lambda(sigma_t) - _lambda(sigma_s0)
+        hh = np.float32(-h)
+        h_phi_1 = np.float32(np.expm1(hh))
+        return np.float32(1) - sigma_t, np.float32(sigma_t / sigma_s0), h_phi_1, h_phi_1, h
+
+    def _rk(self, i_si: int, i_s0: int, h: np.float32) -> np.float32:
+        return np.float32((_lambda(self.sigmas[i_si]) - _lambda(self.sigmas[i_s0])) / h)
+
+    def _b_terms(self, h: np.float32, order: int) -> list[np.float32]:
+        """b_k = h_phi_k * k! / B_h for k = 1..order (bh2: B_h = expm1(-h))."""
+        hh = np.float32(-h)
+        h_phi_1 = np.float32(np.expm1(hh))
+        h_phi_k = np.float32(h_phi_1 / hh - 1)
+        factorial, b = 1, []
+        for k in range(1, order + 1):
+            b.append(np.float32(h_phi_k * factorial / h_phi_1))
+            factorial *= k + 1
+            h_phi_k = np.float32(h_phi_k / hh - np.float32(1 / factorial))
+        return b
+
+    def _correct(self, x0: np.ndarray, i: int, x: np.ndarray) -> np.ndarray:
+        """UniC: refine the sample at sigmas[i] with the new x0 prediction."""
+        order = self.last_order
+        m0 = self.x0_history[-1]
+        alpha_t, ratio, h_phi_1, b_h, h = self._coefficients(i - 1, i)
+        if order == 1:
+            rhos = [np.float32(0.5)]
+            d1s = []
+        else:  # order 2: one earlier output, solve the 2x2 system R rho = b
+            rk = self._rk(i - 2, i - 1, h)
+            d1s = [(self.x0_history[-2] - m0) / rk]
+            b = self._b_terms(h, 2)
+            rhos = [np.float32(r) for r in np.linalg.solve(
+                np.array([[1.0, 1.0], [rk, 1.0]], np.float32), np.array(b, np.float32))]
+        x_t_ = ratio * self.last_sample - alpha_t * h_phi_1 * m0
+        corr = sum((r * d for r, d in zip(rhos[:-1], d1s, strict=True)), np.float32(0))
+        out = x_t_ - alpha_t * b_h * (corr + rhos[-1] * (x0 - m0))
+        return out.astype(np.float32)
+
+    def _predict(self, i: int, x: np.ndarray, order: int) -> np.ndarray:
+        """UniP: the sample at sigmas[i + 1]."""
+        m0 = self.x0_history[-1]
+        alpha_t, ratio, h_phi_1, b_h, h = self._coefficients(i, i + 1)
+        x_t_ = ratio * x - alpha_t * h_phi_1 * m0
+        if order == 1:
+            return x_t_.astype(np.float32)
+        rk = self._rk(i - 1, i, h)
+        d1 = (self.x0_history[-2] - m0) / rk
+        return (x_t_ - alpha_t * b_h * (np.float32(0.5) * d1)).astype(np.float32)
+
+    def step(self, v: np.ndarray, i: int, x: np.ndarray) -> np.ndarray:
+        x0 = (x - self.sigmas[i] * v).astype(np.float32)
+        if i > 0 and self.last_sample is not None:
+            x = self._correct(x0, i, x)
+        self.x0_history = (self.x0_history + [x0])[-self.order:]
+        steps = len(self.sigmas) - 1
+        order = min(self.order, steps - i, len(self.x0_history))
+        self.last_sample, self.last_order = x, order
+        return self._predict(i, x, order)

@@ -1,0 +1,276 @@
+"""The Wan family against diffusers' own WanPipeline, on tiny random-weight folders built
+offline (tests/wan_folder.py): the cut equals the components, an exported ONNX package run by
+the Python runtime reproduces WanPipeline (UniPC and flow-match Euler, a negative prompt,
+given latents), the techniques run on it, and bad folders are refused before any work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from wan_folder import make_wan_folder
+
+from edge.families import FamilyError, family_of, load_model
+from exporters.onnx import export_onnx, psnr
+
+SIZE = {"height": 32, "width": 48, "frames": 9}
+
+
+@pytest.fixture(scope="session")
+def wan_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wan")
+    return {s: make_wan_folder(root / s, scheduler=s) for s in ("unipc", "euler")}
+
+
+@pytest.fixture(scope="session")
+def wan_models(wan_folders):
+    return {s: load_model(f, steps=12, **SIZE) for s, f in wan_folders.items()}
+
+
+@pytest.fixture(scope="session")
+def wan_packages(tmp_path_factory, wan_models):
+    root = tmp_path_factory.mktemp("wan-onnx")
+    return {s: (root / s, export_onnx(m, root / s)) for s, m in wan_models.items()}
+
+
+def _chain(blocks, feeds):
+    for block in blocks:
+        outputs = block.run(*[feeds[n] for n in block.inputs])
+        feeds = feeds | dict(zip(block.outputs, outputs, strict=True))
+    return feeds
+
+
+@torch.no_grad()
+def test_cut_equals_the_diffusers_components(wan_models):
+    model = wan_models["unipc"]
+    cut = model.cut()
+    assert [b.name for b in cut["transformer"]] == ["prologue", "block_0", "block_1",
+                                                    "epilogue"]
+    ids, mask = model._ids(["a red circle moving left", "the dog"])
+    want = model.pipe.text_encoder(ids, mask).last_hidden_state * mask[..., None]
+    got = _chain(cut["text_encoder"], {"input_ids": ids, "attention_mask": mask})["hidden"]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+    latent = torch.randn(2, *model.latent_shape)
+    caption = torch.randn(2, model.text_tokens, 32)
+    want = model.pipe.transformer(latent, torch.tensor([999, 500]), caption,
+                                  return_dict=False)[0]
+    got = _chain(cut["transformer"], {"latent": latent, "t": torch.tensor([0.999, 0.5]),
+                                      "caption": caption})["velocity"]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+    vae = model.pipe.vae
+    z = torch.randn(1, *model.latent_shape)
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    want = (vae.decode(z * std + mean).sample.clamp(-1, 1) + 1) / 2
+    got = _chain(cut["vae_decoder"], {"z": z})["frames"]
+    assert got.shape == (1, 3, SIZE["frames"], SIZE["height"], SIZE["width"])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_rope_tables_are_weights_not_graph_constants(wan_packages):
+    _, manifest = wan_packages["unipc"]
+    prologue = manifest["components"][1]["blocks"][0]
+    names = {t["name"] for t in prologue["weights"]["tensors"]}
+    assert {"rope_cos", "rope_sin"} <= names
+
+
+@pytest.mark.parametrize("scheduler", ["unipc", "euler"])
+def test_package_reproduces_wan_pipeline(wan_packages, wan_models, scheduler):
+    from runtimes.python import Pipeline
+
+    root, manifest = wan_packages[scheduler]
+    model = wan_models[scheduler]
+    assert manifest["sampler"]["scheduler"] == {"unipc": "flow_unipc",
+                                                "euler": "flow_euler"}[scheduler]
+    errors = [b["validation"]["max_abs_error"] for c in manifest["components"]
+              for b in c["blocks"]]
+    assert max(errors) <= 1e-4
+    latents = np.random.default_rng(7).standard_normal((1, *model.latent_shape),
+                                                       dtype=np.float32)
+    kwargs = {"negative_prompt": "blue dog", "latents": latents, "steps": 8, "guidance": 4.0}
+    runtime = Pipeline.load(root)
+    try:
+        got = runtime.generate("a red circle moving  left", **kwargs)
+    finally:
+        runtime.close()
+    want = model.reference("a red circle moving  left", **kwargs)
+    assert got.shape == want.shape == (1, SIZE["frames"], SIZE["height"], SIZE["width"], 3)
+    assert psnr(got, want) >= 40.0
+    # the negative prompt is used: another one gives another video (random weights barely
+    # listen to text, so only "not the same" is asked)
+    runtime = Pipeline.load(root)
+    try:
+        other = runtime.generate("a red circle moving  left", **(kwargs | {
+            "negative_prompt": "green square"}))
+    finally:
+        runtime.close()
+    assert not np.array_equal(other, got)
+
+
+def test_leap_and_step_cache_run_on_wan(wan_packages):
+    from runtimes.python import Pipeline
+
+    root, _ = wan_packages["unipc"]
+    runtime = Pipeline.load(root)
+    try:
+        base = runtime.generate("a cat", steps=12)
+        assert runtime.last_run["sampler"]["transformer_calls"] == 12
+        runtime.generate("a cat", steps=12, leap=True, leap_after=6)
+        assert runtime.last_run["sampler"]["calls"] == 7
+        assert runtime.last_run["sampler"]["leap_at"] == 6
+        runtime.generate("a cat", steps=12, leap=True)      # dynamic: never before step 6
+        assert runtime.last_run["sampler"]["calls"] >= 7
+        cached = runtime.generate("a cat", steps=12, cache_threshold=0.3)
+        assert runtime.last_run["sampler"]["transformer_calls"] < 12
+        assert cached.shape == base.shape
+    finally:
+        runtime.close()
+
+
+def test_latents_of_the_wrong_shape_are_refused(wan_packages):
+    from runtimes.python import Pipeline
+
+    runtime = Pipeline.load(wan_packages["euler"][0])
+    try:
+        with pytest.raises(ValueError, match=r"latents must be .*\(1, 16, 3, 4, 6\)"):
+            runtime.generate("a cat", latents=np.zeros((1, 16, 3, 4, 4), np.float32))
+    finally:
+        runtime.close()
+
+
+# ---------------------------------------------------------------- bad folders
+
+def test_folder_without_model_index_is_refused(tmp_path):
+    with pytest.raises(FamilyError, match=f"{tmp_path}: no model_index.json"):
+        family_of(tmp_path)
+
+
+def test_unknown_pipeline_lists_the_supported_ones(tmp_path):
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    with pytest.raises(FamilyError, match="'FluxPipeline' is not a supported.*WanPipeline"):
+        family_of(tmp_path)
+
+
+def test_missing_component_folder_is_named(wan_folders, tmp_path):
+    folder = shutil.copytree(wan_folders["euler"], tmp_path / "wan")
+    shutil.rmtree(folder / "vae")
+    with pytest.raises(FamilyError, match=r"wan/vae: missing"):
+        load_model(folder, **SIZE)
+
+
+@pytest.mark.parametrize("size,message", [
+    ({"frames": 8}, "--frames 8: Wan needs 4k \\+ 1"),
+    ({"height": 40}, "--height 40: Wan needs a positive multiple of 16"),
+    ({"width": 0}, "--width 0"),
+])
+def test_video_sizes_wan_cannot_take_are_refused(wan_folders, size, message):
+    with pytest.raises(FamilyError, match=message):
+        load_model(wan_folders["euler"], **(SIZE | size))
+
+
+def test_unsupported_scheduler_settings_are_named(wan_folders, tmp_path):
+    folder = shutil.copytree(wan_folders["unipc"], tmp_path / "wan")
+    config = folder / "scheduler" / "scheduler_config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"solver_order": 3}))
+    with pytest.raises(FamilyError, match="solver_order=3"):
+        load_model(folder, **SIZE)
+
+
+def test_weights_not_matching_the_config_name_the_tensor(wan_folders, tmp_path):
+    folder = shutil.copytree(wan_folders["euler"], tmp_path / "wan")
+    config = folder / "transformer" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"ffn_dim": 64}))
+    with pytest.raises(FamilyError, match=r"transformer/diffusion_pytorch_model.safetensors: "
+                       r"tensor 'blocks.0.ffn.net.0.proj.bias' has shape \[48\], but .*"
+                       r"transformer/config.json makes it \[64\]"):
+        load_model(folder, **SIZE)
+
+
+def test_half_precision_checkpoints_are_converted_and_said(wan_folders, tmp_path):
+    from diffusers import WanTransformer3DModel
+
+    folder = shutil.copytree(wan_folders["euler"], tmp_path / "wan")
+    WanTransformer3DModel.from_pretrained(folder / "transformer").half().save_pretrained(
+        folder / "transformer")
+    model = load_model(folder, **SIZE)
+    assert next(model.pipe.transformer.parameters()).dtype == torch.float32
+    assert any("F16" in n and "converted to float32" in n for n in model.notes)
+
+
+def test_cli_refuses_before_writing(wan_folders, tmp_path):
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    dest = tmp_path / "out"
+    runner = CliRunner()
+    result = runner.invoke(app, ["export", "--model", str(wan_folders["euler"]), "--frames",
+                                 "6", "--height", "32", "--width", "48", "-o", str(dest)])
+    assert result.exit_code == 2 and "--frames 6" in result.output
+    result = runner.invoke(app, ["export", "--model", str(wan_folders["euler"]), "--target",
+                                 "web", "-o", str(dest)])
+    assert result.exit_code == 2 and "not built for wan models yet" in result.output
+    assert not dest.exists()
+
+
+def test_streamed_under_a_budget_equals_resident(wan_packages):
+    from runtimes.python import Pipeline
+
+    root, manifest = wan_packages["unipc"]
+    largest = max(f["bytes"] for c in manifest["components"] for b in c["blocks"]
+                  for f in b["files"] if f["path"] == b["weights"]["path"])
+    resident = Pipeline.load(root)
+    streamed = Pipeline.load(root, memory_budget=largest)
+    try:
+        want = resident.generate("a red dog", steps=4)
+        got = streamed.generate("a red dog", steps=4)
+        assert streamed.last_run["bytes_read"] > resident.last_run["bytes_read"]
+        assert streamed.last_run["peak_held_bytes"] <= largest
+    finally:
+        resident.close()
+        streamed.close()
+    np.testing.assert_array_equal(got, want)
+
+
+@torch.no_grad()
+def test_merged_block_equals_the_block_when_frame_pairs_are_equal(wan_models):
+    """With each pair of latent frames equal (tokens and RoPE), merging loses nothing: the
+    TDTM variant gives the base block's output."""
+    from edge.families.wan import MergedWanBlock, WanBlock
+
+    model = wan_models["unipc"]
+    block = model.pipe.transformer.blocks[0]
+    frames, per_frame, d = 4, 6, 24
+    x = torch.randn(2, frames // 2, 1, per_frame, d).expand(2, frames // 2, 2, per_frame, d)
+    rope = torch.randn(1, frames // 2, 1, per_frame, 1, 6).expand(1, frames // 2, 2, per_frame,
+                                                                   1, 6)
+    args = (x.reshape(2, frames * per_frame, d), torch.randn(2, 6, d), torch.randn(2, 7, d),
+            rope.reshape(1, frames * per_frame, 1, 6), rope.reshape(1, frames * per_frame, 1, 6))
+    want = WanBlock(block)(*args)
+    got = MergedWanBlock(block, frames)(*args)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # with different frames it is a different computation
+    other = (torch.randn_like(args[0]), *args[1:])
+    assert not torch.allclose(MergedWanBlock(block, frames)(*other), WanBlock(block)(*other),
+                              atol=1e-3)
+
+
+def test_merge_steps_run_the_merged_variant_on_wan(wan_packages):
+    from runtimes.python import Pipeline
+
+    root, manifest = wan_packages["unipc"]
+    blocks = manifest["components"][1]["blocks"]
+    assert all("tdtm" in b["variants"] for b in blocks[1:-1])
+    runtime = Pipeline.load(root)
+    try:
+        base = runtime.generate("a cat", steps=6)
+        merged = runtime.generate("a cat", steps=6, merge_steps=3)
+        assert runtime.last_run["sampler"]["merged_calls"] == 3
+    finally:
+        runtime.close()
+    assert not np.array_equal(base, merged)

@@ -1,0 +1,57 @@
+"""Tiny random-weight diffusers Wan 2.1 pipeline folders, built offline from configs (no hub):
+the reference edge's Wan family is held to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# a small Unigram vocabulary: enough pieces that test prompts become several tokens
+WORDS = ("a red blue green circle square cat dog moving left right up down slowly the "
+         "over under fast bright dark video of and").split()
+
+
+def tokenizer():
+    from transformers import T5Tokenizer
+
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    vocab += [(f"▁{w}", -5.0 - i * 0.01) for i, w in enumerate(WORDS)]
+    vocab += [(c, -8.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    return T5Tokenizer(vocab=vocab, extra_ids=0)
+
+
+def make_wan_folder(dest: Path, scheduler: str = "unipc", seed: int = 0, layers: int = 2,
+                    text_layers: int = 2) -> Path:
+    """Write a tiny WanPipeline to `dest` with `save_pretrained`; returns `dest`.
+    scheduler: "unipc" (Wan's default) or "euler" (flow-match Euler)."""
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        UniPCMultistepScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    tok = tokenizer()
+    text_encoder = UMT5EncoderModel(UMT5Config(
+        vocab_size=len(tok), d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=text_layers,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1))
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+        out_channels=16, text_dim=32, freq_dim=32, ffn_dim=48, num_layers=layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    if scheduler == "unipc":
+        sched = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        flow_shift=3.0)
+    else:
+        sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    pipe = WanPipeline(tokenizer=tok, text_encoder=text_encoder.eval(),
+                       transformer=transformer.eval(), vae=vae.eval(), scheduler=sched)
+    pipe.save_pretrained(dest)
+    return dest
