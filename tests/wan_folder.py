@@ -7,18 +7,7 @@ from pathlib import Path
 
 import torch
 
-# a small Unigram vocabulary: enough pieces that test prompts become several tokens
-WORDS = ("a red blue green circle square cat dog moving left right up down slowly the "
-         "over under fast bright dark video of and").split()
-
-
-def tokenizer():
-    from transformers import T5Tokenizer
-
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
-    vocab += [(f"▁{w}", -5.0 - i * 0.01) for i, w in enumerate(WORDS)]
-    vocab += [(c, -8.0) for c in "abcdefghijklmnopqrstuvwxyz"]
-    return T5Tokenizer(vocab=vocab, extra_ids=0)
+from edge.models.scaled_wan import small_tokenizer
 
 
 def make_wan_folder(dest: Path, scheduler: str = "unipc", seed: int = 0, layers: int = 2,
@@ -35,7 +24,7 @@ def make_wan_folder(dest: Path, scheduler: str = "unipc", seed: int = 0, layers:
     from transformers import UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(seed)
-    tok = tokenizer()
+    tok = small_tokenizer()
     text_encoder = UMT5EncoderModel(UMT5Config(
         vocab_size=len(tok), d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=text_layers,
         relative_attention_num_buckets=8, relative_attention_max_distance=16,
