@@ -63,6 +63,11 @@ def _cell(value: float | int | None) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _psnr_text(validation: dict) -> str:
+    return ("identical videos" if validation.get("identical")
+            else f"{validation['psnr_db']} dB")
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -381,7 +386,7 @@ def export(
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "
                f"block error {worst[0]:.2g} ({worst[1]}), end to end PSNR "
-               f"{manifest['validation']['psnr_db']} dB, peak RSS {format_size(peak_rss)}")
+               f"{_psnr_text(manifest['validation'])}, peak RSS {format_size(peak_rss)}")
 
 
 @app.command("eval")

@@ -230,6 +230,9 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
                 f"end to end: the exported package's video differs from PyTorch's "
                 f"(PSNR {value:.1f} dB < {PSNR_LIMIT_DB:g} dB) on {VALIDATION_PROMPT!r}, "
                 f"seed {seed}")
-        return {"prompt": VALIDATION_PROMPT, "seed": seed, "psnr_db": round(float(value), 2)}
+        # identical videos have an infinite PSNR, which JSON cannot hold: null and a flag
+        identical = bool(value == float("inf"))
+        return {"prompt": VALIDATION_PROMPT, "seed": seed, "identical": identical,
+                "psnr_db": None if identical else round(float(value), 2)}
 
     return check

@@ -298,3 +298,27 @@ def test_real_size_folders_are_written_block_by_block_and_load(tmp_path):
     reference = WanTransformer3DModel(**config)
     assert {k: v.shape for k, v in model.state_dict().items()} == {
         k: v.shape for k, v in reference.state_dict().items()}
+
+
+def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
+    """An end-to-end check whose two videos are identical (PSNR infinite) writes JSON that
+    strict parsers accept: psnr_db null and identical true."""
+    from exporters.onnx import VALIDATION_PROMPT, end_to_end_check
+    from runtimes.python import Pipeline
+
+    root, _ = wan_packages["euler"]
+    runtime = Pipeline.load(root)
+    try:
+        video = runtime.generate(VALIDATION_PROMPT, seed=0)
+    finally:
+        runtime.close()
+
+    class Same:
+        sampler = wan_models["euler"].sampler
+
+        def generate(self, prompt, seed=0, on_step=None):
+            return video
+
+    result = end_to_end_check(Same())(root)
+    assert result["identical"] is True and result["psnr_db"] is None
+    json.dumps(result, allow_nan=False)
