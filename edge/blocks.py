@@ -43,3 +43,16 @@ class Block:
     def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.module(*inputs)
         return out if isinstance(out, tuple) else (out,)
+
+
+class EncoderLayerBlock(nn.Module):
+    """One layer of a Hugging Face text encoder that takes an additive attention bias (MiniLM,
+    UMT5): hidden, attention_bias -> hidden."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden: torch.Tensor, attention_bias: torch.Tensor) -> torch.Tensor:
+        out = self.layer(hidden, attention_mask=attention_bias)
+        return out[0] if isinstance(out, tuple) else out

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block
+from edge.blocks import Block, EncoderLayerBlock
 from edge.models.stdit import MergedPair
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 from edge.package import file_entry
@@ -41,16 +41,6 @@ class BertEmbeddingsBlock(nn.Module):
         hidden = self.embeddings(input_ids=input_ids)
         bias = (1.0 - attention_mask.to(hidden.dtype))[:, None, None, :] * -1e4
         return hidden, bias
-
-
-class BertLayerBlock(nn.Module):
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, hidden: torch.Tensor, attention_bias: torch.Tensor) -> torch.Tensor:
-        out = self.layer(hidden, attention_mask=attention_bias)
-        return out[0] if isinstance(out, tuple) else out
 
 
 class VaeHead(nn.Module):
@@ -102,7 +92,7 @@ def cut_text_encoder(pipe: TinySora, batch: int = 2) -> list[Block]:
                     ["hidden", "attention_bias"], (ids, mask), [True, True])]
     hidden, bias = blocks[0].run(ids, mask)
     for i, layer in enumerate(bert.encoder.layer):
-        block = Block("text_encoder", f"layer_{i}", BertLayerBlock(layer).eval(),
+        block = Block("text_encoder", f"layer_{i}", EncoderLayerBlock(layer).eval(),
                       ["hidden", "attention_bias"], ["hidden"], (hidden, bias), [True, True])
         blocks.append(block)
         (hidden,) = block.run(hidden, bias)

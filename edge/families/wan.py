@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.blocks import Block
+from edge.blocks import Block, EncoderLayerBlock
 from edge.families import FamilyError
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
 from edge.package import file_entry
@@ -168,9 +168,8 @@ def load_pipeline(folder: Path) -> tuple:
     from diffusers import WanPipeline
     from diffusers.utils import logging as diffusers_logging
 
-    check_folder(folder)
     diffusers_logging.set_verbosity_error()
-    try:
+    try:  # the folder was checked by `load`: model_index.json and every component
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
@@ -203,16 +202,6 @@ class T5EmbeddingsBlock(nn.Module):
         hidden = self.embed_tokens(input_ids)
         masked = (1.0 - attention_mask.to(hidden.dtype))[:, None, None, :]
         return hidden, masked * torch.finfo(hidden.dtype).min
-
-
-class T5LayerBlock(nn.Module):
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, hidden: torch.Tensor, attention_bias: torch.Tensor) -> torch.Tensor:
-        out = self.layer(hidden, attention_mask=attention_bias)
-        return out[0] if isinstance(out, tuple) else out
 
 
 class T5FinalBlock(nn.Module):
@@ -475,7 +464,7 @@ class WanModel:
                         ["hidden", "attention_bias"], (ids, mask), [True, True])]
         hidden, bias = blocks[0].run(ids, mask)
         for i, layer in enumerate(enc.block):
-            block = Block("text_encoder", f"layer_{i}", T5LayerBlock(layer).eval(),
+            block = Block("text_encoder", f"layer_{i}", EncoderLayerBlock(layer).eval(),
                           ["hidden", "attention_bias"], ["hidden"], (hidden, bias), [True, True])
             blocks.append(block)
             (hidden,) = block.run(hidden, bias)
@@ -569,8 +558,6 @@ def load(folder: Path, height: int | None = None, width: int | None = None,
     check_video_size(**size)
     sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json")
     if steps is not None:
-        from dataclasses import replace
-
         sampler = replace(sampler, steps=steps, leap_min_steps=max(1, steps // 2))
     pipe, notes = load_pipeline(folder)
     return WanModel(pipe, folder, sampler=sampler, notes=notes, name=folder.resolve().name,
