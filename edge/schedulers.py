@@ -34,22 +34,25 @@ def euler_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarr
     return np.append(sigmas, np.float32(0.0)).astype(np.float32)
 
 
-def unipc_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
-    """UniPCMultistepScheduler.set_timesteps with use_flow_sigmas: shifted in float64 from
-    linspace(1, 1/N, steps + 1) without its end, the first nudged below 1, a final 0."""
-    sigmas = np.linspace(1.0, 1.0 / num_train_timesteps, steps + 1)[:-1]
-    sigmas = shift_sigmas(sigmas, shift)
+def _unipc_flow_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+    """UniPCMultistepScheduler.set_timesteps with use_flow_sigmas, float64 and without the
+    final 0: linspace(1, 1/N, steps + 1) without its end, shifted, the first nudged below 1."""
+    sigmas = shift_sigmas(np.linspace(1.0, 1.0 / num_train_timesteps, steps + 1)[:-1], shift)
     if abs(sigmas[0] - 1.0) < 1e-6:
         sigmas[0] -= 1e-6
+    return sigmas
+
+
+def unipc_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+    """UniPC's flow sigmas with a final 0, float32 as diffusers keeps them."""
+    sigmas = _unipc_flow_sigmas(steps, shift, num_train_timesteps)
     return np.append(sigmas, 0.0).astype(np.float32)
 
 
 def unipc_model_times(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
     """The timesteps diffusers hands the model, int64(sigma * N) of the float64 sigmas, as
     fractions of N (float32)."""
-    sigmas = shift_sigmas(np.linspace(1.0, 1.0 / num_train_timesteps, steps + 1)[:-1], shift)
-    if abs(sigmas[0] - 1.0) < 1e-6:
-        sigmas[0] -= 1e-6
+    sigmas = _unipc_flow_sigmas(steps, shift, num_train_timesteps)
     whole = (sigmas * num_train_timesteps).astype(np.int64)
     return (whole / num_train_timesteps).astype(np.float32)
 
@@ -74,13 +77,12 @@ class UniPCFlow:
         self.last_order = 0
 
     def _coefficients(self, i_s0: int, i_t: int) -> tuple[np.float32, ...]:
-        """alpha_t, sigma_t / sigma_s0, h_phi_1, B_h for a step from sigmas[i_s0] to
-        sigmas[i_t]."""
+        """alpha_t, sigma_t / sigma_s0, h_phi_1 = expm1(-h) and h for a step from sigmas[i_s0]
+        to sigmas[i_t]. With bh2, B_h is h_phi_1 too."""
         sigma_t, sigma_s0 = self.sigmas[i_t], self.sigmas[i_s0]
         h = _lambda(sigma_t) - _lambda(sigma_s0)
-        hh = np.float32(-h)
-        h_phi_1 = np.float32(np.expm1(hh))
-        return np.float32(1) - sigma_t, np.float32(sigma_t / sigma_s0), h_phi_1, h_phi_1, h
+        h_phi_1 = np.float32(np.expm1(np.float32(-h)))
+        return np.float32(1) - sigma_t, np.float32(sigma_t / sigma_s0), h_phi_1, h
 
     def _rk(self, i_si: int, i_s0: int, h: np.float32) -> np.float32:
         return np.float32((_lambda(self.sigmas[i_si]) - _lambda(self.sigmas[i_s0])) / h)
@@ -101,7 +103,7 @@ class UniPCFlow:
         """UniC: refine the sample at sigmas[i] with the new x0 prediction."""
         order = self.last_order
         m0 = self.x0_history[-1]
-        alpha_t, ratio, h_phi_1, b_h, h = self._coefficients(i - 1, i)
+        alpha_t, ratio, h_phi_1, h = self._coefficients(i - 1, i)
         if order == 1:
             rhos = [np.float32(0.5)]
             d1s = []
@@ -113,19 +115,19 @@ class UniPCFlow:
                 np.array([[1.0, 1.0], [rk, 1.0]], np.float32), np.array(b, np.float32))]
         x_t_ = ratio * self.last_sample - alpha_t * h_phi_1 * m0
         corr = sum((r * d for r, d in zip(rhos[:-1], d1s, strict=True)), np.float32(0))
-        out = x_t_ - alpha_t * b_h * (corr + rhos[-1] * (x0 - m0))
+        out = x_t_ - alpha_t * h_phi_1 * (corr + rhos[-1] * (x0 - m0))
         return out.astype(np.float32)
 
     def _predict(self, i: int, x: np.ndarray, order: int) -> np.ndarray:
         """UniP: the sample at sigmas[i + 1]."""
         m0 = self.x0_history[-1]
-        alpha_t, ratio, h_phi_1, b_h, h = self._coefficients(i, i + 1)
+        alpha_t, ratio, h_phi_1, h = self._coefficients(i, i + 1)
         x_t_ = ratio * x - alpha_t * h_phi_1 * m0
         if order == 1:
             return x_t_.astype(np.float32)
         rk = self._rk(i - 1, i, h)
         d1 = (self.x0_history[-2] - m0) / rk
-        return (x_t_ - alpha_t * b_h * (np.float32(0.5) * d1)).astype(np.float32)
+        return (x_t_ - alpha_t * h_phi_1 * (np.float32(0.5) * d1)).astype(np.float32)
 
     def step(self, v: np.ndarray, i: int, x: np.ndarray) -> np.ndarray:
         x0 = (x - self.sigmas[i] * v).astype(np.float32)
