@@ -239,14 +239,19 @@ class Pipeline:
         out = self._run_component("text_encoder", {"input_ids": ids, "attention_mask": mask})
         return out["hidden"], mask
 
-    def _unconditional(self, negative_prompt: str | None, b: int) -> tuple[np.ndarray, ...]:
-        """Captions and masks of the unconditional pass: the negative prompt encoded where one
-        is given (or the package has no null caption), else the learned null caption."""
+    def _guidance_captions(self, prompts: list[str], negative_prompt: str | None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """Captions and masks of the guidance batch: the prompts, then as many unconditional
+        ones: the learned null caption, or the negative prompt (given, else the package's)
+        encoded in the same text-encoder pass as the prompts, so a streamed encoder is read
+        once."""
+        b = len(prompts)
         if negative_prompt is None and self.null_caption is not None:
+            caption, mask = self.encode_prompts(prompts)
             null = np.broadcast_to(self.null_caption, (b, *self.null_caption.shape))
-            return null, np.ones(null.shape[:2], np.int64)
+            return np.concatenate([caption, null]), np.concatenate([mask, np.ones_like(mask)])
         text = negative_prompt if negative_prompt is not None else self.negative_prompt
-        return self.encode_prompts([text] * b)
+        return self.encode_prompts(prompts + [text] * b)
 
     def _check_latents(self, latents: Any, b: int) -> np.ndarray:
         want = (b, *self.latent_shape)
@@ -271,9 +276,9 @@ class Pipeline:
         prompts = check_prompts(prompts)
         seeds = check_seeds(seed, len(prompts))
         if negative_prompt is not None:
-            check_prompts(negative_prompt)
             if not isinstance(negative_prompt, str):
                 raise ValueError("negative_prompt must be one string")
+            check_prompts(negative_prompt)  # valid Unicode
         noise = (initial_noise(self.latent_shape, seeds) if latents is None
                  else self._check_latents(latents, len(prompts)))
         settings = with_overrides(self.sampler, sampler_overrides)
@@ -283,10 +288,8 @@ class Pipeline:
         self._compute_s = 0.0
         started = time.perf_counter()
 
-        caption, mask = self.encode_prompts(prompts)
         b = len(prompts)
-        uncond, uncond_mask = self._unconditional(negative_prompt, b)
-        caption2, mask2 = np.concatenate([caption, uncond]), np.concatenate([mask, uncond_mask])
+        caption2, mask2 = self._guidance_captions(prompts, negative_prompt)
         t1 = time.perf_counter()
         figures["wall_s"]["text_encoder"] = t1 - started
 
