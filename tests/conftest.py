@@ -39,3 +39,18 @@ def exported_package(tmp_path_factory, tiny_sora):
     root = tmp_path_factory.mktemp("export") / "tiny-sora-onnx"
     manifest = export_onnx(tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora))
     return root, manifest
+
+
+@pytest.fixture(scope="session")
+def coreml_package(tmp_path_factory, pipeline):
+    """tiny-sora exported to CoreML (fp16) once per session, end-to-end check on 6 steps:
+    (root, manifest). Copy it before changing it."""
+    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
+                        "-e '.[test]'); the CoreML exporter needs it")
+    from exporters.coreml import export_coreml
+    from exporters.coreml_check import end_to_end_check
+
+    root = tmp_path_factory.mktemp("coreml") / "tiny-sora-iphone"
+    manifest = export_coreml(pipeline, root, validate_end_to_end=end_to_end_check(
+        pipeline, "fp16", steps=6))
+    return root, manifest

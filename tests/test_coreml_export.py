@@ -27,20 +27,9 @@ from exporters.coreml import (  # noqa: E402
 from exporters.coreml_check import (  # noqa: E402
     block_numerics,
     check_structure,
-    end_to_end_check,
     program_interface,
 )
 from exporters.coreml_weights import read_parameters  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def coreml_package(tmp_path_factory, pipeline):
-    """tiny-sora exported to CoreML (fp16) once per session, end-to-end check on 6 steps:
-    (root, manifest). Copy it before changing it."""
-    root = tmp_path_factory.mktemp("coreml") / "tiny-sora-iphone"
-    manifest = export_coreml(pipeline, root, validate_end_to_end=end_to_end_check(
-        pipeline, "fp16", steps=6))
-    return root, manifest
 
 
 @pytest.fixture(scope="module")

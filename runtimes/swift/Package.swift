@@ -1,9 +1,12 @@
 // swift-tools-version:5.9
 // The Swift runtime for edge packages exported with `edge export --target iphone`.
+// Language mode: Swift 5 (tools version 5.9), built with Swift 6.3 on Linux and Apple.
 //
-// EdgeCore: Foundation only (manifest, sampler, tokenizer, tensors); its tests read the JSON
-// fixtures that the Python side writes (tests/fixtures/), so the two runtimes are held to
-// the same numbers. EdgeRuntime: CoreML, the block loader and the pipeline (Apple platforms).
+// EdgeCore: Foundation only (manifest, sampler, tokenizer, tensors, SHA-256).
+// EdgeRuntime: the block loader and the pipeline over a BlockBackend protocol; builds
+// everywhere. Its Apple-only files (CoreMLBackend, MultiArray, VideoWriter) sit behind
+// `#if canImport(CoreML)` / AVFoundation. Tests read the fixtures the Python side writes
+// (tests/fixtures/, and the replay fixtures tests/test_swift_runtime.py writes).
 import PackageDescription
 
 let package = Package(
@@ -17,5 +20,6 @@ let package = Package(
         .target(name: "EdgeCore"),
         .target(name: "EdgeRuntime", dependencies: ["EdgeCore"]),
         .testTarget(name: "EdgeCoreTests", dependencies: ["EdgeCore"]),
+        .testTarget(name: "EdgeRuntimeTests", dependencies: ["EdgeRuntime", "EdgeCore"]),
     ]
 )

@@ -67,6 +67,7 @@ public struct Manifest: Decodable {
     public let conditioning: Conditioning
     public let sampler: SamplerSettings
     public let latentShape: [Int]
+    public let latentLayout: String?   // "frames" (absent: frames) or "video"
     public let coreml: CoreML
     public let components: [Component]
 
@@ -126,7 +127,9 @@ public enum ManifestReader {
             throw ManifestError.invalid("manifest.json: target \(header.target); the Swift runtime runs iphone packages (edge export --target iphone)")
         }
         let manifest: Manifest
-        do { manifest = try decoder.decode(Manifest.self, from: data) } catch {
+        do { manifest = try decoder.decode(Manifest.self, from: data) } catch let error as DecodingError {
+            throw ManifestError.invalid("manifest.json: \(describe(error))")
+        } catch {
             throw ManifestError.invalid("manifest.json: \(error)")
         }
         for comp in ["text_encoder", "transformer", "vae_decoder"] { _ = try manifest.component(comp) }
@@ -134,5 +137,30 @@ public enum ManifestReader {
             throw ManifestError.invalid("manifest.json: file path \(file.path) escapes the package folder")
         }
         return manifest
+    }
+
+    /// A decoding error as the manifest's own field path (snake_case, as written).
+    static func describe(_ error: DecodingError) -> String {
+        func field(_ path: [CodingKey], _ last: CodingKey? = nil) -> String {
+            let keys = path + (last.map { [$0] } ?? [])
+            return keys.map { $0.intValue.map { "[\($0)]" } ?? snakeCase($0.stringValue) }
+                .joined(separator: ".").replacingOccurrences(of: ".[", with: "[")
+        }
+        switch error {
+        case .keyNotFound(let key, let context):
+            return "missing field \(field(context.codingPath, key))"
+        case .typeMismatch(let type, let context), .valueNotFound(let type, let context):
+            return "field \(field(context.codingPath)) must be \(type)"
+        case .dataCorrupted(let context):
+            return "field \(field(context.codingPath)): \(context.debugDescription)"
+        @unknown default:
+            return "\(error)"
+        }
+    }
+
+    static func snakeCase(_ name: String) -> String {
+        name.reduce(into: "") { out, ch in
+            if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
+        }
     }
 }

@@ -157,7 +157,7 @@ public final class LeapRule {
 
 /// The first block's timestep-modulated input from the prologue's outputs x (B, T, S, D) and
 /// t_mod (B, 6, D): LayerNorm over D (eps 1e-6, no affine) * (1 + t_mod[:, 1]) + t_mod[:, 0],
-/// in float64. Returned flat in x's order.
+/// in float64 but for 1 + t_mod[:, 1] (float32, as NumPy computes it). Returned flat in x's order.
 public func modulatedInput(_ x: Tensor, _ tMod: Tensor, eps: Double = 1e-6) -> [Double] {
     let d = x.shape[x.shape.count - 1], perItem = x.count / x.shape[0]
     var out = [Double](repeating: 0, count: x.count)
@@ -168,8 +168,9 @@ public func modulatedInput(_ x: Tensor, _ tMod: Tensor, eps: Double = 1e-6) -> [
         let norm = (variance + eps).squareRoot()
         let b = start / perItem
         for j in 0..<d {
-            let scale = Double(tMod.data[(b * 6 + 1) * d + j]), shift = Double(tMod.data[b * 6 * d + j])
-            out[start + j] = (row[j] - mean) / norm * (1.0 + scale) + shift
+            // 1 + scale in float32, as NumPy adds a Python float to a float32 array
+            let scale = Double(1 + tMod.data[(b * 6 + 1) * d + j]), shift = Double(tMod.data[b * 6 * d + j])
+            out[start + j] = (row[j] - mean) / norm * scale + shift
         }
     }
     return out

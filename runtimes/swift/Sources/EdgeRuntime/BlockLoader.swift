@@ -1,137 +1,177 @@
-#if canImport(CoreML)
-import CoreML
 import EdgeCore
 import Foundation
-#if os(iOS)
-import os
-#endif
 
-/// Loads and unloads one `MLModel` per block (or block variant) on a background queue.
+/// Owns the memory that loaded blocks occupy, under an optional byte budget (runtimes/python
+/// loader.py, with programs instead of weight buffers):
 ///
-/// - Prefetch: `prefetch(key)` starts loading the next block while the current one runs;
-///   `model(key)` waits for that load (or loads now).
-/// - Residency: after a block ran, `done(key)` keeps it loaded while the process has room
-///   for it plus `reserve` (`os_proc_available_memory()` on iOS; on macOS a fixed budget,
-///   as macOS has no per-process limit to ask), else unloads it. The transformer's blocks,
-///   used every step, are the ones worth keeping; the Python runtime's loader does the same
-///   with an explicit byte budget.
-/// - Compilation: an `.mlpackage` is compiled to `.mlmodelc` on the device, once per
-///   package file (MLModel.compileModel); the result is cached under Caches/.
+/// - Pins what fits (the blocks run every denoising step first) and streams the rest: a
+///   streamed block is loaded when needed and unloaded right after it ran.
+/// - Prefetch: `prefetch(key)` loads the next block of the schedule on a background queue
+///   while the current one computes, if it fits beside what is loaded; `block(key)` waits for
+///   that load, or loads now after unloading streamed blocks to make room. Loaded plus loading
+///   bytes never exceed the budget.
+/// - Every load first checks that the block's files are the ones verified when the package was
+///   opened (size, modification time, inode), and refuses a changed file by name.
+/// - With `coldReads`, a block's files are dropped from the page cache before it loads, so a
+///   benchmark measures storage, not memory (Linux; see PackageFiles.dropFromPageCache).
 public final class BlockLoader {
-    public struct Entry {
-        public let key: String          // "transformer/pair_0" or "transformer/pair_0#tdtm"
-        public let package: URL         // the .mlpackage folder
-        public let weightBytes: Int
-        public let digest: String       // of its program and weights files (manifest sha256s)
-
-        public init(key: String, package: URL, weightBytes: Int, digest: String) {
-            self.key = key; self.package = package; self.weightBytes = weightBytes; self.digest = digest
-        }
+    public struct Stats: Equatable {
+        public var loads = 0
+        public var unloads = 0
+        public var loadSeconds = 0.0      // inside backend loads, any thread
+        public var waitSeconds = 0.0      // compute waiting for a block
+        public var peakBytes = 0          // most bytes loaded or loading at once
+        public var loadOrder: [String] = []
     }
 
-    private let entries: [String: Entry]
-    private let configuration: MLModelConfiguration
+    public let budget: Int?
+    public let pinned: Set<String>
+    let entries: [String: BlockEntry]
+    let backend: BlockBackend
+    let identities: [String: FileIdentity]
+    let coldReads: Bool
     private let queue = DispatchQueue(label: "edge.block-loader", qos: .userInitiated)
     private let lock = NSLock()
-    private var loaded: [String: MLModel] = [:]
+    private var loaded: [String: LoadedBlock] = [:]
     private var pending: [String: DispatchGroup] = [:]
     private var failures: [String: Error] = [:]
-    private let cacheFolder: URL
-    public let reserve: Int
-    public let budget: Int?             // a memory budget the app chose (bytes), or none
-    public private(set) var loads = 0
-    public private(set) var loadSeconds = 0.0
+    private var heldBytes = 0             // loaded + loading
+    private var _stats = Stats()
 
-    public init(entries: [Entry], computeUnits: MLComputeUnits, cacheFolder: URL,
-                reserve: Int = 200 << 20, budget: Int? = nil) {
-        self.entries = Dictionary(uniqueKeysWithValues: entries.map { ($0.key, $0) })
-        configuration = MLModelConfiguration()
-        configuration.computeUnits = computeUnits
-        self.cacheFolder = cacheFolder
-        self.reserve = reserve
+    /// `everyStep`: keys run at every denoising step, pinned first. A budget smaller than the
+    /// largest block is refused here, before anything loads.
+    public init(entries: [BlockEntry], backend: BlockBackend, budget: Int? = nil,
+                everyStep: [String] = [], identities: [String: FileIdentity] = [:],
+                coldReads: Bool = false) throws {
+        self.entries = Dictionary(entries.map { ($0.key, $0) }, uniquingKeysWith: { a, _ in a })
+        self.backend = backend
         self.budget = budget
+        self.identities = identities
+        self.coldReads = coldReads
+        pinned = try Self.planPins(entries, budget: budget, everyStep: everyStep)
     }
 
-    /// Bytes the process may still allocate.
-    func availableMemory() -> Int {
-        #if os(iOS)
-        return Int(os_proc_available_memory())
-        #else
-        return Int(ProcessInfo.processInfo.physicalMemory / 2)
-        #endif
+    /// The keys kept loaded once loaded. Pinning leaves room to stream the largest remaining
+    /// block plus one prefetched block; every-step blocks are considered first, in order.
+    static func planPins(_ entries: [BlockEntry], budget: Int?, everyStep: [String]) throws -> Set<String> {
+        guard let largest = entries.max(by: { $0.weightBytes < $1.weightBytes }) else { return [] }
+        guard let budget else { return Set(entries.map(\.key)) }
+        if budget < largest.weightBytes {
+            throw RuntimeError.budget("memory budget \(budget) bytes is smaller than block \(largest.key) (\(largest.weightBytes) bytes); the smallest budget that works is \(largest.weightBytes) bytes")
+        }
+        let sizes = Dictionary(entries.map { ($0.key, $0.weightBytes) }, uniquingKeysWith: { a, _ in a })
+        let first = everyStep.filter { sizes[$0] != nil }
+        let order = first + entries.map(\.key).filter { !first.contains($0) }
+        var pins = Set<String>(), pinnedBytes = 0
+        for key in order {
+            let rest = order.filter { $0 != key && !pins.contains($0) }.compactMap { sizes[$0] }
+            let streaming = 2 * (rest.max() ?? 0)   // one running, one prefetched
+            if pinnedBytes + sizes[key]! + streaming <= budget {
+                pins.insert(key)
+                pinnedBytes += sizes[key]!
+            }
+        }
+        return pins
     }
 
-    func residentBytes() -> Int {
-        lock.lock(); defer { lock.unlock() }
-        return loaded.keys.reduce(0) { $0 + (entries[$1]?.weightBytes ?? 0) }
-    }
+    public var stats: Stats { lock.lock(); defer { lock.unlock() }; return _stats }
+    public var loadedKeys: Set<String> { lock.lock(); defer { lock.unlock() }; return Set(loaded.keys) }
+    public var residentBytes: Int { lock.lock(); defer { lock.unlock() }; return heldBytes }
 
-    /// Start loading `key` in the background unless it is loaded or loading.
+    private func fits(_ bytes: Int) -> Bool { budget.map { heldBytes + bytes <= $0 } ?? true }
+
+    /// Start loading `key` in the background, unless it is loaded, loading, unknown, or would
+    /// not fit beside what is held now (then `block(key)` loads it when it is needed).
     public func prefetch(_ key: String) {
-        lock.lock()
-        defer { lock.unlock() }
-        guard loaded[key] == nil, pending[key] == nil, let entry = entries[key] else { return }
+        lock.lock(); defer { lock.unlock() }
+        guard loaded[key] == nil, pending[key] == nil, failures[key] == nil, let entry = entries[key],
+              fits(entry.weightBytes) else { return }
+        startLoad(entry)
+    }
+
+    /// Called with the lock held: reserve the bytes and load on the queue.
+    private func startLoad(_ entry: BlockEntry) {
         let group = DispatchGroup()
         group.enter()
-        pending[key] = group
+        pending[entry.key] = group
+        heldBytes += entry.weightBytes
+        _stats.peakBytes = max(_stats.peakBytes, heldBytes)
+        _stats.loadOrder.append(entry.key)
         queue.async { [self] in
             let started = Date()
-            do {
-                let model = try MLModel(contentsOf: try compiled(entry), configuration: configuration)
-                lock.lock(); loaded[key] = model; lock.unlock()
-            } catch {
-                lock.lock(); failures[key] = error; lock.unlock()
-            }
+            let result = Result { try load(entry) }
             lock.lock()
-            pending[key] = nil
-            loads += 1
-            loadSeconds += Date().timeIntervalSince(started)
+            pending[entry.key] = nil
+            switch result {
+            case .success(let block): loaded[entry.key] = block
+            case .failure(let error): failures[entry.key] = error; heldBytes -= entry.weightBytes
+            }
+            _stats.loads += 1
+            _stats.loadSeconds += Date().timeIntervalSince(started)
             lock.unlock()
             group.leave()
         }
     }
 
-    /// The loaded model of `key`, waiting for a prefetch in flight.
-    public func model(_ key: String) throws -> MLModel {
-        prefetch(key)
-        lock.lock()
-        let group = pending[key]
-        lock.unlock()
-        group?.wait()
-        lock.lock()
-        defer { lock.unlock() }
-        if let error = failures.removeValue(forKey: key) { throw error }
-        guard let model = loaded[key] else {
-            throw ManifestError.invalid("block \(key): not in the package")
+    private func load(_ entry: BlockEntry) throws -> LoadedBlock {
+        for (url, name) in zip(entry.files, entry.paths) {
+            try PackageFiles.checkUnchanged(url, identities[url.path], shownAs: name)
+            if coldReads { PackageFiles.dropFromPageCache(url) }
         }
-        return model
+        return try backend.load(entry)
     }
 
-    /// `key` ran: keep it while memory allows, else unload it.
+    /// The loaded block of `key`: waits for a load in flight, or makes room under the budget
+    /// (unloading streamed blocks, waiting for other loads to land) and loads it now.
+    public func block(_ key: String) throws -> LoadedBlock {
+        guard let entry = entries[key] else { throw RuntimeError.block("block \(key): not in the package") }
+        let started = Date()
+        defer { lock.lock(); _stats.waitSeconds += Date().timeIntervalSince(started); lock.unlock() }
+        while true {
+            lock.lock()
+            if let error = failures.removeValue(forKey: key) { lock.unlock(); throw error }
+            if let block = loaded[key] { lock.unlock(); return block }
+            if let group = pending[key] { lock.unlock(); group.wait(); continue }
+            for other in Array(loaded.keys) where !pinned.contains(other) && !fits(entry.weightBytes) {
+                evict(other)
+            }
+            if fits(entry.weightBytes) { startLoad(entry); lock.unlock(); continue }
+            // what is still loading holds the room: wait for it to land, then evict it
+            let inFlight = Array(pending.values)
+            lock.unlock()
+            if inFlight.isEmpty {
+                throw RuntimeError.budget("block \(key) (\(entry.weightBytes) bytes) does not fit beside the pinned blocks under the budget")
+            }
+            inFlight.forEach { $0.wait() }
+        }
+    }
+
+    /// Called with the lock held.
+    private func evict(_ key: String) {
+        guard loaded.removeValue(forKey: key) != nil, let entry = entries[key] else { return }
+        heldBytes -= entry.weightBytes
+        _stats.unloads += 1
+    }
+
+    /// `key` ran: a pinned block stays loaded, a streamed one is unloaded.
     public func done(_ key: String) {
-        let size = entries[key]?.weightBytes ?? 0
-        let room = availableMemory() - reserve
-        let fitsBudget = budget.map { residentBytes() <= $0 } ?? true
-        if size <= room && fitsBudget { return }
-        lock.lock(); loaded[key] = nil; lock.unlock()
+        guard !pinned.contains(key) else { return }
+        lock.lock(); evict(key); lock.unlock()
     }
 
+    /// Wait for loads in flight, then unload every block (e.g. on a memory warning).
     public func unloadAll() {
-        lock.lock(); loaded.removeAll(); lock.unlock()
+        lock.lock(); let inFlight = Array(pending.values); lock.unlock()
+        inFlight.forEach { $0.wait() }
+        lock.lock()
+        for key in Array(loaded.keys) { evict(key) }
+        failures.removeAll()
+        lock.unlock()
     }
 
-    /// `.mlmodelc` of an entry: compiled once, kept in the cache folder under the digest
-    /// of its files (a new export compiles anew).
-    func compiled(_ entry: Entry) throws -> URL {
-        let name = entry.key.replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "#", with: "_")
-        let target = cacheFolder.appendingPathComponent("\(name)-\(entry.digest).mlmodelc")
-        if FileManager.default.fileExists(atPath: target.path) { return target }
-        let temporary = try MLModel.compileModel(at: entry.package)
-        try FileManager.default.createDirectory(at: cacheFolder, withIntermediateDirectories: true)
-        try? FileManager.default.removeItem(at: target)
-        try FileManager.default.moveItem(at: temporary, to: target)
-        return target
+    /// Wait for loads in flight (tests, and before measuring).
+    public func settle() {
+        lock.lock(); let inFlight = Array(pending.values); lock.unlock()
+        inFlight.forEach { $0.wait() }
     }
 }
-#endif

@@ -26,13 +26,21 @@ enum Fixtures {
     }
 }
 
+/// A JSON number as the Double that Python wrote. Foundation on Linux parses non-integer
+/// numbers into NSDecimalNumber, whose doubleValue can be off in the last digit; its decimal
+/// text, parsed by Double(_:), is exact.
+func number(_ value: Any?) -> Double {
+    if let decimal = value as? NSDecimalNumber { return Double(decimal.stringValue) ?? .nan }
+    return (value as? NSNumber)?.doubleValue ?? .nan
+}
+
 /// Nested JSON arrays of numbers -> flat values and shape.
 func flatten(_ value: Any) -> (shape: [Int], values: [Double]) {
     if let list = value as? [Any] {
         let parts = list.map(flatten)
         return ([list.count] + (parts.first?.shape ?? []), parts.flatMap(\.values))
     }
-    return ([], [(value as? NSNumber)?.doubleValue ?? .nan])
+    return ([], [number(value)])
 }
 
 func tensor(_ value: Any) -> Tensor {
@@ -70,7 +78,7 @@ final class SamplerFixtureTests: XCTestCase {
     func testStepCacheFixture() throws {
         let f = try Fixtures.object("sampler/cache.json")
         let indicators = (f["indicators"] as! [Any]).map { flatten($0).values }
-        let cache = StepCache(threshold: f["threshold"] as! Double)
+        let cache = StepCache(threshold: number(f["threshold"]))
         var computed: [Bool] = []
         for (i, indicator) in indicators.enumerated() {
             let batch = indicator.count  // the Python replay's indicators are 1-D
@@ -109,7 +117,7 @@ final class SamplerFixtureTests: XCTestCase {
                 XCTAssertEqual(g["index"] as? Int, w["index"] as? Int)
                 XCTAssertEqual(g["merged"] as? Bool, w["merged"] as? Bool)
                 XCTAssertEqual(g["last"] as? Bool, w["last"] as? Bool)
-                XCTAssertEqual(g["t"] as! Double, w["t"] as! Double, accuracy: 0)
+                XCTAssertEqual(number(g["t"]), number(w["t"]), accuracy: 0)
             }
             let wantTrace = expected["trace"] as! [String: Any]
             XCTAssertEqual(trace.calls, wantTrace["calls"] as? Int)

@@ -1,0 +1,137 @@
+import EdgeCore
+import EdgeRuntime
+import Foundation
+import XCTest
+
+/// The replay fixtures tests/swift_replay.py writes (run by tests/test_swift_runtime.py,
+/// which passes their folder in EDGE_SWIFT_REPLAY): the iphone package, the Python runtime's
+/// recorded block calls, and manifests the Python side refuses.
+struct ReplayFixtures {
+    struct Ref { let shape: [Int]; let offset: Int }
+    struct Call { let key: String; let inputs: [String: Ref]; let outputs: [String: Ref] }
+    struct Case {
+        let name: String, prompt: String
+        let settings: [String: Any]
+        let latents: Ref, frames: Ref
+        let trace: [String: Any]
+        let calls: [Call]
+    }
+
+    let folder: URL
+    let cases: [Case]
+    let tensors: Data
+    var package: URL { folder.appendingPathComponent("package") }
+
+    static func load() throws -> ReplayFixtures {
+        guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else {
+            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest tests/test_swift_runtime.py` writes the replay fixtures (they need the Python runtime) and runs these tests with it")
+        }
+        let folder = URL(fileURLWithPath: path)
+        let replay = folder.appendingPathComponent("replay")
+        let raw = try JSONSerialization.jsonObject(with: Data(contentsOf: replay.appendingPathComponent("cases.json"))) as! [[String: Any]]
+        func ref(_ v: Any?) -> Ref {
+            let d = v as! [String: Any]
+            return Ref(shape: (d["shape"] as! [NSNumber]).map(\.intValue), offset: (d["offset"] as! NSNumber).intValue)
+        }
+        func refs(_ v: Any?) -> [String: Ref] { (v as! [String: Any]).mapValues(ref) }
+        let cases = raw.map { c in
+            Case(name: c["name"] as! String, prompt: c["prompt"] as! String,
+                 settings: c["settings"] as! [String: Any], latents: ref(c["latents"]), frames: ref(c["frames"]),
+                 trace: c["trace"] as! [String: Any],
+                 calls: (c["calls"] as! [[String: Any]]).map {
+                     Call(key: $0["key"] as! String, inputs: refs($0["inputs"]), outputs: refs($0["outputs"]))
+                 })
+        }
+        return ReplayFixtures(folder: folder, cases: cases,
+                              tensors: try Data(contentsOf: replay.appendingPathComponent("tensors.bin"), options: .alwaysMapped))
+    }
+
+    func tensor(_ ref: Ref) -> Tensor {
+        let count = ref.shape.reduce(1, *)
+        let values = tensors.withUnsafeBytes { raw in
+            Array(UnsafeBufferPointer(start: raw.baseAddress!.advanced(by: ref.offset * 4).assumingMemoryBound(to: Float.self), count: count))
+        }
+        return Tensor(shape: ref.shape, data: values)
+    }
+
+    /// A case's sampler overrides applied to the package's settings.
+    func configure(_ c: Case) -> (inout SamplerSettings) -> Void {
+        let s = c.settings
+        return { settings in
+            if let v = s["steps"] as? NSNumber { settings.steps = v.intValue }
+            if let v = s["leap"] as? Bool { settings.leap = v }
+            if let v = s["leap_after"] as? NSNumber { settings.leapAfter = v.intValue }
+            if let v = s["leap_min_steps"] as? NSNumber { settings.leapMinSteps = v.intValue }
+            if let v = s["leap_patience"] as? NSNumber { settings.leapPatience = v.intValue }
+            if let v = s["leap_tol"] { settings.leapTol = Double("\(v)")! }
+            if let v = s["merge_steps"] as? NSNumber { settings.mergeSteps = v.intValue }
+            if let v = s["cache_threshold"] { settings.cacheThreshold = Double("\(v)")! }
+        }
+    }
+}
+
+/// Plays one recorded case back: each block call must ask for the recorded block with the
+/// recorded inputs (within 1e-5, relative to values above 1); it gets the recorded outputs.
+final class ReplayPlayer {
+    let fixtures: ReplayFixtures
+    private(set) var calls: [ReplayFixtures.Call] = []
+    private(set) var next = 0
+    private(set) var worstInputError = 0.0
+    private let lock = NSLock()
+
+    init(_ fixtures: ReplayFixtures) { self.fixtures = fixtures }
+
+    func start(_ c: ReplayFixtures.Case) { lock.lock(); calls = c.calls; next = 0; lock.unlock() }
+    var finished: Bool { next == calls.count }
+
+    func answer(_ key: String, _ inputs: [String: Tensor]) throws -> [String: Tensor] {
+        lock.lock(); defer { lock.unlock() }
+        guard next < calls.count else {
+            throw RuntimeError.block("replay: call \(next) to \(key), but Python made only \(calls.count) calls")
+        }
+        let call = calls[next]
+        guard call.key == key else {
+            throw RuntimeError.block("replay: call \(next) went to \(key); Python's went to \(call.key)")
+        }
+        guard Set(inputs.keys) == Set(call.inputs.keys) else {
+            throw RuntimeError.block("replay: call \(next) to \(key) fed \(inputs.keys.sorted()); Python fed \(call.inputs.keys.sorted())")
+        }
+        for (name, ref) in call.inputs {
+            let want = fixtures.tensor(ref), got = inputs[name]!
+            guard got.shape == want.shape else {
+                throw RuntimeError.block("replay: call \(next) to \(key): input \(name) of shape \(got.shape); Python's was \(want.shape)")
+            }
+            var worst = 0.0
+            for (g, w) in zip(got.data, want.data) {
+                worst = max(worst, Double(abs(g - w)) / max(1, Double(abs(w))))
+            }
+            worstInputError = max(worstInputError, worst)
+            if worst > 1e-5 {
+                throw RuntimeError.block("replay: call \(next) to \(key): input \(name) differs from Python's by \(worst)")
+            }
+        }
+        next += 1
+        return call.outputs.mapValues(fixtures.tensor)
+    }
+}
+
+/// A backend whose blocks answer from a ReplayPlayer. Loading reads nothing but is counted.
+final class ReplayBackend: BlockBackend {
+    let player: ReplayPlayer
+    private(set) var loads: [String] = []
+    private let lock = NSLock()
+
+    init(_ player: ReplayPlayer) { self.player = player }
+
+    func load(_ entry: BlockEntry) throws -> LoadedBlock {
+        lock.lock(); loads.append(entry.key); lock.unlock()
+        return ReplayBlock(key: entry.key, player: player)
+    }
+}
+
+final class ReplayBlock: LoadedBlock {
+    let key: String
+    let player: ReplayPlayer
+    init(key: String, player: ReplayPlayer) { self.key = key; self.player = player }
+    func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] { try player.answer(key, inputs) }
+}

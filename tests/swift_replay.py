@@ -1,0 +1,199 @@
+"""Replay fixtures for the Swift runtime's tests (runtimes/swift/Tests/EdgeRuntimeTests).
+
+The Python runtime runs tiny-sora's ONNX package on a few settings while every block call it
+makes is recorded: the block's loader key (with `#tdtm` where a TDTM variant ran), the inputs
+the runtime fed it and the outputs it got. The Swift pipeline then runs the iphone package of
+the same model with a backend that answers each call from the recording, after checking
+that Swift asked for the same block with the same inputs (<= 1e-5): the Swift text encoding,
+sampler, guidance, leap, TDTM switch, step cache and decoding must reproduce the Python
+runtime's calls and frames. Both packages are cut the same way (edge/families/tiny_sora.py);
+only their batch axes differ, and the calls use one prompt.
+
+Layout of the folder `write(...)` fills:
+
+    package/            the iphone package (a copy: the Swift tests may not change it)
+    replay/cases.json   [{"name", "prompt", "settings", "latents", "frames", "trace",
+                          "calls": [{"key", "inputs": {name: ref}, "outputs": {name: ref}}]}]
+                        ref = {"shape": [...], "offset": float32 index into tensors.bin}
+    replay/tensors.bin  little-endian float32 values of every referenced array
+    bad_manifests.json  [{"name", "manifest", "python_error", "names"}]: manifests the
+                        Python side refuses, with its message and the words the Swift error
+                        must contain too
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from edge.package import MANIFEST, PackageError, read_package, write_manifest
+from edge.sampler import initial_noise
+from runtimes.python.pipeline import Pipeline, check_runnable
+
+STEPS = 8
+# (name, prompt, seed, sampler overrides); the Swift tests run them in this order through
+# one pipeline (two prompts: a loader and pipeline reused across generations)
+CASES = [
+    ("baseline", "a red circle moving left", 0, {}),
+    ("leap", "a red circle moving left", 0,
+     {"leap": True, "leap_min_steps": 3, "leap_patience": 1, "leap_tol": 0.05}),
+    ("merge", "a red circle moving left", 0, {"merge_steps": 4}),
+    ("step_cache", "a red circle moving left", 0, {"cache_threshold": 0.3}),
+    ("second_prompt", "The blue box slides up!", 1, {"leap": True, "leap_after": 5,
+                                                      "merge_steps": 2}),
+]
+
+
+class Recorder:
+    """Wraps a pipeline's onnxruntime sessions so each block call is kept, in order."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.calls: list[dict] = []
+        for comp in pipe.components.values():
+            blocks = dict(zip(comp.keys(), comp.blocks, strict=True))
+            for key, session in comp.sessions.items():
+                self._wrap(session, key, blocks[key])
+            for (key, variant), session in comp.variants.items():
+                self._wrap(session, f"{key}#{variant}", blocks[key])
+
+    def _wrap(self, session, key: str, block: dict) -> None:
+        run, names = session.run, [s["name"] for s in block["inputs"]]
+
+        def recorded(output_names, feeds, *args, **kwargs):
+            outputs = run(output_names, feeds, *args, **kwargs)
+            self.calls.append({
+                "key": key, "inputs": {n: feeds[n] for n in names},
+                "outputs": {n.removeprefix("out:"): o for n, o in zip(output_names, outputs,
+                                                                       strict=True)}})
+            return outputs
+
+        session.run = recorded
+
+
+class TensorFile:
+    """float32 arrays appended to one buffer; an array object seen before (a block's output
+    fed on to the next block) is stored once."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+        self.seen: dict[int, tuple[np.ndarray, dict]] = {}
+
+    def ref(self, array: np.ndarray) -> dict:
+        if id(array) in self.seen:
+            return self.seen[id(array)][1]
+        flat = np.ascontiguousarray(array, dtype="<f4").ravel()
+        ref = {"shape": list(array.shape), "offset": self.size}
+        self.parts.append(flat)
+        self.size += flat.size
+        self.seen[id(array)] = (array, ref)  # keeps `array` alive, so its id stays unique
+        return ref
+
+    def write(self, path: Path) -> None:
+        with open(path, "wb") as f:
+            for part in self.parts:
+                f.write(part.tobytes())
+
+
+def record_cases(onnx_package: Path, tensors: TensorFile) -> list[dict]:
+    pipe = Pipeline.load(onnx_package)
+    recorder = Recorder(pipe)
+    cases = []
+    for name, prompt, seed, overrides in CASES:
+        recorder.calls = []
+        latents = initial_noise(tuple(pipe.latent_shape), [seed])
+        settings = {"steps": STEPS, **overrides}
+        video = pipe.generate(prompt, latents=latents, **settings)
+        trace = pipe.last_run["sampler"]
+        calls = [{"key": c["key"],
+                  "inputs": {n: tensors.ref(a) for n, a in c["inputs"].items()},
+                  "outputs": {n: tensors.ref(a) for n, a in c["outputs"].items()}}
+                 for c in recorder.calls]
+        cases.append({"name": name, "prompt": prompt, "settings": settings,
+                      "latents": tensors.ref(latents),
+                      "frames": tensors.ref(video[0].astype(np.float32)),  # (T, H, W, 3)
+                      "trace": {"calls": trace["calls"],
+                                "transformer_calls": pipe.last_run["transformer_calls"],
+                                "leap_at": trace["leap_at"], "merged_calls": trace["merged_calls"]},
+                      "calls": calls})
+    pipe.close()
+    return cases
+
+
+def _block(m: dict, comp: str, index: int) -> dict:
+    return next(c for c in m["components"] if c["name"] == comp)["blocks"][index]
+
+
+# (name, change of the manifest, words the Swift error must contain besides Python's)
+BAD_MANIFESTS = [
+    ("format", lambda m: m.update(format="other-package"), ["format"]),
+    ("version", lambda m: m.update(format_version=2), ["format_version", "2"]),
+    ("target", lambda m: m.update(target="web"), ["target", "web"]),
+    ("path_escape", lambda m: _block(m, "transformer", 1)["files"][0].update(
+        path="../outside/model.mlmodel"), ["../outside/model.mlmodel", "escapes"]),
+    ("absolute_path", lambda m: m["tokenizer"]["files"][0].update(path="/etc/passwd"),
+     ["/etc/passwd", "escapes"]),
+    ("no_component", lambda m: m.update(components=[c for c in m["components"]
+                                                    if c["name"] != "vae_decoder"]),
+     ["vae_decoder"]),
+    ("unknown_sampler_key", lambda m: m["sampler"].update(warp=True), ["warp"]),
+    ("bad_steps", lambda m: m["sampler"].update(steps=0), ["steps"]),
+    ("bad_leap_after", lambda m: m["sampler"].update(leap_after=40), ["leap_after"]),
+    ("bad_scheduler", lambda m: m["sampler"].update(scheduler="ddim"), ["scheduler", "ddim"]),
+    ("missing_field", lambda m: m.pop("latent_shape"), ["latent_shape"]),
+]
+
+
+def python_refusal(folder: Path, manifest: dict) -> str | None:
+    """What the Python side says of a package folder: its package check, then the runtime's
+    (check_runnable: components, sampler settings, conditioning), or None if it accepts it.
+    The Python runtime runs onnx packages, so but for the target it is asked about the same
+    manifest with the onnx target."""
+    try:
+        read_package(folder)
+        check_runnable(manifest if manifest["target"] not in ("iphone", "onnx")
+                       else {**manifest, "target": "onnx"})
+    except PackageError as err:
+        return str(err)
+    return None
+
+
+def bad_manifests(package: Path, scratch: Path) -> list[dict]:
+    """Each edit of the good manifest of `package`, with the error the Python side raises for
+    it (in a hard-linked copy of the package, so only the manifest differs)."""
+    manifest = json.loads((package / MANIFEST).read_text())
+    cases = []
+    for name, change, words in BAD_MANIFESTS:
+        m = copy.deepcopy(manifest)
+        change(m)
+        folder = scratch / name
+        shutil.copytree(package, folder, copy_function=os.link)
+        (folder / MANIFEST).unlink()  # a hard link: writing through it would edit `package`
+        write_manifest(folder, m)
+        message = python_refusal(folder, m)
+        if message is None:
+            raise AssertionError(f"bad manifest {name}: the Python side accepted it")
+        cases.append({"name": name, "manifest": m, "names": words,
+                      "python_error": message.replace(str(folder), "PACKAGE")})
+    return cases
+
+
+def write(folder: Path, onnx_package: Path, iphone_package: Path) -> Path:
+    """Fill `folder` (see the module docstring); returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(iphone_package, folder / "package")
+    replay = folder / "replay"
+    replay.mkdir()
+    tensors = TensorFile()
+    cases = record_cases(onnx_package, tensors)
+    tensors.write(replay / "tensors.bin")
+    (replay / "cases.json").write_text(json.dumps(cases))
+    bad = bad_manifests(folder / "package", folder / "scratch")
+    shutil.rmtree(folder / "scratch")
+    (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
+    return folder

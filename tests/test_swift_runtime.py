@@ -1,0 +1,62 @@
+"""The Swift runtime (runtimes/swift) compiled and tested on this machine: `swift build`, then
+`swift test` with the replay fixtures this test writes (tests/swift_replay.py), so the Swift
+pipeline is held to the Python runtime's block calls and frames. The iOS demo app cannot be
+type-checked without Apple's SDK; each of its files is at least parsed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import swift_replay
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "runtimes" / "swift"
+
+
+def swift_tool() -> str:
+    """The `swift` driver: on PATH, else where the Linux toolchain installs it."""
+    found = shutil.which("swift") or next(
+        (p for p in ("/opt/swift/usr/bin/swift", "/usr/share/swift/usr/bin/swift")
+         if os.access(p, os.X_OK)), None)
+    if found is None:
+        pytest.skip("no Swift toolchain: `swift` is neither on PATH nor in /opt/swift/usr/bin "
+                    "(install Swift 6.3 for Linux from swift.org to run the Swift runtime's tests)")
+    return found
+
+
+def run(cmd: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, coreml_package):
+    swift = swift_tool()
+    fixtures = swift_replay.write(tmp_path / "replay", exported_package[0], coreml_package[0])
+    build = run([swift, "build", "--build-tests"], timeout=900, cwd=PACKAGE)
+    assert build.returncode == 0, (
+        f"swift build failed:\n{build.stdout[-6000:]}\n{build.stderr[-3000:]}")
+    env = os.environ | {"EDGE_SWIFT_REPLAY": str(fixtures)}
+    test = run([swift, "test", "--skip-build"], timeout=900, cwd=PACKAGE, env=env)
+    output = test.stdout + test.stderr
+    failures = [line for line in output.splitlines() if ": error: " in line]
+    assert test.returncode == 0 and not failures, "swift test failed:\n" + "\n".join(
+        failures[:40] or [output[-6000:]])
+    executed = [int(n) for n in re.findall(r"Executed (\d+) tests?, with 0 failures", output)]
+    assert executed and max(executed) >= 30, f"fewer XCTests ran than expected:\n{output[-3000:]}"
+    assert " skipped " not in output, "an XCTest skipped:\n" + "\n".join(
+        line for line in output.splitlines() if "skipped" in line)
+    assert "worst relative input difference from Python's" in output
+
+
+def test_ios_demo_files_parse():
+    """`swiftc -parse` on each file of the demo app (no SDK needed to parse)."""
+    swiftc = str(Path(swift_tool()).with_name("swiftc"))
+    files = sorted((REPO / "ios_demo").rglob("*.swift"))
+    assert files
+    for f in files:
+        parsed = run([swiftc, "-parse", str(f)], timeout=120)
+        assert parsed.returncode == 0, f"{f.relative_to(REPO)}:\n{parsed.stderr[-3000:]}"
