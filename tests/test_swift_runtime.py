@@ -39,6 +39,9 @@ def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, cor
     build = run([swift, "build", "--build-tests"], timeout=900, cwd=PACKAGE)
     assert build.returncode == 0, (
         f"swift build failed:\n{build.stdout[-6000:]}\n{build.stderr[-3000:]}")
+    warnings = sorted({line for line in (build.stdout + build.stderr).splitlines()
+                       if "warning:" in line and str(PACKAGE) in line})
+    assert not warnings, "the Swift package compiles with warnings:\n" + "\n".join(warnings)
     env = os.environ | {"EDGE_SWIFT_REPLAY": str(fixtures)}
     test = run([swift, "test", "--skip-build"], timeout=900, cwd=PACKAGE, env=env)
     output = test.stdout + test.stderr

@@ -22,12 +22,15 @@ struct ContentView: View {
                     Toggle("Token merging (TDTM, first half)", isOn: $model.tdtm)
                     Toggle("Memory budget", isOn: $model.useBudget)
                     if model.useBudget {
-                        Stepper("\(Int(model.budgetMB)) MB of blocks", value: $model.budgetMB, in: 16...512, step: 16)
+                        Stepper("\(Int(model.budgetMB)) MB of blocks", value: $model.budgetMB, in: 32...512, step: 16)
                     }
                 }
                 Section {
-                    Button(model.running ? "Generating…" : "Generate") { model.generate() }
-                        .disabled(model.running)
+                    if model.running {
+                        Button("Cancel", role: .cancel) { model.cancel() }
+                    } else {
+                        Button("Generate") { model.generate() }
+                    }
                     ProgressView(value: model.progress)
                 }
                 if let url = model.videoURL {

@@ -1,9 +1,10 @@
-import EdgeCore
+import EdgeDemoKit
 import EdgeRuntime
 import Foundation
 import SwiftUI
 
-/// Loads a package (bundled, or picked from Files) and runs generations off the main thread.
+/// The form's state and the SwiftUI side of a generation. The work itself (pipeline reuse,
+/// settings, timing rows) is EdgeDemoKit's DemoSession, which builds and is tested on Linux.
 @MainActor
 final class DemoModel: ObservableObject {
     @Published var prompt = "a red circle moving left"
@@ -18,9 +19,9 @@ final class DemoModel: ObservableObject {
     @Published var timings: [(String, String)] = []
     @Published var running = false
 
-    private var pipeline: EdgePipeline?
+    private let session = DemoSession { url, budget in try EdgePipeline(package: url, budget: budget) }
     private var packageURL: URL?
-    private var loadedBudget: Int?
+    private let cancelFlag = CancellationFlag()
 
     /// The package bundled with the app (a folder reference named tiny-sora-iphone).
     func loadBundled() {
@@ -30,7 +31,6 @@ final class DemoModel: ObservableObject {
         }
         packageURL = url
         status = "Package: \(url.lastPathComponent)"
-        pipeline = nil
     }
 
     /// A package folder picked with the Files app (security-scoped: copied into the app's
@@ -44,47 +44,43 @@ final class DemoModel: ObservableObject {
             try? FileManager.default.removeItem(at: target)
             try FileManager.default.copyItem(at: url, to: target)
             packageURL = target
-            pipeline = nil
             status = "Package: \(url.lastPathComponent)"
         } catch {
             status = "Cannot copy \(url.lastPathComponent): \(error.localizedDescription)"
         }
     }
 
+    func cancel() { cancelFlag.cancel() }
+
     func generate() {
         guard let packageURL, !running else { return }
         running = true
+        cancelFlag.reset()
         progress = 0
-        status = "Verifying and loading…"
-        let budget = useBudget ? Int(budgetMB * 1_000_000) : nil
-        let (prompt, leap, tdtm, seed) = (self.prompt, self.leap, self.tdtm, UInt64(self.seed))
-        let existing = loadedBudget == budget ? pipeline : nil
+        status = "Verifying and generating…"
+        var options = DemoOptions()
+        options.prompt = prompt
+        options.leap = leap
+        options.tdtm = tdtm
+        options.seed = seed
+        options.budgetMB = useBudget ? budgetMB : nil
+        let (session, flag) = (self.session, cancelFlag)
         Task.detached(priority: .userInitiated) {
             do {
-                let started = Date()
-                let pipe = try existing ?? EdgePipeline(package: packageURL, budget: budget)
-                let loadSeconds = Date().timeIntervalSince(started)
-                await MainActor.run { self.pipeline = pipe; self.loadedBudget = budget; self.status = "Generating…" }
-                let result = try pipe.generate(prompt, seed: seed, configure: { s in
-                    s.leap = leap
-                    s.mergeSteps = tdtm ? s.steps / 2 : 0
-                }, onStep: { done, total in
-                    Task { @MainActor in self.progress = Double(done) / Double(total) }
-                })
+                let report = try session.run(package: packageURL, options: options, onProgress: { value in
+                    Task { @MainActor in self.progress = value }
+                }, isCancelled: { flag.isCancelled })
                 let url = FileManager.default.temporaryDirectory.appendingPathComponent("edge-demo.mp4")
+                let result = report.result
                 try await VideoWriter.writeMP4(result.frames, width: result.width, height: result.height, to: url)
-                let rows: [(String, Double)] = [("load + verify", loadSeconds)]
-                    + ["text_encoder", "transformer", "vae_decoder", "total", "block_load_s"].compactMap { k in
-                        result.timings[k].map { (k, $0) } }
                 await MainActor.run {
-                    self.timings = rows.map { ($0.0, String(format: "%.2f s", $0.1)) } + [
-                        ("transformer calls", "\(result.trace.transformerCalls) of \(result.trace.calls)"),
-                        ("merged (TDTM) calls", "\(result.trace.mergedCalls)"),
-                        ("leap", result.trace.leapAt.map { "after step \($0)" } ?? "no")]
+                    self.timings = report.rows
                     self.videoURL = url
                     self.status = "Done"
                     self.running = false
                 }
+            } catch RuntimeError.cancelled {
+                await MainActor.run { self.status = "Cancelled"; self.running = false }
             } catch {
                 await MainActor.run { self.status = "Error: \(error)"; self.running = false }
             }

@@ -15,11 +15,14 @@ let package = Package(
     products: [
         .library(name: "EdgeRuntime", targets: ["EdgeRuntime"]),
         .library(name: "EdgeCore", targets: ["EdgeCore"]),
+        .library(name: "EdgeDemoKit", targets: ["EdgeDemoKit"]),
     ],
     targets: [
         .target(name: "EdgeCore"),
         .target(name: "EdgeRuntime", dependencies: ["EdgeCore"]),
+        // the demo app's non-UI part (ios_demo/EdgeDemo/DemoModel.swift is its SwiftUI face)
+        .target(name: "EdgeDemoKit", dependencies: ["EdgeRuntime", "EdgeCore"]),
         .testTarget(name: "EdgeCoreTests", dependencies: ["EdgeCore"]),
-        .testTarget(name: "EdgeRuntimeTests", dependencies: ["EdgeRuntime", "EdgeCore"]),
+        .testTarget(name: "EdgeRuntimeTests", dependencies: ["EdgeRuntime", "EdgeCore", "EdgeDemoKit"]),
     ]
 )

@@ -88,8 +88,8 @@ public enum PackageFiles {
         while let relative = walker.nextObject() as? String {
             let name = (relative as NSString).lastPathComponent
             var isFolder: ObjCBool = false
-            FileManager.default.fileExists(atPath: base + "/" + relative, isDirectory: &isFolder)
-            if isFolder.boolValue || relative == "manifest.json" || noise.contains(name) || name.hasPrefix("._") { continue }
+            let exists = FileManager.default.fileExists(atPath: base + "/" + relative, isDirectory: &isFolder)
+            if !exists || isFolder.boolValue || relative == "manifest.json" || noise.contains(name) || name.hasPrefix("._") { continue }
             if !listed.contains(relative) { extra.append(relative) }
         }
         return extra.sorted()
