@@ -83,7 +83,7 @@ def generate(
     prompt: Annotated[str | None, typer.Argument(hidden=True)] = None,
     output: Annotated[Path, typer.Option(
         "-o", "--output", help="Video file to write (.gif or .mp4).")] = Path("out.gif"),
-    seed: Annotated[int, typer.Option(help="Seed of the initial noise.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the initial noise.")] = 0,
     steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
     guidance: Annotated[float | None, typer.Option(
         help="Classifier-free guidance scale [default: the model's].")] = None,
@@ -165,14 +165,16 @@ def _print_run_figures(run: dict) -> None:
 
     walls = ", ".join(f"{k} {v:.2f} s" for k, v in run["wall_s"].items())
     bw = run["read_bandwidth_bytes_per_s"]
-    overlap = run["overlap_efficiency"]
+    overlap = run["overlap_efficiency"]  # None unless transformer blocks were streamed
     typer.echo(
         f"wall: {walls}\n"
         f"transformer calls {run['transformer_calls']}, read {format_size(run['bytes_read'])}"
         f" in {run['reads']} reads ({format_size(int(bw)) + '/s' if bw else 'n/a'}), "
-        f"compute waited {run['io_wait_s']:.2f} s for I/O, overlap efficiency "
-        f"{'n/a' if overlap is None else f'{overlap:.2f}'}, peak held "
-        f"{format_size(run['peak_held_bytes'])}, peak RSS {format_size(run['peak_rss_bytes'])}")
+        f"compute waited {run['io_wait_s']:.2f} s for I/O, "
+        + ("" if overlap is None else
+           f"streamed denoising hid {overlap:.0%} of its read time behind compute, ")
+        + f"peak held {format_size(run['peak_held_bytes'])}, "
+        f"peak RSS {format_size(run['peak_rss_bytes'])}")
 
 
 @app.command()
@@ -395,7 +397,8 @@ def evaluate(
         help="Text file, one prompt per line [default: 48 built-in prompts incl. held-out "
              "combinations and unseen paraphrases].", exists=True, dir_okay=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    seed: Annotated[int, typer.Option(help="Seed of the first prompt; prompt i uses seed+i.")] = 0,
+    seed: Annotated[int, typer.Option(
+        min=0, help="Seed of the first prompt; prompt i uses seed+i.")] = 0,
     steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
     batch: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
     weights: WeightsOption = None,
@@ -496,7 +499,7 @@ def scale_model(
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
     pairs: Annotated[int, typer.Option(min=1, help="Spatial/temporal block pairs.")] = 8,
     heads: Annotated[int, typer.Option(min=1)] = 16,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
 ) -> None:
     """Write a model with random weights for speed and memory benchmarks (`edge export
     --model OUT`): tiny-sora's architecture at a larger size (the defaults give a ~1 GB
@@ -538,7 +541,7 @@ def scale_model(
 def train_tiny_sora(
     out: Annotated[Path, typer.Option(help="Folder to write the weights to.")] = Path(
         "runs/tiny-sora"),
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
     transformer_steps: Annotated[int | None, typer.Option(
         min=1, help="Transformer optimisation steps [default: the shipped recipe's].")] = None,
     checkpoint_every: Annotated[int, typer.Option(

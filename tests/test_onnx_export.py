@@ -1,4 +1,5 @@
 """Export the shipped tiny-sora to ONNX once, then run it with the Python runtime."""
+import re
 import shutil
 
 import pytest
@@ -53,6 +54,11 @@ def test_runtime_matches_pytorch_and_budget_does_not_change_the_video(package, p
         if budget:
             assert run["peak_held_bytes"] <= budget
             assert run["bytes_read"] > sum(sizes)  # transformer blocks streamed every step
+            # the share of the denoising loop's read time hidden behind compute
+            assert 0.0 <= run["overlap_efficiency"] <= 1.0
+            assert run["denoise"]["io_wait_s"] <= run["io_wait_s"]
+        else:  # nothing streamed: first loads only, no overlap to speak of
+            assert run["overlap_efficiency"] is None
         runtime.close()
 
 
@@ -99,6 +105,25 @@ def test_cli_generate_runs_a_package(package, tmp_path):
                               "--steps", "3", "--memory-budget", "64MB"])
     assert res.exit_code == 0, res.output
     assert out.is_file() and "transformer calls 3" in res.output and "peak RSS" in res.output
+
+
+def test_cli_generate_prints_overlap_only_where_blocks_stream(package, tmp_path):
+    root, _ = package
+    args = ["generate", str(root), "a red circle moving left", "-o", str(tmp_path / "v.gif"),
+            "--steps", "3"]
+    resident = runner.invoke(app, args)
+    assert resident.exit_code == 0, resident.output
+    assert "read time behind compute" not in resident.output
+    streamed = runner.invoke(app, args + ["--memory-budget", "50MB"])
+    assert streamed.exit_code == 0, streamed.output
+    assert re.search(r"streamed denoising hid \d+% of its read time behind compute",
+                     streamed.output), streamed.output
+
+
+def test_cli_generate_refuses_a_negative_seed_before_any_work(package):
+    res = runner.invoke(app, ["generate", str(package[0]), "a red circle", "--seed", "-1"])
+    assert res.exit_code == 2 and "--seed" in res.output
+    assert "denoising" not in res.output  # refused before the progress bar
 
 
 def test_cli_generate_names_a_bad_budget(package):
