@@ -6,10 +6,12 @@ compute, optionally compressed with `coremltools.optimize.coreml`, and saved. Sh
 static, as the Neural Engine wants them: one prompt (text encoder batch 1), the guidance
 batch of 2 for the transformer, and every frame of one video at once for the VAE decoder.
 
-Compression (`quantize`): "fp16" keeps fp16 weights; "8" is int8 linear (symmetric, per
-output channel) quantization; "6" and "4" are k-means palettization with a per-tensor lookup
-table (the granularity iOS 17 runs). The same `OptimizationConfig` is applied to every
-block's program before it is saved: both compressions work tensor by tensor, so compressing
+Compression (`quantize`, `COMPRESSIONS`): "fp16" keeps fp16 weights; "8" is int8 linear
+(symmetric, per output channel) quantization; "6" is k-means palettization with a per-tensor
+lookup table (the granularity iOS 17 runs); "4" gives each block the storage its measured
+sensitivity allows (4-bit tables for the embedding table and the VAE decoder, 6-bit for the
+text encoder layers, int8 for the transformer; see COMPRESSIONS). A block's config is applied
+to its program before it is saved: the compressions work tensor by tensor, so compressing
 block by block stores exactly the tables and scales that compressing the whole model before
 cutting it would, and no block is left uncompressed (tested: a pair's base and TDTM
 programs, two graphs over the same tensors, store byte-identical compressed weights).
@@ -30,7 +32,8 @@ import contextlib
 import io
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +52,8 @@ from edge.package import atomic_directory, file_entry, write_manifest
 from exporters.coreml_weights import import_coremltools
 from exporters.package_head import manifest_head
 
-QUANTIZE = ("fp16", "8", "6", "4")
 WEIGHT_THRESHOLD = 2048       # coremltools' default: smaller tensors are not compressed
 OUTPUT_PREFIX = "out_"        # a program may not use one name as input and output
-DEPLOYMENT_TARGET = "iOS17"
 COMPUTE_UNITS = "cpuAndNeuralEngine"   # what the Swift runtime asks MLModel for by default
 MACOS_ONLY_NOTE = (".mlmodelc compilation needs macOS: Xcode compiles bundled .mlpackage "
                    "files, or the app calls MLModel.compileModel(at:) on device")
@@ -79,34 +80,117 @@ def manifest_dtype(t: torch.Tensor) -> str:
     return "int32" if _coreml_dtype(t) is np.int32 else "float32"
 
 
-def optimization_config(quantize: str):
-    """The `coremltools.optimize.coreml` config of a --quantize setting (None for fp16)."""
-    import_coremltools()
+@dataclass(frozen=True)
+class Storage:
+    """How one block's weights are stored: a coremltools compression (or fp16) and the
+    manifest's record of it."""
+
+    record: dict                      # e.g. {"method": "palettize_kmeans", "nbits": 4, ...}
+    bits: int                         # per weight, for size estimates (tables left out)
+    op_config: Callable[[], object] | None = None   # a coremltools OpConfig; None: fp16
+
+
+@dataclass(frozen=True)
+class Compression:
+    """One `--quantize` setting: the storage of each block (the first rule whose pattern
+    matches the block key, fnmatch-style, e.g. "text_encoder/layer_*"), and the iOS that the
+    stored forms need."""
+
+    setting: str
+    deployment_target: str            # "iOS17"; "iOS18" where grouped LUTs are used
+    rules: tuple[tuple[str, Storage], ...]
+    note: str = ""                    # why the rules are what they are
+
+    def storage(self, block_key: str) -> Storage:
+        return next(s for pattern, s in self.rules if fnmatch(block_key, pattern))
+
+    def optimization_config(self, block_key: str):
+        """The `coremltools.optimize.coreml` config of one block (None for fp16)."""
+        op = self.storage(block_key).op_config
+        if op is None:
+            return None
+        import_coremltools()
+        import coremltools.optimize.coreml as cto
+
+        return cto.OptimizationConfig(global_config=op())
+
+    def record(self) -> dict:
+        """The manifest's coreml.compression."""
+        out = {"setting": self.setting, "weight_threshold": WEIGHT_THRESHOLD}
+        if len(self.rules) == 1:   # one storage for every block
+            out |= self.rules[0][1].record
+        else:
+            out["rules"] = [{"blocks": pattern, **storage.record}
+                            for pattern, storage in self.rules]
+        return out | ({"note": self.note} if self.note else {})
+
+
+def _linear8():
     import coremltools.optimize.coreml as cto
 
-    if quantize == "fp16":
-        return None
-    if quantize == "8":
-        op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8",
-                                         granularity="per_channel",
-                                         weight_threshold=WEIGHT_THRESHOLD)
-    elif quantize in ("6", "4"):
-        op = cto.OpPalettizerConfig(mode="kmeans", nbits=int(quantize),
-                                    granularity="per_tensor",
-                                    weight_threshold=WEIGHT_THRESHOLD)
-    else:
+    return cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8",
+                                       granularity="per_channel",
+                                       weight_threshold=WEIGHT_THRESHOLD)
+
+
+def _palettize(nbits: int, group_size: int | None = None):
+    def config():
+        import coremltools.optimize.coreml as cto
+
+        grouped = {"granularity": "per_grouped_channel", "group_size": group_size,
+                   "channel_axis": 0} if group_size else {"granularity": "per_tensor"}
+        return cto.OpPalettizerConfig(mode="kmeans", nbits=nbits,
+                                      weight_threshold=WEIGHT_THRESHOLD, **grouped)
+    return config
+
+
+def palettized(nbits: int, group_size: int | None = None) -> Storage:
+    grouping = ({"granularity": "per_grouped_channel", "group_size": group_size}
+                if group_size else {"granularity": "per_tensor"})
+    return Storage({"method": "palettize_kmeans", "nbits": nbits} | grouping, nbits,
+                   _palettize(nbits, group_size))
+
+
+FP16 = Storage({"method": "none", "weights": "float16"}, 16)
+INT8 = Storage({"method": "linear_symmetric", "dtype": "int8", "granularity": "per_channel"},
+               8, _linear8)
+
+COMPRESSIONS = {c.setting: c for c in (
+    Compression("fp16", "iOS17", (("*", FP16),)),
+    Compression("8", "iOS17", (("*", INT8),)),
+    Compression("6", "iOS17", (("*", palettized(6)),)),
+    # Measured (docs/benchmarks.md, benchmarks/coreml_quantize.py): errors in the transformer
+    # grow over the denoising steps and in the text encoder steer every step, while the VAE's
+    # show once in the frames; the bytes are mostly the text encoder's (MiniLM's embedding
+    # table alone is 46% of them). So: the table at 4 bits, the encoder layers at 6, the
+    # transformer at 8, the VAE at 4 - 5.4 bits per weight, >= 6x smaller than fp32.
+    Compression("4", "iOS17", (
+        ("text_encoder/embeddings", palettized(4)),
+        ("text_encoder/*", palettized(6)),
+        ("transformer/*", INT8),
+        ("vae_decoder/*", palettized(4)),
+    ), note="4 bits where the measured error stays small: the embedding table and the VAE "
+            "decoder; text encoder layers at 6 bits; transformer at 8 bits"),
+)}
+QUANTIZE = tuple(COMPRESSIONS)
+
+
+def compression(quantize: str) -> Compression:
+    """The setting named `quantize`, or a ValueError naming the known ones."""
+    if quantize not in COMPRESSIONS:
         raise ValueError(f"--quantize {quantize!r} not understood; use one of "
                          f"{', '.join(QUANTIZE)}")
-    return cto.OptimizationConfig(global_config=op)
+    return COMPRESSIONS[quantize]
+
+
+def optimization_config(quantize: str, block_key: str = "transformer/pair_0"):
+    """The `coremltools.optimize.coreml` config of a --quantize setting for one block (None
+    for fp16)."""
+    return compression(quantize).optimization_config(block_key)
 
 
 def compression_record(quantize: str) -> dict:
-    return {"fp16": {"method": "none", "weights": "float16"},
-            "8": {"method": "linear_symmetric", "dtype": "int8",
-                  "granularity": "per_channel"},
-            "6": {"method": "palettize_kmeans", "nbits": 6, "granularity": "per_tensor"},
-            "4": {"method": "palettize_kmeans", "nbits": 4, "granularity": "per_tensor"},
-            }[quantize] | {"setting": quantize, "weight_threshold": WEIGHT_THRESHOLD}
+    return compression(quantize).record()
 
 
 def drop_aliases(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -122,8 +206,10 @@ def drop_aliases(program: torch.export.ExportedProgram) -> torch.export.Exported
 
 
 def convert_module(module: nn.Module, block: Block, quantize: str):
-    """torch.export -> ML Program (iOS 17, fp16 compute) -> compressed; an unsaved MLModel."""
+    """torch.export -> ML Program (fp16 compute, the setting's iOS) -> compressed; an unsaved
+    MLModel."""
     ct = import_coremltools()
+    setting = compression(quantize)
 
     example = tuple(t.contiguous() for t in block.example)  # CoreML wants contiguous inputs
     # coremltools draws its own progress bars per conversion pass; the export shows one bar
@@ -133,17 +219,17 @@ def convert_module(module: nn.Module, block: Block, quantize: str):
                                .run_decompositions({}))
         model = ct.convert(
             program, convert_to="mlprogram",
-            minimum_deployment_target=ct.target.iOS17,
+            minimum_deployment_target=getattr(ct.target, setting.deployment_target),
             compute_precision=ct.precision.FLOAT16,
             inputs=[ct.TensorType(name=n, shape=tuple(t.shape), dtype=_coreml_dtype(t))
                     for n, t in zip(block.inputs, example, strict=True)],
             outputs=[ct.TensorType(name=OUTPUT_PREFIX + n) for n in block.outputs])
-        config = optimization_config(quantize)
+        config = setting.optimization_config(block.key)
         if config is not None:
             import coremltools.optimize.coreml as cto
 
-            compress = (cto.linear_quantize_weights if quantize == "8"
-                        else cto.palettize_weights)
+            linear = isinstance(config.global_config, cto.OpLinearQuantizerConfig)
+            compress = cto.linear_quantize_weights if linear else cto.palettize_weights
             model = compress(model, config)
     model.short_description = f"edge block {block.key} ({quantize})"
     return model
@@ -221,13 +307,14 @@ def export_coreml(pipe: TinySora, dest: Path, quantize: str = "fp16",
     match the manifest or the blocks do not chain."""
     from exporters.coreml_check import check_structure
 
-    optimization_config(quantize)  # refuse a bad setting before converting anything
+    compression(quantize)  # refuse a bad setting before converting anything
     components = components or cut_for_device(pipe)
     with atomic_directory(dest) as root:
         manifest = manifest_head(TinySoraModel(pipe), root, "iphone", model_name,
                                  raw_null_caption=True)
         manifest["coreml"] = {
-            "format": "mlprogram", "minimum_deployment_target": DEPLOYMENT_TARGET,
+            "format": "mlprogram",
+            "minimum_deployment_target": compression(quantize).deployment_target,
             "compute_precision": "float16", "compute_units": COMPUTE_UNITS,
             "output_prefix": OUTPUT_PREFIX, "compression": compression_record(quantize),
             "compiled": False, "note": MACOS_ONLY_NOTE}

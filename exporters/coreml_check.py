@@ -29,7 +29,7 @@ from exporters.coreml_weights import import_coremltools, read_parameters
 
 VALIDATION_PROMPT = "a red circle moving left"
 # the least end-to-end PSNR (dB) against fp32 each setting must reach, else the export fails
-PSNR_FLOOR_DB = {"fp16": 40.0, "8": 30.0, "6": 20.0, "4": 12.0}
+PSNR_FLOOR_DB = {"fp16": 40.0, "8": 30.0, "6": 20.0, "4": 35.0}
 _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType
 
 

@@ -27,9 +27,11 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
     worst = max((b["validation"]["max_abs_error"], key) for key, b in blocks)
     variants = sum(len(b.get("variants", {})) for _, b in blocks)
     setting = manifest["coreml"]["compression"]["setting"]
+    target = manifest["coreml"]["minimum_deployment_target"]
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks (+{variants} TDTM "
             f"variants) as .mlpackage, {package_bytes(dest) / 1e6:.1f} MB on disk\n"
-            f"weights ({setting}): {stored / 1e6:.1f} MB in the base blocks' programs vs "
+            f"weights ({setting}, runs on {target} and later): {stored / 1e6:.1f} MB in the "
+            f"base blocks' programs vs "
             f"{reference / 1e6:.1f} MB fp32 ({reference / stored:.1f}x smaller)\n"
             f"stored weights in PyTorch vs fp32: worst block max-abs error {worst[0]:.3g} "
             f"({worst[1]}), end to end PSNR {manifest['validation']['psnr_db']} dB on "
@@ -38,16 +40,14 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
             "(CoreML cannot predict on Linux).")
 
 
-BITS = {"fp16": 16, "8": 8, "6": 6, "4": 4}
-
-
 def estimated_bytes(block, quantize: str) -> int:
     """Stored weight bytes of a block at a setting, before exporting: tensors of at least
-    WEIGHT_THRESHOLD elements at the setting's bits (lookup tables and scales left out), the
-    rest fp16."""
-    from exporters.coreml import WEIGHT_THRESHOLD
+    WEIGHT_THRESHOLD elements at the bits the setting gives this block (lookup tables and
+    scales left out), the rest fp16."""
+    from exporters.coreml import WEIGHT_THRESHOLD, compression
 
-    bits = sum(p.numel() * (BITS[quantize] if p.numel() >= WEIGHT_THRESHOLD else 16)
+    per_weight = compression(quantize).storage(block.key).bits
+    bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
                for p in block.parameters().values())
     return bits // 8
 
