@@ -579,3 +579,41 @@ def test_page_says_clearly_when_webgpu_is_missing(browser, served):
         assert pg.is_disabled("#generate")
     finally:
         context.close()
+
+
+# what each form field must show whole: its placeholder, or a value a person types
+FIELD_TEXTS = {"seed": "123456", "steps": "30", "merge": "15", "cache": "0.05",
+               "budget": None, "prompt": "a violet ball drifting to the left"}
+MEASURE_FIELDS = """(texts) => {
+  const ctx = document.createElement("canvas").getContext("2d"), out = {};
+  for (const [id, given] of Object.entries(texts)) {
+    const el = document.getElementById(id), cs = getComputedStyle(el);
+    ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    const text = given ?? el.placeholder;
+    const spinner = el.type === "number" ? 20 : 0;   // Chromium's up/down buttons
+    out[id] = {text, need: ctx.measureText(text).width + spinner,
+               room: el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight),
+               em: parseFloat(cs.fontSize)};
+  }
+  return out;
+}"""
+
+
+def test_form_fields_fit_what_they_hold(browser, served, tmp_path):
+    """Each field shows its placeholder or a typical value whole (the budget's placeholder was
+    cut off) and number fields are not many times wider than that. A screenshot is kept."""
+    context = browser.new_context()
+    context.add_init_script("delete Navigator.prototype.gpu;")  # the form alone, no kernels
+    pg = context.new_page()
+    try:
+        pg.goto(served + "index.html")
+        pg.wait_for_selector("#gpu-missing:not([hidden])", timeout=30_000)
+        fields = pg.evaluate(MEASURE_FIELDS, FIELD_TEXTS)
+        pg.screenshot(path=str(tmp_path / "form.png"))
+    finally:
+        context.close()
+    for name, f in fields.items():
+        assert f["need"] <= f["room"], f"{name}: {f['text']!r} needs {f['need']:.0f}px, " \
+                                       f"the field shows {f['room']:.0f}px"
+        if name in ("seed", "steps", "merge", "cache"):
+            assert f["room"] <= 8 * f["em"], f"{name}: {f['room']:.0f}px for {f['text']!r}"

@@ -98,19 +98,25 @@ public final class BlockLoader {
         _stats.peakBytes = max(_stats.peakBytes, heldBytes)
         _stats.loadOrder.append(entry.key)
         queue.async { [self] in
-            let started = Date()
-            let result = Result { try load(entry) }
-            lock.lock()
-            pending[entry.key] = nil
-            switch result {
-            case .success(let block): loaded[entry.key] = block
-            case .failure(let error): failures[entry.key] = error; heldBytes -= entry.weightBytes
-            }
-            _stats.loads += 1
-            _stats.loadSeconds += Date().timeIntervalSince(started)
-            lock.unlock()
+            // a function of its own, so no reference to the block outlives it: once the
+            // group is left, an unloaded block is freed at once
+            finishLoad(entry)
             group.leave()
         }
+    }
+
+    private func finishLoad(_ entry: BlockEntry) {
+        let started = Date()
+        let result = Result { try load(entry) }
+        lock.lock()
+        pending[entry.key] = nil
+        switch result {
+        case .success(let block): loaded[entry.key] = block
+        case .failure(let error): failures[entry.key] = error; heldBytes -= entry.weightBytes
+        }
+        _stats.loads += 1
+        _stats.loadSeconds += Date().timeIntervalSince(started)
+        lock.unlock()
     }
 
     private func load(_ entry: BlockEntry) throws -> LoadedBlock {
