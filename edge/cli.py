@@ -263,8 +263,8 @@ def export(
     dry_run: Annotated[bool, typer.Option(
         help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
     quantize: Annotated[str | None, typer.Option(
-        help="iphone: weight compression fp16, 8 (int8 linear), 6 or 4 (palettized) "
-        "[default: fp16].")] = None,
+        help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized) or 4 "
+        "(mostly 4-bit palettized, the transformer int8) [default: fp16].")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a package already at the destination.")] = False,
     height: Annotated[int | None, typer.Option(

@@ -97,7 +97,7 @@ class Compression:
     stored forms need."""
 
     setting: str
-    deployment_target: str            # "iOS17"; "iOS18" where grouped LUTs are used
+    deployment_target: str            # the iOS the stored forms need (ct.target's name)
     rules: tuple[tuple[str, Storage], ...]
     note: str = ""                    # why the rules are what they are
 
@@ -133,22 +133,16 @@ def _linear8():
                                        weight_threshold=WEIGHT_THRESHOLD)
 
 
-def _palettize(nbits: int, group_size: int | None = None):
+def palettized(nbits: int) -> Storage:
+    """k-means palettization, one lookup table per tensor (what iOS 17 runs)."""
     def config():
         import coremltools.optimize.coreml as cto
 
-        grouped = {"granularity": "per_grouped_channel", "group_size": group_size,
-                   "channel_axis": 0} if group_size else {"granularity": "per_tensor"}
-        return cto.OpPalettizerConfig(mode="kmeans", nbits=nbits,
-                                      weight_threshold=WEIGHT_THRESHOLD, **grouped)
-    return config
+        return cto.OpPalettizerConfig(mode="kmeans", nbits=nbits, granularity="per_tensor",
+                                      weight_threshold=WEIGHT_THRESHOLD)
 
-
-def palettized(nbits: int, group_size: int | None = None) -> Storage:
-    grouping = ({"granularity": "per_grouped_channel", "group_size": group_size}
-                if group_size else {"granularity": "per_tensor"})
-    return Storage({"method": "palettize_kmeans", "nbits": nbits} | grouping, nbits,
-                   _palettize(nbits, group_size))
+    return Storage({"method": "palettize_kmeans", "nbits": nbits, "granularity": "per_tensor"},
+                   nbits, config)
 
 
 FP16 = Storage({"method": "none", "weights": "float16"}, 16)
@@ -181,12 +175,6 @@ def compression(quantize: str) -> Compression:
         raise ValueError(f"--quantize {quantize!r} not understood; use one of "
                          f"{', '.join(QUANTIZE)}")
     return COMPRESSIONS[quantize]
-
-
-def optimization_config(quantize: str, block_key: str = "transformer/pair_0"):
-    """The `coremltools.optimize.coreml` config of a --quantize setting for one block (None
-    for fp16)."""
-    return compression(quantize).optimization_config(block_key)
 
 
 def compression_record(quantize: str) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from exporters.coreml import MACOS_ONLY_NOTE, QUANTIZE
+from exporters.coreml import MACOS_ONLY_NOTE, WEIGHT_THRESHOLD, compression
 
 
 def package_bytes(root: Path) -> int:
@@ -44,8 +44,6 @@ def estimated_bytes(block, quantize: str) -> int:
     """Stored weight bytes of a block at a setting, before exporting: tensors of at least
     WEIGHT_THRESHOLD elements at the bits the setting gives this block (lookup tables and
     scales left out), the rest fp16."""
-    from exporters.coreml import WEIGHT_THRESHOLD, compression
-
     per_weight = compression(quantize).storage(block.key).bits
     bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
                for p in block.parameters().values())
@@ -76,8 +74,10 @@ def dry_run(model: Path | None, quantize: str) -> None:
 
 
 def _check(quantize: str) -> None:
-    if quantize not in QUANTIZE:
-        _fail(f"--quantize {quantize!r} not understood; use one of {', '.join(QUANTIZE)}")
+    try:
+        compression(quantize)
+    except ValueError as err:
+        _fail(str(err))
 
 
 def export_iphone(model: Path | None, output: Path | None, quantize: str) -> None:
