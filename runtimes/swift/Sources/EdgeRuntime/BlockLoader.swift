@@ -167,8 +167,7 @@ public final class BlockLoader {
 
     /// Wait for loads in flight, then unload every block (e.g. on a memory warning).
     public func unloadAll() {
-        lock.lock(); let inFlight = Array(pending.values); lock.unlock()
-        inFlight.forEach { $0.wait() }
+        settle()
         lock.lock()
         for key in Array(loaded.keys) { evict(key) }
         failures.removeAll()

@@ -76,15 +76,10 @@ extension EdgePipeline {
     /// (or `computeUnits`).
     public convenience init(package root: URL, budget: Int? = nil, verify: Bool = true,
                             computeUnits: MLComputeUnits? = nil) throws {
-        let manifest = try ManifestReader.decode(Data(contentsOf: root.appendingPathComponent("manifest.json")))
-        if manifest.coreml.minimumDeploymentTarget == "iOS18" {   // per-grouped-channel 4-bit LUTs
-            guard #available(iOS 18, macOS 15, *) else {
-                throw RuntimeError.package("manifest.json: coreml.minimum_deployment_target is iOS18 (4-bit weights with grouped lookup tables) and this device runs an earlier OS; export with --quantize 6, 8 or fp16 for iOS 17")
-            }
-        }
-        let backend = CoreMLBackend(computeUnits: computeUnits ?? CoreMLBackend.units(manifest.coreml.computeUnits),
-                                    outputPrefix: manifest.coreml.outputPrefix)
-        try self.init(package: root, backend: backend, budget: budget, verify: verify)
+        try self.init(package: root, budget: budget, verify: verify, makeBackend: { manifest in
+            CoreMLBackend(computeUnits: computeUnits ?? CoreMLBackend.units(manifest.coreml.computeUnits),
+                          outputPrefix: manifest.coreml.outputPrefix)
+        })
     }
 }
 #endif

@@ -25,8 +25,16 @@ public final class EdgePipeline {
     /// Verify the package (no path escapes, no unlisted file, every listed file's size and
     /// sha256) before anything runs, then plan the loader for `budget` bytes of loaded
     /// blocks (nil: keep every block once loaded; refused if smaller than the largest block).
-    public init(package root: URL, backend: BlockBackend, budget: Int? = nil, verify: Bool = true,
-                coldReads: Bool = false) throws {
+    public convenience init(package root: URL, backend: BlockBackend, budget: Int? = nil,
+                            verify: Bool = true, coldReads: Bool = false) throws {
+        try self.init(package: root, budget: budget, verify: verify, coldReads: coldReads,
+                      makeBackend: { _ in backend })
+    }
+
+    /// As above, with a backend made from the decoded manifest (CoreML's compute units and
+    /// output names are in it), so the manifest is read once.
+    public init(package root: URL, budget: Int? = nil, verify: Bool = true, coldReads: Bool = false,
+                makeBackend: (Manifest) throws -> BlockBackend) throws {
         self.root = root
         let manifestURL = root.appendingPathComponent("manifest.json")
         guard let data = FileManager.default.contents(atPath: manifestURL.path) else {
@@ -50,7 +58,7 @@ public final class EdgePipeline {
         nullCaption = Tensor(shape: [1, n, values.count / n], data: values)
         let entries = try Self.entries(manifest, root: root)
         let transformer = try manifest.component("transformer").blocks.map { "transformer/\($0.name)" }
-        loader = try BlockLoader(entries: entries, backend: backend, budget: budget,
+        loader = try BlockLoader(entries: entries, backend: try makeBackend(manifest), budget: budget,
                                  everyStep: transformer, identities: identities, coldReads: coldReads)
     }
 

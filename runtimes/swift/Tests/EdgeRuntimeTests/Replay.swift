@@ -54,18 +54,16 @@ struct ReplayFixtures {
         return Tensor(shape: ref.shape, data: values)
     }
 
-    /// A case's sampler overrides applied to the package's settings.
+    /// A case's sampler overrides applied to the package's settings, through the settings'
+    /// own decoding (snake_case keys, unknown keys refused, values validated).
     func configure(_ c: Case) -> (inout SamplerSettings) -> Void {
-        let s = c.settings
         return { settings in
-            if let v = s["steps"] as? NSNumber { settings.steps = v.intValue }
-            if let v = s["leap"] as? Bool { settings.leap = v }
-            if let v = s["leap_after"] as? NSNumber { settings.leapAfter = v.intValue }
-            if let v = s["leap_min_steps"] as? NSNumber { settings.leapMinSteps = v.intValue }
-            if let v = s["leap_patience"] as? NSNumber { settings.leapPatience = v.intValue }
-            if let v = s["leap_tol"] { settings.leapTol = Double("\(v)")! }
-            if let v = s["merge_steps"] as? NSNumber { settings.mergeSteps = v.intValue }
-            if let v = s["cache_threshold"] { settings.cacheThreshold = Double("\(v)")! }
+            let encoder = JSONEncoder()
+            encoder.keyEncodingStrategy = .convertToSnakeCase
+            var merged = try! JSONSerialization.jsonObject(with: encoder.encode(settings)) as! [String: Any]
+            merged.merge(c.settings) { $1 }
+            settings = try! ManifestReader.jsonDecoder().decode(
+                SamplerSettings.self, from: JSONSerialization.data(withJSONObject: merged))
         }
     }
 }
