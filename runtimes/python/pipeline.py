@@ -321,8 +321,7 @@ class Pipeline:
         # the denoising loop alone: where streaming happens, and what overlap is judged on
         denoise = {"read_s": self.loader.stats.read_s - loop_start[0],
                    "io_wait_s": self.loader.stats.wait_s - loop_start[1],
-                   "compute_s": self._compute_s - loop_start[2],
-                   "wall_s": time.perf_counter() - t1}
+                   "compute_s": self._compute_s - loop_start[2]}  # wall: wall_s.transformer
         if not np.isfinite(latents).all():  # never hand back a silently broken video
             raise FloatingPointError(
                 f"the denoised latents hold NaN or infinity (package {self.root}, sampler "
@@ -380,8 +379,8 @@ class Pipeline:
     def _loader_figures(self, figures: dict, stats_before: dict, io_before: int | None,
                         denoise: dict) -> dict:
         """Add what the loader and the OS counted during this run to `figures`. Overlap
-        efficiency is judged on the denoising loop (`denoise`: its read, I/O-wait, compute and
-        wall seconds) and only where transformer blocks were streamed: the share of its read
+        efficiency is judged on the denoising loop (`denoise`: its read, I/O-wait and compute
+        seconds) and only where transformer blocks were streamed: the share of its read
         time hidden behind compute, 1 - io_wait / read (1: compute never waited for a block;
         0: it waited as long as the reads took). Elsewhere (everything resident, reads only
         of first loads) it would describe start-up, not streaming, and is None."""
