@@ -2,11 +2,12 @@
 onnxruntime-web's WebGPU and wasm providers, on tiny-sora's transformer blocks, side by side
 in one headless chromium.
 
-    npm install --prefix /tmp/ortweb onnxruntime-web@1.30
-    python benchmarks/web_blocks.py --ort-dist /tmp/ortweb/node_modules/onnxruntime-web/dist
+    python benchmarks/web_blocks.py --ort-dist ../shared/vendor/onnxruntime-web-1.30
 
-Our executor first makes the page's kernel choice (PlanExecutor.tune). Each block is timed
-as a call a runtime makes: inputs on the CPU, weights already loaded
+Our executor first makes the page's kernel choice (PlanExecutor.tune). Two warm-up runs
+are too few for the wasm provider (the browser optimises WebAssembly a few calls in; the
+page's own timing, runtimes/web/paths.js timeBlock, runs calls for up to a second).
+Each block is timed as a call a runtime makes: inputs on the CPU, weights already loaded
 (our executor: GPU buffers; onnxruntime-web: the block exported with its weights as
 initializers, so a session holds them), run, outputs read back to the CPU. Median of
 `--runs` after `--warmup` runs. Prints one JSON object with milliseconds per block and

@@ -251,8 +251,8 @@ PLANNED_TARGETS: dict[str, str] = {}
 def export(
     target: Annotated[str, typer.Option(
         help="onnx, or iphone (CoreML: one .mlpackage per block; compiling them to "
-        ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM + the demo page: a static "
-        "site for `edge serve`).")] = "onnx",
+        ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM and wasm graphs for "
+        "onnxruntime-web, with the demo page: a static site for `edge serve`).")] = "onnx",
     model: Annotated[Path | None, typer.Option(
         help="A diffusers pipeline folder (Wan 2.1: WanPipeline) or a tiny-sora weights "
         "folder [default: the shipped tiny-sora]. Local files only.")] = None,
@@ -277,6 +277,12 @@ def export(
     steps: Annotated[int | None, typer.Option(
         min=1, help="Denoising steps the package defaults to [default: the family's, 50 "
         "for Wan].")] = None,
+    ort_url: Annotated[str | None, typer.Option(
+        help="web: the https folder URL the page loads onnxruntime-web (its wasm path) from, "
+        "each file checked by sha256 [default: the pinned version on the jsDelivr CDN].")] = None,
+    bundle_ort: Annotated[Path | None, typer.Option(
+        help="web: copy onnxruntime-web from this dist folder into the package, so the page "
+        "works offline.")] = None,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
     from edge.families import FamilyError, check_target, family_of
@@ -291,11 +297,14 @@ def export(
     model_name = model.resolve().name if model else "tiny-sora"
     suffix = f"-q{quantize}" if target == "iphone" and quantize not in (None, "fp16") else ""
     dest = output or Path("dist") / f"{model_name}-{target}{suffix}"
-    if target == "web":  # WebGPU kernels by TVM + launch plans; the package is a static site
-        from exporters.web_cli import export_web_command
+    if target != "web" and (ort_url is not None or bundle_ort is not None):
+        _fail(f"--ort-url and --bundle-ort apply to --target web, not {target}")
+    if target == "web":  # two paths per block (WebGPU kernels, wasm graphs); a static site
+        from exporters.web_cli import check_ort_options, export_web_command
 
+        check_ort_options(ort_url, bundle_ort)
         _check_destination(dest, force)
-        export_web_command(model, dest)
+        export_web_command(model, dest, ort_url, bundle_ort)
         return
     if target in PLANNED_TARGETS:
         _fail(f"--target {target} ({PLANNED_TARGETS[target]}) is not built yet; "

@@ -220,12 +220,24 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
     if "weight_bytes" in block:
         _count(block, "weight_bytes", where)
     listed = {f["path"] for f in block["files"]}
+    _check_wasm_graph(block, listed, where)
     variants = require(block, "variants", dict, where) if "variants" in block else {}
     for variant, record in variants.items():
         at = f"{where} variant {variant}"
         vgraph = require(record, "graph", str, at)
         if vgraph not in listed:  # so it is verified like every other file of the block
             raise PackageError(f"{at}: graph {vgraph!r} is not one of the block's files")
+        _check_wasm_graph(record, listed, at)
+
+
+def _check_wasm_graph(record: dict, listed: set[str], where: str) -> None:
+    """A web block's second graph (the wasm path's ONNX graph), where it has one, is one of
+    the block's files, so it is verified like the rest."""
+    if "wasm" not in record:
+        return
+    graph = require(require(record, "wasm", dict, where), "graph", str, f"{where} wasm")
+    if graph not in listed:
+        raise PackageError(f"{where}: wasm graph {graph!r} is not one of the block's files")
 
 
 def _check_sampler(sampler: dict) -> None:

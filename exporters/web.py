@@ -1,16 +1,24 @@
 """`edge export --target web`: a package that is a static site running the model in a browser.
 
-Every block goes through TVM (exporters/tvm_plan.py) to WebGPU kernels and a static launch
-plan, stored as one JSON file per block (`plans/<component>/<block>.json`: the plan and the
-WGSL of its kernels); its weights are one flash-laid-out file per block (the ONNX target's
-layout), each at most `SHARD_BYTES`, listed with size and sha256 in the manifest like every
-file. The JavaScript runtime (runtimes/web) and the demo page (web_demo) are copied in, so
-serving the folder (`edge serve`) gives a working page.
+Every block is compiled for two paths, and the page runs whichever is faster where it
+opens (runtimes/web/paths.js):
+- **webgpu**: TVM (exporters/tvm_plan.py) makes WebGPU kernels and a static launch plan,
+  stored as one JSON file per block (`plans/<component>/<block>.json`: the plan and the WGSL
+  of its kernels);
+- **wasm**: an ONNX graph of the same block with its weights as graph inputs
+  (`graphs/<component>/<block>.onnx`, the ONNX target's form at the web's static shapes),
+  run by onnxruntime-web's wasm provider, which the page fetches from the manifest's
+  `web.ort` location and checks by digest first (exporters/ort_web.py).
+Both read the same weights: one flash-laid-out file per block (the ONNX target's layout),
+each at most `SHARD_BYTES`, listed with size and sha256 in the manifest like every file. The
+JavaScript runtime (runtimes/web) and the demo page (web_demo) are copied in, so serving the
+folder (`edge serve`) gives a working page.
 
 Shapes are static on the web (WGSL kernels are compiled for one shape): the text encoder runs
 one caption, the transformer the guidance batch of 2 (caption, null caption), the VAE decoder
 `VAE_FRAMES` frames per call. Each block's plan is replayed with TVM's llvm build of the same
-kernels against the PyTorch block at export; drift over `BLOCK_TOLERANCE` fails the export.
+kernels, and its ONNX graph run by onnxruntime, against the PyTorch block at export; drift
+over `BLOCK_TOLERANCE` fails the export.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from edge.families.tiny_sora import (
 )
 from edge.models.tiny_sora import TinySora
 from edge.package import atomic_directory, file_entry, write_manifest
-from exporters.onnx import ExportValidationError, write_weights
+from exporters.onnx import ExportValidationError, export_graph, validate_block, write_weights
+from exporters.ort_web import ort_location
 from exporters.package_head import manifest_head
 from exporters.tvm_plan import BlockCompiler, CompiledBlock, web_example
 
@@ -93,6 +102,22 @@ def split_shards(path: Path, limit: int = SHARD_BYTES) -> list[Path]:
     return shards
 
 
+def export_wasm_graph(block: Block, module: torch.nn.Module, root: Path, name: str,
+                      what: str) -> dict:
+    """The block (or a variant's `module`) as the wasm path's ONNX graph: static web shapes,
+    weights as graph inputs after the activations; run by onnxruntime against PyTorch."""
+    static = replace(block, module=module, example=web_example(block), variants={},
+                     dynamic_batch=[False] * len(block.inputs))
+    path = root / "graphs" / block.component / f"{name}.onnx"
+    export_graph(static, path)
+    error = validate_block(static, path, static.run(*static.example))
+    if not error <= BLOCK_TOLERANCE:
+        raise ExportValidationError(f"block {what}: the wasm path's ONNX graph differs from "
+                                    f"PyTorch by {error:.3g} (max-abs; the limit is "
+                                    f"{BLOCK_TOLERANCE:g})")
+    return {"graph": file_entry(root, path), "validation": {"max_abs_error": error}}
+
+
 def export_block(block: Block, compiler: BlockCompiler, root: Path,
                  variants: bool = True, check: bool = True) -> dict:
     plan_path = root / "plans" / block.component / f"{block.name}.json"
@@ -100,9 +125,10 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
     compiled = compiler.compile(block)
     error = validate(compiled, block, block.module, block.key) if check else None
     write_plan(compiled, plan_path)
+    wasm = export_wasm_graph(block, block.module, root, block.name, block.key)
     table = write_weights(weights_path, block.parameters())
     shards = [file_entry(root, p) for p in split_shards(weights_path)]
-    files = [file_entry(root, plan_path), *shards]
+    files = [file_entry(root, plan_path), *shards, wasm["graph"]]
     records = {}
     for name, module in (block.variants if variants else {}).items():
         path = root / "plans" / block.component / f"{block.name}.{name}.json"
@@ -110,14 +136,19 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
         v_error = validate(variant, replace(block, module=module), module,
                            f"{block.key} variant {name}") if check else None
         write_plan(variant, path)
+        v_wasm = export_wasm_graph(block, module, root, f"{block.name}.{name}",
+                                   f"{block.key} variant {name}")
         entry = file_entry(root, path)
-        files.append(entry)
-        records[name] = {"graph": entry["path"], "files": [entry],
-                         "validation": {"max_abs_error": v_error}}
+        files += [entry, v_wasm["graph"]]
+        records[name] = {"graph": entry["path"], "files": [entry, v_wasm["graph"]],
+                         "validation": {"max_abs_error": v_error},
+                         "wasm": {"graph": v_wasm["graph"]["path"],
+                                  "validation": v_wasm["validation"]}}
     outputs = block.run(*block.example)
     record = {"name": block.name, "files": files, "graph": files[0]["path"],
               "weights": {"path": shards[0]["path"], "shards": [f["path"] for f in shards],
                           "tensors": table},
+              "wasm": {"graph": wasm["graph"]["path"], "validation": wasm["validation"]},
               "weight_bytes": block.weight_bytes(),
               "inputs": signature(block.inputs, web_example(block)),
               "outputs": signature(block.outputs, outputs),
@@ -143,17 +174,22 @@ def copy_site(root: Path) -> list[dict]:
 def export_web(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
                on_block: Callable[[str], None] | None = None,
                compiler: BlockCompiler | None = None, variants: bool = True,
-               check: bool = True) -> dict:
+               check: bool = True, ort_url: str | None = None,
+               bundle_ort: Path | None = None) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' variants (the TDTM pairs), so `merge_steps` is refused by the page.
-    `check=False` skips the replay of each plan against PyTorch (its `max_abs_error` is then
-    null): for tests that check the result in a browser anyway."""
+    `check=False` skips the llvm replay of each WebGPU plan against PyTorch (its
+    `max_abs_error` is then null): for tests that check the result in a browser anyway; the
+    wasm graphs are always checked (onnxruntime runs them in a moment). `ort_url` /
+    `bundle_ort`: where the page gets onnxruntime-web (exporters/ort_web.py; default: the
+    pinned version on the official CDN)."""
     compiler = compiler or BlockCompiler()
     components = web_blocks(pipe)
     with atomic_directory(dest) as root:
         manifest = manifest_head(TinySoraModel(pipe), root, "web", model_name)
+        ort, ort_files = ort_location(root, ort_url, bundle_ort)
         manifest["web"] = {"guidance_batch": 2, "vae_frames": VAE_FRAMES,
-                           "shard_bytes": SHARD_BYTES}
+                           "shard_bytes": SHARD_BYTES, "paths": ["webgpu", "wasm"], "ort": ort}
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
@@ -162,7 +198,7 @@ def export_web(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
                 if on_block:
                     on_block(block.key)
             manifest["components"].append({"name": name, "blocks": records})
-        manifest["files"] = copy_site(root)
+        manifest["files"] = copy_site(root) + ort_files
         write_manifest(root, manifest)
     return manifest
 

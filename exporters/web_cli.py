@@ -8,7 +8,25 @@ from pathlib import Path
 import typer
 
 
-def export_web_command(model: Path | None, output: Path | None) -> None:
+def check_ort_options(ort_url: str | None, bundle_ort: Path | None) -> None:
+    """Refuse a bad --ort-url / --bundle-ort before any work, naming the value or file."""
+    from exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
+
+    try:
+        if ort_url is not None and bundle_ort is not None:
+            raise OrtLocationError("--ort-url and --bundle-ort: give one (a bundled copy needs "
+                                   "no URL)")
+        if ort_url is not None:
+            check_ort_url(ort_url)
+        if bundle_ort is not None:
+            check_bundle(bundle_ort)
+    except OrtLocationError as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+def export_web_command(model: Path | None, output: Path | None, ort_url: str | None = None,
+                       bundle_ort: Path | None = None) -> None:
     from tqdm import tqdm
 
     from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
@@ -22,7 +40,8 @@ def export_web_command(model: Path | None, output: Path | None) -> None:
     started = time.perf_counter()
     try:
         with tqdm(total=block_count(pipe), desc="exporting (TVM -> WebGPU)", unit="block") as bar:
-            manifest = export_web(pipe, dest, model_name=name,
+            manifest = export_web(pipe, dest, model_name=name, ort_url=ort_url,
+                                  bundle_ort=bundle_ort,
                                   on_block=lambda key: (bar.set_postfix_str(key), bar.update()))
     except (ExportValidationError, PlanError) as err:
         typer.secho(f"error: validation failed, nothing written to {dest}: {err}",
@@ -34,4 +53,12 @@ def export_web_command(model: Path | None, output: Path | None) -> None:
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {len(blocks)} blocks, "
                f"{size / 1e6:.1f} MB, worst block error {worst[0]:.2g} ({worst[1]}; launch "
-               f"plans replayed with TVM's llvm build)\nserve it with: edge serve {dest}")
+               f"plans replayed with TVM's llvm build, wasm graphs with onnxruntime)\n"
+               f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"
+               f"serve it with: edge serve {dest}")
+
+
+def ort_source(ort: dict) -> str:
+    if ort["bundled"]:
+        return f"{ort['version']}, bundled in {ort['base']} (works offline)"
+    return f"{ort['version']} from {ort['base']} (checked by sha256 in the page)"

@@ -8,7 +8,9 @@ adapter; CI installs chromium (.ci/run)."""
 from __future__ import annotations
 
 import base64
+import copy
 import json
+import os
 import re
 import shutil
 import threading
@@ -31,6 +33,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background
 FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
 STEPS = 2             # a short generation keeps SwiftShader's share of the suite small
 PSNR_LIMIT_DB = 30.0
+# onnxruntime-web's dist, served from the package (--bundle-ort): tests never reach a CDN
+ORT_DIST = Path(os.environ.get("EDGE_ORT_WEB_DIST", Path(__file__).resolve().parents[2]
+                               / "shared" / "vendor" / "onnxruntime-web-1.30"))
 
 
 def model_records(manifest: dict) -> list[dict]:
@@ -57,13 +62,21 @@ def web_package(tmp_path_factory, pipeline):
     # without the TDTM variants (they double the transformer's compile time) and without the
     # llvm replay of every plan (tests/test_web_plan.py checks replays; here the browser runs
     # the plans against PyTorch)
-    manifest = export_web(pipeline, root, variants=False, check=False)
+    bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
+    manifest = export_web(pipeline, root, variants=False, check=False, bundle_ort=bundle)
     return root, manifest
+
+
+def skip_without_ort(manifest: dict) -> None:
+    if not manifest["web"]["ort"]["bundled"]:
+        pytest.skip(f"no onnxruntime-web 1.30 dist at {ORT_DIST} (set EDGE_ORT_WEB_DIST): the "
+                    "wasm path's browser tests serve a local copy and never reach the CDN")
 
 
 def test_web_package_verifies_like_every_package(web_package):
     """Same manifest format: read_package checks every file (plans, weight shards, runtime,
     page) by size and sha256; shards stay under the limit; the site files are listed."""
+    from edge.manifest_schema import PackageError, check_manifest
     from edge.package import read_package
     from exporters.web import SHARD_BYTES
 
@@ -76,7 +89,20 @@ def test_web_package_verifies_like_every_package(web_package):
     assert len(shards) > sum(len(c["blocks"]) for c in manifest["components"])  # one split
     listed = {f["path"] for f in manifest["files"]}
     assert {"index.html", "app.js", "runtime/pipeline.js", "runtime/executor.js",
+            "runtime/ort_executor.js", "runtime/paths.js",
             "runtime/vendor/tokenizers.mjs"} <= listed
+    if manifest["web"]["ort"]["bundled"]:
+        assert {"ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", "ort/LICENSE"} <= listed
+    # every block has its wasm path's graph among its files (verified like the rest)
+    for c in manifest["components"]:
+        for b in c["blocks"]:
+            assert b["wasm"]["graph"] in {f["path"] for f in b["files"]}
+            assert b["wasm"]["graph"].endswith(".onnx")
+    broken = copy.deepcopy(manifest)
+    broken["components"][1]["blocks"][1]["wasm"]["graph"] = "graphs/elsewhere.onnx"
+    del broken["manifest_sha256"]  # the structure check, not the digest, is what is tested
+    with pytest.raises(PackageError, match="wasm graph 'graphs/elsewhere.onnx' is not one of"):
+        check_manifest(broken)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +144,7 @@ def page(browser, served):
     pg = context.new_page()
     pg.goto(served + "manifest.json")
     skip_without_webgpu(context, pg)
-    pg.goto(served + "index.html?budget=64MB")
+    pg.goto(served + "index.html?budget=64MB&path=webgpu")
     pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
                          timeout=180_000)
     assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
@@ -447,7 +473,7 @@ def test_page_names_the_file_it_could_not_download(browser, cutting, web_package
         pg.goto(cutting.url + "manifest.json")
         skip_without_webgpu(context, pg)
         cutting.cuts[shard["path"]] = [shard["bytes"] // 2, 99]
-        pg.goto(cutting.url + "index.html")
+        pg.goto(cutting.url + "index.html?path=webgpu")
         pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
                              timeout=60_000)
         assert pg.evaluate("window.edgeDemo.ready") is False
@@ -481,7 +507,7 @@ def test_quota_exceeded_runs_from_memory_and_caches_nothing(browser, served, web
         cdp = context.new_cdp_session(pg)
         cdp.send("Storage.overrideQuotaForOrigin",
                  {"origin": served.rstrip("/"), "quotaSize": QUOTA_BYTES})
-        pg.goto(served + "index.html?budget=64MB")
+        pg.goto(served + "index.html?budget=64MB&path=webgpu")
         pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
                              timeout=180_000)
         assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
@@ -568,9 +594,146 @@ def test_gpu_residency_follows_the_python_loader(page):
     assert "vae_decoder/head" in error and "700" in error
 
 
-def test_page_says_clearly_when_webgpu_is_missing(browser, served):
+NO_WEBGPU = "delete Navigator.prototype.gpu;"
+WASM_STEPS = 8
+READY = "window.edgeDemo && window.edgeDemo.ready !== undefined"
+
+
+def rewritten_manifest(route, change) -> None:
+    """Answer a manifest.json request with the package's manifest changed by `change`."""
+    manifest = json.loads(route.fetch().text())
+    change(manifest)
+    route.fulfill(body=json.dumps(manifest), content_type="application/json")
+
+
+def test_page_without_webgpu_generates_through_wasm(browser, served, pipeline, web_package,
+                                                     tmp_path):
+    """No WebGPU in the browser: the page says it runs on the CPU through onnxruntime-web and
+    why, shows the expected time before Generate, fetches the wasm graphs and no WebGPU plan,
+    and given the Python runtime's noise generates the PyTorch video (>= 30 dB)."""
+    from edge.sampler import initial_noise
+
+    skip_without_ort(web_package[1])
     context = browser.new_context()
-    context.add_init_script("delete Navigator.prototype.gpu;")
+    context.add_init_script(NO_WEBGPU)
+    pg = context.new_page()
+    requested = []
+    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    try:
+        pg.goto(served + "index.html")
+        pg.wait_for_function(READY, timeout=120_000)
+        assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
+        where, expected = pg.inner_text("#path"), pg.inner_text("#expected")
+        assert "onnxruntime-web" in where and "no WebGPU" in where, where
+        assert re.match(r"Expected: about [\d.]+ s of denoising for \d+ steps", expected)
+        assert pg.is_hidden("#gpu-missing") and pg.is_hidden("#error")
+        assert pg.evaluate("window.edgeDemo.pipe.path.name") == "wasm"
+        assert not any(p.startswith("plans/") for p in requested)
+        assert any(p.startswith("graphs/") for p in requested)
+        assert "ort/ort-wasm-simd-threaded.wasm" in requested
+
+        prompt, seed = "the blue box slides up", 2
+        noise = initial_noise(pipeline.latent_shape, [seed])[0]
+        pg.fill("#prompt", prompt)
+        pg.fill("#steps", str(WASM_STEPS))
+        run = pg.evaluate("""async (noise) => window.edgeDemo.generate({ noise:
+            new Float32Array(Uint8Array.from(atob(noise), c => c.charCodeAt(0)).buffer) })""",
+                          b64(noise))
+        frames = pg.evaluate("""() => { const f = window.edgeDemo.lastFrames;
+            let t = ''; for (let j = 0; j < f.frames.length; j += 8192)
+              t += String.fromCharCode(...f.frames.subarray(j, j + 8192));
+            return { data: btoa(t), shape: f.shape }; }""")
+        pg.screenshot(path=str(tmp_path / "wasm.png"))
+    finally:
+        context.close()
+    got = from_b64(frames["data"], np.uint8, frames["shape"])
+    want = pipeline.generate(prompt, seed=seed, steps=WASM_STEPS)[0]
+    assert got.shape == want.shape
+    assert psnr(got, want) >= PSNR_LIMIT_DB, f"PSNR {psnr(got, want):.1f} dB"
+    assert run["transformer_calls"] == WASM_STEPS
+
+
+def test_software_adapter_times_both_paths_and_keeps_the_faster(browser, served, web_package):
+    """On a software WebGPU adapter (SwiftShader here) the page times one transformer block
+    on each path, runs the faster (wasm, by far, on SwiftShader), says why with both figures,
+    and on the next visit reuses the choice without timing again."""
+    skip_without_ort(web_package[1])
+    context = browser.new_context()
+    pg = context.new_page()
+    try:
+        pg.goto(served + "manifest.json")
+        skip_without_webgpu(context, pg)
+        adapter = pg.evaluate("""async () => { const { adapterLabel, isSoftwareAdapter } =
+            await import('/runtime/paths.js'); const a = await navigator.gpu.requestAdapter();
+            return [adapterLabel(a), isSoftwareAdapter(a)]; }""")
+        if not adapter[1]:
+            pytest.skip(f"{adapter[0]} is a hardware adapter: the page runs WebGPU untimed")
+        pg.goto(served + "index.html")
+        pg.wait_for_function(READY, timeout=300_000)
+        assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
+        path = pg.evaluate("window.edgeDemo.pipe.path")
+        t = path["timings"]
+        assert t["block"] == "transformer/pair_0" and t["wasm_ms"] > 0 and t["webgpu_ms"] > 0
+        assert path["name"] == ("wasm" if t["wasm_ms"] <= t["webgpu_ms"] else "webgpu")
+        if "swiftshader" in adapter[0].lower():
+            assert path["name"] == "wasm", t
+        assert "timed now" in pg.inner_text("#path")
+        assert f"{t['wasm_ms']:.1f} ms" in pg.inner_text("#path")
+        pg.reload()
+        pg.wait_for_function(READY, timeout=120_000)
+        again = pg.evaluate("window.edgeDemo.pipe.path")
+        assert again["name"] == path["name"] and again["timings"] == t
+        assert "timed earlier" in pg.inner_text("#path")
+    finally:
+        context.close()
+
+
+def test_onnxruntime_web_that_fails_its_check_or_load_stops_the_page(browser, served,
+                                                                    web_package):
+    """onnxruntime-web's binary with other bytes (what an integrity check catches), or its
+    CDN out of reach: a clear error naming the file or the URL, nothing run. No request
+    leaves the machine: the CDN is answered by the test."""
+    skip_without_ort(web_package[1])
+    size = next(f["bytes"] for f in web_package[1]["web"]["ort"]["files"]
+                if f["name"] == "ort-wasm-simd-threaded.wasm")
+    cdn = "https://cdn.jsdelivr.net/npm/onnxruntime-web@1.30.0/dist/"
+    cases = {
+        "tampered": [("**/ort/ort-wasm-simd-threaded.wasm",
+                      lambda route: route.fulfill(body=b"\0" * size))],
+        "unreachable": [("**/manifest.json", lambda route: rewritten_manifest(
+                            route, lambda m: m["web"]["ort"].update(base=cdn))),
+                        ("https://cdn.jsdelivr.net/**", lambda route: route.abort())],
+    }
+    errors = {}
+    for name, routes in cases.items():
+        context = browser.new_context()
+        context.add_init_script(NO_WEBGPU)
+        for pattern, handler in routes:
+            context.route(pattern, handler)
+        pg = context.new_page()
+        try:
+            pg.goto(served + "index.html")
+            pg.wait_for_function(READY, timeout=60_000)
+            assert pg.evaluate("window.edgeDemo.ready") is False
+            assert pg.is_disabled("#generate")
+            errors[name] = pg.inner_text("#error")
+        finally:
+            context.close()
+    assert errors["tampered"].startswith("onnxruntime-web 1.30.0 could not be loaded")
+    assert "ort-wasm-simd-threaded.wasm" in errors["tampered"]
+    assert "does not match the manifest" in errors["tampered"]
+    assert "nothing was run" in errors["tampered"]
+    assert f"could not be loaded from {cdn}" in errors["unreachable"]
+    assert "interrupted 3 times" in errors["unreachable"]
+
+
+def test_page_says_clearly_when_webgpu_is_missing_and_there_is_no_wasm_path(browser, served):
+    """A package with the WebGPU path only (exported before the wasm path) in a browser
+    without WebGPU: the page says so and offers nothing to run."""
+    context = browser.new_context()
+    context.add_init_script(NO_WEBGPU)
+    context.route("**/manifest.json", lambda route: rewritten_manifest(
+        route, lambda m: m["web"].update(paths=["webgpu"])))
     pg = context.new_page()
     try:
         pg.goto(served + "index.html")
@@ -603,11 +766,11 @@ def test_form_fields_fit_what_they_hold(browser, served, tmp_path):
     """Each field shows its placeholder or a typical value whole (the budget's placeholder was
     cut off) and number fields are not many times wider than that. A screenshot is kept."""
     context = browser.new_context()
-    context.add_init_script("delete Navigator.prototype.gpu;")  # the form alone, no kernels
+    context.add_init_script(NO_WEBGPU)  # the form alone, no kernels to compile
     pg = context.new_page()
     try:
         pg.goto(served + "index.html")
-        pg.wait_for_selector("#gpu-missing:not([hidden])", timeout=30_000)
+        pg.wait_for_function(READY, timeout=120_000)
         fields = pg.evaluate(MEASURE_FIELDS, FIELD_TEXTS)
         pg.screenshot(path=str(tmp_path / "form.png"))
     finally:

@@ -37,7 +37,7 @@ async function load() {
   if ($("notice")) $("notice").hidden = true; // said again below if it still holds
   const base = new URL(".", location.href).href;
   state.pipe = await WebPipeline.load(base, {
-    budget,
+    budget, path: askedPath,
     onCacheFailure: notice,
     onProgress: (got, total) => {
       $("download").max = total; $("download").value = got;
@@ -47,10 +47,27 @@ async function load() {
   const m = state.pipe.manifest;
   $("model").textContent = `${m.model} (${m.target})`;
   if (!$("steps").value) $("steps").value = m.sampler.steps;
-  const info = adapterInfo(state.pipe.adapter);
-  $("adapter").textContent = `GPU: ${info.vendor} ${info.architecture} ${info.description}`.trim() +
-    `; shader-f16: ${info.shaderF16 ? "yes" : "no"}; kernels compiled: ${state.pipe.loadFigures.kernels}`;
+  const path = state.pipe.path;
+  $("path").textContent = `Runs on: ${path.name === "wasm" ? "the CPU (onnxruntime-web, wasm)" : "the GPU (WebGPU)"}, because ${path.why}` +
+    (path.budget_applies ? "" : "; the GPU budget does not apply");
+  if (state.pipe.adapter) {
+    const info = adapterInfo(state.pipe.adapter);
+    $("adapter").textContent = `GPU: ${info.vendor} ${info.architecture} ${info.description}`.trim() +
+      `; shader-f16: ${info.shaderF16 ? "yes" : "no"}` +
+      (path.name === "webgpu" ? `; kernels compiled: ${state.pipe.loadFigures.kernels}` : "");
+  }
+  showExpected();
   return state.pipe;
+}
+
+// the expected time of the steps asked for, from the block timed at load
+function showExpected() {
+  if (!state.pipe) return;
+  const steps = Number($("steps").value) || state.pipe.manifest.sampler.steps;
+  const [block, ms] = Object.entries(state.pipe.loadFigures.block_ms)[0];
+  const seconds = state.pipe.expectedTransformerSeconds(steps);
+  $("expected").textContent = `Expected: about ${seconds < 10 ? seconds.toFixed(1) : seconds.toFixed(0)} s of denoising for ${steps} steps (${block} took ${ms.toFixed(1)} ms here), fewer with leap or the step cache`;
+  state.expectedSeconds = seconds;
 }
 
 function draw(video, frame) {
@@ -96,12 +113,18 @@ export async function generate(extra = {}) {
     state.lastFrames = video;
     play(video);
     const f = pipe.lastRun;
+    const lf = pipe.loadFigures;
+    const pathLines = pipe.path.name === "webgpu" ? [
+      `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} files from cache), kernels ${lf.compile_s.toFixed(2)} s`,
+      `kernel choice: ${lf.kernel_choices.timed} timed now (${lf.kernel_choices.alternative} took the alternative schedule) in ${lf.tune_s.toFixed(2)} s, ${lf.kernel_choices.remembered} remembered for this GPU`,
+      `GPU weights: ${lf.pinned.length} blocks resident, ${f.weight_uploads} uploads this run, peak ${mb(f.peak_gpu_weight_bytes)}`,
+    ] : [
+      `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} files from cache), ${lf.sessions} onnxruntime sessions ${lf.compile_s.toFixed(2)} s, ${lf.threads} threads`,
+    ];
     $("timings").textContent = [
       `total ${f.wall_s.total.toFixed(2)} s: text ${f.wall_s.text_encoder.toFixed(2)} s, ` +
       `transformer ${f.wall_s.transformer.toFixed(2)} s (${f.transformer_calls} calls), VAE ${f.wall_s.vae_decoder.toFixed(2)} s`,
-      `load: fetch ${pipe.loadFigures.fetch_s.toFixed(2)} s (${pipe.loadFigures.from_cache} files from cache), kernels ${pipe.loadFigures.compile_s.toFixed(2)} s`,
-      `kernel choice: ${pipe.loadFigures.kernel_choices.timed} timed now (${pipe.loadFigures.kernel_choices.alternative} took the alternative schedule) in ${pipe.loadFigures.tune_s.toFixed(2)} s, ${pipe.loadFigures.kernel_choices.remembered} remembered for this GPU`,
-      `GPU weights: ${pipe.loadFigures.pinned.length} blocks resident, ${f.weight_uploads} uploads this run, peak ${mb(f.peak_gpu_weight_bytes)}`,
+      ...pathLines,
       f.sampler.leap_at !== null ? `leapt after ${f.sampler.leap_at} steps` : "",
       f.prompt_truncated ? "the prompt was longer than the model reads and was truncated" : "",
     ].filter(Boolean).join("\n");
@@ -117,7 +140,11 @@ export async function generate(extra = {}) {
 }
 state.generate = generate;
 
-// ?budget=64MB&seed=1 preset the controls before the package loads
-for (const [key, value] of new URLSearchParams(location.search)) if ($(key)) $(key).value = value;
+// ?budget=64MB&seed=1 preset the controls before the package loads; ?path=wasm or
+// ?path=webgpu runs that path instead of the one the page would choose
+const params = new URLSearchParams(location.search);
+const askedPath = params.get("path");
+for (const [key, value] of params) if ($(key) && $(key).tagName === "INPUT") $(key).value = value;
+$("steps").addEventListener("input", showExpected);
 $("form").addEventListener("submit", (e) => { e.preventDefault(); generate().catch(() => {}); });
 load().then(() => { $("generate").disabled = false; state.ready = true; }, (err) => { fail(err); state.ready = false; });

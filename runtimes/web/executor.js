@@ -47,6 +47,7 @@ const CHOICE_STORE = "edge-kernel-choices-v1";
 export class PlanExecutor {
   constructor(device, adapterKey = "adapter") {
     this.device = device;
+    this.path = "webgpu";
     this.pipelines = new Map(); // WGSL text -> compute pipeline (pairs share kernels)
     this.uniforms = new Map(); // packGridDimX -> uniform buffer
     // JIT kernel choice: for calls the exporter gave several schedules, the index of the
@@ -125,6 +126,23 @@ export class PlanExecutor {
     const buf = this.storageBuffer(bytes.byteLength, label);
     this.device.queue.writeBuffer(buf, 0, bytes, 0, bytes.byteLength);
     return buf;
+  }
+
+  // the file holding a block's (or a variant's) graph on this path: its launch plan
+  graphOf(record) {
+    return record.graph;
+  }
+
+  async prepareFrom(bytes, label) {
+    return this.prepare(JSON.parse(new TextDecoder().decode(bytes)), label);
+  }
+
+  figures() {
+    return { path: this.path, kernels: this.pipelines.size, kernel_choices: { ...this.tuned, remembered: this.choices.size } };
+  }
+
+  destroy() {
+    this.device.destroy();
   }
 
   // Compile a block's kernels and make its constant and intermediate buffers.

@@ -1,22 +1,15 @@
 // Runs a web package (edge export --target web) in the browser: tokenizer -> text encoder ->
-// rectified-flow sampler over the transformer blocks -> VAE decoder, every block a launch
-// plan replayed on WebGPU (executor.js), weights fetched and verified by loader.js.
-import { PlanExecutor, byteSize } from "./executor.js";
+// rectified-flow sampler over the transformer blocks -> VAE decoder, every block either a
+// launch plan replayed on WebGPU (executor.js) or an ONNX graph run by onnxruntime-web's wasm
+// provider (ort_executor.js), whichever paths.js picks; weights fetched and verified by
+// loader.js.
+import { byteSize } from "./executor.js";
 import { GpuWeights, PackageError, PackageFiles, parseSize } from "./loader.js";
+import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { checkSettings, runPairs, sample } from "./sampler.js";
 import { CaptionTokenizer } from "./tokenizer.js";
 
 export class WebGpuUnavailable extends Error {}
-
-// Adapter and device, or a clear reason why not.
-export async function requestAdapter() {
-  if (typeof navigator === "undefined" || !navigator.gpu) {
-    throw new WebGpuUnavailable("This browser has no WebGPU (navigator.gpu is missing): use a recent Chrome, Edge or Safari, served over https or from localhost.");
-  }
-  const adapter = await navigator.gpu.requestAdapter();
-  if (!adapter) throw new WebGpuUnavailable("WebGPU is present but no GPU adapter is available (it may be disabled or blocklisted for this GPU).");
-  return adapter;
-}
 
 export function adapterInfo(adapter) {
   const i = adapter.info || {};
@@ -59,6 +52,20 @@ function concatBuffers(buffers) {
 
 const now = () => performance.now() / 1000;
 
+// The files the page fetches for one path: tokenizer, conditioning, every block's weights and
+// its (and its variants') graphs of that path; each once.
+export function pathRecords(manifest, executor) {
+  const out = [...manifest.tokenizer.files, ...Object.values(manifest.conditioning)];
+  for (const c of manifest.components) {
+    for (const b of c.blocks) {
+      const wanted = new Set([...(b.weights.shards || [b.weights.path]), executor.graphOf(b), ...Object.values(b.variants || {}).map((v) => executor.graphOf(v))]);
+      out.push(...b.files.filter((f) => wanted.has(f.path)));
+    }
+  }
+  const seen = new Set();
+  return out.filter((r) => !seen.has(r.path) && seen.add(r.path));
+}
+
 export class WebPipeline {
   constructor(files, executor, blocks, weights, tokenizer, nullCaption, adapter) {
     Object.assign(this, { files, executor, blocks, weights, tokenizer, nullCaption, adapter });
@@ -68,43 +75,54 @@ export class WebPipeline {
     this.lastRun = null;
   }
 
-  // base: URL of the package folder; budget: GPU bytes for block weights ("64MB"; null: all)
+  // base: URL of the package folder; budget: GPU bytes for block weights ("64MB"; null: all;
+  // the wasm path keeps every block in page memory and takes no budget)
   // tune: time the exporter's alternative schedules of the transformer's kernels on this
   // adapter and keep the fastest (remembered per adapter; see PlanExecutor.tune)
+  // path: "webgpu" or "wasm" to skip the choice of paths.js (null: choose)
   // onCacheFailure(message): the files could not be stored (quota); they run from memory
-  static async load(base, { budget = null, onProgress = () => {}, useCache = true, tune = true, onCacheFailure = () => {} } = {}) {
+  static async load(base, { budget = null, onProgress = () => {}, useCache = true, tune = true, onCacheFailure = () => {}, path = null } = {}) {
     const started = now();
-    const adapter = await requestAdapter();
     const files = await PackageFiles.open(base, { onProgress, useCache, onCacheFailure });
     const m = files.manifest;
-    const records = [...m.tokenizer.files, ...Object.values(m.conditioning)];
-    for (const c of m.components) for (const b of c.blocks) records.push(...b.files);
-    const seen = new Set();
-    const bytes = await files.fetchAll(records.filter((r) => !seen.has(r.path) && seen.add(r.path)));
+    const transformer = m.components.find((c) => c.name === "transformer");
+    const probeRecord = transformer.blocks[Math.min(1, transformer.blocks.length - 1)];
+    const probeKey = `transformer/${probeRecord.name}`;
+    const shardsOf = (b) => b.weights.shards || [b.weights.path];
+    const gpu = await findAdapter();
+    const choice = await choosePath({
+      files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`,
+      getProbe: async () => {
+        const got = await files.fetchAll([...new Set([probeRecord.graph, probeRecord.wasm.graph, ...shardsOf(probeRecord)])].map((p) => probeRecord.files.find((f) => f.path === p)));
+        return { key: probeKey, record: probeRecord, weightBytes: concatBuffers(shardsOf(probeRecord).map((p) => got.get(p))), graphs: { webgpu: got.get(probeRecord.graph), wasm: got.get(probeRecord.wasm.graph) } };
+      },
+    });
+    if (!choice.executor) throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: use a recent Chrome, Edge or Safari, served over https or from localhost.`);
+    const executor = choice.executor;
+    const records = pathRecords(m, executor);
+    const bytes = await files.fetchAll(records);
     const fetchedAt = now();
-    const executor = await PlanExecutor.create(adapter);
     const blocks = new Map(); // key -> {record, prepared, variants: {name: prepared}}
-    const json = (path) => JSON.parse(new TextDecoder().decode(bytes.get(path)));
     for (const c of m.components) {
       for (const b of c.blocks) {
         const key = `${c.name}/${b.name}`;
         const variants = {};
-        for (const [name, v] of Object.entries(b.variants || {})) variants[name] = await executor.prepare(json(v.graph), `${key}.${name}`);
-        blocks.set(key, { component: c.name, record: b, prepared: await executor.prepare(json(b.graph), key), variants });
+        for (const [name, v] of Object.entries(b.variants || {})) variants[name] = await executor.prepareFrom(bytes.get(executor.graphOf(v)), `${key}.${name}`, b);
+        blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants });
       }
     }
     const sizes = {};
     const weightBytes = new Map();
     for (const [key, b] of blocks) {
-      const shards = b.record.weights.shards || [b.record.weights.path];
-      weightBytes.set(key, concatBuffers(shards.map((p) => bytes.get(p))));
+      weightBytes.set(key, concatBuffers(shardsOf(b.record).map((p) => bytes.get(p))));
       sizes[key] = b.record.weights.tensors.reduce((n, t) => n + t.bytes, 0);
     }
     const transformerKeys = [...blocks.keys()].filter((k) => blocks.get(k).component === "transformer");
+    const onGpu = executor.path === "webgpu";
     const weights = new GpuWeights(executor, sizes, (k) => blocks.get(k).record.weights.tensors,
-      (k) => weightBytes.get(k), parseSize(budget), transformerKeys);
+      (k) => weightBytes.get(k), onGpu ? parseSize(budget) : null, transformerKeys);
     const compiledAt = now();
-    if (tune) {
+    if (tune && onGpu) {
       for (const key of transformerKeys) {
         const b = blocks.get(key);
         for (const prepared of [b.prepared, ...Object.values(b.variants)]) {
@@ -118,17 +136,32 @@ export class WebPipeline {
         }
       }
     }
-    const tokenizer = new CaptionTokenizer(json(m.tokenizer.files[0].path), m.tokenizer.max_tokens);
+    const tunedAt = now();
+    // what one transformer block costs here, for the expected time shown before Generate
+    const probe = blocks.get(probeKey);
+    const probeWeights = weights.acquire(probeKey);
+    const blockMs = choice.timings && choice.timings[`${executor.path}_ms`] !== undefined && choice.timings.block === probeKey
+      ? choice.timings[`${executor.path}_ms`] : await timeBlock(executor, probe.prepared, probe.record, probeWeights);
+    weights.release(probeKey, probeWeights);
+    const tokenizer = new CaptionTokenizer(JSON.parse(new TextDecoder().decode(bytes.get(m.tokenizer.files[0].path))), m.tokenizer.max_tokens);
     const nullCaption = parseNpy(bytes.get(m.conditioning.null_caption.path), m.conditioning.null_caption.path);
-    const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, adapter);
+    const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, gpu.adapter);
+    pipe.path = { name: executor.path, why: choice.why, timings: choice.timings, budget_applies: onGpu };
     pipe.loadFigures = {
-      fetch_s: fetchedAt - started, compile_s: compiledAt - fetchedAt, tune_s: now() - compiledAt,
-      kernel_choices: { ...executor.tuned, remembered: executor.choices.size },
+      fetch_s: fetchedAt - started, compile_s: compiledAt - fetchedAt, tune_s: tunedAt - compiledAt,
+      ...executor.figures(), block_ms: { [probeKey]: blockMs },
       bytes: records.reduce((n, r) => n + r.bytes, 0), from_cache: files.fromCache, refetched: files.refetched,
       interrupted: files.interrupted, cache_failure: files.cacheFailure,
-      pinned: [...weights.pinned], kernels: executor.pipelines.size,
+      pinned: [...weights.pinned],
     };
     return pipe;
+  }
+
+  // Seconds the transformer is expected to take for `steps` steps: the probed block stands
+  // for each block between the prologue and the epilogue (which cost little).
+  expectedTransformerSeconds(steps) {
+    const ms = Object.values(this.loadFigures.block_ms)[0];
+    return (steps * Math.max(1, this.keys("transformer").length - 2) * ms) / 1000;
   }
 
   keys(component) {
@@ -139,8 +172,8 @@ export class WebPipeline {
     return this.executor.upload(array);
   }
 
-  // Run blocks in order; feeds: {name: GPUBuffer}. Blocks pass outputs on by name.
-  runBlocks(keys, feeds, variant = null, temp = []) {
+  // Run blocks in order; feeds: {name: buffer of the path}. Blocks pass outputs on by name.
+  async runBlocks(keys, feeds, variant = null, temp = []) {
     for (const key of keys) {
       const b = this.blocks.get(key);
       const prepared = (variant && b.variants[variant]) || b.prepared;
@@ -151,7 +184,7 @@ export class WebPipeline {
       }
       const w = this.weights.acquire(key);
       const t0 = now();
-      const outs = this.executor.run(prepared, inputs, w);
+      const outs = await this.executor.run(prepared, inputs, w);
       this.computeS += now() - t0;
       this.weights.release(key, w);
       feeds = { ...feeds };
@@ -171,7 +204,7 @@ export class WebPipeline {
   async encodePrompt(prompt) {
     const { ids, mask, truncated } = this.tokenizer.encode(prompt);
     const temp = [];
-    const feeds = this.runBlocks(this.keys("text_encoder"), { input_ids: this.upload(ids), attention_mask: this.upload(mask) }, null, temp);
+    const feeds = await this.runBlocks(this.keys("text_encoder"), { input_ids: this.upload(ids), attention_mask: this.upload(mask) }, null, temp);
     const keys = this.keys("text_encoder");
     const hidden = await this.read(feeds.hidden, this.signature(keys[keys.length - 1], "hidden"));
     for (const b of temp) b.destroy();
@@ -218,14 +251,14 @@ export class WebPipeline {
       latent.set(x, n);
       const inputs = { latent: this.upload(latent), t: this.upload(new Float32Array([t, t])), caption: captionBuf, caption_mask: maskBuf };
       temp.push(inputs.latent, inputs.t);
-      let feeds = this.runBlocks([prologue], inputs, variant, temp);
+      let feeds = await this.runBlocks([prologue], inputs, variant, temp);
       if (step.cache === null) {
-        feeds = this.runBlocks(pairs, feeds, variant, temp);
+        feeds = await this.runBlocks(pairs, feeds, variant, temp);
       } else {
         const tokensX = await this.read(feeds.x, xShape);
         const tMod = await this.read(feeds.t_mod, tmodShape);
         const [after] = await runPairs(step, tokensX, tMod, async (h) => {
-          const out = this.runBlocks(pairs, { ...feeds, x: this.upload(h) }, variant, temp);
+          const out = await this.runBlocks(pairs, { ...feeds, x: this.upload(h) }, variant, temp);
           temp.push(out.x);
           return this.read(out.x, xShape);
         }, xShape[0], xShape[xShape.length - 1]);
@@ -233,7 +266,7 @@ export class WebPipeline {
         temp.push(xBuf);
         feeds = { ...feeds, x: xBuf };
       }
-      feeds = this.runBlocks([epilogue], feeds, variant, temp);
+      feeds = await this.runBlocks([epilogue], feeds, variant, temp);
       const v = await this.read(feeds.velocity, velocityShape);
       for (const b of temp) b.destroy();
       return [v.subarray(0, n), v.subarray(n, 2 * n)];
@@ -278,7 +311,7 @@ export class WebPipeline {
       const temp = [];
       const zBuf = this.upload(z);
       temp.push(zBuf);
-      const feeds = this.runBlocks(keys, { z: zBuf }, null, temp);
+      const feeds = await this.runBlocks(keys, { z: zBuf }, null, temp);
       const frames = await this.read(feeds.frames, outShape);
       for (const b of temp) b.destroy();
       for (let f = 0; f < chunk && f0 + f < t; f++) {
@@ -296,7 +329,7 @@ export class WebPipeline {
 
   destroy() {
     this.weights.destroy();
-    this.executor.device.destroy();
+    this.executor.destroy();
   }
 }
 
