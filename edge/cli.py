@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -25,16 +26,23 @@ WeightsOption = Annotated[Path | None, typer.Option(
 
 # Step leaping, token merging and the step cache (edge/sampler.py); None: the model's default
 LeapOption = Annotated[bool | None, typer.Option(
-    "--leap/--no-leap", help="Linear Proportional Leap: once consecutive velocities stop "
-    "aligning better, one step to the end [default: the model's, off].")]
+    "--leap/--no-leap", help="Linear Proportional Leap: after --leap-after steps (or, with "
+    "the dynamic options, once consecutive velocities stop aligning better) finish in "
+    "--leap-steps steps [default: off].")]
 LeapAfterOption = Annotated[int | None, typer.Option(
-    min=1, help="Fixed leap: leap after this many steps (implies --leap) [default: dynamic].")]
+    min=1, help="Fixed leap: leap after this many steps (implies --leap) [default: the "
+    "model's; tiny-sora: 6].")]
 LeapMinStepsOption = Annotated[int | None, typer.Option(
-    min=1, help="Dynamic leap: never before this many steps [default: 15].")]
+    min=1, help="Dynamic leap (this or --leap-patience/--leap-tol asks for the cosine rule; "
+    "implies --leap): never before this many steps [default: 15].")]
 LeapPatienceOption = Annotated[int | None, typer.Option(
     min=1, help="Dynamic leap: after this many steps without a better cosine [default: 3].")]
 LeapTolOption = Annotated[float | None, typer.Option(
     min=0, help="Dynamic leap: a better cosine must gain more than this [default: 1e-3].")]
+LeapStepsOption = Annotated[int | None, typer.Option(
+    min=1, help="Leap (implies --leap): steps from the leap to the end, spaced as the "
+    "schedule spaces its own; 1 is one step straight to the end [default: the model's; "
+    "tiny-sora: 10].")]
 MergeStepsOption = Annotated[int | None, typer.Option(
     min=0, help="Temporal token merging (TDTM) for the first N steps, e.g. 15 = the first "
     "half of 30 [default: 0, off].")]
@@ -46,8 +54,10 @@ CacheOption = Annotated[float | None, typer.Option(
 def _sampler_overrides(**values) -> dict:
     """The sampler settings given on the command line (None: not given)."""
     out = {k: v for k, v in values.items() if v is not None}
-    if out.get("leap_after") is not None:
-        out.setdefault("leap", True)
+    if {"leap_min_steps", "leap_patience", "leap_tol"} & set(out) and "leap_after" not in out:
+        out["leap_after"] = None  # a dynamic option asks for the dynamic rule
+    if {"leap_after", "leap_steps", "leap_min_steps", "leap_patience", "leap_tol"} & set(out):
+        out.setdefault("leap", True)  # any leap option implies --leap (--no-leap still wins)
     return out
 
 
@@ -66,6 +76,14 @@ def _cell(value: float | int | None) -> str:
 def _psnr_text(validation: dict) -> str:
     return ("identical videos" if validation.get("identical")
             else f"{validation['psnr_db']} dB")
+
+
+def _advance(bar, done: int, total: int) -> None:
+    """Move a tqdm bar to `done` of `total` steps; a leap shortens the total on the way."""
+    if bar.total != total:
+        bar.total = total
+        bar.refresh()
+    bar.update(done - bar.n)
 
 
 def _fail(message: str) -> None:
@@ -98,6 +116,7 @@ def generate(
     leap_min_steps: LeapMinStepsOption = None,
     leap_patience: LeapPatienceOption = None,
     leap_tol: LeapTolOption = None,
+    leap_steps: LeapStepsOption = None,
     merge_steps: MergeStepsOption = None,
     cache_threshold: CacheOption = None,
     negative_prompt: Annotated[str | None, typer.Option(
@@ -120,13 +139,13 @@ def generate(
     overrides = _sampler_overrides(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
-        merge_steps=merge_steps, cache_threshold=cache_threshold)
+        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold)
     total = overrides.get("steps", pipe.sampler.steps)
     started = time.perf_counter()
     with tqdm(total=total, desc="denoising", unit="step") as bar:
         try:
             extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
-            video = pipe.generate(text, seed=seed, on_step=lambda i, n: bar.update(i - bar.n),
+            video = pipe.generate(text, seed=seed, on_step=lambda i, n: _advance(bar, i, n),
                                   **extra, **overrides)
         except (ValueError, FloatingPointError) as err:  # bad options, a changed file, NaN
             _fail(str(err))
@@ -371,7 +390,7 @@ def export(
     def on_check_step(done: int, steps: int) -> None:
         if not check_bar:
             check_bar.append(tqdm(total=steps, desc="checking end to end", unit="step"))
-        check_bar[0].update(done - check_bar[0].n)
+        _advance(check_bar[0], done, steps)
 
     started = time.perf_counter()
     try:
@@ -423,6 +442,15 @@ def evaluate(
     cache_threshold: CacheOption = None,
     threads: Annotated[int | None, typer.Option(
         min=1, help="With --sweep: onnxruntime threads [default: onnxruntime's].")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="With --sweep: also draw speed against quality (one point per setting and "
+             "regime) to this PNG.", dir_okay=False)] = None,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Run each prompt chunk (with --sweep: each setting and chunk) as a Ray "
+        "task on a local Ray instance, or on the cluster --ray-address names "
+        "(docs/scale.md).")] = False,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Join the Ray cluster at HOST:PORT (implies --ray).")] = None,
 ) -> None:
     """Generate videos for a prompt set and score colour, shape, direction, consistency and
     coherence with the shipped attribute classifier."""
@@ -430,25 +458,39 @@ def evaluate(
 
     from edge.eval.run import default_prompts, load_classifier, read_prompts, reference_scores
     from edge.eval.run import evaluate as run_eval
-    from edge.models.tiny_sora import DEFAULT_WEIGHTS
+    from edge.models.tiny_sora import DEFAULT_WEIGHTS, load_sampler
 
     try:
         prompt_set = read_prompts(prompts) if prompts else default_prompts()
     except ValueError as err:
         _fail(str(err))
+    if plot is not None and not sweep:
+        _fail("--plot draws a sweep: add --sweep")
+    if plot is not None and plot.suffix.lower() != ".png":
+        _fail(f"--plot {plot}: the plot is written as PNG; name a .png file")
     if sweep:
         _eval_sweep(package, prompt_set, load_classifier(weights or DEFAULT_WEIGHTS), as_json,
-                    steps=steps or 30, seed=seed, batch=batch, memory_budget=memory_budget,
-                    cache_threshold=cache_threshold, threads=threads)
+                    plot, ray_address if ray_address else ray, steps=steps or 30, seed=seed,
+                    batch=batch, memory_budget=memory_budget, cache_threshold=cache_threshold,
+                    threads=threads)
         return
-    pipe = _load_pipeline(weights)
     classifier = load_classifier(weights or DEFAULT_WEIGHTS)
     overrides = {"steps": steps} if steps else {}
     started = time.perf_counter()
     with tqdm(total=len(prompt_set), desc="generating", unit="prompt", disable=as_json) as bar:
-        result = run_eval(lambda p, s: pipe.generate(p, s, **overrides), classifier, prompt_set,
-                          seed=seed, batch=batch, on_batch=bar.update)
-    result["steps"] = steps or pipe.sampler.steps
+        if ray or ray_address:
+            with _ray_connection(ray_address):
+                from edge.ray_eval import generate_on_ray
+
+                generate = generate_on_ray(weights, overrides, prompt_set, seed, batch,
+                                           on_batch=bar.update)
+            result = run_eval(generate, classifier, prompt_set, seed=seed, batch=batch)
+        else:
+            pipe = _load_pipeline(weights)
+            result = run_eval(lambda p, s: pipe.generate(p, s, **overrides), classifier,
+                              prompt_set, seed=seed, batch=batch, on_batch=bar.update)
+    result["steps"] = steps or load_sampler(weights or DEFAULT_WEIGHTS).steps
+    result["ray"] = bool(ray or ray_address)
     result["wall_s"] = round(time.perf_counter() - started, 2)
     result["real_clips"] = reference_scores(classifier, prompt_set, seed)
     if as_json:
@@ -463,12 +505,43 @@ def evaluate(
     typer.echo(f"{result['steps']} steps, {result['wall_s']} s")
 
 
-def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, **options) -> None:
+@contextlib.contextmanager
+def _ray_connection(address: str | None, enabled: bool = True):
+    """Connected to Ray inside (a local instance without an address); a cluster that cannot
+    be reached ends the command with its address, before any work."""
+    if not enabled:
+        yield
+        return
+    import ray
+
+    from edge.ray_eval import RayError, connect
+
+    try:
+        connected = connect(address)
+    except RayError as err:
+        _fail(str(err))
+    try:
+        yield
+    except ray.exceptions.RayTaskError as err:  # a task failed for a reason retries can't fix
+        _fail(f"a Ray task failed: {err.cause if err.cause else err}")
+    finally:
+        if connected:
+            ray.shutdown()
+
+
+def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path | None,
+                ray: bool | str, **options) -> None:
     """`edge eval --sweep`: edge/sweep.py."""
     from tqdm import tqdm
 
     from edge.package import PackageError
-    from edge.sweep import DEFAULT_CACHE_THRESHOLD, format_table, generations, run_sweep
+    from edge.sweep import (
+        DEFAULT_CACHE_THRESHOLD,
+        format_table,
+        generations,
+        package_settings,
+        run_sweep,
+    )
     from runtimes.python.loader import BudgetError
 
     if options["cache_threshold"] is None:
@@ -476,15 +549,25 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, **options)
     if not (package / "manifest.json").is_file():
         _fail(f"no package at {package}: run `edge export --target onnx -o {package}` first")
     started = time.perf_counter()
-    total = generations(len(prompt_set), options["batch"])
-    with tqdm(total=total, desc="sweep", unit="run") as bar:  # stderr: JSON stays clean
-        try:
-            result = run_sweep(package, classifier, prompt_set,
-                               on_generation=lambda name: (bar.set_postfix_str(name),
-                                                           bar.update()), **options)
-        except (PackageError, BudgetError, ValueError) as err:
-            _fail(str(err))
+    try:
+        rows = package_settings(package, options["steps"], options["cache_threshold"])
+    except (PackageError, ValueError) as err:
+        _fail(str(err))
+    total = generations(len(prompt_set), options["batch"], len(rows))
+    with _ray_connection(ray if isinstance(ray, str) else None, enabled=bool(ray)):
+        with tqdm(total=total, desc="sweep", unit="run") as bar:  # stderr: JSON stays clean
+            try:
+                result = run_sweep(package, classifier, prompt_set, ray=bool(ray),
+                                   on_generation=lambda name: (bar.set_postfix_str(name),
+                                                               bar.update()), **options)
+            except (PackageError, BudgetError, ValueError) as err:  # RayError included
+                _fail(str(err))
     result["sweep_wall_s"] = round(time.perf_counter() - started, 1)
+    if plot is not None:
+        from edge.sweep_plot import plot_frontier
+
+        plot_frontier(result, plot)
+        result["plot"] = str(plot)
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -494,7 +577,7 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, **options)
         typer.echo(format_table(rows))
     typer.echo(f"\n{result['n_prompts']} prompts, {result['steps']} steps, batch "
                f"{result['batch']}, threads {result['threads'] or 'default'}, "
-               f"{result['sweep_wall_s']} s")
+               f"{result['sweep_wall_s']} s" + (f"; plot: {plot}" if plot else ""))
 
 
 @app.command("scale-model")

@@ -78,7 +78,8 @@ def check_settings(settings: SamplerSettings) -> SamplerSettings:
         _check_value(f.name, getattr(settings, f.name), f.default)
     if settings.shift <= 0:
         raise ValueError(f"sampler setting shift={settings.shift!r}: must be positive")
-    for name, most in (("steps", MAX_STEPS), ("num_train_timesteps", MAX_TRAIN_TIMESTEPS)):
+    for name, most in (("steps", MAX_STEPS), ("leap_steps", MAX_STEPS),
+                       ("num_train_timesteps", MAX_TRAIN_TIMESTEPS)):
         if getattr(settings, name) > most:
             raise ValueError(f"sampler setting {name}={getattr(settings, name)}: more than "
                              f"{most}")

@@ -6,9 +6,12 @@ model predicts v = noise - x0, and one Euler step is x_next = x + (t_next - t) *
 Three ways to make fewer or cheaper transformer calls, all decided here (see
 docs/techniques-in-edge.md):
 
-- Linear Proportional Leap (`leap`): once consecutive velocities stop growing more aligned,
-  one Euler step with the whole remaining time lands on t = 0 (with either scheduler of
-  edge/schedulers.py: the leap is x - t v, the predicted x0).
+- Linear Proportional Leap (`leap`): once consecutive velocities stop growing more aligned
+  (or after a fixed number of steps), the rest of the way to t = 0 is covered in
+  `leap_steps` steps instead of the schedule's remaining ones. With one, the leap is one
+  step with the whole remaining time (with either scheduler of edge/schedulers.py: x - t v,
+  the predicted x0); with more, the remaining time is re-planned with the schedule's own
+  spacing (edge/schedulers.py `leap_tail`).
 - Temporal token merging (`merge_steps`): the predictor is told to use the merged transformer
   variant for the first `merge_steps` steps.
 - Step cache (`cache_threshold`): the predictor skips the transformer pairs while the
@@ -27,7 +30,15 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from edge.schedulers import SCHEDULERS, UniPCFlow, euler_sigmas, unipc_model_times, unipc_sigmas
+from edge.schedulers import (
+    SCHEDULERS,
+    UniPCFlow,
+    euler_sigmas,
+    leap_tail_sigmas,
+    unipc_model_times,
+    unipc_sigmas,
+    whole_step_times,
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,7 @@ class SamplerSettings:
     leap_min_steps: int = 15           # dynamic mode never leaps before this many steps
     leap_patience: int = 3             # steps that fail to improve the best cosine, then leap
     leap_tol: float = 1e-3             # an improvement must exceed this
+    leap_steps: int = 1                # steps from the leap to t = 0 (1: straight to t = 0)
     # temporal token merging: the merged transformer variant for the first merge_steps steps
     merge_steps: int = 0
     # step cache: 0 is off; larger skips more transformer calls
@@ -56,14 +68,18 @@ class SamplerSettings:
             raise bad("scheduler", f"known: {', '.join(SCHEDULERS)}")
         if self.steps < 1:
             raise bad("steps", "must be at least 1")
-        if self.leap_after is not None and not 1 <= self.leap_after < self.steps:
-            raise bad("leap_after", f"must be between 1 and steps - 1 = {self.steps - 1}")
+        # a leap after steps - 1 or more steps never happens (the last step reaches t = 0
+        # anyway), so a package's fixed leap stays valid when fewer steps are asked for
+        if self.leap_after is not None and self.leap_after < 1:
+            raise bad("leap_after", "must be at least 1")
         if self.leap_min_steps < 1:
             raise bad("leap_min_steps", "must be at least 1")
         if self.leap_patience < 1:
             raise bad("leap_patience", "must be at least 1")
         if self.leap_tol < 0:
             raise bad("leap_tol", "must not be negative")
+        if self.leap_steps < 1:
+            raise bad("leap_steps", "must be at least 1")
         if self.merge_steps < 0:
             raise bad("merge_steps", "must not be negative")
         if self.cache_threshold < 0:
@@ -95,6 +111,24 @@ def model_times(settings: SamplerSettings) -> np.ndarray:
     if settings.scheduler == "flow_unipc":
         return unipc_model_times(settings.steps, settings.shift, settings.num_train_timesteps)
     return timesteps(settings)[:-1]
+
+
+def max_calls(settings: SamplerSettings) -> int:
+    """The most transformer calls one generation can make: a leap's tail can be longer than
+    the steps it replaces (a leap comes at the latest after steps - 2 steps)."""
+    if not settings.leap:
+        return settings.steps
+    return max(settings.steps, settings.steps - 2 + settings.leap_steps)
+
+
+def leap_tail(t_from: float, t_min: float,
+              settings: SamplerSettings) -> tuple[np.ndarray, np.ndarray]:
+    """The noise levels (leap_steps + 1, ending at 0) and model times (leap_steps) of a leap
+    from t_from: the schedule's spacing re-planned over what is left of it."""
+    sigmas = leap_tail_sigmas(t_from, t_min, settings.leap_steps, settings.shift)
+    if settings.scheduler == "flow_unipc":
+        return sigmas, whole_step_times(sigmas[:-1], settings.num_train_timesteps)
+    return sigmas, sigmas[:-1]
 
 
 def guided_velocity(v_cond: np.ndarray, v_uncond: np.ndarray, guidance: float) -> np.ndarray:
@@ -252,30 +286,44 @@ Predictor = Callable[[np.ndarray, float, Step], tuple[np.ndarray, np.ndarray]]
 def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
            on_step: Callable[[int, int], None] | None = None,
            trace: Trace | None = None) -> np.ndarray:
-    """Integrate from t=1 (noise) to t=0; returns the final latents."""
+    """Integrate from t=1 (noise) to t=0; returns the final latents. After a leap the loop
+    goes on over the leap's tail (its own noise levels and model times, a fresh UniPC
+    state) until t = 0."""
     ts, model_ts = timesteps(settings), model_times(settings)
-    unipc = UniPCFlow(ts) if settings.scheduler == "flow_unipc" else None
+    unipc = settings.scheduler == "flow_unipc"
+    solver = UniPCFlow(ts) if unipc else None
     x = noise.astype(np.float32)
     trace = trace if trace is not None else Trace()
     rule = LeapRule(settings)
     cache = StepCache(settings.cache_threshold) if settings.cache_threshold > 0 else None
-    # a fixed leap is known in advance, so the cache can treat its step as the last
-    last_call = settings.leap_after if settings.leap and settings.leap_after else settings.steps - 1
-    for i in range(settings.steps):
-        step = Step(i, i < settings.merge_steps, cache, i == last_call)
+    # a fixed leap is known in advance, so the cache can treat its tail's end as the last call
+    fixed_leap = settings.leap and settings.leap_after is not None \
+        and settings.leap_after < settings.steps - 1
+    last_call = (settings.leap_after + settings.leap_steps - 1 if fixed_leap
+                 else settings.steps - 1)
+    total = settings.steps     # calls this generation makes, as far as known now
+    call = i = 0               # call: transformer calls so far; i: index into ts
+    while i < len(ts) - 1:
+        step = Step(call, call < settings.merge_steps, cache, call == last_call)
         v_cond, v_uncond = predict(x, float(model_ts[i]), step)
         trace.calls += 1
         trace.transformer_calls += step.computed
         trace.merged_calls += step.merged
         v = guided_velocity(v_cond, v_uncond, settings.guidance)
-        if rule.should_leap(v, i):
-            x = euler_step(x, v, ts[i], ts[-1])  # the whole remaining time in one step
-            trace.leap_at = i
-            if on_step is not None:
-                on_step(settings.steps, settings.steps)
-            break
-        x = unipc.step(v, i, x) if unipc else euler_step(x, v, ts[i], ts[i + 1])
+        if trace.leap_at is None and rule.should_leap(v, call):
+            trace.leap_at = call
+            if settings.leap_steps == 1:   # the whole remaining time in one step
+                x = euler_step(x, v, ts[i], ts[-1])
+                call, total = call + 1, call + 1
+                if on_step is not None:
+                    on_step(total, total)
+                break
+            ts, model_ts = leap_tail(ts[i], ts[-2], settings)
+            solver = UniPCFlow(ts) if unipc else None
+            i, last_call, total = 0, call + settings.leap_steps - 1, call + settings.leap_steps
+        x = solver.step(v, i, x) if solver else euler_step(x, v, ts[i], ts[i + 1])
+        i, call = i + 1, call + 1
         if on_step is not None:
-            on_step(i + 1, settings.steps)
+            on_step(call, total)
     trace.cosines = rule.cosines
     return x

@@ -25,6 +25,25 @@ def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
     return shift * sigmas / (1 + (shift - 1) * sigmas)
 
 
+def unshift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
+    """The inverse of shift_sigmas: where a shifted noise level sits on the even grid."""
+    return sigmas / (shift - (shift - 1) * sigmas)
+
+
+def leap_tail_sigmas(t_from: float, t_min: float, steps: int, shift: float) -> np.ndarray:
+    """`steps` steps from t_from down to t_min, spaced as the shifted schedules space theirs
+    (even before the shift), then a final 0 (float32, length steps + 1)."""
+    even = np.linspace(unshift_sigmas(np.float64(t_from), shift),
+                       unshift_sigmas(np.float64(t_min), shift), steps)
+    return np.append(shift_sigmas(even, shift), 0.0).astype(np.float32)
+
+
+def whole_step_times(sigmas: np.ndarray, num_train_timesteps: int) -> np.ndarray:
+    """UniPC's model times: each sigma rounded down to a whole training step, as a fraction."""
+    whole = (sigmas.astype(np.float64) * num_train_timesteps).astype(np.int64)
+    return (whole / num_train_timesteps).astype(np.float32)
+
+
 def euler_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
     """FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift: a linspace from 1 to
     the (shifted) smallest training sigma, shifted once more, then a final 0 (float32)."""
@@ -52,9 +71,8 @@ def unipc_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarr
 def unipc_model_times(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
     """The timesteps diffusers hands the model, int64(sigma * N) of the float64 sigmas, as
     fractions of N (float32)."""
-    sigmas = _unipc_flow_sigmas(steps, shift, num_train_timesteps)
-    whole = (sigmas * num_train_timesteps).astype(np.int64)
-    return (whole / num_train_timesteps).astype(np.float32)
+    return whole_step_times(_unipc_flow_sigmas(steps, shift, num_train_timesteps),
+                            num_train_timesteps)
 
 
 def _lambda(sigma: np.float32) -> np.float32:

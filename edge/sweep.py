@@ -22,6 +22,7 @@ import numpy as np
 from edge.eval.classifier import AttributeClassifier
 from edge.eval.metrics import score, summarize
 from edge.eval.run import PromptSet
+from edge.sampler import SamplerSettings
 from runtimes.python import Pipeline
 from runtimes.python.loader import parse_size
 
@@ -36,27 +37,66 @@ class Setting:
     overrides: dict
 
 
+# the tail rule of a package that names no fixed leap: tiny-sora's (after 6 of 30 steps, the
+# rest in 10), scaled to the sweep's steps
+DEFAULT_TAIL_RULE = (6, 10, 30)
+
+
 def sweep_settings(steps: int, leap_min_steps: int,
-                   cache_threshold: float = DEFAULT_CACHE_THRESHOLD) -> list[Setting]:
+                   cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
+                   shift: float = 1.0,
+                   tail_rule: tuple[int, int, int] = DEFAULT_TAIL_RULE) -> list[Setting]:
     """The rows. Every row states each technique's switch, so package defaults never leak
-    in; `half` (15 of 30) is where LPL fixed leaps and TDTM "first half" stops merging."""
+    in; `half` (15 of 30) is where LPL fixed leaps and TDTM "first half" stops merging.
+
+    The plain alternatives come right after the baseline, because a technique is only worth
+    having where it beats them at equal calls: the same sampler with fewer uniform steps
+    (16 and 20 of 30) and, where the package shifts its timesteps, half the shift at 16.
+    LPL comes three ways: the dynamic cosine rule and a fixed leap at half, both straight to
+    t = 0, and the tail rule `(after, tail steps, of steps)` — the package's own `--leap`,
+    scaled to `steps` (tiny-sora: after 6 of 30, the rest in 10: docs/benchmarks.md) —
+    which the combined rows use."""
     if steps < 2:
         raise ValueError(f"steps={steps}: the sweep needs at least 2 steps to leap or merge")
     half = steps // 2
-    off = {"steps": steps, "leap": False, "leap_after": None, "merge_steps": 0,
-           "cache_threshold": 0.0}
+    off = {"steps": steps, "shift": shift, "leap": False, "leap_after": None,
+           "leap_steps": 1, "merge_steps": 0, "cache_threshold": 0.0}
+    fewer, some_fewer = max(1, round(steps * 8 / 15)), max(1, round(steps * 2 / 3))
+    baselines = [(f"{fewer} steps", {"steps": fewer}),
+                 (f"{some_fewer} steps", {"steps": some_fewer})]
+    if shift > 1:
+        baselines.append((f"{fewer} steps, shift {shift / 2:g}",
+                          {"steps": fewer, "shift": shift / 2}))
     # dynamic leap keeps the package's tol and patience; min_steps no later than half
     dynamic = {"leap": True, "leap_min_steps": min(leap_min_steps, half)}
-    rows = [("baseline", {}),
+    rule_after, rule_tail, rule_steps = tail_rule
+    after = max(1, round(steps * rule_after / rule_steps))
+    tail = max(2, round(steps * rule_tail / rule_steps))
+    tail_leap = {"leap": True, "leap_after": after, "leap_steps": tail}
+    rows = [("baseline", {}), *baselines,
             ("LPL dynamic", dynamic),
             (f"LPL fixed at {half}", {"leap": True, "leap_after": half}),
+            (f"LPL at {after} + {tail} steps", tail_leap),
             (f"TDTM first {half}", {"merge_steps": half}),
             ("TDTM all steps", {"merge_steps": steps}),
             ("step cache", {"cache_threshold": cache_threshold}),
-            ("LPL + TDTM", dynamic | {"merge_steps": half}),
-            ("all combined", dynamic | {"merge_steps": half,
-                                        "cache_threshold": cache_threshold})]
+            ("LPL + TDTM", tail_leap | {"merge_steps": half}),
+            ("all combined", tail_leap | {"merge_steps": half,
+                                          "cache_threshold": cache_threshold})]
     return [Setting(name, off | o) for name, o in rows]
+
+
+def package_settings(package: Path, steps: int,
+                     cache_threshold: float = DEFAULT_CACHE_THRESHOLD) -> list[Setting]:
+    """The rows for a package: its sampler's leap_min_steps, shift and fixed leap (the tail
+    rule its `--leap` runs) decide three of them."""
+    from edge.package import read_package
+
+    sampler = SamplerSettings.from_dict(read_package(package, check_hashes=False)["sampler"])
+    rule = DEFAULT_TAIL_RULE
+    if sampler.leap_after is not None and sampler.leap_steps > 1:
+        rule = (sampler.leap_after, sampler.leap_steps, sampler.steps)
+    return sweep_settings(steps, sampler.leap_min_steps, cache_threshold, sampler.shift, rule)
 
 
 def smallest_budget(package: Path) -> int:
@@ -100,28 +140,66 @@ class _Row:
         self.io_wait_s += run["io_wait_s"]
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """Prompts generated together, with their seeds (prompt i of the set gets seed + i)."""
+
+    start: int
+    prompts: PromptSet
+    seeds: list[int]
+
+
+def chunks(prompts: PromptSet, batch: int, seed: int) -> list[Chunk]:
+    return [Chunk(start, prompts[start:start + batch],
+                  [seed + start + i for i in range(len(prompts[start:start + batch]))])
+            for start in range(0, len(prompts), batch)]
+
+
+# what a generation's figures the rows need (pipe.last_run has more)
+RUN_FIGURES = ("wall_s", "sampler", "bytes_read", "io_wait_s")
+
+
+def generate_chunk(pipe: Pipeline, setting: Setting, chunk: Chunk) -> tuple[np.ndarray, dict]:
+    """One setting on one chunk: the video and the run's figures."""
+    video = pipe.generate([p for p, _ in chunk.prompts], seed=chunk.seeds, **setting.overrides)
+    return video, {k: pipe.last_run[k] for k in RUN_FIGURES}
+
+
+def warm_up(pipe: Pipeline, settings: list[Setting], prompts: PromptSet, seed: int) -> None:
+    """Not counted: resident blocks loaded, both graphs of each pair run once."""
+    pipe.generate(prompts[0][0], seed=seed, **(settings[0].overrides | {"steps": 2,
+                                                                          "merge_steps": 1}))
+
+
 def run_regime(pipe: Pipeline, settings: list[Setting], classifier: AttributeClassifier,
                prompts: PromptSet, seed: int = 0, batch: int = 1,
                on_generation: Callable[[str], None] | None = None) -> list[dict]:
     """Every setting on every prompt with one loaded pipeline; one result dict per row."""
-    # warm-up, not counted: resident blocks loaded, both graphs of each pair run once
-    pipe.generate(prompts[0][0], seed=seed, **(settings[0].overrides | {"steps": 2,
-                                                                          "merge_steps": 1}))
+    warm_up(pipe, settings, prompts, seed)
+    results: dict[str, list[tuple[np.ndarray, dict]]] = {s.name: [] for s in settings}
+    for chunk in chunks(prompts, batch, seed):
+        for s in settings:
+            results[s.name].append(generate_chunk(pipe, s, chunk))
+            if on_generation:
+                on_generation(s.name)
+    return summarize_rows(settings, classifier, chunks(prompts, batch, seed), results)
+
+
+def summarize_rows(settings: list[Setting], classifier: AttributeClassifier,
+                   chunk_list: list[Chunk],
+                   results: dict[str, list[tuple[np.ndarray, dict]]]) -> list[dict]:
+    """The rows of one regime from each setting's (video, figures) per chunk, in chunk order.
+    Videos are scored chunk by chunk, as they were generated, wherever that was."""
     rows = {s.name: _Row() for s in settings}
     per_clip: dict[str, dict[str, list]] = {s.name: {} for s in settings}
     videos: dict[str, list[np.ndarray]] = {s.name: [] for s in settings}
-    for start in range(0, len(prompts), batch):
-        chunk = prompts[start:start + batch]
-        seeds = [seed + start + i for i in range(len(chunk))]
-        labels = np.array([a.labels for _, a in chunk])
-        for s in settings:
-            video = pipe.generate([p for p, _ in chunk], seed=seeds, **s.overrides)
-            rows[s.name].add(pipe.last_run)
+    for s in settings:
+        for chunk, (video, run) in zip(chunk_list, results[s.name], strict=True):
+            rows[s.name].add(run)
             videos[s.name].extend(video)
+            labels = np.array([a.labels for _, a in chunk.prompts])
             for k, v in score(classifier, video, labels).items():
                 per_clip[s.name].setdefault(k, []).append(v)
-            if on_generation:
-                on_generation(s.name)
     base = settings[0].name
     out = []
     for s in settings:
@@ -147,24 +225,33 @@ def run_sweep(package: Path, classifier: AttributeClassifier, prompts: PromptSet
               memory_budget: str | int | None = None,
               cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
               regimes: tuple[str, ...] = REGIMES, threads: int | None = None,
-              on_generation: Callable[[str], None] | None = None) -> dict:
+              on_generation: Callable[[str], None] | None = None,
+              ray: bool = False) -> dict:
     """Both regimes on one prompt set. `memory_budget` is the streamed regime's (default:
     the smallest the package accepts); its reads bypass the page cache. `threads`:
-    onnxruntime's threads per session (1 keeps timings steady on a busy machine)."""
+    onnxruntime's threads per session (1 keeps timings steady on a busy machine). `ray`:
+    run the generations as tasks on the Ray cluster this process is connected to
+    (edge.ray_eval.py)."""
     unknown = sorted(set(regimes) - set(REGIMES))
     if unknown:
         raise ValueError(f"unknown regime(s) {', '.join(unknown)}; known: {', '.join(REGIMES)}")
     budget = parse_size(memory_budget) or smallest_budget(package)
+    settings = package_settings(package, steps, cache_threshold)
     result: dict = {"package": str(package), "steps": steps, "seed": seed, "batch": batch,
                     "n_prompts": len(prompts), "cache_threshold": cache_threshold,
-                    "threads": threads,
+                    "threads": threads, "ray": ray,
                     "streamed_budget_bytes": budget, "regimes": {}}
+    if ray:
+        from edge.ray_eval import run_regimes
+
+        result["regimes"] = run_regimes(package, settings, classifier, prompts, seed, batch,
+                                        budget, tuple(regimes), threads, on_generation)
+        return result
     for regime in regimes:
         streamed = regime == "streamed"
         pipe = Pipeline.load(package, memory_budget=budget if streamed else None,
                              cold_reads=streamed, threads=threads)
         try:
-            settings = sweep_settings(steps, pipe.sampler.leap_min_steps, cache_threshold)
             result["regimes"][regime] = run_regime(pipe, settings, classifier, prompts, seed,
                                                    batch, on_generation)
         finally:
@@ -172,8 +259,8 @@ def run_sweep(package: Path, classifier: AttributeClassifier, prompts: PromptSet
     return result
 
 
-def generations(n_prompts: int, batch: int, regimes: int = len(REGIMES),
-                settings: int = 8) -> int:
+def generations(n_prompts: int, batch: int, settings: int,
+                regimes: int = len(REGIMES)) -> int:
     """How many generate() calls a sweep makes (for a progress bar)."""
     return regimes * settings * -(-n_prompts // batch)
 

@@ -4,9 +4,10 @@ the same decisions and numbers. `python tests/sampler_fixtures.py` rewrites them
 tests/test_leap.py checks that they still match this implementation.
 
 Leap fixtures: the predictor ignores its input and returns velocities[i] at call i (cond =
-uncond, so guidance changes nothing); expected are the calls, the leap step, the cosines
-and the final latent. Cache fixtures: indicators[i] is the first block's modulated input at
-call i; expected is, per call, whether the pairs are computed.
+uncond, so guidance changes nothing); expected are the calls, the leap step, the cosines,
+the time each call was told (a leap's tail re-plans them) and the final latent. Cache
+fixtures: indicators[i] is the first block's modulated input at call i; expected is, per
+call, whether the pairs are computed.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ def curving_then_straight(steps: int = 12, bend_until: int = 8, tol: float = 1e-
 
 
 def replay_leap(settings: SamplerSettings, velocities: np.ndarray, noise: np.ndarray):
-    trace = Trace()
+    trace, times = Trace(), []
 
     def predict(x, t, step):
+        times.append(t)
         return velocities[step.index][None], velocities[step.index][None]
 
     out = sample(predict, noise[None], settings, trace=trace)
+    trace.times = times  # not a Trace field: the fixtures' own record
     return out[0], trace
 
 
@@ -67,6 +70,11 @@ def leap_cases() -> dict[str, tuple[SamplerSettings, np.ndarray]]:
         "leap_fixed": (SamplerSettings(leap=True, leap_after=5, **common),
                        curving_then_straight()),
         "leap_off": (SamplerSettings(leap=False, **common), curving_then_straight()),
+        # the leap's tail: the remaining time re-planned in a few steps
+        "leap_fixed_tail": (SamplerSettings(leap=True, leap_after=3, leap_steps=4, **common),
+                            curving_then_straight()),
+        "leap_dynamic_tail": (SamplerSettings(leap=True, leap_steps=3, **common),
+                              curving_then_straight(bend_until=5)),
     }
 
 
@@ -84,7 +92,8 @@ def build() -> dict[str, dict]:
         out[name] = {"settings": settings.to_dict(), "noise": noise.tolist(),
                      "velocities": velocities.tolist(),
                      "expected": {"calls": trace.calls, "leap_at": trace.leap_at,
-                                  "cosines": trace.cosines, "latent": x.tolist()}}
+                                  "cosines": trace.cosines, "times": trace.times,
+                                  "latent": x.tolist()}}
     indicators = cache_indicators()
     out["cache"] = {"threshold": 0.12, "indicators": indicators.tolist(),
                     "expected": {"computed": replay_cache(0.12, indicators)}}

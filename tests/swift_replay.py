@@ -41,11 +41,14 @@ STEPS = 8
 CASES = [
     ("baseline", "a red circle moving left", 0, {}),
     ("leap", "a red circle moving left", 0,
-     {"leap": True, "leap_min_steps": 3, "leap_patience": 1, "leap_tol": 0.05}),
+     {"leap": True, "leap_after": None, "leap_min_steps": 3, "leap_patience": 1,
+      "leap_tol": 0.05}),
+    ("leap_tail", "a red circle moving left", 0, {"leap": True, "leap_after": 2,
+                                                  "leap_steps": 3}),
     ("merge", "a red circle moving left", 0, {"merge_steps": 4}),
     ("step_cache", "a red circle moving left", 0, {"cache_threshold": 0.3}),
     ("second_prompt", "The blue box slides up!", 1, {"leap": True, "leap_after": 5,
-                                                      "merge_steps": 2}),
+                                                      "leap_steps": 1, "merge_steps": 2}),
 ]
 
 
@@ -143,7 +146,8 @@ BAD_MANIFESTS = [
      ["vae_decoder"]),
     ("unknown_sampler_key", lambda m: m["sampler"].update(warp=True), ["warp"]),
     ("bad_steps", lambda m: m["sampler"].update(steps=0), ["steps"]),
-    ("bad_leap_after", lambda m: m["sampler"].update(leap_after=40), ["leap_after"]),
+    ("bad_leap_after", lambda m: m["sampler"].update(leap_after=0), ["leap_after"]),
+    ("bad_leap_steps", lambda m: m["sampler"].update(leap_steps=0), ["leap_steps"]),
     ("bad_scheduler", lambda m: m["sampler"].update(scheduler="ddim"), ["scheduler", "ddim"]),
     ("missing_field", lambda m: m.pop("latent_shape"), ["latent_shape"]),
 ]

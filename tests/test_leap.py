@@ -17,6 +17,7 @@ from edge.sampler import (
     StepCache,
     Trace,
     cosine,
+    max_calls,
     modulated_input,
     run_pairs,
     sample,
@@ -68,6 +69,64 @@ def test_fixed_leap_takes_the_whole_remaining_time():
     assert trace.calls == 6 and trace.leap_at == 5
 
 
+def test_leap_tail_replans_the_remaining_time_with_the_schedules_spacing():
+    settings = SamplerSettings(steps=30, guidance=1.0, leap=True, leap_after=8, leap_steps=9)
+    v = np.tile(curving_then_straight(steps=30)[-1:], (30, 1, 1))  # any 30 velocities
+    x, trace = replay_leap(settings, v, NOISE)
+    times = trace.times
+    ts = timesteps(settings)
+    # 8 steps of the schedule, the leap's call, then 8 more: 17 calls
+    assert trace.leap_at == 8 and trace.calls == 17 == len(times)
+    assert times[:9] == [float(t) for t in ts[:9]]
+    tail = np.array(times[8:], np.float64)
+    assert tail[-1] == pytest.approx(ts[-2], rel=1e-6)  # ends where the schedule ends
+    # evenly spaced before the shift, as the schedule's own steps are
+    even = tail / (settings.shift - (settings.shift - 1) * tail)
+    np.testing.assert_allclose(np.diff(even), np.diff(even)[0], rtol=1e-5)
+    assert np.diff(even)[0] < 0
+
+
+def test_leap_tail_lands_exactly_on_a_straight_path_with_either_scheduler():
+    x0 = np.random.default_rng(1).standard_normal((1, 4, 2, 4, 4), dtype=np.float32)
+    noise = np.random.default_rng(2).standard_normal(x0.shape, dtype=np.float32)
+    for scheduler in ("flow_euler", "flow_unipc"):
+        trace = Trace()
+        settings = SamplerSettings(steps=30, guidance=3.0, leap=True, leap_after=5,
+                                   leap_steps=4, scheduler=scheduler)
+        out = sample(lambda x, t, step: (noise - x0, noise - x0), noise, settings,
+                     trace=trace)
+        np.testing.assert_allclose(out, x0, atol=1e-5, err_msg=scheduler)
+        assert trace.calls == 9 and trace.leap_at == 5
+
+
+def test_leap_tail_tells_the_step_cache_its_last_call():
+    # a fixed leap's tail is known in advance: the cache must compute the tail's last call
+    settings = SamplerSettings(steps=12, guidance=1.0, leap=True, leap_after=3, leap_steps=4,
+                               cache_threshold=1e9)
+    lasts = []
+
+    def predict(x, t, step):
+        lasts.append(step.last)
+        return np.ones_like(x), np.ones_like(x)
+
+    sample(predict, NOISE[None], settings)
+    assert lasts == [False] * 6 + [True]
+
+
+def test_leap_settings_out_of_range_are_refused_by_name():
+    with pytest.raises(ValueError, match="leap_steps=0.*at least 1"):
+        SamplerSettings(steps=12, leap_steps=0)
+    with pytest.raises(ValueError, match="leap_after=0.*at least 1"):
+        SamplerSettings(steps=12, leap_after=0)
+
+
+def test_a_leap_after_the_last_step_never_happens():
+    # a package's fixed leap stays valid when a caller asks for fewer steps than it names
+    settings = SamplerSettings(steps=6, guidance=1.0, leap=True, leap_after=8, leap_steps=9)
+    _, trace = replay_leap(settings, curving_then_straight(), NOISE)
+    assert trace.calls == 6 and trace.leap_at is None
+
+
 def test_leap_off_runs_every_step():
     _, trace = replay_leap(SamplerSettings(steps=12, guidance=1.0), straight(), NOISE)
     assert trace.calls == 12 and trace.leap_at is None
@@ -101,7 +160,7 @@ def test_cosine_is_over_the_whole_latent():
 
 
 @pytest.mark.parametrize("settings,field", [
-    ({"leap_after": 30}, "leap_after"), ({"leap_patience": 0}, "leap_patience"),
+    ({"leap_after": 0}, "leap_after"), ({"leap_patience": 0}, "leap_patience"),
     ({"merge_steps": -1}, "merge_steps"), ({"cache_threshold": -0.1}, "cache_threshold")])
 def test_bad_settings_are_named(settings, field):
     with pytest.raises(ValueError, match=field):
@@ -152,3 +211,40 @@ def test_fixtures_for_other_runtimes_match_this_sampler():
     for name, data in build().items():
         stored = json.loads((FIXTURES / f"{name}.json").read_text())
         assert stored["expected"] == json.loads(json.dumps(data["expected"])), name
+
+
+def test_max_calls_bounds_every_leap():
+    for steps in (2, 5, 12):
+        for leap_steps in (1, 2, 7, 20):
+            for after in [None, *range(1, steps + 2)]:
+                settings = SamplerSettings(steps=steps, guidance=1.0, leap=True, leap_after=after,
+                                           leap_min_steps=1, leap_patience=1,
+                                           leap_steps=leap_steps)
+                _, trace = replay_leap(settings, straight(40), NOISE)
+                assert trace.calls <= max_calls(settings), (steps, leap_steps, after)
+    assert max_calls(SamplerSettings(steps=30, leap=False, leap_steps=50)) == 30
+
+
+def test_a_leap_that_never_happens_leaves_the_last_call_to_the_schedule():
+    settings = SamplerSettings(steps=6, guidance=1.0, leap=True, leap_after=8, leap_steps=9,
+                               cache_threshold=1e9)
+    lasts = []
+
+    def predict(x, t, step):
+        lasts.append(step.last)
+        return np.ones_like(x), np.ones_like(x)
+
+    sample(predict, NOISE[None], settings)
+    assert lasts == [False] * 5 + [True]
+
+
+def test_any_leap_option_implies_leap_and_no_leap_still_wins():
+    from edge.cli import _sampler_overrides
+
+    assert _sampler_overrides(leap_steps=4) == {"leap_steps": 4, "leap": True}
+    assert _sampler_overrides(leap_after=3) == {"leap_after": 3, "leap": True}
+    # a dynamic option asks for the cosine rule over a package's fixed leap
+    assert _sampler_overrides(leap_patience=2) == {"leap_patience": 2, "leap_after": None,
+                                                   "leap": True}
+    assert _sampler_overrides(leap=False, leap_after=3)["leap"] is False
+    assert _sampler_overrides(steps=12) == {"steps": 12}

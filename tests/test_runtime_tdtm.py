@@ -124,8 +124,8 @@ def test_loader_holds_one_copy_of_a_block_whichever_graph_runs(exported_package)
 
 def test_runtime_starts_every_generation_afresh(exported_package):
     root, _ = exported_package
-    settings = {"steps": 8, "leap": True, "leap_min_steps": 2, "leap_patience": 2,
-                "cache_threshold": 0.05, "merge_steps": 3}
+    settings = {"steps": 8, "leap": True, "leap_after": None, "leap_min_steps": 2,
+                "leap_patience": 2, "cache_threshold": 0.05, "merge_steps": 3}
     runtime = Pipeline.load(root)
     first = runtime.generate(PROMPT, seed=1, **settings)
     first_trace = runtime.last_run["sampler"]
@@ -145,7 +145,25 @@ def test_cli_generate_leaps_and_merges_on_a_package(exported_package, tmp_path):
     root, _ = exported_package
     res = runner.invoke(app, ["generate", str(root), "a red circle moving left", "-o",
                               str(tmp_path / "v.gif"), "--steps", "6", "--leap-after", "3",
-                              "--merge-steps", "2"])
+                              "--leap-steps", "1", "--merge-steps", "2"])
     assert res.exit_code == 0, res.output
     assert "4 predictions" in res.output and "2 merged (TDTM)" in res.output
     assert "leap after step 3" in res.output
+    # --leap alone: the package's rule, after 6 of 30 steps, the rest in 10
+    res = runner.invoke(app, ["generate", str(root), "a red circle moving left", "-o",
+                              str(tmp_path / "v.gif"), "--leap"])
+    assert res.exit_code == 0, res.output
+    assert "16 predictions" in res.output and "leap after step 6" in res.output
+    # a tail longer than the steps it replaces: the block schedule stretches to fit
+    res = runner.invoke(app, ["generate", str(root), "a red circle moving left", "-o",
+                              str(tmp_path / "v.gif"), "--steps", "4", "--leap-after", "1",
+                              "--leap-steps", "6"])
+    assert res.exit_code == 0, res.output
+    assert "7 predictions" in res.output and "leap after step 1" in res.output
+    # a dynamic option asks for the cosine rule, whatever fixed leap the package names
+    res = runner.invoke(app, ["generate", str(root), "a red circle moving left", "-o",
+                              str(tmp_path / "v.gif"), "--steps", "8", "--leap",
+                              "--leap-min-steps", "2", "--leap-patience", "1",
+                              "--leap-steps", "1"])
+    assert res.exit_code == 0, res.output
+    assert "leap after step" in res.output and "leap after step 6" not in res.output

@@ -250,11 +250,15 @@ def test_sampler_fixtures_replay_in_the_browser(page):
           continue;
         }
         const vel = f.velocities.map(v => Float32Array.from(v.flat(Infinity)));
-        const trace = {};
-        const x = await s.sample(async (x, t, step) => [vel[step.index], vel[step.index]],
+        const trace = {}, times = [];
+        const predict = async (x, t, step) => {
+          times.push(t);
+          return [vel[step.index], vel[step.index]];
+        };
+        const x = await s.sample(predict,
           Float32Array.from(f.noise.flat(Infinity)), s.checkSettings(f.settings), null, trace);
         out[name] = { calls: trace.calls, leap_at: trace.leap_at, cosines: trace.cosines,
-                      latent: [...x] };
+                      times, latent: [...x] };
       }
       return out;
     }""", fixtures)
@@ -266,6 +270,7 @@ def test_sampler_fixtures_replay_in_the_browser(page):
         assert got[name]["calls"] == expected["calls"], name
         assert got[name]["leap_at"] == expected["leap_at"], name
         np.testing.assert_allclose(got[name]["cosines"], expected["cosines"], rtol=0, atol=1e-12)
+        assert np.array_equal(np.float32(got[name]["times"]), np.float32(expected["times"])), name
         assert np.array_equal(np.float32(got[name]["latent"]),
                               np.float32(expected["latent"]).ravel()), name
 

@@ -36,6 +36,12 @@ def check_weights_dir(path: Path) -> None:
             "run `edge train tiny-sora` to create it")
 
 
+def load_sampler(path: str | Path = DEFAULT_WEIGHTS) -> SamplerSettings:
+    """The sampler defaults a tiny-sora weights folder names (its tiny-sora.json)."""
+    config = json.loads((Path(path) / "tiny-sora.json").read_text())
+    return SamplerSettings.from_dict(config["sampler"])
+
+
 @dataclass
 class TinySora:
     text_encoder: TextEncoder
@@ -53,8 +59,7 @@ class TinySora:
         transformer.load_state_dict(load_file(path / "transformer.safetensors"))
         diffusers_logging.set_verbosity_error()  # no advice to install `accelerate`
         vae = AutoencoderKL.from_pretrained(path / "vae", local_files_only=True)
-        return cls(TextEncoder(), transformer.eval(), vae.eval(),
-                   SamplerSettings.from_dict(config["sampler"]))
+        return cls(TextEncoder(), transformer.eval(), vae.eval(), load_sampler(path))
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:

@@ -42,6 +42,13 @@ SMOKE_RECIPE = TrainingRecipe(vae_steps=2, vae_batch_clips=2, clips=8, transform
                               transformer_batch=2, classifier_steps=2, classifier_batch=2)
 
 
+# tiny-sora's sampler defaults: 30 steps of flow-match Euler at shift 3 and, where --leap
+# is asked for, the leap that keeps the video (after 6 steps, the rest in 10 re-planned steps:
+# docs/benchmarks.md, "Step leaping, token merging and the step cache")
+TINY_SORA_SAMPLER = SamplerSettings(steps=30, guidance=5.0, shift=3.0, leap_after=6,
+                                    leap_steps=10)
+
+
 def save_weights(out_dir: Path, vae, transformer, classifier, config: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     vae.save_pretrained(out_dir / "vae", safe_serialization=True)
@@ -96,7 +103,7 @@ def train_tiny_sora(out_dir: Path, recipe: TrainingRecipe = TrainingRecipe(),
     log |= figures | {"classifier_seconds": time.perf_counter() - t0}
     log["total_seconds"] = time.perf_counter() - started
 
-    config = {"transformer": cfg.to_dict(), "sampler": SamplerSettings().to_dict(),
+    config = {"transformer": cfg.to_dict(), "sampler": TINY_SORA_SAMPLER.to_dict(),
               "training": log}
     save_weights(out_dir, vae, transformer, classifier, config)
     return log

@@ -28,7 +28,15 @@ import onnxruntime as ort
 from edge.manifest_schema import MANIFEST, check_chain
 from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
-from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
+from edge.sampler import (
+    SamplerSettings,
+    Step,
+    Trace,
+    initial_noise,
+    max_calls,
+    run_pairs,
+    sample,
+)
 from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
 from runtimes.python.graph_check import check_block_graph, check_runtime_feeds
 from runtimes.python.loader import BlockLoader, BlockWeights, parse_size
@@ -303,7 +311,7 @@ class Pipeline:
         else:
             # One schedule of steps x blocks, so the loader prefetches across step boundaries
             # too; a leap ends it early (closing it gives back what was read ahead).
-            runs = self.loader.run(transformer.keys() * settings.steps)
+            runs = self.loader.run(transformer.keys() * max_calls(settings))
 
             def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray]:
                 feeds = {"latent": np.concatenate([x, x]), "t": np.full(2 * b, t, np.float32),

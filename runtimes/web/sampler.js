@@ -10,7 +10,7 @@ const f32 = Math.fround;
 export const DEFAULT_SETTINGS = {
   steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
-  merge_steps: 0, cache_threshold: 0.0,
+  leap_steps: 1, merge_steps: 0, cache_threshold: 0.0,
 };
 
 export function checkSettings(values) {
@@ -21,12 +21,14 @@ export function checkSettings(values) {
   // edge/schedulers.py's flow_unipc is mirrored only in the Python runtime so far
   if (s.scheduler !== "flow_euler") throw bad("scheduler", "this runtime runs flow_euler only");
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
-  if (s.leap_after !== null && !(s.leap_after >= 1 && s.leap_after < s.steps)) {
-    throw bad("leap_after", `must be between 1 and steps - 1 = ${s.steps - 1}`);
+  // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
+  if (s.leap_after !== null && !(Number.isInteger(s.leap_after) && s.leap_after >= 1)) {
+    throw bad("leap_after", "must be at least 1");
   }
   if (s.leap_min_steps < 1) throw bad("leap_min_steps", "must be at least 1");
   if (s.leap_patience < 1) throw bad("leap_patience", "must be at least 1");
   if (!(s.leap_tol >= 0)) throw bad("leap_tol", "must not be negative");
+  if (!Number.isInteger(s.leap_steps) || s.leap_steps < 1) throw bad("leap_steps", "must be at least 1");
   if (!Number.isInteger(s.merge_steps) || s.merge_steps < 0) throw bad("merge_steps", "must not be negative");
   if (!(s.cache_threshold >= 0)) throw bad("cache_threshold", "must not be negative");
   if (!Number.isFinite(s.guidance)) throw bad("guidance", "must be a finite number");
@@ -48,6 +50,21 @@ export function timesteps(settings) {
   for (let i = 0; i < steps; i++) {
     const lin = steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0; // np.linspace
     out[i] = shiftSigma32(f32(lin), settings.shift);
+  }
+  out[steps] = 0;
+  return out;
+}
+
+// edge/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
+// before the shift (float64, as NumPy computes on float64), then 0; rounded to float32.
+export function leapTail(tFrom, tMin, steps, shift) {
+  const unshift = (t) => t / (shift - (shift - 1) * t);
+  const start = unshift(tFrom), stop = unshift(tMin);
+  const out = new Float32Array(steps + 1);
+  const step = steps > 1 ? (stop - start) / (steps - 1) : 0;
+  for (let i = 0; i < steps; i++) {
+    const even = steps > 1 && i === steps - 1 ? stop : i * step + start; // np.linspace
+    out[i] = shift * even / (1 + (shift - 1) * even);
   }
   out[steps] = 0;
   return out;
@@ -170,29 +187,43 @@ export async function runPairs(step, x, tMod, pairs, batch, dim) {
   return [step.cache.reuse(x), false];
 }
 
-// predict(x, t, step) -> Promise<[vCond, vUncond]>; returns the final latents.
+// predict(x, t, step) -> Promise<[vCond, vUncond]>; returns the final latents. After a leap
+// the loop goes on over the leap's tail until t = 0.
 export async function sample(predict, noise, settings, onStep = null, trace = {}) {
-  const ts = timesteps(settings);
+  let ts = timesteps(settings);
   let x = Float32Array.from(noise);
   Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0 });
   const rule = new LeapRule(settings);
   const cache = settings.cache_threshold > 0 ? new StepCache(settings.cache_threshold) : null;
-  const lastCall = settings.leap && settings.leap_after ? settings.leap_after : settings.steps - 1;
-  for (let i = 0; i < settings.steps; i++) {
-    const step = { index: i, merged: i < settings.merge_steps, cache, last: i === lastCall, computed: true };
+  const fixedLeap = settings.leap && settings.leap_after !== null && settings.leap_after < settings.steps - 1;
+  let lastCall = fixedLeap ? settings.leap_after + settings.leap_steps - 1 : settings.steps - 1;
+  let total = settings.steps;
+  let call = 0, i = 0;
+  while (i < ts.length - 1) {
+    const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true };
     const [vCond, vUncond] = await predict(x, ts[i], step);
     trace.calls += 1;
     trace.transformer_calls += step.computed ? 1 : 0;
     trace.merged_calls += step.merged ? 1 : 0;
     const v = guidedVelocity(vCond, vUncond, settings.guidance);
-    if (rule.shouldLeap(v, i)) {
-      x = eulerStep(x, v, ts[i], ts[settings.steps]);
-      trace.leap_at = i;
-      if (onStep) onStep(settings.steps, settings.steps);
-      break;
+    if (trace.leap_at === null && rule.shouldLeap(v, call)) {
+      trace.leap_at = call;
+      if (settings.leap_steps === 1) { // the whole remaining time in one step
+        x = eulerStep(x, v, ts[i], ts[ts.length - 1]);
+        call += 1;
+        total = call;
+        if (onStep) onStep(total, total);
+        break;
+      }
+      ts = leapTail(ts[i], ts[ts.length - 2], settings.leap_steps, settings.shift);
+      i = 0;
+      lastCall = call + settings.leap_steps - 1;
+      total = call + settings.leap_steps;
     }
     x = eulerStep(x, v, ts[i], ts[i + 1]);
-    if (onStep) onStep(i + 1, settings.steps);
+    i += 1;
+    call += 1;
+    if (onStep) onStep(call, total);
   }
   trace.cosines = rule.cosines;
   return x;

@@ -30,6 +30,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var leapMinSteps = 15
     public var leapPatience = 3
     public var leapTol = 1e-3
+    public var leapSteps = 1              // steps from the leap to t = 0 (1: straight there)
     public var mergeSteps = 0
     public var cacheThreshold = 0.0
 
@@ -39,7 +40,7 @@ public struct SamplerSettings: Codable, Equatable {
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
         case steps, guidance, shift, numTrainTimesteps, scheduler, leap, leapAfter, leapMinSteps
-        case leapPatience, leapTol, mergeSteps, cacheThreshold
+        case leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold
     }
 
     private struct AnyKey: CodingKey {
@@ -66,6 +67,7 @@ public struct SamplerSettings: Codable, Equatable {
         leapMinSteps = try c.decodeIfPresent(Int.self, forKey: .leapMinSteps) ?? leapMinSteps
         leapPatience = try c.decodeIfPresent(Int.self, forKey: .leapPatience) ?? leapPatience
         leapTol = try c.decodeIfPresent(Double.self, forKey: .leapTol) ?? leapTol
+        leapSteps = try c.decodeIfPresent(Int.self, forKey: .leapSteps) ?? leapSteps
         mergeSteps = try c.decodeIfPresent(Int.self, forKey: .mergeSteps) ?? mergeSteps
         cacheThreshold = try c.decodeIfPresent(Double.self, forKey: .cacheThreshold) ?? cacheThreshold
         try validate()
@@ -79,12 +81,12 @@ public struct SamplerSettings: Codable, Equatable {
             throw bad("scheduler", scheduler, "this runtime runs flow_euler only")
         }
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
-        if let after = leapAfter, !(1 <= after && after < steps) {
-            throw bad("leap_after", after, "must be between 1 and steps - 1 = \(steps - 1)")
-        }
+        // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
+        if let after = leapAfter, after < 1 { throw bad("leap_after", after, "must be at least 1") }
         if leapMinSteps < 1 { throw bad("leap_min_steps", leapMinSteps, "must be at least 1") }
         if leapPatience < 1 { throw bad("leap_patience", leapPatience, "must be at least 1") }
         if leapTol < 0 { throw bad("leap_tol", leapTol, "must not be negative") }
+        if leapSteps < 1 { throw bad("leap_steps", leapSteps, "must be at least 1") }
         if mergeSteps < 0 { throw bad("merge_steps", mergeSteps, "must not be negative") }
         if cacheThreshold < 0 { throw bad("cache_threshold", cacheThreshold, "must not be negative") }
     }
@@ -105,6 +107,20 @@ public func timesteps(_ settings: SamplerSettings) -> [Float] {
     for i in 0..<n {  // np.linspace(1.0, sigma_min, n): i * step + start, the last exact
         let value = n == 1 ? 1.0 : (i == n - 1 ? sigmaMin : Double(i) * ((sigmaMin - 1.0) / Double(n - 1)) + 1.0)
         sigmas.append(shiftSigma(Float(value), shift))
+    }
+    return sigmas + [0]
+}
+
+/// edge/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
+/// before the shift (float64, as NumPy computes on float64), then 0; rounded to float32.
+public func leapTail(from tFrom: Float, to tMin: Float, steps: Int, shift: Double) -> [Float] {
+    func unshift(_ t: Double) -> Double { t / (shift - (shift - 1) * t) }
+    let start = unshift(Double(tFrom)), stop = unshift(Double(tMin))
+    var sigmas = [Float]()
+    for i in 0..<steps {  // np.linspace(start, stop, steps): i * step + start, the last exact
+        let even = steps == 1 ? start
+            : (i == steps - 1 ? stop : Double(i) * ((stop - start) / Double(steps - 1)) + start)
+        sigmas.append(Float(shift * even / (1 + (shift - 1) * even)))
     }
     return sigmas + [0]
 }
@@ -258,29 +274,45 @@ public struct Trace: Equatable {
 /// predict(latents, t, step) -> (v_cond, v_uncond)
 public typealias Predictor = (Tensor, Float, Step) throws -> (Tensor, Tensor)
 
-/// Integrate from t = 1 (noise) to t = 0; returns the final latents.
+/// Integrate from t = 1 (noise) to t = 0; returns the final latents. After a leap the loop
+/// goes on over the leap's tail until t = 0.
 public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
                    onStep: ((Int, Int) -> Void)? = nil, trace: inout Trace) rethrows -> Tensor {
-    let ts = timesteps(settings)
+    var ts = timesteps(settings)
     var x = noise
     let rule = LeapRule(settings)
     let cache = settings.cacheThreshold > 0 ? StepCache(threshold: settings.cacheThreshold) : nil
-    let lastCall = settings.leap && settings.leapAfter != nil ? settings.leapAfter! : settings.steps - 1
-    for i in 0..<settings.steps {
-        let step = Step(index: i, merged: i < settings.mergeSteps, cache: cache, last: i == lastCall)
+    var lastCall = settings.steps - 1
+    if settings.leap, let after = settings.leapAfter, after < settings.steps - 1 {
+        lastCall = after + settings.leapSteps - 1  // a fixed leap's tail ends the run
+    }
+    var total = settings.steps
+    var call = 0, i = 0
+    while i < ts.count - 1 {
+        let step = Step(index: call, merged: call < settings.mergeSteps, cache: cache, last: call == lastCall)
         let (cond, uncond) = try predict(x, ts[i], step)
         trace.calls += 1
         trace.transformerCalls += step.computed ? 1 : 0
         trace.mergedCalls += step.merged ? 1 : 0
         let v = guidedVelocity(cond, uncond, settings.guidance)
-        if rule.shouldLeap(v, stepsDone: i) {
-            x = eulerStep(x, v, ts[i], ts[ts.count - 1])
-            trace.leapAt = i
-            onStep?(settings.steps, settings.steps)
-            break
+        if trace.leapAt == nil && rule.shouldLeap(v, stepsDone: call) {
+            trace.leapAt = call
+            if settings.leapSteps == 1 {  // the whole remaining time in one step
+                x = eulerStep(x, v, ts[i], ts[ts.count - 1])
+                call += 1
+                total = call
+                onStep?(total, total)
+                break
+            }
+            ts = leapTail(from: ts[i], to: ts[ts.count - 2], steps: settings.leapSteps, shift: settings.shift)
+            i = 0
+            lastCall = call + settings.leapSteps - 1
+            total = call + settings.leapSteps
         }
         x = eulerStep(x, v, ts[i], ts[i + 1])
-        onStep?(i + 1, settings.steps)
+        i += 1
+        call += 1
+        onStep?(call, total)
     }
     trace.cosines = rule.cosines
     return x

@@ -59,18 +59,25 @@ func assertClose(_ got: [Double], _ want: [Double], _ tolerance: Double, _ what:
 
 final class SamplerFixtureTests: XCTestCase {
     func testLeapFixtures() throws {
-        for name in ["leap_straight_dynamic", "leap_curved_dynamic", "leap_fixed", "leap_off"] {
+        for name in ["leap_straight_dynamic", "leap_curved_dynamic", "leap_fixed", "leap_off",
+                     "leap_fixed_tail", "leap_dynamic_tail"] {
             let f = try Fixtures.object("sampler/\(name).json")
             let settings = try Fixtures.settings(f["settings"]!)
             let velocities = (f["velocities"] as! [Any]).map(tensor)
             let noise = tensor(f["noise"]!)
             var trace = Trace()
-            let x = sample(predict: { _, _, step in (velocities[step.index].reshaped([1] + velocities[step.index].shape), velocities[step.index].reshaped([1] + velocities[step.index].shape)) },
-                           noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
+            var times = [Float]()
+            let x = sample(predict: { _, t, step in
+                times.append(t)
+                let v = velocities[step.index].reshaped([1] + velocities[step.index].shape)
+                return (v, v)
+            }, noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
             let expected = f["expected"] as! [String: Any]
             XCTAssertEqual(trace.calls, expected["calls"] as? Int, name)
             XCTAssertEqual(trace.leapAt, expected["leap_at"] as? Int, name)
             assertClose(trace.cosines, flatten(expected["cosines"]!).values, 1e-12, "\(name) cosines")
+            // the times each call was told, float32 for float32 (a leap's tail re-plans them)
+            XCTAssertEqual(times, flatten(expected["times"]!).values.map { Float($0) }, name)
             assertClose(x.data.map(Double.init), flatten(expected["latent"]!).values, 1e-6, "\(name) latent")
         }
     }
@@ -164,6 +171,9 @@ final class ManifestFixtureTests: XCTestCase {
         XCTAssertTrue(pairs.allSatisfy { $0.variants?["tdtm"] != nil })
         XCTAssertEqual(try m.component("text_encoder").blocks[0].inputs.map(\.dtype), ["int32", "int32"])
         XCTAssertEqual(m.sampler.steps, 30)
+        // tiny-sora's --leap: after 6 steps, the rest in 10
+        XCTAssertEqual(m.sampler.leapAfter, 6)
+        XCTAssertEqual(m.sampler.leapSteps, 10)
         XCTAssertTrue(m.allFiles.allSatisfy { !$0.sha256.isEmpty && $0.bytes > 0 })
     }
 

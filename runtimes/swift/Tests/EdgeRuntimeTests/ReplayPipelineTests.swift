@@ -25,7 +25,7 @@ final class ReplayPipelineTests: XCTestCase {
     /// Every recorded case in order through one pipeline (two prompts, loader reused).
     func testEveryCaseReproducesThePythonRuntime() throws {
         let fx = try ReplayFixtures.load()
-        XCTAssertEqual(fx.cases.map(\.name), ["baseline", "leap", "merge", "step_cache", "second_prompt"])
+        XCTAssertEqual(fx.cases.map(\.name), ["baseline", "leap", "leap_tail", "merge", "step_cache", "second_prompt"])
         let player = ReplayPlayer(fx)
         let pipe = try EdgePipeline(package: fx.package, backend: ReplayBackend(player))
         for c in fx.cases { try assertReproduces(pipe, player, fx, c) }
