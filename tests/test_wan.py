@@ -125,6 +125,11 @@ def test_leap_and_step_cache_run_on_wan(wan_packages):
         assert runtime.last_run["sampler"]["leap_at"] == 6
         runtime.generate("a cat", steps=12, leap=True)      # dynamic: never before step 6
         assert runtime.last_run["sampler"]["calls"] >= 7
+        # the tail rule under UniPC: a fresh solver over 4 re-planned steps, a finite video
+        tail = runtime.generate("a cat", steps=12, leap=True, leap_after=3, leap_steps=4)
+        assert runtime.last_run["sampler"]["calls"] == 7
+        assert runtime.last_run["sampler"]["leap_at"] == 3
+        assert np.isfinite(tail).all() and not np.array_equal(tail, base)
         cached = runtime.generate("a cat", steps=12, cache_threshold=0.3)
         assert runtime.last_run["sampler"]["transformer_calls"] < 12
         assert cached.shape == base.shape
@@ -322,3 +327,39 @@ def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
     result = end_to_end_check(Same())(root)
     assert result["identical"] is True and result["psnr_db"] is None
     json.dumps(result, allow_nan=False)
+
+
+def _run(blocks, feeds, variant=None):
+    """Blocks as the runtime chains them, with a variant where a block has it."""
+    feeds = dict(feeds)
+    for b in blocks:
+        module = b.variants.get(variant, b.module) if variant else b.module
+        with torch.no_grad():
+            out = module(*(feeds[n] for n in b.inputs))
+        feeds |= dict(zip(b.outputs, out if isinstance(out, tuple) else (out,), strict=True))
+    return feeds
+
+
+@pytest.mark.parametrize("component,first,count", [
+    ("text_encoder", 1, 2),   # the UMT5 layers, relative bias inside each
+    ("transformer", 1, 2),    # two WanTransformerBlocks, and their TDTM variant
+    ("vae_decoder", 1, 4),    # the causal decoder's up stages, each with its own cache
+])
+def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component, first, count):
+    """Export planning for a memory budget merges neighbouring blocks of one kind
+    (edge/partition.py); on Wan's cut that must change nothing, variants included."""
+    from edge.partition import merge
+
+    blocks = wan_models["euler"].cut()[component]
+    run = blocks[first:first + count]
+    later = {n for b in blocks[first + count:] for n in b.inputs} | set(blocks[-1].outputs)
+    merged = merge(run, later)
+    assert merged.name == f"{run[0].name}-{run[-1].name.rsplit('_', 1)[1]}"  # e.g. up_0-3
+    recut = [*blocks[:first], merged, *blocks[first + count:]]
+    feeds = dict(zip(blocks[0].inputs, blocks[0].example, strict=True))
+    assert (component == "transformer") == ("tdtm" in merged.variants)
+    for variant in [None, *merged.variants]:
+        want, got = _run(blocks, feeds, variant), _run(recut, feeds, variant)
+        for name in blocks[-1].outputs:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+    assert list(merged.parameters())[0].startswith(f"parts.{run[0].name}.")
