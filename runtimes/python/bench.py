@@ -5,6 +5,12 @@
   naive      the same budget, no pinning and no prefetch: load on demand, free after use
              (what accelerate-style disk offload does)
 
+Every mode times its second generation, after a one-step warm-up in the same process: an
+app generates more than once, and the first generation's one-time costs (onnxruntime's
+first-run set-up of each session, reading the blocks a mode keeps pinned) would otherwise
+fall on the streamed and naive modes only. The warm-up's own figures are reported
+(`first_run`), so the one-time cost stays visible.
+
 plus a cold sequential read of the package's weight files, the storage limit the streamed
 modes are compared with: a mode's floor is max(resident wall, its bytes read at the cold
 sequential rate). Streamed and naive runs read with the page cache bypassed.
@@ -47,8 +53,9 @@ def run_mode(package: Path, mode: str, budget: int | None, prompt: str, seed: in
     pipe = Pipeline.load(package, threads=threads, check_hashes=False,
                          **_mode_options(mode, budget))
     overrides = {"steps": steps} if steps else {}
-    if mode == "resident":  # load everything first: the timed run reads nothing
-        pipe.generate(prompt, seed=seed, **(overrides | {"steps": 1}))
+    # warm-up, every mode alike: sessions set up, pinned blocks read (resident: every block)
+    pipe.generate(prompt, seed=seed, **(overrides | {"steps": 1}))
+    first = pipe.last_run
     pipe.generate(prompt, seed=seed, **overrides)
     run = pipe.last_run
     pipe.close()
@@ -59,7 +66,9 @@ def run_mode(package: Path, mode: str, budget: int | None, prompt: str, seed: in
             "overlap_efficiency": run["overlap_efficiency"],
             "read_bandwidth_bytes_per_s": run["read_bandwidth_bytes_per_s"],
             "transformer_calls": run["transformer_calls"],
-            "resident_blocks": len(pipe.loader.pinned)}
+            "resident_blocks": len(pipe.loader.pinned),
+            "first_run": {"steps": 1, "wall_s": first["wall_s"]["total"],
+                          "bytes_read": first["bytes_read"]}}
 
 
 def bench(package: str | Path, budget: int | None, prompt: str = "a red circle moving left",
