@@ -557,7 +557,7 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
     with _ray_connection(ray if isinstance(ray, str) else None, enabled=bool(ray)):
         with tqdm(total=total, desc="sweep", unit="run") as bar:  # stderr: JSON stays clean
             try:
-                result = run_sweep(package, classifier, prompt_set, ray=bool(ray),
+                result = run_sweep(package, classifier, prompt_set, ray=bool(ray), settings=rows,
                                    on_generation=lambda name: (bar.set_postfix_str(name),
                                                                bar.update()), **options)
             except (PackageError, BudgetError, ValueError) as err:  # RayError included

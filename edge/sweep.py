@@ -176,13 +176,14 @@ def run_regime(pipe: Pipeline, settings: list[Setting], classifier: AttributeCla
                on_generation: Callable[[str], None] | None = None) -> list[dict]:
     """Every setting on every prompt with one loaded pipeline; one result dict per row."""
     warm_up(pipe, settings, prompts, seed)
+    chunk_list = chunks(prompts, batch, seed)
     results: dict[str, list[tuple[np.ndarray, dict]]] = {s.name: [] for s in settings}
-    for chunk in chunks(prompts, batch, seed):
+    for chunk in chunk_list:
         for s in settings:
             results[s.name].append(generate_chunk(pipe, s, chunk))
             if on_generation:
                 on_generation(s.name)
-    return summarize_rows(settings, classifier, chunks(prompts, batch, seed), results)
+    return summarize_rows(settings, classifier, chunk_list, results)
 
 
 def summarize_rows(settings: list[Setting], classifier: AttributeClassifier,
@@ -226,17 +227,19 @@ def run_sweep(package: Path, classifier: AttributeClassifier, prompts: PromptSet
               cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
               regimes: tuple[str, ...] = REGIMES, threads: int | None = None,
               on_generation: Callable[[str], None] | None = None,
-              ray: bool = False) -> dict:
+              ray: bool = False, settings: list[Setting] | None = None) -> dict:
     """Both regimes on one prompt set. `memory_budget` is the streamed regime's (default:
     the smallest the package accepts); its reads bypass the page cache. `threads`:
     onnxruntime's threads per session (1 keeps timings steady on a busy machine). `ray`:
     run the generations as tasks on the Ray cluster this process is connected to
-    (edge.ray_eval.py)."""
+    (edge.ray_eval.py). `settings`: the rows, if already read (default: the package's,
+    `package_settings`)."""
     unknown = sorted(set(regimes) - set(REGIMES))
     if unknown:
         raise ValueError(f"unknown regime(s) {', '.join(unknown)}; known: {', '.join(REGIMES)}")
     budget = parse_size(memory_budget) or smallest_budget(package)
-    settings = package_settings(package, steps, cache_threshold)
+    if settings is None:
+        settings = package_settings(package, steps, cache_threshold)
     result: dict = {"package": str(package), "steps": steps, "seed": seed, "batch": batch,
                     "n_prompts": len(prompts), "cache_threshold": cache_threshold,
                     "threads": threads, "ray": ray,

@@ -99,10 +99,8 @@ def test_leap_tail_lands_exactly_on_a_straight_path_with_either_scheduler():
         assert trace.calls == 9 and trace.leap_at == 5
 
 
-def test_leap_tail_tells_the_step_cache_its_last_call():
-    # a fixed leap's tail is known in advance: the cache must compute the tail's last call
-    settings = SamplerSettings(steps=12, guidance=1.0, leap=True, leap_after=3, leap_steps=4,
-                               cache_threshold=1e9)
+def last_call_flags(settings: SamplerSettings) -> list[bool]:
+    """What each call was told of being the generation's last (the step cache's `last`)."""
     lasts = []
 
     def predict(x, t, step):
@@ -110,7 +108,14 @@ def test_leap_tail_tells_the_step_cache_its_last_call():
         return np.ones_like(x), np.ones_like(x)
 
     sample(predict, NOISE[None], settings)
-    assert lasts == [False] * 6 + [True]
+    return lasts
+
+
+def test_leap_tail_tells_the_step_cache_its_last_call():
+    # a fixed leap's tail is known in advance: the cache must compute the tail's last call
+    settings = SamplerSettings(steps=12, guidance=1.0, leap=True, leap_after=3, leap_steps=4,
+                               cache_threshold=1e9)
+    assert last_call_flags(settings) == [False] * 6 + [True]
 
 
 def test_leap_settings_out_of_range_are_refused_by_name():
@@ -228,14 +233,7 @@ def test_max_calls_bounds_every_leap():
 def test_a_leap_that_never_happens_leaves_the_last_call_to_the_schedule():
     settings = SamplerSettings(steps=6, guidance=1.0, leap=True, leap_after=8, leap_steps=9,
                                cache_threshold=1e9)
-    lasts = []
-
-    def predict(x, t, step):
-        lasts.append(step.last)
-        return np.ones_like(x), np.ones_like(x)
-
-    sample(predict, NOISE[None], settings)
-    assert lasts == [False] * 5 + [True]
+    assert last_call_flags(settings) == [False] * 5 + [True]
 
 
 def test_any_leap_option_implies_leap_and_no_leap_still_wins():

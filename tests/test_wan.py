@@ -36,9 +36,13 @@ def wan_packages(tmp_path_factory, wan_models):
     return {s: (root / s, export_onnx(m, root / s)) for s, m in wan_models.items()}
 
 
-def _chain(blocks, feeds):
+def _chain(blocks, feeds, variant=None):
+    """Blocks as the runtime chains them, with `variant` where a block has it."""
     for block in blocks:
-        outputs = block.run(*[feeds[n] for n in block.inputs])
+        module = block.variants.get(variant, block.module) if variant else block.module
+        with torch.no_grad():
+            outputs = module(*[feeds[n] for n in block.inputs])
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         feeds = feeds | dict(zip(block.outputs, outputs, strict=True))
     return feeds
 
@@ -329,17 +333,6 @@ def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
     json.dumps(result, allow_nan=False)
 
 
-def _run(blocks, feeds, variant=None):
-    """Blocks as the runtime chains them, with a variant where a block has it."""
-    feeds = dict(feeds)
-    for b in blocks:
-        module = b.variants.get(variant, b.module) if variant else b.module
-        with torch.no_grad():
-            out = module(*(feeds[n] for n in b.inputs))
-        feeds |= dict(zip(b.outputs, out if isinstance(out, tuple) else (out,), strict=True))
-    return feeds
-
-
 @pytest.mark.parametrize("component,first,count", [
     ("text_encoder", 1, 2),   # the UMT5 layers, relative bias inside each
     ("transformer", 1, 2),    # two WanTransformerBlocks, and their TDTM variant
@@ -359,7 +352,7 @@ def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component,
     feeds = dict(zip(blocks[0].inputs, blocks[0].example, strict=True))
     assert (component == "transformer") == ("tdtm" in merged.variants)
     for variant in [None, *merged.variants]:
-        want, got = _run(blocks, feeds, variant), _run(recut, feeds, variant)
+        want, got = _chain(blocks, feeds, variant), _chain(recut, feeds, variant)
         for name in blocks[-1].outputs:
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
     assert list(merged.parameters())[0].startswith(f"parts.{run[0].name}.")
