@@ -2,13 +2,14 @@
 
 A block is a module with named tensor inputs and outputs and its own parameters. Chained in
 order, a component's blocks compute exactly what the component computes (each family tests
-its own cut). How a model is cut is its family's business (edge/families/); everything
-downstream (planning, exporters, runtimes) sees only blocks.
+its own cut). A chunked component (`Chunking`) runs its chain once per chunk of its input,
+carrying named state from one chunk to the next. How a model is cut is its family's business
+(edge/families/); everything downstream (planning, exporters, runtimes) sees only blocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -23,9 +24,11 @@ class Block:
     outputs: list[str]
     example: tuple[torch.Tensor, ...]      # example inputs, batch first
     dynamic_batch: list[bool] = field(default_factory=list)  # per input
-    # other computations of this block with the same inputs, outputs and parameters (the
-    # very same tensors, same names), e.g. {"tdtm": the temporally merged pair}
-    variants: dict[str, nn.Module] = field(default_factory=dict)
+    # other computations of this block with the same parameters (the very same tensors, same
+    # names): a module takes the block's inputs and gives its outputs (e.g. {"tdtm": the
+    # temporally merged pair}); a Block declares its own inputs, example and output shapes
+    # (e.g. {"first": the first chunk of a chunked component, without the carried state})
+    variants: dict[str, nn.Module | Block] = field(default_factory=dict)
     # per output: whether its first axis is the batch (default: every output's is)
     dynamic_outputs: list[bool] | None = None
 
@@ -38,6 +41,13 @@ class Block:
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters().values())
+
+    def variant(self, name: str) -> Block:
+        """Variant `name` as a block of its own (its signature, this block's parameters)."""
+        found = self.variants[name]
+        if isinstance(found, Block):
+            return replace(found, component=self.component, name=self.name, variants={})
+        return replace(self, module=found, variants={})
 
     @torch.no_grad()
     def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -56,3 +66,58 @@ class EncoderLayerBlock(nn.Module):
     def forward(self, hidden: torch.Tensor, attention_bias: torch.Tensor) -> torch.Tensor:
         out = self.layer(hidden, attention_mask=attention_bias)
         return out[0] if isinstance(out, tuple) else out
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """A component run chunk by chunk: `input` split along `axis` into pieces of `size`, the
+    blocks run on each piece in turn (the first piece through their `first_variant`, which
+    takes no state), each state output fed to the same-named input on the next piece, and
+    the pieces of `output` concatenated along `axis`. Memory then holds one piece's
+    activations, not the whole input's (Wan's causal VAE decoder, frame by frame)."""
+
+    input: str
+    output: str
+    axis: int
+    size: int
+    first_variant: str
+
+    def state(self, blocks: list[Block]) -> list[str]:
+        """The carried tensors: inputs of the (later-piece) blocks that neither the piece
+        nor an earlier block gives."""
+        made, state = {self.input}, []
+        for b in blocks:
+            state += [n for n in b.inputs if n not in made and n not in state]
+            made |= set(b.outputs)
+        return state
+
+    def to_dict(self, blocks: list[Block]) -> dict:
+        return {"input": self.input, "output": self.output, "axis": self.axis,
+                "size": self.size, "first_variant": self.first_variant,
+                "state": self.state(blocks)}
+
+
+@torch.no_grad()
+def run_chain(blocks: list[Block], feeds: dict[str, torch.Tensor],
+              variant: str | None = None) -> dict[str, torch.Tensor]:
+    """Blocks in order as a runtime chains them (`variant` where a block has it); returns
+    `feeds` with every block's outputs added by name."""
+    for block in blocks:
+        b = block.variant(variant) if variant in block.variants else block
+        outputs = b.run(*(feeds[n] for n in b.inputs))
+        feeds = feeds | dict(zip(b.outputs, outputs, strict=True))
+    return feeds
+
+
+def run_chunked(blocks: list[Block], chunking: Chunking, feeds: dict[str, torch.Tensor]
+                ) -> dict[str, torch.Tensor]:
+    """A chunked component as a runtime runs it; returns {output: the whole output}."""
+    whole, state, pieces = feeds[chunking.input], {}, []
+    names = chunking.state(blocks)
+    for i, start in enumerate(range(0, whole.shape[chunking.axis], chunking.size)):
+        piece = whole.narrow(chunking.axis, start, chunking.size)
+        got = run_chain(blocks, feeds | state | {chunking.input: piece},
+                        chunking.first_variant if i == 0 else None)
+        pieces.append(got[chunking.output])
+        state = {n: got[n] for n in names}
+    return {chunking.output: torch.cat(pieces, chunking.axis)}

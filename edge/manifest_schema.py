@@ -228,6 +228,50 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
         if vgraph not in listed:  # so it is verified like every other file of the block
             raise PackageError(f"{at}: graph {vgraph!r} is not one of the block's files")
         _check_wasm_graph(record, listed, at)
+        # a variant may declare a signature of its own (same output names, other shapes)
+        if "inputs" in record or "outputs" in record:
+            _check_signature(require(record, "inputs", list, at), f"{at} inputs")
+            names = _check_signature(require(record, "outputs", list, at), f"{at} outputs")
+            if names != [o["name"] for o in block["outputs"]]:
+                raise PackageError(f"{at}: outputs {names} are not the block's "
+                                   f"{[o['name'] for o in block['outputs']]}")
+
+
+def as_variant(block: dict, variant: str) -> dict:
+    """The block's record as its variant `variant` runs: that graph, and the variant's own
+    inputs and outputs where it declares them."""
+    record = block["variants"][variant]
+    return block | {"graph": record["graph"]} | {k: record[k] for k in ("inputs", "outputs")
+                                                  if k in record}
+
+
+def _check_chunked(comp: dict, where: str) -> None:
+    """A chunked component: the piece and the state named, every block with the first
+    piece's variant; the later pieces' chain fed by the piece and the state, the first
+    piece's by the piece alone, and every state tensor given back by the first piece."""
+    spec = require(comp, "chunked", dict, where)
+    at = f"{where} chunked"
+    piece, output = require(spec, "input", str, at), require(spec, "output", str, at)
+    _count(spec, "axis", at)
+    _count(spec, "size", at, minimum=1)
+    first = require(spec, "first_variant", str, at)
+    state = require(spec, "state", list, at)
+    if not all(isinstance(n, str) for n in state) or len(set(state)) != len(state):
+        raise PackageError(f"{at}: state must be distinct tensor names")
+    blocks, name = comp["blocks"], comp["name"]
+    missing = [b["name"] for b in blocks if first not in b.get("variants", {})]
+    if missing:
+        raise PackageError(f"{MANIFEST} block {name}/{missing[0]}: no variant {first!r}, which "
+                           f"the chunked component {name!r} runs on its first piece")
+    check_chain(name, blocks, provided={piece, *state})
+    firsts = [as_variant(b, first) for b in blocks]
+    check_chain(name, firsts, provided={piece})
+    for label, chain in (("later", blocks), ("first", firsts)):
+        made = {o["name"] for b in chain for o in b["outputs"]}
+        gone = [n for n in [output, *state] if n not in made]
+        if gone:
+            raise PackageError(f"{at}: {gone[0]!r} is given by none of the blocks on the "
+                               f"{label} pieces")
 
 
 def _check_wasm_graph(record: dict, listed: set[str], where: str) -> None:
@@ -343,7 +387,10 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
                 raise PackageError(f"{where}: block id {cname}/{block['name']} appears twice")
             seen_blocks.add(block["name"])
             _check_block(block, files, where)
-        check_chain(cname, comp["blocks"])
+        if "chunked" in comp:
+            _check_chunked(comp, f"{MANIFEST} component {cname}")
+        else:
+            check_chain(cname, comp["blocks"])
     if target == "iphone":
         _check_coreml(manifest)
     return files

@@ -11,6 +11,7 @@ base module in it, so variant and base still share one weights file.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -44,10 +45,10 @@ def kind(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def merge(blocks: list[Block], needed_after: set[str]) -> Block:
-    """One block computing `blocks` in order. Its outputs are the last member's plus any
-    earlier member's output that a later block of the component (`needed_after`) takes."""
-    inputs, made, example, dynamic = [], set(), [], []
+def _gathered_inputs(blocks: list[Block]) -> tuple[list[str], tuple, list[bool], set[str]]:
+    """The inputs a chain of `blocks` takes from outside (with examples and batch flags), and
+    every name its members give."""
+    inputs, example, dynamic, made = [], [], [], set()
     for b in blocks:
         for name, value, dyn in zip(b.inputs, b.example, b.dynamic_batch, strict=True):
             if name not in made and name not in inputs:
@@ -55,18 +56,33 @@ def merge(blocks: list[Block], needed_after: set[str]) -> Block:
                 example.append(value)
                 dynamic.append(dyn)
         made |= set(b.outputs)
-    outputs = list(blocks[-1].outputs) + sorted(
-        n for n in made & needed_after if n not in blocks[-1].outputs)
+    return inputs, tuple(example), dynamic, made
 
-    def chain(variant: str | None) -> Chain:
-        return Chain([(b.name, b.variants.get(variant, b.module) if variant else b.module,
-                       b.inputs, b.outputs) for b in blocks], inputs, outputs)
 
-    first, last = blocks[0], blocks[-1]
-    name = f"{first.name}-{last.name.rsplit('_', 1)[1]}"  # layer_0-5
-    variants = {v: chain(v) for b in blocks for v in b.variants}
-    return Block(first.component, name, chain(None), inputs, outputs, tuple(example), dynamic,
-                 variants)
+def _chained(blocks: list[Block], outputs: list[str], name: str) -> Block:
+    inputs, example, dynamic, _ = _gathered_inputs(blocks)
+    module = Chain([(b.name, b.module, b.inputs, b.outputs) for b in blocks], inputs, outputs)
+    return Block(blocks[0].component, name, module, inputs, outputs, example, dynamic)
+
+
+def merge(blocks: list[Block], needed_after: set[str]) -> Block:
+    """One block computing `blocks` in order. Its outputs are the last member's, any earlier
+    member's output that a later block of the component (`needed_after`) takes, and any a
+    member gives back under the name of an input of the merged block (state a chunked
+    component carries to its next piece)."""
+    inputs, _, _, made = _gathered_inputs(blocks)
+    last = blocks[-1]
+    outputs = list(last.outputs) + sorted(
+        n for n in made & (needed_after | set(inputs)) if n not in last.outputs)
+    name = f"{blocks[0].name}-{last.name.rsplit('_', 1)[1]}"  # layer_0-5
+    variants: dict = {}
+    for v in dict.fromkeys(v for b in blocks for v in b.variants):
+        members = [b.variant(v) if v in b.variants else b for b in blocks]
+        chained = _chained(members, outputs, name)
+        # a variant with a signature of its own stays a block; otherwise only its module
+        own = any(isinstance(b.variants.get(v), Block) for b in blocks)
+        variants[v] = chained if own else chained.module
+    return replace(_chained(blocks, outputs, name), variants=variants)
 
 
 class PairHalf(nn.Module):

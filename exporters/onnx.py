@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -122,19 +121,28 @@ def export_validated_graph(block: Block, graph: Path, what: str) -> tuple:
 
 def export_variants(block: Block, root: Path) -> dict:
     """One more graph per variant (e.g. "tdtm"); the variant reads the base block's weights
-    file, since its parameters are the base block's (same names), so nothing is duplicated."""
+    file, since its parameters are the base block's (same names), so nothing is duplicated.
+    A variant with a signature of its own (e.g. a chunked component's "first") records it."""
     records = {}
-    for name, module in block.variants.items():
-        variant = replace(block, module=module, variants={})
+    for name in block.variants:
+        variant = block.variant(name)
         if list(variant.parameters()) != list(block.parameters()):
             raise ExportValidationError(f"block {block.key} variant {name}: its parameters "
                                         "are not the base block's")
         graph = root / "graphs" / block.component / f"{block.name}.{name}.onnx"
-        _, error = export_validated_graph(variant, graph, f"{block.key} variant {name}")
+        outputs, error = export_validated_graph(variant, graph, f"{block.key} variant {name}")
         entry = file_entry(root, graph)
         records[name] = {"graph": entry["path"], "files": [entry],
                          "validation": {"max_abs_error": error}}
+        if variant.inputs != block.inputs or variant.example is not block.example:
+            records[name] |= block_signature(variant, outputs)
     return records
+
+
+def block_signature(block: Block, outputs: tuple[torch.Tensor, ...]) -> dict:
+    dynamic_out = block.dynamic_outputs or [True] * len(outputs)
+    return {"inputs": signature(block.inputs, block.example, block.dynamic_batch),
+            "outputs": signature(block.outputs, outputs, dynamic_out)}
 
 
 def export_block(block: Block, root: Path) -> dict:
@@ -142,7 +150,6 @@ def export_block(block: Block, root: Path) -> dict:
     weights = root / "weights" / block.component / f"{block.name}.bin"
     outputs, error = export_validated_graph(block, graph, block.key)
     table = write_weights(weights, block.parameters())
-    dynamic_out = block.dynamic_outputs or [True] * len(outputs)
     files = [file_entry(root, graph), file_entry(root, weights)]
     variants = export_variants(block, root)
     # the block's files list every file it uses, its variants' graphs too, so verification
@@ -154,8 +161,7 @@ def export_block(block: Block, root: Path) -> dict:
         "graph": files[0]["path"],
         "weights": {"path": files[1]["path"], "tensors": table},
         "weight_bytes": block.weight_bytes(),
-        "inputs": signature(block.inputs, block.example, block.dynamic_batch),
-        "outputs": signature(block.outputs, outputs, dynamic_out),
+        **block_signature(block, outputs),
         "validation": {"max_abs_error": error},
     }
     if variants:
@@ -184,7 +190,10 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
                 records.append(export_block(block, root))
                 if on_block:
                     on_block(block.key)
-            manifest["components"].append({"name": name, "blocks": records})
+            record = {"name": name, "blocks": records}
+            if name in model.chunked:
+                record["chunked"] = model.chunked[name].to_dict(blocks)
+            manifest["components"].append(record)
         write_manifest(root, manifest)
         if validate_end_to_end:
             manifest["validation"] = validate_end_to_end(root)

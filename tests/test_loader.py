@@ -282,3 +282,40 @@ def test_read_ahead_starts_behind_resident_blocks(tmp_path):
     finally:
         runs.close()
         loader.close()
+
+
+def test_blocks_recurring_in_one_run_are_read_once_where_the_budget_has_room(tmp_path):
+    """A chunked component runs its blocks once per piece: with p0 pinned for the denoising
+    loop, the budget (6 pages) cannot pin the decoder's blocks too (room to stream two
+    transformer blocks must stay), but during the decode nothing else streams, so they are
+    kept from their first use to their last and read once, not once per piece."""
+    sizes = {"tr/p0": 2, "tr/p1": 2, "tr/p2": 2, "vae/h": 1, "vae/u": 1}
+    blocks = make_blocks(tmp_path, sizes)
+    loader = BlockLoader(blocks, 6 * PAGE, ("tr/p0", "tr/p1", "tr/p2"))
+    assert loader.pinned == {"tr/p0"}
+    decode = ["vae/h", "vae/u"] * 4
+    assert loader.kept_for_run(decode) == {"vae/h", "vae/u"}
+    index = {k: i for i, k in enumerate(sizes)}
+    list(loader.run(["tr/p0"]))  # the pinned block is resident, as after a denoising loop
+    before = loader.stats.bytes_read
+    for key, weights in loader.run(decode, keep_recurring=True):
+        assert weights["w"][0] == index[key]
+    assert loader.stats.bytes_read - before == 2 * PAGE
+    assert loader.stats.peak_held_bytes <= 6 * PAGE
+    # after the run the kept blocks are let go: the next decode reads them again
+    list(loader.run(decode, keep_recurring=True))
+    assert loader.stats.bytes_read - before == 4 * PAGE
+    # a run that does not ask streams them at every use, as the plan says
+    list(loader.run(decode))
+    assert loader.stats.bytes_read - before == 4 * PAGE + 8 * PAGE
+    # no room: three decoder blocks of 2 pages beside p0, and keeping any one would leave
+    # too little to stream the other two one after the other (2 + 2 + 2 + 2 > 6)
+    wide = {"tr/p0": 2, "tr/p1": 2, "vae/h": 2, "vae/u": 2, "vae/o": 2}
+    (tmp_path / "wide").mkdir()
+    tight = BlockLoader(make_blocks(tmp_path / "wide", wide), 6 * PAGE, ("tr/p0", "tr/p1"))
+    assert tight.pinned == {"tr/p0"}
+    assert tight.kept_for_run(["vae/h", "vae/u", "vae/o"] * 2) == set()
+    naive = BlockLoader(blocks, 6 * PAGE, ("tr/p0",), pin=False)
+    assert naive.kept_for_run(decode) == set()  # naive loading keeps nothing
+    for each in (loader, tight, naive):
+        each.close()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from wan_folder import make_wan_folder
 
+from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, family_of, load_model
 from exporters.onnx import export_onnx, psnr
 
@@ -36,17 +37,6 @@ def wan_packages(tmp_path_factory, wan_models):
     return {s: (root / s, export_onnx(m, root / s)) for s, m in wan_models.items()}
 
 
-def _chain(blocks, feeds, variant=None):
-    """Blocks as the runtime chains them, with `variant` where a block has it."""
-    for block in blocks:
-        module = block.variants.get(variant, block.module) if variant else block.module
-        with torch.no_grad():
-            outputs = module(*[feeds[n] for n in block.inputs])
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        feeds = feeds | dict(zip(block.outputs, outputs, strict=True))
-    return feeds
-
-
 @torch.no_grad()
 def test_cut_equals_the_diffusers_components(wan_models):
     model = wan_models["unipc"]
@@ -55,14 +45,14 @@ def test_cut_equals_the_diffusers_components(wan_models):
                                                     "epilogue"]
     ids, mask = model._ids(["a red circle moving left", "the dog"])
     want = model.pipe.text_encoder(ids, mask).last_hidden_state * mask[..., None]
-    got = _chain(cut["text_encoder"], {"input_ids": ids, "attention_mask": mask})["hidden"]
+    got = run_chain(cut["text_encoder"], {"input_ids": ids, "attention_mask": mask})["hidden"]
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
     latent = torch.randn(2, *model.latent_shape)
     caption = torch.randn(2, model.text_tokens, 32)
     want = model.pipe.transformer(latent, torch.tensor([999, 500]), caption,
                                   return_dict=False)[0]
-    got = _chain(cut["transformer"], {"latent": latent, "t": torch.tensor([0.999, 0.5]),
+    got = run_chain(cut["transformer"], {"latent": latent, "t": torch.tensor([0.999, 0.5]),
                                       "caption": caption})["velocity"]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
@@ -71,7 +61,7 @@ def test_cut_equals_the_diffusers_components(wan_models):
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     want = (vae.decode(z * std + mean).sample.clamp(-1, 1) + 1) / 2
-    got = _chain(cut["vae_decoder"], {"z": z})["frames"]
+    got = run_chunked(cut["vae_decoder"], model.chunked["vae_decoder"], {"z": z})["frames"]
     assert got.shape == (1, 3, SIZE["frames"], SIZE["height"], SIZE["width"])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
@@ -150,6 +140,72 @@ def test_latents_of_the_wrong_shape_are_refused(wan_packages):
             runtime.generate("a cat", latents=np.zeros((1, 16, 3, 4, 4), np.float32))
     finally:
         runtime.close()
+
+
+def test_decoder_runs_frame_by_frame_and_keeps_what_fits(wan_packages):
+    """The package says how the decoder runs (one latent frame a piece, its caches carried).
+    Under a budget that pins only part of the decoder, the loader keeps what else fits for
+    the decode (read once) and streams the rest once per frame, and the video is the one
+    decoded with every block resident."""
+    from runtimes.python import Pipeline
+
+    root, manifest = wan_packages["euler"]
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    spec = decoder["chunked"]
+    assert (spec["input"], spec["output"], spec["axis"], spec["size"]) == ("z", "frames", 2, 1)
+    assert spec["state"] and all(b["variants"]["first"]["inputs"][0]["shape"][2] == 1
+                                 for b in decoder["blocks"])
+    latents = np.random.default_rng(3).standard_normal((1, *manifest["latent_shape"]),
+                                                       dtype=np.float32)
+    frames = manifest["latent_shape"][1]
+    keys = [f"vae_decoder/{b['name']}" for b in decoder["blocks"]]
+    resident = Pipeline.load(root)
+    try:
+        want = resident._decode(latents)
+    finally:
+        resident.close()
+    runtime = Pipeline.load(root, memory_budget=236_000)
+    try:
+        loader = runtime.loader
+        pinned = [k for k in keys if k in loader.pinned]
+        kept = loader.kept_for_run(keys * frames)
+        streamed = [k for k in keys if k not in pinned and k not in kept]
+        assert pinned and kept and streamed  # this budget exercises all three
+        got = runtime._decode(latents)
+        size = {k: loader.blocks[k].nbytes for k in keys}
+        assert loader.stats.bytes_read == sum(size[k] for k in pinned + list(kept)) + \
+            frames * sum(size[k] for k in streamed)
+        assert loader.stats.peak_held_bytes <= 236_000
+    finally:
+        runtime.close()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c["blocks"][2]["variants"].pop("first"),
+     r"block vae_decoder/up_1: no variant 'first'"),
+    (lambda c: c["chunked"]["state"].append("up_9.cache_0"),
+     r"'up_9.cache_0' is given by none of the blocks"),
+    (lambda c: c["chunked"].update(size=0), r"field 'size' is 0, must be at least 1"),
+    (lambda c: c["chunked"]["state"].remove("up_0.cache_0"),
+     r"vae_decoder/up_0: input 'up_0.cache_0' is neither"),
+    (lambda c: c["blocks"][1]["variants"]["first"]["outputs"][1]["shape"].__setitem__(2, 3),
+     r"vae_decoder/up_0 variant first: output 'out:up_0.cache_0' has shape "
+     r"\['batch', 8, 3, 4, 6\] in manifest.json but \['batch', 8, 2, 4, 6\] in the graph"),
+])
+def test_chunked_decoder_records_that_cannot_run_are_refused(wan_packages, tmp_path, edit,
+                                                              message):
+    from manifest_edits import rewrite
+
+    from edge.package import PackageError
+    from runtimes.python import Pipeline
+
+    root = tmp_path / "pkg"
+    shutil.copytree(wan_packages["euler"][0], root)
+    rewrite(root, lambda m: edit(next(c for c in m["components"]
+                                      if c["name"] == "vae_decoder")))
+    with pytest.raises(PackageError, match=message):
+        Pipeline.load(root).close()
 
 
 # ---------------------------------------------------------------- bad folders
@@ -336,23 +392,34 @@ def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
 @pytest.mark.parametrize("component,first,count", [
     ("text_encoder", 1, 2),   # the UMT5 layers, relative bias inside each
     ("transformer", 1, 2),    # two WanTransformerBlocks, and their TDTM variant
-    ("vae_decoder", 1, 4),    # the causal decoder's up stages, each with its own cache
+    ("vae_decoder", 1, 4),    # the causal decoder's up stages, their caches and first frame
 ])
 def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component, first, count):
     """Export planning for a memory budget merges neighbouring blocks of one kind
     (edge/partition.py); on Wan's cut that must change nothing, variants included."""
     from edge.partition import merge
 
-    blocks = wan_models["euler"].cut()[component]
+    model = wan_models["euler"]
+    blocks = model.cut()[component]
     run = blocks[first:first + count]
     later = {n for b in blocks[first + count:] for n in b.inputs} | set(blocks[-1].outputs)
     merged = merge(run, later)
     assert merged.name == f"{run[0].name}-{run[-1].name.rsplit('_', 1)[1]}"  # e.g. up_0-3
     recut = [*blocks[:first], merged, *blocks[first + count:]]
-    feeds = dict(zip(blocks[0].inputs, blocks[0].example, strict=True))
-    assert (component == "transformer") == ("tdtm" in merged.variants)
+    assert set(merged.variants) == {"transformer": {"tdtm"}, "text_encoder": set(),
+                                    "vae_decoder": {"first"}}[component]
+    if component == "vae_decoder":  # chunked: every piece, the caches carried between them
+        chunking = model.chunked[component]
+        z = torch.randn(1, *model.latent_shape)
+        assert chunking.state(recut) == chunking.state(blocks)
+        want, got = run_chunked(blocks, chunking, {"z": z}), run_chunked(recut, chunking,
+                                                                         {"z": z})
+        torch.testing.assert_close(got["frames"], want["frames"], rtol=0, atol=0)
     for variant in [None, *merged.variants]:
-        want, got = _chain(blocks, feeds, variant), _chain(recut, feeds, variant)
+        # every block's example inputs: the chain replaces those an earlier block gives
+        as_run = [b.variant(variant) if variant in b.variants else b for b in blocks]
+        feeds = {n: t for b in as_run for n, t in zip(b.inputs, b.example, strict=True)}
+        want, got = run_chain(blocks, feeds, variant), run_chain(recut, feeds, variant)
         for name in blocks[-1].outputs:
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
     assert list(merged.parameters())[0].startswith(f"parts.{run[0].name}.")

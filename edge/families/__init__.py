@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from edge.blocks import Block
+from edge.blocks import Block, Chunking
 from edge.sampler import SamplerSettings
 
 
@@ -27,6 +27,7 @@ class FamilyError(ValueError):
 class FamilyModel(Protocol):
     name: str                       # the model's name (package folder names use it)
     family: str                     # the family's name, recorded in the manifest
+    chunked: dict[str, Chunking]    # components the runtime runs chunk by chunk
 
     @property
     def sampler(self) -> SamplerSettings: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +152,7 @@ class TinySoraModel:
     pipe: TinySora
     name: str = NAME
     family: str = NAME
+    chunked: dict = field(default_factory=dict)   # every component runs whole
 
     @property
     def sampler(self) -> SamplerSettings:

@@ -11,17 +11,18 @@ Cuts (each chained component equals the diffusers component; tests/test_wan.py):
                 block_0 .. block_{N-1} (each with a "tdtm" variant: temporal token merging
                 of consecutive latent frames around both attentions), epilogue (modulated
                 norm, proj_out, unpatchify)
-  vae_decoder   stage by stage: head (latents denormalised, post_quant_conv, conv_in, mid
-                block), up_0 .. up_3, out (norm, conv_out, clamp, to [0, 1])
+  vae_decoder   head (latents denormalised, post_quant_conv, conv_in, mid block),
+                up_0 .. up_3, out (norm, conv_out, clamp, to [0, 1]): run once per latent
+                frame, each stage's feature cache an explicit input and output
 
 The VAE decoder is causal in time and diffusers decodes it latent frame by latent frame with a
-feature cache (each causal convolution keeps the last two frames it saw). A causal
-convolution's output at frame i depends only on its inputs at frames <= i, so the same numbers
-come out when each stage runs over all frames (in the same per-frame chunks, with its own
-cache) before the next stage starts: that is how it is cut here. Each piece is then one block
-run once, as every other component's blocks are, and the caches never leave a block. The
-price is activation memory: a stage holds the whole clip's activations at its resolution
-instead of one chunk's (docs/families.md).
+feature cache (each causal convolution keeps the last two frames it saw). The runtime does the
+same (a chunked component, `edge.blocks.Chunking`): each stage takes one frame's activations
+and its cache, and gives the next stage's activations and its new cache, which the runtime
+hands back to the stage on the next frame. The first frame runs each stage's "first" variant
+(no cache in; the 3D upsamplers do not double it in time). Memory holds one frame's
+activations and the caches, not the whole clip's: decoding a stage over the whole clip at
+once would need 12 GB for one activation of the last stage at Wan's 81 frames of 480x832.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.blocks import Block, EncoderLayerBlock
+from edge.blocks import Block, Chunking, EncoderLayerBlock
 from edge.families import FamilyError
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
 from edge.package import file_entry
@@ -50,6 +51,7 @@ TEXT_TOKENS = 512                                             # WanPipeline's ma
 GUIDANCE = 5.0
 STEPS = 50
 TIMESTEP_SCALE = 1000.0   # the transformer takes timesteps in training steps
+CACHE_FRAMES = 2          # frames each causal convolution of the VAE keeps (diffusers' CACHE_T)
 
 
 # ---------------------------------------------------------------- loading and checks
@@ -346,28 +348,44 @@ class WanEpilogue(nn.Module):
 
 # ---------------------------------------------------------------- VAE decoder blocks
 
-class WanDecoderStage(nn.Module):
-    """One stage of the causal decoder over every frame: the input split into the chunks
-    diffusers would feed it (one latent frame's worth each), each run with this stage's own
-    feature cache, the outputs concatenated in time."""
+class WanDecoderChunk(nn.Module):
+    """One stage of the causal decoder on one chunk (one latent frame's worth), its feature
+    cache explicit: x, *cache -> x, *cache. `first`: the first chunk, as diffusers runs it
+    (no cache in; the 3D upsamplers do not double it in time) -> x, *cache.
 
-    def __init__(self, run: Callable, modules: dict[str, nn.Module], chunks: list[int],
+    The cache is made uniform so that every chunk after the first takes the same shapes:
+    each entry holds two frames. diffusers' first chunk leaves one frame (or, for an
+    upsampler's time convolution, the mark "Rep"); a zero frame in front (all zeros for
+    "Rep") computes the same, because a causal convolution pads with zeros where the cache
+    is short."""
+
+    def __init__(self, run: Callable, modules: dict[str, nn.Module], first: bool,
                  head: Callable | None = None, tail: Callable | None = None) -> None:
         super().__init__()
         self.parts = nn.ModuleDict(modules)
-        self.run_chunk, self.chunks, self.head, self.tail = run, chunks, head, tail
+        self.run_chunk, self.first, self.head, self.tail = run, first, head, tail
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *cache_in: torch.Tensor):
         if self.head is not None:
             x = self.head(self.parts, x)
-        cache: list = [None] * 64
-        outs, start = [], 0
-        for i, size in enumerate(self.chunks):
-            outs.append(self.run_chunk(self.parts, x[:, :, start:start + size], cache, [0],
-                                       i == 0))
-            start += size
-        out = torch.cat(outs, 2)
-        return out if self.tail is None else self.tail(self.parts, out)
+        cache: list = [None] * 64 if self.first else [*cache_in]
+        idx = [0]
+        out = self.run_chunk(self.parts, x, cache, idx, self.first)
+        if not self.first and idx[0] != len(cache_in):
+            raise ValueError(f"the stage used {idx[0]} cache entries, {len(cache_in)} given")
+        cache_out = [self._uniform(entry, x) for entry in cache[:idx[0]]]
+        out = out if self.tail is None else self.tail(self.parts, out)
+        return (out, *cache_out)
+
+    def _uniform(self, entry, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(entry, str):  # "Rep": the upsampler's time convolution, not yet run
+            dim = self.parts["up"].upsamplers[0].dim
+            return x.new_zeros(x.shape[0], dim, CACHE_FRAMES, x.shape[3], x.shape[4])
+        if entry.shape[2] < CACHE_FRAMES:
+            pad = entry.new_zeros(*entry.shape[:2], CACHE_FRAMES - entry.shape[2],
+                                  *entry.shape[3:])
+            return torch.cat([pad, entry], 2)
+        return entry
 
 
 def _cached_conv(conv: nn.Module, x: torch.Tensor, cache: list, idx: list[int]) -> torch.Tensor:
@@ -383,8 +401,9 @@ def _cached_conv(conv: nn.Module, x: torch.Tensor, cache: list, idx: list[int]) 
     return out
 
 
-def cut_vae_decoder(vae: nn.Module, latent_frames: int) -> list[tuple[str, nn.Module]]:
-    """(name, stage) pairs; latents in (B, C, T, h, w) as the sampler makes them."""
+def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
+    """(name, stage) pairs for one chunk of latents (B, C, 1, h, w) as the sampler makes
+    them; `first`: the stages for the first chunk."""
     dec = vae.decoder
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
@@ -405,17 +424,14 @@ def cut_vae_decoder(vae: nn.Module, latent_frames: int) -> list[tuple[str, nn.Mo
     def to_unit(parts, x):
         return (x.clamp(-1, 1) + 1) / 2
 
-    chunks = [1] * latent_frames
-    stages = [("head", WanDecoderStage(head, {"post_quant_conv": vae.post_quant_conv,
+    stages = [("head", WanDecoderChunk(head, {"post_quant_conv": vae.post_quant_conv,
                                               "conv_in": dec.conv_in,
-                                              "mid_block": dec.mid_block}, chunks, denormalise))]
+                                              "mid_block": dec.mid_block}, first, denormalise))]
     for i, block in enumerate(dec.up_blocks):
-        stages.append((f"up_{i}", WanDecoderStage(up, {"up": block}, chunks)))
-        if getattr(block, "upsamplers", None) and block.upsamplers[0].mode == "upsample3d":
-            chunks = [1] + [2 * c for c in chunks[1:]]   # the first chunk is never upsampled
-    stages.append(("out", WanDecoderStage(out, {"norm_out": dec.norm_out,
-                                                "nonlinearity": dec.nonlinearity,
-                                                "conv_out": dec.conv_out}, chunks,
+        stages.append((f"up_{i}", WanDecoderChunk(up, {"up": block}, first)))
+    stages.append(("out", WanDecoderChunk(out, {"norm_out": dec.norm_out,
+                                               "nonlinearity": dec.nonlinearity,
+                                               "conv_out": dec.conv_out}, first,
                                           tail=to_unit)))
     return stages
 
@@ -434,6 +450,10 @@ class WanModel:
     name: str = NAME
     family: str = NAME
     text_tokens: int = TEXT_TOKENS
+    # the causal VAE decoder runs latent frame by latent frame, its caches carried
+    chunked: dict[str, Chunking] = field(default_factory=lambda: {
+        "vae_decoder": Chunking(input="z", output="frames", axis=2, size=1,
+                                first_variant="first")})
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -500,15 +520,29 @@ class WanModel:
         return blocks
 
     def _cut_vae_decoder(self) -> list[Block]:
+        """One block per stage, run once per latent frame (`decoder_chunking`); its variant
+        "first" is the first frame's."""
         g = torch.Generator().manual_seed(1)
-        x = torch.randn(2, *self.latent_shape, generator=g)  # batch 1 would be specialised
+        z = torch.randn(2, *self.latent_shape, generator=g)  # batch 1 would be specialised
+        # a one-frame video runs only "first"; its later-frame graphs get a stand-in frame
+        first_x, x = z[:, :, :1], z[:, :, 1:2] if z.shape[2] > 1 else z[:, :, :1]
+        firsts = dict(cut_vae_decoder(self.pipe.vae, first=True))
         blocks = []
-        stages = cut_vae_decoder(self.pipe.vae, self.latent_shape[1])
-        for i, (name, stage) in enumerate(stages):
-            block = Block("vae_decoder", name, stage.eval(), ["z" if i == 0 else "h"],
-                          ["frames" if i == len(stages) - 1 else "h"], (x,), [True])
+        for i, (name, stage) in enumerate(cut_vae_decoder(self.pipe.vae, first=False)):
+            x_in, x_out = ("z" if i == 0 else "h"), ("frames" if name == "out" else "h")
+            with torch.no_grad():
+                first_out = firsts[name](first_x)
+                # the second frame, after the first frame's cache: the shapes every later
+                # frame has
+                out = stage(x, *first_out[1:])
+            state = [f"{name}.cache_{k}" for k in range(len(first_out) - 1)]
+            dyn = [True] * (1 + len(state))
+            first = Block("vae_decoder", name, firsts[name].eval(), [x_in], [x_out, *state],
+                          (first_x,), [True])
+            block = Block("vae_decoder", name, stage.eval(), [x_in, *state], [x_out, *state],
+                          (x, *first_out[1:]), dyn, {"first": first})
             blocks.append(block)
-            (x,) = block.run(x)
+            first_x, x = first_out[0], out[0]
         return blocks
 
     def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from edge.manifest_schema import MANIFEST, PackageError
+from edge.manifest_schema import MANIFEST, PackageError, as_variant
 
 # NumPy dtype names of the manifest -> onnxruntime's type strings
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)",
@@ -91,6 +91,33 @@ def check_feeds(component: str, blocks: list[dict], given: Mapping[str, tuple[st
         available |= {s["name"]: (s["dtype"], s["shape"]) for s in block["outputs"]}
 
 
+def _outputs(blocks: list[dict]) -> dict[str, tuple[str, list]]:
+    return {s["name"]: (s["dtype"], list(s["shape"])) for b in blocks for s in b["outputs"]}
+
+
+def check_chunked_feeds(comp: dict, given: Mapping[str, tuple[str, list]]) -> None:
+    """A chunked component's feeds: its input cut into pieces; the first piece's chain (the
+    first variants) fed by the piece, the later pieces' chain by the piece and the state the
+    piece before gave, which must have one shape whichever chain gave it."""
+    spec, name = comp["chunked"], comp["name"]
+    dtype, shape = given[spec["input"]]
+    axis = spec["axis"]
+    if axis >= len(shape) or shape[axis] == BATCH or shape[axis] % spec["size"]:
+        raise PackageError(f"{MANIFEST} component {name} chunked: axis {axis} of "
+                           f"{spec['input']!r} {list(shape)} cannot be cut into pieces of "
+                           f"{spec['size']}")
+    piece = {spec["input"]: (dtype, [*shape[:axis], spec["size"], *shape[axis + 1:]])}
+    firsts = [as_variant(b, spec["first_variant"]) for b in comp["blocks"]]
+    check_feeds(name, firsts, dict(given) | piece)
+    first_state = {n: s for n, s in _outputs(firsts).items() if n in spec["state"]}
+    check_feeds(name, comp["blocks"], dict(given) | piece | first_state)
+    for n, s in _outputs(comp["blocks"]).items():
+        if n in first_state and s != first_state[n]:
+            raise PackageError(f"{MANIFEST} component {name}: state {n!r} is {s[0]} {s[1]} "
+                               f"after a later piece but {first_state[n][0]} "
+                               f"{first_state[n][1]} after the first")
+
+
 def check_runtime_feeds(manifest: dict, null_caption: Any) -> None:
     """The Python runtime's feeds (token ids of `max_tokens`, latents of `latent_shape`, the
     null caption) agree with what the blocks declare, and the text encoder's output with the
@@ -121,7 +148,9 @@ def check_runtime_feeds(manifest: dict, null_caption: Any) -> None:
     }
     made = {}
     for comp in manifest["components"]:
-        if comp["name"] in given:
+        if comp["name"] in given and "chunked" in comp:
+            check_chunked_feeds(comp, given[comp["name"]])
+        elif comp["name"] in given:
             check_feeds(comp["name"], comp["blocks"], given[comp["name"]])
         made[comp["name"]] = {s["name"]: (s["dtype"], list(s["shape"]))
                               for b in comp["blocks"] for s in b["outputs"]}

@@ -1,7 +1,9 @@
 """The block loader: owns the memory that block weights occupy, under a hard byte budget.
 
 - Pins what fits (blocks used every denoising step first), streams the rest: a streamed block
-  is read from storage when needed and freed right after it ran.
+  is read from storage when needed and freed right after it ran; a block that recurs in a
+  schedule run with `keep_recurring` (a chunked component's, once per piece) is kept until
+  its last use there where the budget has room.
 - Prefetch: a background thread reads the next blocks of the schedule while the current one
   computes, as far as the budget allows (a read waits for bytes to be freed, never exceeds).
 - Reads are one large read per block file into an aligned buffer; with `cold_reads` the page
@@ -21,6 +23,7 @@ import os
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -363,20 +366,49 @@ class BlockLoader:
         self.stats.reads += 1
         return _Loaded(weights, buffer, key in self.pinned)
 
-    def run(self, schedule: Iterable[str]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    def kept_for_run(self, schedule: list[str]) -> set[str]:
+        """Streamed blocks that recur in `schedule` and are kept from their first use to
+        their last (read once, not once per use): chosen in order of first use while the
+        pinned blocks, the kept ones and room to stream the largest other block plus one
+        read ahead stay within the budget, as `plan_pins` reserves it."""
+        if not self.pin or self.budget is None:
+            return set()
+        sizes = {k: self.blocks[k].nbytes for k in schedule}
+        uses = Counter(schedule)
+        held = sum(self.blocks[k].nbytes for k in self.pinned)
+        kept: set[str] = set()
+        for key in sizes:  # first-use order
+            if key in self.pinned or uses[key] < 2:
+                continue
+            trial = kept | {key}
+            streamed = sorted((n for k, n in sizes.items()
+                               if k not in self.pinned and k not in trial), reverse=True)
+            reserve = sum(streamed[:1 + min(self.prefetch, 1)])
+            if held + sum(sizes[k] for k in trial) + reserve <= self.budget:
+                kept = trial
+        return kept
+
+    def run(self, schedule: Iterable[str], keep_recurring: bool = False
+            ) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
         """Yield (key, weights) for each key in `schedule`, in order. A streamed block's
         weights are valid until the consumer asks for the next block: its buffer then goes
-        back to the pool for a later read."""
+        back to the pool for a later read. `keep_recurring`: blocks `kept_for_run` are read
+        once and let go after their last use (a chunked component, once per piece; the
+        denoising loop does not ask, so its streaming stays what the plan says)."""
         schedule = list(schedule)
-        first_use = {}
+        first_use, last_use = {}, {}
         for i, key in enumerate(schedule):
             first_use.setdefault(key, i)
+            last_use[key] = i
+        kept = self.kept_for_run(schedule) if keep_recurring else set()
+        kept_loaded: dict[str, _Loaded] = {}
         futures: dict[int, Future] = {}
 
         def needs_read(i: int) -> bool:
             key = schedule[i]
-            # a pinned block is read once, at its first use, and stays resident
-            return key not in self._resident and (key not in self.pinned or first_use[key] == i)
+            # a pinned or kept block is read once, at its first use, and stays resident
+            return key not in self._resident and (
+                (key not in self.pinned and key not in kept) or first_use[key] == i)
 
         def ensure_submitted(i: int) -> None:
             if i < len(schedule) and i not in futures and needs_read(i):
@@ -408,10 +440,17 @@ class BlockLoader:
                     self.stats.wait_s += time.perf_counter() - started
                     if loaded.pinned:
                         self._resident[key] = loaded
+                    elif key in kept:
+                        kept_loaded[key] = loaded
                 else:
-                    loaded = self._resident[key]
+                    loaded = self._resident.get(key) or kept_loaded[key]
                 self.stats.peak_held_bytes = max(self.stats.peak_held_bytes, self.buffers.peak)
-                held = None if loaded.pinned else loaded
+                if loaded.pinned:
+                    held = None
+                elif key in kept:
+                    held = kept_loaded.pop(key) if last_use[key] == i else None
+                else:
+                    held = loaded
                 yield key, loaded.weights
                 del loaded
                 if held is not None:
@@ -420,6 +459,8 @@ class BlockLoader:
         finally:  # the consumer stopped early: give back what it held and what was read ahead
             if held is not None:
                 held.release_to(self.buffers)
+            for loaded in kept_loaded.values():
+                loaded.release_to(self.buffers)
             for f in futures.values():
                 if f.exception() is None:
                     f.result().release_to(self.buffers)

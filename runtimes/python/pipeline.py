@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from edge.manifest_schema import MANIFEST, check_chain
+from edge.manifest_schema import MANIFEST, as_variant, check_chain
 from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
 from edge.sampler import (
@@ -61,10 +61,13 @@ def _peak_rss_bytes() -> int:
 class Component:
     name: str
     blocks: list[dict]
+    chunked: dict | None = None   # run piece by piece, state carried (manifest "chunked")
     sessions: dict[str, ort.InferenceSession] = field(default_factory=dict)
     # (block key, variant name) -> session of that variant's graph; the weights are the
     # base block's (same names), so the loader holds one copy whichever graph runs
     variants: dict[tuple[str, str], ort.InferenceSession] = field(default_factory=dict)
+    # (block key, variant name) -> the block's record as that variant runs (its signature)
+    variant_records: dict[tuple[str, str], dict] = field(default_factory=dict)
 
     def keys(self) -> list[str]:
         return [f"{self.name}/{b['name']}" for b in self.blocks]
@@ -90,11 +93,20 @@ def check_runnable(manifest: dict) -> None:
         raise PackageError(f"{MANIFEST}: target {manifest['target']!r}; the Python runtime "
                            f"runs {RUNTIME_TARGET!r} packages")
     components = {c["name"]: c["blocks"] for c in manifest["components"]}
+    chunking = {c["name"]: c["chunked"] for c in manifest["components"] if "chunked" in c}
     for name, given in COMPONENT_INPUTS.items():
         if name not in components:
             raise PackageError(f"{MANIFEST}: no component {name!r}; the Python runtime needs "
                                f"{', '.join(COMPONENT_INPUTS)}")
-        check_chain(name, components[name], provided=given)
+        chunked = chunking.get(name)
+        if chunked is None:
+            check_chain(name, components[name], provided=given)
+        else:  # the manifest check saw the chains; here: what this runtime feeds and takes
+            if chunked["input"] not in given or chunked["output"] not in COMPONENT_OUTPUTS[name]:
+                raise PackageError(f"{MANIFEST} component {name} chunked: pieces of "
+                                   f"{chunked['input']!r} giving {chunked['output']!r}; the "
+                                   f"Python runtime feeds {', '.join(sorted(given))} and takes "
+                                   f"{', '.join(sorted(COMPONENT_OUTPUTS[name]))}")
         made = {s["name"] for b in components[name] for s in b["outputs"]}
         if not COMPONENT_OUTPUTS[name] <= made:
             raise PackageError(f"{MANIFEST}: component {name!r} makes no "
@@ -191,13 +203,15 @@ class Pipeline:
             options.intra_op_num_threads = threads
         components, weights = {}, {}
         for comp in manifest["components"]:
-            c = Component(comp["name"], comp["blocks"])
+            c = Component(comp["name"], comp["blocks"], comp.get("chunked"))
             for block, key in zip(c.blocks, c.keys(), strict=True):
                 where = f"block {key}"
                 c.sessions[key] = _session(root, block["graph"], options, where, block)
-                for variant, record in block.get("variants", {}).items():
+                for variant in block.get("variants", {}):
+                    record = as_variant(block, variant)
+                    c.variant_records[key, variant] = record
                     c.variants[key, variant] = _session(
-                        root, record["graph"], options, f"{where} variant {variant}", block)
+                        root, record["graph"], options, f"{where} variant {variant}", record)
                 wpath = resolve_inside(root, block["weights"]["path"], where)
                 weights[key] = BlockWeights.of_block(key, wpath, block, identities.get(wpath))
             components[c.name] = c
@@ -223,6 +237,7 @@ class Pipeline:
         variant's graph where a block has one (e.g. "tdtm"), the base graph elsewhere."""
         for block in comp.blocks if blocks is None else blocks:
             key, weights = next(runs)
+            block = comp.variant_records.get((key, variant), block)
             inputs = {s["name"]: feeds[s["name"]] for s in block["inputs"]}
             session = comp.variants.get((key, variant)) or comp.sessions[key]
             started = time.perf_counter()
@@ -236,11 +251,37 @@ class Pipeline:
 
     def _run_component(self, name: str, feeds: dict[str, np.ndarray]) -> dict:
         comp = self.components[name]
+        if comp.chunked is not None:
+            return self._run_chunked(comp, feeds)
         runs = self.loader.run(comp.keys())
         try:
             return self._run_blocks(comp, runs, feeds)
         finally:
             runs.close()
+
+    def _run_chunked(self, comp: Component, feeds: dict[str, np.ndarray]) -> dict:
+        """The component's blocks once per piece of its input, the first piece through the
+        first variant, the state handed from each piece to the next; the output's pieces
+        joined. One loader schedule covers every piece, so the loader sees the blocks
+        recur and keeps them for the run where the budget has room."""
+        spec = comp.chunked
+        whole, axis, size = feeds[spec["input"]], spec["axis"], spec["size"]
+        if whole.shape[axis] % size:
+            raise ValueError(f"component {comp.name}: {spec['input']} has {whole.shape[axis]} "
+                             f"along axis {axis}, not a multiple of the piece size {size}")
+        count = whole.shape[axis] // size
+        runs = self.loader.run(comp.keys() * count, keep_recurring=True)
+        pieces, state = [], {}
+        try:
+            for i in range(count):
+                piece = np.take(whole, np.arange(i * size, (i + 1) * size), axis=axis)
+                out = self._run_blocks(comp, runs, feeds | state | {spec["input"]: piece},
+                                       variant=spec["first_variant"] if i == 0 else None)
+                pieces.append(out[spec["output"]])
+                state = {n: out[n] for n in spec["state"]}
+        finally:
+            runs.close()
+        return {spec["output"]: np.concatenate(pieces, axis=axis)}
 
     def encode_prompts(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids, mask = tokenize(self.tokenizer, [clean_prompt(p, self.clean) for p in prompts])
