@@ -349,9 +349,9 @@ class WanEpilogue(nn.Module):
 # ---------------------------------------------------------------- VAE decoder blocks
 
 class WanDecoderChunk(nn.Module):
-    """One stage of the causal decoder on one chunk (one latent frame's worth), its feature
-    cache explicit: x, *cache -> x, *cache. `first`: the first chunk, as diffusers runs it
-    (no cache in; the 3D upsamplers do not double it in time) -> x, *cache.
+    """One stage of the causal decoder on one chunk (one latent frame's worth, run frame by
+    frame), its feature cache explicit: x, *cache -> x, *cache. `first`: the first chunk, as
+    diffusers runs it (no cache in; the 3D upsamplers do not double it in time) -> x, *cache.
 
     The cache is made uniform so that every chunk after the first takes the same shapes:
     each entry holds two frames. diffusers' first chunk leaves one frame (or, for an
@@ -369,11 +369,18 @@ class WanDecoderChunk(nn.Module):
         if self.head is not None:
             x = self.head(self.parts, x)
         cache: list = [None] * 64 if self.first else [*cache_in]
-        idx = [0]
-        out = self.run_chunk(self.parts, x, cache, idx, self.first)
-        if not self.first and idx[0] != len(cache_in):
-            raise ValueError(f"the stage used {idx[0]} cache entries, {len(cache_in)} given")
-        cache_out = [self._uniform(entry, x) for entry in cache[:idx[0]]]
+        # one input frame at a time: after the 3D upsamplers a latent frame is 2 or 4 frames,
+        # and a causal convolution over them one by one (cache carried) computes the same as
+        # over all at once, holding one frame's activations instead of four
+        outs, used = [], 0
+        for f in range(x.shape[2]):
+            idx = [0]
+            outs.append(self.run_chunk(self.parts, x[:, :, f:f + 1], cache, idx, self.first))
+            used = idx[0]
+        if not self.first and used != len(cache_in):
+            raise ValueError(f"the stage used {used} cache entries, {len(cache_in)} given")
+        cache_out = [self._uniform(entry, x) for entry in cache[:used]]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
         out = out if self.tail is None else self.tail(self.parts, out)
         return (out, *cache_out)
 
