@@ -65,7 +65,7 @@ def return_freed_activations_to_the_system() -> bool:
     onnxruntime and NumPy free goes back to the system at once. Left alone, glibc raises the
     threshold to the size of each large buffer freed (up to 32 MiB), after which such
     buffers come from the heap, whose freed middle the process keeps: measured on Wan at
-    17x128x128, 0.84 GB more RSS between generations than the loader held, 0.18 GB with the
+    17x128x128, 0.84 GB more RSS between generations than the loader held, 0.19 GB with the
     threshold fixed (docs/benchmarks.md). Process-wide, as the allocator is; False where the
     C library is not glibc."""
     try:
