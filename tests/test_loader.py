@@ -362,3 +362,19 @@ def test_freed_activations_go_back_to_the_system_on_glibc():
 
     assert max(kept("fix")) < 4 << 20
     assert max(kept("default")) > 8 << 20  # what the fix is for
+
+
+def test_pinned_blocks_let_go_are_read_again_at_their_next_use(tmp_path):
+    blocks = make_blocks(tmp_path, SIZES)
+    loader = BlockLoader(blocks, 13 * PAGE, EVERY_STEP)
+    list(loader.run(schedule()))
+    held, first = loader.buffers.kept, loader.stats.bytes_read
+    assert loader.pinned >= set(EVERY_STEP)
+    gone = loader.release_pinned(keep=["vae/d"])
+    assert gone == sum(blocks[k].nbytes for k in loader.pinned - {"vae/d"})
+    assert loader.buffers.kept == held - gone  # unmapped, not kept as free buffers
+    index = {k: i for i, k in enumerate(SIZES)}
+    for key, weights in loader.run(schedule()):
+        assert weights["w"][0] == index[key]
+    assert loader.stats.bytes_read - first == gone  # each let-go block read once more
+    loader.close()

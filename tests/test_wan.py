@@ -181,6 +181,29 @@ def test_decoder_runs_frame_by_frame_and_keeps_what_fits(wan_packages):
     np.testing.assert_array_equal(got, want)
 
 
+def test_lean_decode_gives_the_pinned_blocks_memory_to_the_decoder(wan_packages):
+    """lean_decode: the same video; the pinned blocks outside the decoder are let go before
+    each decode and read again on the next generation."""
+    from runtimes.python import Pipeline
+
+    root, _ = wan_packages["euler"]
+    videos, reads = {}, {}
+    for lean in (False, True):
+        runtime = Pipeline.load(root, memory_budget=236_000, lean_decode=lean)
+        try:
+            runtime.generate("a cat", steps=2)
+            videos[lean] = runtime.generate("a cat", steps=2)
+            reads[lean] = runtime.last_run["bytes_read"]
+            released = runtime.last_run.get("released_for_decode_bytes")
+            pinned = {k for k in runtime.loader.pinned if not k.startswith("vae_decoder/")}
+        finally:
+            runtime.close()
+        assert released == (sum(runtime.loader.blocks[k].nbytes for k in pinned)
+                            if lean else None)
+    np.testing.assert_array_equal(videos[True], videos[False])
+    assert released > 0 and reads[True] == reads[False] + released
+
+
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c["blocks"][2]["variants"].pop("first"),
      r"block vae_decoder/up_1: no variant 'first'"),

@@ -4,6 +4,9 @@
   streamed   the memory budget, pinned + streamed blocks, prefetch on a background thread
   naive      the same budget, no pinning and no prefetch: load on demand, free after use
              (what accelerate-style disk offload does)
+  lean       streamed, the pinned blocks let go before the VAE decode and read again on the
+             next generation (`lean_decode`): less peak memory for more reads; not run
+             unless asked for
 
 Every mode times its second generation, after a one-step warm-up in the same process: an
 app generates more than once, and the first generation's one-time costs (onnxruntime's
@@ -27,6 +30,7 @@ from runtimes.python.loader import read_file
 from runtimes.python.pipeline import Pipeline
 
 MODES = ("resident", "streamed", "naive")
+ALL_MODES = (*MODES, "lean")
 
 
 def cold_sequential_read(paths: list[Path]) -> dict:
@@ -45,6 +49,8 @@ def _mode_options(mode: str, budget: int | None) -> dict:
         return {"memory_budget": None, "prefetch": 1, "cold_reads": False}
     if mode == "streamed":
         return {"memory_budget": budget, "prefetch": 1, "cold_reads": True}
+    if mode == "lean":
+        return {"memory_budget": budget, "prefetch": 1, "cold_reads": True, "lean_decode": True}
     return {"memory_budget": budget, "prefetch": 0, "cold_reads": True, "pin": False}
 
 

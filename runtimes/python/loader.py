@@ -467,6 +467,17 @@ class BlockLoader:
             self.stats.buffers_made = self.buffers.made
             self.stats.buffers_reused = self.buffers.reused
 
+    def release_pinned(self, keep: Iterable[str] = ()) -> int:
+        """Let go of the resident pinned blocks, bar `keep`, and unmap the pool's free
+        buffers, so what runs next (a decoder's activations) has their memory; they are read
+        again at their next use. Returns the bytes let go."""
+        keep, gone = set(keep), 0
+        for key in [k for k in self._resident if k not in keep]:
+            self._resident.pop(key).release_to(self.buffers)
+            gone += self.blocks[key].nbytes
+        self.buffers.clear()
+        return gone
+
     def _result(self, future: Future) -> _Loaded:
         """Wait for a read. A read that waits for bytes while this thread waits for it is
         stuck if the only bytes to wait for are in blocks this thread's consumer moved past

@@ -203,16 +203,21 @@ class Pipeline:
         self.latent_shape = tuple(manifest["latent_shape"])
         self.latent_layout = manifest.get("latent_layout", "frames")
         self.last_run: dict = {}
+        self.lean_decode = False
         self._compute_s = 0.0
         self._lock = threading.Lock()
 
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
              prefetch: int = 1, cold_reads: bool = False, threads: int | None = None,
-             check_hashes: bool = True, pin: bool = True) -> Pipeline:
+             check_hashes: bool = True, pin: bool = True, lean_decode: bool = False
+             ) -> Pipeline:
         """Verify the package (sizes, sha256, paths, version) before anything runs, plan the
         loader for `memory_budget` (refused if smaller than the largest block), and create
-        one onnxruntime session per block graph (graphs only: weights come from the loader)."""
+        one onnxruntime session per block graph (graphs only: weights come from the loader).
+        `lean_decode`: let the pinned blocks go before the VAE decode, so its activations
+        take their memory, and read them again on the next generation (peak memory for
+        reads: docs/runtime.md)."""
         root = Path(package)
         return_freed_activations_to_the_system()
         identities: dict = {}
@@ -242,6 +247,7 @@ class Pipeline:
                              every_step=tuple(components["transformer"].keys()),
                              prefetch=prefetch, cold_reads=cold_reads, pin=pin)
         pipe = cls(root, manifest, loader, components)
+        pipe.lean_decode = lean_decode
         check_runtime_feeds(manifest, pipe.null_caption)
         # graphs, tokenizer and null caption were read after verification: still the same?
         for path, identity in identities.items():
@@ -401,6 +407,9 @@ class Pipeline:
         t2 = time.perf_counter()
         figures["wall_s"]["transformer"] = t2 - t1
 
+        if self.lean_decode:  # the decoder's activations get the pinned blocks' memory
+            figures["released_for_decode_bytes"] = self.loader.release_pinned(
+                keep=self.components["vae_decoder"].keys())
         video = self._decode(latents)
         t3 = time.perf_counter()
         figures["wall_s"]["vae_decoder"] = t3 - t2
