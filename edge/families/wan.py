@@ -527,8 +527,8 @@ class WanModel:
         return blocks
 
     def _cut_vae_decoder(self) -> list[Block]:
-        """One block per stage, run once per latent frame (`decoder_chunking`); its variant
-        "first" is the first frame's."""
+        """One block per stage, run once per latent frame (`chunked`); its variant "first"
+        is the first frame's."""
         g = torch.Generator().manual_seed(1)
         z = torch.randn(2, *self.latent_shape, generator=g)  # batch 1 would be specialised
         # a one-frame video runs only "first"; its later-frame graphs get a stand-in frame

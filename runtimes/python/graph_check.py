@@ -152,8 +152,7 @@ def check_runtime_feeds(manifest: dict, null_caption: Any) -> None:
             check_chunked_feeds(comp, given[comp["name"]])
         elif comp["name"] in given:
             check_feeds(comp["name"], comp["blocks"], given[comp["name"]])
-        made[comp["name"]] = {s["name"]: (s["dtype"], list(s["shape"]))
-                              for b in comp["blocks"] for s in b["outputs"]}
+        made[comp["name"]] = _outputs(comp["blocks"])
     takes = {"text_encoder": ("hidden", ("float32", caption)),
              "transformer": ("velocity", ("float32", [BATCH, *manifest["latent_shape"]]))}
     for comp, (name, want) in takes.items():

@@ -123,14 +123,23 @@ def plan_pins(sizes: dict[str, int], budget: int | None, every_step: tuple[str, 
     if budget is None:
         return set(sizes)
     order = list(every_step) + [k for k in sizes if k not in every_step]
-    pinned: set[str] = set()
+    return fill_budget(sizes, budget, order, prefetch)
+
+
+def fill_budget(sizes: dict[str, int], budget: int, order: Iterable[str], prefetch: int,
+                held: set[str] = frozenset()) -> set[str]:
+    """The blocks of `order`, taken in turn, that can stay in memory beside those `held`
+    while room remains to stream the largest other block of `sizes` plus one read ahead."""
+    held_bytes = sum(sizes[k] for k in held)
+    chosen: set[str] = set()
     for key in order:
-        trial = pinned | {key}
-        streamed = sorted((n for k, n in sizes.items() if k not in trial), reverse=True)
+        trial = chosen | {key}
+        streamed = sorted((n for k, n in sizes.items() if k not in trial and k not in held),
+                          reverse=True)
         reserve = sum(streamed[:1 + min(prefetch, 1)])
-        if sum(sizes[k] for k in trial) + reserve <= budget:
-            pinned = trial
-    return pinned
+        if held_bytes + sum(sizes[k] for k in trial) + reserve <= budget:
+            chosen = trial
+    return chosen
 
 
 def _page_round(nbytes: int) -> int:
@@ -373,20 +382,11 @@ class BlockLoader:
         read ahead stay within the budget, as `plan_pins` reserves it."""
         if not self.pin or self.budget is None:
             return set()
-        sizes = {k: self.blocks[k].nbytes for k in schedule}
-        uses = Counter(schedule)
-        held = sum(self.blocks[k].nbytes for k in self.pinned)
-        kept: set[str] = set()
-        for key in sizes:  # first-use order
-            if key in self.pinned or uses[key] < 2:
-                continue
-            trial = kept | {key}
-            streamed = sorted((n for k, n in sizes.items()
-                               if k not in self.pinned and k not in trial), reverse=True)
-            reserve = sum(streamed[:1 + min(self.prefetch, 1)])
-            if held + sum(sizes[k] for k in trial) + reserve <= self.budget:
-                kept = trial
-        return kept
+        uses = Counter(schedule)  # keys in first-use order
+        # every pinned block counts, whether this schedule runs it or not
+        sizes = {k: self.blocks[k].nbytes for k in [*uses, *self.pinned]}
+        recurring = [k for k, n in uses.items() if n > 1 and k not in self.pinned]
+        return fill_budget(sizes, self.budget, recurring, self.prefetch, held=self.pinned)
 
     def run(self, schedule: Iterable[str], keep_recurring: bool = False
             ) -> Iterator[tuple[str, dict[str, np.ndarray]]]:

@@ -179,8 +179,9 @@ def _one_at_a_time(method: Callable) -> Callable:
 
 class Pipeline:
     def __init__(self, root: Path, manifest: dict, loader: BlockLoader,
-                 components: dict[str, Component]) -> None:
+                 components: dict[str, Component], lean_decode: bool = False) -> None:
         self.root, self.manifest, self.loader, self.components = root, manifest, loader, components
+        self.lean_decode = lean_decode
         self.sampler = SamplerSettings.from_dict(manifest["sampler"])
         tok = manifest["tokenizer"]
         tok_path = resolve_inside(root, tok["files"][0]["path"], "tokenizer")
@@ -203,7 +204,6 @@ class Pipeline:
         self.latent_shape = tuple(manifest["latent_shape"])
         self.latent_layout = manifest.get("latent_layout", "frames")
         self.last_run: dict = {}
-        self.lean_decode = False
         self._compute_s = 0.0
         self._lock = threading.Lock()
 
@@ -246,8 +246,7 @@ class Pipeline:
         loader = BlockLoader(weights, parse_size(memory_budget),
                              every_step=tuple(components["transformer"].keys()),
                              prefetch=prefetch, cold_reads=cold_reads, pin=pin)
-        pipe = cls(root, manifest, loader, components)
-        pipe.lean_decode = lean_decode
+        pipe = cls(root, manifest, loader, components, lean_decode)
         check_runtime_feeds(manifest, pipe.null_caption)
         # graphs, tokenizer and null caption were read after verification: still the same?
         for path, identity in identities.items():
