@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 
-from runtimes.python.loader import parse_size
+from edge.budget import parse_size
 from runtimes.python.pipeline import Pipeline
 
 PROMPT = "a red circle moving left"

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from edge.console import echo, fail
+
 app = typer.Typer(
     help="edge: make text-to-video models fit and run fast on devices.\n\n"
          "The default model, tiny-sora, ships with the package: every command works offline.",
@@ -86,9 +88,6 @@ def _advance(bar, done: int, total: int) -> None:
     bar.update(done - bar.n)
 
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
 
 
 @app.command()
@@ -126,69 +125,99 @@ def generate(
     """Generate a video from a prompt, with the PyTorch pipeline or an exported package."""
     from tqdm import tqdm
 
+    from edge.files import OutputError, check_output_file
+    from edge.options import with_overrides
     from edge.video import FORMATS, write_video
 
+    # every option and the destination before anything is loaded or computed
     if output.suffix.lower() not in FORMATS:
-        _fail(f"cannot write {output}: use a {' or '.join(FORMATS)} file name")
+        fail(f"-o {output}: use a {' or '.join(FORMATS)} file name")
     package, text = (Path(first), prompt) if prompt is not None else (None, first)
     if package is None and memory_budget:
-        _fail("--memory-budget applies to exported packages: give the package folder first")
+        fail("--memory-budget applies to exported packages: give the package folder first")
     if package is None and negative_prompt is not None:
-        _fail("--negative-prompt applies to exported packages: give the package folder first")
-    pipe = _load_runtime(package, memory_budget) if package else _load_pipeline(weights)
+        fail("--negative-prompt applies to exported packages: give the package folder first")
+    budget = _budget_option(memory_budget)
+    try:
+        check_output_file(output, "-o")
+    except OutputError as err:
+        fail(str(err))
+    pipe = _load_runtime(package, budget) if package else _load_pipeline(weights)
     overrides = _sampler_overrides(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold)
-    total = overrides.get("steps", pipe.sampler.steps)
+    try:
+        total = with_overrides(pipe.sampler, overrides).steps
+    except ValueError as err:
+        fail(str(err))
     started = time.perf_counter()
     with tqdm(total=total, desc="denoising", unit="step") as bar:
         try:
             extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
             video = pipe.generate(text, seed=seed, on_step=lambda i, n: _advance(bar, i, n),
                                   **extra, **overrides)
-        except (ValueError, FloatingPointError) as err:  # bad options, a changed file, NaN
-            _fail(str(err))
-    path = write_video(output, video[0], fps=fps, scale=scale)
-    typer.echo(f"wrote {path} ({video.shape[1]} frames, {video.shape[2]}x{video.shape[3]} "
-               f"upscaled x{scale}) in {time.perf_counter() - started:.1f} s")
+        except (ValueError, FloatingPointError) as err:  # a changed file, NaN
+            fail(str(err))
+    try:
+        path = write_video(output, video[0], fps=fps, scale=scale)
+    except OutputError as err:
+        fail(str(err))
+    echo(f"wrote {path} ({video.shape[1]} frames, {video.shape[2]}x{video.shape[3]} "
+         f"upscaled x{scale}) in {time.perf_counter() - started:.1f} s")
     trace = pipe.last_run["sampler"] if package else pipe.last_trace.to_dict()
     leaped = "no leap" if trace["leap_at"] is None else f"leap after step {trace['leap_at']}"
-    typer.echo(f"sampler: {trace['calls']} predictions, {trace['transformer_calls']} with the "
-               f"transformer pairs run, {trace['merged_calls']} merged (TDTM), {leaped}")
+    echo(f"sampler: {trace['calls']} predictions, {trace['transformer_calls']} with the "
+         f"transformer pairs run, {trace['merged_calls']} merged (TDTM), {leaped}")
     if package:
         _print_run_figures(pipe.last_run)
 
 
-def _check_destination(dest: Path, force: bool) -> None:
-    from edge.package import PackageWriteError, check_replaceable
+def _budget_option(memory_budget: str | None) -> int | None:
+    """--memory-budget in bytes, refused by name before any work."""
+    from edge.budget import parse_size
 
     try:
-        check_replaceable(dest, force)
-    except PackageWriteError as err:
-        _fail(str(err))
+        return parse_size(memory_budget, "--memory-budget")
+    except ValueError as err:
+        fail(str(err))
 
 
-def _load_runtime(package: Path, memory_budget: str | None):
+def _check_destination(dest: Path, force: bool, identify=None, option: str = "-o") -> None:
+    """Before any work: the folder `dest` can be written, and replaces nothing but a folder
+    edge wrote (a package, unless `identify` says what else), and that only with --force;
+    says what it replaces."""
+    from edge.files import OutputError, check_writable_parent
+    from edge.package import PackageWriteError, check_replaceable, identify_package
+
+    try:
+        check_writable_parent(dest, option)
+        replaced = check_replaceable(dest, force, identify or identify_package)
+    except (OutputError, PackageWriteError) as err:
+        fail(str(err))
+    if replaced:
+        echo(f"replacing {replaced} at {dest} (--force)")
+
+
+def _load_runtime(package: Path, budget: int | None):
     from edge.package import PackageError
     from runtimes.python import BudgetError, Pipeline
 
     try:
         # one generation: no next one to keep the pinned blocks for, so the decoder's
         # activations may take their memory
-        return Pipeline.load(package, memory_budget=memory_budget,
-                             lean_decode=memory_budget is not None)
+        return Pipeline.load(package, memory_budget=budget, lean_decode=budget is not None)
     except (PackageError, BudgetError, ValueError) as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 def _print_run_figures(run: dict) -> None:
-    from runtimes.python.loader import format_size
+    from edge.budget import format_size
 
     walls = ", ".join(f"{k} {v:.2f} s" for k, v in run["wall_s"].items())
     bw = run["read_bandwidth_bytes_per_s"]
     overlap = run["overlap_efficiency"]  # None unless transformer blocks were streamed
-    typer.echo(
+    echo(
         f"wall: {walls}\n"
         f"transformer calls {run['transformer_calls']}, read {format_size(run['bytes_read'])}"
         f" in {run['reads']} reads ({format_size(int(bw)) + '/s' if bw else 'n/a'}), "
@@ -215,32 +244,32 @@ def bench(
 ) -> None:
     """Time one generation all-resident, streamed with prefetch under the budget, and naive
     (load on demand, no prefetch), beside a cold sequential read of the weights."""
+    from edge.budget import BudgetError, format_size
     from edge.package import PackageError
     from runtimes.python.bench import MODES
     from runtimes.python.bench import bench as run_bench
-    from runtimes.python.loader import BudgetError, format_size, parse_size
 
     modes = (*MODES, "lean") if lean else MODES
     try:
-        result = run_bench(package, parse_size(memory_budget), prompt=prompt, steps=steps,
+        result = run_bench(package, _budget_option(memory_budget), prompt=prompt, steps=steps,
                            threads=threads, modes=modes)
     except (PackageError, BudgetError, ValueError) as err:
-        _fail(str(err))
+        fail(str(err))
     if as_json:
-        typer.echo(json.dumps(result))
+        echo(json.dumps(result))
         return
     cold = result["cold_sequential_read"]
-    typer.echo(f"cold sequential read: {format_size(cold['bytes'])} at "
-               f"{format_size(int(cold['bytes_per_s']))}/s")
-    typer.echo(f"{'mode':<10}{'wall s':>9}{'x resident':>11}{'x floor':>8}{'read':>11}"
-               f"{'io wait s':>10}{'overlap':>9}{'bw/cold':>8}{'peak RSS':>11}")
+    echo(f"cold sequential read: {format_size(cold['bytes'])} at "
+         f"{format_size(int(cold['bytes_per_s']))}/s")
+    echo(f"{'mode':<10}{'wall s':>9}{'x resident':>11}{'x floor':>8}{'read':>11}"
+         f"{'io wait s':>10}{'overlap':>9}{'bw/cold':>8}{'peak RSS':>11}")
     for mode in modes:
         r = result[mode]
-        typer.echo(f"{mode:<10}{r['wall_s']:>9.2f}{r['wall_vs_resident']:>11.2f}"
-                   f"{r['wall_vs_floor']:>8.2f}"
-                   f"{format_size(r['bytes_read']):>11}{r['io_wait_s']:>10.2f}"
-                   f"{_cell(r['overlap_efficiency']):>9}{_cell(r['read_bw_fraction']):>8}"
-                   f"{format_size(r['peak_rss_bytes']):>11}")
+        echo(f"{mode:<10}{r['wall_s']:>9.2f}{r['wall_vs_resident']:>11.2f}"
+             f"{r['wall_vs_floor']:>8.2f}"
+             f"{format_size(r['bytes_read']):>11}{r['io_wait_s']:>10.2f}"
+             f"{_cell(r['overlap_efficiency']):>9}{_cell(r['read_bw_fraction']):>8}"
+             f"{format_size(r['peak_rss_bytes']):>11}")
 
 
 @app.command()
@@ -259,8 +288,8 @@ def serve(
     try:
         server = make_server(package, host, port, quiet=quiet)
     except OSError as err:
-        _fail(f"cannot serve {package} on {host}:{port}: {err.strerror or err}")
-    typer.echo(f"serving {package} at {server.url} (Ctrl-C to stop)")
+        fail(f"cannot serve {package} on {host}:{port}: {err.strerror or err}")
+    echo(f"serving {package} at {server.url} (Ctrl-C to stop)")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -311,20 +340,35 @@ def export(
         "works offline.")] = None,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
-    from edge.families import FamilyError, check_target, family_of
+    from edge.families import FamilyError, check_options, check_target, family_of
 
     try:  # refused before any work: an unknown folder, a target the family lacks
         family = family_of(model)
         if target in TARGETS:
             check_target(family, target)
     except FamilyError as err:
-        _fail(str(err))
+        fail(str(err))
     size_options = {"height": height, "width": width, "frames": frames, "steps": steps}
+    try:
+        check_options(family, size_options)
+    except FamilyError as err:
+        fail(str(err))
     model_name = model.resolve().name if model else "tiny-sora"
     suffix = f"-q{quantize}" if target == "iphone" and quantize not in (None, "fp16") else ""
     dest = output or Path("dist") / f"{model_name}-{target}{suffix}"
+    if target in PLANNED_TARGETS:
+        fail(f"--target {target} ({PLANNED_TARGETS[target]}) is not built yet; "
+             f"available: {', '.join(TARGETS)}")
+    if target not in TARGETS:
+        fail(f"unknown --target {target!r}; available: {', '.join(TARGETS)}")
     if target != "web" and (ort_url is not None or bundle_ort is not None):
-        _fail(f"--ort-url and --bundle-ort apply to --target web, not {target}")
+        fail(f"--ort-url and --bundle-ort apply to --target web, not {target}")
+    if quantize is not None and target != "iphone":
+        fail(f"--quantize applies to --target iphone, not {target}")
+    if target == "web" and (dry_run or memory_budget is not None):
+        fail("--dry-run and --memory-budget are not built for --target web: its page keeps "
+             "every block of tiny-sora in memory; plan with --target onnx")
+    budget = _budget_option(memory_budget)
     if target == "web":  # two paths per block (WebGPU kernels, wasm graphs); a static site
         from exporters.web_cli import check_ort_options, export_web_command
 
@@ -332,19 +376,6 @@ def export(
         _check_destination(dest, force)
         export_web_command(model, dest, ort_url, bundle_ort)
         return
-    if target in PLANNED_TARGETS:
-        _fail(f"--target {target} ({PLANNED_TARGETS[target]}) is not built yet; "
-              f"available: {', '.join(TARGETS)}")
-    if target not in TARGETS:
-        _fail(f"unknown --target {target!r}; available: {', '.join(TARGETS)}")
-    from runtimes.python.loader import BudgetError, format_size, parse_size
-
-    try:
-        budget = parse_size(memory_budget)
-    except ValueError as err:
-        _fail(str(err))
-    if quantize is not None and target != "iphone":
-        _fail(f"--quantize applies to --target iphone, not {target}")
     if not dry_run:  # before any work: replacing a package must be asked for
         _check_destination(dest, force)
     if target == "iphone":
@@ -356,35 +387,36 @@ def export(
         else:
             export_iphone(model, dest, quantize or "fp16")
         return
+    from edge.budget import BudgetError, format_size
     from edge.families import load_model
     from edge.plan import READ_UNIT, partition, plan_residency
 
     try:
         family_model = load_model(model, **size_options)
     except FamilyError as err:
-        _fail(str(err))
+        fail(str(err))
     for note in getattr(family_model, "notes", []):
-        typer.echo(note)
+        echo(note)
     try:  # a budget re-cuts the blocks: pairs too large split, small neighbours merged
         cut = partition(family_model.cut(), budget)
         plan = plan_residency(cut.components, budget)
     except BudgetError as err:
-        _fail(str(err))
+        fail(str(err))
     components = cut.components
     if dry_run:
         for note in cut.notes + plan["notes"]:
-            typer.echo(note)
-        typer.echo(f"{'block':<28}{'weights':>12}  at {memory_budget or 'no budget'}")
+            echo(note)
+        echo(f"{'block':<28}{'weights':>12}  at {memory_budget or 'no budget'}")
         for row in plan["blocks"]:
             made_of = cut.members.get(row["block"])
-            typer.echo(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
-                       f"{'resident' if row['resident'] else 'streamed every use'}"
-                       f"{'  <- ' + ', '.join(made_of) if made_of else ''}")
-        typer.echo(f"total {format_size(plan['total_bytes'])}, resident "
-                   f"{format_size(plan['resident_bytes'])}, largest block "
-                   f"{format_size(plan['largest_bytes'])}, working set "
-                   f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
-                   " + the block read ahead)")
+            echo(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
+                 f"{'resident' if row['resident'] else 'streamed every use'}"
+                 f"{'  <- ' + ', '.join(made_of) if made_of else ''}")
+        echo(f"total {format_size(plan['total_bytes'])}, resident "
+             f"{format_size(plan['resident_bytes'])}, largest block "
+             f"{format_size(plan['largest_bytes'])}, working set "
+             f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
+             " + the block read ahead)")
         return
     from tqdm import tqdm
 
@@ -410,9 +442,9 @@ def export(
                                        memory_budget=budget),
                                    plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
     except ExportValidationError as err:
-        _fail(f"validation failed, nothing written to {dest}: {err}")
+        fail(f"validation failed, nothing written to {dest}: {err}")
     except PackageWriteError as err:  # full disk, unwritable destination
-        _fail(str(err))
+        fail(str(err))
     finally:
         for b in check_bar:
             b.close()
@@ -421,9 +453,9 @@ def export(
     worst = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
                 for c in manifest["components"] for b in c["blocks"])
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "
-               f"block error {worst[0]:.2g} ({worst[1]}), end to end PSNR "
-               f"{_psnr_text(manifest['validation'])}, peak RSS {format_size(peak_rss)}")
+    echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "
+         f"block error {worst[0]:.2g} ({worst[1]}), end to end PSNR "
+         f"{_psnr_text(manifest['validation'])}, peak RSS {format_size(peak_rss)}")
 
 
 @app.command("eval")
@@ -470,11 +502,21 @@ def evaluate(
     try:
         prompt_set = read_prompts(prompts) if prompts else default_prompts()
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
     if plot is not None and not sweep:
-        _fail("--plot draws a sweep: add --sweep")
+        fail("--plot draws a sweep: add --sweep")
     if plot is not None and plot.suffix.lower() != ".png":
-        _fail(f"--plot {plot}: the plot is written as PNG; name a .png file")
+        fail(f"--plot {plot}: the plot is written as PNG; name a .png file")
+    if plot is not None:  # before the sweep's hours, not after
+        from edge.files import OutputError, check_output_file
+
+        try:
+            check_output_file(plot, "--plot")
+        except OutputError as err:
+            fail(str(err))
+    if memory_budget is not None and not sweep:
+        fail("--memory-budget is the streamed regime's budget of a sweep: add --sweep")
+    memory_budget = _budget_option(memory_budget)
     if sweep:
         _eval_sweep(package, prompt_set, load_classifier(weights or DEFAULT_WEIGHTS), as_json,
                     plot, ray_address if ray_address else ray, steps=steps or 30, seed=seed,
@@ -501,15 +543,15 @@ def evaluate(
     result["wall_s"] = round(time.perf_counter() - started, 2)
     result["real_clips"] = reference_scores(classifier, prompt_set, seed)
     if as_json:
-        typer.echo(json.dumps(result))
+        echo(json.dumps(result))
         return
-    typer.echo(f"{'metric':<16}{'all prompts':>12}{'held-out':>10}{'real clips':>12}")
+    echo(f"{'metric':<16}{'all prompts':>12}{'held-out':>10}{'real clips':>12}")
     for key in ("color_acc", "shape_acc", "direction_acc", "consistency", "coherence",
                 "n_prompts"):
         row = [result.get(key), result.get(f"held_out_{key}"), result["real_clips"].get(key)]
         cells = "".join(f"{_cell(v):>{w}}" for v, w in zip(row, (12, 10, 12), strict=True))
-        typer.echo(f"{key:<16}{cells}")
-    typer.echo(f"{result['steps']} steps, {result['wall_s']} s")
+        echo(f"{key:<16}{cells}")
+    echo(f"{result['steps']} steps, {result['wall_s']} s")
 
 
 @contextlib.contextmanager
@@ -526,11 +568,11 @@ def _ray_connection(address: str | None, enabled: bool = True):
     try:
         connected = connect(address)
     except RayError as err:
-        _fail(str(err))
+        fail(str(err))
     try:
         yield
     except ray.exceptions.RayTaskError as err:  # a task failed for a reason retries can't fix
-        _fail(f"a Ray task failed: {err.cause if err.cause else err}")
+        fail(f"a Ray task failed: {err.cause if err.cause else err}")
     finally:
         if connected:
             ray.shutdown()
@@ -541,6 +583,7 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
     """`edge eval --sweep`: edge/sweep.py."""
     from tqdm import tqdm
 
+    from edge.budget import BudgetError
     from edge.package import PackageError
     from edge.sweep import (
         DEFAULT_CACHE_THRESHOLD,
@@ -549,17 +592,16 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
         package_settings,
         run_sweep,
     )
-    from runtimes.python.loader import BudgetError
 
     if options["cache_threshold"] is None:
         options["cache_threshold"] = DEFAULT_CACHE_THRESHOLD
     if not (package / "manifest.json").is_file():
-        _fail(f"no package at {package}: run `edge export --target onnx -o {package}` first")
+        fail(f"no package at {package}: run `edge export --target onnx -o {package}` first")
     started = time.perf_counter()
     try:
         rows = package_settings(package, options["steps"], options["cache_threshold"])
     except (PackageError, ValueError) as err:
-        _fail(str(err))
+        fail(str(err))
     total = generations(len(prompt_set), options["batch"], len(rows))
     with _ray_connection(ray if isinstance(ray, str) else None, enabled=bool(ray)):
         with tqdm(total=total, desc="sweep", unit="run") as bar:  # stderr: JSON stays clean
@@ -568,23 +610,27 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
                                    on_generation=lambda name: (bar.set_postfix_str(name),
                                                                bar.update()), **options)
             except (PackageError, BudgetError, ValueError) as err:  # RayError included
-                _fail(str(err))
+                fail(str(err))
     result["sweep_wall_s"] = round(time.perf_counter() - started, 1)
     if plot is not None:
+        from edge.files import OutputError
         from edge.sweep_plot import plot_frontier
 
-        plot_frontier(result, plot)
+        try:
+            plot_frontier(result, plot)
+        except OutputError as err:
+            fail(str(err))
         result["plot"] = str(plot)
     if as_json:
-        typer.echo(json.dumps(result))
+        echo(json.dumps(result))
         return
     for regime, rows in result["regimes"].items():
-        typer.echo(f"\n{regime}" + (f" (budget {result['streamed_budget_bytes']} bytes, cold "
+        echo(f"\n{regime}" + (f" (budget {result['streamed_budget_bytes']} bytes, cold "
                                       "reads)" if regime == "streamed" else "") + ":")
-        typer.echo(format_table(rows))
-    typer.echo(f"\n{result['n_prompts']} prompts, {result['steps']} steps, batch "
-               f"{result['batch']}, threads {result['threads'] or 'default'}, "
-               f"{result['sweep_wall_s']} s" + (f"; plot: {plot}" if plot else ""))
+        echo(format_table(rows))
+    echo(f"\n{result['n_prompts']} prompts, {result['steps']} steps, batch "
+         f"{result['batch']}, threads {result['threads'] or 'default'}, "
+         f"{result['sweep_wall_s']} s" + (f"; plot: {plot}" if plot else ""))
 
 
 @app.command("scale-model")
@@ -599,13 +645,20 @@ def scale_model(
     pairs: Annotated[int, typer.Option(min=1, help="Spatial/temporal block pairs.")] = 8,
     heads: Annotated[int, typer.Option(min=1)] = 16,
     seed: Annotated[int, typer.Option(min=0)] = 0,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace a folder scale-model wrote before (never another).")] = False,
 ) -> None:
     """Write a model with random weights for speed and memory benchmarks (`edge export
     --model OUT`): tiny-sora's architecture at a larger size (the defaults give a ~1 GB
     transformer), or with --like a diffusers folder of a real model's shapes, written one
     block at a time."""
-    from runtimes.python.loader import format_size
+    from edge.budget import format_size
+    from edge.models.scaled import identify_scaled_model
+    from edge.package import PackageWriteError
 
+    if full_text_encoder and like is None:
+        fail("--full-text-encoder applies with --like")
+    _check_destination(out, force, identify_scaled_model, option="OUT")
     if like is not None:
         from tqdm import tqdm
 
@@ -615,25 +668,23 @@ def scale_model(
             with tqdm(desc="writing", unit="part") as bar:
                 written = write_wan_like(out, like, full_text_encoder, seed,
                                          on_part=lambda name: (bar.set_postfix_str(name),
-                                                               bar.update()))
-        except ValueError as err:
-            _fail(str(err))
+                                                               bar.update()), force=force)
+        except (ValueError, PackageWriteError) as err:
+            fail(str(err))
         params = written["transformer_params"]
-        typer.echo(f"wrote {out}: {like} shapes, transformer of {params / 1e9:.2f} B "
-                   f"parameters ({format_size(params * 4)} fp32), text encoder of "
-                   f"{written['text_encoder_params'] / 1e6:.0f} M, random weights (seed {seed})")
+        echo(f"wrote {out}: {like} shapes, transformer of {params / 1e9:.2f} B "
+             f"parameters ({format_size(params * 4)} fp32), text encoder of "
+             f"{written['text_encoder_params'] / 1e6:.0f} M, random weights (seed {seed})")
         return
-    if full_text_encoder:
-        _fail("--full-text-encoder applies with --like")
     from edge.models.scaled import write_scaled_model
 
     try:
-        config = write_scaled_model(out, hidden, pairs, heads, seed)
-    except ValueError as err:
-        _fail(str(err))
+        config = write_scaled_model(out, hidden, pairs, heads, seed, force=force)
+    except (ValueError, PackageWriteError) as err:
+        fail(str(err))
     params = config["random_weights"]["transformer_params"]
-    typer.echo(f"wrote {out}: transformer of {params / 1e6:.0f} M parameters "
-               f"({format_size(params * 4)} fp32), random weights (seed {seed})")
+    echo(f"wrote {out}: transformer of {params / 1e6:.0f} M parameters "
+         f"({format_size(params * 4)} fp32), random weights (seed {seed})")
 
 
 @train_app.command("tiny-sora")
@@ -659,8 +710,8 @@ def train_tiny_sora(
     if transformer_steps:
         recipe = replace(recipe, transformer_steps=transformer_steps)
     log = train(out, recipe, checkpoint_every=checkpoint_every)
-    typer.echo(json.dumps(log, indent=2))
-    typer.echo(f"wrote {out} in {log['total_seconds'] / 60:.1f} min")
+    echo(json.dumps(log, indent=2))
+    echo(f"wrote {out} in {log['total_seconds'] / 60:.1f} min")
 
 
 def main() -> None:

@@ -20,11 +20,12 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from edge.files import give_usual_mode, kind_of
 from edge.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
     FORMAT,
     FORMAT_VERSION,
@@ -77,7 +78,10 @@ def resolve_inside(root: Path, relative: str, where: str) -> Path:
     rel = PurePosixPath(relative)
     if rel.is_absolute() or ".." in rel.parts or not rel.parts:
         raise PackageError(f"{where}: file path {relative!r} escapes the package folder")
-    path = (root / rel).resolve()
+    try:
+        path = (root / rel).resolve()
+    except (RuntimeError, OSError):  # Python 3.11 raises RuntimeError on a link loop
+        raise PackageError(f"{where}: {root / rel} is {kind_of(root / rel)}") from None
     if not path.is_relative_to(root.resolve()):
         raise PackageError(f"{where}: file path {relative!r} escapes the package folder")
     return path
@@ -140,7 +144,8 @@ def _listed_file(root: Path, where: str, record: dict) -> tuple[Path, os.stat_re
     except OSError as err:
         raise PackageError(f"{path}: cannot be read ({err.strerror}; listed in {where})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise PackageError(f"{path}: not a regular file (listed in {where})")
+        raise PackageError(f"{path}: is {kind_of(path)}, not a regular file (listed in "
+                           f"{where})")
     if st.st_size != record["bytes"]:
         raise PackageError(f"{path}: {st.st_size} bytes, manifest says {record['bytes']} "
                            "(truncated or altered)")
@@ -207,7 +212,10 @@ def _strict_json(text: str, path: Path):
 def read_manifest(root: Path) -> dict:
     """Parse and structurally check `root/manifest.json` (no other file is opened)."""
     path = root / MANIFEST
-    if not path.is_file():
+    kind = kind_of(path)
+    if kind not in ("a file", "missing"):  # a FIFO would block the read; a loop is no file
+        raise PackageError(f"{path}: is {kind}, not a file; is {root} an edge package?")
+    if kind == "missing":
         hint = ""
         earlier = sorted(root.parent.glob(f".{glob.escape(root.name)}.old-*"))
         if earlier:
@@ -374,36 +382,82 @@ def _signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def check_replaceable(dest: Path, force: bool) -> None:
-    """An export may replace `dest` only when asked (`force`) and only when it is an edge
-    package (or an empty folder): never a folder of other files."""
+def not_edges(dest: Path, why: str) -> PackageWriteError:
+    """The refusal to replace a folder edge did not write, with the reason."""
+    return PackageWriteError(f"{dest}: {why}; edge replaces only folders it wrote, with or "
+                             "without --force: choose another destination, or move the "
+                             "folder away yourself (nothing was changed)")
+
+
+def identify_package(dest: Path) -> str:
+    """What the edge package at `dest` is ("the edge package MODEL (TARGET)"); anything else
+    (no manifest, a manifest that does not say it is edge's, files the manifest does not
+    list) is refused with the reason."""
+    path = dest / MANIFEST
+    kind = kind_of(path)
+    if kind != "a file":
+        raise not_edges(dest, f"holds files but no edge manifest ({MANIFEST} is {kind})")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise not_edges(dest, f"its {MANIFEST} is larger than any edge manifest")
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (ValueError, RecursionError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise not_edges(dest, f'its {MANIFEST} is not an edge manifest (no "format": '
+                              f'"{FORMAT}")')
+    try:
+        extra = unlisted_files(dest, manifest)
+    except (PackageError, TypeError, KeyError, AttributeError) as err:
+        raise not_edges(dest, f"its {MANIFEST} says edge but is damaged ({err})") from None
+    if extra:
+        shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        raise not_edges(dest, f"an edge package, but it also holds files its manifest does "
+                              f"not list ({shown})")
+    return (f"the edge package {manifest.get('model', '?')!s:.80} "
+            f"({manifest.get('target', '?')!s:.20})")
+
+
+def check_replaceable(dest: Path, force: bool,
+                      identify: Callable[[Path], str] = identify_package) -> str | None:
+    """May a write replace `dest`? Nothing there, or an empty folder: yes (None). A folder
+    edge wrote, as `identify` recognises it: only with `force`, and the description of what
+    is replaced is returned for the caller to say. Anything else is refused whatever `force`
+    says: a file, a link, a folder of other files."""
     if not os.path.lexists(dest):
-        return
-    if not dest.is_dir() or dest.is_symlink():
-        raise PackageWriteError(f"{dest}: exists and is not a folder; choose another "
-                                "destination")
+        return None
+    if dest.is_symlink() or not dest.is_dir():
+        raise PackageWriteError(f"{dest}: exists and is {kind_of(dest)}, not a folder edge "
+                                "wrote; choose another destination (nothing was changed)")
+    if not any(dest.iterdir()):
+        return None
+    what = identify(dest)
     if not force:
-        raise PackageWriteError(f"{dest}: a package is already there; pass --force to replace "
+        raise PackageWriteError(f"{dest}: {what} is already there; pass --force to replace "
                                 "it (nothing was changed)")
-    if any(dest.iterdir()) and not (dest / MANIFEST).is_file():
-        raise PackageWriteError(f"{dest}: not an edge package (no {MANIFEST}); refusing to "
-                                "replace a folder of other files")
+    return what
 
 
 @contextmanager
-def atomic_directory(dest: str | Path) -> Iterator[Path]:
+def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identify_package
+                     ) -> Iterator[Path]:
     """Yield a temporary folder beside `dest`; on success it replaces `dest` atomically.
+    An existing `dest` is replaced only when it is empty or `identify` recognises it as a
+    folder edge wrote (by default an edge package): never a folder of other files, whoever
+    the caller. The folder gets the usual mode (0755 under umask 022).
 
     On any error, Ctrl-C or SIGTERM the temporary folder is removed and an existing `dest` is
     left untouched; a destination that cannot be written raises PackageWriteError. A writer
     killed outright (SIGKILL, power loss) leaves only hidden folders beside `dest`, which the
     next write to `dest` clears (recover_interrupted)."""
     dest = Path(dest).resolve()
+    check_replaceable(dest, force=True, identify=identify)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         recover_interrupted(dest)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".partial",
                                     dir=dest.parent))
+        give_usual_mode(tmp)  # mkdtemp's 0700 would keep web servers and other users out
     except OSError as err:
         raise _write_error(dest, err) from err
     try:

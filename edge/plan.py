@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edge.blocks import Block
+from edge.budget import check_budget, format_size, plan_pins
 from edge.package import weights_layout
 from edge.partition import kind, merge, split, splittable
-from runtimes.python.loader import check_budget, format_size, plan_pins
 
 # Reads of this size reach the disk's sequential bandwidth (docs/benchmarks.md); merging
 # blocks beyond it gains nothing and coarsens what the loader can pin.

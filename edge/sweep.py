@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.budget import parse_size
 from edge.eval.classifier import AttributeClassifier
 from edge.eval.metrics import score, summarize
 from edge.eval.run import PromptSet
 from edge.sampler import SamplerSettings
 from runtimes.python import Pipeline
-from runtimes.python.loader import parse_size
 
 # Step cache threshold of the sweep's rows, chosen on held-out prompts (docs/benchmarks.md)
 DEFAULT_CACHE_THRESHOLD = 0.1
@@ -237,7 +237,7 @@ def run_sweep(package: Path, classifier: AttributeClassifier, prompts: PromptSet
     unknown = sorted(set(regimes) - set(REGIMES))
     if unknown:
         raise ValueError(f"unknown regime(s) {', '.join(unknown)}; known: {', '.join(REGIMES)}")
-    budget = parse_size(memory_budget) or smallest_budget(package)
+    budget = parse_size(memory_budget, "memory_budget") or smallest_budget(package)
     if settings is None:
         settings = package_settings(package, steps, cache_threshold)
     result: dict = {"package": str(package), "steps": steps, "seed": seed, "batch": batch,

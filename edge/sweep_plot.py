@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge.files import atomic_file
+
 ACCURACIES = ("color_acc", "shape_acc", "direction_acc")
 # the leap target of docs/benchmarks.md: every accuracy within 0.02 of the baseline
 ALLOWED_LOSS = 0.02
@@ -56,9 +58,8 @@ def plot_frontier(result: dict, path: Path) -> None:
     fig.suptitle(f"{Path(result['package']).name}: {result['n_prompts']} prompts, "
                  f"{result['steps']}-step baseline")
     fig.tight_layout(rect=(0, 0, 0.8, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # atomic: a reader never sees half a PNG
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_file(path, "--plot") as tmp:  # a reader never sees half a PNG
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)

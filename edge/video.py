@@ -1,4 +1,4 @@
-"""Write a uint8 video (T, H, W, 3) to GIF or MP4 through imageio."""
+"""Write a uint8 video (T, H, W, 3) to GIF or MP4 through imageio, atomically."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from pathlib import Path
 
 import imageio.v2 as imageio
 import numpy as np
+
+from edge.files import atomic_file
 
 FORMATS = (".gif", ".mp4")
 
@@ -23,11 +25,11 @@ def write_video(path: str | Path, video: np.ndarray, fps: int = 8, scale: int = 
     if video.dtype != np.uint8 or video.ndim != 4 or video.shape[-1] != 3:
         raise ValueError(f"expected a uint8 video (T, H, W, 3), got {video.dtype} {video.shape}")
     frames = upscale(video, scale)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".gif":
-        imageio.mimwrite(path, list(frames), duration=1000 / fps, loop=0)
-    else:
-        # yuv420p needs even sides; macro_block_size=1 keeps our exact size
-        imageio.mimwrite(path, list(frames), fps=fps, codec="libx264", quality=8,
-                         macro_block_size=1, pixelformat="yuv420p")
+    with atomic_file(path) as tmp:  # a full disk leaves the earlier video as it was
+        if suffix == ".gif":
+            imageio.mimwrite(tmp, list(frames), duration=1000 / fps, loop=0)
+        else:
+            # yuv420p needs even sides; macro_block_size=1 keeps our exact size
+            imageio.mimwrite(tmp, list(frames), fps=fps, codec="libx264", quality=8,
+                             macro_block_size=1, pixelformat="yuv420p")
     return path

@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import typer
-
+from edge.console import echo, fail
 from exporters.coreml import MACOS_ONLY_NOTE, WEIGHT_THRESHOLD, compression
 
 
@@ -58,7 +57,7 @@ def dry_run(model: Path | None, quantize: str) -> None:
 
     _check(quantize)
     components = cut_for_device(TinySora.load(model or DEFAULT_WEIGHTS))
-    typer.echo(f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs")
+    echo(f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs")
     total = estimate = 0
     for blocks in components.values():
         for block in blocks:
@@ -67,17 +66,17 @@ def dry_run(model: Path | None, quantize: str) -> None:
             shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(block.inputs,
                                                                    block.example, strict=True))
             extra = f" (+{', '.join(block.variants)} variant)" if block.variants else ""
-            typer.echo(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}{est / 1e6:>10.2f}  "
-                       f"{shapes}{extra}")
-    typer.echo(f"total {total / 1e6:.1f} MB fp32, about {estimate / 1e6:.1f} MB at {quantize} "
-               f"(estimate; TDTM variants add a copy of their pair's weights). {MACOS_ONLY_NOTE}.")
+            echo(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}{est / 1e6:>10.2f}  "
+                 f"{shapes}{extra}")
+    echo(f"total {total / 1e6:.1f} MB fp32, about {estimate / 1e6:.1f} MB at {quantize} "
+         f"(estimate; TDTM variants add a copy of their pair's weights). {MACOS_ONLY_NOTE}.")
 
 
 def _check(quantize: str) -> None:
     try:
         compression(quantize)
     except ValueError as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 def export_iphone(model: Path | None, output: Path | None, quantize: str) -> None:
@@ -85,6 +84,7 @@ def export_iphone(model: Path | None, output: Path | None, quantize: str) -> Non
     from tqdm import tqdm
 
     from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
+    from edge.package import PackageWriteError
     from exporters.coreml import ExportValidationError, cut_for_device, export_coreml
     from exporters.coreml_check import end_to_end_check
 
@@ -103,10 +103,9 @@ def export_iphone(model: Path | None, output: Path | None, quantize: str) -> Non
                 on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
                 validate_end_to_end=end_to_end_check(pipe, quantize))
     except ExportValidationError as err:
-        _fail(f"validation failed, nothing written to {dest}: {err}")
-    typer.echo(summary(manifest, dest, time.perf_counter() - started))
+        fail(f"validation failed, nothing written to {dest}: {err}")
+    except PackageWriteError as err:  # a full disk, an unwritable destination
+        fail(str(err))
+    echo(summary(manifest, dest, time.perf_counter() - started))
 
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import typer
+from edge.console import echo, fail
 
 
 def check_ort_options(ort_url: str | None, bundle_ort: Path | None) -> None:
@@ -21,8 +21,7 @@ def check_ort_options(ort_url: str | None, bundle_ort: Path | None) -> None:
         if bundle_ort is not None:
             check_bundle(bundle_ort)
     except OrtLocationError as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
 
 
 def export_web_command(model: Path | None, output: Path | None, ort_url: str | None = None,
@@ -30,6 +29,7 @@ def export_web_command(model: Path | None, output: Path | None, ort_url: str | N
     from tqdm import tqdm
 
     from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
+    from edge.package import PackageWriteError
     from exporters.onnx import ExportValidationError
     from exporters.tvm_plan import PlanError
     from exporters.web import block_count, export_web
@@ -44,18 +44,18 @@ def export_web_command(model: Path | None, output: Path | None, ort_url: str | N
                                   bundle_ort=bundle_ort,
                                   on_block=lambda key: (bar.set_postfix_str(key), bar.update()))
     except (ExportValidationError, PlanError) as err:
-        typer.secho(f"error: validation failed, nothing written to {dest}: {err}",
-                    fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        fail(f"validation failed, nothing written to {dest}: {err}")
+    except PackageWriteError as err:  # a full disk, an unwritable destination
+        fail(str(err))
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
     worst = max((b["validation"]["max_abs_error"], key) for key, b in blocks)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    typer.echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {len(blocks)} blocks, "
-               f"{size / 1e6:.1f} MB, worst block error {worst[0]:.2g} ({worst[1]}; launch "
-               f"plans replayed with TVM's llvm build, wasm graphs with onnxruntime)\n"
-               f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"
-               f"serve it with: edge serve {dest}")
+    echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {len(blocks)} blocks, "
+         f"{size / 1e6:.1f} MB, worst block error {worst[0]:.2g} ({worst[1]}; launch "
+         f"plans replayed with TVM's llvm build, wasm graphs with onnxruntime)\n"
+         f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"
+         f"serve it with: edge serve {dest}")
 
 
 def ort_source(ort: dict) -> str:

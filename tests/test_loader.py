@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from runtimes.python.loader import BlockLoader, BlockWeights, BudgetError, parse_size, plan_pins
+from edge.budget import BudgetError, parse_size, plan_pins
+from runtimes.python.loader import BlockLoader, BlockWeights
 
 PAGE = 4096
 

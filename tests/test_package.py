@@ -7,7 +7,9 @@ import pytest
 from edge.package import (
     FORMAT,
     FORMAT_VERSION,
+    MANIFEST,
     PackageError,
+    PackageWriteError,
     atomic_directory,
     file_entry,
     read_package,
@@ -132,17 +134,32 @@ def test_symlink_out_of_the_package(package, tmp_path):
 
 def test_atomic_directory_replaces_only_on_success(tmp_path):
     dest = tmp_path / "out"
-    with atomic_directory(dest) as tmp:
+    ours = lambda d: "a folder this test wrote"  # noqa: E731
+    with atomic_directory(dest, ours) as tmp:
         (tmp / "v").write_text("1")
     assert (dest / "v").read_text() == "1"
-    with pytest.raises(RuntimeError), atomic_directory(dest) as tmp:
+    with pytest.raises(RuntimeError), atomic_directory(dest, ours) as tmp:
         (tmp / "v").write_text("2")
         raise RuntimeError("interrupted")
     assert (dest / "v").read_text() == "1"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no leftovers
-    with atomic_directory(dest) as tmp:
+    with atomic_directory(dest, ours) as tmp:
         (tmp / "v").write_text("3")
     assert (dest / "v").read_text() == "3" and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_atomic_directory_never_replaces_a_folder_edge_did_not_write(tmp_path):
+    """Whoever the caller: a folder of other files is refused before the body runs."""
+    dest = tmp_path / "site"
+    (dest / ".git").mkdir(parents=True)
+    (dest / MANIFEST).write_text('{"name": "My PWA"}')
+    with pytest.raises(PackageWriteError, match=r'site: its manifest\.json is not an edge '
+                       r'manifest \(no "format": "edge-package"\); edge replaces only folders '
+                       r"it wrote, with or without --force"):
+        with atomic_directory(dest):
+            pytest.fail("the body ran")
+    assert sorted(p.name for p in dest.iterdir()) == [".git", MANIFEST]
+    assert [p.name for p in tmp_path.iterdir()] == ["site"]
 
 
 def test_weights_layout_aligns_tensors_and_pages():

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.cli import app
-from edge.package import MANIFEST, PackageWriteError, atomic_directory
+from edge.package import FORMAT, MANIFEST, PackageWriteError, atomic_directory
 
 runner = CliRunner()
 
@@ -54,9 +54,13 @@ POINTS = ["started", "file 0", "file 2", "manifest", "commit", "after"]
 
 
 def old_package(dest: Path) -> dict:
+    """An earlier package: a manifest that says it is edge's and lists its one file (a
+    writer replaces nothing else)."""
     dest.mkdir(parents=True)
-    (dest / MANIFEST).write_text(json.dumps({"generation": "old"}))
     (dest / "old.bin").write_bytes(b"old" * 1000)
+    (dest / MANIFEST).write_text(json.dumps({
+        "format": FORMAT, "generation": "old", "tokenizer": {"files": []}, "conditioning": {},
+        "components": [], "files": [{"path": "old.bin", "bytes": 3000, "sha256": "0" * 64}]}))
     return snapshot(dest)
 
 
@@ -188,8 +192,9 @@ def test_replacing_a_package_needs_force(exported_package, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")), "not an edge package"),
-    (lambda p: p.write_text("a file"), "not a folder"),
+    (lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")),
+     "holds files but no edge manifest (manifest.json is missing)"),
+    (lambda p: p.write_text("a file"), "exists and is a file, not a folder edge wrote"),
 ])
 def test_force_never_replaces_something_that_is_not_a_package(tmp_path, make, message):
     dest = tmp_path / "dest"

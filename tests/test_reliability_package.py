@@ -108,7 +108,7 @@ def test_listed_path_that_is_a_folder_is_refused(pkg, monkeypatch):
     path = weights_path(pkg)
     path.unlink()
     path.mkdir()
-    with pytest.raises(PackageError, match=r"pair_1\.bin: not a regular file"):
+    with pytest.raises(PackageError, match=r"pair_1\.bin: is a folder, not a regular file"):
         NoBlockRuns(monkeypatch).load(pkg)
 
 

@@ -582,7 +582,7 @@ def test_demo_page_generates_the_python_video(page, served, pipeline, web_packag
 def test_gpu_residency_follows_the_python_loader(page):
     """planPins (GPU budget) makes the Python loader's choices on the same sizes, and refuses
     a budget under the largest block naming it."""
-    from runtimes.python.loader import plan_pins
+    from edge.budget import plan_pins
 
     sizes = {"transformer/prologue": 300, "transformer/pair_0": 500, "transformer/pair_1": 500,
              "transformer/epilogue": 100, "vae_decoder/head": 700, "text_encoder/layer_0": 400}

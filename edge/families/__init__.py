@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from edge.blocks import Block, Chunking
+from edge.files import kind_of
 from edge.sampler import SamplerSettings
 
 
@@ -59,11 +60,17 @@ def family_of(folder: Path | None) -> str:
     if folder is None or (folder / "tiny-sora.json").is_file():
         return "tiny-sora"
     index = folder / "model_index.json"
-    if not folder.is_dir():
+    kind = kind_of(folder)
+    if kind == "missing":
         raise FamilyError(f"{folder}: no such model folder")
-    if not index.is_file():
+    if kind != "a folder":
+        raise FamilyError(f"{folder}: is {kind}, not a model folder")
+    kind = kind_of(index)
+    if kind == "missing":
         raise FamilyError(f"{folder}: no model_index.json (a diffusers pipeline folder has one; "
                           "a tiny-sora weights folder has tiny-sora.json)")
+    if kind != "a file":  # a FIFO would block the read
+        raise FamilyError(f"{index}: is {kind}, not a JSON file")
     try:
         class_name = json.loads(index.read_text()).get("_class_name")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
@@ -82,17 +89,23 @@ def check_target(family: str, target: str) -> None:
                           "(docs/families.md)")
 
 
+def check_options(family: str, options: dict) -> None:
+    """Refuse export options the family does not take (tiny-sora's video size and sampler come
+    with its weights)."""
+    given = ", ".join(f"--{k}" for k, v in options.items() if v is not None)
+    if family == "tiny-sora" and given:
+        raise FamilyError(f"{given}: for diffusers pipeline folders; tiny-sora's video size "
+                          "and sampler come with its weights")
+
+
 def load_model(folder: Path | None = None, **options) -> FamilyModel:
     """Load the model in `folder` (None: the shipped tiny-sora) through its family.
     `options` are the family's export options (e.g. height, width, frames for Wan)."""
     family = family_of(folder)
+    check_options(family, options)
     if family == "tiny-sora":
         from edge.families import tiny_sora
 
-        if any(v is not None for v in options.values()):
-            given = ", ".join(f"--{k}" for k, v in options.items() if v is not None)
-            raise FamilyError(f"{given}: for diffusers pipeline folders; tiny-sora's video "
-                              "size and sampler come with its weights")
         return tiny_sora.load(folder)
     from edge.families import wan
 

@@ -28,6 +28,8 @@ once would need 12 GB for one activation of the last stage at Wan's 81 frames of
 from __future__ import annotations
 
 import json
+import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -40,6 +42,7 @@ from torch import nn
 
 from edge.blocks import Block, Chunking, EncoderLayerBlock
 from edge.families import FamilyError
+from edge.files import kind_of
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
 from edge.package import file_entry
 from edge.sampler import SamplerSettings, initial_noise
@@ -57,10 +60,12 @@ CACHE_FRAMES = 2          # frames each causal convolution of the VAE keeps (dif
 # ---------------------------------------------------------------- loading and checks
 
 def _read_json(path: Path) -> dict:
+    kind = kind_of(path)
+    if kind != "a file":  # a FIFO would block the read; a link loop is not "missing"
+        raise FamilyError(f"{path}: {kind}" if kind.startswith(("missing", "unreadable"))
+                          else f"{path}: is {kind}, not a JSON file")
     try:
         value = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FamilyError(f"{path}: missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise FamilyError(f"{path}: not JSON ({err})") from None
     if not isinstance(value, dict):
@@ -73,7 +78,10 @@ def sampler_settings(scheduler_config: Path) -> SamplerSettings:
     default) or flow-match Euler with a static shift; anything else is refused by field."""
     cfg = _read_json(scheduler_config)
     kind = cfg.get("_class_name")
-    n_train = int(cfg.get("num_train_timesteps", 1000))
+    n_train = cfg.get("num_train_timesteps", 1000)
+    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 2:
+        raise FamilyError(f"{scheduler_config}: num_train_timesteps={n_train!r}; must be an "
+                          "integer of at least 2")
     if kind == "UniPCMultistepScheduler":
         want = {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "solver_order": 2,
                 "solver_type": "bh2", "predict_x0": True, "lower_order_final": True,
@@ -83,9 +91,10 @@ def sampler_settings(scheduler_config: Path) -> SamplerSettings:
             if cfg.get(key, value) != value:
                 raise FamilyError(f"{scheduler_config}: {key}={cfg.get(key)!r}; edge's UniPC "
                                   f"mirror supports {key}={value!r}")
-        return SamplerSettings(steps=STEPS, guidance=GUIDANCE, shift=float(cfg["flow_shift"]),
-                               num_train_timesteps=n_train, scheduler="flow_unipc",
-                               leap_min_steps=STEPS // 2)
+        return _checked(scheduler_config, "flow_shift", SamplerSettings(
+            steps=STEPS, guidance=GUIDANCE, shift=_number(cfg, "flow_shift", 1.0,
+                                                          scheduler_config),
+            num_train_timesteps=n_train, scheduler="flow_unipc", leap_min_steps=STEPS // 2))
     if kind == "FlowMatchEulerDiscreteScheduler":
         for key in ("use_dynamic_shifting", "use_karras_sigmas", "use_exponential_sigmas",
                     "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"):
@@ -94,12 +103,31 @@ def sampler_settings(scheduler_config: Path) -> SamplerSettings:
                                   "mirrors flow-match Euler with a static shift")
         if cfg.get("shift_terminal"):
             raise FamilyError(f"{scheduler_config}: shift_terminal is not supported")
-        return SamplerSettings(steps=STEPS, guidance=GUIDANCE, shift=float(cfg.get("shift", 1.0)),
-                               num_train_timesteps=n_train, scheduler="flow_euler",
-                               leap_min_steps=STEPS // 2)
+        return _checked(scheduler_config, "shift", SamplerSettings(
+            steps=STEPS, guidance=GUIDANCE, shift=_number(cfg, "shift", 1.0, scheduler_config),
+            num_train_timesteps=n_train, scheduler="flow_euler", leap_min_steps=STEPS // 2))
     raise FamilyError(f"{scheduler_config}: scheduler {kind!r} is not supported for Wan; "
                       "supported: UniPCMultistepScheduler (flow_prediction), "
                       "FlowMatchEulerDiscreteScheduler")
+
+
+def _number(cfg: dict, key: str, default: float, path: Path) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FamilyError(f"{path}: {key}={value!r}; must be a number")
+    return float(value)
+
+
+def _checked(path: Path, shift_key: str, settings: SamplerSettings) -> SamplerSettings:
+    """The settings as the runtimes will check them (edge/options.py), refused here, before
+    any work, naming the file and its field."""
+    from edge.options import check_settings
+
+    try:
+        return check_settings(settings)
+    except ValueError as err:
+        raise FamilyError(f"{path}: {shift_key}={settings.shift!r} gives no usable sampler: "
+                          f"{err}") from None
 
 
 def check_folder(folder: Path) -> dict:
@@ -109,8 +137,10 @@ def check_folder(folder: Path) -> dict:
         entry = index.get(name)
         if not isinstance(entry, list) or entry[0] is None:
             raise FamilyError(f"{folder / 'model_index.json'}: no {name!r} component")
-        if not (folder / name).is_dir():
-            raise FamilyError(f"{folder / name}: missing (model_index.json lists {name!r})")
+        kind = kind_of(folder / name)
+        if kind != "a folder":
+            raise FamilyError(f"{folder / name}: {kind if kind == 'missing' else 'is ' + kind}"
+                              f" (model_index.json lists {name!r} as a component folder)")
     if index.get("boundary_ratio") is not None or (index.get("transformer_2") or [None])[0]:
         raise FamilyError(f"{folder / 'model_index.json'}: a second transformer (Wan 2.2 "
                           "boundary_ratio) is not supported")
@@ -120,16 +150,128 @@ def check_folder(folder: Path) -> dict:
     return index
 
 
-def check_video_size(height: int, width: int, frames: int, spatial: int = 8,
-                     temporal: int = 4, patch: int = 2) -> None:
-    """Wan's constraints: frames = 4k + 1, height and width multiples of 16 (VAE x patch)."""
-    multiple = spatial * patch
-    for name, value in (("height", height), ("width", width)):
+# A sane bound on the transformer's tokens (latent frames x patches): 4x what Wan 2.1 takes at
+# 720p and 81 frames (21 x 45 x 80), past which attention alone outgrows any device edge targets.
+MAX_TOKENS = 4 * 21 * 45 * 80
+
+
+def _config(folder: Path, component: str, model_class) -> dict:
+    """A component's config.json, each field missing there at the class's own default (as
+    diffusers and transformers fill it when they load the folder)."""
+    import inspect
+
+    path = folder / component / "config.json"
+    cfg = _read_json(path)
+    defaults = {n: p.default for n, p in inspect.signature(model_class.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return defaults | cfg | {"_path": path}
+
+
+def _int_field(cfg: dict, key: str, least: int = 1) -> int:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise FamilyError(f"{cfg['_path']}: {key}={value!r}; must be an integer of at least "
+                          f"{least}")
+    return value
+
+
+@dataclass(frozen=True)
+class WanShapes:
+    """What the folder's components say about the shapes they exchange."""
+
+    latent_channels: int        # the VAE's z_dim
+    spatial: int                # pixels per latent cell (the VAE's scale_factor_spatial)
+    temporal: int               # frames per latent frame (scale_factor_temporal)
+    patch: tuple[int, int, int]  # the transformer's patch_size (t, h, w)
+    rope_max_seq_len: int       # positions the transformer's RoPE tables hold on each axis
+    ffn_dim: int
+    decoder_channels: int       # channels of the VAE decoder's full-resolution stage
+
+
+def check_components(folder: Path) -> WanShapes:
+    """The transformer, VAE and text encoder configs agree on what they hand each other
+    (latent channels, text width), read from config.json alone: nothing is loaded."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5Config
+
+    tr = _config(folder, "transformer", WanTransformer3DModel)
+    vae = _config(folder, "vae", AutoencoderKLWan)
+    text = _config(folder, "text_encoder", UMT5Config)
+    z_dim = _int_field(vae, "z_dim")
+    for key in ("in_channels", "out_channels"):
+        if _int_field(tr, key) != z_dim:
+            raise FamilyError(f"{tr['_path']}: {key}={tr[key]}, but {vae['_path']} has z_dim="
+                              f"{z_dim}: the transformer must take and give the VAE's latent "
+                              "channels")
+    for key in ("latents_mean", "latents_std"):
+        if not isinstance(vae.get(key), list) or len(vae[key]) != z_dim:
+            raise FamilyError(f"{vae['_path']}: {key} must list z_dim={z_dim} numbers")
+    if _int_field(tr, "text_dim") != _int_field(text, "d_model"):
+        raise FamilyError(f"{tr['_path']}: text_dim={tr['text_dim']}, but {text['_path']} has "
+                          f"d_model={text['d_model']}: the transformer must take the text "
+                          "encoder's width")
+    patch = tr.get("patch_size")
+    if (not isinstance(patch, list | tuple) or len(patch) != 3
+            or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in patch)):
+        raise FamilyError(f"{tr['_path']}: patch_size={patch!r}; must be 3 positive integers")
+    mult = vae.get("dim_mult")
+    if not isinstance(mult, list) or not mult or not all(isinstance(m, int) for m in mult):
+        raise FamilyError(f"{vae['_path']}: dim_mult={mult!r}; must be a list of integers")
+    base = vae.get("decoder_base_dim") or _int_field(vae, "base_dim")
+    return WanShapes(latent_channels=z_dim, spatial=_int_field(vae, "scale_factor_spatial"),
+                     temporal=_int_field(vae, "scale_factor_temporal"), patch=tuple(patch),
+                     rope_max_seq_len=_int_field(tr, "rope_max_seq_len"),
+                     ffn_dim=_int_field(tr, "ffn_dim"), decoder_channels=base * mult[0])
+
+
+def check_video_size(shapes: WanShapes, height: int, width: int, frames: int) -> None:
+    """The sizes this model can take: frames = temporal k + 1, sides multiples of the VAE's
+    scale times the patch, every axis within the RoPE tables, the tokens and the memory an
+    export needs within bounds."""
+    t_patch, h_patch, w_patch = shapes.patch
+    for name, value, patch in (("height", height, h_patch), ("width", width, w_patch)):
+        multiple = shapes.spatial * patch
         if value < multiple or value % multiple:
-            raise FamilyError(f"--{name} {value}: Wan needs a positive multiple of {multiple}")
-    if frames < 1 or (frames - 1) % temporal:
-        raise FamilyError(f"--frames {frames}: Wan needs {temporal}k + 1 frames (e.g. 5, 9, "
-                          "17, 81)")
+            raise FamilyError(f"--{name} {value}: this Wan needs a positive multiple of "
+                              f"{multiple} (its VAE's {shapes.spatial} x patch {patch})")
+    if frames < 1 or (frames - 1) % shapes.temporal:
+        raise FamilyError(f"--frames {frames}: this Wan needs {shapes.temporal}k + 1 frames "
+                          f"(e.g. {shapes.temporal + 1}, {4 * shapes.temporal + 1})")
+    latent_frames = (frames - 1) // shapes.temporal + 1
+    grid = {"--frames": (frames, -(-latent_frames // t_patch)),
+            "--height": (height, height // shapes.spatial // h_patch),
+            "--width": (width, width // shapes.spatial // w_patch)}
+    for option, (value, positions) in grid.items():
+        if positions > shapes.rope_max_seq_len:
+            raise FamilyError(f"{option} {value}: {positions} positions on that axis, more "
+                              f"than the transformer's RoPE tables hold (rope_max_seq_len="
+                              f"{shapes.rope_max_seq_len})")
+    tokens = math.prod(p for _, p in grid.values())
+    if tokens > MAX_TOKENS:
+        raise FamilyError(f"--height {height} --width {width} --frames {frames}: {tokens} "
+                          f"transformer tokens, more than edge takes ({MAX_TOKENS})")
+    need = export_memory_bytes(shapes, height, width, frames, tokens)
+    have = physical_memory_bytes()
+    if need > have:
+        raise FamilyError(f"--height {height} --width {width} --frames {frames}: an export "
+                          f"at this size holds about {need / 2**30:.1f} GiB of activations, "
+                          f"more than this machine's {have / 2**30:.1f} GiB of memory")
+
+
+def export_memory_bytes(shapes: WanShapes, height: int, width: int, frames: int,
+                        tokens: int) -> int:
+    """A floor under what an export at this size holds at once (float32): the reference
+    video, one decoded latent frame at the decoder's widest stage (its input, output and
+    caches: about four frames' worth) at its full-resolution stage, or the guidance batch's
+    feed-forward activations."""
+    video = frames * height * width * 3 * 4
+    decoder = 4 * shapes.temporal * shapes.decoder_channels * height * width * 4
+    transformer = 2 * tokens * shapes.ffn_dim * 4
+    return max(video, decoder, transformer)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def stored_dtypes(component: Path) -> set[str]:
@@ -591,15 +733,34 @@ class WanModel:
         return self.reference(prompt, initial_noise(self.latent_shape, [seed]), on_step=on_step)
 
 
-def load(folder: Path, height: int | None = None, width: int | None = None,
-         frames: int | None = None, steps: int | None = None) -> WanModel:
+def accepts(folder: Path, height: int | None = None, width: int | None = None,
+            frames: int | None = None, steps: int | None = None
+            ) -> tuple[dict[str, int], SamplerSettings]:
+    """The one place that says what this family takes, from the folder's JSON files alone
+    (nothing loaded, seconds at most): every component, the components against each other,
+    the scheduler as edge's sampler, the video size against the model. Returns the size and
+    the sampler; refuses anything else with a FamilyError naming the file, field or option."""
     given = {"height": height, "width": width, "frames": frames}
     size = {k: DEFAULT_SIZE[k] if v is None else v for k, v in given.items()}
     check_folder(folder)
-    check_video_size(**size)
-    sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json")
+    shapes = check_components(folder)
+    check_video_size(shapes, **size)
+    config = folder / "scheduler" / "scheduler_config.json"
+    sampler = sampler_settings(config)
     if steps is not None:
-        sampler = replace(sampler, steps=steps, leap_min_steps=max(1, steps // 2))
+        from edge.options import check_settings
+
+        try:
+            sampler = check_settings(replace(sampler, steps=steps,
+                                             leap_min_steps=max(1, steps // 2)))
+        except ValueError as err:
+            raise FamilyError(f"--steps {steps}: {err}") from None
+    return size, sampler
+
+
+def load(folder: Path, height: int | None = None, width: int | None = None,
+         frames: int | None = None, steps: int | None = None) -> WanModel:
+    size, sampler = accepts(folder, height, width, frames, steps)
     pipe, notes = load_pipeline(folder)
     return WanModel(pipe, folder, sampler=sampler, notes=notes, name=folder.resolve().name,
                     **size)

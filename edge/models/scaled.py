@@ -18,12 +18,45 @@ from safetensors.torch import save_file
 
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, check_weights_dir
-from edge.package import atomic_directory
+from edge.package import atomic_directory, check_replaceable, not_edges
+
+# what `edge scale-model` writes: the top-level names of each kind of folder, and the mark
+# its config carries (tiny-sora.json's "random_weights", model_index.json's
+# "_edge_random_weights": diffusers ignores keys that start with "_")
+SCALED_TINY_SORA = {"tiny-sora.json", "transformer.safetensors", "vae"}
+SCALED_DIFFUSERS = {"model_index.json", "tokenizer", "scheduler", "vae", "transformer",
+                    "text_encoder"}
+
+
+def identify_scaled_model(dest: Path) -> str:
+    """What `edge scale-model` wrote at `dest`; any other folder is refused with the reason
+    (PackageWriteError): scale-model replaces only its own random-weight folders."""
+    for config, names, mark in (("tiny-sora.json", SCALED_TINY_SORA, "random_weights"),
+                                ("model_index.json", SCALED_DIFFUSERS, "_edge_random_weights")):
+        path = dest / config
+        if not path.is_file():
+            continue
+        try:
+            written = json.loads(path.read_text()).get(mark)
+        except (ValueError, AttributeError):
+            written = None
+        if not isinstance(written, dict):
+            raise not_edges(dest, f"a model folder that `edge scale-model` did not write (its "
+                                  f"{config} has no {mark!r})")
+        other = sorted(p.name for p in dest.iterdir() if p.name not in names)
+        if other:
+            raise not_edges(dest, f"a random-weight model folder, but it also holds "
+                                  f"{', '.join(other[:3])}")
+        return f"the random-weight model folder (seed {written.get('seed')})"
+    raise not_edges(dest, "not a model folder that `edge scale-model` wrote (no tiny-sora.json "
+                          "or model_index.json)")
 
 
 def write_scaled_model(out: str | Path, hidden: int, pairs: int, heads: int,
-                       seed: int = 0) -> dict:
-    """Write the model folder atomically; returns its config."""
+                       seed: int = 0, force: bool = False) -> dict:
+    """Write the model folder atomically; returns its config. An earlier folder at `out` is
+    replaced only with `force`, and only when this command wrote it."""
+    check_replaceable(Path(out), force, identify_scaled_model)
     base = json.loads((DEFAULT_WEIGHTS / "tiny-sora.json").read_text())
     cfg = replace(STDiTConfig(**base["transformer"]), hidden=hidden, pairs=pairs, heads=heads)
     if hidden % heads or (hidden // heads) % 2:
@@ -38,7 +71,7 @@ def write_scaled_model(out: str | Path, hidden: int, pairs: int, heads: int,
               "random_weights": {"seed": seed,
                                  "transformer_params": sum(p.numel() for p in
                                                            model.parameters())}}
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, identify_scaled_model) as tmp:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()},
                   tmp / "transformer.safetensors")
         shutil.copytree(DEFAULT_WEIGHTS / "vae", tmp / "vae")

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from edge.package import atomic_directory
+from edge.models.scaled import identify_scaled_model
+from edge.package import atomic_directory, check_replaceable
 
 LIKE = ("wan2.1-t2v-1.3b",)
 
@@ -106,13 +107,15 @@ def text_encoder_parts(config) -> Iterator[tuple[str, nn.Module]]:
 
 def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
                    full_text_encoder: bool = False, seed: int = 0,
-                   on_part: Callable[[str], None] | None = None) -> dict:
-    """Write the folder atomically; returns what was written (parameter counts)."""
+                   on_part: Callable[[str], None] | None = None, force: bool = False) -> dict:
+    """Write the folder atomically; returns what was written (parameter counts). An earlier
+    folder at `out` is replaced only with `force`, and only when scale-model wrote it."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
     from transformers import UMT5Config
 
     if like not in LIKE:
         raise ValueError(f"--like {like!r}: known: {', '.join(LIKE)}")
+    check_replaceable(Path(out), force, identify_scaled_model)
     torch.manual_seed(seed)
     tok = small_tokenizer()
     text = UMT5_XXL if full_text_encoder else UMT5_SMALL | {"vocab_size": len(tok)}
@@ -123,8 +126,9 @@ def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
              "text_encoder": ["transformers", "UMT5EncoderModel"],
              "tokenizer": ["transformers", "T5Tokenizer"],
              "transformer": ["diffusers", "WanTransformer3DModel"],
-             "transformer_2": [None, None], "vae": ["diffusers", "AutoencoderKLWan"]}
-    with atomic_directory(out) as tmp:
+             "transformer_2": [None, None], "vae": ["diffusers", "AutoencoderKLWan"],
+             "_edge_random_weights": {"like": like, "seed": seed}}
+    with atomic_directory(out, identify_scaled_model) as tmp:
         (tmp / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
         tok.save_pretrained(tmp / "tokenizer")
         UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,

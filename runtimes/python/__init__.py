@@ -1,6 +1,7 @@
 """Embeddable Python runtime for edge packages (onnxruntime + NumPy, no torch)."""
 
-from runtimes.python.loader import BlockLoader, BudgetError, parse_size
+from edge.budget import BudgetError, parse_size
+from runtimes.python.loader import BlockLoader
 from runtimes.python.pipeline import Pipeline
 
 __all__ = ["BlockLoader", "BudgetError", "Pipeline", "parse_size"]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.budget import check_budget, fill_budget, plan_pins
 from edge.package import FileIdentity, check_unchanged
 
 PAGE = 4096
@@ -74,72 +75,6 @@ class LoaderStats:
                 "peak_held_bytes": self.peak_held_bytes,
                 "read_bandwidth_bytes_per_s": (self.bytes_read / self.read_s
                                                if self.read_s else None)}
-
-
-class BudgetError(ValueError):
-    pass
-
-
-def parse_size(text: str | int | None) -> int | None:
-    """'64MB', '1.5GiB', '512k', 1000 -> bytes (powers of 1024 for every unit)."""
-    if text is None or isinstance(text, int):
-        return text
-    s = text.strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    factor = units.get(s[-1:], 1)
-    number = s[:-1] if s[-1:] in units else s
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"memory size {text!r} not understood; use e.g. 64MB or 1.5GB") from None
-    if value <= 0:
-        raise ValueError(f"memory size {text!r} must be positive")
-    return int(value * factor)
-
-
-def format_size(n: int) -> str:
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= f:
-            return f"{n / f:.1f} {unit}"
-    return f"{n} B"
-
-
-def check_budget(sizes: dict[str, int], budget: int | None) -> None:
-    """Refuse, before anything runs, a budget that cannot hold the largest block."""
-    key = max(sizes, key=sizes.get)
-    if budget is not None and budget < sizes[key]:
-        raise BudgetError(
-            f"memory budget {format_size(budget)} is smaller than block {key} "
-            f"({format_size(sizes[key])}); the smallest budget that works is "
-            f"{format_size(sizes[key])} ({sizes[key]} bytes)")
-
-
-def plan_pins(sizes: dict[str, int], budget: int | None, every_step: tuple[str, ...] = (),
-              prefetch: int = 1) -> set[str]:
-    """The blocks kept in memory once loaded. Pinning must leave room to stream the largest
-    remaining block plus one prefetched block; blocks run every step are considered first,
-    in execution order, then the rest."""
-    check_budget(sizes, budget)
-    if budget is None:
-        return set(sizes)
-    order = list(every_step) + [k for k in sizes if k not in every_step]
-    return fill_budget(sizes, budget, order, prefetch)
-
-
-def fill_budget(sizes: dict[str, int], budget: int, order: Iterable[str], prefetch: int,
-                held: set[str] = frozenset()) -> set[str]:
-    """The blocks of `order`, taken in turn, that can stay in memory beside those `held`
-    while room remains to stream the largest other block of `sizes` plus one read ahead."""
-    held_bytes = sum(sizes[k] for k in held)
-    chosen: set[str] = set()
-    for key in order:
-        trial = chosen | {key}
-        streamed = sorted((n for k, n in sizes.items() if k not in trial and k not in held),
-                          reverse=True)
-        reserve = sum(streamed[:1 + min(prefetch, 1)])
-        if held_bytes + sum(sizes[k] for k in trial) + reserve <= budget:
-            chosen = trial
-    return chosen
 
 
 def _page_round(nbytes: int) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from edge.budget import parse_size
 from edge.manifest_schema import MANIFEST, as_variant, check_chain
 from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
@@ -41,7 +42,7 @@ from edge.sampler import (
 )
 from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
 from runtimes.python.graph_check import check_block_graph, check_runtime_feeds
-from runtimes.python.loader import BlockLoader, BlockWeights, parse_size
+from runtimes.python.loader import BlockLoader, BlockWeights
 
 
 def _io_read_bytes() -> int | None:
@@ -206,6 +207,7 @@ class Pipeline:
         self.last_run: dict = {}
         self._compute_s = 0.0
         self._lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
@@ -218,6 +220,7 @@ class Pipeline:
         `lean_decode`: let the pinned blocks go before the VAE decode, so its activations
         take their memory, and read them again on the next generation (peak memory for
         reads: docs/runtime.md)."""
+        budget = parse_size(memory_budget, "memory_budget")  # before anything is read
         root = Path(package)
         return_freed_activations_to_the_system()
         identities: dict = {}
@@ -243,7 +246,7 @@ class Pipeline:
                 wpath = resolve_inside(root, block["weights"]["path"], where)
                 weights[key] = BlockWeights.of_block(key, wpath, block, identities.get(wpath))
             components[c.name] = c
-        loader = BlockLoader(weights, parse_size(memory_budget),
+        loader = BlockLoader(weights, budget,
                              every_step=tuple(components["transformer"].keys()),
                              prefetch=prefetch, cold_reads=cold_reads, pin=pin)
         pipe = cls(root, manifest, loader, components, lean_decode)
@@ -350,6 +353,9 @@ class Pipeline:
         `negative_prompt`: the unconditional pass's text (default: the package's null caption
         or negative prompt). `latents`: initial noise (B, C, T, h, w) in diffusers' layout,
         instead of the seeds' (to reproduce a diffusers run exactly)."""
+        if self._closed:
+            raise ValueError(f"the pipeline of {self.root} is closed (close() was called); "
+                             "load the package again to generate")
         prompts = check_prompts(prompts)
         seeds = check_seeds(seed, len(prompts))
         if negative_prompt is not None:
@@ -483,4 +489,7 @@ class Pipeline:
 
     @_one_at_a_time
     def close(self) -> None:
-        self.loader.close()
+        """Stop the loader's reader and let the blocks go; a second call does nothing."""
+        if not self._closed:
+            self.loader.close()
+            self._closed = True

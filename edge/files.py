@@ -1,0 +1,169 @@
+"""Files edge writes for a user (videos, plots, JSON figures, package folders): each
+destination is checked before any work starts, and each file is written atomically (a
+temporary file beside it, renamed into place), so a failure leaves the earlier file untouched
+and no partial file behind. Also: what a path is, in words, for error messages.
+
+Imports only the standard library: the runtimes use it too.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class OutputError(RuntimeError):
+    """A destination edge cannot write, or a write that failed; nothing the user had at the
+    destination was changed. The message names the option (where given) and the path."""
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a file"))
+
+
+def kind_of(path: Path) -> str:
+    """What is at `path`, in words: "missing", "a file", "a folder", "a FIFO (named pipe)",
+    "a symbolic link loop", "a broken symbolic link", "unreadable (reason)"..."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "a broken symbolic link" if os.path.islink(path) else "missing"
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if err.errno == errno.ENOTDIR:
+            return "missing (a parent is not a folder)"
+        return f"unreadable ({err.strerror})"
+    return next((name for test, name in _KINDS if test(st.st_mode)), "not a file or folder")
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system tells it (Linux
+    /proc); elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_usual_mode(path: Path) -> None:
+    """The mode a plain open() or mkdir() would have given (mkstemp and mkdtemp make
+    owner-only files and folders): a web server or another user can read an export."""
+    base = 0o777 if path.is_dir() else 0o666
+    os.chmod(path, base & ~current_umask())
+
+
+def _named(path: Path, option: str | None) -> str:
+    return f"{option} {path}" if option else str(path)
+
+
+def _first_existing(path: Path) -> Path:
+    """The nearest ancestor of `path` (itself excluded) that exists."""
+    parent = path.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+def _probe_writable(folder: Path, what: str) -> None:
+    """Create and remove a file in `folder`: the one test of writability that is true for
+    root, read-only mounts, /proc and quotas alike."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".edge-probe-", dir=folder)
+    except OSError as err:
+        raise OutputError(f"{what}: cannot write in {folder} ({err.strerror or err})"
+                          ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_writable_parent(path: Path, option: str | None = None) -> None:
+    """`path`'s folder exists and can be written, or can be created: its nearest existing
+    ancestor is a folder edge can write in. Nothing is left behind."""
+    what = _named(path, option)
+    parent = path.parent
+    if os.path.lexists(parent) and not parent.is_dir():
+        raise OutputError(f"{what}: {parent} is {kind_of(parent)}, not a folder")
+    ancestor = parent if parent.is_dir() else _first_existing(parent)
+    if not ancestor.is_dir():
+        raise OutputError(f"{what}: {ancestor} is {kind_of(ancestor)}, not a folder")
+    _probe_writable(ancestor, what)
+
+
+def check_output_file(path: Path, option: str | None = None) -> None:
+    """Before any work: `path` can be written as a file. It may exist only as a regular
+    file (which the write will replace); a folder, FIFO or device there is refused, and so is
+    a folder that cannot be written or created."""
+    path = Path(path)
+    what = _named(path, option)
+    if os.path.lexists(path):
+        kind = kind_of(path)
+        if kind != "a file":
+            raise OutputError(f"{what}: is {kind}; name a file to write")
+    check_writable_parent(path, option)
+
+
+@contextmanager
+def atomic_file(path: Path, option: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside `path` (with the same suffix, for writers that pick a
+    format by extension); once the body returns it replaces `path` in one rename. On any
+    error, Ctrl-C included, the temporary file is removed and `path` is as it was; an
+    OSError of the destination (a full disk, no permission) becomes an OutputError."""
+    path = Path(path)
+    check_output_file(path, option)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".partial{path.suffix}",
+                                    dir=path.parent)
+    except OSError as err:
+        raise OutputError(f"{_named(path, option)}: cannot write ({err.strerror or err}); "
+                          "nothing was written") from err
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        give_usual_mode(tmp)
+        with open(tmp, "rb") as f:  # on disk before the rename: a crash leaves old or new
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"{_named(path, option)}: cannot write ({err.strerror or err}); "
+                          "nothing was written and an earlier file there is untouched"
+                          ) from err
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped (\\x1b, \\x07, \\u202e...), newlines and
+    tabs kept: names and values read from files cannot retitle a terminal, move its cursor
+    or hide what follows."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in "\n\t":
+            out.append(ch)
+        elif code < 0x20 or 0x7F <= code < 0xA0:
+            out.append(f"\\x{code:02x}")
+        elif code in _INVISIBLE:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+# bidirectional overrides and isolates: they reorder what a terminal shows (Trojan Source)
+_INVISIBLE = {*range(0x202A, 0x202F), *range(0x2066, 0x206A)}
