@@ -1,0 +1,495 @@
+"""Bad input to the commands and the Python API, as a new user or a hostile environment gives
+it: each case is refused with a one-line message naming the option, file or value, exit
+status 2, no traceback, before any work, and nothing the user had is changed.
+docs/reliability.md lists the cases and these tests."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from edge.cli import app
+from edge.files import OutputError, atomic_file, check_output_file, printable
+from edge.package import FORMAT, MANIFEST
+
+sys.path.insert(0, str(Path(__file__).parent))
+from manifest_edits import block_record, rewrite  # noqa: E402
+from wan_folder import make_wan_folder  # noqa: E402
+
+runner = CliRunner()
+
+
+def refused(args: list[str], message: str) -> str:
+    """Run `edge ARGS`: exit status 2, no traceback, one `error:` line containing
+    `message`, on a line of its own. Returns the output."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit), res.exception  # not a crash
+    assert "Traceback" not in res.output
+    errors = [line for line in res.output.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: "), res.output
+    assert message in errors[0], res.output
+    return res.output
+
+
+def snapshot(root: Path) -> dict:
+    """Every entry under `root` (folders too) with the bytes of the files."""
+    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else "dir")
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading a model or a package fails the test: the refusal had to come first."""
+    import edge.cli as cli
+    import edge.families as families
+    import runtimes.python as runtime
+
+    def never(*a, **k):
+        pytest.fail("work started before the refusal")
+
+    monkeypatch.setattr(cli, "_load_pipeline", never)
+    monkeypatch.setattr(families, "load_model", never)
+    monkeypatch.setattr(runtime.Pipeline, "load", never)
+
+
+# --- 1. --force replaces only what edge wrote -----------------------------------------------
+
+def make_pwa(root: Path) -> None:
+    (root / "src").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / MANIFEST).write_text('{"name": "My PWA"}')
+    (root / "src" / "app.js").write_text("x")
+
+
+NOT_OURS = "edge replaces only folders it wrote, with or without --force"
+
+
+@pytest.mark.parametrize("target", ["onnx", "iphone", "web"])
+@pytest.mark.parametrize("force", [True, False])
+def test_a_web_app_with_a_manifest_is_never_replaced(tmp_path, target, force, no_work):
+    dest = tmp_path / "pwa"
+    make_pwa(dest)
+    before = snapshot(dest)
+    out = refused(["export", "--target", target, "-o", str(dest)] + (["--force"] * force),
+                  "its manifest.json is not an edge manifest")
+    assert NOT_OURS in out and "a package is already there" not in out
+    assert snapshot(dest) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["pwa"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: (d / MANIFEST).mkdir(), "no edge manifest (manifest.json is a folder)"),
+    (lambda d: os.mkfifo(d / MANIFEST), "no edge manifest (manifest.json is a FIFO"),
+    (lambda d: (d / MANIFEST).write_text("{not json"), "is not an edge manifest"),
+    (lambda d: (d / MANIFEST).write_text('{"format": "other"}'), "is not an edge manifest"),
+    (lambda d: (d / MANIFEST).write_text(json.dumps({"format": FORMAT})),
+     "says edge but is damaged"),
+    (lambda d: (d / "site.html").write_text("x"), "no edge manifest (manifest.json is missing)"),
+])
+def test_force_refuses_other_folders_naming_why(tmp_path, make, message, no_work):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    make(dest)
+    before = snapshot(dest)
+    out = refused(["export", "-o", str(dest), "--force"], message)
+    assert NOT_OURS in out
+    assert snapshot(dest) == before
+
+
+def test_a_package_holding_a_users_files_is_not_replaced(exported_package, tmp_path, no_work):
+    dest = tmp_path / "pkg"
+    shutil.copytree(exported_package[0], dest)
+    (dest / ".git").mkdir()
+    (dest / ".git" / "HEAD").write_text("ref")
+    before = snapshot(dest)
+    refused(["export", "-o", str(dest), "--force"],
+            "an edge package, but it also holds files its manifest does not list (.git/HEAD)")
+    assert snapshot(dest) == before
+
+
+def test_force_says_what_it_replaces(exported_package, tmp_path, monkeypatch):
+    import edge.families as families
+
+    dest = tmp_path / "pkg"
+    shutil.copytree(exported_package[0], dest)
+    before = snapshot(dest)
+
+    def stop(*a, **k):
+        raise families.FamilyError("stopped at the load")
+
+    monkeypatch.setattr(families, "load_model", stop)
+    out = refused(["export", "-o", str(dest), "--force"], "stopped at the load")
+    assert f"replacing the edge package tiny-sora (onnx) at {dest} (--force)" in out
+    assert snapshot(dest) == before
+
+
+def test_scale_model_replaces_only_its_own_folders(tmp_path):
+    dest = tmp_path / "site"
+    make_pwa(dest)
+    before = snapshot(dest)
+    refused(["scale-model", str(dest), "--force", "--hidden", "32", "--pairs", "1",
+             "--heads", "2"], "not a model folder that `edge scale-model` wrote")
+    assert snapshot(dest) == before
+    small = ["--hidden", "32", "--pairs", "1", "--heads", "2"]
+    mine = tmp_path / "mine"
+    assert runner.invoke(app, ["scale-model", str(mine), *small]).exit_code == 0
+    refused(["scale-model", str(mine), *small], "pass --force to replace it")
+    res = runner.invoke(app, ["scale-model", str(mine), *small, "--seed", "1", "--force"])
+    assert res.exit_code == 0, res.output
+    assert "replacing the random-weight model folder (seed 0)" in res.output
+    (mine / "notes.txt").write_text("mine")
+    refused(["scale-model", str(mine), *small, "--force"], "it also holds notes.txt")
+
+
+# --- 2. videos and plots are written atomically ---------------------------------------------
+
+def test_a_failed_video_write_leaves_the_earlier_video(tmp_path, monkeypatch):
+    import imageio.v2 as imageio
+
+    from edge.video import write_video
+
+    video = np.random.default_rng(0).integers(0, 255, (4, 8, 8, 3), dtype=np.uint8)
+    path = write_video(tmp_path / "v.gif", video, scale=1)
+    before = path.read_bytes()
+
+    def disk_fills(target, frames, **kw):
+        Path(target).write_bytes(b"GIF89a partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+
+    monkeypatch.setattr(imageio, "mimwrite", disk_fills)
+    with pytest.raises(OutputError, match=r"v\.gif: cannot write \(No space left on device\); "
+                       "nothing was written and an earlier file there is untouched"):
+        write_video(path, video, scale=1)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["v.gif"]  # no partial file beside it
+    with pytest.raises(OutputError):
+        write_video(tmp_path / "new.mp4", video, scale=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["v.gif"]  # no 0-byte file either
+
+
+def test_full_disk_while_generate_writes_keeps_the_earlier_video(tmp_path, monkeypatch):
+    import imageio.v2 as imageio
+
+    out = tmp_path / "out.gif"
+    assert runner.invoke(app, ["generate", "a red circle", "--steps", "1", "-o",
+                               str(out)]).exit_code == 0
+    before = out.read_bytes()
+
+    def no_space(target, frames, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+
+    monkeypatch.setattr(imageio, "mimwrite", no_space)
+    refused(["generate", "a red circle", "--steps", "1", "-o", str(out)],
+            f"{out}: cannot write (No space left on device)")
+    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["out.gif"]
+
+
+@pytest.mark.parametrize("umask, folder, file", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_written_files_and_packages_have_the_usual_modes(tmp_path, umask, folder, file):
+    """The modes a plain mkdir or open gives under the umask (mkdtemp and mkstemp would give
+    0700 and 0600 whatever it is: a web server could not read an export)."""
+    from edge.package import atomic_directory
+
+    old = os.umask(umask)
+    try:
+        with atomic_file(tmp_path / "f.json") as tmp:
+            tmp.write_text("{}")
+        with atomic_directory(tmp_path / "pkg") as root:
+            (root / "sub").mkdir()
+            (root / "sub" / "w.bin").write_bytes(b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "f.json").stat().st_mode) == file
+    assert stat.S_IMODE((tmp_path / "pkg").stat().st_mode) == folder
+    assert stat.S_IMODE((tmp_path / "pkg" / "sub").stat().st_mode) == folder
+    assert stat.S_IMODE((tmp_path / "pkg" / "sub" / "w.bin").stat().st_mode) == file
+
+
+def test_an_exported_package_is_readable_by_others(exported_package):
+    from edge.files import current_umask
+
+    root = exported_package[0]
+    assert stat.S_IMODE(root.stat().st_mode) == 0o777 & ~current_umask()
+
+
+# --- 3. every destination is checked before the work ----------------------------------------
+
+@pytest.mark.parametrize("make, output, message", [
+    (lambda t: (t / "out" / "dir.gif").mkdir(parents=True), "out/dir.gif",
+     "out/dir.gif: is a folder; name a file to write"),
+    (lambda t: (t / "afile").write_text("x"), "afile/x.gif", "afile is a file, not a folder"),
+    (lambda t: (t / "afile").write_text("x"), "afile/deeper/x.mp4",
+     "afile is a file, not a folder"),
+    (lambda t: os.mkfifo(t / "pipe.gif"), "pipe.gif", "pipe.gif: is a FIFO (named pipe)"),
+    (lambda t: None, "/proc/x.gif", "-o /proc/x.gif: cannot write in /proc"),
+    (lambda t: None, "out.avi", "-o out.avi: use a .gif or .mp4 file name"),
+])
+def test_unwritable_video_path_is_refused_before_generating(tmp_path, monkeypatch, no_work,
+                                                            make, output, message):
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path)
+    before = snapshot(tmp_path)
+    refused(["generate", "a red circle", "-o", output], message)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_device_is_never_replaced(tmp_path):
+    with pytest.raises(OutputError, match="/dev/null: is a character device; name a file"):
+        check_output_file(Path("/dev/null"), "-o")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through folder permissions")
+def test_read_only_folder_is_refused_before_generating(tmp_path, no_work):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    refused(["generate", "x", "-o", str(ro / "x.gif")], "cannot write in")
+
+
+def test_plot_destination_is_checked_before_the_sweep(tmp_path, no_work, monkeypatch):
+    import edge.cli as cli
+
+    monkeypatch.setattr(cli, "_eval_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    (tmp_path / "afile").write_text("x")
+    refused(["eval", "--sweep", "--plot", str(tmp_path / "afile" / "f.png")],
+            f"--plot {tmp_path / 'afile' / 'f.png'}: {tmp_path / 'afile'} is a file, not a "
+            "folder")
+
+
+def test_export_destination_inside_a_file_is_refused_before_loading(tmp_path, no_work):
+    (tmp_path / "afile").write_text("x")
+    refused(["export", "-o", str(tmp_path / "afile" / "pkg")], "afile is a file, not a folder")
+
+
+# --- 4-6. what a Wan folder may say, checked before loading ---------------------------------
+
+@pytest.fixture(scope="module")
+def wan_source(tmp_path_factory) -> Path:
+    return make_wan_folder(tmp_path_factory.mktemp("wan") / "wan")
+
+
+def edited_wan(source: Path, dest: Path, file: str, **fields) -> Path:
+    shutil.copytree(source, dest)
+    path = dest / file
+    cfg = json.loads(path.read_text())
+    path.write_text(json.dumps(cfg | fields))
+    return dest
+
+
+@pytest.fixture
+def never_loads_wan(monkeypatch):
+    from edge.families import wan
+
+    monkeypatch.setattr(wan, "load_pipeline", lambda f: pytest.fail("the pipeline was loaded"))
+
+
+SCHED = "scheduler/scheduler_config.json"
+
+
+@pytest.mark.parametrize("file, fields, message", [
+    (SCHED, {"flow_shift": -1.0}, "scheduler_config.json: flow_shift=-1.0 gives no usable "
+     "sampler: sampler setting shift=-1.0: must be positive"),
+    (SCHED, {"flow_shift": 0}, "flow_shift=0.0 gives no usable sampler"),
+    (SCHED, {"flow_shift": "3"}, "scheduler_config.json: flow_shift='3'; must be a number"),
+    (SCHED, {"flow_shift": 1e12}, "flow_shift=1000000000000.0 gives no usable sampler"),
+    (SCHED, {"num_train_timesteps": 1}, "num_train_timesteps=1; must be an integer of at "
+     "least 2"),
+    ("transformer/config.json", {"in_channels": 8, "out_channels": 8},
+     "config.json: in_channels=8, but"),
+    ("transformer/config.json", {"out_channels": 4}, "out_channels=4, but"),
+    ("transformer/config.json", {"text_dim": 64}, "text_dim=64, but"),
+    ("transformer/config.json", {"patch_size": [1, 2]}, "patch_size=[1, 2]; must be 3"),
+    ("transformer/config.json", {"rope_max_seq_len": 0}, "rope_max_seq_len=0; must be an "
+     "integer of at least 1"),
+    ("vae/config.json", {"latents_mean": [0.0] * 8}, "latents_mean must list z_dim=16"),
+    ("vae/config.json", {"z_dim": "16"}, "z_dim='16'; must be an integer"),
+])
+def test_wan_settings_are_refused_before_loading(wan_source, tmp_path, never_loads_wan, file,
+                                                  fields, message):
+    folder = edited_wan(wan_source, tmp_path / "wan", file, **fields)
+    before = snapshot(folder)
+    refused(["export", "--model", str(folder), "--height", "32", "--width", "32", "--frames",
+             "5", "-o", str(tmp_path / "pkg")], message)
+    assert snapshot(folder) == before and not (tmp_path / "pkg").exists()
+
+
+def test_wan_channels_that_disagree_name_both_files(wan_source, tmp_path, never_loads_wan):
+    folder = edited_wan(wan_source, tmp_path / "wan", "transformer/config.json",
+                        in_channels=8, out_channels=8)
+    out = refused(["export", "--model", str(folder), "--height", "32", "--width", "32",
+                   "--frames", "5", "--dry-run"], "in_channels=8")
+    assert f"{folder / 'vae' / 'config.json'} has z_dim=16" in out
+
+
+SMALL = ["--height", "32", "--width", "32", "--frames", "5"]  # later options win
+
+
+@pytest.mark.parametrize("size, message", [
+    (["--frames", "100001"], "--frames 100001: 25001 positions on that axis, more than the "
+     "transformer's RoPE tables hold (rope_max_seq_len=32)"),
+    (["--height", "4096", "--width", "4096"], "--height 4096: 256 positions on that axis"),
+    (["--height", "160000", "--width", "160000"], "--height 160000: 10000 positions"),
+    (["--frames", "6"], "--frames 6: this Wan needs 4k + 1 frames"),
+    (["--height", "40"], "--height 40: this Wan needs a positive multiple of 16"),
+    (["--steps", "20000"], "--steps 20000: sampler setting steps=20000: more than 10000"),
+])
+def test_sizes_past_what_the_model_takes_are_refused(wan_source, never_loads_wan, size,
+                                                     message):
+    refused(["export", "--model", str(wan_source), "--dry-run", *SMALL, *size], message)
+
+
+def test_tokens_and_memory_are_bounded(wan_source, tmp_path, never_loads_wan, monkeypatch):
+    from edge.families import wan
+
+    folder = edited_wan(wan_source, tmp_path / "wan", "transformer/config.json",
+                        rope_max_seq_len=4096)
+    refused(["export", "--model", str(folder), "--dry-run", "--height", "16384", "--width",
+             "16384", "--frames", "1"], f"1048576 transformer tokens, more than edge takes "
+            f"({wan.MAX_TOKENS})")
+    monkeypatch.setattr(wan, "physical_memory_bytes", lambda: 1 << 29)
+    refused(["export", "--model", str(folder), "--dry-run", "--height", "1024", "--width",
+             "1024", "--frames", "81"], "an export at this size holds about 0.9 GiB of "
+            "activations, more than this machine's 0.5 GiB of memory")
+
+
+def test_symlink_loops_and_fifos_in_a_model_folder_are_named(wan_source, tmp_path):
+    folder = tmp_path / "wan"
+    shutil.copytree(wan_source, folder)
+    shutil.rmtree(folder / "vae")
+    (folder / "vae").symlink_to(folder / "vae")
+    refused(["export", "--model", str(folder), "--dry-run"],
+            f"{folder / 'vae'}: is a symbolic link loop (model_index.json lists 'vae'")
+    (folder / "model_index.json").unlink()
+    os.mkfifo(folder / "model_index.json")  # reading it would block forever
+    refused(["export", "--model", str(folder), "--dry-run"],
+            "model_index.json: is a FIFO (named pipe), not a JSON file")
+
+
+def test_a_fifo_manifest_is_named(tmp_path):
+    from edge.package import PackageError, read_package
+
+    (tmp_path / "pkg").mkdir()
+    os.mkfifo(tmp_path / "pkg" / MANIFEST)
+    with pytest.raises(PackageError, match=r"manifest\.json: is a FIFO \(named pipe\), not a "
+                       "file"):
+        read_package(tmp_path / "pkg")
+
+
+# --- 7. one size parser for the command line and the Python API -----------------------------
+
+@pytest.mark.parametrize("value, message", [
+    ("infGB", "--memory-budget 'infGB': must be a finite size"),
+    ("nanMB", "--memory-budget 'nanMB': must be a finite size"),
+    ("1e400MB", "--memory-budget '1e400MB': must be a finite size"),
+    ("0", "--memory-budget '0': must be positive"),
+    ("-5", "--memory-budget '-5': must be positive"),
+    ("0.1B", "--memory-budget '0.1B': less than one byte"),
+    ("lots", "--memory-budget 'lots': not understood; use e.g. 64MB"),
+    ("9999999TB", "beyond any machine's memory"),
+])
+def test_bad_budgets_are_refused_by_name_in_every_command(tmp_path, no_work, value, message):
+    refused(["generate", str(tmp_path), "a prompt", "--memory-budget", value], message)
+    refused(["export", "--dry-run", "--memory-budget", value], message)
+    refused(["bench", str(tmp_path), "--memory-budget", value], message)
+    refused(["eval", "--sweep", "--memory-budget", value], message)
+
+
+@pytest.mark.parametrize("value, message", [
+    (0.5, "memory_budget: 0.5 is a float; give a whole number of bytes (int) or a size such "
+     "as '64MB'"),
+    (True, "memory_budget: True is a bool"),
+    ([64], "memory_budget: [64] is a list"),
+    (-5, "memory_budget -5: must be positive"),
+    ("infGB", "memory_budget 'infGB': must be a finite size"),
+])
+def test_bad_budgets_from_python_name_the_argument(exported_package, value, message):
+    from runtimes.python import Pipeline
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Pipeline.load(exported_package[0], memory_budget=value)
+
+
+def test_good_budgets_parse_alike_everywhere():
+    from edge.budget import parse_size
+
+    assert parse_size("64MB") == parse_size("64mib") == parse_size(64 << 20) == 64 << 20
+    assert parse_size("1.5GB") == 3 << 29 and parse_size(None) is None
+
+
+# --- 8. text from files is shown escaped ----------------------------------------------------
+
+def test_control_characters_from_a_package_never_reach_the_terminal(exported_package,
+                                                                      tmp_path):
+    pkg = tmp_path / "pkg"
+    shutil.copytree(exported_package[0], pkg)
+    hostile = "pair_1\x1b]0;owned\x07\x1b[2K\u202e"
+
+    def rename_and_break(m):
+        block = block_record(m)
+        block["name"] = hostile
+        block["weights"]["tensors"][0]["shape"][0] += 1  # an error that names the block
+
+    rewrite(pkg, rename_and_break)
+    out = refused(["generate", str(pkg), "a prompt", "-o", str(tmp_path / "x.gif")],
+                  r"pair_1\x1b]0;owned\x07\x1b[2K\u202e")
+    assert not any(c in out for c in "\x1b\x07\u202e")
+
+
+def test_printable_escapes_controls_and_keeps_text():
+    assert printable("a\tb\nc é 猫") == "a\tb\nc é 猫"
+    assert printable("\x1b[31mred\x9b\x00\u2066") == r"\x1b[31mred\x9b\x00\u2066"
+
+
+# --- 9. smaller ones --------------------------------------------------------------------------
+
+def test_a_closed_pipeline_says_so(exported_package):
+    from runtimes.python import Pipeline
+
+    pipe = Pipeline.load(exported_package[0])
+    pipe.close()
+    pipe.close()  # twice: nothing to do
+    with pytest.raises(ValueError, match=r"the pipeline of .* is closed \(close\(\) was "
+                       r"called\); load the package again"):
+        pipe.generate("a red circle", steps=1)
+
+
+def test_option_errors_print_on_their_own_line(tmp_path):
+    out = refused(["generate", "a red circle", "--steps", "4", "--merge-steps", "9", "-o",
+                   str(tmp_path / "x.gif")], "merge_steps=9: more than steps=4")
+    assert "denoising" not in out  # refused before the progress bar started
+
+
+def test_an_error_during_generation_starts_a_new_line(tmp_path, monkeypatch, pipeline):
+    import edge.cli as cli
+
+    class Failing:
+        sampler = pipeline.sampler
+
+        def generate(self, text, on_step, **kw):
+            on_step(1, 3)
+            raise ValueError("a block file changed on disk")
+
+    monkeypatch.setattr(cli, "_load_pipeline", lambda w: Failing())
+    out = refused(["generate", "x", "--steps", "3", "-o", str(tmp_path / "x.gif")],
+                  "a block file changed on disk")
+    assert "denoising" in out and "\nerror: a block file changed on disk" in out
+    assert not (tmp_path / "x.gif").exists()
+
+
+def test_web_dry_run_is_refused_instead_of_exporting(tmp_path, no_work, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    refused(["export", "--target", "web", "--dry-run"], "--dry-run and --memory-budget are "
+            "not built for --target web")
+    assert list(tmp_path.iterdir()) == []
