@@ -703,9 +703,16 @@ def train_tiny_sora(
     edge/weights/tiny-sora to ship it."""
     from dataclasses import replace
 
+    from edge.files import OutputError, check_writable_parent, kind_of
     from edge.train import TrainingRecipe
     from edge.train import train_tiny_sora as train
 
+    try:  # before fifty minutes of training, not after
+        if kind_of(out) not in ("missing", "a folder"):
+            raise OutputError(f"--out {out}: is {kind_of(out)}, not a folder")
+        check_writable_parent(out / "tiny-sora.json", "--out")
+    except OutputError as err:
+        fail(str(err))
     recipe = TrainingRecipe(seed=seed)
     if transformer_steps:
         recipe = replace(recipe, transformer_steps=transformer_steps)

@@ -37,8 +37,8 @@ def kind_of(path: Path) -> str:
     except OSError as err:
         if err.errno == errno.ELOOP:
             return "a symbolic link loop"
-        if err.errno == errno.ENOTDIR:
-            return "missing (a parent is not a folder)"
+        if err.errno == errno.ENOTDIR:  # a parent is a file: nothing can be there
+            return "missing"
         return f"unreadable ({err.strerror})"
     return next((name for test, name in _KINDS if test(st.st_mode)), "not a file or folder")
 

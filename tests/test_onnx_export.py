@@ -83,6 +83,7 @@ def test_corrupt_package_is_refused(package, tmp_path):
         Pipeline.load(copy)
 
 
+@pytest.mark.slow  # a second full export
 def test_failed_validation_leaves_the_earlier_package(package, tiny_sora, tmp_path):
     root, _ = package
     dest = tmp_path / "dest"
@@ -196,6 +197,7 @@ def test_cli_bench_json_has_every_mode(package):
     assert first["streamed"]["bytes_read"] > 0
 
 
+@pytest.mark.slow  # writes and exports a scaled model
 def test_scaled_model_exports_with_the_same_command_and_a_budget(tmp_path):
     """Also the export-time plan (edge/plan.py): at 50 MB the 45.5 MiB embedding table
     streams, so the small streamed neighbours (the pairs) are merged into one block."""

@@ -273,6 +273,17 @@ def test_export_destination_inside_a_file_is_refused_before_loading(tmp_path, no
     refused(["export", "-o", str(tmp_path / "afile" / "pkg")], "afile is a file, not a folder")
 
 
+def test_training_destination_is_checked_before_training(tmp_path, monkeypatch):
+    import edge.train as train
+
+    monkeypatch.setattr(train, "train_tiny_sora", lambda *a, **k: pytest.fail("trained"))
+    (tmp_path / "afile").write_text("x")
+    refused(["train", "tiny-sora", "--out", str(tmp_path / "afile")],
+            f"--out {tmp_path / 'afile'}: is a file, not a folder")
+    refused(["train", "tiny-sora", "--out", str(tmp_path / "afile" / "run")],
+            "afile is a file, not a folder")
+
+
 # --- 4-6. what a Wan folder may say, checked before loading ---------------------------------
 
 @pytest.fixture(scope="module")
@@ -341,8 +352,8 @@ SMALL = ["--height", "32", "--width", "32", "--frames", "5"]  # later options wi
      "transformer's RoPE tables hold (rope_max_seq_len=32)"),
     (["--height", "4096", "--width", "4096"], "--height 4096: 256 positions on that axis"),
     (["--height", "160000", "--width", "160000"], "--height 160000: 10000 positions"),
-    (["--frames", "6"], "--frames 6: this Wan needs 4k + 1 frames"),
-    (["--height", "40"], "--height 40: this Wan needs a positive multiple of 16"),
+    (["--frames", "6"], "--frames 6: Wan needs 4k + 1 frames"),
+    (["--height", "40"], "--height 40: Wan needs a positive multiple of 16"),
     (["--steps", "20000"], "--steps 20000: sampler setting steps=20000: more than 10000"),
 ])
 def test_sizes_past_what_the_model_takes_are_refused(wan_source, never_loads_wan, size,

@@ -15,6 +15,8 @@ from edge.eval.run import load_classifier, parse_prompt
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
 from edge.sweep import run_sweep
 
+pytestmark = pytest.mark.slow  # starts a Ray instance
+
 ray = pytest.importorskip("ray", reason="Ray is in the test extras (pip install -e '.[test]')")
 
 runner = CliRunner()

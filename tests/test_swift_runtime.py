@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import swift_replay
 
+pytestmark = pytest.mark.slow  # swift build and swift test: half a minute
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "runtimes" / "swift"
 

@@ -26,6 +26,8 @@ playwright_api = pytest.importorskip("playwright.sync_api",
 
 from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402  (after the skips)
 
+pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",

@@ -62,7 +62,7 @@ CACHE_FRAMES = 2          # frames each causal convolution of the VAE keeps (dif
 def _read_json(path: Path) -> dict:
     kind = kind_of(path)
     if kind != "a file":  # a FIFO would block the read; a link loop is not "missing"
-        raise FamilyError(f"{path}: {kind}" if kind.startswith(("missing", "unreadable"))
+        raise FamilyError(f"{path}: {kind}" if kind == "missing" or kind.startswith("unreadable")
                           else f"{path}: is {kind}, not a JSON file")
     try:
         value = json.loads(path.read_text())
@@ -232,10 +232,10 @@ def check_video_size(shapes: WanShapes, height: int, width: int, frames: int) ->
     for name, value, patch in (("height", height, h_patch), ("width", width, w_patch)):
         multiple = shapes.spatial * patch
         if value < multiple or value % multiple:
-            raise FamilyError(f"--{name} {value}: this Wan needs a positive multiple of "
+            raise FamilyError(f"--{name} {value}: Wan needs a positive multiple of "
                               f"{multiple} (its VAE's {shapes.spatial} x patch {patch})")
     if frames < 1 or (frames - 1) % shapes.temporal:
-        raise FamilyError(f"--frames {frames}: this Wan needs {shapes.temporal}k + 1 frames "
+        raise FamilyError(f"--frames {frames}: Wan needs {shapes.temporal}k + 1 frames "
                           f"(e.g. {shapes.temporal + 1}, {4 * shapes.temporal + 1})")
     latent_frames = (frames - 1) // shapes.temporal + 1
     grid = {"--frames": (frames, -(-latent_frames // t_patch)),
