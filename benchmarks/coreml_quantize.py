@@ -6,7 +6,7 @@ exporter's one validation prompt.
 
 For each setting: export tiny-sora to a temporary folder (with the exporter's own checks),
 then render PROMPTS x SEEDS (30 steps) with the weights read back out of the programs
-(exporters.coreml_check.pipeline_with_stored_weights) and compare each video with fp32
+(exporters.coreml_check.model_with_stored_weights) and compare each video with fp32
 PyTorch (PSNR over the uint8 frames). Prints one row per setting: iOS target, weight bytes of
 the base programs, how much smaller than fp32, and PSNR (validation prompt, mean, worst).
 CoreML cannot predict on Linux: this measures weight compression, not the Neural Engine's
@@ -23,16 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.models.tiny_sora import TinySora
-from exporters.coreml import COMPRESSIONS, cut_for_device, export_coreml
-from exporters.coreml_check import end_to_end_check, pipeline_with_stored_weights, psnr
+from edge.families import FamilyModel, load_model
+from exporters.coreml import COMPRESSIONS, export_coreml
+from exporters.coreml_check import end_to_end_check, model_with_stored_weights, psnr
 
 PROMPTS = ["a red circle moving left", "a blue square moving up",
            "a green triangle moving right", "a yellow ball moving down"]
 SEEDS = (0, 1)
 
 
-def measure(pipe: TinySora, setting: str, folder: Path) -> dict:
+def measure(pipe: FamilyModel, setting: str, folder: Path) -> dict:
     started = time.perf_counter()
     manifest = export_coreml(pipe, folder / setting, setting,
                              validate_end_to_end=end_to_end_check(pipe, setting))
@@ -40,7 +40,7 @@ def measure(pipe: TinySora, setting: str, folder: Path) -> dict:
     blocks = [b for c in manifest["components"] for b in c["blocks"]]
     fp32 = sum(b["reference_weight_bytes"] for b in blocks)
     stored = sum(b["weight_bytes"] for b in blocks)
-    twin = pipeline_with_stored_weights(pipe, folder / setting, manifest, cut_for_device)
+    twin = model_with_stored_weights(pipe, folder / setting, manifest)
     values = [psnr(twin.generate(p, seed=s), pipe.generate(p, seed=s))
               for p in PROMPTS for s in SEEDS]
     return {"setting": setting,
@@ -57,7 +57,7 @@ def main() -> None:
                         choices=list(COMPRESSIONS))
     parser.add_argument("--json", action="store_true", help="print one JSON object per row")
     args = parser.parse_args()
-    pipe = TinySora.load()
+    pipe = load_model()
     print(f"{len(PROMPTS)} prompts x {len(SEEDS)} seeds, 30 steps, PSNR against fp32 PyTorch")
     print(f"{'setting':<8}{'iOS':>7}{'weights MB':>12}{'x smaller':>10}"
           f"{'PSNR val':>10}{'mean':>7}{'worst':>7}")

@@ -143,13 +143,12 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from edge.models.tiny_sora import TinySora
+    from edge.families import load_model
     from edge.serve import make_server
     from exporters.tvm_plan import BlockCompiler
     from exporters.web import web_blocks
 
-    pipe = TinySora.load()
-    blocks = {b.key: b for bs in web_blocks(pipe).values() for b in bs}
+    blocks = {b.key: b for bs in web_blocks(load_model()).values() for b in bs}
     compiler = BlockCompiler()
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp)

@@ -37,7 +37,7 @@ def packages(work: Path, ort_dist: Path) -> tuple[Path, Path]:
     if not (onnx / "manifest.json").exists():
         export_onnx(load_model(), onnx)
     if not (web / "manifest.json").exists():
-        export_web(load_model().pipe, web, bundle_ort=ort_dist)
+        export_web(load_model(), web, bundle_ort=ort_dist)
     return onnx, web
 
 

@@ -9,6 +9,7 @@ carrying named state from one chunk to the next. How a model is cut is its famil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -31,6 +32,9 @@ class Block:
     variants: dict[str, nn.Module | Block] = field(default_factory=dict)
     # per output: whether its first axis is the batch (default: every output's is)
     dynamic_outputs: list[bool] | None = None
+    # how the planner may split this block for a memory budget (its family's answer: the
+    # blocks that compute it in turn); None: it cannot be split
+    splitter: Callable[[Block], list[Block]] | None = None
 
     @property
     def key(self) -> str:

@@ -75,11 +75,6 @@ def _cell(value: float | int | None) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _psnr_text(validation: dict) -> str:
-    return ("identical videos" if validation.get("identical")
-            else f"{validation['psnr_db']} dB")
-
-
 def _advance(bar, done: int, total: int) -> None:
     """Move a tqdm bar to `done` of `total` steps; a leap shortens the total on the way."""
     if bar.total != total:
@@ -298,10 +293,6 @@ def serve(
         server.server_close()
 
 
-TARGETS = ("onnx", "iphone", "web")
-PLANNED_TARGETS: dict[str, str] = {}
-
-
 @app.command()
 def export(
     target: Annotated[str, typer.Option(
@@ -340,90 +331,52 @@ def export(
         "works offline.")] = None,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
-    from edge.families import FamilyError, check_options, check_target, family_of
+    from edge.budget import BudgetError
+    from edge.families import FamilyError, check_options, check_target, family_of, load_model
+    from exporters import ExportOptionError, ExportOptions
+    from exporters import target as target_module
 
-    try:  # refused before any work: an unknown folder, a target the family lacks
-        family = family_of(model)
-        if target in TARGETS:
-            check_target(family, target)
-    except FamilyError as err:
-        fail(str(err))
+    # refused before any work: an unknown folder or target, a target the family lacks,
+    # options the family or the target does not take, a destination edge may not replace
     size_options = {"height": height, "width": width, "frames": frames, "steps": steps}
     try:
+        family = family_of(model)
+        exporter = target_module(target)
+        check_target(family, target)
         check_options(family, size_options)
-    except FamilyError as err:
+        options = ExportOptions(memory_budget=_budget_option(memory_budget),
+                                quantize=quantize, ort_url=ort_url, bundle_ort=bundle_ort)
+        exporter.check(options)
+    except (FamilyError, ExportOptionError) as err:
         fail(str(err))
     model_name = model.resolve().name if model else "tiny-sora"
-    suffix = f"-q{quantize}" if target == "iphone" and quantize not in (None, "fp16") else ""
-    dest = output or Path("dist") / f"{model_name}-{target}{suffix}"
-    if target in PLANNED_TARGETS:
-        fail(f"--target {target} ({PLANNED_TARGETS[target]}) is not built yet; "
-             f"available: {', '.join(TARGETS)}")
-    if target not in TARGETS:
-        fail(f"unknown --target {target!r}; available: {', '.join(TARGETS)}")
-    if target != "web" and (ort_url is not None or bundle_ort is not None):
-        fail(f"--ort-url and --bundle-ort apply to --target web, not {target}")
-    if quantize is not None and target != "iphone":
-        fail(f"--quantize applies to --target iphone, not {target}")
-    if target == "web" and (dry_run or memory_budget is not None):
-        fail("--dry-run and --memory-budget are not built for --target web: its page keeps "
-             "every block of tiny-sora in memory; plan with --target onnx")
-    budget = _budget_option(memory_budget)
-    if target == "web":  # two paths per block (WebGPU kernels, wasm graphs); a static site
-        from exporters.web_cli import check_ort_options, export_web_command
-
-        check_ort_options(ort_url, bundle_ort)
+    dest = output or Path("dist") / exporter.folder_name(model_name, options)
+    if not dry_run:
         _check_destination(dest, force)
-        export_web_command(model, dest, ort_url, bundle_ort)
-        return
-    if not dry_run:  # before any work: replacing a package must be asked for
-        _check_destination(dest, force)
-    if target == "iphone":
-        from exporters.coreml_cli import dry_run as plan_iphone
-        from exporters.coreml_cli import export_iphone
-
-        if dry_run:
-            plan_iphone(model, quantize or "fp16")
-        else:
-            export_iphone(model, dest, quantize or "fp16")
-        return
-    from edge.budget import BudgetError, format_size
-    from edge.families import load_model
-    from edge.plan import READ_UNIT, partition, plan_residency
-
     try:
         family_model = load_model(model, **size_options)
-    except FamilyError as err:
-        fail(str(err))
-    for note in getattr(family_model, "notes", []):
-        echo(note)
-    try:  # a budget re-cuts the blocks: pairs too large split, small neighbours merged
-        cut = partition(family_model.cut(), budget)
-        plan = plan_residency(cut.components, budget)
-    except BudgetError as err:
-        fail(str(err))
-    components = cut.components
-    if dry_run:
-        for note in cut.notes + plan["notes"]:
+        for note in getattr(family_model, "notes", []):
             echo(note)
-        echo(f"{'block':<28}{'weights':>12}  at {memory_budget or 'no budget'}")
-        for row in plan["blocks"]:
-            made_of = cut.members.get(row["block"])
-            echo(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
-                 f"{'resident' if row['resident'] else 'streamed every use'}"
-                 f"{'  <- ' + ', '.join(made_of) if made_of else ''}")
-        echo(f"total {format_size(plan['total_bytes'])}, resident "
-             f"{format_size(plan['resident_bytes'])}, largest block "
-             f"{format_size(plan['largest_bytes'])}, working set "
-             f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
-             " + the block read ahead)")
+        prepared = exporter.prepare(family_model, options)
+    except (FamilyError, BudgetError) as err:
+        fail(str(err))
+    for note in prepared.notes:
+        echo(note)
+    if dry_run:
+        for line in prepared.plan_lines:
+            echo(line)
         return
+    _export_with_progress(exporter, family_model, prepared, dest, options, target)
+
+
+def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:
+    """Export with a bar over the blocks (and one over an end-to-end check's steps), then
+    print the target's summary; a failed check or write is one line and exit status 2."""
     from tqdm import tqdm
 
     from edge.package import PackageWriteError
-    from exporters.onnx import ExportValidationError, end_to_end_check, export_onnx
+    from exporters import ExportValidationError, Progress
 
-    total = sum(len(b) for b in components.values())
     check_bar: list[tqdm] = []  # made at the first step of the end-to-end check
 
     def on_check_step(done: int, steps: int) -> None:
@@ -433,14 +386,10 @@ def export(
 
     started = time.perf_counter()
     try:
-        with tqdm(total=total, desc="exporting", unit="block") as bar:
-            manifest = export_onnx(family_model, dest, model_name=model_name,
-                                   components=components,
-                                   on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
-                                   validate_end_to_end=end_to_end_check(
-                                       family_model, on_step=on_check_step,
-                                       memory_budget=budget),
-                                   plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
+        with tqdm(total=prepared.block_count, desc=f"exporting ({target})", unit="block") as bar:
+            progress = Progress(on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
+                                on_check_step=on_check_step)
+            manifest = exporter.export(model, prepared, dest, options, progress)
     except ExportValidationError as err:
         fail(f"validation failed, nothing written to {dest}: {err}")
     except PackageWriteError as err:  # full disk, unwritable destination
@@ -448,14 +397,7 @@ def export(
     finally:
         for b in check_bar:
             b.close()
-    import resource
-
-    worst = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
-                for c in manifest["components"] for b in c["blocks"])
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    echo(f"wrote {dest} in {time.perf_counter() - started:.0f} s: {total} blocks, worst "
-         f"block error {worst[0]:.2g} ({worst[1]}), end to end PSNR "
-         f"{_psnr_text(manifest['validation'])}, peak RSS {format_size(peak_rss)}")
+    echo(exporter.summary(manifest, dest, time.perf_counter() - started))
 
 
 @app.command("eval")

@@ -1,5 +1,6 @@
-"""Re-cut a component's blocks: merge adjacent blocks into one, or split a transformer pair
-into its spatial and temporal halves. `edge/plan.py` decides which, for a memory budget.
+"""Re-cut a component's blocks: merge adjacent blocks into one, or split a block its family
+lets split (tiny-sora: a transformer pair into its spatial and temporal halves; the family's
+`Block.splitter`). `edge/plan.py` decides which, for a memory budget.
 
 A merged block runs its members in order and passes tensors on by name, exactly as the
 runtime chains blocks, so a component computes the same thing whichever way it is cut
@@ -17,7 +18,6 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.models.stdit import STDiTPair
 
 
 class Chain(nn.Module):
@@ -85,33 +85,12 @@ def merge(blocks: list[Block], needed_after: set[str]) -> Block:
     return replace(_chained(blocks, outputs, name), variants=variants)
 
 
-class PairHalf(nn.Module):
-    """The spatial or the temporal block of a pair, under the pair's parameter names."""
-
-    def __init__(self, pair: STDiTPair, part: str, merged: bool = False) -> None:
-        super().__init__()
-        self.add_module(part, getattr(pair, part))
-        self.part, self.merged = part, merged
-
-    def forward(self, x, t_mod, y, y_bias):
-        return getattr(self, self.part)(x, t_mod, y, y_bias, self.merged)
-
-
 def splittable(block: Block) -> bool:
-    return isinstance(block.module, STDiTPair)
+    return block.splitter is not None
 
 
 def split(block: Block) -> list[Block]:
-    """A transformer pair as two blocks, `<pair>_spatial` then `<pair>_temporal`, each with
-    the pair's inputs and its TDTM variant when the pair has one."""
-    if not splittable(block):
-        raise ValueError(f"block {block.key} cannot be split (only transformer pairs can)")
-    halves, example = [], block.example
-    for part in ("spatial", "temporal"):
-        variants = {"tdtm": PairHalf(block.module, part, merged=True)} if "tdtm" in \
-            block.variants else {}
-        half = Block(block.component, f"{block.name}_{part}", PairHalf(block.module, part),
-                     block.inputs, block.outputs, example, block.dynamic_batch, variants)
-        halves.append(half)
-        example = (*half.run(*example), *example[1:])  # x changes; t_mod, y, y_bias pass on
-    return halves
+    """The blocks that compute `block` in turn, as its family splits it."""
+    if block.splitter is None:
+        raise ValueError(f"block {block.key} cannot be split (its family does not split it)")
+    return block.splitter(block)

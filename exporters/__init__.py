@@ -1,1 +1,86 @@
-"""Per-target exporters: onnx is built; CoreML and WebGPU are not yet (see README.md)."""
+"""Per-target exporters: each turns a family's blocks (edge/families) into one target's
+package, knowing no family by name. `TARGETS` names each target's module, which answers the
+same four questions (`edge export` asks nothing else):
+
+- `check(options)`: refuse options the target does not take, before any work;
+- `folder_name(model_name, options)`: the default package folder's name;
+- `prepare(model, options) -> Prepared`: the family's blocks at the target's shapes (for
+  the onnx target re-cut for a budget), with the lines `--dry-run` prints;
+- `export(model, prepared, dest, options, progress) -> manifest` and
+  `summary(manifest, dest, seconds) -> str`.
+
+Modules are imported on use: the iphone target needs coremltools, the web target TVM.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+TARGETS = {"onnx": "exporters.onnx_target", "iphone": "exporters.coreml_target",
+           "web": "exporters.web_target"}
+
+
+class ExportValidationError(RuntimeError):
+    """An export whose output failed its check against the PyTorch reference (a block's
+    error, the end-to-end PSNR, a program's structure); nothing was written."""
+
+
+class ExportOptionError(ValueError):
+    """An export option the target does not take, or a value it cannot use."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What `edge export` was asked besides the model and the destination."""
+
+    memory_budget: int | None = None   # bytes
+    quantize: str | None = None        # iphone: fp16, 8, 6, 4
+    ort_url: str | None = None         # web: where the page loads onnxruntime-web
+    bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
+
+
+@dataclass
+class Prepared:
+    """The blocks a target will export, and what a dry run says about them."""
+
+    components: dict            # component name -> list[edge.blocks.Block]
+    notes: list[str] = field(default_factory=list)        # said before exporting too
+    plan_lines: list[str] = field(default_factory=list)   # the --dry-run table
+    manifest_plan: dict | None = None                     # how they were re-cut, if they were
+
+    @property
+    def block_count(self) -> int:
+        return sum(len(blocks) for blocks in self.components.values())
+
+
+@dataclass
+class Progress:
+    """Callbacks for long work: a block written; a step of an end-to-end check's generations
+    (done, total)."""
+
+    on_block: Callable[[str], None] | None = None
+    on_check_step: Callable[[int, int], None] | None = None
+
+
+def target(name: str) -> ModuleType:
+    """The module of target `name`; an unknown name is refused, listing the known ones."""
+    if name not in TARGETS:
+        raise ExportOptionError(f"unknown --target {name!r}; available: {', '.join(TARGETS)}")
+    return importlib.import_module(TARGETS[name])
+
+
+_OWNED = {"quantize": "--quantize applies to --target iphone, not {}",
+          "ort_url": "--ort-url and --bundle-ort apply to --target web, not {}",
+          "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",
+          "memory_budget": "--memory-budget is not built for --target {} yet"}
+
+
+def refuse_others(target_name: str, options: ExportOptions, takes: set[str]) -> None:
+    """Refuse every option given that `target_name` does not take."""
+    for key, message in _OWNED.items():
+        if getattr(options, key) is not None and key not in takes:
+            raise ExportOptionError(message.format(target_name))

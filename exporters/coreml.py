@@ -41,14 +41,9 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.families.tiny_sora import (
-    TinySoraModel,
-    cut_text_encoder,
-    cut_transformer,
-    cut_vae_decoder,
-)
-from edge.models.tiny_sora import TinySora
+from edge.families import FamilyModel
 from edge.package import atomic_directory, file_entry, write_manifest
+from exporters import ExportValidationError
 from exporters.coreml_weights import import_coremltools
 from exporters.package_head import manifest_head
 
@@ -59,16 +54,9 @@ MACOS_ONLY_NOTE = (".mlmodelc compilation needs macOS: Xcode compiles bundled .m
                    "files, or the app calls MLModel.compileModel(at:) on device")
 
 
-class ExportValidationError(RuntimeError):
-    pass
-
-
-def cut_for_device(pipe: TinySora) -> dict[str, list[Block]]:
-    """The shared block cut at the static shapes the device runs: one prompt."""
-    frames = pipe.latent_shape[1]
-    return {"text_encoder": cut_text_encoder(pipe, batch=1),
-            "transformer": cut_transformer(pipe, batch=2),
-            "vae_decoder": cut_vae_decoder(pipe, frames=frames)}
+def cut_for_device(model: FamilyModel) -> dict[str, list[Block]]:
+    """The family's blocks at the static shapes it runs on the device (one prompt)."""
+    return model.cut(model.shapes("iphone"))
 
 
 def _coreml_dtype(t: torch.Tensor):
@@ -284,8 +272,8 @@ def export_block(block: Block, root: Path, quantize: str) -> dict:
     return record
 
 
-def export_coreml(pipe: TinySora, dest: Path, quantize: str = "fp16",
-                  model_name: str = "tiny-sora",
+def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
+                  model_name: str | None = None,
                   components: dict[str, list[Block]] | None = None,
                   on_block: Callable[[str], None] | None = None,
                   validate_end_to_end: Callable[[Path, dict], dict] | None = None) -> dict:
@@ -296,9 +284,9 @@ def export_coreml(pipe: TinySora, dest: Path, quantize: str = "fp16",
     from exporters.coreml_check import check_structure
 
     compression(quantize)  # refuse a bad setting before converting anything
-    components = components or cut_for_device(pipe)
+    components = components or cut_for_device(model)
     with atomic_directory(dest) as root:
-        manifest = manifest_head(TinySoraModel(pipe), root, "iphone", model_name,
+        manifest = manifest_head(model, root, "iphone", model_name or model.name,
                                  raw_null_caption=True)
         manifest["coreml"] = {
             "format": "mlprogram",

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.models.tiny_sora import TinySora
+from edge.families import FamilyModel
+from exporters import ExportValidationError
 from exporters.coreml_weights import import_coremltools, read_parameters
 
 VALIDATION_PROMPT = "a red circle moving left"
@@ -140,11 +141,11 @@ def block_numerics(mlpackage: Path, module: nn.Module, block: Block,
             "weights_max_abs_error": weight_error, "weights_found": how}
 
 
-def pipeline_with_stored_weights(pipe: TinySora, root: Path, manifest: dict,
-                                 cut: Callable[[TinySora], dict[str, list[Block]]]) -> TinySora:
-    """A copy of `pipe` whose parameters are the ones stored in the package's programs."""
-    twin = copy.deepcopy(pipe)
-    blocks = {b.key: b for bs in cut(twin).values() for b in bs}
+def model_with_stored_weights(model: FamilyModel, root: Path, manifest: dict) -> FamilyModel:
+    """A copy of the family's `model` whose parameters are the ones stored in the package's
+    programs (its device cut's modules share the copy's parameters)."""
+    twin = copy.deepcopy(model)
+    blocks = {b.key: b for bs in twin.cut(twin.shapes("iphone")).values() for b in bs}
     for comp in manifest["components"]:
         for record in comp["blocks"]:
             block = blocks[f"{comp['name']}/{record['name']}"]
@@ -157,18 +158,17 @@ def pipeline_with_stored_weights(pipe: TinySora, root: Path, manifest: dict,
     return twin
 
 
-def end_to_end_check(pipe: TinySora, quantize: str, seed: int = 0,
+def end_to_end_check(model: FamilyModel, quantize: str, seed: int = 0,
                      steps: int | None = None) -> Callable[[Path, dict], dict]:
-    """A check for `export_coreml`: PSNR of the video rendered with the package's stored
-    weights against fp32 PyTorch, on a fixed prompt and seed; fails under the setting's
-    floor (PSNR_FLOOR_DB)."""
-    from exporters.coreml import ExportValidationError, cut_for_device
+    """A check for `export_coreml`: PSNR of the family's reference video rendered with the
+    package's stored weights against the same reference in fp32 (diffusers' own pipeline for
+    a diffusers folder), on a fixed prompt and seed; fails under the setting's floor
+    (PSNR_FLOOR_DB)."""
 
     def check(root: Path, manifest: dict) -> dict:
-        overrides = {"steps": steps} if steps else {}
-        twin = pipeline_with_stored_weights(pipe, root, manifest, cut_for_device)
-        got = twin.generate(VALIDATION_PROMPT, seed=seed, **overrides)
-        want = pipe.generate(VALIDATION_PROMPT, seed=seed, **overrides)
+        twin = model_with_stored_weights(model, root, manifest)
+        got = twin.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
+        want = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
         value = psnr(got, want)
         floor = PSNR_FLOOR_DB[quantize]
         if not value >= floor:
@@ -177,7 +177,7 @@ def end_to_end_check(pipe: TinySora, quantize: str, seed: int = 0,
                 f"fp32 PyTorch by PSNR {value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, "
                 f"seed {seed}")
         return {"prompt": VALIDATION_PROMPT, "seed": seed,
-                "steps": steps or pipe.sampler.steps, "psnr_db": round(value, 2),
+                "steps": steps or model.sampler.steps, "psnr_db": round(value, 2),
                 "psnr_floor_db": floor, "measures": "stored weights in fp32 PyTorch"}
 
     return check

@@ -27,13 +27,10 @@ from edge.package import (
     weights_layout,
     write_manifest,
 )
+from exporters import ExportValidationError
 from exporters.package_head import manifest_head
 
 BLOCK_TOLERANCE = 1e-4     # fp32 max-abs error per block against PyTorch
-
-
-class ExportValidationError(RuntimeError):
-    pass
 
 
 def write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:

@@ -16,9 +16,9 @@ folder (`edge serve`) gives a working page.
 
 Shapes are static on the web (WGSL kernels are compiled for one shape): the text encoder runs
 one caption, the transformer the guidance batch of 2 (caption, null caption), the VAE decoder
-`VAE_FRAMES` frames per call. Each block's plan is replayed with TVM's llvm build of the same
-kernels, and its ONNX graph run by onnxruntime, against the PyTorch block at export; drift
-over `BLOCK_TOLERANCE` fails the export.
+the family's frames per call (tiny-sora: 4; `FamilyModel.shapes("web")`). Each block's plan
+is replayed with TVM's llvm build of the same kernels, and its ONNX graph run by onnxruntime,
+against the PyTorch block at export; drift over `BLOCK_TOLERANCE` fails the export.
 """
 
 from __future__ import annotations
@@ -33,33 +33,25 @@ import numpy as np
 import torch
 
 from edge.blocks import Block
-from edge.families.tiny_sora import (
-    TinySoraModel,
-    cut_text_encoder,
-    cut_transformer,
-    cut_vae_decoder,
-)
-from edge.models.tiny_sora import TinySora
+from edge.families import FamilyModel
 from edge.package import atomic_directory, file_entry, write_manifest
-from exporters.onnx import ExportValidationError, export_graph, validate_block, write_weights
+from exporters import ExportValidationError
+from exporters.onnx import export_graph, validate_block, write_weights
 from exporters.ort_web import ort_location
 from exporters.package_head import manifest_head
 from exporters.tvm_plan import BlockCompiler, CompiledBlock, web_example
 
 BLOCK_TOLERANCE = 1e-4          # fp32 max-abs error of a replayed plan against PyTorch
 SHARD_BYTES = 32 * 1024 * 1024  # largest weights file a browser fetches in one piece
-VAE_FRAMES = 4                  # frames the VAE decoder blocks take per call
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME_DIR = REPO / "runtimes" / "web"
 DEMO_DIR = REPO / "web_demo"
 SITE_SUFFIXES = {".js", ".mjs", ".html", ".css"}
 
 
-def web_blocks(pipe: TinySora) -> dict[str, list[Block]]:
-    """The pipeline cut with the web runtime's static shapes."""
-    return {"text_encoder": cut_text_encoder(pipe, batch=1),
-            "transformer": cut_transformer(pipe, batch=2),
-            "vae_decoder": cut_vae_decoder(pipe, frames=VAE_FRAMES)}
+def web_blocks(model: FamilyModel) -> dict[str, list[Block]]:
+    """The family's blocks at the static shapes it runs on the web."""
+    return model.cut(model.shapes("web"))
 
 
 def signature(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[dict]:
@@ -171,24 +163,28 @@ def copy_site(root: Path) -> list[dict]:
     return copied
 
 
-def export_web(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
+def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                on_block: Callable[[str], None] | None = None,
                compiler: BlockCompiler | None = None, variants: bool = True,
                check: bool = True, ort_url: str | None = None,
-               bundle_ort: Path | None = None) -> dict:
+               bundle_ort: Path | None = None,
+               components: dict[str, list[Block]] | None = None) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' variants (the TDTM pairs), so `merge_steps` is refused by the page.
     `check=False` skips the llvm replay of each WebGPU plan against PyTorch (its
     `max_abs_error` is then null): for tests that check the result in a browser anyway; the
     wasm graphs are always checked (onnxruntime runs them in a moment). `ort_url` /
     `bundle_ort`: where the page gets onnxruntime-web (exporters/ort_web.py; default: the
-    pinned version on the official CDN)."""
+    pinned version on the official CDN). `components`: the blocks, if already cut at the
+    web's shapes."""
     compiler = compiler or BlockCompiler()
-    components = web_blocks(pipe)
+    shapes = model.shapes("web")
+    components = components or model.cut(shapes)
     with atomic_directory(dest) as root:
-        manifest = manifest_head(TinySoraModel(pipe), root, "web", model_name)
+        manifest = manifest_head(model, root, "web", model_name or model.name)
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
-        manifest["web"] = {"guidance_batch": 2, "vae_frames": VAE_FRAMES,
+        manifest["web"] = {"guidance_batch": shapes.guidance_batch,
+                           "vae_frames": shapes.decoder_frames,
                            "shard_bytes": SHARD_BYTES, "paths": ["webgpu", "wasm"], "ort": ort}
         manifest["components"] = []
         for name, blocks in components.items():
@@ -203,5 +199,5 @@ def export_web(pipe: TinySora, dest: Path, model_name: str = "tiny-sora",
     return manifest
 
 
-def block_count(pipe: TinySora) -> int:
-    return sum(len(b) for b in web_blocks(pipe).values())
+def block_count(model: FamilyModel) -> int:
+    return sum(len(b) for b in web_blocks(model).values())

@@ -42,7 +42,7 @@ def exported_package(tmp_path_factory, tiny_sora):
 
 
 @pytest.fixture(scope="session")
-def coreml_package(tmp_path_factory, pipeline):
+def coreml_package(tmp_path_factory, tiny_sora):
     """tiny-sora exported to CoreML (fp16) once per session, end-to-end check on 6 steps:
     (root, manifest). Copy it before changing it."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
@@ -51,6 +51,6 @@ def coreml_package(tmp_path_factory, pipeline):
     from exporters.coreml_check import end_to_end_check
 
     root = tmp_path_factory.mktemp("coreml") / "tiny-sora-iphone"
-    manifest = export_coreml(pipeline, root, validate_end_to_end=end_to_end_check(
-        pipeline, "fp16", steps=6))
+    manifest = export_coreml(tiny_sora, root, validate_end_to_end=end_to_end_check(
+        tiny_sora, "fp16", steps=6))
     return root, manifest

@@ -33,8 +33,8 @@ from exporters.coreml_weights import read_parameters  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def pair_block(pipeline):
-    return cut_for_device(pipeline)["transformer"][1]
+def pair_block(tiny_sora):
+    return cut_for_device(tiny_sora)["transformer"][1]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def pair_fp16(pair_block, tmp_path_factory):
     return path
 
 
-def test_package_is_valid_and_complete(coreml_package, pipeline):
+def test_package_is_valid_and_complete(coreml_package, tiny_sora):
     root, manifest = coreml_package
     assert read_package(root) == json.loads((root / "manifest.json").read_text())
     assert manifest["target"] == "iphone"
@@ -55,7 +55,7 @@ def test_package_is_valid_and_complete(coreml_package, pipeline):
     assert coreml["compression"]["setting"] == "fp16"
     assert "macOS" in coreml["note"]
     names = {c["name"]: [b["name"] for b in c["blocks"]] for c in manifest["components"]}
-    assert names == {k: [b.name for b in v] for k, v in cut_for_device(pipeline).items()}
+    assert names == {k: [b.name for b in v] for k, v in cut_for_device(tiny_sora).items()}
     for comp in manifest["components"]:
         for block in comp["blocks"]:
             assert (root / block["model"] / "Manifest.json").is_file()
@@ -140,22 +140,22 @@ def test_python_runtime_refuses_an_iphone_package(coreml_package):
         Pipeline.load(coreml_package[0])
 
 
-def test_failed_validation_writes_nothing(tmp_path, pipeline, coreml_package):
+def test_failed_validation_writes_nothing(tmp_path, tiny_sora, coreml_package):
     dest = tmp_path / "pkg"  # an earlier package, which a failed export must leave alone
     dest.mkdir()
     (dest / "manifest.json").write_bytes((coreml_package[0] / "manifest.json").read_bytes())
     before = (dest / "manifest.json").read_bytes()
-    blocks = {"vae_decoder": cut_for_device(pipeline)["vae_decoder"][-1:]}
+    blocks = {"vae_decoder": cut_for_device(tiny_sora)["vae_decoder"][-1:]}
 
     def failing(root, manifest):
         raise ExportValidationError("end to end: too far from fp32")
 
     with pytest.raises(ExportValidationError, match="too far"):
-        export_coreml(pipeline, dest, components=blocks, validate_end_to_end=failing)
+        export_coreml(tiny_sora, dest, components=blocks, validate_end_to_end=failing)
     assert (dest / "manifest.json").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
     with pytest.raises(ValueError, match="--quantize '3'"):
-        export_coreml(pipeline, tmp_path / "other", quantize="3", components=blocks)
+        export_coreml(tiny_sora, tmp_path / "other", quantize="3", components=blocks)
     assert not (tmp_path / "other").exists()
 
 
@@ -207,15 +207,15 @@ def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, 
         assert torch.equal(pair_block.run(*pair_block.example)[0], reference[0])  # untouched
 
 
-def test_4bit_setting_stores_each_component_as_measured_and_is_6x_smaller(pipeline):
+def test_4bit_setting_stores_each_component_as_measured_and_is_6x_smaller(tiny_sora):
     """--quantize 4 keeps the blocks whose errors compound (transformer) at 8 bits and still
     stores the model >= 6x smaller than fp32 (estimated from the parameters; lookup tables
     and scales add < 1%)."""
     from exporters.coreml import compression, compression_record
-    from exporters.coreml_cli import estimated_bytes
+    from exporters.coreml_target import estimated_bytes
 
     setting = compression("4")
-    blocks = [b for bs in cut_for_device(pipeline).values() for b in bs]
+    blocks = [b for bs in cut_for_device(tiny_sora).values() for b in bs]
     assert {b.key: setting.storage(b.key).bits for b in blocks if b.key in (
         "text_encoder/embeddings", "text_encoder/layer_2", "transformer/pair_1",
         "vae_decoder/up_1")} == {"text_encoder/embeddings": 4, "text_encoder/layer_2": 6,
@@ -280,7 +280,7 @@ def test_swift_fixtures_are_current(coreml_package):
 
 
 def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
-    from exporters.coreml_cli import summary
+    from exporters.coreml_target import summary
 
     root, manifest = coreml_package
     text = summary(manifest, root, 12.0)

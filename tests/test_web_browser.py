@@ -56,7 +56,7 @@ def from_b64(text: str, dtype, shape) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def web_package(tmp_path_factory, pipeline):
+def web_package(tmp_path_factory, tiny_sora):
     from exporters.web import export_web
 
     root = tmp_path_factory.mktemp("web") / "tiny-sora-web"
@@ -65,7 +65,7 @@ def web_package(tmp_path_factory, pipeline):
     # llvm replay of every plan (tests/test_web_plan.py checks replays; here the browser runs
     # the plans against PyTorch)
     bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
-    manifest = export_web(pipeline, root, variants=False, check=False, bundle_ort=bundle)
+    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle)
     return root, manifest
 
 
@@ -192,21 +192,21 @@ FORCE_CHOICE = """([key, pick]) => {
 }"""
 
 
-def pair_case(pipeline):
+def pair_case(tiny_sora):
     """A transformer pair, its example inputs (base64, as RUN_BLOCK takes them) and PyTorch's
     outputs on them."""
     from exporters.tvm_plan import web_example
     from exporters.web import web_blocks
 
-    block = web_blocks(pipeline)["transformer"][1]
+    block = web_blocks(tiny_sora)["transformer"][1]
     inputs = {n: b64(t.numpy()) for n, t in zip(block.inputs, web_example(block), strict=True)}
     return block, inputs, [t.numpy() for t in block.run(*block.example)]
 
 
-def test_transformer_pair_on_webgpu_matches_pytorch(page, pipeline):
+def test_transformer_pair_on_webgpu_matches_pytorch(page, tiny_sora):
     """One block alone on its example inputs (the end-to-end test below runs them all), with
     each of the exporter's kernel schedules (TVM's tiled matmul and the alternative)."""
-    block, inputs, want = pair_case(pipeline)
+    block, inputs, want = pair_case(tiny_sora)
     for pick in (0, 1):
         page.evaluate(FORCE_CHOICE, [block.key, pick])
         try:
@@ -497,7 +497,7 @@ QUOTA_BYTES = 40_000_000  # room for the text encoder's first shard, not for the
 
 
 def test_quota_exceeded_runs_from_memory_and_caches_nothing(browser, served, web_package,
-                                                            pipeline):
+                                                            tiny_sora):
     """A real storage quota: Chromium's DevTools `Storage.overrideQuotaForOrigin` sets this
     origin's quota under the package's size, so the Cache API refuses a shard with
     QuotaExceededError partway. The page says the model could not be stored, naming the
@@ -528,7 +528,7 @@ def test_quota_exceeded_runs_from_memory_and_caches_nothing(browser, served, web
         assert list(records).index(stored.group(1)) > 0
         assert pg.evaluate(CACHED) == {}
 
-        block, inputs, want = pair_case(pipeline)
+        block, inputs, want = pair_case(tiny_sora)
         got = pg.evaluate(RUN_BLOCK, {"key": block.key, "inputs": inputs})
         for text, w in zip(got, want, strict=True):
             assert np.abs(from_b64(text, np.float32, w.shape) - w).max() < 1e-4

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +26,17 @@ class FamilyError(ValueError):
     """A model folder edge cannot take; the message names the folder, file or value."""
 
 
+@dataclass(frozen=True)
+class Shapes:
+    """The static shapes a target runs a family's blocks at: the family's preset for that
+    target (`FamilyModel.shapes`). A dynamic batch (ONNX) still traces at these sizes."""
+
+    prompts: int = 2                   # captions per text encoder call
+    guidance_batch: int = 2            # latents per transformer call (caption and null)
+    decoder_frames: int | None = None  # latent frames per decoder call; None: the family's
+                                       # own piece (all frames, or one for a chunked decoder)
+
+
 class FamilyModel(Protocol):
     name: str                       # the model's name (package folder names use it)
     family: str                     # the family's name, recorded in the manifest
@@ -36,17 +48,25 @@ class FamilyModel(Protocol):
     @property
     def latent_shape(self) -> tuple[int, ...]: ...
 
-    def cut(self) -> dict[str, list[Block]]:
-        """component name -> its blocks in execution order."""
+    def shapes(self, target: str) -> Shapes:
+        """The static shapes this family's blocks take on `target` ("onnx", "iphone",
+        "web"): one prompt on a device, the guidance batch, the decoder's pieces."""
+
+    def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
+        """component name -> its blocks in execution order, at `shapes` (default: the onnx
+        target's). A block the family lets the planner split for a budget carries its
+        `splitter`."""
 
     def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
         """Write tokenizer and conditioning files into `root`; return the manifest fields
         (tokenizer, conditioning, sampler, latent_shape, and layout fields if any)."""
 
     def generate(self, prompt: str, seed: int = 0,
-                 on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
+                 on_step: Callable[[int, int], None] | None = None,
+                 steps: int | None = None) -> np.ndarray:
         """The PyTorch reference video, uint8 (1, T, H, W, 3), for the runtime's noise of
-        `seed`: what an exported package must reproduce."""
+        `seed` (and `steps`, default the sampler's): what an exported package must
+        reproduce."""
 
 
 # `_class_name` in model_index.json -> family module name (edge/families/<module>.py)

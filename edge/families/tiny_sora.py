@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from edge.blocks import Block, EncoderLayerBlock
-from edge.models.stdit import MergedPair
+from edge.families import Shapes
+from edge.models.stdit import MergedPair, STDiTPair
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 from edge.package import file_entry
 from edge.sampler import SamplerSettings
@@ -99,6 +100,33 @@ def cut_text_encoder(pipe: TinySora, batch: int = 2) -> list[Block]:
     return blocks
 
 
+class PairHalf(nn.Module):
+    """The spatial or the temporal block of a pair, under the pair's parameter names."""
+
+    def __init__(self, pair: STDiTPair, part: str, merged: bool = False) -> None:
+        super().__init__()
+        self.add_module(part, getattr(pair, part))
+        self.part, self.merged = part, merged
+
+    def forward(self, x, t_mod, y, y_bias):
+        return getattr(self, self.part)(x, t_mod, y, y_bias, self.merged)
+
+
+def split_pair(block: Block) -> list[Block]:
+    """A transformer pair as two blocks, `<pair>_spatial` then `<pair>_temporal`, each with
+    the pair's inputs and its TDTM variant when the pair has one: what a budget smaller than
+    a pair may stream."""
+    halves, example = [], block.example
+    for part in ("spatial", "temporal"):
+        variants = {"tdtm": PairHalf(block.module, part, merged=True)} if "tdtm" in \
+            block.variants else {}
+        half = Block(block.component, f"{block.name}_{part}", PairHalf(block.module, part),
+                     block.inputs, block.outputs, example, block.dynamic_batch, variants)
+        halves.append(half)
+        example = (*half.run(*example), *example[1:])  # x changes; t_mod, y, y_bias pass on
+    return halves
+
+
 def cut_transformer(pipe: TinySora, batch: int = 2) -> list[Block]:
     model, cfg = pipe.transformer, pipe.transformer.cfg
     g = torch.Generator().manual_seed(0)
@@ -114,7 +142,8 @@ def cut_transformer(pipe: TinySora, batch: int = 2) -> list[Block]:
     blocks = [pro]
     for i, pair in enumerate(model.pairs):
         block = Block("transformer", f"pair_{i}", pair, ["x", "t_mod", "y", "y_bias"], ["x"],
-                      (x, t_mod, y, y_bias), [True] * 4, {"tdtm": MergedPair(pair)})
+                      (x, t_mod, y, y_bias), [True] * 4, {"tdtm": MergedPair(pair)},
+                      splitter=split_pair)
         blocks.append(block)
         (x,) = block.run(*block.example)
     blocks.append(Block("transformer", "epilogue", model.epilogue, ["x", "c"], ["velocity"],
@@ -139,10 +168,21 @@ def cut_vae_decoder(pipe: TinySora, frames: int = 2) -> list[Block]:
     return blocks
 
 
-def cut_pipeline(pipe: TinySora) -> dict[str, list[Block]]:
-    """component name -> its blocks in execution order."""
-    return {"text_encoder": cut_text_encoder(pipe), "transformer": cut_transformer(pipe),
-            "vae_decoder": cut_vae_decoder(pipe)}
+def cut_pipeline(pipe: TinySora, shapes: Shapes = Shapes()) -> dict[str, list[Block]]:
+    """component name -> its blocks in execution order, at `shapes` (the decoder takes
+    latents laid out as frames: all of a video's at once unless `shapes` says how many)."""
+    frames = shapes.decoder_frames or pipe.latent_shape[1]
+    return {"text_encoder": cut_text_encoder(pipe, batch=shapes.prompts),
+            "transformer": cut_transformer(pipe, batch=shapes.guidance_batch),
+            "vae_decoder": cut_vae_decoder(pipe, frames=frames)}
+
+
+# the static shapes each target runs tiny-sora at: the desktop runtime traces at batch 2
+# (its batch is dynamic); a device encodes one prompt; the web decodes 4 frames per call (a
+# WebGPU kernel is compiled for one shape; 4 keeps the largest buffer small)
+SHAPES = {"onnx": Shapes(prompts=2, guidance_batch=2, decoder_frames=2),
+          "iphone": Shapes(prompts=1, guidance_batch=2),
+          "web": Shapes(prompts=1, guidance_batch=2, decoder_frames=4)}
 
 
 @dataclass
@@ -162,8 +202,11 @@ class TinySoraModel:
     def latent_shape(self) -> tuple[int, ...]:
         return self.pipe.latent_shape
 
-    def cut(self) -> dict[str, list[Block]]:
-        return cut_pipeline(self.pipe)
+    def shapes(self, target: str) -> Shapes:
+        return SHAPES.get(target, SHAPES["onnx"])
+
+    def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
+        return cut_pipeline(self.pipe, shapes or self.shapes("onnx"))
 
     def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
         """Write the tokenizer and the null caption into `root`; return the manifest fields
@@ -190,10 +233,12 @@ class TinySoraModel:
                 "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape)}
 
     def generate(self, prompt: str, seed: int = 0,
-                 on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
+                 on_step: Callable[[int, int], None] | None = None,
+                 steps: int | None = None) -> np.ndarray:
         """The PyTorch reference video (1, T, H, W, 3) uint8 for the export's end-to-end
         check: the runtime's initial noise for `seed`, the package's sampler settings."""
-        return self.pipe.generate(prompt, seed=seed, on_step=on_step)
+        overrides = {} if steps is None else {"steps": steps}
+        return self.pipe.generate(prompt, seed=seed, on_step=on_step, **overrides)
 
 
 def load(folder: Path | None = None) -> TinySoraModel:

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge.blocks import Block, Chunking, EncoderLayerBlock
-from edge.families import FamilyError
+from edge.families import FamilyError, Shapes
 from edge.files import kind_of
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
 from edge.package import file_entry
@@ -620,14 +620,19 @@ class WanModel:
                                   return_tensors="pt")
         return enc.input_ids, enc.attention_mask
 
-    def cut(self, batch: int = 2) -> dict[str, list[Block]]:
-        return {"text_encoder": self._cut_text_encoder(),
-                "transformer": self._cut_transformer(batch),
+    def shapes(self, target: str) -> Shapes:
+        # the decoder runs one latent frame per call whatever the target (it is chunked)
+        return Shapes(prompts=1 if target in ("iphone", "web") else 2, guidance_batch=2)
+
+    def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
+        shapes = shapes or self.shapes("onnx")
+        return {"text_encoder": self._cut_text_encoder(shapes.prompts),
+                "transformer": self._cut_transformer(shapes.guidance_batch),
                 "vae_decoder": self._cut_vae_decoder()}
 
-    def _cut_text_encoder(self) -> list[Block]:
+    def _cut_text_encoder(self, prompts: int) -> list[Block]:
         enc = self.pipe.text_encoder.encoder
-        ids, mask = self._ids(["a red circle moving left", "the dog"])
+        ids, mask = self._ids(["a red circle moving left", "the dog"][:prompts])
         emb = T5EmbeddingsBlock(enc.embed_tokens).eval()
         blocks = [Block("text_encoder", "embeddings", emb, ["input_ids", "attention_mask"],
                         ["hidden", "attention_bias"], (ids, mask), [True, True])]
@@ -729,8 +734,10 @@ class WanModel:
         return np.round(np.asarray(frames) * 255).astype(np.uint8)
 
     def generate(self, prompt: str, seed: int = 0,
-                 on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
-        return self.reference(prompt, initial_noise(self.latent_shape, [seed]), on_step=on_step)
+                 on_step: Callable[[int, int], None] | None = None,
+                 steps: int | None = None) -> np.ndarray:
+        return self.reference(prompt, initial_noise(self.latent_shape, [seed]), steps=steps,
+                              on_step=on_step)
 
 
 def accepts(folder: Path, height: int | None = None, width: int | None = None,

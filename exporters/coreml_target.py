@@ -1,0 +1,101 @@
+"""`edge export --target iphone`: the family's blocks at the device's shapes, one CoreML
+program each (exporters/coreml.py), validated (structure, then the stored weights in PyTorch
+against fp32, end to end against the family's reference); the summary says what the
+compression cost: package size, weight bytes against fp32, the worst block error and the
+end-to-end PSNR.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge.families import FamilyModel
+from exporters import ExportOptionError, ExportOptions, Prepared, Progress, refuse_others
+from exporters.coreml import MACOS_ONLY_NOTE, WEIGHT_THRESHOLD, compression
+
+NAME = "iphone"
+
+
+def check(options: ExportOptions) -> None:
+    refuse_others(NAME, options, {"quantize"})
+    try:
+        compression(options.quantize or "fp16")
+    except ValueError as err:
+        raise ExportOptionError(str(err)) from None
+
+
+def folder_name(model_name: str, options: ExportOptions) -> str:
+    quantize = options.quantize or "fp16"
+    return f"{model_name}-{NAME}" + ("" if quantize == "fp16" else f"-q{quantize}")
+
+
+def package_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
+    """The device cut: blocks, their static input shapes, fp32 bytes and an estimate of the
+    stored bytes at the setting (the --dry-run table)."""
+    from exporters.coreml import cut_for_device
+
+    quantize = options.quantize or "fp16"
+    components = cut_for_device(model)
+    lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs"]
+    total = estimate = 0
+    for blocks in components.values():
+        for block in blocks:
+            est = estimated_bytes(block, quantize)
+            total, estimate = total + block.weight_bytes(), estimate + est
+            shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(block.inputs,
+                                                                   block.example, strict=True))
+            extra = f" (+{', '.join(block.variants)} variant)" if block.variants else ""
+            lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
+                         f"{est / 1e6:>10.2f}  {shapes}{extra}")
+    lines.append(f"total {total / 1e6:.1f} MB fp32, about {estimate / 1e6:.1f} MB at "
+                 f"{quantize} (estimate; variants add a copy of their block's weights). "
+                 f"{MACOS_ONLY_NOTE}.")
+    return Prepared(components, plan_lines=lines)
+
+
+def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
+           progress: Progress) -> dict:
+    from exporters.coreml import export_coreml
+    from exporters.coreml_check import end_to_end_check
+
+    quantize = options.quantize or "fp16"
+    return export_coreml(model, dest, quantize=quantize, components=prepared.components,
+                         on_block=progress.on_block,
+                         validate_end_to_end=end_to_end_check(model, quantize))
+
+
+def summary(manifest: dict, dest: Path, seconds: float) -> str:
+    blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
+              for b in c["blocks"]]
+    stored = sum(b["weight_bytes"] for _, b in blocks)
+    reference = sum(b["reference_weight_bytes"] for _, b in blocks)
+    worst = max((b["validation"]["max_abs_error"], key) for key, b in blocks)
+    variants = sum(len(b.get("variants", {})) for _, b in blocks)
+    setting = manifest["coreml"]["compression"]["setting"]
+    target = manifest["coreml"]["minimum_deployment_target"]
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks (+{variants} TDTM "
+            f"variants) as .mlpackage, {package_bytes(dest) / 1e6:.1f} MB on disk\n"
+            f"weights ({setting}, runs on {target} and later): {stored / 1e6:.1f} MB in the "
+            f"base blocks' programs vs "
+            f"{reference / 1e6:.1f} MB fp32 ({reference / stored:.1f}x smaller)\n"
+            f"stored weights in PyTorch vs fp32: worst block max-abs error {worst[0]:.3g} "
+            f"({worst[1]}), end to end PSNR {manifest['validation']['psnr_db']} dB on "
+            f"{manifest['validation']['prompt']!r}\n"
+            f"note: {MACOS_ONLY_NOTE}. Not measured here: fp16 activations on the device "
+            "(CoreML cannot predict on Linux).")
+
+
+def estimated_bytes(block, quantize: str) -> int:
+    """Stored weight bytes of a block at a setting, before exporting: tensors of at least
+    WEIGHT_THRESHOLD elements at the bits the setting gives this block (lookup tables and
+    scales left out), the rest fp16."""
+    per_weight = compression(quantize).storage(block.key).bits
+    bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
+               for p in block.parameters().values())
+    return bits // 8
+
+

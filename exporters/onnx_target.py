@@ -1,0 +1,69 @@
+"""`edge export --target onnx`: the blocks re-cut for a memory budget (edge/plan.py), one
+ONNX graph each (exporters/onnx.py), checked end to end by the Python runtime against the
+family's reference."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+from edge.budget import format_size
+from edge.families import FamilyModel
+from edge.plan import READ_UNIT, partition, plan_residency
+from exporters import ExportOptions, Prepared, Progress, refuse_others
+
+NAME = "onnx"
+
+
+def check(options: ExportOptions) -> None:
+    refuse_others(NAME, options, {"memory_budget"})
+
+
+def folder_name(model_name: str, options: ExportOptions) -> str:
+    return f"{model_name}-{NAME}"
+
+
+def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
+    """A budget re-cuts the blocks: pairs too large split, small neighbours merged
+    (BudgetError when the largest block cannot fit)."""
+    budget = options.memory_budget
+    cut = partition(model.cut(model.shapes(NAME)), budget)
+    plan = plan_residency(cut.components, budget)
+    lines = [f"{'block':<28}{'weights':>12}  at "
+             f"{format_size(budget) if budget else 'no budget'}"]
+    for row in plan["blocks"]:
+        made_of = cut.members.get(row["block"])
+        lines.append(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
+                     f"{'resident' if row['resident'] else 'streamed every use'}"
+                     f"{'  <- ' + ', '.join(made_of) if made_of else ''}")
+    lines.append(f"total {format_size(plan['total_bytes'])}, resident "
+                 f"{format_size(plan['resident_bytes'])}, largest block "
+                 f"{format_size(plan['largest_bytes'])}, working set "
+                 f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
+                 " + the block read ahead)")
+    return Prepared(cut.components, notes=cut.notes + plan["notes"], plan_lines=lines,
+                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
+
+
+def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
+           progress: Progress) -> dict:
+    from exporters.onnx import end_to_end_check, export_onnx
+
+    return export_onnx(model, dest, components=prepared.components,
+                       on_block=progress.on_block, plan=prepared.manifest_plan,
+                       validate_end_to_end=end_to_end_check(
+                           model, on_step=progress.on_check_step,
+                           memory_budget=options.memory_budget))
+
+
+def summary(manifest: dict, dest: Path, seconds: float) -> str:
+    blocks = [(b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
+              for c in manifest["components"] for b in c["blocks"]]
+    worst = max(blocks)
+    validation = manifest["validation"]
+    psnr = ("identical videos" if validation.get("identical")
+            else f"{validation['psnr_db']} dB")
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, worst block error "
+            f"{worst[0]:.2g} ({worst[1]}), end to end PSNR {psnr}, peak RSS "
+            f"{format_size(peak_rss)}")

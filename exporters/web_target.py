@@ -1,0 +1,77 @@
+"""`edge export --target web`: the family's blocks at the web's static shapes, each as WebGPU
+kernels with a launch plan (TVM) and as a wasm graph for onnxruntime-web (exporters/web.py),
+in a package that is a static site with the demo page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge.families import FamilyModel
+from exporters import ExportOptionError, ExportOptions, Prepared, Progress, refuse_others
+
+NAME = "web"
+
+
+def check(options: ExportOptions) -> None:
+    """Refuse a bad --ort-url / --bundle-ort before any work, naming the value or file."""
+    from exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
+
+    refuse_others(NAME, options, {"ort_url", "bundle_ort"})
+    try:
+        if options.ort_url is not None and options.bundle_ort is not None:
+            raise OrtLocationError("--ort-url and --bundle-ort: give one (a bundled copy needs "
+                                   "no URL)")
+        if options.ort_url is not None:
+            check_ort_url(options.ort_url)
+        if options.bundle_ort is not None:
+            check_bundle(options.bundle_ort)
+    except OrtLocationError as err:
+        raise ExportOptionError(str(err)) from None
+
+
+def folder_name(model_name: str, options: ExportOptions) -> str:
+    return f"{model_name}-{NAME}"
+
+
+def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
+    """The blocks at the web's shapes, their bytes and input shapes (the --dry-run table:
+    the page holds every block)."""
+    from exporters.web import web_blocks
+
+    components = web_blocks(model)
+    lines = [f"{'block':<28}{'weights MB':>11}  inputs"]
+    total = 0
+    for blocks in components.values():
+        for block in blocks:
+            total += block.weight_bytes()
+            shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(block.inputs,
+                                                                   block.example, strict=True))
+            lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>11.2f}  {shapes}")
+    lines.append(f"total {total / 1e6:.1f} MB fp32, every block held by the page")
+    return Prepared(components, plan_lines=lines)
+
+
+def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
+           progress: Progress) -> dict:
+    from exporters.web import export_web
+
+    return export_web(model, dest, components=prepared.components, on_block=progress.on_block,
+                      ort_url=options.ort_url, bundle_ort=options.bundle_ort)
+
+
+def summary(manifest: dict, dest: Path, seconds: float) -> str:
+    blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
+              for b in c["blocks"]]
+    worst = max((b["validation"]["max_abs_error"] or 0.0, key) for key, b in blocks)
+    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {size / 1e6:.1f} MB, "
+            f"worst block error {worst[0]:.2g} ({worst[1]}; launch plans replayed with TVM's "
+            f"llvm build, wasm graphs with onnxruntime)\n"
+            f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"
+            f"serve it with: edge serve {dest}")
+
+
+def ort_source(ort: dict) -> str:
+    if ort["bundled"]:
+        return f"{ort['version']}, bundled in {ort['base']} (works offline)"
+    return f"{ort['version']} from {ort['base']} (checked by sha256 in the page)"

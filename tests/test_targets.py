@@ -1,0 +1,99 @@
+"""The targets know no family: every exporter takes a family's model through the same
+interface, and `edge export` reaches each through one registry (exporters.TARGETS)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from exporters import TARGETS, ExportOptionError, ExportOptions, target
+
+REPO = Path(__file__).resolve().parents[1]
+FAMILY_MODULES = {p.stem for p in (REPO / "edge" / "families").glob("*.py")} - {"__init__"}
+
+
+def family_imports(path: Path) -> list[str]:
+    """Imports in `path` of a family module or a model definition (edge.models)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [n for n in names
+                  if n.startswith("edge.models") or
+                  any(n == f"edge.families.{f}" or n.startswith(f"edge.families.{f}.")
+                      for f in FAMILY_MODULES)]
+    return found
+
+
+def test_no_exporter_or_runtime_imports_a_family():
+    sources = sorted((REPO / "exporters").rglob("*.py")) + sorted((REPO / "runtimes").rglob(
+        "*.py"))
+    assert len(sources) > 10
+    offenders = {str(p.relative_to(REPO)): family_imports(p) for p in sources}
+    assert {p: names for p, names in offenders.items() if names} == {}
+
+
+def test_the_import_check_finds_what_it_looks_for(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from edge.families import wan\nimport edge.models.tiny_sora\n"
+                   "from edge.families.tiny_sora import cut_pipeline\n"
+                   "from edge.families import FamilyModel, Shapes\n")
+    assert family_imports(bad) == ["edge.families.wan", "edge.models.tiny_sora",
+                                   "edge.families.tiny_sora",
+                                   "edge.families.tiny_sora.cut_pipeline"]
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_every_target_answers_the_same_questions(name):
+    module = target(name)
+    for attr in ("check", "folder_name", "prepare", "export", "summary"):
+        assert callable(getattr(module, attr)), f"{TARGETS[name]} lacks {attr}"
+    assert module.NAME == name
+    module.check(ExportOptions())  # the defaults are always accepted
+    assert module.folder_name("m", ExportOptions()).startswith("m-")
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("onnx", ExportOptions(quantize="4"), "--quantize applies to --target iphone, not onnx"),
+    ("web", ExportOptions(memory_budget=1 << 20), "--memory-budget is not built for --target "
+     "web yet"),
+    ("iphone", ExportOptions(quantize="3"), "--quantize '3' not understood"),
+    ("iphone", ExportOptions(ort_url="https://x/"), "apply to --target web, not iphone"),
+])
+def test_targets_refuse_options_they_do_not_take(name, options, message):
+    with pytest.raises(ExportOptionError, match=message):
+        target(name).check(options)
+
+
+def test_unknown_target_lists_the_known_ones():
+    with pytest.raises(ExportOptionError, match="unknown --target 'gpu'; available: onnx, "
+                       "iphone, web"):
+        target("gpu")
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_each_target_cuts_at_the_shapes_its_family_gives(name, tiny_sora):
+    """tiny-sora's presets: the desktop traces its dynamic batch at 2 prompts; a device and
+    the web encode one prompt; the web decodes 4 frames per call, the device all 16."""
+    prepared = target(name).prepare(tiny_sora, ExportOptions())
+    text = prepared.components["text_encoder"][0].example[0]
+    frames = prepared.components["vae_decoder"][0].example[0]
+    want = {"onnx": (2, 2), "iphone": (1, tiny_sora.latent_shape[1]), "web": (1, 4)}[name]
+    assert (text.shape[0], frames.shape[0]) == want
+    assert prepared.block_count == sum(len(b) for b in prepared.components.values()) > 10
+    assert prepared.plan_lines[0].startswith("block") and "total" in prepared.plan_lines[-1]
+
+
+def test_one_export_validation_error_for_every_exporter():
+    from exporters import ExportValidationError
+
+    for module in ("exporters.onnx", "exporters.coreml", "exporters.coreml_check",
+                   "exporters.web"):
+        assert importlib.import_module(module).ExportValidationError is ExportValidationError
