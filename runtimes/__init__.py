@@ -1,1 +1,3 @@
-"""Embeddable runtimes: python/ is built; web and Swift are not yet (see README.md)."""
+"""Embeddable runtimes of edge packages: python/ (onnxruntime + NumPy), web/ (JavaScript:
+WebGPU kernels or onnxruntime-web's wasm), swift/ (a Swift package over CoreML; built and
+tested on Linux through a replay backend). They read the manifest and know no family."""
