@@ -3,8 +3,12 @@
 Each block of `edge.blocks` is captured with `torch.export` (coremltools 9 cannot convert
 some `jit.trace` graphs under numpy 2.4), converted to an ML Program for iOS 17 with fp16
 compute, optionally compressed with `coremltools.optimize.coreml`, and saved. Shapes are
-static, as the Neural Engine wants them: one prompt (text encoder batch 1), the guidance
-batch of 2 for the transformer, and every frame of one video at once for the VAE decoder.
+static, as the Neural Engine wants them, and the family's for the device
+(`FamilyModel.shapes("iphone")`): one prompt (text encoder batch 1), the guidance batch of 2
+for the transformer, and the decoder's pieces (tiny-sora: every frame of one video at once;
+Wan: one latent frame of one video, the decoder chunked with its caches as inputs and
+outputs and a "first" program for the first frame). A block coremltools cannot convert (an
+op it lacks, a tensor above rank 5) is refused naming the block and the op.
 
 Compression (`quantize`, `COMPRESSIONS`): "fp16" keeps fp16 weights; "8" is int8 linear
 (symmetric, per output channel) quantization; "6" is k-means palettization with a per-tensor
@@ -32,7 +36,7 @@ import contextlib
 import io
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -181,6 +185,14 @@ def drop_aliases(program: torch.export.ExportedProgram) -> torch.export.Exported
     return program
 
 
+def unconvertible(err: Exception) -> str:
+    """What coremltools could not convert, in one line: the op ("Unsupported fx node
+    _upsample_nearest_exact2d") or the layer and rank ("rank <= 5 ... reshape ... rank 6")."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    unsupported = next((line for line in lines if line.startswith("Unsupported fx node")), None)
+    return unsupported or (lines[-1] if lines else type(err).__name__)
+
+
 def convert_module(module: nn.Module, block: Block, quantize: str):
     """torch.export -> ML Program (fp16 compute, the setting's iOS) -> compressed; an unsaved
     MLModel."""
@@ -193,13 +205,17 @@ def convert_module(module: nn.Module, block: Block, quantize: str):
         warnings.simplefilter("ignore")
         program = drop_aliases(torch.export.export(module.eval(), example)
                                .run_decompositions({}))
-        model = ct.convert(
-            program, convert_to="mlprogram",
-            minimum_deployment_target=getattr(ct.target, setting.deployment_target),
-            compute_precision=ct.precision.FLOAT16,
-            inputs=[ct.TensorType(name=n, shape=tuple(t.shape), dtype=_coreml_dtype(t))
-                    for n, t in zip(block.inputs, example, strict=True)],
-            outputs=[ct.TensorType(name=OUTPUT_PREFIX + n) for n in block.outputs])
+        try:
+            model = ct.convert(
+                program, convert_to="mlprogram",
+                minimum_deployment_target=getattr(ct.target, setting.deployment_target),
+                compute_precision=ct.precision.FLOAT16,
+                inputs=[ct.TensorType(name=n, shape=tuple(t.shape), dtype=_coreml_dtype(t))
+                        for n, t in zip(block.inputs, example, strict=True)],
+                outputs=[ct.TensorType(name=OUTPUT_PREFIX + n) for n in block.outputs])
+        except (NotImplementedError, ValueError, RuntimeError, TypeError) as err:
+            raise ExportValidationError(f"block {block.key}: CoreML cannot take it: "
+                                        f"{unconvertible(err)}") from None
         config = setting.optimization_config(block.key)
         if config is not None:
             import coremltools.optimize.coreml as cto
@@ -239,8 +255,10 @@ def export_model(module: nn.Module, block: Block, root: Path, relative: str, qua
     spec = f"{relative}/Data/com.apple.CoreML/model.mlmodel"
     weights = f"{relative}/Data/com.apple.CoreML/weights/weight.bin"
     listed = {f["path"] for f in files}
-    if spec not in listed or weights not in listed:
-        raise ExportValidationError(f"{path}: the saved program lacks {spec} or {weights}")
+    if spec not in listed:
+        raise ExportValidationError(f"{path}: the saved program lacks {spec}")
+    if weights not in listed:  # every weight small enough to sit inline in the spec
+        weights = spec
     return {"model": relative, "files": files, "graph": spec,
             "weights": {"path": weights, "tensors": []},
             "weight_bytes": weights_file_bytes(path),
@@ -256,19 +274,20 @@ def export_block(block: Block, root: Path, quantize: str) -> dict:
     record["reference_weight_bytes"] = block.weight_bytes()
     record["inputs"] = signature(block.inputs, block.example)
     record["outputs"] = signature(block.outputs, reference)
-    variants = getattr(block, "variants", None) or {}
-    if variants:
+    if block.variants:
         # the runtime loads a variant instead of the base program, never both
         record["variants"] = {}
-        for name, module in variants.items():
-            with torch.no_grad():
-                out = module(*block.example)
-            out = out if isinstance(out, tuple) else (out,)
-            variant = replace(block, module=module)
-            record["variants"][name] = export_model(
-                module, variant, root, f"{base}.{name}.mlpackage", quantize, out)
+        for name, found in block.variants.items():
+            variant = block.variant(name)  # its own signature where it declares one
+            out = variant.run(*variant.example)
+            entry = export_model(variant.module, variant, root, f"{base}.{name}.mlpackage",
+                                 quantize, out)
+            if isinstance(found, Block):  # e.g. a chunked component's first piece
+                entry["inputs"] = signature(variant.inputs, variant.example)
+                entry["outputs"] = signature(variant.outputs, out)
+            record["variants"][name] = entry
             # the block's files are all it may load, so a package check covers variants too
-            record["files"] = record["files"] + record["variants"][name]["files"]
+            record["files"] = record["files"] + entry["files"]
     return record
 
 
@@ -301,7 +320,10 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
                 records.append(export_block(block, root, quantize))
                 if on_block:
                     on_block(block.key)
-            manifest["components"].append({"name": name, "blocks": records})
+            component = {"name": name, "blocks": records}
+            if name in model.chunked:  # run piece by piece, state carried (as for onnx)
+                component["chunked"] = model.chunked[name].to_dict(blocks)
+            manifest["components"].append(component)
         problems = check_structure(root, manifest)
         if problems:
             raise ExportValidationError("structure: " + "; ".join(problems))

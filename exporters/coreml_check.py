@@ -25,6 +25,7 @@ from torch import nn
 
 from edge.blocks import Block
 from edge.families import FamilyModel
+from edge.manifest_schema import as_variant
 from exporters import ExportValidationError
 from exporters.coreml_weights import import_coremltools, read_parameters
 
@@ -37,6 +38,14 @@ _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayD
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
+def snr(got: np.ndarray, want: np.ndarray) -> float:
+    """The error against the reference video's own spread (dB): random-weight videos have so
+    little contrast that another seed's video still scores 30 dB PSNR; SNR tells them apart."""
+    want = want.astype(np.float64)
+    mse = float(np.mean((got.astype(np.float64) - want) ** 2))
+    return float("inf") if mse == 0 else float(10 * np.log10(want.var() / mse))
 
 
 def program_interface(mlpackage: Path) -> tuple[list[dict], list[dict]]:
@@ -74,13 +83,18 @@ def _interface_problems(root: Path, where: str, model: str, block: dict,
     return problems
 
 
-def _chain_problems(name: str, blocks: list[dict]) -> tuple[list[str], dict[str, dict]]:
-    """Problems of one component's chain, and every tensor it ends up with by name."""
+def _chain_problems(name: str, blocks: list[dict], carried: set[str] = frozenset()
+                    ) -> tuple[list[str], dict[str, dict]]:
+    """Problems of one component's chain, and every tensor it ends up with by name.
+    `carried`: state a chunked component's blocks give back to themselves on the next piece
+    (an input of the chain without an earlier block giving it)."""
     problems: list[str] = []
     available = {s["name"]: s for s in blocks[0]["inputs"]}
     for block in blocks:
         where = f"block {name}/{block['name']}"
         for s in block["inputs"]:
+            if s["name"] in carried:
+                continue
             have = available.get(s["name"])
             if have is None:
                 problems.append(f"{where}: input {s['name']!r} is neither a component input "
@@ -103,14 +117,23 @@ def check_structure(root: Path, manifest: dict) -> list[str]:
             problems += _interface_problems(root, where, block["model"], block, prefix)
             for vname, variant in block.get("variants", {}).items():
                 problems += _interface_problems(root, f"{where} variant {vname}",
-                                                variant["model"], block, prefix)
-        found, tensors[comp["name"]] = _chain_problems(comp["name"], comp["blocks"])
+                                                variant["model"], as_variant(block, vname),
+                                                prefix)
+        carried = set(comp.get("chunked", {}).get("state", []))
+        found, tensors[comp["name"]] = _chain_problems(comp["name"], comp["blocks"], carried)
         problems += found
     if set(tensors) != {"text_encoder", "transformer", "vae_decoder"}:
         return problems  # a partial export (tests): nothing to link across components
     c, t, h, w = manifest["latent_shape"]
     tokens = manifest["tokenizer"]["max_tokens"]
     text, dit, vae = (tensors[k] for k in ("text_encoder", "transformer", "vae_decoder"))
+    decoder = next(comp for comp in manifest["components"] if comp["name"] == "vae_decoder")
+    if manifest.get("latent_layout", "frames") == "frames":  # (frames, C, h, w) per call
+        z_link = ("latent frames -> vae_decoder z", [t, c, h, w], vae["z"]["shape"])
+    else:  # diffusers' (B, C, T, h, w), T in pieces where the decoder is chunked
+        piece = decoder.get("chunked", {}).get("size", t)
+        z_link = ("latents (one video) -> vae_decoder z", [1, c, piece, h, w],
+                  vae["z"]["shape"])
     links = [  # (what, got, want): shapes that must agree across components
         ("text_encoder hidden -> transformer caption (one prompt + null caption)",
          [2 * d if i == 0 else d for i, d in enumerate(text["hidden"]["shape"])],
@@ -119,7 +142,7 @@ def check_structure(root: Path, manifest: dict) -> list[str]:
          text["input_ids"]["shape"][1]),
         ("latent_shape -> transformer latent", [c, t, h, w], dit["latent"]["shape"][1:]),
         ("transformer velocity -> latent", dit["velocity"]["shape"], dit["latent"]["shape"]),
-        ("latent frames -> vae_decoder z", [t, c, h, w], vae["z"]["shape"]),
+        z_link,
     ]
     problems += [f"{what}: {got} vs {want}" for what, got, want in links if got != want]
     return problems
@@ -176,8 +199,12 @@ def end_to_end_check(model: FamilyModel, quantize: str, seed: int = 0,
                 f"end to end: with the package's {quantize} weights the video differs from "
                 f"fp32 PyTorch by PSNR {value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, "
                 f"seed {seed}")
+        # identical videos have an infinite PSNR, which JSON cannot hold: null and a flag
+        identical = bool(np.array_equal(got, want))
         return {"prompt": VALIDATION_PROMPT, "seed": seed,
-                "steps": steps or model.sampler.steps, "psnr_db": round(value, 2),
+                "steps": steps or model.sampler.steps, "identical": identical,
+                "psnr_db": None if identical else round(value, 2),
+                "snr_db": None if identical else round(snr(got, want), 2),
                 "psnr_floor_db": floor, "measures": "stored weights in fp32 PyTorch"}
 
     return check

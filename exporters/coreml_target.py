@@ -7,6 +7,7 @@ end-to-end PSNR.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from edge.families import FamilyModel
@@ -74,11 +75,13 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
     stored = sum(b["weight_bytes"] for _, b in blocks)
     reference = sum(b["reference_weight_bytes"] for _, b in blocks)
     worst = max((b["validation"]["max_abs_error"], key) for key, b in blocks)
-    variants = sum(len(b.get("variants", {})) for _, b in blocks)
+    kinds = Counter(v for _, b in blocks for v in b.get("variants", {}))
+    variants = ", ".join(f"{n} {name}" for name, n in sorted(kinds.items()))
     setting = manifest["coreml"]["compression"]["setting"]
     target = manifest["coreml"]["minimum_deployment_target"]
-    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks (+{variants} TDTM "
-            f"variants) as .mlpackage, {package_bytes(dest) / 1e6:.1f} MB on disk\n"
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks"
+            f"{f' (+{variants} variants)' if variants else ''} as .mlpackage, "
+            f"{package_bytes(dest) / 1e6:.1f} MB on disk\n"
             f"weights ({setting}, runs on {target} and later): {stored / 1e6:.1f} MB in the "
             f"base blocks' programs vs "
             f"{reference / 1e6:.1f} MB fp32 ({reference / stored:.1f}x smaller)\n"

@@ -284,7 +284,7 @@ def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
 
     root, manifest = coreml_package
     text = summary(manifest, root, 12.0)
-    assert "17 blocks (+4 TDTM variants)" in text
+    assert "17 blocks (+4 tdtm variants)" in text
     assert f"end to end PSNR {manifest['validation']['psnr_db']} dB" in text
     assert "2.0x smaller" in text and "needs macOS" in text
 

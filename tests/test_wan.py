@@ -66,6 +66,27 @@ def test_cut_equals_the_diffusers_components(wan_models):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+@torch.no_grad()
+def test_graph_friendly_upsamplers_equal_diffusers(wan_models):
+    """The decoder's upsamplers, rewritten with ops CoreML takes (nearest, rank <= 5), give
+    exactly what diffusers' WanResample gives, frame by frame with the cache carried."""
+    from edge.families.wan import GraphFriendlyResample
+
+    ups = [b.upsamplers[0] for b in wan_models["unipc"].pipe.vae.decoder.up_blocks
+           if b.upsamplers is not None]
+    assert {u.mode for u in ups} == {"upsample2d", "upsample3d"}
+    for theirs in ups:
+        ours = GraphFriendlyResample(theirs)
+        assert dict(ours.named_parameters()).keys() == dict(theirs.named_parameters()).keys()
+        cache_theirs, cache_ours = [None], [None]
+        for frame in range(3):
+            x = torch.randn(1, theirs.dim, 1, 4, 6, generator=torch.Generator().manual_seed(
+                frame))
+            want = theirs(x, feat_cache=cache_theirs, feat_idx=[0])
+            got = ours(x, feat_cache=cache_ours, feat_idx=[0])
+            assert torch.equal(got, want), (theirs.mode, frame)
+
+
 def test_rope_tables_are_weights_not_graph_constants(wan_packages):
     _, manifest = wan_packages["unipc"]
     prologue = manifest["components"][1]["blocks"][0]
@@ -207,13 +228,13 @@ def test_lean_decode_gives_the_pinned_blocks_memory_to_the_decoder(wan_packages)
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c["blocks"][2]["variants"].pop("first"),
      r"block vae_decoder/up_1: no variant 'first'"),
-    (lambda c: c["chunked"]["state"].append("up_9.cache_0"),
-     r"'up_9.cache_0' is given by none of the blocks"),
+    (lambda c: c["chunked"]["state"].append("up_9_cache_0"),
+     r"'up_9_cache_0' is given by none of the blocks"),
     (lambda c: c["chunked"].update(size=0), r"field 'size' is 0, must be at least 1"),
-    (lambda c: c["chunked"]["state"].remove("up_0.cache_0"),
-     r"vae_decoder/up_0: input 'up_0.cache_0' is neither"),
+    (lambda c: c["chunked"]["state"].remove("up_0_cache_0"),
+     r"vae_decoder/up_0: input 'up_0_cache_0' is neither"),
     (lambda c: c["blocks"][1]["variants"]["first"]["outputs"][1]["shape"].__setitem__(2, 3),
-     r"vae_decoder/up_0 variant first: output 'out:up_0.cache_0' has shape "
+     r"vae_decoder/up_0 variant first: output 'out:up_0_cache_0' has shape "
      r"\['batch', 8, 3, 4, 6\] in manifest.json but \['batch', 8, 2, 4, 6\] in the graph"),
 ])
 def test_chunked_decoder_records_that_cannot_run_are_refused(wan_packages, tmp_path, edit,

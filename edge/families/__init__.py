@@ -35,6 +35,8 @@ class Shapes:
     guidance_batch: int = 2            # latents per transformer call (caption and null)
     decoder_frames: int | None = None  # latent frames per decoder call; None: the family's
                                        # own piece (all frames, or one for a chunked decoder)
+    videos: int = 2                    # videos per decoder call where its input is laid out
+                                       # as videos (B, C, T, h, w): 1 on a device
 
 
 class FamilyModel(Protocol):
@@ -71,7 +73,7 @@ class FamilyModel(Protocol):
 
 # `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
 PIPELINE_FAMILIES = {"WanPipeline": "wan"}
-TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx",)}
+TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone")}
 
 
 def family_of(folder: Path | None) -> str:

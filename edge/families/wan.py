@@ -214,6 +214,9 @@ def check_components(folder: Path) -> WanShapes:
     if (not isinstance(patch, list | tuple) or len(patch) != 3
             or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in patch)):
         raise FamilyError(f"{tr['_path']}: patch_size={patch!r}; must be 3 positive integers")
+    if vae.get("is_residual"):
+        raise FamilyError(f"{vae['_path']}: is_residual=true (Wan 2.2's VAE) is not supported; "
+                          "edge takes Wan 2.1's")
     mult = vae.get("dim_mult")
     if not isinstance(mult, list) or not mult or not all(isinstance(m, int) for m in mult):
         raise FamilyError(f"{vae['_path']}: dim_mult={mult!r}; must be a list of integers")
@@ -335,6 +338,12 @@ def load_pipeline(folder: Path) -> tuple:
 
 # ---------------------------------------------------------------- text encoder blocks
 
+# the additive bias of masked tokens: finite in fp16, where a device computing in fp16 turns
+# float32's min (transformers' choice) into -inf and 0 x -inf into NaN; exp(-1e4) is 0 in
+# float32 all the same, so the softmax is unchanged
+MASKED_BIAS = -1e4
+
+
 class T5EmbeddingsBlock(nn.Module):
     """input_ids, attention_mask -> token embeddings, additive attention bias (B, 1, 1, L)."""
 
@@ -345,7 +354,7 @@ class T5EmbeddingsBlock(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         hidden = self.embed_tokens(input_ids)
         masked = (1.0 - attention_mask.to(hidden.dtype))[:, None, None, :]
-        return hidden, masked * torch.finfo(hidden.dtype).min
+        return hidden, masked * MASKED_BIAS
 
 
 class T5FinalBlock(nn.Module):
@@ -550,6 +559,69 @@ def _cached_conv(conv: nn.Module, x: torch.Tensor, cache: list, idx: list[int]) 
     return out
 
 
+class GraphFriendlyResample(nn.Module):
+    """diffusers' `WanResample` upsampling ("upsample2d", "upsample3d") with its very
+    parameters (same names), computed with ops every target takes: nearest upsampling, which
+    at Wan's integer scale of 2 picks the pixels nearest-exact picks (CoreML has no
+    nearest-exact), and the time convolution's two output frames interleaved through a rank-5
+    view (diffusers reshapes to rank 6; CoreML allows rank 5 at most). The feature cache
+    steps are diffusers': "Rep" before the first frame has passed, else the last two input
+    frames. Tested equal to `WanResample`."""
+
+    def __init__(self, resample: nn.Module) -> None:
+        super().__init__()
+        if resample.mode not in ("upsample2d", "upsample3d"):
+            raise ValueError(f"resample mode {resample.mode!r}: only upsampling is decoded")
+        self.mode, self.dim = resample.mode, resample.dim
+        self.resample = nn.Sequential(nn.Upsample(scale_factor=2.0, mode="nearest"),
+                                      resample.resample[1])
+        if self.mode == "upsample3d":
+            self.time_conv = resample.time_conv
+
+    def _doubled_in_time(self, x: torch.Tensor, feat_cache: list, feat_idx: list[int]):
+        i = feat_idx[0]
+        feat_idx[0] += 1
+        if feat_cache[i] is None:  # the first frame passes undoubled
+            feat_cache[i] = "Rep"
+            return x
+        cached = feat_cache[i]
+        keep = x[:, :, -CACHE_FRAMES:].clone()
+        if keep.shape[2] < CACHE_FRAMES:  # one frame: the one before it (zeros after "Rep")
+            before = torch.zeros_like(keep) if isinstance(cached, str) else cached[:, :, -1:]
+            keep = torch.cat([before, keep], 2)
+        y = self.time_conv(x) if isinstance(cached, str) else self.time_conv(x, cached)
+        feat_cache[i] = keep
+        b, c, t, h, w = x.shape
+        even, odd = y[:, :c].flatten(3), y[:, c:].flatten(3)     # (b, c, t, h*w) each
+        return torch.stack((even, odd), 3).reshape(b, c, 2 * t, h, w)
+
+    def forward(self, x: torch.Tensor, feat_cache: list | None = None,
+                feat_idx: list[int] | None = None) -> torch.Tensor:
+        if self.mode == "upsample3d" and feat_cache is not None:
+            x = self._doubled_in_time(x, feat_cache, feat_idx)
+        b, c, t, h, w = x.shape
+        y = self.resample(x.transpose(1, 2).reshape(b * t, c, h, w))
+        return y.view(b, t, *y.shape[1:]).transpose(1, 2)
+
+
+class GraphFriendlyUpBlock(nn.Module):
+    """A decoder up block (`WanUpBlock`) over the same residual blocks, its upsampler the
+    graph-friendly one: the parameters keep their names."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.resnets = block.resnets
+        self.upsamplers = (None if block.upsamplers is None else
+                           nn.ModuleList([GraphFriendlyResample(block.upsamplers[0])]))
+
+    def forward(self, x, feat_cache=None, feat_idx=None, first_chunk=None) -> torch.Tensor:
+        for resnet in self.resnets:
+            x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx)
+        if self.upsamplers is not None:
+            x = self.upsamplers[0](x, feat_cache=feat_cache, feat_idx=feat_idx)
+        return x
+
+
 def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
     """(name, stage) pairs for one chunk of latents (B, C, 1, h, w) as the sampler makes
     them; `first`: the stages for the first chunk."""
@@ -577,7 +649,8 @@ def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
                                               "conv_in": dec.conv_in,
                                               "mid_block": dec.mid_block}, first, denormalise))]
     for i, block in enumerate(dec.up_blocks):
-        stages.append((f"up_{i}", WanDecoderChunk(up, {"up": block}, first)))
+        stages.append((f"up_{i}", WanDecoderChunk(up, {"up": GraphFriendlyUpBlock(block)},
+                                                  first)))
     stages.append(("out", WanDecoderChunk(out, {"norm_out": dec.norm_out,
                                                "nonlinearity": dec.nonlinearity,
                                                "conv_out": dec.conv_out}, first,
@@ -621,14 +694,17 @@ class WanModel:
         return enc.input_ids, enc.attention_mask
 
     def shapes(self, target: str) -> Shapes:
-        # the decoder runs one latent frame per call whatever the target (it is chunked)
-        return Shapes(prompts=1 if target in ("iphone", "web") else 2, guidance_batch=2)
+        # the decoder runs one latent frame per call whatever the target (it is chunked); a
+        # device encodes one prompt and decodes one video
+        if target in ("iphone", "web"):
+            return Shapes(prompts=1, guidance_batch=2, videos=1)
+        return Shapes(prompts=2, guidance_batch=2, videos=2)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
         shapes = shapes or self.shapes("onnx")
         return {"text_encoder": self._cut_text_encoder(shapes.prompts),
                 "transformer": self._cut_transformer(shapes.guidance_batch),
-                "vae_decoder": self._cut_vae_decoder()}
+                "vae_decoder": self._cut_vae_decoder(shapes.videos)}
 
     def _cut_text_encoder(self, prompts: int) -> list[Block]:
         enc = self.pipe.text_encoder.encoder
@@ -673,11 +749,12 @@ class WanModel:
                             ["x", "temb"], ["velocity"], (x, temb), [True, True]))
         return blocks
 
-    def _cut_vae_decoder(self) -> list[Block]:
+    def _cut_vae_decoder(self, videos: int) -> list[Block]:
         """One block per stage, run once per latent frame (`chunked`); its variant "first"
-        is the first frame's."""
+        is the first frame's. `videos`: the batch traced (a dynamic batch traced at 1 would
+        be specialised to 1)."""
         g = torch.Generator().manual_seed(1)
-        z = torch.randn(2, *self.latent_shape, generator=g)  # batch 1 would be specialised
+        z = torch.randn(videos, *self.latent_shape, generator=g)
         # a one-frame video runs only "first"; its later-frame graphs get a stand-in frame
         first_x, x = z[:, :, :1], z[:, :, 1:2] if z.shape[2] > 1 else z[:, :, :1]
         firsts = dict(cut_vae_decoder(self.pipe.vae, first=True))
@@ -689,7 +766,8 @@ class WanModel:
                 # the second frame, after the first frame's cache: the shapes every later
                 # frame has
                 out = stage(x, *first_out[1:])
-            state = [f"{name}.cache_{k}" for k in range(len(first_out) - 1)]
+            # CoreML feature names take no "."
+            state = [f"{name}_cache_{k}" for k in range(len(first_out) - 1)]
             dyn = [True] * (1 + len(state))
             first = Block("vae_decoder", name, firsts[name].eval(), [x_in], [x_out, *state],
                           (first_x,), [True])
