@@ -83,8 +83,6 @@ def _advance(bar, done: int, total: int) -> None:
     bar.update(done - bar.n)
 
 
-
-
 @app.command()
 def generate(
     first: Annotated[str, typer.Argument(

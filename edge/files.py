@@ -147,6 +147,10 @@ def atomic_file(path: Path, option: str | None = None) -> Iterator[Path]:
         raise
 
 
+# bidirectional overrides and isolates: they reorder what a terminal shows (Trojan Source)
+_INVISIBLE = {*range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+
+
 def printable(text: str) -> str:
     """`text` with control characters escaped (\\x1b, \\x07, \\u202e...), newlines and
     tabs kept: names and values read from files cannot retitle a terminal, move its cursor
@@ -163,7 +167,3 @@ def printable(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-
-
-# bidirectional overrides and isolates: they reorder what a terminal shows (Trojan Source)
-_INVISIBLE = {*range(0x202A, 0x202F), *range(0x2066, 0x206A)}

@@ -4,11 +4,12 @@ The planned working set while streaming is the pinned blocks plus two streamed b
 computing and the one being read ahead. So, for a budget B:
 
 1. Split: a block larger than B/2 leaves no room to read the next block while it computes; a
-   transformer pair that large is split into its spatial and temporal halves. A block still
+   block that large is split where its family says how (`Block.splitter`; tiny-sora: a
+   transformer pair into its spatial and temporal halves). A block still
    larger than B cannot run at all: refused, naming it and the smallest budget that works.
    Pairs are also split where the halves let the loader pin more of the transformer (a finer
    grain fills the budget better), so fewer bytes are read every denoising step.
-2. Pin: the runtime loader's own policy (`runtimes.python.loader.plan_pins`) on the sizes the
+2. Pin: the runtime loader's own policy (`edge.budget.plan_pins`) on the sizes the
    blocks will have in the package, so the plan printed is the plan that runs.
 3. Merge: adjacent streamed blocks of one kind (`layer_0`, `layer_1`, ...) are merged into one
    block while the merged weights stay within READ_UNIT and within the second largest
