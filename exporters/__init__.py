@@ -66,6 +66,12 @@ class Progress:
     on_check_step: Callable[[int, int], None] | None = None
 
 
+def inputs_text(block) -> str:
+    """A block's inputs and their static shapes, for a --dry-run table: "x [2, 320, 64], ..."."""
+    return ", ".join(f"{n} {list(t.shape)}" for n, t in zip(block.inputs, block.example,
+                                                             strict=True))
+
+
 def target(name: str) -> ModuleType:
     """The module of target `name`; an unknown name is refused, listing the known ones."""
     if name not in TARGETS:

@@ -11,7 +11,14 @@ from collections import Counter
 from pathlib import Path
 
 from edge.families import FamilyModel
-from exporters import ExportOptionError, ExportOptions, Prepared, Progress, refuse_others
+from exporters import (
+    ExportOptionError,
+    ExportOptions,
+    Prepared,
+    Progress,
+    inputs_text,
+    refuse_others,
+)
 from exporters.coreml import MACOS_ONLY_NOTE, WEIGHT_THRESHOLD, compression
 
 NAME = "iphone"
@@ -47,8 +54,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
         for block in blocks:
             est = estimated_bytes(block, quantize)
             total, estimate = total + block.weight_bytes(), estimate + est
-            shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(block.inputs,
-                                                                   block.example, strict=True))
+            shapes = inputs_text(block)
             extra = f" (+{', '.join(block.variants)} variant)" if block.variants else ""
             lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
                          f"{est / 1e6:>10.2f}  {shapes}{extra}")

@@ -197,7 +197,3 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
         manifest["files"] = copy_site(root) + ort_files
         write_manifest(root, manifest)
     return manifest
-
-
-def block_count(model: FamilyModel) -> int:
-    return sum(len(b) for b in web_blocks(model).values())

@@ -7,7 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge.families import FamilyModel
-from exporters import ExportOptionError, ExportOptions, Prepared, Progress, refuse_others
+from exporters import (
+    ExportOptionError,
+    ExportOptions,
+    Prepared,
+    Progress,
+    inputs_text,
+    refuse_others,
+)
 
 NAME = "web"
 
@@ -44,8 +51,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     for blocks in components.values():
         for block in blocks:
             total += block.weight_bytes()
-            shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(block.inputs,
-                                                                   block.example, strict=True))
+            shapes = inputs_text(block)
             lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>11.2f}  {shapes}")
     lines.append(f"total {total / 1e6:.1f} MB fp32, every block held by the page")
     return Prepared(components, plan_lines=lines)
