@@ -3,6 +3,9 @@ Python implementation so both runtimes are held to the same numbers.
 
     python tests/swift_fixtures.py                       # sampler + tokenizer fixtures
     python tests/swift_fixtures.py --manifest dist/tiny-sora-iphone   # + manifest examples
+    python tests/swift_fixtures.py --train-unigram   # remake unigram/umt5_like_tokenizer.json
+    python tests/swift_fixtures.py --check-tokenizer T.json --out /tmp/check.json
+                                          # ids of many captions, for EDGE_TOKENIZER_CHECK
 
 Besides tests/fixtures/sampler/*.json (tests/sampler_fixtures.py: leap and step cache),
 tests/fixtures/swift/ holds:
@@ -11,9 +14,15 @@ tests/fixtures/swift/ holds:
 - guided_merge.json: whole `sample()` runs with guidance (cond != uncond), TDTM
   `merge_steps` and a fixed leap: per call t, merged, last; final latent and trace;
 - modulated_input.json: the step cache indicator of a small (x, t_mod);
+- unipc.json: the `flow_unipc` scheduler (Wan 2.1): `timesteps` and `model_times` for several
+  settings; whole `sample()` runs with guidance, merge_steps, fixed and dynamic leaps (one
+  step and a re-planned tail): per call t (the model time), merged, last; final latent and
+  trace; and 2x2 systems with what `np.linalg.solve` gives (UniPC's corrector solves one);
 - tokenizer.json + tokens.json: the package's tokenizer file and the ids and masks that
   `edge.tokenizer` makes of a few prompts (punctuation, capitals, accents, unknown words,
   truncation);
+- unigram/: the Unigram (T5 / UMT5, Wan 2.1) tokenizers, captions, their ids and masks,
+  and prompt-cleaner cases (tests/swift_unigram_fixtures.py says which and how);
 - manifest_iphone.json, manifest_bad_version.json: an `edge export --target iphone`
   manifest, and one a runtime must refuse.
 
@@ -29,8 +38,18 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from swift_unigram_fixtures import build_unigram, check_cases, train_umt5_like
 
-from edge.sampler import SamplerSettings, Trace, modulated_input, sample, timesteps
+from edge.sampler import (
+    SamplerSettings,
+    Trace,
+    max_calls,
+    model_times,
+    modulated_input,
+    sample,
+    timesteps,
+)
+from edge.schedulers import UniPCFlow, unipc_sigmas
 from edge.tokenizer import load_tokenizer, tokenize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swift"
@@ -82,6 +101,113 @@ def modulated_case() -> dict:
             "expected": modulated_input(x, t_mod).tolist()}
 
 
+def unipc_timestep_cases() -> list[dict]:
+    cases = [SamplerSettings(scheduler="flow_unipc", steps=steps, shift=shift)
+             for steps in (1, 2, 3, 8, 30) for shift in (3.0, 5.0)]
+    cases += [SamplerSettings(scheduler="flow_unipc", steps=50, shift=1.0),
+              SamplerSettings(scheduler="flow_unipc", steps=12, shift=2.5,
+                              num_train_timesteps=500)]
+    return [{"settings": s.to_dict(), "timesteps": timesteps(s).tolist(),
+             "model_times": model_times(s).tolist()} for s in cases]
+
+
+def unipc_settings() -> dict[str, SamplerSettings]:
+    def unipc(**kw) -> SamplerSettings:
+        return SamplerSettings(scheduler="flow_unipc", **kw)
+
+    dynamic = {"leap": True, "leap_min_steps": 8, "leap_patience": 2, "leap_tol": 1e-3}
+    return {
+        "steps1": unipc(steps=1, guidance=5.0),
+        "steps2_shift5": unipc(steps=2, shift=5.0, guidance=3.0),
+        "steps3_merge": unipc(steps=3, guidance=4.5, merge_steps=1),
+        "steps8_shift5_merge": unipc(steps=8, shift=5.0, guidance=5.0, merge_steps=3),
+        "steps30": unipc(steps=30, guidance=5.0),
+        "steps30_shift5_merge": unipc(steps=30, shift=5.0, guidance=6.0, merge_steps=10),
+        "steps12_n500": unipc(steps=12, shift=2.5, guidance=4.0, num_train_timesteps=500),
+        "fixed_leap_one_step": unipc(steps=8, guidance=4.0, leap=True, leap_after=4,
+                                     merge_steps=2),
+        "fixed_leap_tail2": unipc(steps=8, shift=5.0, guidance=5.0, leap=True, leap_after=2,
+                                  leap_steps=2),
+        "fixed_leap_tail6": unipc(steps=30, shift=5.0, guidance=5.0, leap=True,
+                                  leap_after=10, leap_steps=6, merge_steps=4),
+        # a tail longer than the steps it replaces
+        "fixed_leap_long_tail": unipc(steps=3, guidance=3.5, leap=True, leap_after=1,
+                                      leap_steps=5),
+        # a leap after steps - 1 steps never happens
+        "fixed_leap_too_late": unipc(steps=8, guidance=5.0, leap=True, leap_after=7,
+                                     leap_steps=3),
+        "dynamic_leap_one_step": unipc(steps=30, guidance=5.0, **dynamic),
+        "dynamic_leap_tail4": unipc(steps=30, shift=5.0, guidance=5.0, leap_steps=4,
+                                    merge_steps=3, **dynamic),
+    }
+
+
+def unipc_velocities(settings: SamplerSettings, shape: tuple[int, ...], seed: int):
+    """Noise and (cond, uncond) for every call the settings can make: guided velocities that
+    point from a fixed x0 to the noise, plus a perturbation that fades call by call (so
+    consecutive cosines level off and a dynamic leap comes), cond != uncond."""
+    rng = np.random.default_rng(seed)
+    calls = max_calls(settings)
+    noise = rng.standard_normal(shape).astype(np.float32)
+    x0 = 0.5 * rng.standard_normal(shape)
+    fade = 0.4 * 0.6 ** np.arange(calls)
+    wobble = rng.standard_normal((calls, *shape)) * fade.reshape(-1, *(1,) * len(shape))
+    v = (noise - x0)[None] + wobble
+    uncond = v + 0.3 * rng.standard_normal((calls, *shape))
+    cond = uncond + (v - uncond) / settings.guidance
+    return noise, cond.astype(np.float32), uncond.astype(np.float32)
+
+
+def unipc_runs() -> list[dict]:
+    """Velocity sequences replayed through `sample()` with flow_unipc."""
+    runs = []
+    for k, (name, settings) in enumerate(unipc_settings().items()):
+        noise, cond, uncond = unipc_velocities(settings, (2, 2, 3), 100 + k)
+        calls: list[dict] = []
+
+        def predict(x, t, step, calls=calls, cond=cond, uncond=uncond):
+            calls.append({"index": step.index, "t": t, "merged": step.merged,
+                          "last": step.last})
+            return cond[step.index][None], uncond[step.index][None]
+
+        trace = Trace()
+        x = sample(predict, noise[None], settings, trace=trace)
+        if name.startswith("dynamic"):
+            assert trace.leap_at is not None, name
+        runs.append({"name": name, "settings": settings.to_dict(), "noise": noise.tolist(),
+                     "cond": cond.tolist(), "uncond": uncond.tolist(),
+                     "expected": {"calls": calls, "latent": x[0].tolist(),
+                                  "trace": trace.to_dict()}})
+    return runs
+
+
+def solve_cases() -> list[dict]:
+    """2x2 float32 systems and np.linalg.solve's answers: UniPC's [[1, 1], [rk, 1]] with the
+    rk and b of a 30-step run's corrector steps, random ones of that shape on both sides of
+    |rk| = 1 (partial pivoting swaps the rows above it), and general ones."""
+    rng = np.random.default_rng(11)
+    systems = []
+    solver = UniPCFlow(unipc_sigmas(30, 5.0, 1000))
+    for i in range(2, 30):
+        h = solver._coefficients(i - 1, i)[3]
+        systems.append(([[1.0, 1.0], [solver._rk(i - 2, i - 1, h), 1.0]], solver._b_terms(h, 2)))
+    for rk in [-1.0, 1.5, -0.5, -2.0, 0.25,
+               *-np.exp(rng.normal(0.0, 1.5, 40)), *rng.uniform(-3.0, 3.0, 20)]:
+        systems.append(([[1.0, 1.0], [rk, 1.0]], rng.standard_normal(2)))
+    for _ in range(20):
+        systems.append((rng.standard_normal((2, 2)), rng.standard_normal(2)))
+    out = []
+    for a, b in systems:
+        a32, b32 = np.array(a, np.float32), np.array(b, np.float32)
+        out.append({"a": a32.tolist(), "b": b32.tolist(),
+                    "x": np.linalg.solve(a32, b32).tolist()})
+    return out
+
+
+def unipc_cases() -> dict:
+    return {"timesteps": unipc_timestep_cases(), "runs": unipc_runs(), "solve": solve_cases()}
+
+
 def token_cases(tokenizer_json: Path) -> dict:
     tok = load_tokenizer(tokenizer_json, MAX_TOKENS)
     with warnings.catch_warnings():
@@ -100,8 +226,8 @@ def default_tokenizer() -> Path:
 def build() -> dict[str, object]:
     """File name -> JSON content of every generated fixture (the manifests excepted)."""
     return {"timesteps.json": timestep_cases(), "guided_merge.json": guided_runs(),
-            "modulated_input.json": modulated_case(),
-            "tokens.json": token_cases(default_tokenizer())}
+            "modulated_input.json": modulated_case(), "unipc.json": unipc_cases(),
+            "tokens.json": token_cases(default_tokenizer()), **build_unigram()}
 
 
 def manifest_fixtures(manifest: dict) -> dict[str, dict]:
@@ -113,6 +239,7 @@ def manifest_fixtures(manifest: dict) -> dict[str, dict]:
 def write(files: dict[str, object]) -> None:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
+        (FIXTURES / name).parent.mkdir(parents=True, exist_ok=True)
         (FIXTURES / name).write_text(json.dumps(data, indent=1) + "\n")
         print(FIXTURES / name)
 
@@ -120,7 +247,18 @@ def write(files: dict[str, object]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--manifest", type=Path, help="an iphone package folder")
+    parser.add_argument("--train-unigram", action="store_true",
+                        help="retrain unigram/umt5_like_tokenizer.json (needs sentencepiece)")
+    parser.add_argument("--check-tokenizer", type=Path,
+                        help="write the ids of many captions with this tokenizer.json to --out")
+    parser.add_argument("--pad-token", default="<pad>", help="with --check-tokenizer")
+    parser.add_argument("--out", type=Path, help="with --check-tokenizer")
     args = parser.parse_args()
+    if args.check_tokenizer:
+        args.out.write_text(json.dumps(check_cases(args.check_tokenizer, args.pad_token)))
+        raise SystemExit(print(args.out))
+    if args.train_unigram:
+        train_umt5_like()
     files = build()
     if args.manifest:
         files |= manifest_fixtures(json.loads((args.manifest / "manifest.json").read_text()))

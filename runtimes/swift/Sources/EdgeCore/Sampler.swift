@@ -1,9 +1,10 @@
 import Foundation
 
-// A line-by-line mirror of edge/sampler.py (rectified-flow Euler sampler with classifier-free
-// guidance, Linear Proportional Leap, TDTM step switch, step cache). Keep the two in step:
-// the XCTests replay tests/fixtures/sampler/*.json and tests/fixtures/swift/*.json, written
-// by the Python implementation. Arithmetic follows NumPy's dtypes: latents and velocities in
+// A line-by-line mirror of edge/sampler.py (rectified-flow sampler with classifier-free
+// guidance, Linear Proportional Leap, TDTM step switch, step cache), with both schedulers of
+// edge/schedulers.py: flow_euler here, flow_unipc in UniPC.swift. Keep them in step: the
+// XCTests replay tests/fixtures/sampler/*.json and tests/fixtures/swift/*.json, written by
+// the Python implementation. Arithmetic follows NumPy's dtypes: latents and velocities in
 // float32, cosines and the cache indicator in float64.
 
 public enum SettingsError: Error, CustomStringConvertible {
@@ -24,7 +25,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var guidance = 5.0
     public var shift = 3.0
     public var numTrainTimesteps = 1000
-    public var scheduler = "flow_euler"   // edge/schedulers.py; only flow_euler is mirrored here
+    public var scheduler = "flow_euler"   // or "flow_unipc" (knownSchedulers, UniPC.swift)
     public var leap = false
     public var leapAfter: Int? = nil
     public var leapMinSteps = 15
@@ -77,8 +78,8 @@ public struct SamplerSettings: Codable, Equatable {
         func bad(_ name: String, _ value: Any, _ why: String) -> SettingsError {
             .invalid("sampler setting \(name)=\(value): \(why)")
         }
-        if scheduler != "flow_euler" {
-            throw bad("scheduler", scheduler, "this runtime runs flow_euler only")
+        if !knownSchedulers.contains(scheduler) {
+            throw bad("scheduler", pythonRepr(scheduler), "known: \(knownSchedulers.joined(separator: ", "))")
         }
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
         // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
@@ -92,13 +93,49 @@ public struct SamplerSettings: Codable, Equatable {
     }
 }
 
+/// A string as Python's repr() writes it (for messages shaped as SamplerSettings' are): in
+/// single quotes, or double ones when it holds a single quote and no double one.
+func pythonRepr(_ text: String) -> String {
+    let quote = text.contains("'") && !text.contains("\"") ? "\"" : "'"
+    var out = quote
+    for c in text.unicodeScalars {
+        switch c {
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out += "\\t"
+        case _ where String(c) == quote: out += "\\" + quote
+        default: out.unicodeScalars.append(c)
+        }
+    }
+    return out + quote
+}
+
 /// shift * s / (1 + (shift - 1) * s), in float32 as NumPy computes it on a float32 array.
 func shiftSigma(_ s: Float, _ shift: Double) -> Float {
     Float(shift) * s / (1 + Float(shift - 1) * s)
 }
 
-/// The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 (float32, steps + 1 values).
+/// The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 (float32, steps + 1 values), as the
+/// settings' diffusers scheduler sets them.
 public func timesteps(_ settings: SamplerSettings) -> [Float] {
+    if settings.scheduler == "flow_unipc" {
+        return unipcSigmas(steps: settings.steps, shift: settings.shift, numTrainTimesteps: settings.numTrainTimesteps)
+    }
+    return eulerSigmas(settings)
+}
+
+/// What the transformer is told the time of each step is (steps values): the sigmas for
+/// flow-match Euler; UniPC's whole training timesteps as fractions.
+public func modelTimes(_ settings: SamplerSettings) -> [Float] {
+    if settings.scheduler == "flow_unipc" {
+        return unipcModelTimes(steps: settings.steps, shift: settings.shift, numTrainTimesteps: settings.numTrainTimesteps)
+    }
+    return Array(timesteps(settings).dropLast())
+}
+
+/// FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift (euler_sigmas).
+func eulerSigmas(_ settings: SamplerSettings) -> [Float] {
     let shift = settings.shift
     let tiny = 1.0 / Double(settings.numTrainTimesteps)
     let sigmaMin = shift * tiny / (1 + (shift - 1) * tiny)  // float64, as np.float64 input
@@ -123,6 +160,17 @@ public func leapTail(from tFrom: Float, to tMin: Float, steps: Int, shift: Doubl
         sigmas.append(Float(shift * even / (1 + (shift - 1) * even)))
     }
     return sigmas + [0]
+}
+
+/// edge/sampler.py leap_tail: the noise levels (leap_steps + 1, ending at 0) and model times
+/// (leap_steps) of a leap from tFrom, the schedule's spacing re-planned over what is left.
+public func leapTail(from tFrom: Float, to tMin: Float,
+                     settings: SamplerSettings) -> (sigmas: [Float], modelTimes: [Float]) {
+    let sigmas = leapTail(from: tFrom, to: tMin, steps: settings.leapSteps, shift: settings.shift)
+    if settings.scheduler == "flow_unipc" {
+        return (sigmas, wholeStepTimes(Array(sigmas.dropLast()), numTrainTimesteps: settings.numTrainTimesteps))
+    }
+    return (sigmas, Array(sigmas.dropLast()))
 }
 
 public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
@@ -274,11 +322,14 @@ public struct Trace: Equatable {
 /// predict(latents, t, step) -> (v_cond, v_uncond)
 public typealias Predictor = (Tensor, Float, Step) throws -> (Tensor, Tensor)
 
-/// Integrate from t = 1 (noise) to t = 0; returns the final latents. After a leap the loop
-/// goes on over the leap's tail until t = 0.
+/// Integrate from t = 1 (noise) to t = 0; returns the final latents. The predictor is told
+/// the model time of each step (modelTimes). After a leap the loop goes on over the leap's
+/// tail (its own noise levels and model times, a fresh UniPC state) until t = 0.
 public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
                    onStep: ((Int, Int) -> Void)? = nil, trace: inout Trace) rethrows -> Tensor {
-    var ts = timesteps(settings)
+    var ts = timesteps(settings), modelTs = modelTimes(settings)
+    let unipc = settings.scheduler == "flow_unipc"
+    var solver = unipc ? UniPCFlow(sigmas: ts) : nil
     var x = noise
     let rule = LeapRule(settings)
     let cache = settings.cacheThreshold > 0 ? StepCache(threshold: settings.cacheThreshold) : nil
@@ -290,7 +341,7 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
     var call = 0, i = 0
     while i < ts.count - 1 {
         let step = Step(index: call, merged: call < settings.mergeSteps, cache: cache, last: call == lastCall)
-        let (cond, uncond) = try predict(x, ts[i], step)
+        let (cond, uncond) = try predict(x, modelTs[i], step)
         trace.calls += 1
         trace.transformerCalls += step.computed ? 1 : 0
         trace.mergedCalls += step.merged ? 1 : 0
@@ -304,12 +355,13 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
                 onStep?(total, total)
                 break
             }
-            ts = leapTail(from: ts[i], to: ts[ts.count - 2], steps: settings.leapSteps, shift: settings.shift)
+            (ts, modelTs) = leapTail(from: ts[i], to: ts[ts.count - 2], settings: settings)
+            solver = unipc ? UniPCFlow(sigmas: ts) : nil
             i = 0
             lastCall = call + settings.leapSteps - 1
             total = call + settings.leapSteps
         }
-        x = eulerStep(x, v, ts[i], ts[i + 1])
+        x = solver.map { $0.step(v, i, x) } ?? eulerStep(x, v, ts[i], ts[i + 1])
         i += 1
         call += 1
         onStep?(call, total)

@@ -23,7 +23,9 @@ public struct WordPieceTokenizer {
     let lowercase: Bool, stripAccents: Bool
     public let maxTokens: Int
 
-    public init(contentsOf url: URL, maxTokens: Int) throws {
+    /// `padToken`: the pad token's id pads (as the Python runtime's `load_tokenizer` does);
+    /// nil: the file's `padding.pad_id`, else 0.
+    public init(contentsOf url: URL, maxTokens: Int, padToken: String? = nil) throws {
         let json = try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any] ?? [:]
         guard let model = json["model"] as? [String: Any], model["type"] as? String == "WordPiece",
               let raw = model["vocab"] as? [String: Int] else {
@@ -42,7 +44,7 @@ public struct WordPieceTokenizer {
         unknown = try id(model["unk_token"] as? String ?? "[UNK]")
         cls = try id("[CLS]")
         sep = try id("[SEP]")
-        pad = Int32((json["padding"] as? [String: Any])?["pad_id"] as? Int ?? 0)
+        pad = try padToken.map(id) ?? Int32((json["padding"] as? [String: Any])?["pad_id"] as? Int ?? 0)
         prefix = model["continuing_subword_prefix"] as? String ?? "##"
         maxCharsPerWord = model["max_input_chars_per_word"] as? Int ?? 100
         lowercase = normalizer["lowercase"] as? Bool ?? true
