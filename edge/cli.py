@@ -166,6 +166,75 @@ def generate(
         _print_run_figures(pipe.last_run)
 
 
+@app.command()
+def record(
+    package: Annotated[Path, typer.Argument(help="An exported package folder (onnx or iphone).")],
+    prompt: Annotated[str, typer.Argument(help='What to draw, e.g. "a red circle moving left".')],
+    output: Annotated[Path, typer.Option(
+        "-o", "--output", help="Bundle folder to write (replaces only a bundle, with --force).")],
+    seed: Annotated[int | None, typer.Option(
+        min=0, help="Seed of the initial noise [default: 0].")] = None,
+    latents: Annotated[Path | None, typer.Option(
+        help="Initial noise from a .npy file, (1, C, T, h, w) in diffusers' layout, instead "
+             "of the seed's.")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: the "
+                                              "package's].")] = None,
+    guidance: Annotated[float | None, typer.Option(
+        help="Classifier-free guidance scale [default: the package's].")] = None,
+    negative_prompt: Annotated[str | None, typer.Option(
+        help="What the unconditional pass is told [default: the package's learned null "
+             "caption or negative prompt].")] = None,
+    model: Annotated[Path | None, typer.Option(
+        help="An iphone package's source model folder, whose family builds the blocks its "
+             "stored weights run in [default: the shipped tiny-sora].")] = None,
+    leap: LeapOption = None,
+    leap_after: LeapAfterOption = None,
+    leap_min_steps: LeapMinStepsOption = None,
+    leap_patience: LeapPatienceOption = None,
+    leap_tol: LeapTolOption = None,
+    leap_steps: LeapStepsOption = None,
+    merge_steps: MergeStepsOption = None,
+    cache_threshold: CacheOption = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace a bundle written before (never another folder).")] = False,
+) -> None:
+    """Record one generation of a package, every block call's inputs and outputs, as a
+    conformance bundle another runtime checks itself against (the Swift runtime's
+    `edge-sample --bundle`). An onnx package runs in the Python runtime; an iphone package's
+    blocks run in PyTorch with the weights stored in its programs, at its static shapes."""
+    import numpy as np
+
+    from edge.bundle import identify_bundle
+    from edge.package import PackageWriteError
+    from edge.record import RecordError, record as record_bundle
+
+    if seed is not None and latents is not None:
+        fail("--seed and --latents: give one (the latents are the initial noise)")
+    _check_destination(output, force, identify_bundle)
+    noise = None
+    if latents is not None:
+        try:
+            noise = np.load(latents, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            fail(f"--latents {latents}: not a NumPy array file ({err})")
+    overrides = _sampler_overrides(
+        steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
+        leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
+        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold)
+    started = time.perf_counter()
+    try:
+        info = record_bundle(package, prompt, output, seed=seed or 0, latents=noise,
+                             negative_prompt=negative_prompt, overrides=overrides,
+                             model_folder=model)
+    except (RecordError, PackageWriteError, ValueError, FloatingPointError) as err:
+        fail(str(err))
+    from edge.budget import format_size
+
+    echo(f"wrote {output} in {time.perf_counter() - started:.1f} s: {info['call_count']} "
+         f"block calls, {format_size(info['tensor_bytes'])} of arrays, recorded with "
+         f"{info['recorded_with']}")
+
+
 def _budget_option(memory_budget: str | None) -> int | None:
     """--memory-budget in bytes, refused by name before any work."""
     from edge.budget import parse_size

@@ -54,3 +54,36 @@ def coreml_package(tmp_path_factory, tiny_sora):
     manifest = export_coreml(tiny_sora, root, validate_end_to_end=end_to_end_check(
         tiny_sora, "fp16", steps=6))
     return root, manifest
+
+
+WAN_SIZE = {"height": 32, "width": 48, "frames": 9}
+
+
+@pytest.fixture(scope="session")
+def wan_folder(tmp_path_factory):
+    """A tiny random-weight WanPipeline folder (tests/wan_folder.py), once per session."""
+    from wan_folder import make_wan_folder
+
+    return make_wan_folder(tmp_path_factory.mktemp("wan") / "wan")
+
+
+@pytest.fixture(scope="session")
+def wan_model(wan_folder):
+    """The tiny Wan folder as its family's model, at the tests' video size and 8 steps."""
+    from edge.families import load_model
+
+    return load_model(wan_folder, steps=8, **WAN_SIZE)
+
+
+@pytest.fixture(scope="session")
+def wan_iphone_package(tmp_path_factory, wan_model):
+    """The tiny Wan exported to CoreML (fp16) once per session, end-to-end check against
+    diffusers' WanPipeline: (root, manifest). Copy it before changing it."""
+    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
+                        "-e '.[test]'); the CoreML exporter needs it")
+    from exporters.coreml import export_coreml
+    from exporters.coreml_check import end_to_end_check
+
+    root = tmp_path_factory.mktemp("wan-iphone") / "pkg"
+    return root, export_coreml(wan_model, root,
+                               validate_end_to_end=end_to_end_check(wan_model, "fp16"))

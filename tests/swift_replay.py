@@ -19,6 +19,8 @@ Layout of the folder `write(...)` fills:
     bad_manifests.json  [{"name", "manifest", "python_error", "names"}]: manifests the
                         Python side refuses, with its message and the words the Swift error
                         must contain too
+    wan/                with `wan=`: the tiny Wan's iphone package and `edge record` bundles
+                        of it (write_wan), which the Swift pipeline replays
 """
 
 from __future__ import annotations
@@ -167,12 +169,13 @@ def python_refusal(folder: Path, manifest: dict) -> str | None:
     return None
 
 
-def bad_manifests(package: Path, scratch: Path) -> list[dict]:
-    """Each edit of the good manifest of `package`, with the error the Python side raises for
-    it (in a hard-linked copy of the package, so only the manifest differs)."""
+def bad_manifests(package: Path, scratch: Path, edits: list | None = None) -> list[dict]:
+    """Each edit (default: BAD_MANIFESTS) of the good manifest of `package`, with the error
+    the Python side raises for it (in a hard-linked copy of the package, so only the
+    manifest differs)."""
     manifest = json.loads((package / MANIFEST).read_text())
     cases = []
-    for name, change, words in BAD_MANIFESTS:
+    for name, change, words in edits or BAD_MANIFESTS:
         m = copy.deepcopy(manifest)
         change(m)
         folder = scratch / name
@@ -187,8 +190,52 @@ def bad_manifests(package: Path, scratch: Path) -> list[dict]:
     return cases
 
 
-def write(folder: Path, onnx_package: Path, iphone_package: Path) -> Path:
-    """Fill `folder` (see the module docstring); returns it."""
+# Wan bundles (edge record on the tiny Wan iphone package): name -> (prompt, options)
+WAN_BUNDLES = {
+    "seed": ("a red circle moving left", {}),
+    "negative_merge_leap": ("The blue box slides up!  Twice &amp; more", {
+        "negative_prompt": "blurry, static", "overrides": {"merge_steps": 3, "leap": True,
+                                                           "leap_after": 5, "leap_steps": 2}}),
+    "step_cache": ("a café's crème square, slowly", {"seed": 5,
+                                                     "overrides": {"cache_threshold": 0.3}}),
+}
+
+# Manifests of the Wan package the Python side refuses (as BAD_MANIFESTS)
+WAN_BAD_MANIFESTS = [
+    ("no_unconditional", lambda m: m.pop("negative_prompt"), ["negative_prompt"]),
+    ("layout", lambda m: m.update(latent_layout="tiles"), ["latent_layout", "tiles"]),
+    ("clean", lambda m: m["tokenizer"].update(clean="ftfy"), ["clean", "ftfy"]),
+    ("first_variant", lambda m: next(c for c in m["components"] if "chunked" in c)["chunked"]
+     .update(first_variant="start"), ["start"]),
+]
+
+
+def write_wan(folder: Path, wan_iphone: Path, wan_folder: Path, tiny_sora_iphone: Path
+              ) -> None:
+    """folder/package: the tiny Wan iphone package; folder/bundles/<name>: its bundles
+    (WAN_BUNDLES); folder/tiny_sora_bundle: a bundle of tiny-sora's iphone package (another
+    package: the Swift side refuses it for this one, and replays it on its own package);
+    folder/bad_manifests.json as for tiny-sora."""
+    from edge.record import record
+
+    folder.mkdir(parents=True)
+    shutil.copytree(wan_iphone, folder / "package")
+    for name, (prompt, options) in WAN_BUNDLES.items():
+        record(folder / "package", prompt, folder / "bundles" / name, model_folder=wan_folder,
+               **options)
+    record(tiny_sora_iphone, "a red circle moving left", folder / "tiny_sora_bundle",
+           overrides={"steps": 6, "merge_steps": 2})
+    bad = []
+    for name, change, words in WAN_BAD_MANIFESTS:
+        bad += bad_manifests(folder / "package", folder / "scratch", [(name, change, words)])
+        shutil.rmtree(folder / "scratch")
+    (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
+
+
+def write(folder: Path, onnx_package: Path, iphone_package: Path,
+          wan: tuple[Path, Path] | None = None) -> Path:
+    """Fill `folder` (see the module docstring); returns it. `wan`: (the tiny Wan's iphone
+    package, its model folder), written under folder/wan (write_wan)."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(iphone_package, folder / "package")
     replay = folder / "replay"
@@ -200,4 +247,6 @@ def write(folder: Path, onnx_package: Path, iphone_package: Path) -> Path:
     bad = bad_manifests(folder / "package", folder / "scratch")
     shutil.rmtree(folder / "scratch")
     (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
+    if wan is not None:
+        write_wan(folder / "wan", *wan, iphone_package)
     return folder

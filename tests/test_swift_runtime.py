@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import swift_replay
 
@@ -35,9 +36,11 @@ def run(cmd: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, coreml_package):
+def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, coreml_package,
+                                                 wan_iphone_package, wan_folder):
     swift = swift_tool()
-    fixtures = swift_replay.write(tmp_path / "replay", exported_package[0], coreml_package[0])
+    fixtures = swift_replay.write(tmp_path / "replay", exported_package[0], coreml_package[0],
+                                  wan=(wan_iphone_package[0], wan_folder))
     build = run([swift, "build", "--build-tests"], timeout=900, cwd=PACKAGE)
     assert build.returncode == 0, (
         f"swift build failed:\n{build.stdout[-6000:]}\n{build.stderr[-3000:]}")
@@ -55,6 +58,36 @@ def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, cor
     assert " skipped " not in output, "an XCTest skipped:\n" + "\n".join(
         line for line in output.splitlines() if "skipped" in line)
     assert "worst relative input difference from Python's" in output
+    assert len(re.findall(r"bundle \w+: \d+ calls, worst relative input difference", output)) == 3
+    check_edge_sample(fixtures / "wan", tmp_path)
+
+
+def check_edge_sample(wan: Path, tmp_path: Path) -> None:
+    """The command-line sample replays a Wan bundle on Linux and writes its frames as the
+    bundle has them; another package's bundle and a GIF (no ImageIO here) are refused."""
+    from edge.bundle import Bundle
+
+    sample = PACKAGE / ".build" / "debug" / "edge-sample"
+    out = tmp_path / "frames.npy"
+    replayed = run([str(sample), str(wan / "package"), "--bundle",
+                    str(wan / "bundles" / "negative_merge_leap"), "-o", str(out)], timeout=300)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "equal to the bundle's" in replayed.stdout
+    worst = float(re.search(r"worst relative difference (\S+)", replayed.stdout).group(1))
+    assert worst <= 1e-5
+    frames = np.load(out)
+    assert frames.dtype == np.uint8 and frames.shape == (9, 32, 48, 3)
+    assert np.array_equal(frames, Bundle(wan / "bundles" / "negative_merge_leap").frames)
+    other = run([str(sample), str(wan / "package"), "--bundle", str(wan / "tiny_sora_bundle")],
+                timeout=300)
+    assert other.returncode == 2 and "manifest digest" in other.stderr, other.stderr
+    gif = run([str(sample), str(wan / "package"), "a cat", "-o", str(tmp_path / "x.gif")],
+              timeout=300)
+    assert gif.returncode == 2 and "ImageIO" in gif.stderr, gif.stderr
+    assert not (tmp_path / "x.gif").exists()
+    blocks = run([str(sample), str(wan / "package"), "a cat", "-o", str(tmp_path / "x.npy")],
+                 timeout=300)
+    assert blocks.returncode == 2 and "needs CoreML" in blocks.stderr, blocks.stderr
 
 
 def test_ios_demo_files_parse():

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -41,7 +41,7 @@ from edge.sampler import (
     sample,
 )
 from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
-from runtimes.python.graph_check import check_block_graph, check_runtime_feeds
+from runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
 from runtimes.python.loader import BlockLoader, BlockWeights
 
 
@@ -108,11 +108,12 @@ COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
 LATENT_LAYOUTS = ("frames", "video")
 
 
-def check_runnable(manifest: dict) -> None:
+def check_runnable(manifest: dict, any_target: bool = False) -> None:
     """Refuse, before any session exists, a well-formed package this runtime cannot run: another
-    target, a missing component, blocks needing inputs the runtime does not give or not
-    making the outputs it takes, sampler settings it does not know."""
-    if manifest["target"] != RUNTIME_TARGET:
+    target (unless `any_target`: its blocks run some other way), a missing component, blocks
+    needing inputs the runtime does not give or not making the outputs it takes, sampler
+    settings it does not know."""
+    if manifest["target"] != RUNTIME_TARGET and not any_target:
         raise PackageError(f"{MANIFEST}: target {manifest['target']!r}; the Python runtime "
                            f"runs {RUNTIME_TARGET!r} packages")
     components = {c["name"]: c["blocks"] for c in manifest["components"]}
@@ -150,6 +151,19 @@ def check_runnable(manifest: dict) -> None:
         check_settings(SamplerSettings.from_dict(manifest["sampler"]))
     except (TypeError, ValueError) as err:
         raise PackageError(f"{MANIFEST} sampler: {err}") from None
+
+
+class BlockSession(Protocol):
+    """What the pipeline calls to run a block: onnxruntime's `run`, given output names as
+    "out:<name>" and the feeds (inputs and the loader's weights) by name."""
+
+    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        ...
+
+
+# (loader key, e.g. "transformer/block_0" or "transformer/block_0#tdtm"; the block's
+# manifest record as that graph runs) -> its session
+OpenBlock = Callable[[str, dict], BlockSession]
 
 
 def _session(root: Path, graph: str, options: ort.SessionOptions, where: str,
@@ -204,6 +218,10 @@ class Pipeline:
         self.negative_prompt: str | None = manifest.get("negative_prompt")
         self.latent_shape = tuple(manifest["latent_shape"])
         self.latent_layout = manifest.get("latent_layout", "frames")
+        # captions per text-encoder call where its programs are static (None: any number)
+        batch = next((s["shape"][0] for b in components["text_encoder"].blocks
+                      for s in b["inputs"] if s["name"] == "input_ids"), BATCH)
+        self._text_batch: int | None = batch if isinstance(batch, int) else None
         self.last_run: dict = {}
         self._compute_s = 0.0
         self._lock = threading.Lock()
@@ -212,20 +230,23 @@ class Pipeline:
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
              prefetch: int = 1, cold_reads: bool = False, threads: int | None = None,
-             check_hashes: bool = True, pin: bool = True, lean_decode: bool = False
-             ) -> Pipeline:
+             check_hashes: bool = True, pin: bool = True, lean_decode: bool = False,
+             open_block: OpenBlock | None = None) -> Pipeline:
         """Verify the package (sizes, sha256, paths, version) before anything runs, plan the
         loader for `memory_budget` (refused if smaller than the largest block), and create
         one onnxruntime session per block graph (graphs only: weights come from the loader).
         `lean_decode`: let the pinned blocks go before the VAE decode, so its activations
         take their memory, and read them again on the next generation (peak memory for
-        reads: docs/runtime.md)."""
+        reads: docs/runtime.md). `open_block(key, record)`: run each block (and variant)
+        another way than onnxruntime, with what it returns (e.g. `edge record` runs an
+        iphone package's blocks in PyTorch with their stored weights); the package may then
+        be of any target."""
         budget = parse_size(memory_budget, "memory_budget")  # before anything is read
         root = Path(package)
         return_freed_activations_to_the_system()
         identities: dict = {}
         manifest = read_package(root, check_hashes=check_hashes, identities=identities)
-        check_runnable(manifest)
+        check_runnable(manifest, any_target=open_block is not None)
         options = ort.SessionOptions()
         # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
         # of streamed weights) for the life of the session, outside the loader's budget
@@ -237,12 +258,15 @@ class Pipeline:
             c = Component(comp["name"], comp["blocks"], comp.get("chunked"))
             for block, key in zip(c.blocks, c.keys(), strict=True):
                 where = f"block {key}"
-                c.sessions[key] = _session(root, block["graph"], options, where, block)
+                c.sessions[key] = (open_block(key, block) if open_block else
+                                   _session(root, block["graph"], options, where, block))
                 for variant in block.get("variants", {}):
                     record = as_variant(block, variant)
                     c.variant_records[key, variant] = record
-                    c.variants[key, variant] = _session(
-                        root, record["graph"], options, f"{where} variant {variant}", record)
+                    c.variants[key, variant] = (
+                        open_block(f"{key}#{variant}", record) if open_block else
+                        _session(root, record["graph"], options, f"{where} variant {variant}",
+                                 record))
                 wpath = resolve_inside(root, block["weights"]["path"], where)
                 weights[key] = BlockWeights.of_block(key, wpath, block, identities.get(wpath))
             components[c.name] = c
@@ -250,7 +274,8 @@ class Pipeline:
                              every_step=tuple(components["transformer"].keys()),
                              prefetch=prefetch, cold_reads=cold_reads, pin=pin)
         pipe = cls(root, manifest, loader, components, lean_decode)
-        check_runtime_feeds(manifest, pipe.null_caption)
+        if open_block is None:  # what another runner takes (dtypes, batch) is its business
+            check_runtime_feeds(manifest, pipe.null_caption)
         # graphs, tokenizer and null caption were read after verification: still the same?
         for path, identity in identities.items():
             check_unchanged(path, os.stat(path), identity)
@@ -315,9 +340,14 @@ class Pipeline:
         return {spec["output"]: np.concatenate(pieces, axis=axis)}
 
     def encode_prompts(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Hidden states and masks of `prompts`, in one text-encoder call, or one call per
+        caption group where the encoder takes a fixed batch (a device package: one)."""
         ids, mask = tokenize(self.tokenizer, [clean_prompt(p, self.clean) for p in prompts])
-        out = self._run_component("text_encoder", {"input_ids": ids, "attention_mask": mask})
-        return out["hidden"], mask
+        group = self._text_batch or len(prompts)
+        hidden = [self._run_component("text_encoder", {"input_ids": ids[i:i + group],
+                                                       "attention_mask": mask[i:i + group]})
+                  ["hidden"] for i in range(0, len(prompts), group)]
+        return np.concatenate(hidden), mask
 
     def _guidance_captions(self, prompts: list[str], negative_prompt: str | None
                            ) -> tuple[np.ndarray, np.ndarray]:

@@ -3,10 +3,11 @@
 // Language mode: Swift 5 (tools version 5.9), built with Swift 6.3 on Linux and Apple.
 //
 // EdgeCore: Foundation only (manifest, sampler, tokenizer, tensors, SHA-256).
-// EdgeRuntime: the block loader and the pipeline over a BlockBackend protocol; builds
-// everywhere. Its Apple-only files (CoreMLBackend, MultiArray, VideoWriter) sit behind
+// EdgeRuntime: the block loader, the pipeline over a BlockBackend protocol and conformance
+// bundles (edge record); builds everywhere. Its Apple-only files (CoreMLBackend, MultiArray, VideoWriter) sit behind
 // `#if canImport(CoreML)` / AVFoundation. Tests read the fixtures the Python side writes
 // (tests/fixtures/, and the replay fixtures tests/test_swift_runtime.py writes).
+// edge-sample: `swift run edge-sample PACKAGE PROMPT -o out.npy`, or `--bundle BUNDLE`.
 import PackageDescription
 
 let package = Package(
@@ -16,12 +17,15 @@ let package = Package(
         .library(name: "EdgeRuntime", targets: ["EdgeRuntime"]),
         .library(name: "EdgeCore", targets: ["EdgeCore"]),
         .library(name: "EdgeDemoKit", targets: ["EdgeDemoKit"]),
+        .executable(name: "edge-sample", targets: ["edge-sample"]),
     ],
     targets: [
         .target(name: "EdgeCore"),
         .target(name: "EdgeRuntime", dependencies: ["EdgeCore"]),
         // the demo app's non-UI part (ios_demo/EdgeDemo/DemoModel.swift is its SwiftUI face)
         .target(name: "EdgeDemoKit", dependencies: ["EdgeRuntime", "EdgeCore"]),
+        // the command-line sample: generate from a package, or run a conformance bundle
+        .executableTarget(name: "edge-sample", dependencies: ["EdgeRuntime", "EdgeCore"]),
         .testTarget(name: "EdgeCoreTests", dependencies: ["EdgeCore"]),
         .testTarget(name: "EdgeRuntimeTests", dependencies: ["EdgeRuntime", "EdgeCore", "EdgeDemoKit"]),
     ]

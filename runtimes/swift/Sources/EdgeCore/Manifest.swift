@@ -23,6 +23,10 @@ public struct Manifest: Decodable {
         public let model: String      // the variant's .mlpackage folder
         public let files: [FileRecord]
         public let weightBytes: Int
+        // its own signature where it differs from the block's (a chunked component's first
+        // piece takes no carried state)
+        public let inputs: [Signature]?
+        public let outputs: [Signature]?
     }
 
     public struct Block: Decodable, Equatable {
@@ -34,21 +38,47 @@ public struct Manifest: Decodable {
         public let inputs: [Signature]
         public let outputs: [Signature]
         public let variants: [String: Variant]?
+
+        /// The block as its variant `variant` runs: that variant's signature where it has
+        /// its own (edge/manifest_schema.py as_variant); the block itself for nil.
+        public func running(_ variant: String?) -> Block {
+            guard let variant, let v = variants?[variant] else { return self }
+            return Block(name: name, model: v.model, files: v.files, weights: weights, weightBytes: v.weightBytes,
+                         inputs: v.inputs ?? inputs, outputs: v.outputs ?? outputs, variants: nil)
+        }
+    }
+
+    /// A component run piece by piece (Wan's causal VAE decoder, one latent frame at a
+    /// time): `input` split along `axis` into pieces of `size`, the first piece through
+    /// `firstVariant`, each `state` output fed to the same-named input of the next piece,
+    /// the pieces of `output` joined along `axis` (edge/blocks.py Chunking).
+    public struct Chunked: Decodable, Equatable {
+        public let input: String
+        public let output: String
+        public let axis: Int
+        public let size: Int
+        public let firstVariant: String
+        public let state: [String]
     }
 
     public struct Component: Decodable, Equatable {
         public let name: String
         public let blocks: [Block]
+        public let chunked: Chunked?
     }
 
     public struct TokenizerSpec: Decodable, Equatable {
         public let files: [FileRecord]
         public let maxTokens: Int
+        public let padToken: String?   // absent: "[PAD]"
+        public let clean: String?      // how prompts are cleaned first: "none" (absent) or "wan"
     }
 
+    /// The unconditional pass's caption when it is learned (tiny-sora); absent, the package's
+    /// `negative_prompt` (or the caller's) is encoded like the prompt (Wan).
     public struct Conditioning: Decodable, Equatable {
-        public let nullCaption: FileRecord
-        public let nullCaptionF32: FileRecord   // raw little-endian float32 (max_tokens, 384)
+        public let nullCaption: FileRecord?
+        public let nullCaptionF32: FileRecord?   // raw little-endian float32 (max_tokens, width)
     }
 
     public struct CoreML: Decodable, Equatable {
@@ -65,6 +95,8 @@ public struct Manifest: Decodable {
     public let model: String
     public let tokenizer: TokenizerSpec
     public let conditioning: Conditioning
+    public let negativePrompt: String?
+    public let manifestSha256: String
     public let sampler: SamplerSettings
     public let latentShape: [Int]
     public let latentLayout: String?   // "frames" (absent: frames) or "video"
@@ -80,7 +112,7 @@ public struct Manifest: Decodable {
 
     /// Every file the package lists, for verification before anything runs.
     public var allFiles: [FileRecord] {
-        tokenizer.files + [conditioning.nullCaption, conditioning.nullCaptionF32]
+        tokenizer.files + [conditioning.nullCaption, conditioning.nullCaptionF32].compactMap { $0 }
             + components.flatMap { $0.blocks.flatMap(\.files) }
     }
 }
@@ -133,10 +165,40 @@ public enum ManifestReader {
             throw ManifestError.invalid("manifest.json: \(error)")
         }
         for comp in ["text_encoder", "transformer", "vae_decoder"] { _ = try manifest.component(comp) }
+        try checkRunnable(manifest)
         for file in manifest.allFiles where file.path.hasPrefix("/") || file.path.split(separator: "/").contains("..") {
             throw ManifestError.invalid("manifest.json: file path \(file.path) escapes the package folder")
         }
         return manifest
+    }
+
+    /// What the Python runtime's check_runnable refuses besides the target: no way to make
+    /// the unconditional caption, an unknown latent layout or prompt cleaner, a chunked
+    /// component that is not the decoder's pieces of `z` giving `frames`, a variant named
+    /// by the chunking that a block lacks.
+    static func checkRunnable(_ m: Manifest) throws {
+        let learned = m.conditioning.nullCaption != nil && m.conditioning.nullCaptionF32 != nil
+        if !learned && m.negativePrompt == nil {
+            throw ManifestError.invalid("manifest.json: the unconditional pass needs 'conditioning.null_caption' (and null_caption_f32) or a 'negative_prompt' string")
+        }
+        if let layout = m.latentLayout, !["frames", "video"].contains(layout) {
+            throw ManifestError.invalid("manifest.json: latent_layout \(layout); known: frames, video")
+        }
+        if let clean = m.tokenizer.clean, !["none", "wan"].contains(clean) {
+            throw ManifestError.invalid("manifest.json tokenizer: clean \(clean); known: none, wan")
+        }
+        for comp in m.components {
+            guard let spec = comp.chunked else { continue }
+            if comp.name != "vae_decoder" || spec.input != "z" || spec.output != "frames" {
+                throw ManifestError.invalid("manifest.json component \(comp.name) chunked: pieces of \(spec.input) giving \(spec.output); the Swift runtime runs the vae_decoder's pieces of z giving frames")
+            }
+            if spec.size < 1 || spec.axis < 0 {
+                throw ManifestError.invalid("manifest.json component \(comp.name) chunked: axis \(spec.axis), size \(spec.size)")
+            }
+            for block in comp.blocks where block.variants?[spec.firstVariant] == nil {
+                throw ManifestError.invalid("manifest.json component \(comp.name) block \(block.name): no variant \(spec.firstVariant) for the first piece")
+            }
+        }
     }
 
     /// A decoding error as the manifest's own field path (snake_case, as written).

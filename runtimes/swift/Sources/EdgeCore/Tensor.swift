@@ -32,6 +32,42 @@ public struct Tensor: Equatable {
     }
 
     public func reshaped(_ shape: [Int]) -> Tensor { Tensor(shape: shape, data: data) }
+
+    /// Elements `range` of axis `axis` (NumPy's `np.take(x, range, axis)`).
+    public func slice(axis: Int, _ range: Range<Int>) -> Tensor {
+        let outer = shape[..<axis].reduce(1, *), inner = shape[(axis + 1)...].reduce(1, *)
+        let length = shape[axis]
+        var out = [Float]()
+        out.reserveCapacity(outer * range.count * inner)
+        for o in 0..<outer {
+            let start = (o * length + range.lowerBound) * inner
+            out.append(contentsOf: data[start..<(start + range.count * inner)])
+        }
+        var newShape = shape
+        newShape[axis] = range.count
+        return Tensor(shape: newShape, data: out)
+    }
+
+    /// Concatenation along `axis` (NumPy's `np.concatenate(parts, axis)`).
+    public static func concat(_ parts: [Tensor], axis: Int) -> Tensor {
+        if axis == 0 { return concat(parts) }
+        let first = parts[0].shape
+        precondition(parts.allSatisfy { $0.shape.count == first.count
+            && zip($0.shape, first).enumerated().allSatisfy { $0.offset == axis || $0.element.0 == $0.element.1 } },
+            "concat along \(axis): shapes differ")
+        let outer = first[..<axis].reduce(1, *), inner = first[(axis + 1)...].reduce(1, *)
+        var out = [Float]()
+        out.reserveCapacity(parts.reduce(0) { $0 + $1.count })
+        for o in 0..<outer {
+            for part in parts {
+                let run = part.shape[axis] * inner
+                out.append(contentsOf: part.data[(o * run)..<((o + 1) * run)])
+            }
+        }
+        var newShape = first
+        newShape[axis] = parts.reduce(0) { $0 + $1.shape[axis] }
+        return Tensor(shape: newShape, data: out)
+    }
 }
 
 /// Seeded standard-normal noise. The Swift runtime does not reproduce NumPy's PCG64

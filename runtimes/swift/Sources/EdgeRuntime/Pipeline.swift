@@ -2,11 +2,15 @@ import EdgeCore
 import Foundation
 
 /// Runs a package from `edge export --target iphone`, as runtimes/python/pipeline.py runs an
-/// ONNX one: text encoder -> rectified-flow sampler over the transformer's blocks (with
-/// guidance, LPL, TDTM variants and the step cache of EdgeCore's sampler) -> VAE decoder.
-/// Blocks run through a `BlockBackend` (CoreML on Apple platforms); the loader decides what
-/// is loaded when. One prompt at a time: the programs have the static shapes of one prompt
-/// (the transformer's batch is that prompt plus the null caption).
+/// ONNX one, making the same block calls in the same order: text encoder (one caption per
+/// call) -> the sampler over the transformer's blocks (flow-match Euler or UniPC, with
+/// guidance, LPL, TDTM variants and the step cache of EdgeCore's sampler) -> VAE decoder
+/// (frame by frame, or piece by piece with its state carried where the component is
+/// chunked). Whatever the family: the manifest says how prompts are cleaned and tokenized,
+/// whether the unconditional caption is learned or a negative prompt, and how the decoder
+/// takes the latents. Blocks run through a `BlockBackend` (CoreML on Apple platforms); the
+/// loader decides what is loaded when. One prompt at a time: the programs have the static
+/// shapes of one prompt (the transformer's batch is that prompt and the unconditional one).
 public final class EdgePipeline {
     public struct Result {
         public let frames: [[UInt8]]      // RGB, height x width x 3 per frame
@@ -17,9 +21,10 @@ public final class EdgePipeline {
 
     public let root: URL
     public let manifest: Manifest
-    public let tokenizer: WordPieceTokenizer
+    public let tokenizer: any CaptionTokenizer
+    let cleaner: PromptCleaner
     public let loader: BlockLoader
-    let nullCaption: Tensor
+    let nullCaption: Tensor?   // the learned unconditional caption (1, max_tokens, width)
     private let lock = NSLock()
 
     /// Verify the package (no path escapes, no unlisted file, every listed file's size and
@@ -41,21 +46,28 @@ public final class EdgePipeline {
             throw RuntimeError.package("\(manifestURL.path): missing; not an edge package folder")
         }
         manifest = try ManifestReader.decode(data)
-        if let layout = manifest.latentLayout, layout != "frames" {
-            throw ManifestError.invalid("manifest.json: latent_layout \(layout); the Swift runtime decodes frame by frame (\"frames\")")
-        }
         let identities = try PackageFiles.verify(manifest, root: root, hashes: verify)
         let tokURL = try PackageFiles.resolve(root, manifest.tokenizer.files[0].path, "tokenizer")
-        tokenizer = try WordPieceTokenizer(contentsOf: tokURL, maxTokens: manifest.tokenizer.maxTokens)
-        let nullURL = try PackageFiles.resolve(root, manifest.conditioning.nullCaptionF32.path, "conditioning.null_caption_f32")
-        let raw = try Data(contentsOf: nullURL)
-        let n = manifest.tokenizer.maxTokens
-        guard raw.count % (4 * n) == 0 else {
-            throw RuntimeError.package("\(manifest.conditioning.nullCaptionF32.path): \(raw.count) bytes is not \(n) rows of float32")
+        do {
+            tokenizer = try loadCaptionTokenizer(contentsOf: tokURL, maxTokens: manifest.tokenizer.maxTokens,
+                                                 padToken: manifest.tokenizer.padToken)
+            cleaner = try PromptCleaner(kind: manifest.tokenizer.clean)
+        } catch let error as TokenizerLoadError {
+            throw RuntimeError.package("\(manifest.tokenizer.files[0].path): \(error)")
         }
-        // little-endian float32, as every platform Swift runs edge on
-        let values = raw.withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
-        nullCaption = Tensor(shape: [1, n, values.count / n], data: values)
+        if let record = manifest.conditioning.nullCaptionF32 {
+            let nullURL = try PackageFiles.resolve(root, record.path, "conditioning.null_caption_f32")
+            let raw = try Data(contentsOf: nullURL)
+            let n = manifest.tokenizer.maxTokens
+            guard raw.count % (4 * n) == 0 else {
+                throw RuntimeError.package("\(record.path): \(raw.count) bytes is not \(n) rows of float32")
+            }
+            // little-endian float32, as every platform Swift runs edge on
+            let values = raw.withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
+            nullCaption = Tensor(shape: [1, n, values.count / n], data: values)
+        } else {
+            nullCaption = nil
+        }
         let entries = try Self.entries(manifest, root: root)
         let transformer = try manifest.component("transformer").blocks.map { "transformer/\($0.name)" }
         loader = try BlockLoader(entries: entries, backend: try makeBackend(manifest), budget: budget,
@@ -71,8 +83,8 @@ public final class EdgePipeline {
                 entries.append(try entry(key, block, program: block.model, files: block.files,
                                          bytes: block.weightBytes, root: root))
                 for (name, variant) in (block.variants ?? [:]).sorted(by: { $0.key < $1.key }) {
-                    entries.append(try entry("\(key)#\(name)", block, program: variant.model, files: variant.files,
-                                             bytes: variant.weightBytes, root: root))
+                    entries.append(try entry("\(key)#\(name)", block.running(name), program: variant.model,
+                                             files: variant.files, bytes: variant.weightBytes, root: root))
                 }
             }
         }
@@ -101,8 +113,9 @@ public final class EdgePipeline {
     func run(_ component: String, _ blocks: [Manifest.Block], _ feeds: [String: Tensor],
              variant: String? = nil, prefetchAfter: String? = nil) throws -> [String: Tensor] {
         var feeds = feeds
-        for (i, block) in blocks.enumerated() {
-            let k = Self.key(component, block, variant)
+        for (i, base) in blocks.enumerated() {
+            let k = Self.key(component, base, variant)
+            let block = base.running(variant)
             loader.prefetch(k)  // queued before the next one, where no earlier call queued it
             if i + 1 < blocks.count { loader.prefetch(Self.key(component, blocks[i + 1], variant)) }
             else if let next = prefetchAfter { loader.prefetch(next) }
@@ -127,12 +140,28 @@ public final class EdgePipeline {
         return feeds
     }
 
-    /// One video of `prompt`. `latents`: the initial noise in diffusers' layout (1, C, T, h, w)
-    /// instead of the seed's (to reproduce another runtime's run exactly). `configure` changes
-    /// the package's sampler settings (steps, leap, merge_steps, cache_threshold, ...);
-    /// `onStep(done, total)` reports progress; `isCancelled` is asked before every step, and a
-    /// cancelled generation throws `RuntimeError.cancelled` and leaves the pipeline reusable.
-    public func generate(_ prompt: String, seed: UInt64 = 0, latents: Tensor? = nil,
+    /// Hidden states (1, max_tokens, width) and mask of one caption, cleaned and tokenized
+    /// as the package says; the text encoder's programs take one caption per call.
+    func encode(_ caption: String, prefetchAfter: String?) throws -> (hidden: Tensor, mask: [Float]) {
+        let (ids, mask) = tokenizer.encode(cleaner.clean(caption))
+        let n = manifest.tokenizer.maxTokens
+        let text = try manifest.component("text_encoder")
+        let out = try run("text_encoder", text.blocks, [
+            "input_ids": Tensor(shape: [1, n], data: ids.map(Float.init)),
+            "attention_mask": Tensor(shape: [1, n], data: mask.map(Float.init))],
+            prefetchAfter: prefetchAfter)
+        guard let hidden = out["hidden"] else { throw RuntimeError.block("text_encoder: gave no hidden") }
+        return (hidden, mask.map(Float.init))
+    }
+
+    /// One video of `prompt`. `negativePrompt`: what the unconditional pass is told (default:
+    /// the package's learned null caption, else its negative prompt). `latents`: the initial
+    /// noise in diffusers' layout (1, C, T, h, w) instead of the seed's (to reproduce another
+    /// runtime's run exactly). `configure` changes the package's sampler settings (steps,
+    /// leap, merge_steps, cache_threshold, ...); `onStep(done, total)` reports progress;
+    /// `isCancelled` is asked before every step, and a cancelled generation throws
+    /// `RuntimeError.cancelled` and leaves the pipeline reusable.
+    public func generate(_ prompt: String, negativePrompt: String? = nil, seed: UInt64 = 0, latents: Tensor? = nil,
                          configure: (inout SamplerSettings) -> Void = { _ in },
                          onStep: ((Int, Int) -> Void)? = nil,
                          isCancelled: (() -> Bool)? = nil) throws -> Result {
@@ -144,8 +173,7 @@ public final class EdgePipeline {
         if let latents, latents.shape != shape {
             throw RuntimeError.block("latents have shape \(latents.shape); this package takes \(shape) (batch, channels, frames, height, width)")
         }
-        let text = try manifest.component("text_encoder"), dit = try manifest.component("transformer")
-        let vae = try manifest.component("vae_decoder")
+        let dit = try manifest.component("transformer"), vae = try manifest.component("vae_decoder")
         if settings.mergeSteps > 0 && !dit.blocks.contains(where: { $0.variants?["tdtm"] != nil }) {
             throw ManifestError.invalid("merge_steps=\(settings.mergeSteps): the package has no tdtm transformer variants; export it again")
         }
@@ -153,15 +181,22 @@ public final class EdgePipeline {
         let before = loader.stats
         let started = Date()
 
-        let (ids, mask) = tokenizer.encode(prompt)
+        // the guidance batch's captions: the prompt's, then the unconditional one
+        let firstStep = "transformer/\(dit.blocks[0].name)"
+        let caption2: Tensor, mask2: Tensor
         let n = manifest.tokenizer.maxTokens
-        let encoded = try run("text_encoder", text.blocks, [
-            "input_ids": Tensor(shape: [1, n], data: ids.map(Float.init)),
-            "attention_mask": Tensor(shape: [1, n], data: mask.map(Float.init))],
-            prefetchAfter: "transformer/\(dit.blocks[0].name)")
-        guard let hidden = encoded["hidden"] else { throw RuntimeError.block("text_encoder: gave no hidden") }
-        let caption2 = Tensor.concat([hidden, nullCaption])
-        let mask2 = Tensor(shape: [2, n], data: mask.map(Float.init) + [Float](repeating: 1, count: n))
+        if let nullCaption, negativePrompt == nil {
+            let (hidden, mask) = try encode(prompt, prefetchAfter: firstStep)
+            caption2 = Tensor.concat([hidden, nullCaption])
+            mask2 = Tensor(shape: [2, n], data: mask + [Float](repeating: 1, count: n))
+        } else {
+            let text = try manifest.component("text_encoder")
+            let (hidden, mask) = try encode(prompt, prefetchAfter: "text_encoder/\(text.blocks[0].name)")
+            let (unconditional, unconditionalMask) = try encode(negativePrompt ?? manifest.negativePrompt ?? "",
+                                                                prefetchAfter: firstStep)
+            caption2 = Tensor.concat([hidden, unconditional])
+            mask2 = Tensor(shape: [2, n], data: mask + unconditionalMask)
+        }
         let t1 = Date()
         timings["text_encoder"] = t1.timeIntervalSince(started)
 
@@ -199,8 +234,7 @@ public final class EdgePipeline {
         let t2 = Date()
         timings["transformer"] = t2.timeIntervalSince(t1)
 
-        let decoded = try run("vae_decoder", vae.blocks, ["z": Self.framesFirst(denoised)])["frames"]!
-        let video = Self.rgbFrames(decoded)
+        let (video, width, height) = try decode(denoised, vae)
         let t3 = Date()
         timings["vae_decoder"] = t3.timeIntervalSince(t2)
         timings["total"] = t3.timeIntervalSince(started)
@@ -208,7 +242,54 @@ public final class EdgePipeline {
         timings["block_loads"] = Double(after.loads - before.loads)
         timings["block_load_s"] = after.loadSeconds - before.loadSeconds
         timings["block_wait_s"] = after.waitSeconds - before.waitSeconds
-        return Result(frames: video, width: decoded.shape[3], height: decoded.shape[2], timings: timings, trace: trace)
+        return Result(frames: video, width: width, height: height, timings: timings, trace: trace)
+    }
+
+    /// Latents (1, C, T, h, w) -> RGB frames, as the package's decoder takes them: every
+    /// frame as an image ("frames": (T, C, h, w) in, (T, 3, H, W) out) or the video as it is
+    /// ("video": (1, 3, T', H, W) out), whole or piece by piece where it is chunked.
+    func decode(_ latents: Tensor, _ vae: Manifest.Component) throws -> (frames: [[UInt8]], width: Int, height: Int) {
+        let video = manifest.latentLayout == "video"
+        let z = video ? latents : Self.framesFirst(latents)
+        let decoded: Tensor
+        if let spec = vae.chunked {
+            decoded = try runChunked(vae, spec, z)
+        } else {
+            guard let out = try run("vae_decoder", vae.blocks, ["z": z])["frames"] else {
+                throw RuntimeError.block("vae_decoder: gave no frames")
+            }
+            decoded = out
+        }
+        if video {  // (1, 3, T', H, W)
+            let s = decoded.shape
+            return (Self.rgbFrames(decoded.reshaped([3, s[2], s[3], s[4]]), channelsFirst: true), s[4], s[3])
+        }
+        return (Self.rgbFrames(decoded), decoded.shape[3], decoded.shape[2])
+    }
+
+    /// A chunked component: its blocks once per piece of the input, the first piece through
+    /// the first variant, the state handed from each piece to the next, the output's pieces
+    /// joined (runtimes/python/pipeline.py _run_chunked).
+    func runChunked(_ comp: Manifest.Component, _ spec: Manifest.Chunked, _ whole: Tensor) throws -> Tensor {
+        guard spec.axis < whole.shape.count, whole.shape[spec.axis] % spec.size == 0 else {
+            throw RuntimeError.block("component \(comp.name): \(spec.input) of shape \(whole.shape) does not split into pieces of \(spec.size) along axis \(spec.axis)")
+        }
+        let count = whole.shape[spec.axis] / spec.size
+        var pieces: [Tensor] = [], state: [String: Tensor] = [:]
+        for i in 0..<count {
+            let piece = whole.slice(axis: spec.axis, (i * spec.size)..<((i + 1) * spec.size))
+            let next = i + 1 < count ? "\(comp.name)/\(comp.blocks[0].name)" : nil
+            let out = try run(comp.name, comp.blocks, state.merging([spec.input: piece]) { $1 },
+                              variant: i == 0 ? spec.firstVariant : nil, prefetchAfter: next)
+            guard let part = out[spec.output] else { throw RuntimeError.block("\(comp.name): gave no \(spec.output)") }
+            pieces.append(part)
+            state = [:]
+            for name in spec.state {
+                guard let value = out[name] else { throw RuntimeError.block("\(comp.name): gave no state \(name)") }
+                state[name] = value
+            }
+        }
+        return Tensor.concat(pieces, axis: spec.axis)
     }
 
     /// (1, C, T, h, w) -> (T, C, h, w): every frame through the decoder at once.
@@ -221,16 +302,21 @@ public final class EdgePipeline {
         return Tensor(shape: [frames, c, h, w], data: z)
     }
 
-    /// (T, 3, H, W) in [0, 1] -> per frame H x W x RGB bytes, rounded half to even as NumPy's
-    /// np.round (the Python runtime's frames).
-    static func rgbFrames(_ decoded: Tensor) -> [[UInt8]] {
-        let (frames, height, width) = (decoded.shape[0], decoded.shape[2], decoded.shape[3])
+    /// (T, 3, H, W) — or (3, T, H, W) with `channelsFirst` — in [0, 1] -> per frame H x W x RGB
+    /// bytes, rounded half to even as NumPy's np.round (the Python runtime's frames).
+    static func rgbFrames(_ decoded: Tensor, channelsFirst: Bool = false) -> [[UInt8]] {
+        let (frames, height, width) = channelsFirst ? (decoded.shape[1], decoded.shape[2], decoded.shape[3])
+            : (decoded.shape[0], decoded.shape[2], decoded.shape[3])
+        let plane = height * width
         return (0..<frames).map { ti in
-            var rgb = [UInt8](repeating: 0, count: height * width * 3)
-            for ch in 0..<3 { for p in 0..<(height * width) {
-                let value = decoded.data[(ti * 3 + ch) * height * width + p]
-                rgb[p * 3 + ch] = UInt8(max(0, min(255, (value * 255).rounded(.toNearestOrEven))))
-            } }
+            var rgb = [UInt8](repeating: 0, count: plane * 3)
+            for ch in 0..<3 {
+                let base = (channelsFirst ? ch * frames + ti : ti * 3 + ch) * plane
+                for p in 0..<plane {
+                    let value = decoded.data[base + p]
+                    rgb[p * 3 + ch] = UInt8(max(0, min(255, (value * 255).rounded(.toNearestOrEven))))
+                }
+            }
             return rgb
         }
     }

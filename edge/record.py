@@ -1,0 +1,181 @@
+"""`edge record`: one generation of a package, every block call written down (edge/bundle.py),
+for another runtime to check itself against.
+
+An onnx package runs in the Python runtime. An iphone package cannot run here (CoreML
+predicts on Apple platforms only), so its blocks run in PyTorch with the weights read back
+out of its programs, at its static shapes, as the exporter's validation runs them; the
+calls around the blocks (tokenizing, one caption per text-encoder call, guidance, the
+sampler, the decoder piece by piece) are the Python runtime's, the same the Swift runtime
+makes. The model the package was exported from is needed for that (its family's code
+builds the blocks): the shipped tiny-sora by default, or `model_folder`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import edge
+from edge.blocks import Block
+from edge.bundle import TensorFile, identify_bundle, write_bundle
+from edge.options import with_overrides
+from edge.package import PackageError, atomic_directory, read_package
+from edge.sampler import SamplerSettings
+from runtimes.python.pipeline import Pipeline
+
+RECORDED_WITH = {"onnx": "onnxruntime",
+                 "iphone": "pytorch (the package's stored weights, fp32)"}
+
+
+class RecordError(ValueError):
+    """A recording refused before anything ran; the message names the file or value."""
+
+
+class Recorder:
+    """Wraps a pipeline's block sessions so each block call is kept, in order, under the
+    loader's key ("component/block", "#variant" where a variant's graph ran)."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.calls: list[dict] = []
+        for comp in pipe.components.values():
+            records = dict(zip(comp.keys(), comp.blocks, strict=True))
+            for key, session in comp.sessions.items():
+                self._wrap(session, key, records[key])
+            for (key, variant), session in comp.variants.items():
+                self._wrap(session, f"{key}#{variant}", comp.variant_records[key, variant])
+
+    def _wrap(self, session, key: str, record: dict) -> None:
+        run, names = session.run, [s["name"] for s in record["inputs"]]
+
+        def recorded(output_names, feeds, *args, **kwargs):
+            outputs = run(output_names, feeds, *args, **kwargs)
+            self.calls.append({
+                "key": key, "inputs": {n: feeds[n] for n in names},
+                "outputs": {n.removeprefix("out:"): o
+                            for n, o in zip(output_names, outputs, strict=True)}})
+            return outputs
+
+        session.run = recorded
+
+
+class TorchBlockSession:
+    """A block of the family's device cut run in PyTorch, answering onnxruntime's `run`."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.dtypes = [e.dtype for e in block.example]
+
+    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        inputs = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(d)
+                  for n, d in zip(self.block.inputs, self.dtypes, strict=True)]
+        outputs = dict(zip(self.block.outputs, self.block.run(*inputs), strict=True))
+        return [outputs[n.removeprefix("out:")].numpy().astype(np.float32)
+                for n in output_names]
+
+
+def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | None
+                         ) -> Callable[[str, dict], TorchBlockSession]:
+    """`Pipeline.load`'s `open_block` for an iphone package: its blocks in PyTorch with the
+    weights stored in its programs."""
+    from edge.families import FamilyError, family_of, load_model
+    from exporters.coreml_check import model_with_stored_weights
+
+    source = model_folder or "the shipped tiny-sora"
+    video = manifest.get("video") or {}
+    try:
+        family = family_of(model_folder)
+        if family != manifest.get("family"):
+            raise FamilyError(f"{package}: exported from a {manifest.get('family')} model; "
+                              f"{source} is a {family} model: pass the folder it was "
+                              "exported from with --model")
+        model = load_model(model_folder, **({k: video[k] for k in ("height", "width", "frames")}
+                                            if model_folder is not None and video else {}))
+    except FamilyError as err:
+        raise RecordError(str(err)) from None
+    if model.latent_shape != tuple(manifest["latent_shape"]):
+        raise RecordError(
+            f"{package}: latents {manifest['latent_shape']}; {source} makes "
+            f"{list(model.latent_shape)}: pass the folder it was exported from with --model")
+    twin = model_with_stored_weights(model, package, manifest)
+    blocks = {b.key: b for bs in twin.cut(twin.shapes("iphone")).values() for b in bs}
+
+    def open_block(key: str, record: dict) -> TorchBlockSession:
+        base, _, variant = key.partition("#")
+        block = blocks[base]
+        return TorchBlockSession(block.variant(variant) if variant else block)
+
+    return open_block
+
+
+def record(package: Path, prompt: str, dest: Path, seed: int = 0,
+           latents: np.ndarray | None = None, negative_prompt: str | None = None,
+           overrides: dict | None = None, model_folder: Path | None = None) -> dict:
+    """Run one generation of `package` and write its bundle to `dest` (atomically); returns
+    the bundle's description (bundle.json without the calls)."""
+    package = Path(package)
+    try:
+        manifest = read_package(package)
+    except PackageError as err:
+        raise RecordError(str(err)) from None
+    target = manifest["target"]
+    if target not in RECORDED_WITH:
+        raise RecordError(f"{package}: a {target} package; edge record runs "
+                          f"{' and '.join(RECORDED_WITH)} packages")
+    if model_folder is not None and target != "iphone":
+        raise RecordError(f"--model {model_folder}: only an iphone package needs the model it "
+                          "was exported from (its blocks run in PyTorch)")
+    want = (1, *manifest["latent_shape"])
+    if latents is not None and (latents.shape != want or latents.dtype.kind != "f"):
+        raise RecordError(f"latents {latents.dtype} {tuple(latents.shape)}: {package} takes "
+                          f"float latents of shape {want} (batch, channels, frames, height, "
+                          "width; diffusers' layout)")
+    try:
+        settings = with_overrides(SamplerSettings.from_dict(manifest["sampler"]),
+                                  overrides or {}).to_dict()
+    except (TypeError, ValueError) as err:
+        raise RecordError(str(err)) from None
+    open_block = (stored_weight_blocks(package, manifest, model_folder)
+                  if target == "iphone" else None)
+    try:
+        pipe = Pipeline.load(package, open_block=open_block)
+    except PackageError as err:
+        raise RecordError(str(err)) from None
+    try:
+        recorder = Recorder(pipe)
+        extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
+        video = pipe.generate(prompt, seed=seed, latents=latents, **extra, **(overrides or {}))
+        noise = latents if latents is not None else _seed_noise(pipe, seed)
+        trace = pipe.last_run["sampler"]
+        negative = (negative_prompt if negative_prompt is not None
+                    else None if pipe.null_caption is not None else pipe.negative_prompt)
+    finally:
+        pipe.close()
+    tensors = TensorFile()
+    fields = {
+        "producer": f"edge {edge.__version__}",
+        "package": {"target": target, "model": manifest.get("model"),
+                    "manifest_sha256": manifest["manifest_sha256"]},
+        "recorded_with": RECORDED_WITH[target],
+        "prompt": prompt, "negative_prompt": negative,
+        "seed": None if latents is not None else seed, "settings": settings,
+        "latents": tensors.ref(np.asarray(noise, np.float32)),
+        "frames": tensors.ref(video[0]),
+        "trace": {k: trace[k] for k in ("calls", "transformer_calls", "leap_at",
+                                        "merged_calls")},
+    }
+    calls = [{"key": c["key"],
+              "inputs": {n: tensors.ref(a) for n, a in c["inputs"].items()},
+              "outputs": {n: tensors.ref(a) for n, a in c["outputs"].items()}}
+             for c in recorder.calls]
+    with atomic_directory(dest, identify=identify_bundle) as tmp:
+        write_bundle(tmp, {**fields, "calls": calls}, tensors)
+    return {**fields, "call_count": len(calls), "tensor_bytes": tensors.size}
+
+
+def _seed_noise(pipe: Pipeline, seed: int) -> np.ndarray:
+    from edge.sampler import initial_noise
+
+    return initial_noise(pipe.latent_shape, [seed])

@@ -1,0 +1,219 @@
+import EdgeCore
+@testable import EdgeRuntime
+import Foundation
+import XCTest
+
+/// A Wan 2.1 package (tiny, random weights) through the Swift pipeline, held to `edge record`
+/// bundles of it (tests/swift_replay.py write_wan): the Unigram tokenizer and Wan's prompt
+/// cleaning, the negative prompt, UniPC, TDTM, the leap, the step cache, the chunked causal
+/// decoder and the video latent layout must make every block call the Python side made,
+/// with the same inputs, and the same frames. Bundles of another package, truncated or
+/// changed ones, and ones whose calls are not this package's are refused by name.
+final class BundleTests: XCTestCase {
+    var scratch: URL!
+
+    override func setUpWithError() throws {
+        scratch = FileManager.default.temporaryDirectory.appendingPathComponent("edge-bundle-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: scratch) }
+
+    func wanFolder() throws -> URL {
+        guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else {
+            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest tests/test_swift_runtime.py` records the Wan bundles (they need the Python side) and runs these tests with them")
+        }
+        return URL(fileURLWithPath: path).appendingPathComponent("wan")
+    }
+
+    func bundle(_ name: String) throws -> ConformanceBundle {
+        try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("bundles").appendingPathComponent(name))
+    }
+
+    func assertRefused(_ what: String, _ words: [String], _ body: () throws -> Void,
+                       file: StaticString = #filePath, line: UInt = #line) {
+        XCTAssertThrowsError(try body(), what, file: file, line: line) { error in
+            for word in words {
+                XCTAssertTrue("\(error)".contains(word), "\(what): \"\(error)\" does not name \(word)", file: file, line: line)
+            }
+        }
+    }
+
+    func testEveryWanBundleReplaysWithTheSameCallsAndFrames() throws {
+        let package = try wanFolder().appendingPathComponent("package")
+        for name in ["seed", "negative_merge_leap", "step_cache"] {
+            let b = try bundle(name)
+            let replay = BundleReplay(b)
+            let pipe = try EdgePipeline(package: package, backend: replay)
+            let report = try pipe.run(b)
+            XCTAssertTrue(replay.finished, "\(name): Swift made \(replay.next) of \(b.calls.count) calls")
+            XCTAssertEqual(report.frameBytesDiffering, 0, "\(name): frame bytes differ")
+            let trace = report.frames!.trace
+            XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls, transformerCalls: trace.transformerCalls,
+                                                   mergedCalls: trace.mergedCalls, leapAt: trace.leapAt), b.trace, name)
+            XCTAssertLessThanOrEqual(replay.worstInputDifference, 1e-5, name)
+            print("bundle \(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+        }
+        // what the settings exercised: merging, a leap, skipped transformer calls
+        XCTAssertGreaterThan(try bundle("negative_merge_leap").trace.mergedCalls, 0)
+        XCTAssertNotNil(try bundle("negative_merge_leap").trace.leapAt)
+        let cached = try bundle("step_cache").trace
+        XCTAssertLessThan(cached.transformerCalls, cached.calls)
+    }
+
+    /// The same replay under a budget that streams blocks (the decoder's pieces reload).
+    func testAStreamedWanReplayIsTheSame() throws {
+        let package = try wanFolder().appendingPathComponent("package")
+        let b = try bundle("seed")
+        let replay = BundleReplay(b)
+        let manifest = try ManifestReader.decode(Data(contentsOf: package.appendingPathComponent("manifest.json")))
+        let largest = try EdgePipeline.entries(manifest, root: package).map(\.weightBytes).max()!
+        let pipe = try EdgePipeline(package: package, backend: replay, budget: largest + largest / 2)
+        let report = try pipe.run(b)
+        XCTAssertEqual(report.frameBytesDiffering, 0)
+        XCTAssertLessThanOrEqual(pipe.loader.stats.peakBytes, largest + largest / 2)
+        XCTAssertGreaterThan(pipe.loader.stats.unloads, 0, "nothing was streamed")
+    }
+
+    /// Per-block errors: zero where a block gives the recorded outputs, the perturbation
+    /// where one does not (the report can tell a wrong block).
+    func testBlockErrorsNameTheBlockThatDiffers() throws {
+        let package = try wanFolder().appendingPathComponent("package")
+        let b = try bundle("seed")
+        let exact = try EdgePipeline(package: package, backend: BundleReplay(b)).blockErrors(against: b)
+        XCTAssertEqual(Set(exact.map(\.key)).count, exact.count)
+        XCTAssertTrue(exact.contains { $0.key == "vae_decoder/up_1#first" })
+        XCTAssertEqual(exact.map(\.maxAbsError).max(), 0)
+        let off = try EdgePipeline(package: package, backend: Perturbed(BundleReplay(b), key: "transformer/block_1", by: 0.01))
+            .blockErrors(against: b)
+        for e in off {
+            XCTAssertEqual(e.maxAbsError, e.key == "transformer/block_1" ? 0.01 : 0, accuracy: 1e-6, e.key)
+        }
+        XCTAssertEqual(off.first { $0.key == "transformer/block_1" }?.calls, b.trace.calls)
+    }
+
+    func testRefusesABundleOfAnotherPackage() throws {
+        let package = try wanFolder().appendingPathComponent("package")
+        let other = try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
+        let pipe = try EdgePipeline(package: package, backend: BundleReplay(other))
+        assertRefused("other package", ["tiny_sora_bundle/bundle.json", "manifest digest"]) { _ = try pipe.run(other) }
+        assertRefused("other package, per block", ["manifest digest"]) { _ = try pipe.blockErrors(against: other) }
+    }
+
+    func copyOfBundle(_ name: String) throws -> URL {
+        let copy = scratch.appendingPathComponent(name)
+        try FileManager.default.copyItem(at: try wanFolder().appendingPathComponent("bundles").appendingPathComponent(name), to: copy)
+        return copy
+    }
+
+    func testRefusesATruncatedOrChangedBundle() throws {
+        let copy = try copyOfBundle("seed")
+        let tensors = copy.appendingPathComponent("tensors.bin")
+        let data = try Data(contentsOf: tensors)
+        try data.prefix(data.count - 8).write(to: tensors)
+        assertRefused("truncated", ["tensors.bin", "truncated"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        var changed = data
+        changed[changed.count - 1] ^= 0x40
+        try changed.write(to: tensors)
+        assertRefused("changed", ["tensors.bin", "sha256"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try FileManager.default.removeItem(at: copy.appendingPathComponent("bundle.json"))
+        assertRefused("no bundle.json", ["bundle.json", "missing"]) { _ = try ConformanceBundle(contentsOf: copy) }
+    }
+
+    /// A bundle.json edited by `change`, written back (the arrays untouched).
+    func edited(_ change: (inout [String: Any]) -> Void) throws -> ConformanceBundle {
+        let copy = scratch.appendingPathComponent("edited-\(UUID().uuidString)")
+        try FileManager.default.copyItem(at: try wanFolder().appendingPathComponent("bundles/seed"), to: copy)
+        let url = copy.appendingPathComponent("bundle.json")
+        var body = try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as! [String: Any]
+        change(&body)
+        try JSONSerialization.data(withJSONObject: body).write(to: url)
+        return try ConformanceBundle(contentsOf: copy)
+    }
+
+    func testRefusesCallsThatAreNotThisPackagesBlocks() throws {
+        let package = try wanFolder().appendingPathComponent("package")
+        let manifest = try ManifestReader.decode(Data(contentsOf: package.appendingPathComponent("manifest.json")))
+        func call(_ i: Int, _ change: @escaping (inout [String: Any]) -> Void) -> (inout [String: Any]) -> Void {
+            return { body in
+                var calls = body["calls"] as! [[String: Any]]
+                change(&calls[i])
+                body["calls"] = calls
+            }
+        }
+        let unknown = try edited(call(12, { $0["key"] = "transformer/block_9" }))
+        assertRefused("unknown block", ["bundle.json", "call 12", "transformer/block_9"]) { try unknown.check(manifest) }
+        let renamed = try edited(call(3, { c in
+            var inputs = c["inputs"] as! [String: Any]
+            inputs["mask"] = inputs.removeValue(forKey: "attention_mask")
+            c["inputs"] = inputs
+        }))
+        assertRefused("renamed input", ["call 3", "text_encoder/final", "mask"]) { try renamed.check(manifest) }
+        let reshaped = try edited(call(8, { c in
+            var inputs = c["inputs"] as! [String: Any]
+            var latent = inputs["latent"] as! [String: Any]
+            latent["shape"] = [1, 16, 3, 4, 6]
+            inputs["latent"] = latent
+            c["inputs"] = inputs
+        }))
+        assertRefused("reshaped input", ["call 8", "transformer/prologue", "latent", "[1, 16, 3, 4, 6]"]) { try reshaped.check(manifest) }
+    }
+
+    func testRefusesAnArrayOutsideTheTensorFile() throws {
+        assertRefused("outside", ["call 0", "input_ids", "outside tensors.bin"]) {
+            _ = try edited { body in
+                var calls = body["calls"] as! [[String: Any]]
+                var inputs = calls[0]["inputs"] as! [String: Any]
+                var ids = inputs["input_ids"] as! [String: Any]
+                ids["offset"] = 1 << 40
+                inputs["input_ids"] = ids
+                calls[0]["inputs"] = inputs
+                body["calls"] = calls
+            }
+        }
+    }
+
+    /// What the Python side refuses of a Wan manifest, the Swift runtime refuses too.
+    func testRefusesWhatThePythonSideRefusesOfAWanManifest() throws {
+        let raw = try Data(contentsOf: wanFolder().appendingPathComponent("bad_manifests.json"))
+        let cases = try JSONSerialization.jsonObject(with: raw) as! [[String: Any]]
+        XCTAssertEqual(cases.count, 4)
+        for c in cases {
+            let name = c["name"] as! String, words = c["names"] as! [String]
+            let python = c["python_error"] as! String
+            for word in words { XCTAssertTrue(python.contains(word), "\(name): Python's \"\(python)\" lacks \(word)") }
+            let data = try JSONSerialization.data(withJSONObject: c["manifest"]!)
+            assertRefused(name, words) { _ = try ManifestReader.decode(data) }
+        }
+    }
+
+    /// A tiny-sora bundle (learned null caption, frame-by-frame decoding) on its own package.
+    func testATinySoraBundleReplaysOnItsPackage() throws {
+        guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else { throw XCTSkip("EDGE_SWIFT_REPLAY is not set") }
+        let b = try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
+        XCTAssertNil(b.negativePrompt)
+        let replay = BundleReplay(b)
+        let pipe = try EdgePipeline(package: URL(fileURLWithPath: path).appendingPathComponent("package"), backend: replay)
+        let report = try pipe.run(b)
+        XCTAssertTrue(replay.finished)
+        XCTAssertEqual(report.frameBytesDiffering, 0)
+        XCTAssertGreaterThan(report.frames!.trace.mergedCalls, 0)
+    }
+}
+
+/// A backend whose block `key` answers `by` more than the recording on every output.
+final class Perturbed: BlockBackend {
+    let inner: BundleReplay, key: String, by: Float
+    init(_ inner: BundleReplay, key: String, by: Float) { self.inner = inner; self.key = key; self.by = by }
+    func load(_ entry: BlockEntry) throws -> LoadedBlock {
+        let block = try inner.load(entry)
+        return entry.key == key ? Shifted(block, by) : block
+    }
+    final class Shifted: LoadedBlock {
+        let block: LoadedBlock, by: Float
+        init(_ block: LoadedBlock, _ by: Float) { self.block = block; self.by = by }
+        func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] {
+            try block.predict(inputs).mapValues { Tensor(shape: $0.shape, data: $0.data.map { $0 + by }) }
+        }
+    }
+}
