@@ -14,8 +14,8 @@ Layout of the folder `write(...)` fills:
     package/            the iphone package (a copy: the Swift tests may not change it)
     replay/cases.json   [{"name", "prompt", "settings", "latents", "frames", "trace",
                           "calls": [{"key", "inputs": {name: ref}, "outputs": {name: ref}}]}]
-                        ref = {"shape": [...], "offset": float32 index into tensors.bin}
-    replay/tensors.bin  little-endian float32 values of every referenced array
+                        ref = {"dtype", "shape", "offset": bytes into tensors.bin}
+    replay/tensors.bin  every referenced array, little-endian (edge/bundle.py TensorFile)
     bad_manifests.json  [{"name", "manifest", "python_error", "names"}]: manifests the
                         Python side refuses, with its message and the words the Swift error
                         must contain too
@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.bundle import TensorFile
 from edge.package import MANIFEST, PackageError, read_package, write_manifest
+from edge.record import Recorder
 from edge.sampler import initial_noise
 from runtimes.python.pipeline import Pipeline, check_runnable
 
@@ -52,57 +54,6 @@ CASES = [
     ("second_prompt", "The blue box slides up!", 1, {"leap": True, "leap_after": 5,
                                                       "leap_steps": 1, "merge_steps": 2}),
 ]
-
-
-class Recorder:
-    """Wraps a pipeline's onnxruntime sessions so each block call is kept, in order."""
-
-    def __init__(self, pipe: Pipeline) -> None:
-        self.calls: list[dict] = []
-        for comp in pipe.components.values():
-            blocks = dict(zip(comp.keys(), comp.blocks, strict=True))
-            for key, session in comp.sessions.items():
-                self._wrap(session, key, blocks[key])
-            for (key, variant), session in comp.variants.items():
-                self._wrap(session, f"{key}#{variant}", blocks[key])
-
-    def _wrap(self, session, key: str, block: dict) -> None:
-        run, names = session.run, [s["name"] for s in block["inputs"]]
-
-        def recorded(output_names, feeds, *args, **kwargs):
-            outputs = run(output_names, feeds, *args, **kwargs)
-            self.calls.append({
-                "key": key, "inputs": {n: feeds[n] for n in names},
-                "outputs": {n.removeprefix("out:"): o for n, o in zip(output_names, outputs,
-                                                                       strict=True)}})
-            return outputs
-
-        session.run = recorded
-
-
-class TensorFile:
-    """float32 arrays appended to one buffer; an array object seen before (a block's output
-    fed on to the next block) is stored once."""
-
-    def __init__(self) -> None:
-        self.parts: list[np.ndarray] = []
-        self.size = 0
-        self.seen: dict[int, tuple[np.ndarray, dict]] = {}
-
-    def ref(self, array: np.ndarray) -> dict:
-        if id(array) in self.seen:
-            return self.seen[id(array)][1]
-        flat = np.ascontiguousarray(array, dtype="<f4").ravel()
-        ref = {"shape": list(array.shape), "offset": self.size}
-        self.parts.append(flat)
-        self.size += flat.size
-        self.seen[id(array)] = (array, ref)  # keeps `array` alive, so its id stays unique
-        return ref
-
-    def write(self, path: Path) -> None:
-        with open(path, "wb") as f:
-            for part in self.parts:
-                f.write(part.tobytes())
 
 
 def record_cases(onnx_package: Path, tensors: TensorFile) -> list[dict]:

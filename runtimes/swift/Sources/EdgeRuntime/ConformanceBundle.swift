@@ -116,19 +116,7 @@ public struct ConformanceBundle {
 
     /// An array as float32 (ids and bytes are exact in float32).
     public func tensor(_ ref: Ref) -> Tensor {
-        let count = ref.shape.reduce(1, *)
-        let values: [Float] = tensors.withUnsafeBytes { raw in
-            let base = raw.baseAddress!.advanced(by: ref.offset)
-            switch ref.dtype {
-            case "int32":
-                return (0..<count).map { Float(Int32(littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0, as: Int32.self))) }
-            case "uint8":
-                return (0..<count).map { Float(base.load(fromByteOffset: $0, as: UInt8.self)) }
-            default:
-                return (0..<count).map { Float(bitPattern: UInt32(littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0, as: UInt32.self))) }
-            }
-        }
-        return Tensor(shape: ref.shape, data: values)
+        Tensor(littleEndian: tensors, dtype: ref.dtype, shape: ref.shape, offset: ref.offset)
     }
 
     /// The package's sampler settings as the recording ran them (the bundle lists every field).
@@ -325,5 +313,25 @@ extension EdgePipeline {
             report.framesPSNR = 10 * log10(255 * 255 / (squared / Double(got.count)))
         }
         return report
+    }
+}
+
+extension Tensor {
+    /// `shape` values of `dtype` ("float32", "int32" or "uint8"; bounds checked by the
+    /// caller) at byte `offset` of little-endian `data`, as float32.
+    public init(littleEndian data: Data, dtype: String, shape: [Int], offset: Int) {
+        let count = shape.reduce(1, *)
+        let values: [Float] = data.withUnsafeBytes { raw in
+            let base = raw.baseAddress!.advanced(by: offset)
+            switch dtype {
+            case "int32":
+                return (0..<count).map { Float(Int32(littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0, as: Int32.self))) }
+            case "uint8":
+                return (0..<count).map { Float(base.load(fromByteOffset: $0, as: UInt8.self)) }
+            default:
+                return (0..<count).map { Float(bitPattern: UInt32(littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0, as: UInt32.self))) }
+            }
+        }
+        self.init(shape: shape, data: values)
     }
 }

@@ -7,7 +7,7 @@ import XCTest
 /// which passes their folder in EDGE_SWIFT_REPLAY): the iphone package, the Python runtime's
 /// recorded block calls, and manifests the Python side refuses.
 struct ReplayFixtures {
-    struct Ref { let shape: [Int]; let offset: Int }
+    struct Ref { let dtype: String; let shape: [Int]; let offset: Int }
     struct Call { let key: String; let inputs: [String: Ref]; let outputs: [String: Ref] }
     struct Case {
         let name: String, prompt: String
@@ -31,7 +31,8 @@ struct ReplayFixtures {
         let raw = try JSONSerialization.jsonObject(with: Data(contentsOf: replay.appendingPathComponent("cases.json"))) as! [[String: Any]]
         func ref(_ v: Any?) -> Ref {
             let d = v as! [String: Any]
-            return Ref(shape: (d["shape"] as! [NSNumber]).map(\.intValue), offset: (d["offset"] as! NSNumber).intValue)
+            return Ref(dtype: d["dtype"] as! String, shape: (d["shape"] as! [NSNumber]).map(\.intValue),
+                       offset: (d["offset"] as! NSNumber).intValue)
         }
         func refs(_ v: Any?) -> [String: Ref] { (v as! [String: Any]).mapValues(ref) }
         let cases = raw.map { c in
@@ -47,11 +48,7 @@ struct ReplayFixtures {
     }
 
     func tensor(_ ref: Ref) -> Tensor {
-        let count = ref.shape.reduce(1, *)
-        let values = tensors.withUnsafeBytes { raw in
-            Array(UnsafeBufferPointer(start: raw.baseAddress!.advanced(by: ref.offset * 4).assumingMemoryBound(to: Float.self), count: count))
-        }
-        return Tensor(shape: ref.shape, data: values)
+        Tensor(littleEndian: tensors, dtype: ref.dtype, shape: ref.shape, offset: ref.offset)
     }
 
     /// A case's sampler overrides applied to the package's settings, through the settings'
