@@ -378,6 +378,11 @@ def export(
     quantize: Annotated[str | None, typer.Option(
         help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized) or 4 "
         "(mostly 4-bit palettized, the transformer int8) [default: fp16].")] = None,
+    min_ios: Annotated[int | None, typer.Option(
+        help="iphone: the oldest iOS the package runs on. 18: a block and its variants (TDTM, "
+        "the decoder's first pieces) are the functions of one multifunction .mlpackage "
+        "sharing one weight file; 17: each variant is an .mlpackage of its own with a copy "
+        "of the weights [default: 18].")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a package already at the destination.")] = False,
     height: Annotated[int | None, typer.Option(
@@ -412,7 +417,8 @@ def export(
         check_target(family, target)
         check_options(family, size_options)
         options = ExportOptions(memory_budget=_budget_option(memory_budget),
-                                quantize=quantize, ort_url=ort_url, bundle_ort=bundle_ort)
+                                quantize=quantize, min_ios=min_ios, ort_url=ort_url,
+                                bundle_ort=bundle_ort)
         exporter.check(options)
     except (FamilyError, ExportOptionError) as err:
         fail(str(err))

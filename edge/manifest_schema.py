@@ -299,18 +299,79 @@ def _check_sampler(sampler: dict) -> None:
 
 # CoreML's MLComputeUnits, as the Swift runtime names them
 COREML_COMPUTE_UNITS = ("all", "cpuOnly", "cpuAndGPU", "cpuAndNeuralEngine")
+# how an iphone package stores a block's variants (`coreml.layout`; absent: "separate"):
+# "separate", each variant a program of its own (iOS 17); "multifunction", a block and its
+# variants the functions of one program sharing one weight file (iOS 18: a runtime loads a
+# function by name, MLModelConfiguration.functionName)
+COREML_LAYOUTS = {"separate": 17, "multifunction": 18}   # layout -> the least iOS it needs
+_IOS = re.compile(r"iOS(\d+)")
+_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_functions(block: dict, variants: dict, layout: str, at: str) -> None:
+    """Which program (and which function of it) a block and each of its variants run.
+    Separate: no `function`, and a variant never the block's own program (it would run the
+    block's graph). Multifunction: a block with variants names its function, and each variant
+    names another function of the block's program."""
+    records = [(at, block)] + [(f"{at} variant {n}", v) for n, v in variants.items()]
+    for place, record in records:
+        if "function" not in record:
+            continue
+        function = require(record, "function", str, place)
+        if layout != "multifunction":
+            raise PackageError(f"{place}: function {function!r} in a {layout!r} layout (only "
+                               "a multifunction program has functions to choose from)")
+        if not _FUNCTION.fullmatch(function):
+            raise PackageError(f"{place}: function {function!r} is not a CoreML function "
+                               "name")
+    if not variants:
+        return
+    if layout == "separate":
+        for name, record in variants.items():
+            if record["model"] == block["model"]:
+                raise PackageError(f"{at} variant {name}: model {record['model']!r} is the "
+                                   "block's own program; in the separate layout each variant "
+                                   "is a program of its own")
+        return
+    if "function" not in block:
+        raise PackageError(f"{at}: a block with variants in the multifunction layout must name "
+                           "its function of the shared program (field 'function')")
+    seen = {block["function"]: "the block"}
+    for name, record in variants.items():
+        place = f"{at} variant {name}"
+        if record["model"] != block["model"]:
+            raise PackageError(f"{place}: model {record['model']!r} is not the block's "
+                               f"{block['model']!r}; in the multifunction layout a variant is "
+                               "a function of its block's program")
+        if "function" not in record:
+            raise PackageError(f"{place}: missing field 'function' (which function of "
+                               f"{block['model']} it runs)")
+        if record["function"] in seen:
+            raise PackageError(f"{place}: function {record['function']!r} is also "
+                               f"{seen[record['function']]}'s")
+        seen[record["function"]] = f"variant {name}"
 
 
 def _check_coreml(manifest: dict) -> None:
     """An iphone package: its `coreml` settings, and every block's (and variant's) program
-    is a listed `.mlpackage` folder holding the block's graph and weights files."""
+    is a listed `.mlpackage` folder holding the block's graph and weights files, with the
+    function it runs where the layout has functions."""
     where = f"{MANIFEST} coreml"
     coreml = require(manifest, "coreml", dict, MANIFEST)
     units = require(coreml, "compute_units", str, where)
     if units not in COREML_COMPUTE_UNITS:
         raise PackageError(f"{where}: compute_units {units!r}; known: "
                            f"{', '.join(COREML_COMPUTE_UNITS)}")
-    require(coreml, "minimum_deployment_target", str, where)
+    target = require(coreml, "minimum_deployment_target", str, where)
+    ios = _IOS.fullmatch(target)
+    if not ios:
+        raise PackageError(f"{where}: minimum_deployment_target {target!r} is not iOS<n>")
+    layout = require(coreml, "layout", str, where) if "layout" in coreml else "separate"
+    if layout not in COREML_LAYOUTS:
+        raise PackageError(f"{where}: layout {layout!r}; known: {', '.join(COREML_LAYOUTS)}")
+    if int(ios.group(1)) < COREML_LAYOUTS[layout]:
+        raise PackageError(f"{where}: layout {layout!r} needs iOS{COREML_LAYOUTS[layout]} or "
+                           f"later, but minimum_deployment_target is {target!r}")
     require(coreml, "output_prefix", str, where)
     for comp in manifest["components"]:
         for block in comp["blocks"]:
@@ -327,6 +388,7 @@ def _check_coreml(manifest: dict) -> None:
                     if not (path.startswith(model + "/") and path in listed):
                         raise PackageError(f"{place}: {field} {path!r} is not a listed file "
                                            f"inside {model}")
+            _check_functions(block, variants, layout, at)
 
 
 def manifest_digest(manifest: dict) -> str:

@@ -39,6 +39,7 @@ class ExportOptions:
 
     memory_budget: int | None = None   # bytes
     quantize: str | None = None        # iphone: fp16, 8, 6, 4
+    min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
     ort_url: str | None = None         # web: where the page loads onnxruntime-web
     bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
 
@@ -80,6 +81,7 @@ def target(name: str) -> ModuleType:
 
 
 _OWNED = {"quantize": "--quantize applies to --target iphone, not {}",
+          "min_ios": "--min-ios applies to --target iphone, not {}",
           "ort_url": "--ort-url and --bundle-ort apply to --target web, not {}",
           "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",
           "memory_budget": "--memory-budget is not built for --target {} yet"}

@@ -1,13 +1,13 @@
 """`edge export --target iphone`: one CoreML ML Program (`.mlpackage`) per block.
 
 Each block of `edge.blocks` is captured with `torch.export` (coremltools 9 cannot convert
-some `jit.trace` graphs under numpy 2.4), converted to an ML Program for iOS 17 with fp16
-compute, optionally compressed with `coremltools.optimize.coreml`, and saved. Shapes are
+some `jit.trace` graphs under numpy 2.4), converted to an ML Program with fp16 compute,
+optionally compressed with `coremltools.optimize.coreml`, and saved. Shapes are
 static, as the Neural Engine wants them, and the family's for the device
 (`FamilyModel.shapes("iphone")`): one prompt (text encoder batch 1), the guidance batch of 2
 for the transformer, and the decoder's pieces (tiny-sora: every frame of one video at once;
 Wan: one latent frame of one video, the decoder chunked with its caches as inputs and
-outputs and a "first" program for the first frame). A block coremltools cannot convert (an
+outputs and a "first" variant for the first frame). A block coremltools cannot convert (an
 op it lacks, a tensor above rank 5) is refused naming the block and the op.
 
 Compression (`quantize`, `COMPRESSIONS`): "fp16" keeps fp16 weights; "8" is int8 linear
@@ -21,19 +21,33 @@ cutting it would, and no block is left uncompressed (tested: a pair's base and T
 programs, two graphs over the same tensors, store byte-identical compressed weights).
 Tensors under `WEIGHT_THRESHOLD` elements (norms, biases) stay fp16, coremltools' default.
 
+Layouts (`--min-ios`, LAYOUTS): a block's variants (TDTM, a chunked component's `first`
+piece) are other graphs over the block's very tensors. For iOS 18 (the default) a block and
+its variants are the functions of one multifunction `.mlpackage` ("main" the block's own,
+each variant under its name), which coremltools' `save_multifunction` writes with one weight
+file, every tensor the functions share stored once. For iOS 17, which cannot load a function
+by name, each variant is an `.mlpackage` of its own carrying a copy of the weights (the
+"separate" layout). Every program of an iOS 18 package is converted for iOS 18: coremltools
+cannot merge iOS 17 palettized programs (it re-reads them with iOS 18's
+`constexpr_lut_to_dense`, which has no `shape` input).
+
 CoreML cannot predict on Linux, so validation here is (1) structural: the saved programs'
 inputs, outputs, shapes and dtypes match the manifest and chain block to block; and (2)
 numeric: each block's weights are read back out of its `.mlpackage` (exporters.coreml_weights)
 and run in the PyTorch reference block against fp32 (max-abs error), and the whole pipeline
 with those weights renders the validation prompt for a PSNR against fp32 PyTorch
-(exporters.coreml_check). Compiling to `.mlmodelc` needs macOS (Xcode or the app at run
-time); this exporter writes `.mlpackage` only.
+(exporters.coreml_check); in a multifunction package, function by function. Compiling to
+`.mlmodelc` needs macOS (Xcode or the app at run time); this exporter writes `.mlpackage`
+only, without the ExecuTorch debug-handle map coremltools saves beside a torch.export
+program (`executorch_debug_handle_mapping.json`, no part of the CoreML model).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import re
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +62,7 @@ from edge.blocks import Block
 from edge.families import FamilyModel
 from edge.package import atomic_directory, file_entry, write_manifest
 from exporters import ExportValidationError
-from exporters.coreml_weights import import_coremltools
+from exporters.coreml_weights import MAIN, import_coremltools
 from exporters.package_head import manifest_head
 
 WEIGHT_THRESHOLD = 2048       # coremltools' default: smaller tensors are not compressed
@@ -56,6 +70,44 @@ OUTPUT_PREFIX = "out_"        # a program may not use one name as input and outp
 COMPUTE_UNITS = "cpuAndNeuralEngine"   # what the Swift runtime asks MLModel for by default
 MACOS_ONLY_NOTE = (".mlmodelc compilation needs macOS: Xcode compiles bundled .mlpackage "
                    "files, or the app calls MLModel.compileModel(at:) on device")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a package stores a block's variants, and the oldest iOS that loads it."""
+
+    name: str                  # the manifest's coreml.layout
+    min_ios: int
+    text: str                  # for the summary
+
+    @property
+    def deployment_target(self) -> str:
+        return f"iOS{self.min_ios}"
+
+
+LAYOUTS = {18: Layout("multifunction", 18, "a block's variants are functions of its "
+                      ".mlpackage, sharing its weight file"),
+           17: Layout("separate", 17, "each variant is an .mlpackage of its own, with a copy "
+                      "of its block's weights")}
+DEFAULT_MIN_IOS = 18
+DEBUG_MAP = "executorch_debug_handle_mapping.json"
+_FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def layout(min_ios: int) -> Layout:
+    """The layout of `--min-ios min_ios`, or a ValueError naming the known ones."""
+    if min_ios not in LAYOUTS:
+        raise ValueError(f"--min-ios {min_ios!r} not understood; use "
+                         f"{' or '.join(str(k) for k in LAYOUTS)} (18: a block and its variants "
+                         "as one multifunction .mlpackage; 17: one .mlpackage per variant)")
+    return LAYOUTS[min_ios]
+
+
+def deployment_target(quantize: str, min_ios: int) -> str:
+    """The package's iOS: the later of what the setting's stored forms need and what the
+    layout needs."""
+    need = int(compression(quantize).deployment_target.removeprefix("iOS"))
+    return f"iOS{max(need, layout(min_ios).min_ios)}"
 
 
 def cut_for_device(model: FamilyModel) -> dict[str, list[Block]]:
@@ -149,7 +201,8 @@ COMPRESSIONS = {c.setting: c for c in (
     # grow over the denoising steps and in the text encoder steer every step, while the VAE's
     # show once in the frames; the bytes are mostly the text encoder's (MiniLM's embedding
     # table alone is 46% of them). So: the table at 4 bits, the encoder layers at 6, the
-    # transformer at 8, the VAE at 4 - 5.4 bits per weight, >= 6x smaller than fp32.
+    # transformer at 8, the VAE at 4 - 5.4 bits per weight: weight files 6.06x smaller than
+    # fp32, the whole package 5.6x (iOS 18 layout; 5.0x for iOS 17's variant copies).
     Compression("4", "iOS17", (
         ("text_encoder/embeddings", palettized(4)),
         ("text_encoder/*", palettized(6)),
@@ -193,11 +246,13 @@ def unconvertible(err: Exception) -> str:
     return unsupported or (lines[-1] if lines else type(err).__name__)
 
 
-def convert_module(module: nn.Module, block: Block, quantize: str):
-    """torch.export -> ML Program (fp16 compute, the setting's iOS) -> compressed; an unsaved
+def convert_module(module: nn.Module, block: Block, quantize: str,
+                   min_ios: int = DEFAULT_MIN_IOS):
+    """torch.export -> ML Program (fp16 compute, the package's iOS) -> compressed; an unsaved
     MLModel."""
     ct = import_coremltools()
     setting = compression(quantize)
+    target = deployment_target(quantize, min_ios)
 
     example = tuple(t.contiguous() for t in block.example)  # CoreML wants contiguous inputs
     # coremltools draws its own progress bars per conversion pass; the export shows one bar
@@ -208,7 +263,7 @@ def convert_module(module: nn.Module, block: Block, quantize: str):
         try:
             model = ct.convert(
                 program, convert_to="mlprogram",
-                minimum_deployment_target=getattr(ct.target, setting.deployment_target),
+                minimum_deployment_target=getattr(ct.target, target),
                 compute_precision=ct.precision.FLOAT16,
                 inputs=[ct.TensorType(name=n, shape=tuple(t.shape), dtype=_coreml_dtype(t))
                         for n, t in zip(block.inputs, example, strict=True)],
@@ -241,14 +296,36 @@ def weights_file_bytes(mlpackage: Path) -> int:
     return sum(p.stat().st_size for p in mlpackage.rglob("weight*.bin"))
 
 
-def export_model(module: nn.Module, block: Block, root: Path, relative: str, quantize: str,
-                 reference: tuple[torch.Tensor, ...]) -> dict:
-    """Convert, compress and save one program; check its weights numerically."""
+def save_program(model, path: Path) -> None:
+    """Save an MLModel as an .mlpackage, less coremltools' ExecuTorch debug map."""
+    model.save(str(path))
+    (path / DEBUG_MAP).unlink(missing_ok=True)
+
+
+def save_functions(programs: dict[str, Path], path: Path) -> None:
+    """Saved single-function programs as the functions of one multifunction .mlpackage
+    (`programs`: function name -> program; the first is the default): coremltools writes
+    one weight file, each tensor the functions share once."""
+    ct = import_coremltools()
+    desc = ct.utils.MultiFunctionDescriptor()
+    for name, program in programs.items():
+        desc.add_function(str(program), MAIN, name)
+    desc.default_function_name = next(iter(programs))
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        ct.utils.save_multifunction(desc, str(path))
+    (path / DEBUG_MAP).unlink(missing_ok=True)
+
+
+def program_record(root: Path, relative: str, module: nn.Module, block: Block,
+                   reference: tuple[torch.Tensor, ...], function: str | None = None,
+                   tensors: dict[str, int] | None = None) -> dict:
+    """The manifest record of one saved program (or one function of it), with its weights
+    read back and checked numerically. `tensors`: filled with the distinct tensors the
+    program stores (digest -> elements), for the fp32 reference of the package's size."""
     from exporters.coreml_check import block_numerics
 
     path = root / relative
-    path.parent.mkdir(parents=True, exist_ok=True)
-    convert_module(module, block, quantize).save(str(path))
     files = package_files(root, path)
     # the program's spec and its weights file, under the package format's `graph`/`weights`
     # (CoreML reads the weights itself, so there is no tensor table)
@@ -259,40 +336,71 @@ def export_model(module: nn.Module, block: Block, root: Path, relative: str, qua
         raise ExportValidationError(f"{path}: the saved program lacks {spec}")
     if weights not in listed:  # every weight small enough to sit inline in the spec
         weights = spec
-    return {"model": relative, "files": files, "graph": spec,
-            "weights": {"path": weights, "tensors": []},
-            "weight_bytes": weights_file_bytes(path),
-            "validation": block_numerics(path, module, block, reference)}
+    record = {"model": relative} | ({"function": function} if function else {})
+    return record | {"files": files, "graph": spec,
+                     "weights": {"path": weights, "tensors": []},
+                     "weight_bytes": weights_file_bytes(path),
+                     "validation": block_numerics(path, module, block, reference,
+                                                  function or MAIN, tensors)}
 
 
-def export_block(block: Block, root: Path, quantize: str) -> dict:
+def export_block(block: Block, root: Path, quantize: str,
+                 min_ios: int = DEFAULT_MIN_IOS) -> dict:
+    """Convert, compress and save a block and its variants (as the layout of `min_ios`
+    stores them); check each program's weights numerically. The record's
+    `reference_weight_bytes`: the fp32 bytes of the distinct tensors the block's programs
+    store (its parameters and the tables the converter computed from them, each once)."""
     reference = block.run(*block.example)
     base = f"models/{block.component}/{block.name}"
+    variants = {name: block.variant(name) for name in block.variants}  # own signatures
+    refused = [n for n in variants if n == MAIN or not _FUNCTION_NAME.fullmatch(n)]
+    if refused:
+        raise ExportValidationError(f"block {block.key}: variant name {refused[0]!r} cannot "
+                                    f"name a CoreML function (a letter or _, then letters, "
+                                    f"digits or _; not {MAIN!r})")
+    outputs = {name: v.run(*v.example) for name, v in variants.items()}
+    tensors: dict[str, int] = {}
+    path = root / f"{base}.mlpackage"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shared = bool(variants) and layout(min_ios).name == "multifunction"
+    if shared:  # one program, a function per graph, one weight file
+        with tempfile.TemporaryDirectory(prefix="edge-coreml-") as tmp:
+            parts = {MAIN: Path(tmp) / f"{MAIN}.mlpackage"}
+            save_program(convert_module(block.module, block, quantize, min_ios), parts[MAIN])
+            for name, variant in variants.items():
+                parts[name] = Path(tmp) / f"{name}.mlpackage"
+                save_program(convert_module(variant.module, variant, quantize, min_ios),
+                             parts[name])
+            save_functions(parts, path)
+    else:
+        save_program(convert_module(block.module, block, quantize, min_ios), path)
     record = {"name": block.name}
-    record |= export_model(block.module, block, root, f"{base}.mlpackage", quantize,
-                           reference)
-    record["reference_weight_bytes"] = block.weight_bytes()
+    record |= program_record(root, f"{base}.mlpackage", block.module, block, reference,
+                             MAIN if shared else None, tensors)
     record["inputs"] = signature(block.inputs, block.example)
     record["outputs"] = signature(block.outputs, reference)
-    if block.variants:
+    if variants:
         # the runtime loads a variant instead of the base program, never both
         record["variants"] = {}
-        for name, found in block.variants.items():
-            variant = block.variant(name)  # its own signature where it declares one
-            out = variant.run(*variant.example)
-            entry = export_model(variant.module, variant, root, f"{base}.{name}.mlpackage",
-                                 quantize, out)
-            if isinstance(found, Block):  # e.g. a chunked component's first piece
+        for name, variant in variants.items():
+            relative = f"{base}.mlpackage" if shared else f"{base}.{name}.mlpackage"
+            if not shared:
+                save_program(convert_module(variant.module, variant, quantize, min_ios),
+                             root / relative)
+            entry = program_record(root, relative, variant.module, variant, outputs[name],
+                                   name if shared else None, tensors)
+            if isinstance(block.variants[name], Block):  # e.g. a chunked component's first
                 entry["inputs"] = signature(variant.inputs, variant.example)
-                entry["outputs"] = signature(variant.outputs, out)
+                entry["outputs"] = signature(variant.outputs, outputs[name])
             record["variants"][name] = entry
-            # the block's files are all it may load, so a package check covers variants too
-            record["files"] = record["files"] + entry["files"]
+            if not shared:  # the block's files are all it may load: a variant's are among them
+                record["files"] = record["files"] + entry["files"]
+    record["reference_weight_bytes"] = 4 * sum(tensors.values())
     return record
 
 
 def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
-                  model_name: str | None = None,
+                  model_name: str | None = None, min_ios: int = DEFAULT_MIN_IOS,
                   components: dict[str, list[Block]] | None = None,
                   on_block: Callable[[str], None] | None = None,
                   validate_end_to_end: Callable[[Path, dict], dict] | None = None) -> dict:
@@ -302,14 +410,16 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
     match the manifest or the blocks do not chain."""
     from exporters.coreml_check import check_structure
 
-    compression(quantize)  # refuse a bad setting before converting anything
+    compression(quantize)  # refuse a bad setting or layout before converting anything
+    layout(min_ios)
     components = components or cut_for_device(model)
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "iphone", model_name or model.name,
                                  raw_null_caption=True)
         manifest["coreml"] = {
             "format": "mlprogram",
-            "minimum_deployment_target": compression(quantize).deployment_target,
+            "minimum_deployment_target": deployment_target(quantize, min_ios),
+            "layout": layout(min_ios).name,
             "compute_precision": "float16", "compute_units": COMPUTE_UNITS,
             "output_prefix": OUTPUT_PREFIX, "compression": compression_record(quantize),
             "compiled": False, "note": MACOS_ONLY_NOTE}
@@ -317,7 +427,7 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
         for name, blocks in components.items():
             records = []
             for block in blocks:
-                records.append(export_block(block, root, quantize))
+                records.append(export_block(block, root, quantize, min_ios))
                 if on_block:
                     on_block(block.key)
             component = {"name": name, "blocks": records}

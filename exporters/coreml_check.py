@@ -1,9 +1,11 @@
 """Validation of a CoreML package on a machine where CoreML cannot predict (Linux).
 
 Structural: each saved program's inputs and outputs (names, shapes, dtypes, read from its
-spec) are the ones the manifest records, and the blocks chain: every input is an input of
-the component or an output of an earlier block with the same shape and dtype, and the
-components fit one another (caption tokens, latents, frames).
+spec; in a multifunction program, the function's) are the ones the manifest records, a
+multifunction program holds exactly the functions the manifest names in it (the block's own
+the default), and the blocks chain: every input is an input of the component or an output
+of an earlier block with the same shape and dtype, and the components fit one another
+(caption tokens, latents, frames).
 
 Numeric: each program's weights, read back out of the `.mlpackage` and decompressed
 (exporters.coreml_weights), run in the PyTorch reference block on its example inputs and are
@@ -27,7 +29,14 @@ from edge.blocks import Block
 from edge.families import FamilyModel
 from edge.manifest_schema import as_variant
 from exporters import ExportValidationError
-from exporters.coreml_weights import import_coremltools, read_parameters
+from exporters.coreml_weights import (
+    MAIN,
+    import_coremltools,
+    mil_constants,
+    program_functions,
+    read_parameters,
+    tensor_sizes,
+)
 
 VALIDATION_PROMPT = "a red circle moving left"
 # the least end-to-end PSNR (dB) against fp32 each setting must reach, else the export fails
@@ -48,10 +57,16 @@ def snr(got: np.ndarray, want: np.ndarray) -> float:
     return float("inf") if mse == 0 else float(10 * np.log10(want.var() / mse))
 
 
-def program_interface(mlpackage: Path) -> tuple[list[dict], list[dict]]:
-    """(inputs, outputs) of a saved program as {"name", "dtype", "shape"} records."""
+def program_interface(mlpackage: Path, function: str = MAIN) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) of a saved program (of its function `function`) as {"name",
+    "dtype", "shape"} records."""
     ct = import_coremltools()
     spec = ct.models.MLModel(str(mlpackage), skip_model_load=True).get_spec()
+    functions = {f.name: f for f in spec.description.functions}
+    if functions and function not in functions:
+        raise ValueError(f"{mlpackage}: no function {function!r} (it has "
+                         f"{', '.join(functions)})")
+    described = functions.get(function, spec.description)
 
     def records(features) -> list[dict]:
         out = []
@@ -61,12 +76,16 @@ def program_interface(mlpackage: Path) -> tuple[list[dict], list[dict]]:
                         "shape": [int(d) for d in array.shape]})
         return out
 
-    return records(spec.description.input), records(spec.description.output)
+    return records(described.input), records(described.output)
 
 
-def _interface_problems(root: Path, where: str, model: str, block: dict,
+def _interface_problems(root: Path, where: str, record: dict, block: dict,
                         prefix: str) -> list[str]:
-    inputs, outputs = program_interface(root / model)
+    try:
+        inputs, outputs = program_interface(root / record["model"],
+                                            record.get("function", MAIN))
+    except ValueError as err:
+        return [f"{where}: {err}"]
     want_out = [{**s, "name": prefix + s["name"]} for s in block["outputs"]]
     problems = []
     if inputs != block["inputs"]:
@@ -80,6 +99,24 @@ def _interface_problems(root: Path, where: str, model: str, block: dict,
         if got["shape"] and got["shape"] != want["shape"]:
             problems.append(f"{where}: output {want['name']} has shape {got['shape']}, the "
                             f"manifest says {want['shape']}")
+    return problems
+
+
+def _function_problems(root: Path, where: str, block: dict) -> list[str]:
+    """A program's functions are the ones the manifest names in it, its default the
+    block's own."""
+    named: dict[str, list[str]] = {}   # model -> functions the manifest runs in it
+    for record in [block, *block.get("variants", {}).values()]:
+        named.setdefault(record["model"], []).append(record.get("function", MAIN))
+    problems = []
+    for model, want in named.items():
+        have, default = program_functions(root / model)
+        if sorted(have) != sorted(want):
+            problems.append(f"{where}: {model} holds functions {sorted(have)}, the manifest "
+                            f"names {sorted(want)}")
+        elif default != want[0]:
+            problems.append(f"{where}: {model}'s default function is {default!r}, not the "
+                            f"block's {want[0]!r}")
     return problems
 
 
@@ -114,11 +151,11 @@ def check_structure(root: Path, manifest: dict) -> list[str]:
     for comp in manifest["components"]:
         for block in comp["blocks"]:
             where = f"block {comp['name']}/{block['name']}"
-            problems += _interface_problems(root, where, block["model"], block, prefix)
+            problems += _interface_problems(root, where, block, block, prefix)
             for vname, variant in block.get("variants", {}).items():
-                problems += _interface_problems(root, f"{where} variant {vname}",
-                                                variant["model"], as_variant(block, vname),
-                                                prefix)
+                problems += _interface_problems(root, f"{where} variant {vname}", variant,
+                                                as_variant(block, vname), prefix)
+            problems += _function_problems(root, where, block)
         carried = set(comp.get("chunked", {}).get("state", []))
         found, tensors[comp["name"]] = _chain_problems(comp["name"], comp["blocks"], carried)
         problems += found
@@ -150,10 +187,16 @@ def check_structure(root: Path, manifest: dict) -> list[str]:
 
 @torch.no_grad()
 def block_numerics(mlpackage: Path, module: nn.Module, block: Block,
-                   reference: tuple[torch.Tensor, ...]) -> dict:
-    """The program's stored weights run in the PyTorch block against fp32 `reference`."""
+                   reference: tuple[torch.Tensor, ...], function: str = MAIN,
+                   tensors: dict[str, int] | None = None) -> dict:
+    """The weights stored in the program (its function `function`) run in the PyTorch block
+    against fp32 `reference`. `tensors`: updated with the distinct tensors the function
+    stores (exporters.coreml_weights.tensor_sizes)."""
     params = {n: p.detach() for n, p in module.named_parameters()}
-    stored, how = read_parameters(mlpackage, params)
+    constants = mil_constants(mlpackage, function)
+    if tensors is not None:
+        tensors.update(tensor_sizes(constants))
+    stored, how = read_parameters(mlpackage, params, function, constants)
     weight_error = max((float((stored[n] - p).abs().max()) for n, p in params.items()),
                        default=0.0)
     out = torch.func.functional_call(module, stored, block.example)
@@ -174,7 +217,8 @@ def model_with_stored_weights(model: FamilyModel, root: Path, manifest: dict) ->
             block = blocks[f"{comp['name']}/{record['name']}"]
             params = dict(block.module.named_parameters())
             stored, _ = read_parameters(root / record["model"],
-                                        {n: p.detach() for n, p in params.items()})
+                                        {n: p.detach() for n, p in params.items()},
+                                        record.get("function", MAIN))
             with torch.no_grad():
                 for n, p in params.items():
                     p.copy_(stored[n])

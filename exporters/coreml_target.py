@@ -1,8 +1,10 @@
 """`edge export --target iphone`: the family's blocks at the device's shapes, one CoreML
-program each (exporters/coreml.py), validated (structure, then the stored weights in PyTorch
-against fp32, end to end against the family's reference); the summary says what the
-compression cost: package size, weight bytes against fp32, the worst block error and the
-end-to-end PSNR.
+program each (exporters/coreml.py; for iOS 18, `--min-ios 18`, the default, a block and its
+variants as the functions of one multifunction program, for `--min-ios 17` a program per
+variant), validated (structure, then the stored weights in PyTorch against fp32, end to end
+against the family's reference); the summary says what the compression cost: the whole
+package on disk against the fp32 bytes of the tensors it stores, the worst block error and
+the end-to-end PSNR.
 """
 
 from __future__ import annotations
@@ -19,22 +21,35 @@ from exporters import (
     inputs_text,
     refuse_others,
 )
-from exporters.coreml import MACOS_ONLY_NOTE, WEIGHT_THRESHOLD, compression
+from exporters.coreml import (
+    DEFAULT_MIN_IOS,
+    LAYOUTS,
+    MACOS_ONLY_NOTE,
+    WEIGHT_THRESHOLD,
+    compression,
+    layout,
+)
 
 NAME = "iphone"
 
 
+def _min_ios(options: ExportOptions) -> int:
+    return DEFAULT_MIN_IOS if options.min_ios is None else options.min_ios
+
+
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"quantize"})
+    refuse_others(NAME, options, {"quantize", "min_ios"})
     try:
         compression(options.quantize or "fp16")
+        layout(_min_ios(options))
     except ValueError as err:
         raise ExportOptionError(str(err)) from None
 
 
 def folder_name(model_name: str, options: ExportOptions) -> str:
-    quantize = options.quantize or "fp16"
-    return f"{model_name}-{NAME}" + ("" if quantize == "fp16" else f"-q{quantize}")
+    quantize, min_ios = options.quantize or "fp16", _min_ios(options)
+    return (f"{model_name}-{NAME}" + ("" if quantize == "fp16" else f"-q{quantize}")
+            + ("" if min_ios == DEFAULT_MIN_IOS else f"-ios{min_ios}"))
 
 
 def package_bytes(root: Path) -> int:
@@ -46,21 +61,22 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     stored bytes at the setting (the --dry-run table)."""
     from exporters.coreml import cut_for_device
 
-    quantize = options.quantize or "fp16"
+    quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
+    copies = chosen.name == "separate"   # each variant's program holds its own copy
     components = cut_for_device(model)
     lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs"]
     total = estimate = 0
     for blocks in components.values():
         for block in blocks:
-            est = estimated_bytes(block, quantize)
+            est = estimated_bytes(block, quantize) * (1 + copies * len(block.variants))
             total, estimate = total + block.weight_bytes(), estimate + est
             shapes = inputs_text(block)
             extra = f" (+{', '.join(block.variants)} variant)" if block.variants else ""
             lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
                          f"{est / 1e6:>10.2f}  {shapes}{extra}")
-    lines.append(f"total {total / 1e6:.1f} MB fp32, about {estimate / 1e6:.1f} MB at "
-                 f"{quantize} (estimate; variants add a copy of their block's weights). "
-                 f"{MACOS_ONLY_NOTE}.")
+    lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {estimate / 1e6:.1f} MB "
+                 f"of weight files at {quantize} (estimate) for iOS {chosen.min_ios}: "
+                 f"{chosen.text}. {MACOS_ONLY_NOTE}.")
     return Prepared(components, plan_lines=lines)
 
 
@@ -70,27 +86,30 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     from exporters.coreml_check import end_to_end_check
 
     quantize = options.quantize or "fp16"
-    return export_coreml(model, dest, quantize=quantize, components=prepared.components,
-                         on_block=progress.on_block,
+    return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
+                         components=prepared.components, on_block=progress.on_block,
                          validate_end_to_end=end_to_end_check(model, quantize))
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
-    stored = sum(b["weight_bytes"] for _, b in blocks)
+    on_disk = package_bytes(dest)
     reference = sum(b["reference_weight_bytes"] for _, b in blocks)
     worst = max((b["validation"]["max_abs_error"], key) for key, b in blocks)
     kinds = Counter(v for _, b in blocks for v in b.get("variants", {}))
     variants = ", ".join(f"{n} {name}" for name, n in sorted(kinds.items()))
-    setting = manifest["coreml"]["compression"]["setting"]
-    target = manifest["coreml"]["minimum_deployment_target"]
+    coreml = manifest["coreml"]
+    setting, target = coreml["compression"]["setting"], coreml["minimum_deployment_target"]
+    chosen = next((lay for lay in LAYOUTS.values() if lay.name == coreml.get("layout")),
+                  LAYOUTS[17])
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks"
             f"{f' (+{variants} variants)' if variants else ''} as .mlpackage, "
-            f"{package_bytes(dest) / 1e6:.1f} MB on disk\n"
-            f"weights ({setting}, runs on {target} and later): {stored / 1e6:.1f} MB in the "
-            f"base blocks' programs vs "
-            f"{reference / 1e6:.1f} MB fp32 ({reference / stored:.1f}x smaller)\n"
+            f"{on_disk / 1e6:.1f} MB on disk (the whole package)\n"
+            f"layout {chosen.name}, runs on {target} and later: {chosen.text}\n"
+            f"weights ({setting}): the package is {reference / on_disk:.2f}x smaller than the "
+            f"fp32 tensors it stores ({reference / 1e6:.1f} MB: parameters and the tables "
+            f"folded from them at conversion, each tensor once)\n"
             f"stored weights in PyTorch vs fp32: worst block max-abs error {worst[0]:.3g} "
             f"({worst[1]}), end to end PSNR {manifest['validation']['psnr_db']} dB on "
             f"{manifest['validation']['prompt']!r}\n"

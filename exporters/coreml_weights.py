@@ -9,10 +9,14 @@ a parameter that a graph pass moved under another name is found by value instead
 parameter the converter folded into a computed constant (MiniLM's position table, of which
 only the first rows are used, summed with the token-type row) cannot be read back: it keeps
 its reference value and is listed as `folded`.
+
+A multifunction `.mlpackage` (a block and its variants as functions sharing one weight file,
+exporters/coreml.py) is read function by function: `function` names which.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -33,17 +37,29 @@ def import_coremltools():
     return coremltools
 
 
-def mil_constants(mlpackage: Path) -> dict[str, np.ndarray]:
-    """Every constant tensor of the package's main function, decompressed, by op name."""
+MAIN = "main"   # the function of a single-function program, and a block's own function
+
+
+def program_functions(mlpackage: Path) -> tuple[list[str], str]:
+    """The functions of a saved ML Program and its default one: (["main"], "main") for a
+    single-function program."""
+    ct = import_coremltools()
+    spec = ct.models.MLModel(str(mlpackage), skip_model_load=True).get_spec()
+    names = [f.name for f in spec.description.functions]
+    return (names, spec.description.defaultFunctionName) if names else ([MAIN], MAIN)
+
+
+def mil_constants(mlpackage: Path, function: str = MAIN) -> dict[str, np.ndarray]:
+    """Every constant tensor of one function of the package, decompressed, by op name."""
     ct = import_coremltools()
     from coremltools.converters.mil.frontend.milproto.load import load as load_mil
 
-    model = ct.models.MLModel(str(mlpackage), skip_model_load=True)
+    model = ct.models.MLModel(str(mlpackage), skip_model_load=True, function_name=function)
     spec = model.get_spec()
     program = load_mil(spec, spec.specificationVersion, model.weights_dir)
     constants: dict[str, np.ndarray] = {}
     consumed: set[str] = set()    # the parts of a compressed tensor (indices, lut, scale...)
-    for op in program.functions["main"].operations:
+    for op in program.functions[function].operations:
         if op.op_type.startswith("constexpr_"):
             constants[op.name] = np.asarray(op.materialized_val_inference())
             consumed.update(v.op.name for v in op.inputs.values() if v.op is not None)
@@ -65,11 +81,26 @@ def constant_key(name: str) -> str:
     return name
 
 
-def read_parameters(mlpackage: Path, parameters: dict[str, torch.Tensor]
+def tensor_sizes(constants: dict[str, np.ndarray]) -> dict[str, int]:
+    """Each distinct stored tensor (by a digest of its shape and decompressed values) -> its
+    element count: two functions over the same weights give the same digests, so the union
+    over a block's functions counts each shared tensor once."""
+    out = {}
+    for value in constants.values():
+        value = np.ascontiguousarray(value)
+        digest = hashlib.sha256(f"{value.dtype}{value.shape}".encode() + value.tobytes())
+        out[digest.hexdigest()] = int(value.size)
+    return out
+
+
+def read_parameters(mlpackage: Path, parameters: dict[str, torch.Tensor],
+                    function: str = MAIN, constants: dict[str, np.ndarray] | None = None
                     ) -> tuple[dict[str, torch.Tensor], dict]:
-    """The block's parameters as stored in `mlpackage` (fp32 tensors of the reference
-    shapes), and how each was found: {"by_name": n, "by_value": n, "folded": [names]}."""
-    constants = mil_constants(mlpackage)
+    """The block's parameters as stored in function `function` of `mlpackage` (fp32 tensors
+    of the reference shapes), and how each was found: {"by_name": n, "by_value": n,
+    "folded": [names]}. `constants`: that function's `mil_constants`, if read already."""
+    if constants is None:
+        constants = mil_constants(mlpackage, function)
     by_key = {constant_key(k): k for k in constants}
     found, claimed, how = {}, set(), {"by_name": 0, "by_value": 0, "folded": []}
     for name, ref in parameters.items():

@@ -1,7 +1,9 @@
 """`edge export --target iphone`: CoreML packages, validated where CoreML cannot predict.
 
-One full export of tiny-sora (fp16) per session; quantization is checked on one transformer
-block, converted at each setting and read back out of its .mlpackage."""
+One full export of tiny-sora (fp16, iOS 18: multifunction programs) per session, and one in
+the iOS 17 layout (a program per variant) for this module; quantization is checked on one
+transformer block, converted at each setting, merged with its TDTM variant into one
+multifunction program and read back out of it, function by function."""
 
 from __future__ import annotations
 
@@ -23,13 +25,21 @@ from exporters.coreml import (  # noqa: E402
     convert_module,
     cut_for_device,
     export_coreml,
+    save_functions,
+    save_program,
 )
 from exporters.coreml_check import (  # noqa: E402
     block_numerics,
     check_structure,
+    end_to_end_check,
     program_interface,
 )
-from exporters.coreml_weights import read_parameters  # noqa: E402
+from exporters.coreml_target import package_bytes  # noqa: E402
+from exporters.coreml_weights import (  # noqa: E402
+    mil_constants,
+    program_functions,
+    read_parameters,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +51,26 @@ def pair_block(tiny_sora):
 def pair_fp16(pair_block, tmp_path_factory):
     """The pair block as an fp16 program, the baseline of the quantized ones."""
     path = tmp_path_factory.mktemp("pair") / "fp16.mlpackage"
-    convert_module(pair_block.module, pair_block, "fp16").save(str(path))
+    save_program(convert_module(pair_block.module, pair_block, "fp16"), path)
     return path
+
+
+@pytest.fixture(scope="module")
+def coreml_package_ios17(tmp_path_factory, tiny_sora):
+    """tiny-sora exported for iOS 17 (each TDTM variant a program of its own), fp16, the
+    end-to-end check on 6 steps: (root, manifest)."""
+    root = tmp_path_factory.mktemp("coreml17") / "tiny-sora-iphone-ios17"
+    manifest = export_coreml(tiny_sora, root, min_ios=17, validate_end_to_end=end_to_end_check(
+        tiny_sora, "fp16", steps=6))
+    return root, manifest
+
+
+def variant_bytes(root, manifest) -> tuple[int, int]:
+    """(weight file bytes, bytes on disk) of the programs of the blocks with variants."""
+    models = {r["model"] for c in manifest["components"] for b in c["blocks"]
+              if b.get("variants") for r in [b, *b["variants"].values()]}
+    return (sum(f.stat().st_size for m in models for f in (root / m).rglob("weight.bin")),
+            sum(package_bytes(root / m) for m in models))
 
 
 def test_package_is_valid_and_complete(coreml_package, tiny_sora):
@@ -51,7 +79,8 @@ def test_package_is_valid_and_complete(coreml_package, tiny_sora):
     assert manifest["target"] == "iphone"
     coreml = manifest["coreml"]
     assert coreml["compute_units"] == "cpuAndNeuralEngine"
-    assert coreml["minimum_deployment_target"] == "iOS17"
+    assert coreml["minimum_deployment_target"] == "iOS18"
+    assert coreml["layout"] == "multifunction"
     assert coreml["compression"]["setting"] == "fp16"
     assert "macOS" in coreml["note"]
     names = {c["name"]: [b["name"] for b in c["blocks"]] for c in manifest["components"]}
@@ -59,6 +88,7 @@ def test_package_is_valid_and_complete(coreml_package, tiny_sora):
     for comp in manifest["components"]:
         for block in comp["blocks"]:
             assert (root / block["model"] / "Manifest.json").is_file()
+            assert not (root / block["model"] / "executorch_debug_handle_mapping.json").exists()
             assert block["model"] == f"models/{comp['name']}/{block['name']}.mlpackage"
             # fp16 weights (a block's constant tables, e.g. position encodings, count too)
             assert block["weight_bytes"] < 0.8 * block["reference_weight_bytes"]
@@ -66,8 +96,21 @@ def test_package_is_valid_and_complete(coreml_package, tiny_sora):
     ratio = (sum(b["weight_bytes"] for b in blocks)
              / sum(b["reference_weight_bytes"] for b in blocks))
     assert 0.45 < ratio < 0.56, ratio
+    # the fp32 reference: the distinct tensors stored, about the fp32 parameters' bytes
+    fp32_parameters = sum(b.weight_bytes() for bs in cut_for_device(tiny_sora).values()
+                          for b in bs)
+    assert 0.98 < sum(b["reference_weight_bytes"] for b in blocks) / fp32_parameters < 1.02
     pairs = [b for b in manifest["components"][1]["blocks"] if b["name"].startswith("pair_")]
     assert len(pairs) == 4 and all(set(b["variants"]) == {"tdtm"} for b in pairs)
+    for pair in pairs:  # the variant is a function of the pair's own program
+        tdtm = pair["variants"]["tdtm"]
+        assert (pair["function"], tdtm["function"]) == ("main", "tdtm")
+        assert tdtm["model"] == pair["model"] and tdtm["files"] == pair["files"]
+        assert program_functions(root / pair["model"]) == (["main", "tdtm"], "main")
+        assert tdtm["validation"]["weights_found"]["folded"] == []
+        assert tdtm["validation"]["max_abs_error"] < 5e-3 * tdtm["validation"][
+            "reference_max_abs"]
+    assert not any("function" in b for b in blocks if not b.get("variants"))
     tok = root / manifest["tokenizer"]["files"][0]["path"]
     assert json.loads(tok.read_text())["model"]["type"] == "WordPiece"
     null = np.fromfile(root / manifest["conditioning"]["null_caption_f32"]["path"], "<f4")
@@ -83,6 +126,13 @@ def test_programs_match_manifest_and_chain(coreml_package):
     assert inputs == [{"name": "input_ids", "dtype": "int32", "shape": [1, 16]},
                       {"name": "attention_mask", "dtype": "int32", "shape": [1, 16]}]
     assert [o["name"] for o in outputs] == ["out_hidden", "out_attention_bias"]
+    pair = manifest["components"][1]["blocks"][1]
+    for function in ("main", "tdtm"):
+        inputs, outputs = program_interface(root / pair["model"], function)
+        assert inputs == pair["inputs"]
+        assert [o["name"] for o in outputs] == ["out_" + o["name"] for o in pair["outputs"]]
+    with pytest.raises(ValueError, match="no function 'merged'"):
+        program_interface(root / pair["model"], "merged")
 
 
 def test_structure_check_names_a_mismatch(coreml_package):
@@ -96,6 +146,12 @@ def test_structure_check_names_a_mismatch(coreml_package):
     bad["latent_shape"][1] = 8
     assert any(p.startswith("latent_shape -> transformer latent") for p in
                check_structure(root, bad))
+    bad = copy.deepcopy(manifest)  # a function the program does not hold
+    bad["components"][1]["blocks"][1]["variants"]["tdtm"]["function"] = "merged"
+    problems = check_structure(root, bad)
+    assert any("variant tdtm" in p and "no function 'merged'" in p for p in problems), problems
+    assert any("holds functions ['main', 'tdtm'], the manifest names ['main', 'merged']" in p
+               for p in problems), problems
 
 
 def test_numerics_recorded(coreml_package):
@@ -133,6 +189,63 @@ def test_manifest_refusals(coreml_package):
     _refused(m, "pair_0 variant tdtm: graph .* not a listed file inside models/x.mlpackage")
 
 
+def _pair(manifest: dict) -> dict:
+    return manifest["components"][1]["blocks"][1]
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: _pair(m)["variants"]["tdtm"].pop("function"),
+     "pair_0 variant tdtm: missing field 'function'"),
+    (lambda m: _pair(m).pop("function"),
+     "pair_0: a block with variants in the multifunction layout must name its function"),
+    (lambda m: _pair(m)["variants"]["tdtm"].update(function="main"),
+     "pair_0 variant tdtm: function 'main' is also the block's"),
+    (lambda m: _pair(m)["variants"]["tdtm"].update(function=7),
+     "pair_0 variant tdtm: field 'function' must be str"),
+    (lambda m: _pair(m)["variants"]["tdtm"].update(function="td-tm"),
+     "function 'td-tm' is not a CoreML function name"),
+    (lambda m: m["coreml"].update(layout="shared"),
+     "coreml: layout 'shared'; known: separate, multifunction"),
+    (lambda m: m["coreml"].update(minimum_deployment_target="iOS17"),
+     "layout 'multifunction' needs iOS18 or later, but minimum_deployment_target is 'iOS17'"),
+    (lambda m: m["coreml"].update(minimum_deployment_target="18"),
+     "minimum_deployment_target '18' is not iOS<n>"),
+    (lambda m: m["coreml"].update(layout="separate"),
+     "pair_0: function 'main' in a 'separate' layout"),
+    (lambda m: m["coreml"].pop("layout"),   # an older package's: separate
+     "pair_0: function 'main' in a 'separate' layout"),
+])
+def test_manifest_refuses_a_malformed_function_entry(coreml_package, edit, match):
+    m = copy.deepcopy(coreml_package[1])
+    edit(m)
+    _refused(m, match)
+
+
+def test_manifest_refuses_a_variant_running_its_blocks_program_in_the_separate_layout(
+        coreml_package):
+    m = copy.deepcopy(coreml_package[1])
+    m["coreml"]["layout"] = "separate"
+    for comp in m["components"]:
+        for block in comp["blocks"]:
+            for record in [block, *block.get("variants", {}).values()]:
+                record.pop("function", None)
+    _refused(m, "pair_0 variant tdtm: model 'models/transformer/pair_0.mlpackage' is the "
+                "block's own program")
+    m = copy.deepcopy(coreml_package[1])
+    _pair(m)["variants"]["tdtm"]["model"] = "models/transformer/pair_0.tdtm.mlpackage"
+    for f in _pair(m)["variants"]["tdtm"]["files"]:  # listed, but another program
+        f["path"] = f["path"].replace("pair_0.mlpackage", "pair_0.tdtm.mlpackage")
+    for key in ("graph",):
+        _pair(m)["variants"]["tdtm"][key] = _pair(m)["variants"]["tdtm"][key].replace(
+            "pair_0.mlpackage", "pair_0.tdtm.mlpackage")
+    _pair(m)["variants"]["tdtm"]["weights"]["path"] = _pair(m)["variants"]["tdtm"][
+        "weights"]["path"].replace("pair_0.mlpackage", "pair_0.tdtm.mlpackage")
+    _pair(m)["files"] += _pair(m)["variants"]["tdtm"]["files"]
+    _refused(m, "pair_0 variant tdtm: model 'models/transformer/pair_0.tdtm.mlpackage' is not "
+                "the block's 'models/transformer/pair_0.mlpackage'; in the multifunction "
+                "layout a variant is a function of its block's program")
+
+
 def test_python_runtime_refuses_an_iphone_package(coreml_package):
     from runtimes.python import Pipeline
 
@@ -156,7 +269,22 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_sora, coreml_package):
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
     with pytest.raises(ValueError, match="--quantize '3'"):
         export_coreml(tiny_sora, tmp_path / "other", quantize="3", components=blocks)
+    with pytest.raises(ValueError, match="--min-ios 16 not understood; use 18 or 17"):
+        export_coreml(tiny_sora, tmp_path / "other", min_ios=16, components=blocks)
     assert not (tmp_path / "other").exists()
+
+
+def test_a_variant_name_that_cannot_name_a_function_is_refused(tmp_path, tiny_sora):
+    from edge.blocks import Block
+
+    block = Block("transformer", "lin", torch.nn.Linear(4, 4), ["x"], ["x"],
+                  (torch.randn(1, 4),), variants={"td-tm": torch.nn.Linear(4, 4)})
+    for min_ios in (18, 17):  # a package's variants can be stored in either layout
+        with pytest.raises(ExportValidationError, match="block transformer/lin: variant name "
+                           "'td-tm' cannot name a CoreML function"):
+            export_coreml(tiny_sora, tmp_path / "pkg", min_ios=min_ios,
+                          components={"transformer": [block]})
+    assert list(tmp_path.iterdir()) == []
 
 
 BIN = "Data/com.apple.CoreML/weights/weight.bin"
@@ -171,7 +299,7 @@ def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, 
     promises (at most 2^bits values per tensor or per output channel), smaller on disk, and
     the block computes close to fp32 with them."""
     paths = {"fp16": pair_fp16, quantize: tmp_path / f"{quantize}.mlpackage"}
-    convert_module(pair_block.module, pair_block, quantize).save(str(paths[quantize]))
+    save_program(convert_module(pair_block.module, pair_block, quantize), paths[quantize])
     params = pair_block.parameters()
     stored, how = read_parameters(paths[quantize], params)
     assert how["folded"] == [] and set(stored) == set(params)
@@ -194,23 +322,33 @@ def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, 
     got = block_numerics(paths[quantize], pair_block.module, pair_block, reference)
     fp16 = block_numerics(paths["fp16"], pair_block.module, pair_block, reference)
     assert fp16["max_abs_error"] < got["max_abs_error"] < 0.25 * got["reference_max_abs"]
-    if quantize == "6":
-        # compression works tensor by tensor: another program over the same tensors (the
-        # TDTM variant) stores the very same bytes, so compressing each block's program
-        # equals compressing the whole model before cutting it
-        variant = replace(pair_block, module=pair_block.variants["tdtm"])
-        convert_module(variant.module, variant, "6").save(str(tmp_path / "tdtm.mlpackage"))
-        assert weight_bin(tmp_path / "tdtm.mlpackage") == weight_bin(paths["6"])
-        assert ((tmp_path / "tdtm.mlpackage" / BIN).read_bytes()
-                == (paths["6"] / BIN).read_bytes())
+    # compression works tensor by tensor: another program over the same tensors (the TDTM
+    # variant) stores the very same bytes, so compressing each block's program equals
+    # compressing the whole model before cutting it
+    variant = replace(pair_block, module=pair_block.variants["tdtm"])
+    tdtm = tmp_path / "tdtm.mlpackage"
+    save_program(convert_module(variant.module, variant, quantize), tdtm)
+    assert (tdtm / BIN).read_bytes() == (paths[quantize] / BIN).read_bytes()
+    # ... so one multifunction program of both stores the compressed tensors once, and each
+    # function reads back what its own program stores
+    merged = tmp_path / "merged.mlpackage"
+    save_functions({"main": paths[quantize], "tdtm": tdtm}, merged)
+    assert weight_bin(merged) <= weight_bin(paths[quantize])
+    assert weight_bin(merged) / (weight_bin(paths[quantize]) + weight_bin(tdtm)) < 0.51
+    for function, alone in (("main", paths[quantize]), ("tdtm", tdtm)):
+        got, want = mil_constants(merged, function), mil_constants(alone)
+        assert got.keys() == want.keys()
+        assert all(np.array_equal(got[k], want[k]) for k in want), function
     with torch.no_grad():
         assert torch.equal(pair_block.run(*pair_block.example)[0], reference[0])  # untouched
 
 
-def test_4bit_setting_stores_each_component_as_measured_and_is_6x_smaller(tiny_sora):
+def test_4bit_setting_stores_each_component_as_measured_and_its_weights_6x_smaller(
+        tiny_sora):
     """--quantize 4 keeps the blocks whose errors compound (transformer) at 8 bits and still
-    stores the model >= 6x smaller than fp32 (estimated from the parameters; lookup tables
-    and scales add < 1%)."""
+    stores the weights >= 6x smaller than fp32 (estimated from the parameters; lookup tables
+    and scales add < 1%; the whole package, with its specs and tokenizer, is 5.6x smaller:
+    docs/benchmarks.md)."""
     from exporters.coreml import compression, compression_record
     from exporters.coreml_target import estimated_bytes
 
@@ -239,6 +377,10 @@ def test_cli_refuses_bad_quantize_and_wrong_target():
     assert result.exit_code == 2 and "--quantize '3' not understood" in result.output
     result = runner.invoke(app, ["export", "--target", "onnx", "--quantize", "4"])
     assert result.exit_code == 2 and "--quantize applies to --target iphone" in result.output
+    result = runner.invoke(app, ["export", "--target", "iphone", "--min-ios", "16"])
+    assert result.exit_code == 2 and "--min-ios 16 not understood" in result.output
+    result = runner.invoke(app, ["export", "--target", "web", "--min-ios", "17"])
+    assert result.exit_code == 2 and "--min-ios applies to --target iphone" in result.output
 
 
 def _shape_of(manifest: dict) -> dict:
@@ -247,9 +389,11 @@ def _shape_of(manifest: dict) -> dict:
     return {"target": manifest["target"], "sampler": manifest["sampler"],
             "latent_shape": manifest["latent_shape"],
             "coreml": {k: v for k, v in manifest["coreml"].items()},
-            "components": [[(b["name"], b["model"], b["graph"], b["inputs"], b["outputs"],
-                             sorted(b.get("variants", {}))) for b in c["blocks"]]
-                           for c in manifest["components"]]}
+            "components": [[(b["name"], b["model"], b.get("function"), b["graph"],
+                             b["inputs"], b["outputs"],
+                             {n: (v["model"], v.get("function"), v["graph"])
+                              for n, v in sorted(b.get("variants", {}).items())})
+                            for b in c["blocks"]] for c in manifest["components"]]}
 
 
 def test_swift_fixtures_are_current(coreml_package):
@@ -286,7 +430,14 @@ def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
     text = summary(manifest, root, 12.0)
     assert "17 blocks (+4 tdtm variants)" in text
     assert f"end to end PSNR {manifest['validation']['psnr_db']} dB" in text
-    assert "2.0x smaller" in text and "needs macOS" in text
+    # every size is the whole package on disk, against the fp32 tensors it stores
+    on_disk = package_bytes(root)
+    fp32 = sum(b["reference_weight_bytes"] for c in manifest["components"]
+               for b in c["blocks"])
+    assert f"{on_disk / 1e6:.1f} MB on disk (the whole package)" in text
+    assert f"the package is {fp32 / on_disk:.2f}x smaller than the fp32 tensors" in text
+    assert 1.85 < fp32 / on_disk < 2.0, fp32 / on_disk
+    assert "layout multifunction, runs on iOS18 and later" in text and "needs macOS" in text
 
 
 def test_cli_dry_run_shows_the_device_cut():
@@ -299,4 +450,45 @@ def test_cli_dry_run_shows_the_device_cut():
     assert result.exit_code == 0, result.output
     assert "transformer/pair_0" in result.output and "(+tdtm variant)" in result.output
     assert "latent [2, 4, 16, 8, 8]" in result.output  # static shapes: one prompt + null
-    assert "102.2 MB fp32, about 25.6 MB at 8" in result.output and "macOS" in result.output
+    assert ("102.2 MB fp32 parameters, about 25.6 MB of weight files at 8 (estimate) for "
+            "iOS 18: a block's variants are functions") in result.output
+    assert "macOS" in result.output
+    result = CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run",
+                                      "--quantize", "8", "--min-ios", "17"])
+    assert result.exit_code == 0, result.output
+    # each of the 4 pairs' TDTM programs holds another copy of its pair's weights
+    assert ("about 27.8 MB of weight files at 8 (estimate) for iOS 17: each variant is an "
+            ".mlpackage of its own") in result.output
+
+
+@pytest.mark.slow  # a second whole export (about a minute on 2 cores)
+def test_ios17_layout_stores_each_variant_as_its_own_program(coreml_package_ios17,
+                                                              coreml_package):
+    root, manifest = coreml_package_ios17
+    assert read_package(root) == json.loads((root / "manifest.json").read_text())
+    assert (manifest["coreml"]["minimum_deployment_target"],
+            manifest["coreml"]["layout"]) == ("iOS17", "separate")
+    assert check_structure(root, manifest) == []
+    blocks = [b for c in manifest["components"] for b in c["blocks"]]
+    assert not any("function" in r for b in blocks
+                   for r in [b, *b.get("variants", {}).values()])
+    pairs = [b for b in blocks if b.get("variants")]
+    assert len(pairs) == 4
+    for pair in pairs:
+        tdtm = pair["variants"]["tdtm"]
+        assert tdtm["model"] == pair["model"].replace(".mlpackage", ".tdtm.mlpackage")
+        assert program_functions(root / tdtm["model"]) == (["main"], "main")
+        assert {f["path"] for f in tdtm["files"]} <= {f["path"] for f in pair["files"]}
+    assert manifest["validation"]["psnr_db"] >= 40
+    # the same stored tensors as the multifunction package, so the same fp32 reference
+    mf_root, mf = coreml_package
+    assert ([b["reference_weight_bytes"] for c in manifest["components"] for b in c["blocks"]]
+            == [b["reference_weight_bytes"] for c in mf["components"] for b in c["blocks"]])
+    # the pairs' weights: once in the multifunction programs, twice in the separate ones
+    (mf_weights, mf_disk), (weights, disk) = variant_bytes(mf_root, mf), variant_bytes(
+        root, manifest)
+    assert 0.49 < mf_weights / weights < 0.51, mf_weights / weights
+    assert mf_disk / disk < 0.56, mf_disk / disk
+    # and the whole package is smaller by about those copies
+    saved = package_bytes(root) - package_bytes(mf_root)
+    assert 0.9 * (weights - mf_weights) < saved < 1.1 * (weights - mf_weights)

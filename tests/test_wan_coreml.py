@@ -1,40 +1,48 @@
 """Wan 2.1 through `--target iphone`: the same family cut at the device's shapes, one CoreML
-program per block (the decoder chunked, its first-frame variants with their own signature),
-validated on Linux by reading the stored weights back into PyTorch, per block and end to end
-against diffusers' own WanPipeline."""
+program per block (the decoder chunked, its first-frame variants with their own signature;
+for iOS 18 a block and its variants are the functions of one program, for iOS 17 programs of
+their own), validated on Linux by reading the stored weights back into PyTorch, per block
+and function and end to end against diffusers' own WanPipeline."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from typer.testing import CliRunner
-from wan_folder import make_wan_folder
 
 from edge.blocks import Block
 from edge.cli import app
-from edge.families import load_model
+from edge.manifest_schema import PackageError, check_manifest
 from edge.package import read_package
 
 pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                     "-e '.[test]'); the CoreML exporter needs it")
-pytestmark = pytest.mark.slow  # a whole CoreML export of a tiny Wan (about 30 s)
+pytestmark = pytest.mark.slow  # whole CoreML exports of a tiny Wan (about 40 s each)
 
-SIZE = {"height": 32, "width": 48, "frames": 9}
-
-
-@pytest.fixture(scope="module")
-def wan_model(tmp_path_factory):
-    return load_model(make_wan_folder(tmp_path_factory.mktemp("wan") / "wan"), steps=8, **SIZE)
+SIZE = {"height": 32, "width": 48, "frames": 9}   # conftest.py's wan_model's
 
 
 @pytest.fixture(scope="module")
-def wan_iphone(tmp_path_factory, wan_model):
+def wan_iphone(wan_iphone_package):
+    """The session's tiny Wan package (conftest.py: fp16, iOS 18, multifunction)."""
+    return wan_iphone_package
+
+
+@pytest.fixture(scope="module")
+def wan_iphone_ios17(tmp_path_factory, wan_model):
+    """The tiny Wan exported for iOS 17: each variant a program of its own."""
     from exporters.coreml import export_coreml
     from exporters.coreml_check import end_to_end_check
 
-    root = tmp_path_factory.mktemp("wan-iphone") / "pkg"
-    return root, export_coreml(wan_model, root,
+    root = tmp_path_factory.mktemp("wan-iphone-ios17") / "pkg"
+    return root, export_coreml(wan_model, root, min_ios=17,
                                validate_end_to_end=end_to_end_check(wan_model, "fp16"))
+
+
+def _weight_file(root, model: str) -> int:
+    return sum(f.stat().st_size for f in (root / model).rglob("weight.bin"))
 
 
 def test_wan_exports_to_coreml_and_matches_wan_pipeline(wan_iphone):
@@ -56,12 +64,66 @@ def test_the_decoder_is_chunked_with_first_frame_programs(wan_iphone):
     assert decoder["chunked"]["state"][0] == "head_cache_0"
     for block in decoder["blocks"]:
         first = block["variants"]["first"]
-        assert first["model"].endswith(".first.mlpackage")
+        # a function of the stage's own program, sharing its weight file
+        assert (first["model"], first["function"]) == (block["model"], "first")
+        assert block["function"] == "main"
         # the first frame takes no cache: its own, shorter signature
         assert [s["name"] for s in first["inputs"]] == [block["inputs"][0]["name"]]
+        assert first["validation"]["max_abs_error"] <= 5e-3  # its weights, read back
     # one video, one latent frame per call: 16 channels of 32x48 / 8
     assert decoder["blocks"][0]["inputs"][0] == {"name": "z", "dtype": "float32",
                                                  "shape": [1, 16, 1, 4, 6]}
+
+
+def test_the_ios17_layout_exports_and_variants_share_weights_in_the_ios18_one(
+        wan_iphone_ios17, wan_iphone):
+    from exporters.coreml_check import check_structure
+    from exporters.coreml_target import package_bytes, summary
+
+    root, manifest = wan_iphone_ios17
+    assert read_package(root) == manifest
+    assert (manifest["coreml"]["layout"], manifest["coreml"]["minimum_deployment_target"]) == (
+        "separate", "iOS17")
+    assert check_structure(root, manifest) == []
+    check = manifest["validation"]
+    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    mf_root, mf = wan_iphone
+    blocks = {f"{c['name']}/{b['name']}": b for c in manifest["components"]
+              for b in c["blocks"]}
+    shared = {f"{c['name']}/{b['name']}": b for c in mf["components"] for b in c["blocks"]}
+    with_variants = [k for k, b in blocks.items() if b.get("variants")]
+    assert len(with_variants) == 2 + 6  # the transformer's TDTM blocks, the decoder's stages
+    for key in with_variants:
+        block, one = blocks[key], shared[key]
+        separate = [_weight_file(root, r["model"])
+                    for r in [block, *block["variants"].values()]]
+        assert len({r["model"] for r in [block, *block["variants"].values()]}) == 2
+        together = _weight_file(mf_root, one["model"])
+        # one program, its tensors once: no more than the larger of the two programs
+        # (a `first` variant stores constants of its own, e.g. the zero frame it pads with)
+        assert together <= 1.02 * max(separate) + 1024, (key, together, separate)
+        if key.startswith("transformer/"):  # a TDTM variant: the very same tensors
+            assert 0.49 < together / sum(separate) < 0.51, (key, together, separate)
+    # the summary: the whole package against the fp32 tensors it stores (each once), not
+    # against the fp32 parameters alone (which left out UMT5's position-bias tables and made
+    # the fp16 package look "0.1x smaller")
+    for r, m in ((root, manifest), (mf_root, mf)):
+        fp32 = sum(b["reference_weight_bytes"] for c in m["components"] for b in c["blocks"])
+        assert 1.5 < fp32 / package_bytes(r) < 2.0, fp32 / package_bytes(r)
+        assert f"{fp32 / package_bytes(r):.2f}x smaller than the fp32 tensors" in summary(
+            m, r, 1.0)
+    assert package_bytes(mf_root) < package_bytes(root)
+
+
+def test_a_variant_the_manifest_misplaces_is_refused(wan_iphone):
+    _, manifest = wan_iphone
+    m = copy.deepcopy(manifest)
+    m.pop("manifest_sha256")
+    decoder = next(c for c in m["components"] if c["name"] == "vae_decoder")
+    del decoder["blocks"][0]["variants"]["first"]["function"]
+    with pytest.raises(PackageError, match="block vae_decoder/head variant first: missing "
+                       "field 'function'"):
+        check_manifest(m)
 
 
 class NearestExact(torch.nn.Module):
