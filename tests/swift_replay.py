@@ -103,6 +103,18 @@ BAD_MANIFESTS = [
     ("bad_leap_steps", lambda m: m["sampler"].update(leap_steps=0), ["leap_steps"]),
     ("bad_scheduler", lambda m: m["sampler"].update(scheduler="ddim"), ["scheduler", "ddim"]),
     ("missing_field", lambda m: m.pop("latent_shape"), ["latent_shape"]),
+    # the multifunction layout (iOS 18): which program and function each variant runs
+    ("layout", lambda m: m["coreml"].update(layout="fused"), ["layout", "fused"]),
+    ("multifunction_on_ios17", lambda m: m["coreml"].update(minimum_deployment_target="iOS17"),
+     ["multifunction", "iOS17"]),
+    ("variant_without_function", lambda m: _block(m, "transformer", 1)["variants"]["tdtm"]
+     .pop("function"), ["tdtm", "function"]),
+    ("variant_of_another_program", lambda m: _block(m, "transformer", 1)["variants"]["tdtm"]
+     .update(model=_block(m, "transformer", 2)["model"]), ["tdtm", "pair_1.mlpackage"]),
+    ("function_twice", lambda m: _block(m, "transformer", 1)["variants"]["tdtm"]
+     .update(function="main"), ["tdtm", "main"]),
+    ("function_in_separate", lambda m: m["coreml"].update(layout="separate"),
+     ["function", "separate"]),
 ]
 
 

@@ -20,7 +20,8 @@ public struct Manifest: Decodable {
     }
 
     public struct Variant: Decodable, Equatable {
-        public let model: String      // the variant's .mlpackage folder
+        public let model: String      // the variant's .mlpackage folder (its block's, when a function of it)
+        public let function: String?  // its function in a multifunction program (iOS 18)
         public let files: [FileRecord]
         public let weightBytes: Int
         // its own signature where it differs from the block's (a chunked component's first
@@ -32,6 +33,7 @@ public struct Manifest: Decodable {
     public struct Block: Decodable, Equatable {
         public let name: String
         public let model: String      // the block's .mlpackage folder
+        public let function: String?  // "main" in a multifunction program (iOS 18); nil: a program of its own
         public let files: [FileRecord]
         public let weights: WeightsRef
         public let weightBytes: Int
@@ -43,7 +45,7 @@ public struct Manifest: Decodable {
         /// its own (edge/manifest_schema.py as_variant); the block itself for nil.
         public func running(_ variant: String?) -> Block {
             guard let variant, let v = variants?[variant] else { return self }
-            return Block(name: name, model: v.model, files: v.files, weights: weights, weightBytes: v.weightBytes,
+            return Block(name: name, model: v.model, function: v.function, files: v.files, weights: weights, weightBytes: v.weightBytes,
                          inputs: v.inputs ?? inputs, outputs: v.outputs ?? outputs, variants: nil)
         }
     }
@@ -83,6 +85,7 @@ public struct Manifest: Decodable {
 
     public struct CoreML: Decodable, Equatable {
         public let minimumDeploymentTarget: String
+        public let layout: String?    // "multifunction" (a block's variants are functions of its program) or "separate"
         public let computeUnits: String
         public let computePrecision: String
         public let outputPrefix: String
@@ -187,6 +190,7 @@ public enum ManifestReader {
         if let clean = m.tokenizer.clean, !["none", "wan"].contains(clean) {
             throw ManifestError.invalid("manifest.json tokenizer: clean \(clean); known: none, wan")
         }
+        try checkLayout(m)
         for comp in m.components {
             guard let spec = comp.chunked else { continue }
             if comp.name != "vae_decoder" || spec.input != "z" || spec.output != "frames" {
@@ -197,6 +201,65 @@ public enum ManifestReader {
             }
             for block in comp.blocks where block.variants?[spec.firstVariant] == nil {
                 throw ManifestError.invalid("manifest.json component \(comp.name) block \(block.name): no variant \(spec.firstVariant) for the first piece")
+            }
+        }
+    }
+
+    /// How the programs hold a block's variants (edge/manifest_schema.py): "separate" (absent;
+    /// each variant a program of its own, iOS 17) or "multifunction" (the block's program
+    /// holds them as functions, iOS 18), with the same refusals as the Python side.
+    static func checkLayout(_ m: Manifest) throws {
+        let layouts = ["separate": 17, "multifunction": 18]
+        let target = m.coreml.minimumDeploymentTarget
+        guard target.hasPrefix("iOS"), let ios = Int(target.dropFirst(3)) else {
+            throw ManifestError.invalid("manifest.json coreml: minimum_deployment_target \(target) is not iOS<n>")
+        }
+        let layout = m.coreml.layout ?? "separate"
+        guard let least = layouts[layout] else {
+            throw ManifestError.invalid("manifest.json coreml: layout \(layout); known: separate, multifunction")
+        }
+        if ios < least {
+            throw ManifestError.invalid("manifest.json coreml: layout \(layout) needs iOS\(least) or later, but minimum_deployment_target is \(target)")
+        }
+        func isName(_ s: String) -> Bool {
+            guard let first = s.unicodeScalars.first, first == "_" || (first.isASCII && first.properties.isAlphabetic) else { return false }
+            return s.unicodeScalars.allSatisfy { $0 == "_" || ($0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0))) }
+        }
+        for comp in m.components {
+            for block in comp.blocks {
+                let at = "manifest.json block \(comp.name)/\(block.name)"
+                let variants = (block.variants ?? [:]).sorted { $0.key < $1.key }
+                let records = [(at, block.function)] + variants.map { ("\(at) variant \($0.key)", $0.value.function) }
+                for (place, function) in records {
+                    guard let function else { continue }
+                    if layout != "multifunction" {
+                        throw ManifestError.invalid("\(place): function \(function) in a \(layout) layout (only a multifunction program has functions to choose from)")
+                    }
+                    if !isName(function) { throw ManifestError.invalid("\(place): function \(function) is not a CoreML function name") }
+                }
+                if variants.isEmpty { continue }
+                if layout == "separate" {
+                    for (name, v) in variants where v.model == block.model {
+                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) is the block's own program; in the separate layout each variant is a program of its own")
+                    }
+                    continue
+                }
+                guard let main = block.function else {
+                    throw ManifestError.invalid("\(at): a block with variants in the multifunction layout must name its function of the shared program (field function)")
+                }
+                var seen = [main: "the block"]
+                for (name, v) in variants {
+                    if v.model != block.model {
+                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) is not the block's \(block.model); in the multifunction layout a variant is a function of its block's program")
+                    }
+                    guard let function = v.function else {
+                        throw ManifestError.invalid("\(at) variant \(name): missing field function (which function of \(block.model) it runs)")
+                    }
+                    if let other = seen[function] {
+                        throw ManifestError.invalid("\(at) variant \(name): function \(function) is also \(other)'s")
+                    }
+                    seen[function] = "variant \(name)"
+                }
             }
         }
     }

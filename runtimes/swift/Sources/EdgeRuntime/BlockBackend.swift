@@ -7,14 +7,15 @@ public struct BlockEntry {
     public let key: String             // "transformer/pair_0", or "transformer/pair_0#tdtm"
     public let block: Manifest.Block   // names, shapes and dtypes of its inputs and outputs
     public let program: URL            // the block's (or variant's) .mlpackage folder
+    public let function: String?       // the function to load of a multifunction program
     public let files: [URL]            // every file of the program, checked at load
     public let paths: [String]         // the same files as the manifest lists them
     public let weightBytes: Int        // what it occupies once loaded (the budget's unit)
     public let digest: String          // of its files' sha256s: names a compiled copy
 
-    public init(key: String, block: Manifest.Block, program: URL, files: [URL], paths: [String]? = nil,
-                weightBytes: Int, digest: String) {
-        self.key = key; self.block = block; self.program = program; self.files = files
+    public init(key: String, block: Manifest.Block, program: URL, function: String? = nil, files: [URL],
+                paths: [String]? = nil, weightBytes: Int, digest: String) {
+        self.key = key; self.block = block; self.program = program; self.function = function; self.files = files
         self.paths = paths ?? files.map(\.path)
         self.weightBytes = weightBytes; self.digest = digest
     }

@@ -5,7 +5,9 @@ import Foundation
 
 /// The Apple-platform backend: one `MLModel` per block (or block variant). An `.mlpackage` is
 /// compiled to `.mlmodelc` on the device once (MLModel.compileModel) and kept under
-/// Caches/edge-compiled by the digest of its files, so a new export compiles anew.
+/// Caches/edge-compiled by the digest of its files, so a new export compiles anew. In a
+/// multifunction package (iOS 18) a block and its variants are functions of one program
+/// sharing one weight file: compiled once, each loaded with its function name.
 public final class CoreMLBackend: BlockBackend {
     let configuration: MLModelConfiguration
     let cacheFolder: URL
@@ -29,12 +31,23 @@ public final class CoreMLBackend: BlockBackend {
     }
 
     public func load(_ entry: BlockEntry) throws -> LoadedBlock {
-        CoreMLBlock(model: try MLModel(contentsOf: try compiled(entry), configuration: configuration),
-                    entry: entry, outputPrefix: outputPrefix)
+        var config = configuration
+        if let function = entry.function {
+            guard #available(iOS 18, macOS 15, *) else {
+                throw RuntimeError.package("block \(entry.key): its program is multifunction (iOS 18, macOS 15); export the package with --min-ios 17 for this system")
+            }
+            config = configuration.copy() as! MLModelConfiguration
+            config.functionName = function
+        }
+        return CoreMLBlock(model: try MLModel(contentsOf: try compiled(entry), configuration: config),
+                           entry: entry, outputPrefix: outputPrefix)
     }
 
     func compiled(_ entry: BlockEntry) throws -> URL {
-        let name = entry.key.replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "#", with: "_")
+        // by program (component folder and file), not by key: a block's functions share one
+        // compiled model, and the digest of its files names this export's copy
+        let name = entry.program.deletingLastPathComponent().lastPathComponent + "_"
+            + entry.program.deletingPathExtension().lastPathComponent
         let target = cacheFolder.appendingPathComponent("\(name)-\(entry.digest).mlmodelc")
         if FileManager.default.fileExists(atPath: target.path) { return target }
         let temporary = try MLModel.compileModel(at: entry.program)

@@ -96,6 +96,7 @@ public final class EdgePipeline {
         let mine = files.filter { $0.path.hasPrefix(program + "/") }
         let digest = String(StreamingSHA256.hex(Data(mine.map(\.sha256).sorted().joined().utf8)).prefix(16))
         return BlockEntry(key: key, block: block, program: try PackageFiles.resolve(root, program, "block \(key)"),
+                          function: block.function,
                           files: try mine.map { try PackageFiles.resolve(root, $0.path, "block \(key)") },
                           paths: mine.map(\.path),
                           weightBytes: bytes, digest: digest)
