@@ -536,12 +536,15 @@ class WanDecoderChunk(nn.Module):
         return (out, *cache_out)
 
     def _uniform(self, entry, x: torch.Tensor) -> torch.Tensor:
+        # The zeros are computed from the data (zero times a value, broadcast) rather than
+        # made as tensors of a static shape, which a converter folds into constants stored
+        # with the program: in a device package each first-piece program would carry its
+        # cache's zero frames in its weight file (tens of MB per stage at 480x832).
         if isinstance(entry, str):  # "Rep": the upsampler's time convolution, not yet run
             dim = self.parts["up"].upsamplers[0].dim
-            return x.new_zeros(x.shape[0], dim, CACHE_FRAMES, x.shape[3], x.shape[4])
+            return (x[:, :1, :1] * 0).expand(x.shape[0], dim, CACHE_FRAMES, *x.shape[3:])
         if entry.shape[2] < CACHE_FRAMES:
-            pad = entry.new_zeros(*entry.shape[:2], CACHE_FRAMES - entry.shape[2],
-                                  *entry.shape[3:])
+            pad = (entry[:, :, :1] * 0).expand(-1, -1, CACHE_FRAMES - entry.shape[2], -1, -1)
             return torch.cat([pad, entry], 2)
         return entry
 
@@ -587,7 +590,7 @@ class GraphFriendlyResample(nn.Module):
         cached = feat_cache[i]
         keep = x[:, :, -CACHE_FRAMES:].clone()
         if keep.shape[2] < CACHE_FRAMES:  # one frame: the one before it (zeros after "Rep")
-            before = torch.zeros_like(keep) if isinstance(cached, str) else cached[:, :, -1:]
+            before = keep * 0 if isinstance(cached, str) else cached[:, :, -1:]  # see _uniform
             keep = torch.cat([before, keep], 2)
         y = self.time_conv(x) if isinstance(cached, str) else self.time_conv(x, cached)
         feat_cache[i] = keep
