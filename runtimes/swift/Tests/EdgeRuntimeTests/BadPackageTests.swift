@@ -4,16 +4,7 @@ import Foundation
 import XCTest
 
 /// What the Python side refuses, the Swift runtime refuses too, naming the same file or field.
-final class BadPackageTests: XCTestCase {
-    var scratch: URL!
-
-    override func setUpWithError() throws {
-        scratch = FileManager.default.temporaryDirectory.appendingPathComponent("edge-swift-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
-    }
-
-    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: scratch) }
-
+final class BadPackageTests: ScratchTestCase {
     /// A private copy of the replay package, to damage.
     func copyOfPackage() throws -> (URL, ReplayFixtures) {
         let fx = try ReplayFixtures.load()
@@ -24,15 +15,6 @@ final class BadPackageTests: XCTestCase {
 
     func open(_ root: URL, budget: Int? = nil) throws -> EdgePipeline {
         try EdgePipeline(package: root, backend: ReplayBackend(ReplayPlayer(try ReplayFixtures.load())), budget: budget)
-    }
-
-    func assertRefused(_ what: String, _ words: [String], _ body: () throws -> Void,
-                       file: StaticString = #filePath, line: UInt = #line) {
-        XCTAssertThrowsError(try body(), what, file: file, line: line) { error in
-            for word in words {
-                XCTAssertTrue("\(error)".contains(word), "\(what): \"\(error)\" does not name \(word)", file: file, line: line)
-            }
-        }
     }
 
     /// Each manifest the Python side refuses (bad_manifests.json, with Python's message).

@@ -9,16 +9,7 @@ import XCTest
 /// decoder and the video latent layout must make every block call the Python side made,
 /// with the same inputs, and the same frames. Bundles of another package, truncated or
 /// changed ones, and ones whose calls are not this package's are refused by name.
-final class BundleTests: XCTestCase {
-    var scratch: URL!
-
-    override func setUpWithError() throws {
-        scratch = FileManager.default.temporaryDirectory.appendingPathComponent("edge-bundle-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
-    }
-
-    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: scratch) }
-
+final class BundleTests: ScratchTestCase {
     func wanFolder() throws -> URL {
         guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else {
             throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest tests/test_swift_runtime.py` records the Wan bundles (they need the Python side) and runs these tests with them")
@@ -28,15 +19,6 @@ final class BundleTests: XCTestCase {
 
     func bundle(_ name: String) throws -> ConformanceBundle {
         try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("bundles").appendingPathComponent(name))
-    }
-
-    func assertRefused(_ what: String, _ words: [String], _ body: () throws -> Void,
-                       file: StaticString = #filePath, line: UInt = #line) {
-        XCTAssertThrowsError(try body(), what, file: file, line: line) { error in
-            for word in words {
-                XCTAssertTrue("\(error)".contains(word), "\(what): \"\(error)\" does not name \(word)", file: file, line: line)
-            }
-        }
     }
 
     func testEveryWanBundleReplaysWithTheSameCallsAndFrames() throws {

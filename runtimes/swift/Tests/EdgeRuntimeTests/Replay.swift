@@ -130,3 +130,25 @@ final class ReplayBlock: LoadedBlock {
     init(key: String, player: ReplayPlayer) { self.key = key; self.player = player }
     func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] { try player.answer(key, inputs) }
 }
+
+/// A test case with a scratch folder of its own (removed afterwards) and a check that an
+/// error names what it must.
+class ScratchTestCase: XCTestCase {
+    var scratch: URL!
+
+    override func setUpWithError() throws {
+        scratch = FileManager.default.temporaryDirectory.appendingPathComponent("edge-swift-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws { try? FileManager.default.removeItem(at: scratch) }
+
+    func assertRefused(_ what: String, _ words: [String], _ body: () throws -> Void,
+                       file: StaticString = #filePath, line: UInt = #line) {
+        XCTAssertThrowsError(try body(), what, file: file, line: line) { error in
+            for word in words {
+                XCTAssertTrue("\(error)".contains(word), "\(what): \"\(error)\" does not name \(word)", file: file, line: line)
+            }
+        }
+    }
+}
