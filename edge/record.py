@@ -23,7 +23,7 @@ from edge.blocks import Block
 from edge.bundle import TensorFile, identify_bundle, write_bundle
 from edge.options import with_overrides
 from edge.package import PackageError, atomic_directory, read_package
-from edge.sampler import SamplerSettings
+from edge.sampler import SamplerSettings, initial_noise
 from runtimes.python.pipeline import Pipeline
 
 RECORDED_WITH = {"onnx": "onnxruntime",
@@ -143,11 +143,12 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
         pipe = Pipeline.load(package, open_block=open_block)
     except PackageError as err:
         raise RecordError(str(err)) from None
+    # the seed's noise made here and handed to the run: the bundle holds what ran
+    noise = latents if latents is not None else initial_noise(pipe.latent_shape, [seed])
     try:
         recorder = Recorder(pipe)
         extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
-        video = pipe.generate(prompt, seed=seed, latents=latents, **extra, **(overrides or {}))
-        noise = latents if latents is not None else _seed_noise(pipe, seed)
+        video = pipe.generate(prompt, latents=noise, **extra, **(overrides or {}))
         trace = pipe.last_run["sampler"]
         negative = (negative_prompt if negative_prompt is not None
                     else None if pipe.null_caption is not None else pipe.negative_prompt)
@@ -174,8 +175,3 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
         write_bundle(tmp, {**fields, "calls": calls}, tensors)
     return {**fields, "call_count": len(calls), "tensor_bytes": tensors.size}
 
-
-def _seed_noise(pipe: Pipeline, seed: int) -> np.ndarray:
-    from edge.sampler import initial_noise
-
-    return initial_noise(pipe.latent_shape, [seed])

@@ -188,10 +188,8 @@ def write_wan(folder: Path, wan_iphone: Path, wan_folder: Path, tiny_sora_iphone
                **options)
     record(tiny_sora_iphone, "a red circle moving left", folder / "tiny_sora_bundle",
            overrides={"steps": 6, "merge_steps": 2})
-    bad = []
-    for name, change, words in WAN_BAD_MANIFESTS:
-        bad += bad_manifests(folder / "package", folder / "scratch", [(name, change, words)])
-        shutil.rmtree(folder / "scratch")
+    bad = bad_manifests(folder / "package", folder / "scratch", WAN_BAD_MANIFESTS)
+    shutil.rmtree(folder / "scratch")
     (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
 
 

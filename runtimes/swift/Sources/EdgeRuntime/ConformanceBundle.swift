@@ -36,7 +36,7 @@ public struct ConformanceBundle {
     let settings: [String: Any]
     let tensors: Data
 
-    var description: URL { folder.appendingPathComponent("bundle.json") }
+    var jsonFile: URL { folder.appendingPathComponent("bundle.json") }
 
     public init(contentsOf folder: URL) throws {
         self.folder = folder
@@ -129,7 +129,7 @@ public struct ConformanceBundle {
             settings = try ManifestReader.jsonDecoder().decode(SamplerSettings.self,
                                                                from: JSONSerialization.data(withJSONObject: merged))
         } catch {
-            throw RuntimeError.package("\(description.path): settings: \(error)")
+            throw RuntimeError.package("\(jsonFile.path): settings: \(error)")
         }
     }
 
@@ -137,7 +137,7 @@ public struct ConformanceBundle {
     /// package's blocks (an unknown key, other input or output names, other shapes).
     public func check(_ manifest: Manifest) throws {
         guard manifestSha256 == manifest.manifestSha256 else {
-            throw RuntimeError.package("\(description.path): recorded from the package with manifest digest \(manifestSha256.prefix(16))…; this package's is \(manifest.manifestSha256.prefix(16))… (record the bundle from this package)")
+            throw RuntimeError.package("\(jsonFile.path): recorded from the package with manifest digest \(manifestSha256.prefix(16))…; this package's is \(manifest.manifestSha256.prefix(16))… (record the bundle from this package)")
         }
         var blocks: [String: Manifest.Block] = [:]
         for comp in manifest.components {
@@ -148,19 +148,19 @@ public struct ConformanceBundle {
         }
         let shape = [1] + manifest.latentShape
         guard latents.shape == shape else {
-            throw RuntimeError.package("\(description.path): latents of shape \(latents.shape); the package takes \(shape)")
+            throw RuntimeError.package("\(jsonFile.path): latents of shape \(latents.shape); the package takes \(shape)")
         }
         for (i, call) in calls.enumerated() {
             guard let block = blocks[call.key] else {
-                throw RuntimeError.package("\(description.path): call \(i) runs \(call.key), which is no block of this package")
+                throw RuntimeError.package("\(jsonFile.path): call \(i) runs \(call.key), which is no block of this package")
             }
             for (side, refs, sigs) in [("inputs", call.inputs, block.inputs), ("outputs", call.outputs, block.outputs)] {
                 let want = Dictionary(uniqueKeysWithValues: sigs.map { ($0.name, $0.shape) })
                 guard Set(refs.keys) == Set(want.keys) else {
-                    throw RuntimeError.package("\(description.path): call \(i) (\(call.key)) has \(side) \(refs.keys.sorted()); the block's are \(want.keys.sorted())")
+                    throw RuntimeError.package("\(jsonFile.path): call \(i) (\(call.key)) has \(side) \(refs.keys.sorted()); the block's are \(want.keys.sorted())")
                 }
                 for (name, r) in refs where r.shape != want[name] {
-                    throw RuntimeError.package("\(description.path): call \(i) (\(call.key)) \(side.dropLast()) \(name) has shape \(r.shape); the block's is \(want[name]!)")
+                    throw RuntimeError.package("\(jsonFile.path): call \(i) (\(call.key)) \(side.dropLast()) \(name) has shape \(r.shape); the block's is \(want[name]!)")
                 }
             }
         }
@@ -193,7 +193,7 @@ public final class BundleReplay: BlockBackend {
 
     func answer(_ key: String, _ inputs: [String: Tensor]) throws -> [String: Tensor] {
         lock.lock(); defer { lock.unlock() }
-        let file = bundle.description.path
+        let file = bundle.jsonFile.path
         guard next < bundle.calls.count else {
             throw RuntimeError.block("\(file): call \(next) to \(key), but the recording made only \(bundle.calls.count) calls")
         }
@@ -302,7 +302,7 @@ extension EdgePipeline {
         let want = bundle.tensor(bundle.frames)
         let got = result.frames.flatMap { $0 }.map(Float.init)
         guard want.shape == [result.frames.count, result.height, result.width, 3] else {
-            throw RuntimeError.block("\(bundle.description.path): frames of shape \(want.shape); this run made \([result.frames.count, result.height, result.width, 3])")
+            throw RuntimeError.block("\(bundle.jsonFile.path): frames of shape \(want.shape); this run made \([result.frames.count, result.height, result.width, 3])")
         }
         var squared = 0.0
         for (g, w) in zip(got, want.data) where g != w {

@@ -96,14 +96,11 @@ final class ReplayPlayer {
             guard got.shape == want.shape else {
                 throw RuntimeError.block("replay: call \(next) to \(key): input \(name) of shape \(got.shape); Python's was \(want.shape)")
             }
-            var worst = 0.0
-            for (g, w) in zip(got.data, want.data) {
-                worst = max(worst, Double(abs(g - w)) / max(1, Double(abs(w))))
-            }
-            worstInputError = max(worstInputError, worst)
-            if worst > 1e-5 {
+            let worst = relativeDifference(got, want)
+            if !(worst <= 1e-5) {  // NaN too
                 throw RuntimeError.block("replay: call \(next) to \(key): input \(name) differs from Python's by \(worst)")
             }
+            worstInputError = max(worstInputError, worst)
         }
         next += 1
         return call.outputs.mapValues(fixtures.tensor)
@@ -142,6 +139,22 @@ class ScratchTestCase: XCTestCase {
     }
 
     override func tearDownWithError() throws { try? FileManager.default.removeItem(at: scratch) }
+
+    /// Each manifest in `file` (bad_manifests.json, written by tests/swift_replay.py) that the
+    /// Python side refuses is refused here too, both messages naming the case's words; returns
+    /// how many there were.
+    @discardableResult
+    func assertRefusesWhatPythonRefuses(_ file: URL) throws -> Int {
+        let cases = try JSONSerialization.jsonObject(with: Data(contentsOf: file)) as! [[String: Any]]
+        for c in cases {
+            let name = c["name"] as! String, words = c["names"] as! [String]
+            let python = c["python_error"] as! String
+            for word in words { XCTAssertTrue(python.contains(word), "\(name): Python's \"\(python)\" lacks \(word)") }
+            let data = try JSONSerialization.data(withJSONObject: c["manifest"]!)
+            assertRefused(name, words) { _ = try ManifestReader.decode(data) }
+        }
+        return cases.count
+    }
 
     func assertRefused(_ what: String, _ words: [String], _ body: () throws -> Void,
                        file: StaticString = #filePath, line: UInt = #line) {
