@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from edge.families import FamilyModel, load_model
+from edge.video_metrics import psnr
 from exporters.coreml import COMPRESSIONS, DEFAULT_MIN_IOS, LAYOUTS, export_coreml
-from exporters.coreml_check import end_to_end_check, model_with_stored_weights, psnr
+from exporters.coreml_check import end_to_end_check, model_with_stored_weights
 from exporters.coreml_target import package_bytes
 
 PROMPTS = ["a red circle moving left", "a blue square moving up",

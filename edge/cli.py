@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from edge.console import echo, fail
+from edge.noise import MAX_SEED
 
 app = typer.Typer(
     help="edge: make text-to-video models fit and run fast on devices.\n\n"
@@ -93,7 +94,9 @@ def generate(
     prompt: Annotated[str | None, typer.Argument(hidden=True)] = None,
     output: Annotated[Path, typer.Option(
         "-o", "--output", help="Video file to write (.gif or .mp4).")] = Path("out.gif"),
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the initial noise.")] = 0,
+    seed: Annotated[int, typer.Option(
+        min=0, max=MAX_SEED, help="Seed of the initial noise: the noise diffusers draws for "
+        "torch.Generator().manual_seed(SEED).")] = 0,
     steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
     guidance: Annotated[float | None, typer.Option(
         help="Classifier-free guidance scale [default: the model's].")] = None,
@@ -173,7 +176,7 @@ def record(
     output: Annotated[Path, typer.Option(
         "-o", "--output", help="Bundle folder to write (replaces only a bundle, with --force).")],
     seed: Annotated[int | None, typer.Option(
-        min=0, help="Seed of the initial noise [default: 0].")] = None,
+        min=0, max=MAX_SEED, help="Seed of the initial noise [default: 0].")] = None,
     latents: Annotated[Path | None, typer.Option(
         help="Initial noise from a .npy file, (1, C, T, h, w) in diffusers' layout, instead "
              "of the seed's.")] = None,
@@ -206,7 +209,8 @@ def record(
 
     from edge.bundle import identify_bundle
     from edge.package import PackageWriteError
-    from edge.record import RecordError, record as record_bundle
+    from edge.record import RecordError
+    from edge.record import record as record_bundle
 
     if seed is not None and latents is not None:
         fail("--seed and --latents: give one (the latents are the initial noise)")
@@ -480,7 +484,7 @@ def evaluate(
              "combinations and unseen paraphrases].", exists=True, dir_okay=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     seed: Annotated[int, typer.Option(
-        min=0, help="Seed of the first prompt; prompt i uses seed+i.")] = 0,
+        min=0, max=MAX_SEED, help="Seed of the first prompt; prompt i uses seed+i.")] = 0,
     steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
     batch: Annotated[int, typer.Option(min=1, help="Prompts generated together.")] = 8,
     weights: WeightsOption = None,

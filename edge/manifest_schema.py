@@ -420,6 +420,8 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
                                "manifest was altered or is corrupt)")
     for key in ("producer", "model"):
         require(manifest, key, str, MANIFEST)
+    if "noise" in manifest:  # the seed's definition (edge.noise); absent in older packages
+        require(manifest, "noise", str, MANIFEST)
     target = require(manifest, "target", str, MANIFEST)
     if target not in TARGETS:
         raise PackageError(f"{MANIFEST}: unknown target {target!r}; known: {', '.join(TARGETS)}")

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from edge.noise import check_seed
 from edge.sampler import SamplerSettings, timesteps
 
 # Far above what any sampler uses; a schedule is `steps` long, so this bounds what a bad value
@@ -39,15 +40,12 @@ def check_prompts(prompts: Any) -> list[str]:
 
 
 def check_seeds(seed: Any, n: int) -> list[int]:
-    """Seed i of n prompts: `seed + i` for one integer, else a list of n integers; all
-    non-negative (NumPy's generators refuse negative seeds)."""
+    """Seed i of n prompts: `seed + i` for one integer, else a list of n integers; each a
+    seed as edge.noise defines it (0 to 2^63 - 1, PyTorch's manual_seed range)."""
     seeds = [seed + i for i in range(n)] if _is_int(seed) else seed
     if not isinstance(seeds, list | tuple) or len(seeds) != n:
         raise ValueError(f"seed must be an integer or a list of {n} integers, got {seed!r:.80}")
-    for s in seeds:
-        if not _is_int(s) or s < 0:
-            raise ValueError(f"seed {s!r} must be a non-negative integer")
-    return list(seeds)
+    return [check_seed(s) for s in seeds]
 
 
 def _is_int(x: Any) -> bool:

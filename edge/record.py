@@ -21,6 +21,8 @@ import torch
 import edge
 from edge.blocks import Block
 from edge.bundle import TensorFile, identify_bundle, write_bundle
+from edge.manifest_schema import MANIFEST
+from edge.noise import check_noise
 from edge.options import with_overrides
 from edge.package import PackageError, atomic_directory, read_package
 from edge.sampler import SamplerSettings, initial_noise
@@ -137,6 +139,11 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
                                   overrides or {}).to_dict()
     except (TypeError, ValueError) as err:
         raise RecordError(str(err)) from None
+    if latents is None:
+        try:
+            check_noise(manifest, str(package / MANIFEST))
+        except ValueError as err:
+            raise RecordError(str(err)) from None
     open_block = (stored_weight_blocks(package, manifest, model_folder)
                   if target == "iphone" else None)
     try:

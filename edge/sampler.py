@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from edge.noise import torch_randn
 from edge.schedulers import (
     SCHEDULERS,
     UniPCFlow,
@@ -140,9 +141,9 @@ def euler_step(x: np.ndarray, v: np.ndarray, t: float, t_next: float) -> np.ndar
 
 
 def initial_noise(shape: tuple[int, ...], seeds: list[int]) -> np.ndarray:
-    """Standard normal latents, one independent PCG64 stream per sample's seed."""
-    return np.stack([np.random.default_rng(s).standard_normal(shape, dtype=np.float32)
-                     for s in seeds])
+    """Standard normal latents (B, *shape), sample i drawn as diffusers draws one sample for a
+    generator seeded with seeds[i] (edge.noise)."""
+    return np.stack([torch_randn(tuple(shape), s) for s in seeds])
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -28,6 +28,7 @@ from torch import nn
 from edge.blocks import Block
 from edge.families import FamilyModel
 from edge.manifest_schema import as_variant
+from edge.video_metrics import psnr, snr
 from exporters import ExportValidationError
 from exporters.coreml_weights import (
     MAIN,
@@ -42,19 +43,6 @@ VALIDATION_PROMPT = "a red circle moving left"
 # the least end-to-end PSNR (dB) against fp32 each setting must reach, else the export fails
 PSNR_FLOOR_DB = {"fp16": 40.0, "8": 30.0, "6": 20.0, "4": 35.0}
 _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
-
-
-def snr(got: np.ndarray, want: np.ndarray) -> float:
-    """The error against the reference video's own spread (dB): random-weight videos have so
-    little contrast that another seed's video still scores 30 dB PSNR; SNR tells them apart."""
-    want = want.astype(np.float64)
-    mse = float(np.mean((got.astype(np.float64) - want) ** 2))
-    return float("inf") if mse == 0 else float(10 * np.log10(want.var() / mse))
 
 
 def program_interface(mlpackage: Path, function: str = MAIN) -> tuple[list[dict], list[dict]]:

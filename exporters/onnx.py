@@ -27,6 +27,7 @@ from edge.package import (
     weights_layout,
     write_manifest,
 )
+from edge.video_metrics import psnr
 from exporters import ExportValidationError
 from exporters.package_head import manifest_head
 
@@ -200,11 +201,6 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
 
 PSNR_LIMIT_DB = 40.0
 VALIDATION_PROMPT = "a red circle moving left"
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def end_to_end_check(model: FamilyModel, seed: int = 0,

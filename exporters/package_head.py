@@ -8,6 +8,7 @@ from pathlib import Path
 
 import edge
 from edge.families import FamilyModel
+from edge.noise import NOISE
 from edge.package import FORMAT, FORMAT_VERSION
 
 
@@ -17,4 +18,4 @@ def manifest_head(model: FamilyModel, root: Path, target: str, model_name: str,
     `raw_null_caption`: also a raw float32 copy of a null caption (Swift reads no .npy)."""
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "producer": f"edge {edge.__version__}", "target": target, "model": model_name,
-            "family": model.family, **model.package_fields(root, raw_null_caption)}
+            "family": model.family, "noise": NOISE, **model.package_fields(root, raw_null_caption)}

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from edge.bundle import BUNDLE_JSON, TENSORS, Bundle, BundleError
 from edge.cli import app
 from edge.sampler import initial_noise
-from exporters.coreml_check import psnr, snr
+from edge.video_metrics import psnr, snr
 
 PROMPT = "a red circle moving left"
 runner = CliRunner()

@@ -7,7 +7,8 @@ from typer.testing import CliRunner
 
 from edge.cli import app
 from edge.models.stdit import MergedPair
-from exporters.onnx import PSNR_LIMIT_DB, psnr
+from edge.video_metrics import psnr
+from exporters.onnx import PSNR_LIMIT_DB
 from runtimes.python import Pipeline
 
 runner = CliRunner()

@@ -15,7 +15,8 @@ from wan_folder import make_wan_folder
 
 from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, family_of, load_model
-from exporters.onnx import export_onnx, psnr
+from edge.video_metrics import psnr, snr
+from exporters.onnx import export_onnx
 
 SIZE = {"height": 32, "width": 48, "frames": 9}
 
@@ -125,6 +126,25 @@ def test_package_reproduces_wan_pipeline(wan_packages, wan_models, scheduler):
     finally:
         runtime.close()
     assert not np.array_equal(other, got)
+
+
+def test_a_seed_gives_what_wan_pipeline_gives_for_its_generator(wan_packages, wan_models):
+    """`generate(seed=42)` with no latents reproduces WanPipeline given
+    `generator=torch.Generator().manual_seed(42)`: the same noise, so the same video (PSNR,
+    and SNR against the video's own spread, which another seed's video fails)."""
+    from runtimes.python import Pipeline
+
+    root, _ = wan_packages["unipc"]
+    model = wan_models["unipc"]
+    runtime = Pipeline.load(root)
+    try:
+        got = runtime.generate("a red circle moving left", seed=42, steps=8)
+        other = runtime.generate("a red circle moving left", seed=43, steps=8)
+    finally:
+        runtime.close()
+    want = model.generate("a red circle moving left", seed=42, steps=8)
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want), snr(got, want))
+    assert snr(other, want) < 15.0, snr(other, want)
 
 
 def test_leap_and_step_cache_run_on_wan(wan_packages):

@@ -45,7 +45,7 @@ from edge.families import FamilyError, Shapes
 from edge.files import kind_of
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
 from edge.package import file_entry
-from edge.sampler import SamplerSettings, initial_noise
+from edge.sampler import SamplerSettings
 
 NAME = "wan"
 COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
@@ -794,12 +794,19 @@ class WanModel:
                 "video": {"height": self.height, "width": self.width, "frames": self.frames}}
 
     @torch.no_grad()
-    def reference(self, prompt: str, latents: np.ndarray, negative_prompt: str = "",
-                  steps: int | None = None, guidance: float | None = None,
-                  on_step: Callable[[int, int], None] | None = None) -> np.ndarray:
+    def reference(self, prompt: str, latents: np.ndarray | None = None,
+                  negative_prompt: str = "", steps: int | None = None,
+                  guidance: float | None = None,
+                  on_step: Callable[[int, int], None] | None = None,
+                  seed: int | None = None) -> np.ndarray:
         """diffusers' WanPipeline itself: uint8 video (B, T, H, W, 3) from these initial
-        latents (B, C, T, h, w)."""
+        latents (B, C, T, h, w), or from the latents it draws itself for
+        `generator=torch.Generator().manual_seed(seed)`."""
+        if (latents is None) == (seed is None):
+            raise ValueError("give the reference either latents or a seed")
         steps = steps or self.sampler.steps
+        start = ({"latents": torch.from_numpy(latents)} if seed is None
+                 else {"generator": torch.Generator("cpu").manual_seed(seed)})
 
         def callback(pipe, i, t, kwargs):
             if on_step is not None:
@@ -809,7 +816,7 @@ class WanModel:
         frames = self.pipe(prompt, negative_prompt=negative_prompt, height=self.height,
                            width=self.width, num_frames=self.frames, num_inference_steps=steps,
                            guidance_scale=self.sampler.guidance if guidance is None else guidance,
-                           latents=torch.from_numpy(latents), output_type="np",
+                           **start, output_type="np",
                            max_sequence_length=self.text_tokens,
                            callback_on_step_end=callback).frames
         return np.round(np.asarray(frames) * 255).astype(np.uint8)
@@ -817,8 +824,7 @@ class WanModel:
     def generate(self, prompt: str, seed: int = 0,
                  on_step: Callable[[int, int], None] | None = None,
                  steps: int | None = None) -> np.ndarray:
-        return self.reference(prompt, initial_noise(self.latent_shape, [seed]), steps=steps,
-                              on_step=on_step)
+        return self.reference(prompt, seed=seed, steps=steps, on_step=on_step)
 
 
 def accepts(folder: Path, height: int | None = None, width: int | None = None,

@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from edge.budget import parse_size
 from edge.manifest_schema import MANIFEST, as_variant, check_chain
+from edge.noise import check_noise
 from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
 from edge.sampler import (
@@ -374,7 +375,7 @@ class Pipeline:
         return latents.astype(np.float32)
 
     @_one_at_a_time
-    def generate(self, prompts: str | list[str], seed: int | list[int] = 0,
+    def generate(self, prompts: str | list[str], seed: int | list[int] | None = None,
                  on_step: Callable[[int, int], None] | None = None,
                  negative_prompt: str | None = None, latents: np.ndarray | None = None,
                  **sampler_overrides) -> np.ndarray:
@@ -382,12 +383,18 @@ class Pipeline:
         pipeline (prompt i gets seed + i), so the two produce the same video.
         `negative_prompt`: the unconditional pass's text (default: the package's null caption
         or negative prompt). `latents`: initial noise (B, C, T, h, w) in diffusers' layout,
-        instead of the seeds' (to reproduce a diffusers run exactly)."""
+        instead of the seeds' (refused together with a seed). A seed draws what diffusers
+        draws for `torch.Generator().manual_seed(seed)` (edge.noise); default 0."""
         if self._closed:
             raise ValueError(f"the pipeline of {self.root} is closed (close() was called); "
                              "load the package again to generate")
         prompts = check_prompts(prompts)
-        seeds = check_seeds(seed, len(prompts))
+        if seed is not None and latents is not None:
+            raise ValueError("seed and latents given together: the latents are the initial "
+                             "noise, so give one")
+        seeds = check_seeds(0 if seed is None else seed, len(prompts))
+        if latents is None:
+            check_noise(self.manifest, MANIFEST)
         if negative_prompt is not None:
             if not isinstance(negative_prompt, str):
                 raise ValueError("negative_prompt must be one string")
