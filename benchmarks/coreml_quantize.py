@@ -7,7 +7,7 @@ exporter's one validation prompt.
 
 For each setting: export tiny-sora to a temporary folder (with the exporter's own checks),
 then render PROMPTS x SEEDS (30 steps) with the weights read back out of the programs
-(exporters.coreml_check.model_with_stored_weights) and compare each video with fp32
+(exporters.coreml_check.stored_weights_in_place) and compare each video with fp32
 PyTorch (PSNR over the uint8 frames). Prints one row per setting: iOS target, the whole
 package on disk, how much smaller than the fp32 tensors it stores, and PSNR (validation
 prompt, mean, worst). `--sizes` exports each setting for iOS 18 (multifunction programs) and
@@ -28,8 +28,14 @@ import numpy as np
 
 from edge.families import FamilyModel, load_model
 from edge.video_metrics import psnr
-from exporters.coreml import COMPRESSIONS, DEFAULT_MIN_IOS, LAYOUTS, export_coreml
-from exporters.coreml_check import end_to_end_check, model_with_stored_weights
+from exporters.coreml import (
+    COMPRESSIONS,
+    DEFAULT_MIN_IOS,
+    LAYOUTS,
+    cut_for_device,
+    export_coreml,
+)
+from exporters.coreml_check import end_to_end_check, stored_weights_in_place
 from exporters.coreml_target import package_bytes
 
 PROMPTS = ["a red circle moving left", "a blue square moving up",
@@ -55,9 +61,10 @@ def measure(pipe: FamilyModel, setting: str, folder: Path,
     manifest = export_coreml(pipe, folder / setting, setting, min_ios=min_ios,
                              validate_end_to_end=end_to_end_check(pipe, setting))
     export_s = time.perf_counter() - started
-    twin = model_with_stored_weights(pipe, folder / setting, manifest)
-    values = [psnr(twin.generate(p, seed=s), pipe.generate(p, seed=s))
-              for p in PROMPTS for s in SEEDS]
+    want = [pipe.generate(p, seed=s) for p in PROMPTS for s in SEEDS]
+    with stored_weights_in_place(cut_for_device(pipe), folder / setting, manifest):
+        got = [pipe.generate(p, seed=s) for p in PROMPTS for s in SEEDS]
+    values = [psnr(a, b) for a, b in zip(got, want, strict=True)]
     return {"setting": setting, **sizes(manifest, folder / setting),
             "psnr_validation_db": manifest["validation"]["psnr_db"],
             "psnr_mean_db": float(np.mean(values)), "psnr_min_db": float(min(values)),

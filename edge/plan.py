@@ -20,6 +20,7 @@ computing and the one being read ahead. So, for a budget B:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edge.blocks import Block
@@ -38,6 +39,11 @@ def block_bytes(block: Block) -> int:
                            for n, p in block.parameters().items()})[1]
 
 
+# What a block will occupy once loaded on the target: its weights file as the onnx and web
+# packages store it (block_bytes), or the stored form a target compresses it to (iphone).
+SizeOf = Callable[[Block], int]
+
+
 @dataclass
 class Partition:
     components: dict[str, list[Block]]
@@ -49,11 +55,12 @@ class Partition:
                 "blocks": {k: v for k, v in self.members.items()}}
 
 
-def _split_large(blocks: list[Block], limit: int, why: str, out: Partition) -> list[Block]:
+def _split_large(blocks: list[Block], limit: int, why: str, out: Partition,
+                 size_of: SizeOf) -> list[Block]:
     """Split every splittable block larger than `limit` bytes."""
     result = []
     for b in blocks:
-        size = block_bytes(b)
+        size = size_of(b)
         if size > limit and splittable(b):
             halves = split(b)
             for h in halves:
@@ -66,25 +73,29 @@ def _split_large(blocks: list[Block], limit: int, why: str, out: Partition) -> l
     return result
 
 
-def _streamed_per_step(components: dict[str, list[Block]], budget: int) -> int:
+def _streamed_per_step(components: dict[str, list[Block]], budget: int,
+                       size_of: SizeOf) -> int:
     """Bytes read every denoising step: the transformer blocks left unpinned."""
-    sizes = {b.key: block_bytes(b) for blocks in components.values() for b in blocks}
+    sizes = {b.key: size_of(b) for blocks in components.values() for b in blocks}
     pinned = _pins(components, sizes, budget)
-    return sum(block_bytes(b) for b in components.get("transformer", []) if b.key not in pinned)
+    return sum(sizes[b.key] for b in components.get("transformer", []) if b.key not in pinned)
 
 
-def _split(components: dict[str, list[Block]], budget: int, out: Partition) -> dict:
+def _split(components: dict[str, list[Block]], budget: int, out: Partition,
+           size_of: SizeOf) -> dict:
     """Pairs larger than half the budget must split (two must fit: one computing, one read
     ahead). The others split too where halves pin more, so fewer bytes stream every step."""
     must = Partition({})
     kept = {c: _split_large(blocks, budget // 2, f"two of it do not fit {format_size(budget)}, "
-                            "so the next block could not be read while it computes", must)
+                            "so the next block could not be read while it computes", must,
+                            size_of)
             for c, blocks in components.items()}
-    check_budget({b.key: block_bytes(b) for blocks in kept.values() for b in blocks}, budget)
+    check_budget({b.key: size_of(b) for blocks in kept.values() for b in blocks}, budget)
     every = Partition({})
-    halves = {c: _split_large(blocks, 0, "", every) for c, blocks in components.items()}
+    halves = {c: _split_large(blocks, 0, "", every, size_of) for c, blocks in components.items()}
     if every.members.keys() != must.members.keys():
-        before, after = _streamed_per_step(kept, budget), _streamed_per_step(halves, budget)
+        before = _streamed_per_step(kept, budget, size_of)
+        after = _streamed_per_step(halves, budget, size_of)
         if after < before:
             out.members |= every.members
             out.notes.append(f"transformer pairs split into spatial and temporal halves: "
@@ -96,8 +107,8 @@ def _split(components: dict[str, list[Block]], budget: int, out: Partition) -> d
     return kept
 
 
-def _merge_runs(blocks: list[Block], cap: int, pinned: set[str],
-                out: Partition) -> list[Block]:
+def _merge_runs(blocks: list[Block], cap: int, pinned: set[str], out: Partition,
+                size_of: SizeOf) -> list[Block]:
     result, run = [], []
 
     def flush(upto: int) -> None:
@@ -106,7 +117,7 @@ def _merge_runs(blocks: list[Block], cap: int, pinned: set[str],
             merged = merge(run, later)
             out.members[merged.key] = [b.name for b in run]
             out.notes.append(f"{merged.key} = {', '.join(b.name for b in run)} "
-                             f"({format_size(block_bytes(merged))}): one read instead of "
+                             f"({format_size(size_of(merged))}): one read instead of "
                              f"{len(run)}")
             result.append(merged)
         else:
@@ -115,7 +126,7 @@ def _merge_runs(blocks: list[Block], cap: int, pinned: set[str],
 
     size = 0
     for i, b in enumerate(blocks):
-        n = block_bytes(b)
+        n = size_of(b)
         if run and (b.key in pinned or run[-1].key in pinned or kind(b.name) is None
                     or kind(b.name) != kind(run[-1].name) or size + n > cap):
             flush(i)
@@ -128,17 +139,18 @@ def _merge_runs(blocks: list[Block], cap: int, pinned: set[str],
 
 
 def partition(components: dict[str, list[Block]], budget: int | None,
-              read_unit: int = READ_UNIT) -> Partition:
-    """The blocks to export for `budget` (None: as cut, nothing changes)."""
+              read_unit: int = READ_UNIT, size_of: SizeOf = block_bytes) -> Partition:
+    """The blocks to export for `budget` (None: as cut, nothing changes), each block
+    counted as `size_of` says it will occupy once loaded."""
     if budget is None:
         return Partition(dict(components))
     out = Partition({})
-    split_components = _split(components, budget, out)
-    sizes = {b.key: block_bytes(b) for blocks in split_components.values() for b in blocks}
+    split_components = _split(components, budget, out, size_of)
+    sizes = {b.key: size_of(b) for blocks in split_components.values() for b in blocks}
     pinned = _pins(split_components, sizes, budget)  # refuses a budget below the largest block
     streamed = sorted((n for k, n in sizes.items() if k not in pinned), reverse=True)
     cap = min(read_unit, streamed[1]) if len(streamed) > 1 else 0
-    out.components = {c: _merge_runs(blocks, cap, pinned, out)
+    out.components = {c: _merge_runs(blocks, cap, pinned, out, size_of)
                       for c, blocks in split_components.items()}
     return out
 
@@ -149,8 +161,9 @@ def _pins(components: dict[str, list[Block]], sizes: dict[str, int],
     return plan_pins(sizes, budget, every_step)
 
 
-def plan_residency(components: dict[str, list[Block]], budget: int | None) -> dict:
-    sizes = {b.key: block_bytes(b) for blocks in components.values() for b in blocks}
+def plan_residency(components: dict[str, list[Block]], budget: int | None,
+                   size_of: SizeOf = block_bytes) -> dict:
+    sizes = {b.key: size_of(b) for blocks in components.values() for b in blocks}
     pinned = _pins(components, sizes, budget)
     streamed = sorted(((n, k) for k, n in sizes.items() if k not in pinned), reverse=True)
     resident = sum(sizes[k] for k in pinned)
@@ -166,3 +179,21 @@ def plan_residency(components: dict[str, list[Block]], budget: int | None) -> di
                        for k, n in sizes.items()],
             "total_bytes": sum(sizes.values()), "largest_bytes": max(sizes.values()),
             "resident_bytes": resident, "working_set_bytes": working_set, "notes": notes}
+
+
+def plan_lines(plan: dict, members: dict[str, list[str]], budget: int | None,
+               unit: str = "weights") -> list[str]:
+    """The --dry-run table of a residency plan: per block its bytes and whether it stays
+    resident, what a re-cut block was made of, then the totals."""
+    lines = [f"{'block':<28}{unit:>12}  at {format_size(budget) if budget else 'no budget'}"]
+    for row in plan["blocks"]:
+        made_of = members.get(row["block"])
+        lines.append(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
+                     f"{'resident' if row['resident'] else 'streamed every use'}"
+                     f"{'  <- ' + ', '.join(made_of) if made_of else ''}")
+    lines.append(f"total {format_size(plan['total_bytes'])}, resident "
+                 f"{format_size(plan['resident_bytes'])}, largest block "
+                 f"{format_size(plan['largest_bytes'])}, working set "
+                 f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
+                 " + the block read ahead)")
+    return lines

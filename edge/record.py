@@ -83,7 +83,9 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
     """`Pipeline.load`'s `open_block` for an iphone package: its blocks in PyTorch with the
     weights stored in its programs."""
     from edge.families import FamilyError, family_of, load_model
-    from exporters.coreml_check import model_with_stored_weights
+    from edge.plan import READ_UNIT
+    from exporters.coreml import device_blocks
+    from exporters.coreml_check import load_stored_weights
 
     source = model_folder or "the shipped tiny-sora"
     video = manifest.get("video") or {}
@@ -101,8 +103,19 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
         raise RecordError(
             f"{package}: latents {manifest['latent_shape']}; {source} makes "
             f"{list(model.latent_shape)}: pass the folder it was exported from with --model")
-    twin = model_with_stored_weights(model, package, manifest)
-    blocks = {b.key: b for bs in twin.cut(twin.shapes("iphone")).values() for b in bs}
+    # the blocks as exported (re-cut as for the budget the package was exported for), with
+    # the stored weights written into this model of our own
+    plan = manifest.get("plan") or {}
+    components = device_blocks(model, manifest["coreml"]["compression"]["setting"],
+                               plan.get("memory_budget_bytes"),
+                               plan.get("read_unit_bytes", READ_UNIT)).components
+    blocks = {b.key: b for bs in components.values() for b in bs}
+    exported = {f"{c['name']}/{b['name']}" for c in manifest["components"] for b in c["blocks"]}
+    if exported != set(blocks):
+        raise RecordError(f"{package}: its blocks ({', '.join(sorted(exported - set(blocks)))}) "
+                          f"are not the ones {source} cuts for its plan: pass the folder it "
+                          "was exported from with --model")
+    load_stored_weights(components, package, manifest)
 
     def open_block(key: str, record: dict) -> TorchBlockSession:
         base, _, variant = key.partition("#")

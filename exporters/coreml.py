@@ -61,6 +61,7 @@ from torch import nn
 from edge.blocks import Block
 from edge.families import FamilyModel
 from edge.package import atomic_directory, file_entry, write_manifest
+from edge.plan import READ_UNIT, Partition, partition
 from exporters import ExportValidationError
 from exporters.coreml_weights import MAIN, import_coremltools
 from exporters.package_head import manifest_head
@@ -113,6 +114,27 @@ def deployment_target(quantize: str, min_ios: int) -> str:
 def cut_for_device(model: FamilyModel) -> dict[str, list[Block]]:
     """The family's blocks at the static shapes it runs on the device (one prompt)."""
     return model.cut(model.shapes("iphone"))
+
+
+def device_blocks(model: FamilyModel, quantize: str, budget: int | None,
+                  read_unit: int = READ_UNIT) -> Partition:
+    """The device cut re-cut for a memory budget (edge/plan.py), each block counted as the
+    bytes its program stores at `quantize` (what the Swift loader holds for it). The same
+    arguments give the same blocks: `edge record` re-cuts a package's model this way."""
+    return partition(cut_for_device(model), budget, read_unit,
+                     size_of=lambda block: estimated_bytes(block, quantize))
+
+
+def estimated_bytes(block, quantize: str) -> int:
+    """Stored weight bytes of a block at a setting, before exporting: tensors of at least
+    WEIGHT_THRESHOLD elements at the bits the setting gives this block (lookup tables and
+    scales left out), the rest fp16."""
+    per_weight = compression(quantize).storage(block.key).bits
+    bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
+               for p in block.parameters().values())
+    return bits // 8
+
+
 
 
 def _coreml_dtype(t: torch.Tensor):
@@ -403,8 +425,11 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
                   model_name: str | None = None, min_ios: int = DEFAULT_MIN_IOS,
                   components: dict[str, list[Block]] | None = None,
                   on_block: Callable[[str], None] | None = None,
-                  validate_end_to_end: Callable[[Path, dict], dict] | None = None) -> dict:
+                  validate_end_to_end: Callable[[Path, dict, dict], dict] | None = None,
+                  plan: dict | None = None) -> dict:
     """Export every block to `dest` atomically as .mlpackage programs; returns the manifest.
+    `components`: the blocks to export (default: the family's device cut); `plan`: how they
+    were re-cut for a memory budget (edge/plan.py), recorded in the manifest.
 
     Raises ExportValidationError (and writes nothing) if a program's interface does not
     match the manifest or the blocks do not chain."""
@@ -423,6 +448,8 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
             "compute_precision": "float16", "compute_units": COMPUTE_UNITS,
             "output_prefix": OUTPUT_PREFIX, "compression": compression_record(quantize),
             "compiled": False, "note": MACOS_ONLY_NOTE}
+        if plan is not None:
+            manifest["plan"] = plan
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
@@ -438,6 +465,6 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
         if problems:
             raise ExportValidationError("structure: " + "; ".join(problems))
         if validate_end_to_end:
-            manifest["validation"] = validate_end_to_end(root, manifest)
+            manifest["validation"] = validate_end_to_end(root, manifest, components)
         write_manifest(root, manifest)
     return manifest

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from edge.budget import format_size
 from edge.families import FamilyModel
+from edge.plan import READ_UNIT, plan_lines, plan_residency
 from exporters import (
     ExportOptionError,
     ExportOptions,
@@ -25,7 +27,6 @@ from exporters.coreml import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
     MACOS_ONLY_NOTE,
-    WEIGHT_THRESHOLD,
     compression,
     layout,
 )
@@ -38,7 +39,7 @@ def _min_ios(options: ExportOptions) -> int:
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"quantize", "min_ios"})
+    refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget"})
     try:
         compression(options.quantize or "fp16")
         layout(_min_ios(options))
@@ -57,16 +58,18 @@ def package_bytes(root: Path) -> int:
 
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
-    """The device cut: blocks, their static input shapes, fp32 bytes and an estimate of the
-    stored bytes at the setting (the --dry-run table)."""
-    from exporters.coreml import cut_for_device
+    """The device cut (re-cut for a budget, counted in stored bytes): blocks, their static
+    input shapes, fp32 bytes and an estimate of the stored bytes at the setting, then with a
+    budget the residency plan the Swift loader will follow (the --dry-run table)."""
+    from exporters.coreml import device_blocks, estimated_bytes
 
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
+    budget = options.memory_budget
     copies = chosen.name == "separate"   # each variant's program holds its own copy
-    components = cut_for_device(model)
+    cut = device_blocks(model, quantize, budget)
     lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs"]
     total = estimate = 0
-    for blocks in components.values():
+    for blocks in cut.components.values():
         for block in blocks:
             est = estimated_bytes(block, quantize) * (1 + copies * len(block.variants))
             total, estimate = total + block.weight_bytes(), estimate + est
@@ -77,7 +80,16 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {estimate / 1e6:.1f} MB "
                  f"of weight files at {quantize} (estimate) for iOS {chosen.min_ios}: "
                  f"{chosen.text}. {MACOS_ONLY_NOTE}.")
-    return Prepared(components, plan_lines=lines)
+    notes = list(cut.notes)
+    if budget is not None:
+        plan = plan_residency(cut.components, budget,
+                              size_of=lambda block: estimated_bytes(block, quantize))
+        lines += ["", f"residency on the device at {format_size(budget)} (stored {quantize} "
+                  "bytes, estimated; the Swift loader's plan):"]
+        lines += plan_lines(plan, cut.members, budget, unit=f"~{quantize}")
+        notes += plan["notes"]
+    return Prepared(cut.components, notes=notes, plan_lines=lines,
+                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
 
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
@@ -88,7 +100,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     quantize = options.quantize or "fp16"
     return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
                          components=prepared.components, on_block=progress.on_block,
-                         validate_end_to_end=end_to_end_check(model, quantize))
+                         validate_end_to_end=end_to_end_check(model, quantize),
+                         plan=prepared.manifest_plan)
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
@@ -115,15 +128,3 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
             f"{manifest['validation']['prompt']!r}\n"
             f"note: {MACOS_ONLY_NOTE}. Not measured here: fp16 activations on the device "
             "(CoreML cannot predict on Linux).")
-
-
-def estimated_bytes(block, quantize: str) -> int:
-    """Stored weight bytes of a block at a setting, before exporting: tensors of at least
-    WEIGHT_THRESHOLD elements at the bits the setting gives this block (lookup tables and
-    scales left out), the rest fp16."""
-    per_weight = compression(quantize).storage(block.key).bits
-    bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
-               for p in block.parameters().values())
-    return bits // 8
-
-

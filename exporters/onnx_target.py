@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edge.budget import format_size
 from edge.families import FamilyModel
-from edge.plan import READ_UNIT, partition, plan_residency
+from edge.plan import READ_UNIT, partition, plan_lines, plan_residency
 from exporters import ExportOptions, Prepared, Progress, refuse_others
 
 NAME = "onnx"
@@ -29,18 +29,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     budget = options.memory_budget
     cut = partition(model.cut(model.shapes(NAME)), budget)
     plan = plan_residency(cut.components, budget)
-    lines = [f"{'block':<28}{'weights':>12}  at "
-             f"{format_size(budget) if budget else 'no budget'}"]
-    for row in plan["blocks"]:
-        made_of = cut.members.get(row["block"])
-        lines.append(f"{row['block']:<28}{format_size(row['bytes']):>12}  "
-                     f"{'resident' if row['resident'] else 'streamed every use'}"
-                     f"{'  <- ' + ', '.join(made_of) if made_of else ''}")
-    lines.append(f"total {format_size(plan['total_bytes'])}, resident "
-                 f"{format_size(plan['resident_bytes'])}, largest block "
-                 f"{format_size(plan['largest_bytes'])}, working set "
-                 f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
-                 " + the block read ahead)")
+    lines = plan_lines(plan, cut.members, budget)
     return Prepared(cut.components, notes=cut.notes + plan["notes"], plan_lines=lines,
                     manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
 

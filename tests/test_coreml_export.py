@@ -260,7 +260,7 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_sora, coreml_package):
     before = (dest / "manifest.json").read_bytes()
     blocks = {"vae_decoder": cut_for_device(tiny_sora)["vae_decoder"][-1:]}
 
-    def failing(root, manifest):
+    def failing(root, manifest, components):
         raise ExportValidationError("end to end: too far from fp32")
 
     with pytest.raises(ExportValidationError, match="too far"):
@@ -349,8 +349,7 @@ def test_4bit_setting_stores_each_component_as_measured_and_its_weights_6x_small
     stores the weights >= 6x smaller than fp32 (estimated from the parameters; lookup tables
     and scales add < 1%; the whole package, with its specs and tokenizer, is 5.6x smaller:
     docs/benchmarks.md)."""
-    from exporters.coreml import compression, compression_record
-    from exporters.coreml_target import estimated_bytes
+    from exporters.coreml import compression, compression_record, estimated_bytes
 
     setting = compression("4")
     blocks = [b for bs in cut_for_device(tiny_sora).values() for b in bs]
@@ -492,3 +491,59 @@ def test_ios17_layout_stores_each_variant_as_its_own_program(coreml_package_ios1
     # and the whole package is smaller by about those copies
     saved = package_bytes(root) - package_bytes(mf_root)
     assert 0.9 * (weights - mf_weights) < saved < 1.1 * (weights - mf_weights)
+
+
+def test_cli_dry_run_plans_the_budget_in_stored_bytes():
+    """--memory-budget re-cuts the device blocks counting what each program stores at the
+    setting: the same 24 MB merges pairs at fp16, and 8 MB splits them at 4 bits; a budget
+    below the largest stored block is refused naming it."""
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    def dry_run(*args: str):
+        return CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run", *args])
+
+    result = dry_run("--memory-budget", "24MB")
+    assert result.exit_code == 0, result.output
+    assert "residency on the device at 24.0 MiB (stored fp16 bytes" in result.output
+    assert "<- pair_0, pair_1, pair_2" in result.output  # merged: one read instead of 3
+    assert "text_encoder/embeddings         22.7 MiB  streamed every use" in result.output
+    result = dry_run("--memory-budget", "8MB", "--quantize", "4")
+    assert result.exit_code == 0, result.output
+    assert "transformer/pair_0_spatial" in result.output and "<- pair_0" in result.output
+    result = dry_run("--memory-budget", "20MB")
+    assert result.exit_code != 0
+    assert ("smaller than block text_encoder/embeddings (22.7 MiB); the smallest budget that "
+            "works is 22.7 MiB") in result.output
+
+
+@pytest.mark.slow  # a whole export and a recording (a few minutes on 2 cores)
+def test_export_for_a_budget_is_recut_validated_recorded_and_leaves_the_model(tmp_path,
+                                                                              tiny_sora):
+    from edge.record import record
+    from exporters import ExportOptions, Progress
+    from exporters import coreml_target as target
+
+    before = {n: p.detach().clone() for n, p in
+              tiny_sora.pipe.transformer.named_parameters()}
+    options = ExportOptions(memory_budget=24 << 20)
+    prepared = target.prepare(tiny_sora, options)
+    root = tmp_path / "tiny-sora-iphone-24MB"
+    manifest = target.export(tiny_sora, prepared, root, options, Progress())
+    assert manifest["plan"]["memory_budget_bytes"] == 24 << 20
+    assert manifest["plan"]["blocks"]["transformer/pair_0-2"] == ["pair_0", "pair_1", "pair_2"]
+    names = [b["name"] for c in manifest["components"] for b in c["blocks"]]
+    assert "pair_0-2" in names and "up_0-1" in names and "pair_0" not in names
+    merged = next(b for c in manifest["components"] for b in c["blocks"]
+                  if b["name"] == "pair_0-2")
+    assert "tdtm" in merged["variants"]  # the members' variant, a function of one program
+    assert check_structure(root, manifest) == []
+    assert manifest["validation"]["psnr_db"] is None or manifest["validation"]["psnr_db"] >= 40
+    # the check rendered with the stored fp16 weights in place, then put the fp32 ones back
+    for n, p in tiny_sora.pipe.transformer.named_parameters():
+        assert torch.equal(p, before[n]), n
+    # `edge record` re-cuts its own model the same way and runs the package's blocks
+    info = record(root, "a red circle moving left", tmp_path / "bundle", overrides={"steps": 2})
+    calls = json.loads((tmp_path / "bundle" / "bundle.json").read_text())["calls"]
+    assert any(c["key"].startswith("transformer/pair_0-2") for c in calls), info
