@@ -33,8 +33,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background
                  "--disable-component-update", "--disable-sync", "--no-first-run",
                  "--disable-quic"]
 FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
+NOISE_FIXTURE = Path(__file__).parent / "fixtures" / "noise" / "torch_randn.json"
+NOISE_TOLERANCE = 1e-5  # torch's SIMD float32 log/sin/cos; measured 2.4e-7
 STEPS = 2             # a short generation keeps SwiftShader's share of the suite small
-PSNR_LIMIT_DB = 30.0
+# the page's video for a seed against the Python runtime's for the same seed
+PSNR_LIMIT_DB = 40.0
+SNR_LIMIT_DB = 25.0   # the error against the reference video's own variance
 # onnxruntime-web's dist, served from the package (--bundle-ort): tests never reach a CDN
 ORT_DIST = Path(os.environ.get("EDGE_ORT_WEB_DIST", Path(__file__).resolve().parents[2]
                                / "shared" / "vendor" / "onnxruntime-web-1.30"))
@@ -289,6 +293,121 @@ def test_sampler_timesteps_match_python_bit_for_bit(page):
         assert np.array_equal(np.float32(got), want), (steps, shift)
 
 
+@pytest.fixture(scope="module")
+def runtime_page(browser, served):
+    """A page of the served package that loads no model: for the runtime's modules alone."""
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto(served + "manifest.json")
+    yield pg
+    context.close()
+
+
+# each fixture case drawn by torchRandn: the worst difference from torch's values, the float64
+# sum of all values, and whether a Number seed (where exact) draws the same as the string
+REPLAY_NOISE = """async (cases) => {
+  const { torchRandn } = await import('/runtime/noise.js');
+  return cases.map((c) => {
+    const got = torchRandn(c.count, c.seed);
+    const index = c.values ? null : c.samples.index, want = c.values || c.samples.value;
+    let worst = 0, sum = 0;
+    want.forEach((v, i) => { worst = Math.max(worst, Math.abs(got[index ? index[i] : i] - v)); });
+    for (let i = 0; i < got.length; i++) sum += got[i];
+    let asNumber = null;
+    if (BigInt(c.seed) <= BigInt(Number.MAX_SAFE_INTEGER) && c.count < 5000) {
+      const other = torchRandn(c.count, Number(c.seed));
+      asNumber = other.every((v, i) => Object.is(v, got[i]));
+    }
+    return { length: got.length, worst, sum, asNumber, finite: got.every(Number.isFinite) };
+  });
+}"""
+
+
+def test_seed_noise_replays_what_torch_draws(runtime_page):
+    """runtimes/web/noise.js draws, for every case of tests/fixtures/noise/torch_randn.json
+    (written from torch itself: under 16 values, whole and partial groups of 16, seeds past
+    2^32, 2^53 and up to 2^63 - 1, Wan's 16x21x60x104 latents), torch.randn's values."""
+    cases = json.loads(NOISE_FIXTURE.read_text())["cases"]
+    got = runtime_page.evaluate(REPLAY_NOISE, cases)
+    for case, g in zip(cases, got, strict=True):
+        name = f"seed {case['seed']}, {case['count']} values"
+        assert g["length"] == case["count"] and g["finite"], name
+        assert g["worst"] < NOISE_TOLERANCE, f"{name}: {g['worst']:.2g}"
+        assert g["asNumber"] in (None, True), name
+        if "sum" in case:
+            assert abs(g["sum"] - case["sum"]) <= 1e-3 * abs(case["sum"]), name
+    assert any(g["asNumber"] for g in got)
+    assert any("sum" in c and c["count"] == 16 * 21 * 60 * 104 for c in cases)  # Wan's
+
+
+def test_seed_checks_refuse_what_is_not_a_seed(runtime_page):
+    """checkSeed takes a whole Number up to 2^53 - 1, a BigInt or a decimal string up to
+    2^63 - 1 and names what it refuses; 2^63 - 1 as a string and as a BigInt draw the
+    fixture's values for it; only the low 32 bits count, as in torch (2^32 + 7 draws 7's)."""
+    from edge.noise import torch_randn
+
+    out = runtime_page.evaluate("""async () => {
+      const { checkSeed, torchRandn } = await import('/runtime/noise.js');
+      const refused = {};
+      for (const [name, seed] of [["negative", -1], ["fraction", 1.5], ["NaN", NaN],
+          ["2^63", 2n ** 63n], ["unsafe", 2 ** 60], ["negative BigInt", -1n], ["text", "12a"],
+          ["boolean", true]]) {
+        try { refused[name] = `accepted: ${checkSeed(seed)}`; }
+        catch (err) { refused[name] = err.message; }
+      }
+      const same = (a, b) => a.length === b.length && a.every((v, i) => Object.is(v, b[i]));
+      const max = torchRandn(33, "9223372036854775807");
+      return { refused,
+        accepted: [checkSeed("9223372036854775807"), checkSeed(2n ** 63n - 1n),
+                   checkSeed(Number.MAX_SAFE_INTEGER), checkSeed(0)].map(String),
+        max: [...max], maxSame: same(max, torchRandn(33, 2n ** 63n - 1n)),
+        low32: [...torchRandn(100, 2n ** 32n + 7n)],
+        low32Same: same(torchRandn(100, 2n ** 32n + 7n), torchRandn(100, 7)) };
+    }""")
+    r = out["refused"]
+    assert r["negative"] == "seed -1 is out of range: a seed is a whole number from 0 to 2^63 - 1"
+    assert r["negative BigInt"] == r["negative"]
+    assert r["fraction"] == "seed 1.5 must be a whole number from 0 to 2^63 - 1"
+    assert r["NaN"] == "seed NaN must be a whole number from 0 to 2^63 - 1"
+    assert r["2^63"] == ("seed 9223372036854775808 is out of range: a seed is a whole number "
+                         "from 0 to 2^63 - 1")
+    assert r["unsafe"].startswith("seed 1152921504606847000 is past 2^53 - 1")
+    assert "as a BigInt or a string of its decimal digits" in r["unsafe"]
+    assert r["text"] == 'seed "12a" must be a whole number from 0 to 2^63 - 1, in decimal digits'
+    assert r["boolean"].startswith("seed true (boolean) must be a whole number")
+    assert out["accepted"] == [str(2**63 - 1), str(2**63 - 1), str(2**53 - 1), "0"]
+    fixture = {(c["seed"], c["count"]): c for c in json.loads(NOISE_FIXTURE.read_text())["cases"]}
+    want_max = fixture[str(2**63 - 1), 33]["values"]
+    assert out["maxSame"] and np.abs(np.float32(out["max"]) - want_max).max() < NOISE_TOLERANCE
+    assert out["low32Same"]
+    assert np.abs(np.float32(out["low32"]) - fixture[str(2**32 + 7), 100]["values"]).max() \
+        < NOISE_TOLERANCE
+    assert np.abs(np.float32(out["low32"]) - torch_randn((100,), 7)).max() < NOISE_TOLERANCE
+
+
+def test_loader_takes_the_noise_field_as_an_optional_string(runtime_page, web_package):
+    """The manifest's `noise` (what a seed means): absent in older packages, a string where
+    written; anything else is refused at load, naming the field."""
+    manifest = web_package[1]
+    assert manifest["noise"] == "torch.randn/cpu/float32"
+    out = runtime_page.evaluate("""async (manifest) => {
+      const { checkManifest } = await import('/runtime/loader.js');
+      const out = {};
+      for (const [name, noise] of [["written", manifest.noise], ["absent", undefined],
+          ["other", "numpy.pcg64"], ["number", 7], ["null", null], ["list", ["a"]]]) {
+        const m = { ...manifest };
+        if (noise === undefined) delete m.noise; else m.noise = noise;
+        try { checkManifest(m, 'manifest.json'); out[name] = null; }
+        catch (err) { out[name] = err.message; }
+      }
+      return out;
+    }""", manifest)
+    assert out["written"] is None and out["absent"] is None and out["other"] is None
+    for name, shown in [("number", "7"), ("null", "null"), ("list", '["a"]')]:
+        assert out[name] == ("manifest.json: field 'noise' must be a string (the seeds' "
+                             f'definition, e.g. "torch.randn/cpu/float32"), got {shown}')
+
+
 def test_corrupt_shard_is_refetched_then_refused(page, web_package, served, tmp_path):
     """A cached shard that fails its sha256 is dropped and fetched again; a server copy that
     is damaged too gives an error naming the file."""
@@ -541,29 +660,72 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
-def test_demo_page_generates_the_python_video(page, served, pipeline, web_package, tmp_path):
-    """The demo page, given the Python runtime's initial noise, generates frames matching
-    the PyTorch pipeline's (the reference the Python runtime is checked against)."""
-    from edge.sampler import initial_noise
+def snr(got: np.ndarray, want: np.ndarray) -> float:
+    """The error against the reference's own variance: a flat video cannot pass on PSNR alone."""
+    want = want.astype(np.float64)
+    mse = float(np.mean((got.astype(np.float64) - want) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(float(want.var()) / mse)
 
+
+def assert_same_video(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    p, s = psnr(got, want), snr(got, want)
+    assert p >= PSNR_LIMIT_DB and s >= SNR_LIMIT_DB, f"PSNR {p:.1f} dB, SNR {s:.1f} dB"
+
+
+@pytest.fixture(scope="module")
+def python_video(exported_package):
+    """The Python runtime's video (T, H, W, 3) for (prompt, seed, steps), each made once."""
+    from runtimes.python import Pipeline
+
+    pipe = Pipeline.load(exported_package[0])
+    made: dict = {}
+
+    def video(prompt: str, seed: int, steps: int) -> np.ndarray:
+        if (prompt, seed, steps) not in made:
+            made[prompt, seed, steps] = pipe.generate(prompt, seed=seed, steps=steps)[0]
+        return made[prompt, seed, steps]
+
+    yield video
+    pipe.close()
+
+
+# the demo page's last video, base64 (uint8 (T, H, W, 3))
+LAST_FRAMES = """() => { const f = window.edgeDemo.lastFrames;
+  let t = ''; for (let j = 0; j < f.frames.length; j += 8192)
+    t += String.fromCharCode(...f.frames.subarray(j, j + 8192));
+  return { data: btoa(t), shape: f.shape }; }"""
+
+# generate() from the page, as the Generate button does: the run's figures, or the error
+GENERATE = """async (noise) => { try { return await window.edgeDemo.generate(noise === null ? {} :
+  { noise: new Float32Array(Uint8Array.from(atob(noise), c => c.charCodeAt(0)).buffer) }); }
+  catch (err) { return { error: err.message }; } }"""
+
+# counts the blocks the loaded pipeline runs from now on (window.blockRuns)
+COUNT_RUNS = """() => { const ex = window.edgeDemo.pipe.executor;
+  if (!ex.counted) { const run = ex.run.bind(ex);
+    ex.run = (...args) => { window.blockRuns += 1; return run(...args); }; ex.counted = true; }
+  window.blockRuns = 0; }"""
+
+
+def last_frames(pg) -> np.ndarray:
+    frames = pg.evaluate(LAST_FRAMES)
+    return from_b64(frames["data"], np.uint8, frames["shape"])
+
+
+def test_demo_page_generates_the_python_video(page, web_package, python_video, tmp_path):
+    """The demo page's seed 3 is the Python runtime's seed 3 (both draw torch.randn's noise
+    for it): the same video, on WebGPU with a GPU budget under the model's weights."""
     prompt, seed = "a red circle moving left", 3
-    noise = initial_noise(pipeline.latent_shape, [seed])[0]
     resident = set(page.evaluate("[...window.edgeDemo.pipe.weights.resident.keys()]"))
     page.fill("#prompt", prompt)
     page.fill("#steps", str(STEPS))
-    run = page.evaluate("""async (noise) => window.edgeDemo.generate({ noise:
-        new Float32Array(Uint8Array.from(atob(noise), c => c.charCodeAt(0)).buffer) })""",
-                        b64(noise))
-    frames = page.evaluate("""() => { const f = window.edgeDemo.lastFrames;
-        let t = ''; for (let j = 0; j < f.frames.length; j += 8192)
-          t += String.fromCharCode(...f.frames.subarray(j, j + 8192));
-        return { data: btoa(t), shape: f.shape }; }""")
-    got = from_b64(frames["data"], np.uint8, frames["shape"])
-    want = pipeline.generate(prompt, seed=seed, steps=STEPS)[0]
+    page.fill("#seed", str(seed))
+    run = page.evaluate(GENERATE, None)
+    assert "error" not in run, run
+    got = last_frames(page)
     page.screenshot(path=str(tmp_path / "demo.png"))
-    assert got.shape == want.shape
-    value = psnr(got, want)
-    assert value >= PSNR_LIMIT_DB, f"PSNR {value:.1f} dB"
+    assert_same_video(got, python_video(prompt, seed, STEPS))
     assert run["transformer_calls"] == STEPS
     assert run["peak_gpu_weight_bytes"] <= 64 * 2**20
     manifest = web_package[1]
@@ -613,51 +775,105 @@ def rewritten_manifest(route, change) -> None:
     route.fulfill(body=json.dumps(manifest), content_type="application/json")
 
 
-def test_page_without_webgpu_generates_through_wasm(browser, served, pipeline, web_package,
-                                                     tmp_path):
-    """No WebGPU in the browser: the page says it runs on the CPU through onnxruntime-web and
-    why, shows the expected time before Generate, fetches the wasm graphs and no WebGPU plan,
-    and given the Python runtime's noise generates the PyTorch video (>= 30 dB)."""
-    from edge.sampler import initial_noise
-
+@pytest.fixture(scope="module")
+def wasm_page(browser, served, web_package):
+    """The demo page in a browser without WebGPU (the wasm path), loaded once; and the paths
+    it requested while loading."""
     skip_without_ort(web_package[1])
     context = browser.new_context()
     context.add_init_script(NO_WEBGPU)
     pg = context.new_page()
     requested = []
     pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
-    try:
-        pg.goto(served + "index.html")
-        pg.wait_for_function(READY, timeout=120_000)
-        assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
-        where, expected = pg.inner_text("#path"), pg.inner_text("#expected")
-        assert "onnxruntime-web" in where and "no WebGPU" in where, where
-        assert re.match(r"Expected: about [\d.]+ s of denoising for \d+ steps", expected)
-        assert pg.is_hidden("#gpu-missing") and pg.is_hidden("#error")
-        assert pg.evaluate("window.edgeDemo.pipe.path.name") == "wasm"
-        assert not any(p.startswith("plans/") for p in requested)
-        assert any(p.startswith("graphs/") for p in requested)
-        assert "ort/ort-wasm-simd-threaded.wasm" in requested
+    pg.goto(served + "index.html")
+    pg.wait_for_function(READY, timeout=120_000)
+    assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
+    yield pg, list(requested)
+    context.close()
 
-        prompt, seed = "the blue box slides up", 2
-        noise = initial_noise(pipeline.latent_shape, [seed])[0]
-        pg.fill("#prompt", prompt)
-        pg.fill("#steps", str(WASM_STEPS))
-        run = pg.evaluate("""async (noise) => window.edgeDemo.generate({ noise:
-            new Float32Array(Uint8Array.from(atob(noise), c => c.charCodeAt(0)).buffer) })""",
-                          b64(noise))
-        frames = pg.evaluate("""() => { const f = window.edgeDemo.lastFrames;
-            let t = ''; for (let j = 0; j < f.frames.length; j += 8192)
-              t += String.fromCharCode(...f.frames.subarray(j, j + 8192));
-            return { data: btoa(t), shape: f.shape }; }""")
-        pg.screenshot(path=str(tmp_path / "wasm.png"))
-    finally:
-        context.close()
-    got = from_b64(frames["data"], np.uint8, frames["shape"])
-    want = pipeline.generate(prompt, seed=seed, steps=WASM_STEPS)[0]
-    assert got.shape == want.shape
-    assert psnr(got, want) >= PSNR_LIMIT_DB, f"PSNR {psnr(got, want):.1f} dB"
+
+def test_page_without_webgpu_generates_through_wasm(wasm_page, python_video, tmp_path):
+    """No WebGPU in the browser: the page says it runs on the CPU through onnxruntime-web and
+    why, shows the expected time before Generate, fetches the wasm graphs and no WebGPU plan,
+    and a seed past 2^53 typed in the seed field gives the Python runtime's video for it."""
+    pg, requested = wasm_page
+    where, expected = pg.inner_text("#path"), pg.inner_text("#expected")
+    assert "onnxruntime-web" in where and "no WebGPU" in where, where
+    assert re.match(r"Expected: about [\d.]+ s of denoising for \d+ steps", expected)
+    assert pg.is_hidden("#gpu-missing") and pg.is_hidden("#error")
+    assert pg.evaluate("window.edgeDemo.pipe.path.name") == "wasm"
+    assert not any(p.startswith("plans/") for p in requested)
+    assert any(p.startswith("graphs/") for p in requested)
+    assert "ort/ort-wasm-simd-threaded.wasm" in requested
+
+    prompt, seed = "the blue box slides up", 2**63 - 1  # exact only as text or BigInt in JS
+    pg.fill("#prompt", prompt)
+    pg.fill("#steps", str(WASM_STEPS))
+    pg.fill("#seed", str(seed))
+    run = pg.evaluate(GENERATE, None)
+    assert "error" not in run, run
+    got = last_frames(pg)
+    pg.screenshot(path=str(tmp_path / "wasm.png"))
+    assert_same_video(got, python_video(prompt, seed, WASM_STEPS))
     assert run["transformer_calls"] == WASM_STEPS
+
+
+def test_seed_is_refused_before_any_work_where_the_package_means_other_noise(
+        wasm_page, python_video):
+    """A package written before the manifest's `noise` field (its seeds meant NumPy PCG64
+    noise), or one naming "numpy.pcg64": the page refuses a seed with the runtime's message
+    and runs nothing; given the initial noise it runs (the Python runtime's video for that
+    noise's seed). A bad seed in the field and a seed given with noise are refused too."""
+    from edge.noise import LEGACY_NOISE, NOISE, torch_randn
+
+    pg, _ = wasm_page
+    prompt, seed, steps = "a red circle moving left", 3, 1
+    pg.fill("#prompt", prompt)
+    pg.fill("#steps", str(steps))
+    pg.fill("#seed", str(seed))
+    pg.evaluate(COUNT_RUNS)
+    assert pg.evaluate("window.edgeDemo.pipe.manifest.noise") == NOISE
+    errors = {}
+    try:
+        for name, change in [("no field", "delete m.noise"),
+                             ("pcg64", f"m.noise = '{LEGACY_NOISE}'")]:
+            pg.evaluate(f"() => {{ const m = window.edgeDemo.pipe.manifest; {change}; }}")
+            errors[name] = pg.evaluate(GENERATE, None).get("error")
+            assert pg.is_visible("#error") and pg.inner_text("#error") == errors[name]
+        noise = torch_randn((1, *pg.evaluate("window.edgeDemo.pipe.latentShape")), seed)
+        assert "error" not in pg.evaluate(GENERATE, b64(noise))  # given noise: no seed drawn
+        assert pg.evaluate("window.blockRuns") > 0
+        given = last_frames(pg)
+    finally:
+        pg.evaluate(f"() => {{ window.edgeDemo.pipe.manifest.noise = '{NOISE}'; }}")
+    for error in errors.values():
+        assert error.endswith(f'manifest.json: noise "{LEGACY_NOISE}": this runtime draws a seed '
+                              f'as "{NOISE}", so the seed would give another video than the '
+                              "package's; re-export the package or pass the initial noise"), error
+    assert_same_video(given, python_video(prompt, seed, steps))
+
+    # refused before any work, whatever the package: a seed the runtime cannot take, and a
+    # seed with noise (the page sends the field's seed only without noise: as a caller would)
+    pg.evaluate(COUNT_RUNS)
+    refused = {}
+    for text in ["-1", "1.5", "abc", "", "9223372036854775808"]:
+        pg.fill("#seed", text)
+        refused[text] = pg.evaluate(GENERATE, None).get("error")
+        assert pg.inner_text("#error") == refused[text]
+    refused["with noise"] = pg.evaluate("""async (noise) => { try { await window.edgeDemo.pipe
+        .generate('a red circle', { seed: 3, noise: new Float32Array(noise) }); }
+        catch (err) { return err.message; } }""", [0.0] * noise.size)
+    assert pg.evaluate("window.blockRuns") == 0
+    assert refused == {
+        "-1": "seed -1 is out of range: a seed is a whole number from 0 to 2^63 - 1",
+        "1.5": 'seed "1.5" must be a whole number from 0 to 2^63 - 1, in decimal digits',
+        "abc": 'seed "abc" must be a whole number from 0 to 2^63 - 1, in decimal digits',
+        "": 'seed "" must be a whole number from 0 to 2^63 - 1, in decimal digits',
+        "9223372036854775808": "seed 9223372036854775808 is out of range: a seed is a whole "
+                               "number from 0 to 2^63 - 1",
+        "with noise": "seed and noise given together: the noise is the initial latents, so "
+                      "give one"}
+    pg.fill("#seed", "0")
 
 
 def test_software_adapter_times_both_paths_and_keeps_the_faster(browser, served, web_package):

@@ -92,7 +92,9 @@ function play(video) {
   state.timer = setInterval(() => { frame = (frame + 1) % video.shape[0]; draw(video, frame); }, 125);
 }
 
-// options come from the form; a test may pass `noise` (Python's initial noise) as well
+// options come from the form; a test may pass `noise` (Python's initial noise) instead of the
+// seed. The seed field's text goes to the runtime as typed (a decimal string: seeds run to
+// 2^63 - 1, past a Number's exact integers), which refuses what is not a seed before any work.
 export async function generate(extra = {}) {
   if (state.busy) return null;
   state.busy = true;
@@ -100,8 +102,9 @@ export async function generate(extra = {}) {
   $("error").hidden = true;
   try {
     const pipe = await load();
+    const seed = extra.noise ? {} : { seed: $("seed").value.trim() };
     const options = {
-      seed: Number($("seed").value), steps: Number($("steps").value), leap: $("leap").checked,
+      ...seed, steps: Number($("steps").value), leap: $("leap").checked,
       merge_steps: Number($("merge").value), cache_threshold: Number($("cache").value),
       onStep: (done, total) => {
         $("steps-progress").max = total; $("steps-progress").value = done;

@@ -43,6 +43,11 @@ export function checkManifest(manifest, url) {
   if (manifest.target !== "web") {
     throw new PackageError(`${where}: target ${JSON.stringify(manifest.target)}; the web runtime runs "web" packages (export with: edge export --target web)`);
   }
+  // optional (older packages lack it): what a seed means; a seed is only drawn for the
+  // definition noise.js draws (checkNoise, at generate)
+  if ("noise" in manifest && typeof manifest.noise !== "string") {
+    throw new PackageError(`${where}: field 'noise' must be a string (the seeds' definition, e.g. "torch.randn/cpu/float32"), got ${JSON.stringify(manifest.noise)}`);
+  }
   for (const r of fileRecords(manifest)) {
     if (typeof r.path !== "string" || r.path.startsWith("/") || r.path.split("/").some((p) => p === ".." || p === "." || p === "")) {
       throw new PackageError(`${where}: file path ${JSON.stringify(r.path)} escapes the package folder`);

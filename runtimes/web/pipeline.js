@@ -2,9 +2,10 @@
 // rectified-flow sampler over the transformer blocks -> VAE decoder, every block either a
 // launch plan replayed on WebGPU (executor.js) or an ONNX graph run by onnxruntime-web's wasm
 // provider (ort_executor.js), whichever paths.js picks; weights fetched and verified by
-// loader.js.
+// loader.js; a seed's initial noise drawn as PyTorch draws it (noise.js).
 import { byteSize } from "./executor.js";
 import { GpuWeights, PackageError, PackageFiles, parseSize } from "./loader.js";
+import { checkNoise, checkSeed, torchRandn } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { checkSettings, runPairs, sample } from "./sampler.js";
 import { CaptionTokenizer } from "./tokenizer.js";
@@ -211,9 +212,25 @@ export class WebPipeline {
     return { hidden, mask, truncated };
   }
 
-  // options: seed (for the JS generator) or noise (Float32Array, e.g. from Python's
-  // initial_noise), onStep(done, total), and sampler overrides (leap, merge_steps, ...)
-  async generate(prompt, { noise = null, seed = 0, onStep = null, ...overrides } = {}) {
+  // options: seed (default 0: a Number up to 2^53 - 1, a BigInt or a decimal string up to
+  // 2^63 - 1; the noise torch.randn draws for it, as the Python runtime does: noise.js) or
+  // noise (the initial latents, a Float32Array, e.g. Python's initial_noise), not both;
+  // onStep(done, total), and sampler overrides (leap, merge_steps, ...)
+  async generate(prompt, { noise = null, seed = null, onStep = null, ...overrides } = {}) {
+    // the seed and the noise first: a refusal comes before any work
+    if (noise !== null && seed !== null && seed !== undefined) {
+      throw new Error("seed and noise given together: the noise is the initial latents, so give one");
+    }
+    const n = this.latentShape.reduce((a, b) => a * b, 1);
+    let x0;
+    if (noise === null) {
+      const s = checkSeed(seed ?? 0);
+      checkNoise(this.manifest, this.files.url("manifest.json"));
+      x0 = torchRandn(n, s);
+    } else {
+      x0 = Float32Array.from(noise);
+      if (x0.length !== n) throw new Error(`noise has ${x0.length} values; the latents (${this.latentShape}) have ${n}`);
+    }
     const settings = checkSettings({ ...this.manifest.sampler, ...overrides });
     const tKeys = this.keys("transformer");
     if (settings.merge_steps > 0 && !tKeys.some((k) => this.blocks.get(k).variants.tdtm)) {
@@ -234,9 +251,6 @@ export class WebPipeline {
     const t1 = now();
     figures.wall_s.text_encoder = t1 - t0;
 
-    const n = this.latentShape.reduce((a, b) => a * b, 1);
-    const x0 = noise ? Float32Array.from(noise) : seededNoise(n, seed);
-    if (x0.length !== n) throw new Error(`noise has ${x0.length} values; the latents (${this.latentShape}) have ${n}`);
     const [prologue, ...rest] = tKeys;
     const epilogue = rest.pop();
     const pairs = rest;
@@ -331,25 +345,4 @@ export class WebPipeline {
     this.weights.destroy();
     this.executor.destroy();
   }
-}
-
-// The page's own seeded standard normal noise (mulberry32 + Box-Muller). It is not NumPy's
-// PCG64 stream: to reproduce a Python generation exactly, pass that run's noise instead.
-export function seededNoise(n, seed) {
-  let a = seed >>> 0;
-  const next = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i += 2) {
-    const u = 1 - next(), v = next();
-    const r = Math.sqrt(-2 * Math.log(u));
-    out[i] = r * Math.cos(2 * Math.PI * v);
-    if (i + 1 < n) out[i + 1] = r * Math.sin(2 * Math.PI * v);
-  }
-  return out;
 }
