@@ -73,6 +73,10 @@ def check_edge_sample(wan: Path, tmp_path: Path) -> None:
                     str(wan / "bundles" / "negative_merge_leap"), "-o", str(out)], timeout=300)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert "equal to the bundle's" in replayed.stdout
+    # the bundle was recorded from a seed: Swift drew that seed's noise (TorchNoise)
+    drift = re.search(r"latents: drawn for the bundle's seed 0, worst difference from the "
+                      r"recorded ones (\S+)", replayed.stdout)
+    assert drift and float(drift.group(1)) <= 1e-5, replayed.stdout
     worst = float(re.search(r"worst relative difference (\S+)", replayed.stdout).group(1))
     assert worst <= 1e-5
     frames = np.load(out)
@@ -88,6 +92,26 @@ def check_edge_sample(wan: Path, tmp_path: Path) -> None:
     blocks = run([str(sample), str(wan / "package"), "a cat", "-o", str(tmp_path / "x.npy")],
                  timeout=300)
     assert blocks.returncode == 2 and "needs CoreML" in blocks.stderr, blocks.stderr
+    check_seed_refusals(sample, wan, tmp_path)
+
+
+def check_seed_refusals(sample: Path, wan: Path, tmp_path: Path) -> None:
+    """`--seed` is a whole number from 0 to 2^63 - 1 (torch's manual_seed range): a
+    negative, fractional or larger one is refused with one line naming it, before anything
+    runs; a seed with --latents is refused too."""
+    out = tmp_path / "seeded.npy"
+    out_of_range = "is out of range: a seed is from 0 to 2^63 - 1"
+    for seed, why in [("-1", out_of_range), ("1.5", "must be a whole number from 0 to 2^63 - 1"),
+                      ("9223372036854775808", out_of_range)]:
+        refused = run([str(sample), str(wan / "package"), "a cat", "--seed", seed, "-o", str(out)],
+                      timeout=300)
+        assert refused.returncode == 2 and not refused.stdout, refused.stdout + refused.stderr
+        assert refused.stderr.splitlines() == [f"error: --seed {seed} {why}"], refused.stderr
+        assert not out.exists()
+    np.save(tmp_path / "latents.npy", np.zeros((1, 16, 3, 4, 6), np.float32))
+    both = run([str(sample), str(wan / "package"), "a cat", "--seed", "3", "--latents",
+                str(tmp_path / "latents.npy"), "-o", str(out)], timeout=300)
+    assert both.returncode == 2 and "--seed and --latents: give one" in both.stderr, both.stderr
 
 
 def test_ios_demo_files_parse():

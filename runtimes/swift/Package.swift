@@ -8,6 +8,7 @@
 // `#if canImport(CoreML)` / AVFoundation. Tests read the fixtures the Python side writes
 // (tests/fixtures/, and the replay fixtures tests/test_swift_runtime.py writes).
 // edge-sample: `swift run edge-sample PACKAGE PROMPT -o out.npy`, or `--bundle BUNDLE`.
+// edge-noise: `swift run -c release edge-noise --seed 3 --shape 16,21,60,104` times a seed's noise.
 import PackageDescription
 
 let package = Package(
@@ -18,6 +19,7 @@ let package = Package(
         .library(name: "EdgeCore", targets: ["EdgeCore"]),
         .library(name: "EdgeDemoKit", targets: ["EdgeDemoKit"]),
         .executable(name: "edge-sample", targets: ["edge-sample"]),
+        .executable(name: "edge-noise", targets: ["edge-noise"]),
     ],
     targets: [
         .target(name: "EdgeCore"),
@@ -26,6 +28,8 @@ let package = Package(
         .target(name: "EdgeDemoKit", dependencies: ["EdgeRuntime", "EdgeCore"]),
         // the command-line sample: generate from a package, or run a conformance bundle
         .executableTarget(name: "edge-sample", dependencies: ["EdgeRuntime", "EdgeCore"]),
+        // times the seed's noise (TorchNoise) for benchmarks/noise.py: one JSON line
+        .executableTarget(name: "edge-noise", dependencies: ["EdgeCore"]),
         .testTarget(name: "EdgeCoreTests", dependencies: ["EdgeCore"]),
         .testTarget(name: "EdgeRuntimeTests", dependencies: ["EdgeRuntime", "EdgeCore", "EdgeDemoKit"]),
     ]

@@ -103,6 +103,10 @@ public struct Manifest: Decodable {
     public let sampler: SamplerSettings
     public let latentShape: [Int]
     public let latentLayout: String?   // "frames" (absent: frames) or "video"
+    /// What a seed means (TorchNoise.definition, "torch.randn/cpu/float32"); absent in a
+    /// package written before the field, whose seeds meant NumPy PCG64 noise ("numpy.pcg64").
+    /// Checked when a seed is drawn, not here: given latents run on any package.
+    public let noise: String?
     public let coreml: CoreML
     public let components: [Component]
 

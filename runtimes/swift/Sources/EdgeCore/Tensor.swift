@@ -69,37 +69,3 @@ public struct Tensor: Equatable {
         return Tensor(shape: newShape, data: out)
     }
 }
-
-/// Seeded standard-normal noise. The Swift runtime does not reproduce NumPy's PCG64
-/// generator, so a seed gives another video here than in the Python runtime; the sampler
-/// fixtures pass the noise in, so the sampler itself is compared exactly.
-public struct NormalNoise {
-    private var state: UInt64
-
-    public init(seed: UInt64) { state = seed }
-
-    private mutating func next() -> UInt64 {  // SplitMix64
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
-    private mutating func uniform() -> Double {  // in (0, 1]
-        Double((next() >> 11) + 1) / Double(UInt64(1) << 53)
-    }
-
-    /// Box-Muller: `count` standard normal values.
-    public mutating func sample(_ shape: [Int]) -> Tensor {
-        let count = shape.reduce(1, *)
-        var out = [Float]()
-        out.reserveCapacity(count + 1)
-        while out.count < count {
-            let r = (-2 * log(uniform())).squareRoot(), a = 2 * Double.pi * uniform()
-            out.append(Float(r * cos(a)))
-            out.append(Float(r * sin(a)))
-        }
-        return Tensor(shape: shape, data: Array(out.prefix(count)))
-    }
-}

@@ -8,7 +8,7 @@ public struct DemoOptions: Equatable {
     public var leap = false          // Linear Proportional Leap
     public var tdtm = false          // temporal token merging for the first half of the steps
     public var budgetMB: Double?     // keep at most this many MB (10^6 bytes) of blocks loaded
-    public var seed = 0
+    public var seed = 0              // 0 to 2^63 - 1: torch.randn's noise for it (EdgeCore TorchNoise)
 
     public init() {}
 
@@ -44,6 +44,7 @@ public final class DemoSession {
     /// or the budget changed. `onProgress` gets 0...1 after each step.
     public func run(package: URL, options: DemoOptions, onProgress: @escaping (Double) -> Void = { _ in },
                     isCancelled: @escaping () -> Bool = { false }) throws -> DemoReport {
+        let seed = try TorchNoise.checkSeed(options.seed)   // a negative one refused, not trapped on
         let started = Date()
         if pipeline == nil || key?.0 != package || key?.1 != options.budgetBytes {
             pipeline = nil   // the old one's blocks are freed before the new one loads any
@@ -52,7 +53,7 @@ public final class DemoSession {
             pipelinesMade += 1
         }
         let loadSeconds = Date().timeIntervalSince(started)
-        let result = try pipeline!.generate(options.prompt, seed: UInt64(options.seed), configure: options.configure,
+        let result = try pipeline!.generate(options.prompt, seed: seed, configure: options.configure,
                                             onStep: { done, total in onProgress(Double(done) / Double(total)) },
                                             isCancelled: isCancelled)
         return DemoReport(result: result, rows: Self.rows(result, loadSeconds: loadSeconds))

@@ -29,7 +29,7 @@ public struct ConformanceBundle {
     public let recordedWith: String
     public let prompt: String
     public let negativePrompt: String?
-    public let seed: Int?
+    public let seed: UInt64?          // the recording's seed; nil: it was given latents
     public let latents: Ref, frames: Ref
     public let trace: Trace
     public let calls: [Call]
@@ -69,7 +69,12 @@ public struct ConformanceBundle {
         recordedWith = body["recorded_with"] as? String ?? "?"
         prompt = try field("prompt", String.self)
         negativePrompt = body["negative_prompt"] as? String
-        seed = (body["seed"] as? NSNumber)?.intValue
+        switch body["seed"] {   // a seed is drawn again here (run(_:)): 0 to 2^63 - 1
+        case nil, is NSNull: seed = nil
+        case let number as NSNumber:
+            do { seed = try TorchNoise.seed(parsing: number.stringValue) } catch { throw bad("\(error)") }
+        default: throw bad("seed must be a whole number from 0 to 2^63 - 1 or null")
+        }
         settings = try field("settings", [String: Any].self)
         latents = try ref(body["latents"], "latents")
         frames = try ref(body["frames"], "frames")
@@ -251,6 +256,9 @@ public struct BundleReport {
     public var frames: EdgePipeline.Result? = nil
     public var frameBytesDiffering = 0
     public var framesPSNR: Double = .infinity // of the frames against the bundle's
+    /// A bundle recorded from a seed: the worst absolute difference between the latents the
+    /// pipeline drew for it and the recorded ones (nil: the bundle gave its latents).
+    public var seedLatentsDifference: Double? = nil
 }
 
 extension EdgePipeline {
@@ -288,17 +296,34 @@ extension EdgePipeline {
         return errors
     }
 
-    /// The bundle's generation (its prompt, negative prompt, latents and settings) through
-    /// this pipeline, the frames compared with the bundle's.
-    public func run(_ bundle: ConformanceBundle, onStep: ((Int, Int) -> Void)? = nil) throws -> BundleReport {
+    /// The bundle's generation (its prompt, negative prompt, initial noise and settings)
+    /// through this pipeline, the frames compared with the bundle's. A bundle recorded from a
+    /// seed runs from that seed, its noise drawn here (TorchNoise), which must be the recorded
+    /// latents within `latentsTolerance` (checked before anything runs, and of the run's own
+    /// draw after); one recorded from given latents runs from them.
+    public func run(_ bundle: ConformanceBundle, latentsTolerance: Double = 1e-5,
+                    onStep: ((Int, Int) -> Void)? = nil) throws -> BundleReport {
         try bundle.check(manifest)
         var settings = manifest.sampler
         try bundle.configure(&settings)
-        let result = try generate(bundle.prompt, negativePrompt: bundle.negativePrompt,
-                                  latents: bundle.tensor(bundle.latents),
+        let recorded = bundle.tensor(bundle.latents)
+        func drift(_ drawn: Tensor, _ what: String) throws -> Double {
+            let worst = zip(drawn.data, recorded.data).reduce(0.0) { max($0, Double(abs($1.0 - $1.1))) }
+            guard drawn.shape == recorded.shape, worst <= latentsTolerance else {   // NaN too
+                throw RuntimeError.block("\(bundle.jsonFile.path): seed \(bundle.seed!): \(what) differ from the recorded latents by \(worst) (> \(latentsTolerance)); this runtime's noise for a seed is not the recording's")
+            }
+            return worst
+        }
+        if let seed = bundle.seed {
+            try TorchNoise.checkNoise(manifest.noise, where: "manifest.json")
+            _ = try drift(try TorchNoise.randn(shape: recorded.shape, seed: seed), "the latents drawn for it")
+        }
+        let result = try generate(bundle.prompt, negativePrompt: bundle.negativePrompt, seed: bundle.seed,
+                                  latents: bundle.seed == nil ? recorded : nil,
                                   configure: { $0 = settings }, onStep: onStep)
         var report = BundleReport()
         report.frames = result
+        if bundle.seed != nil { report.seedLatentsDifference = try drift(result.noise, "the pipeline's latents") }
         let want = bundle.tensor(bundle.frames)
         let got = result.frames.flatMap { $0 }.map(Float.init)
         guard want.shape == [result.frames.count, result.height, result.width, 3] else {

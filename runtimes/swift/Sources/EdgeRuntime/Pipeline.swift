@@ -17,6 +17,7 @@ public final class EdgePipeline {
         public let width: Int, height: Int
         public let timings: [String: Double]   // seconds per stage, and the loader's loads
         public let trace: Trace
+        public let noise: Tensor                // the initial latents: the seed's draw or those given
     }
 
     public let root: URL
@@ -155,18 +156,28 @@ public final class EdgePipeline {
         return (hidden, mask.map(Float.init))
     }
 
-    /// One video of `prompt`. `negativePrompt`: what the unconditional pass is told (default:
-    /// the package's learned null caption, else its negative prompt). `latents`: the initial
-    /// noise in diffusers' layout (1, C, T, h, w) instead of the seed's (to reproduce another
-    /// runtime's run exactly). `configure` changes the package's sampler settings (steps,
-    /// leap, merge_steps, cache_threshold, ...); `onStep(done, total)` reports progress;
-    /// `isCancelled` is asked before every step, and a cancelled generation throws
-    /// `RuntimeError.cancelled` and leaves the pipeline reusable.
-    public func generate(_ prompt: String, negativePrompt: String? = nil, seed: UInt64 = 0, latents: Tensor? = nil,
+    /// One video of `prompt`. `seed` (0 to 2^63 - 1; default 0): the initial noise is
+    /// `torch.randn` for it (EdgeCore TorchNoise, what diffusers and the Python runtime draw),
+    /// refused for a package whose manifest defines seeds otherwise (no `noise` field: NumPy
+    /// PCG64 noise). `latents`: the initial noise in diffusers' layout (1, C, T, h, w) instead
+    /// of a seed's (refused together with a seed). `negativePrompt`: what the unconditional
+    /// pass is told (default: the package's learned null caption, else its negative prompt).
+    /// `configure` changes the package's sampler settings (steps, leap, merge_steps,
+    /// cache_threshold, ...); `onStep(done, total)` reports progress; `isCancelled` is asked
+    /// before every step, and a cancelled generation throws `RuntimeError.cancelled` and
+    /// leaves the pipeline reusable.
+    public func generate(_ prompt: String, negativePrompt: String? = nil, seed: UInt64? = nil, latents: Tensor? = nil,
                          configure: (inout SamplerSettings) -> Void = { _ in },
                          onStep: ((Int, Int) -> Void)? = nil,
                          isCancelled: (() -> Bool)? = nil) throws -> Result {
         lock.lock(); defer { lock.unlock() }   // one generation at a time: the loader is its
+        if seed != nil && latents != nil {
+            throw NoiseError("seed and latents given together: the latents are the initial noise, so give one")
+        }
+        if latents == nil {
+            try TorchNoise.checkSeed(seed ?? 0)
+            try TorchNoise.checkNoise(manifest.noise, where: "manifest.json")
+        }
         var settings = manifest.sampler
         configure(&settings)
         try settings.validate()
@@ -174,6 +185,7 @@ public final class EdgePipeline {
         if let latents, latents.shape != shape {
             throw RuntimeError.block("latents have shape \(latents.shape); this package takes \(shape) (batch, channels, frames, height, width)")
         }
+        let noise = try latents ?? TorchNoise.randn(shape: shape, seed: seed ?? 0)
         let dit = try manifest.component("transformer"), vae = try manifest.component("vae_decoder")
         if settings.mergeSteps > 0 && !dit.blocks.contains(where: { $0.variants?["tdtm"] != nil }) {
             throw ManifestError.invalid("merge_steps=\(settings.mergeSteps): the package has no tdtm transformer variants; export it again")
@@ -225,8 +237,6 @@ public final class EdgePipeline {
             }
             return (v.item(0), v.item(1))
         }
-        var noiseSource = NormalNoise(seed: seed)
-        let noise = latents ?? noiseSource.sample(shape)
         var trace = Trace()
         let denoised = try sample(predict: predict, noise: noise, settings: settings, onStep: onStep, trace: &trace)
         if denoised.data.contains(where: { !$0.isFinite }) {
@@ -243,7 +253,7 @@ public final class EdgePipeline {
         timings["block_loads"] = Double(after.loads - before.loads)
         timings["block_load_s"] = after.loadSeconds - before.loadSeconds
         timings["block_wait_s"] = after.waitSeconds - before.waitSeconds
-        return Result(frames: video, width: width, height: height, timings: timings, trace: trace)
+        return Result(frames: video, width: width, height: height, timings: timings, trace: trace, noise: noise)
     }
 
     /// Latents (1, C, T, h, w) -> RGB frames, as the package's decoder takes them: every

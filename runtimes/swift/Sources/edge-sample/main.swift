@@ -57,7 +57,8 @@ struct Options {
             case "--bundle": bundle = try value(arg)
             case "--negative-prompt": negativePrompt = try value(arg)
             case "--latents": latents = try value(arg)
-            case "--seed": seed = try number(arg, UInt64.self)
+            case "--seed":   // 0 to 2^63 - 1: torch.randn's noise for it (EdgeCore TorchNoise)
+                seed = try TorchNoise.seed(parsing: try value(arg), name: arg)
             case "--budget": budget = try number(arg, Int.self)
             case "--steps": steps = try number(arg, Int.self)
             case "--guidance": guidance = try number(arg, Double.self)
@@ -169,6 +170,9 @@ func runBundle(_ options: Options, _ path: String) throws {
     }
     print("replayed \(bundle.calls.count) block calls; every input the Swift pipeline computed is the recording's within \(replay.tolerance): worst relative difference \(String(format: "%.3g", replay.worstInputDifference))" + (replay.worstInputCall.map { " (\($0))" } ?? ""))
     #endif
+    if let seed = bundle.seed, let drift = report.seedLatentsDifference {
+        print("latents: drawn for the bundle's seed \(seed), worst difference from the recorded ones \(String(format: "%.3g", drift))")
+    }
     let frames = report.frames!
     if report.frameBytesDiffering == 0 {
         print("frames: \(frames.frames.count) x \(frames.height) x \(frames.width), equal to the bundle's")
@@ -190,7 +194,7 @@ func main() -> Int32 {
         }
         let pipe = try pipeline(options, backend: nil)
         let latents = try options.latents.map { try NumPyFile.readFloats(URL(fileURLWithPath: $0)) }
-        let result = try pipe.generate(options.prompt!, negativePrompt: options.negativePrompt, seed: options.seed ?? 0,
+        let result = try pipe.generate(options.prompt!, negativePrompt: options.negativePrompt, seed: options.seed,
                                        latents: latents, configure: options.configure, onStep: progress)
         try write(result, to: options.output!)
         print("wrote \(options.output!): \(result.frames.count) frames of \(result.width) x \(result.height) in \(String(format: "%.1f", result.timings["total"] ?? 0)) s")

@@ -34,8 +34,16 @@ final class BundleTests: ScratchTestCase {
             XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls, transformerCalls: trace.transformerCalls,
                                                    mergedCalls: trace.mergedCalls, leapAt: trace.leapAt), b.trace, name)
             XCTAssertLessThanOrEqual(replay.worstInputDifference, 1e-5, name)
-            print("bundle \(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+            // recorded from a seed: the Swift pipeline drew that seed's noise (TorchNoise),
+            // the recorded latents within 1e-5
+            XCTAssertNotNil(b.seed, name)
+            let drift = try XCTUnwrap(report.seedLatentsDifference, name)
+            XCTAssertLessThanOrEqual(drift, 1e-5, name)
+            XCTAssertEqual(report.frames!.noise, try TorchNoise.randn(shape: b.latents.shape, seed: b.seed!), name)
+            print("bundle \(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference); latents drawn for seed \(b.seed!) within \(drift) of the recorded ones")
         }
+        XCTAssertEqual(try bundle("seed").seed, 0)
+        XCTAssertEqual(try bundle("step_cache").seed, 5)
         // what the settings exercised: merging, a leap, skipped transformer calls
         XCTAssertGreaterThan(try bundle("negative_merge_leap").trace.mergedCalls, 0)
         XCTAssertNotNil(try bundle("negative_merge_leap").trace.leapAt)
@@ -111,6 +119,30 @@ final class BundleTests: ScratchTestCase {
         change(&body)
         try JSONSerialization.data(withJSONObject: body).write(to: url)
         return try ConformanceBundle(contentsOf: copy)
+    }
+
+    /// A bundle whose seed does not draw its recorded latents is refused before any block
+    /// call; one without a seed (recorded from given latents) runs from its latents.
+    func testASeedThatDoesNotDrawTheRecordedLatentsIsRefused() throws {
+        let package = try wanFolder().appendingPathComponent("package")
+        let other = try edited { $0["seed"] = 1 }
+        let replay = BundleReplay(other)
+        let pipe = try EdgePipeline(package: package, backend: replay)
+        assertRefused("seed 1", ["bundle.json", "seed 1", "differ from the recorded latents"]) { _ = try pipe.run(other) }
+        XCTAssertEqual(replay.next, 0, "no block call before the refusal")
+        let given = try edited { $0["seed"] = NSNull() }
+        XCTAssertNil(given.seed)
+        let report = try EdgePipeline(package: package, backend: BundleReplay(given)).run(given)
+        XCTAssertNil(report.seedLatentsDifference)
+        XCTAssertEqual(report.frameBytesDiffering, 0)
+        XCTAssertEqual(report.frames!.noise, given.tensor(given.latents))
+    }
+
+    func testRefusesABundleSeedThatIsNoSeed() throws {
+        for (value, words) in [(-1 as Any, ["seed -1", "out of range"]), (1.5, ["seed 1.5", "whole number"]),
+                               ("7", ["seed", "whole number"])] {
+            assertRefused("seed \(value)", ["bundle.json"] + words) { _ = try edited { $0["seed"] = value } }
+        }
     }
 
     func testRefusesCallsThatAreNotThisPackagesBlocks() throws {
