@@ -12,7 +12,8 @@ builds the blocks): the shipped tiny-sora by default, or `model_folder`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -78,14 +79,17 @@ class TorchBlockSession:
                 for n in output_names]
 
 
+@contextmanager
 def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | None
-                         ) -> Callable[[str, dict], TorchBlockSession]:
+                         ) -> Iterator[Callable[[str, dict], TorchBlockSession]]:
     """`Pipeline.load`'s `open_block` for an iphone package: its blocks in PyTorch with the
-    weights stored in its programs."""
+    weights stored in its programs, for the duration of the `with` block. The stored weights
+    are written into the family's model in place and undone after: a loaded model may share
+    parameters with others in this process (tiny-sora's text encoder is loaded once)."""
     from edge.families import FamilyError, family_of, load_model
     from edge.plan import READ_UNIT
     from exporters.coreml import device_blocks
-    from exporters.coreml_check import load_stored_weights
+    from exporters.coreml_check import stored_weights_in_place
 
     source = model_folder or "the shipped tiny-sora"
     video = manifest.get("video") or {}
@@ -115,14 +119,14 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
         raise RecordError(f"{package}: its blocks ({', '.join(sorted(exported - set(blocks)))}) "
                           f"are not the ones {source} cuts for its plan: pass the folder it "
                           "was exported from with --model")
-    load_stored_weights(components, package, manifest)
 
     def open_block(key: str, record: dict) -> TorchBlockSession:
         base, _, variant = key.partition("#")
         block = blocks[base]
         return TorchBlockSession(block.variant(variant) if variant else block)
 
-    return open_block
+    with stored_weights_in_place(components, package, manifest):
+        yield open_block
 
 
 def record(package: Path, prompt: str, dest: Path, seed: int = 0,
@@ -157,23 +161,22 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
             check_noise(manifest, str(package / MANIFEST))
         except ValueError as err:
             raise RecordError(str(err)) from None
-    open_block = (stored_weight_blocks(package, manifest, model_folder)
-                  if target == "iphone" else None)
-    try:
-        pipe = Pipeline.load(package, open_block=open_block)
-    except PackageError as err:
-        raise RecordError(str(err)) from None
-    # the seed's noise made here and handed to the run: the bundle holds what ran
-    noise = latents if latents is not None else initial_noise(pipe.latent_shape, [seed])
-    try:
+    with ExitStack() as stack:
+        open_block = (stack.enter_context(stored_weight_blocks(package, manifest, model_folder))
+                      if target == "iphone" else None)
+        try:
+            pipe = Pipeline.load(package, open_block=open_block)
+        except PackageError as err:
+            raise RecordError(str(err)) from None
+        stack.callback(pipe.close)
+        # the seed's noise made here and handed to the run: the bundle holds what ran
+        noise = latents if latents is not None else initial_noise(pipe.latent_shape, [seed])
         recorder = Recorder(pipe)
         extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
         video = pipe.generate(prompt, latents=noise, **extra, **(overrides or {}))
         trace = pipe.last_run["sampler"]
         negative = (negative_prompt if negative_prompt is not None
                     else None if pipe.null_caption is not None else pipe.negative_prompt)
-    finally:
-        pipe.close()
     tensors = TensorFile()
     fields = {
         "producer": f"edge {edge.__version__}",
