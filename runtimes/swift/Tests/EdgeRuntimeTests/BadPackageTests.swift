@@ -27,7 +27,7 @@ final class BadPackageTests: ScratchTestCase {
         let (root, _) = try copyOfPackage()
         let path = "models/transformer/pair_1.mlpackage/Data/com.apple.CoreML/weights/weight.bin"
         try FileManager.default.removeItem(at: root.appendingPathComponent(path))
-        assertRefused("missing", [path, "missing"]) { _ = try open(root) }
+        try assertRefused("missing", [path, "missing"]) { _ = try open(root) }
     }
 
     func testRefusesATruncatedFile() throws {
@@ -36,7 +36,7 @@ final class BadPackageTests: ScratchTestCase {
         let url = root.appendingPathComponent(path)
         let data = try Data(contentsOf: url)
         try data.prefix(data.count / 2).write(to: url)
-        assertRefused("truncated", [path, "bytes", "truncated"]) { _ = try open(root) }
+        try assertRefused("truncated", [path, "bytes", "truncated"]) { _ = try open(root) }
     }
 
     func testRefusesAnAlteredFileOfTheSameSize() throws {
@@ -46,18 +46,18 @@ final class BadPackageTests: ScratchTestCase {
         var data = try Data(contentsOf: url)
         data[data.count / 2] ^= 0x01
         try data.write(to: url)
-        assertRefused("altered", [path, "sha256"]) { _ = try open(root) }
+        try assertRefused("altered", [path, "sha256"]) { _ = try open(root) }
     }
 
     func testRefusesAnUnlistedFile() throws {
         let (root, _) = try copyOfPackage()
         try Data("x".utf8).write(to: root.appendingPathComponent("models/extra.bin"))
-        assertRefused("unlisted", ["models/extra.bin", "not listed"]) { _ = try open(root) }
+        try assertRefused("unlisted", ["models/extra.bin", "not listed"]) { _ = try open(root) }
     }
 
     func testRefusesABudgetBelowTheLargestBlock() throws {
         let (root, _) = try copyOfPackage()
-        assertRefused("budget", ["text_encoder/embeddings", "smallest budget"]) { _ = try open(root, budget: 1_000_000) }
+        try assertRefused("budget", ["text_encoder/embeddings", "smallest budget"]) { _ = try open(root, budget: 1_000_000) }
     }
 
     /// A block file changed on disk after the package was verified: refused by name when the
@@ -74,7 +74,7 @@ final class BadPackageTests: ScratchTestCase {
         try data.write(to: url)
         let c = fx.cases[0]
         player.start(c)
-        assertRefused("changed", [path, "changed on disk"]) {
+        try assertRefused("changed", [path, "changed on disk"]) {
             _ = try pipe.generate(c.prompt, latents: fx.tensor(c.latents), configure: fx.configure(c))
         }
     }
@@ -82,7 +82,7 @@ final class BadPackageTests: ScratchTestCase {
     func testRefusesLatentsOfAnotherShape() throws {
         let (root, _) = try copyOfPackage()
         let pipe = try open(root)
-        assertRefused("latents", ["latents", "[1, 4, 16, 8, 8]"]) {
+        try assertRefused("latents", ["latents", "[1, 4, 16, 8, 8]"]) {
             _ = try pipe.generate("a red circle", latents: Tensor(zeros: [1, 4, 8, 8, 8]))
         }
     }

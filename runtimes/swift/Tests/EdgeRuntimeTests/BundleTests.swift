@@ -86,8 +86,8 @@ final class BundleTests: ScratchTestCase {
         let package = try wanFolder().appendingPathComponent("package")
         let other = try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
         let pipe = try EdgePipeline(package: package, backend: BundleReplay(other))
-        assertRefused("other package", ["tiny_sora_bundle/bundle.json", "manifest digest"]) { _ = try pipe.run(other) }
-        assertRefused("other package, per block", ["manifest digest"]) { _ = try pipe.blockErrors(against: other) }
+        try assertRefused("other package", ["tiny_sora_bundle/bundle.json", "manifest digest"]) { _ = try pipe.run(other) }
+        try assertRefused("other package, per block", ["manifest digest"]) { _ = try pipe.blockErrors(against: other) }
     }
 
     func copyOfBundle(_ name: String) throws -> URL {
@@ -101,13 +101,13 @@ final class BundleTests: ScratchTestCase {
         let tensors = copy.appendingPathComponent("tensors.bin")
         let data = try Data(contentsOf: tensors)
         try data.prefix(data.count - 8).write(to: tensors)
-        assertRefused("truncated", ["tensors.bin", "truncated"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("truncated", ["tensors.bin", "truncated"]) { _ = try ConformanceBundle(contentsOf: copy) }
         var changed = data
         changed[changed.count - 1] ^= 0x40
         try changed.write(to: tensors)
-        assertRefused("changed", ["tensors.bin", "sha256"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("changed", ["tensors.bin", "sha256"]) { _ = try ConformanceBundle(contentsOf: copy) }
         try FileManager.default.removeItem(at: copy.appendingPathComponent("bundle.json"))
-        assertRefused("no bundle.json", ["bundle.json", "missing"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("no bundle.json", ["bundle.json", "missing"]) { _ = try ConformanceBundle(contentsOf: copy) }
     }
 
     /// A bundle.json edited by `change`, written back (the arrays untouched).
@@ -128,7 +128,7 @@ final class BundleTests: ScratchTestCase {
         let other = try edited { $0["seed"] = 1 }
         let replay = BundleReplay(other)
         let pipe = try EdgePipeline(package: package, backend: replay)
-        assertRefused("seed 1", ["bundle.json", "seed 1", "differ from the recorded latents"]) { _ = try pipe.run(other) }
+        try assertRefused("seed 1", ["bundle.json", "seed 1", "differ from the recorded latents"]) { _ = try pipe.run(other) }
         XCTAssertEqual(replay.next, 0, "no block call before the refusal")
         let given = try edited { $0["seed"] = NSNull() }
         XCTAssertNil(given.seed)
@@ -141,7 +141,7 @@ final class BundleTests: ScratchTestCase {
     func testRefusesABundleSeedThatIsNoSeed() throws {
         for (value, words) in [(-1 as Any, ["seed -1", "out of range"]), (1.5, ["seed 1.5", "whole number"]),
                                ("7", ["seed", "whole number"])] {
-            assertRefused("seed \(value)", ["bundle.json"] + words) { _ = try edited { $0["seed"] = value } }
+            try assertRefused("seed \(value)", ["bundle.json"] + words) { _ = try edited { $0["seed"] = value } }
         }
     }
 
@@ -156,13 +156,13 @@ final class BundleTests: ScratchTestCase {
             }
         }
         let unknown = try edited(call(12, { $0["key"] = "transformer/block_9" }))
-        assertRefused("unknown block", ["bundle.json", "call 12", "transformer/block_9"]) { try unknown.check(manifest) }
+        try assertRefused("unknown block", ["bundle.json", "call 12", "transformer/block_9"]) { try unknown.check(manifest) }
         let renamed = try edited(call(3, { c in
             var inputs = c["inputs"] as! [String: Any]
             inputs["mask"] = inputs.removeValue(forKey: "attention_mask")
             c["inputs"] = inputs
         }))
-        assertRefused("renamed input", ["call 3", "text_encoder/final", "mask"]) { try renamed.check(manifest) }
+        try assertRefused("renamed input", ["call 3", "text_encoder/final", "mask"]) { try renamed.check(manifest) }
         let reshaped = try edited(call(8, { c in
             var inputs = c["inputs"] as! [String: Any]
             var latent = inputs["latent"] as! [String: Any]
@@ -170,11 +170,11 @@ final class BundleTests: ScratchTestCase {
             inputs["latent"] = latent
             c["inputs"] = inputs
         }))
-        assertRefused("reshaped input", ["call 8", "transformer/prologue", "latent", "[1, 16, 3, 4, 6]"]) { try reshaped.check(manifest) }
+        try assertRefused("reshaped input", ["call 8", "transformer/prologue", "latent", "[1, 16, 3, 4, 6]"]) { try reshaped.check(manifest) }
     }
 
     func testRefusesAnArrayOutsideTheTensorFile() throws {
-        assertRefused("outside", ["call 0", "input_ids", "outside tensors.bin"]) {
+        try assertRefused("outside", ["call 0", "input_ids", "outside tensors.bin"]) {
             _ = try edited { body in
                 var calls = body["calls"] as! [[String: Any]]
                 var inputs = calls[0]["inputs"] as! [String: Any]
@@ -189,7 +189,8 @@ final class BundleTests: ScratchTestCase {
 
     /// What the Python side refuses of a Wan manifest, the Swift runtime refuses too.
     func testRefusesWhatThePythonSideRefusesOfAWanManifest() throws {
-        XCTAssertEqual(try assertRefusesWhatPythonRefuses(wanFolder().appendingPathComponent("bad_manifests.json")), 4)
+        let cases = try assertRefusesWhatPythonRefuses(wanFolder().appendingPathComponent("bad_manifests.json"))
+        XCTAssertEqual(cases, 4)
     }
 
     /// A tiny-sora bundle (learned null caption, frame-by-frame decoding) on its own package.

@@ -42,7 +42,7 @@ final class SeedTests: ScratchTestCase {
         let backend = LoadCountingBackend()
         let pipe = try EdgePipeline(package: try ReplayFixtures.load().package, backend: backend)
         for seed in [TorchNoise.maxSeed + 1, UInt64.max] {
-            assertRefused("seed \(seed)", ["seed \(seed)", "out of range", "2^63 - 1"]) {
+            try assertRefused("seed \(seed)", ["seed \(seed)", "out of range", "2^63 - 1"]) {
                 _ = try pipe.generate("a red circle", seed: seed, configure: twoSteps)
             }
         }
@@ -53,7 +53,7 @@ final class SeedTests: ScratchTestCase {
         let pipe = try EdgePipeline(package: try ReplayFixtures.load().package, backend: ZeroBackend())
         let latents = Tensor(zeros: [1] + pipe.manifest.latentShape)
         for seed: UInt64 in [0, 5] {
-            assertRefused("seed \(seed) and latents", ["seed and latents given together", "give one"]) {
+            try assertRefused("seed \(seed) and latents", ["seed and latents given together", "give one"]) {
                 _ = try pipe.generate("a red circle", seed: seed, latents: latents, configure: twoSteps)
             }
         }
@@ -69,10 +69,10 @@ final class SeedTests: ScratchTestCase {
             let pipe = try EdgePipeline(package: try package(noise: noise), backend: backend)
             XCTAssertEqual(pipe.manifest.noise, noise)
             let words = ["manifest.json", "noise 'numpy.pcg64'", "torch.randn/cpu/float32", "initial latents"]
-            assertRefused("noise \(noise ?? "absent"), seed 3", words) {
+            try assertRefused("noise \(noise ?? "absent"), seed 3", words) {
                 _ = try pipe.generate("a red circle", seed: 3, configure: twoSteps)
             }
-            assertRefused("noise \(noise ?? "absent"), no seed", words) {
+            try assertRefused("noise \(noise ?? "absent"), no seed", words) {
                 _ = try pipe.generate("a red circle", configure: twoSteps)
             }
             XCTAssertEqual(backend.loads, 0, "nothing ran for a refused seed")
@@ -90,7 +90,7 @@ final class SeedTests: ScratchTestCase {
         let session = DemoSession { url, budget in try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget) }
         var options = DemoOptions()
         options.seed = -1
-        assertRefused("demo seed -1", ["seed -1", "out of range", "2^63 - 1"]) {
+        try assertRefused("demo seed -1", ["seed -1", "out of range", "2^63 - 1"]) {
             _ = try session.run(package: package, options: options)
         }
         XCTAssertEqual(session.pipelinesMade, 0)
