@@ -94,8 +94,9 @@ def main() -> None:
     torch.set_num_threads(1)  # torch draws normals on one thread anyway; keep it honest
     runs: dict[str, list[float]] = {"torch": [], "numpy": []}
     sums: dict[str, float] = {}
-    draw_torch = functools.partial(lambda: torch.randn(
-        shape, generator=torch.Generator().manual_seed(args.seed)).numpy())
+    def draw_torch():
+        return torch.randn(shape, generator=torch.Generator().manual_seed(args.seed)).numpy()
+
     draw_numpy = functools.partial(torch_randn, shape, args.seed)
     page = browser = playwright = server = None
     if not args.no_js:

@@ -197,14 +197,14 @@ def block_numerics(mlpackage: Path, module: nn.Module, block: Block,
 
 
 def load_stored_weights(components: dict[str, list[Block]], root: Path,
-                        manifest: dict) -> list[torch.Tensor]:
+                        manifest: dict) -> None:
     """Overwrite the parameters of the exported blocks (`components`, which share them with
     their family's model) with the ones stored in the package's programs, in place, so the
-    model runs as the package would without a second copy of it. Returns the parameters
-    written, each once, in the order written."""
+    model runs as the package would without a second copy of it; a parameter two blocks
+    share is written once."""
     records = {f"{c['name']}/{r['name']}": r for c in manifest["components"]
                for r in c["blocks"]}
-    written: dict[int, torch.Tensor] = {}
+    written: set[int] = set()
     for blocks in components.values():
         for block in blocks:
             record = records[block.key]
@@ -216,8 +216,7 @@ def load_stored_weights(components: dict[str, list[Block]], root: Path,
             with torch.no_grad():
                 for n, p in params.items():
                     p.copy_(stored[n])
-                    written[id(p)] = p
-    return list(written.values())
+                    written.add(id(p))
 
 
 @contextmanager

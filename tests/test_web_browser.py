@@ -713,18 +713,30 @@ def last_frames(pg) -> np.ndarray:
     return from_b64(frames["data"], np.uint8, frames["shape"])
 
 
+def fill_form(pg, prompt: str, steps: int, seed: int) -> None:
+    """The demo page's prompt, step count and seed fields, as a user types them."""
+    for field, value in (("#prompt", prompt), ("#steps", str(steps)), ("#seed", str(seed))):
+        pg.fill(field, value)
+
+
+def generate_from_the_form(pg, prompt: str, steps: int, seed: int,
+                           screenshot: Path) -> tuple[dict, np.ndarray]:
+    """Fill the form, press Generate (no noise given: the field's seed is drawn), and return
+    the run's figures and its frames; a screenshot of the page is saved."""
+    fill_form(pg, prompt, steps, seed)
+    run = pg.evaluate(GENERATE, None)
+    assert "error" not in run, run
+    frames = last_frames(pg)
+    pg.screenshot(path=str(screenshot))
+    return run, frames
+
+
 def test_demo_page_generates_the_python_video(page, web_package, python_video, tmp_path):
     """The demo page's seed 3 is the Python runtime's seed 3 (both draw torch.randn's noise
     for it): the same video, on WebGPU with a GPU budget under the model's weights."""
     prompt, seed = "a red circle moving left", 3
     resident = set(page.evaluate("[...window.edgeDemo.pipe.weights.resident.keys()]"))
-    page.fill("#prompt", prompt)
-    page.fill("#steps", str(STEPS))
-    page.fill("#seed", str(seed))
-    run = page.evaluate(GENERATE, None)
-    assert "error" not in run, run
-    got = last_frames(page)
-    page.screenshot(path=str(tmp_path / "demo.png"))
+    run, got = generate_from_the_form(page, prompt, STEPS, seed, tmp_path / "demo.png")
     assert_same_video(got, python_video(prompt, seed, STEPS))
     assert run["transformer_calls"] == STEPS
     assert run["peak_gpu_weight_bytes"] <= 64 * 2**20
@@ -807,13 +819,7 @@ def test_page_without_webgpu_generates_through_wasm(wasm_page, python_video, tmp
     assert "ort/ort-wasm-simd-threaded.wasm" in requested
 
     prompt, seed = "the blue box slides up", 2**63 - 1  # exact only as text or BigInt in JS
-    pg.fill("#prompt", prompt)
-    pg.fill("#steps", str(WASM_STEPS))
-    pg.fill("#seed", str(seed))
-    run = pg.evaluate(GENERATE, None)
-    assert "error" not in run, run
-    got = last_frames(pg)
-    pg.screenshot(path=str(tmp_path / "wasm.png"))
+    run, got = generate_from_the_form(pg, prompt, WASM_STEPS, seed, tmp_path / "wasm.png")
     assert_same_video(got, python_video(prompt, seed, WASM_STEPS))
     assert run["transformer_calls"] == WASM_STEPS
 
@@ -828,9 +834,7 @@ def test_seed_is_refused_before_any_work_where_the_package_means_other_noise(
 
     pg, _ = wasm_page
     prompt, seed, steps = "a red circle moving left", 3, 1
-    pg.fill("#prompt", prompt)
-    pg.fill("#steps", str(steps))
-    pg.fill("#seed", str(seed))
+    fill_form(pg, prompt, steps, seed)
     pg.evaluate(COUNT_RUNS)
     assert pg.evaluate("window.edgeDemo.pipe.manifest.noise") == NOISE
     errors = {}

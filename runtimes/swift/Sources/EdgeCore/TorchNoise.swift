@@ -27,11 +27,15 @@ public enum TorchNoise {
 
     // MARK: seeds
 
+    private static func outOfRange(_ name: String, _ value: Any) -> NoiseError {
+        NoiseError("\(name) \(value) is out of range: a seed is from 0 to 2^63 - 1")
+    }
+
     /// The seed, or an error naming it: a whole number from 0 to 2^63 - 1.
     @discardableResult
     public static func checkSeed(_ seed: UInt64, name: String = "seed") throws -> UInt64 {
         guard seed <= maxSeed else {
-            throw NoiseError("\(name) \(seed) is out of range: a seed is from 0 to 2^63 - 1")
+            throw outOfRange(name, seed)
         }
         return seed
     }
@@ -39,7 +43,7 @@ public enum TorchNoise {
     /// A seed held as a signed integer (the demo's form): a negative one is refused.
     public static func checkSeed(_ seed: Int, name: String = "seed") throws -> UInt64 {
         guard seed >= 0 else {
-            throw NoiseError("\(name) \(seed) is out of range: a seed is from 0 to 2^63 - 1")
+            throw outOfRange(name, seed)
         }
         return UInt64(seed)
     }
@@ -50,12 +54,12 @@ public enum TorchNoise {
         func digits(_ s: Substring) -> Bool { !s.isEmpty && s.utf8.allSatisfy { (0x30...0x39).contains($0) } }
         if digits(text[...]) {
             guard let value = UInt64(text), value <= maxSeed else {
-                throw NoiseError("\(name) \(text) is out of range: a seed is from 0 to 2^63 - 1")
+                throw outOfRange(name, text)
             }
             return value
         }
         if text.hasPrefix("-") && digits(text.dropFirst()) {
-            throw NoiseError("\(name) \(text) is out of range: a seed is from 0 to 2^63 - 1")
+            throw outOfRange(name, text)
         }
         throw NoiseError("\(name) \(text) must be a whole number from 0 to 2^63 - 1")
     }
