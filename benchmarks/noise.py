@@ -6,8 +6,11 @@ latents at 480x832x81 (16x21x60x104 values) by default.
     python benchmarks/noise.py --no-swift --rounds 5
 
 Every runtime draws the same values; each is timed warm (best and median of --repeat calls
-per round), rounds alternating torch, NumPy, chromium (runtimes/web/noise.js, served locally),
-Swift (the `edge-noise` executable, release build) so load on the machine falls on all alike.
+per round), rounds alternating torch, NumPy, chromium (runtimes/web/noise.js, served locally:
+"javascript" is what a page runs, its WebAssembly SIMD kernel; "javascript_scalar" a second
+page where WebAssembly.validate refuses the module, as a browser without SIMD does, so
+noise.js falls back to its scalar JavaScript), Swift (the `edge-noise` executable, release
+build) so load on the machine falls on all alike.
 Prints one JSON object: per runtime the best and median seconds, their ratio to torch's, and
 the sum of the values (the same draw everywhere, to about 1e-6 per value).
 """
@@ -27,6 +30,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
+
+from edge.chromium import CHROMIUM, CHROMIUM_ARGS
 
 REPO = Path(__file__).resolve().parent.parent
 SWIFT_PACKAGE = REPO / "runtimes" / "swift"
@@ -54,10 +59,13 @@ def timed(draw, repeat: int) -> tuple[list[float], float]:
     return times, float(np.asarray(values, np.float64).sum())
 
 
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # stdout carries the report alone, stderr stays quiet
+        pass
+
+
 def serve_runtime() -> ThreadingHTTPServer:
-    handler = functools.partial(SimpleHTTPRequestHandler,
-                                directory=str(REPO / "runtimes" / "web"))
-    handler.log_message = lambda *args: None
+    handler = functools.partial(QuietHandler, directory=str(REPO / "runtimes" / "web"))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -79,7 +87,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10, help="warm calls per round")
-    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--chromium", default=CHROMIUM)
     parser.add_argument("--no-js", action="store_true")
     parser.add_argument("--no-swift", action="store_true")
     parser.add_argument("--swift-scratch", type=Path, default=Path("/tmp/swift-build-bench"))
@@ -98,17 +106,23 @@ def main() -> None:
         return torch.randn(shape, generator=torch.Generator().manual_seed(args.seed)).numpy()
 
     draw_numpy = functools.partial(torch_randn, shape, args.seed)
-    page = browser = playwright = server = None
+    pages = {}
+    browser = playwright = server = None
     if not args.no_js:
         from playwright.sync_api import sync_playwright
 
         server = serve_runtime()
         playwright = sync_playwright().start()
         browser = playwright.chromium.launch(executable_path=args.chromium,
-                                             args=["--no-sandbox"])
-        page = browser.new_page()
-        page.goto(f"http://127.0.0.1:{server.server_port}/")
-        runs["javascript"] = []
+                                             args=CHROMIUM_ARGS)
+        for name, init in (("javascript", None),
+                           ("javascript_scalar", "WebAssembly.validate = () => false;")):
+            context = browser.new_context()
+            if init:
+                context.add_init_script(init)
+            pages[name] = context.new_page()
+            pages[name].goto(f"http://127.0.0.1:{server.server_port}/")
+            runs[name] = []
     swift = None if args.no_swift else swift_build(args.swift_scratch)
     if swift is not None:
         runs["swift"] = []
@@ -116,10 +130,10 @@ def main() -> None:
         for name, draw in (("torch", draw_torch), ("numpy", draw_numpy)):
             times, sums[name] = timed(draw, args.repeat)
             runs[name] += times
-        if page is not None:
+        for name, page in pages.items():
             result = page.evaluate(JS_TIMING, [count, str(args.seed), args.repeat])
-            runs["javascript"] += result["times"]
-            sums["javascript"] = result["sum"]
+            runs[name] += result["times"]
+            sums[name] = result["sum"]
         if swift is not None:
             line = subprocess.run([str(swift), "--seed", str(args.seed), "--shape", args.shape,
                                    "--repeat", str(args.repeat)], check=True,

@@ -27,10 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edge.chromium import CHROMIUM, CHROMIUM_ARGS
+
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-quic"]
 BLOCKS = ["transformer/prologue", "transformer/pair_0", "transformer/epilogue"]
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>bench</title>
@@ -134,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ort-dist", type=Path, required=True,
                         help="onnxruntime-web's dist folder (from npm)")
-    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--chromium", default=CHROMIUM)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()

@@ -21,10 +21,9 @@ import threading
 import time
 from pathlib import Path
 
+from edge.chromium import CHROMIUM, CHROMIUM_ARGS
+
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-quic"]
 PROMPT = "a red circle moving left"
 
 
@@ -50,7 +49,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--path", choices=["webgpu", "wasm"], default=None,
                         help="run this path instead of the page's choice")
-    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--chromium", default=CHROMIUM)
     args = parser.parse_args()
 
     from playwright.sync_api import sync_playwright

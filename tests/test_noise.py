@@ -110,3 +110,21 @@ def test_a_draw_of_wan_latents_is_standard_normal():
     values = torch_randn((16, 21, 60, 104), 3)
     assert values.size == math.prod((16, 21, 60, 104)) and np.isfinite(values).all()
     assert abs(values.mean()) < 0.01 and abs(values.std() - 1) < 0.01
+
+
+def test_the_pages_noise_module_is_what_noise_wat_assembles_to():
+    """runtimes/web/noise_wasm.js holds wasmtime's assembly of runtimes/web/noise.wat (run
+    `python tools/noise_wasm.py` after changing it), under the 4 KB up to which chromium
+    compiles a module synchronously on the main thread (torchRandn stays synchronous)."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("wasmtime", reason="wasmtime is in the test extras (pip install -e "
+                        "'.[test]'); tools/noise_wasm.py assembles the page's kernel with it")
+    path = Path(__file__).resolve().parents[1] / "tools" / "noise_wasm.py"
+    spec = importlib.util.spec_from_file_location("noise_wasm", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    wasm = tool.assemble(tool.SOURCE.read_text())
+    assert wasm[:4] == b"\0asm" and len(wasm) < 4096
+    assert tool.TARGET.read_text() == tool.generated(wasm), "run python tools/noise_wasm.py"

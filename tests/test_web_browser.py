@@ -12,7 +12,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import threading
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,17 +23,15 @@ pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api",
                                      reason="playwright (test extra) is not installed")
 
-from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402  (after the skips)
+from edge.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the skips)
+from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-quic"]
 FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
 NOISE_FIXTURE = Path(__file__).parent / "fixtures" / "noise" / "torch_randn.json"
-NOISE_TOLERANCE = 1e-5  # torch's SIMD float32 log/sin/cos; measured 2.4e-7
+NOISE_TOLERANCE = 1e-5  # torch's SIMD float32 log/sin/cos; measured 2.4e-7 (both of noise.js's
+                        # paths; over whole draws 4.8e-7, one float32 ulp at |value| >= 4)
 STEPS = 2             # a short generation keeps SwiftShader's share of the suite small
 # the page's video for a seed against the Python runtime's for the same seed
 PSNR_LIMIT_DB = 40.0
@@ -303,6 +300,29 @@ def runtime_page(browser, served):
     context.close()
 
 
+# Which way noise.js drew: it validates its WebAssembly SIMD module once (on the first draw of 16
+# values or more) and falls back to its scalar JavaScript where validate says no; the
+# "javascript" page makes validate say no, as a browser without SIMD does.
+NOISE_PATHS = {
+    "wasm-simd": """{ const validate = WebAssembly.validate; window.noiseValidated = [];
+      WebAssembly.validate = (b) => { const ok = validate.call(WebAssembly, b);
+                                      window.noiseValidated.push(ok); return ok; }; }""",
+    "javascript": """{ window.noiseValidated = [];
+      WebAssembly.validate = () => { window.noiseValidated.push(false); return false; }; }""",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(NOISE_PATHS))
+def noise_page(request, browser, served):
+    """A runtime page per way noise.js draws (NOISE_PATHS): (path, page)."""
+    context = browser.new_context()
+    context.add_init_script(NOISE_PATHS[request.param])
+    pg = context.new_page()
+    pg.goto(served + "manifest.json")
+    yield request.param, pg
+    context.close()
+
+
 # each fixture case drawn by torchRandn: the worst difference from torch's values, the float64
 # sum of all values, and whether a Number seed (where exact) draws the same as the string
 REPLAY_NOISE = """async (cases) => {
@@ -323,14 +343,20 @@ REPLAY_NOISE = """async (cases) => {
 }"""
 
 
-def test_seed_noise_replays_what_torch_draws(runtime_page):
+def test_seed_noise_replays_what_torch_draws(noise_page):
     """runtimes/web/noise.js draws, for every case of tests/fixtures/noise/torch_randn.json
     (written from torch itself: under 16 values, whole and partial groups of 16, seeds past
-    2^32, 2^53 and up to 2^63 - 1, Wan's 16x21x60x104 latents), torch.randn's values."""
+    2^32, 2^53 and up to 2^63 - 1, Wan's 16x21x60x104 latents), torch.randn's values: with its
+    WebAssembly SIMD kernel and with the JavaScript it falls back to. Also a count that takes
+    several of the kernel's chunks, ends inside a twist and redraws a partial group, against
+    the NumPy reference (edge/noise.py)."""
+    from edge.noise import torch_randn
+
+    path, pg = noise_page
     cases = json.loads(NOISE_FIXTURE.read_text())["cases"]
-    got = runtime_page.evaluate(REPLAY_NOISE, cases)
+    got = pg.evaluate(REPLAY_NOISE, cases)
     for case, g in zip(cases, got, strict=True):
-        name = f"seed {case['seed']}, {case['count']} values"
+        name = f"{path}: seed {case['seed']}, {case['count']} values"
         assert g["length"] == case["count"] and g["finite"], name
         assert g["worst"] < NOISE_TOLERANCE, f"{name}: {g['worst']:.2g}"
         assert g["asNumber"] in (None, True), name
@@ -338,6 +364,14 @@ def test_seed_noise_replays_what_torch_draws(runtime_page):
             assert abs(g["sum"] - case["sum"]) <= 1e-3 * abs(case["sum"]), name
     assert any(g["asNumber"] for g in got)
     assert any("sum" in c and c["count"] == 16 * 21 * 60 * 104 for c in cases)  # Wan's
+    # 3 chunks of 16 twists, 5 twists, 3 groups of the next and 7 values past them
+    count = 3 * 16 * 624 + 5 * 624 + 3 * 16 + 7
+    drawn = pg.evaluate(f"""async () => {{
+      const {{ torchRandn }} = await import('/runtime/noise.js');
+      return Array.from(torchRandn({count}, 11n)); }}""")
+    assert np.abs(np.float32(drawn) - torch_randn((count,), 11)).max() < NOISE_TOLERANCE
+    # the page drew the way it was meant to: the module validated once, kept or refused
+    assert pg.evaluate("window.noiseValidated") == [path == "wasm-simd"]
 
 
 def test_seed_checks_refuse_what_is_not_a_seed(runtime_page):

@@ -12,9 +12,25 @@
 // - fewer than 16 values: float64 normals, each pair from two 53-bit uniforms of two words
 //   each (high word first), radius sqrt(-2 log1p(-u2)), theta 2 pi u1, cosine first.
 //
-// PyTorch computes the large path's log, sin and cos with SIMD float32 approximations; the
-// values here agree with it to about 2.5e-7 (tests/test_web_browser.py replays fixtures written
-// by torch itself), not bit for bit.
+// PyTorch computes the large path's log, sin and cos with SIMD float32 approximations (Sleef);
+// ours are our own, so values agree with torch's to one float32 ulp, not bit for bit: within
+// 2.4e-7 on the fixtures tests/test_web_browser.py replays (written by torch itself), 4.8e-7
+// (one ulp at |value| >= 4) over whole draws.
+//
+// Two ways to those values for 16 or more, chosen once per page (each within an ulp of torch's,
+// so a value can differ between them as it can from torch):
+// - WebAssembly SIMD (noise.wat, assembled into noise_wasm.js by tools/noise_wasm.py): the
+//   twist, tempering and Box-Muller four lanes at a time, in float32 step by step as torch
+//   computes them (1 value in 7 differs from torch's by an ulp); wherever
+//   WebAssembly.validate accepts the module, which needs SIMD (chromium 91, Firefox 89,
+//   Safari 16.4);
+// - else the scalar JavaScript below: float64 through tables and series, rounded once (1 value
+//   in 2.6 differs from torch's by an ulp), taking ~1.7x the time.
+// Why WebAssembly: Wan's 2.1 M values took ~12 ms in the JavaScript against ~5 ms for
+// torch.randn; the kernel's share is now ~3.5 ms, and ~3 ms more is the browser allocating,
+// first touching and filling the 8 MB result, which no kernel avoids (docs/benchmarks.md).
+
+import { NOISE_WASM } from "./noise_wasm.js";
 
 export const NOISE = "torch.randn/cpu/float32"; // the manifest's `noise` field this draws
 export const LEGACY_NOISE = "numpy.pcg64";      // what a package without the field meant
@@ -190,6 +206,35 @@ function fewNormals(engine, count) {
   return out;
 }
 
+// The SIMD kernel, compiled on first use: { fill, state, values } over its memory, or null
+// where WebAssembly or its SIMD is missing (validate refuses the module) or compiling fails.
+// Compiled synchronously, so torchRandn stays synchronous: chromium allows that on the main
+// thread for modules under 4 KB (this one is 1.4 KB; a test keeps it under).
+const WASM_OUT = 4096;              // noise.wat: where `fill` writes its values
+const CHUNK_GROUPS = 39 * 16;       // groups per `fill` call: 16 twists, 9984 values, 39 KB at
+                                    // WASM_OUT (a multiple of 39: each call starts at a twist)
+let kernel;
+
+function simdKernel() {
+  if (kernel !== undefined) return kernel;
+  kernel = null;
+  try {
+    const bytes = Uint8Array.from(atob(NOISE_WASM), (c) => c.charCodeAt(0));
+    if (typeof WebAssembly === "object" && WebAssembly.validate(bytes)) {
+      const { memory, fill } = new WebAssembly.Instance(new WebAssembly.Module(bytes), {}).exports;
+      kernel = {
+        fill,
+        state: new Int32Array(memory.buffer, 0, N), // the memory never grows: views stay valid
+        values: new Float32Array(memory.buffer, WASM_OUT, CHUNK_GROUPS * 16),
+      };
+    }
+  } catch {
+    kernel = null; // e.g. a Content-Security-Policy without wasm-unsafe-eval: the JavaScript
+                   // path draws the same seed (values within the same ulp of torch's)
+  }
+  return kernel;
+}
+
 // torch.randn(count values, generator=torch.Generator().manual_seed(seed)) as a Float32Array
 // (a shape's values in C order). seed: anything checkSeed takes.
 export function torchRandn(count, seed) {
@@ -197,14 +242,30 @@ export function torchRandn(count, seed) {
   const engine = new Engine(Number(BigInt.asUintN(32, checkSeed(seed))) | 0);
   if (count < 16) return fewNormals(engine, count);
   const out = new Float32Array(count);
-  const mt = engine.mt;
   const whole = count - (count % 16);
-  // 624 = 39 * 16: each twist's words are whole groups, read in place
-  for (let o = 0; o < whole; o += N) {
-    twist(mt);
-    const used = Math.min(N, whole - o);
-    fillGroups(mt, used, out, o, LOG_T, COS_SIN);
-    engine.index = used;
+  const simd = simdKernel();
+  if (simd !== null) {
+    // the engine's words move into the kernel's memory, and the engine reads them from there
+    // for the tail below; values come back a chunk at a time (out.set is a memcpy, and a
+    // chunk stays in cache), so the kernel's memory stays one page whatever the count
+    simd.state.set(engine.mt);
+    engine.mt = simd.state;
+    const groups = whole / 16;
+    for (let g = 0; g < groups; g += CHUNK_GROUPS) {
+      const n = Math.min(CHUNK_GROUPS, groups - g);
+      simd.fill(n);
+      out.set(n === CHUNK_GROUPS ? simd.values : simd.values.subarray(0, n * 16), g * 16);
+    }
+    engine.index = ((groups - 1) % 39 + 1) * 16; // words used of the last twist
+  } else {
+    const mt = engine.mt;
+    // 624 = 39 * 16: each twist's words are whole groups, read in place
+    for (let o = 0; o < whole; o += N) {
+      twist(mt);
+      const used = Math.min(N, whole - o);
+      fillGroups(mt, used, out, o, LOG_T, COS_SIN);
+      engine.index = used;
+    }
   }
   if (whole !== count) {
     // the values past the last whole group took a word each; PyTorch then draws the last 16
