@@ -144,7 +144,7 @@ export class WebPipeline {
     const blockMs = choice.timings && choice.timings[`${executor.path}_ms`] !== undefined && choice.timings.block === probeKey
       ? choice.timings[`${executor.path}_ms`] : await timeBlock(executor, probe.prepared, probe.record, probeWeights);
     weights.release(probeKey, probeWeights);
-    const tokenizer = new CaptionTokenizer(JSON.parse(new TextDecoder().decode(bytes.get(m.tokenizer.files[0].path))), m.tokenizer.max_tokens);
+    const tokenizer = CaptionTokenizer.fromManifest(JSON.parse(new TextDecoder().decode(bytes.get(m.tokenizer.files[0].path))), m.tokenizer);
     const nullCaption = parseNpy(bytes.get(m.conditioning.null_caption.path), m.conditioning.null_caption.path);
     const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, gpu.adapter);
     pipe.path = { name: executor.path, why: choice.why, timings: choice.timings, budget_applies: onGpu };

@@ -1,11 +1,18 @@
-// The rectified-flow sampler of edge/sampler.py, mirrored line by line (keep the two in step).
+// The rectified-flow sampler of edge/sampler.py, mirrored line by line (keep the two in step),
+// with both schedulers of edge/schedulers.py: flow_euler here, flow_unipc in unipc.js.
 //
 // Arrays are Float32Array (the latents) and plain numbers (float64). NumPy computes float32
 // arrays op by op in float32, so every such op here is rounded with Math.fround; reductions
 // it does in float64 (cosines, the step cache's L1 and LayerNorm) are in float64 here too.
-// tests/fixtures/sampler/*.json replay recorded sequences through both.
+// tests/fixtures/sampler/*.json (tests/test_web_browser.py) and tests/fixtures/swift/unipc.json
+// (tests/test_web_mirrors.py) replay recorded sequences through both.
+
+import { UniPCFlow, unipcModelTimes, unipcSigmas, wholeStepTimes } from "./unipc.js";
 
 const f32 = Math.fround;
+
+// edge/schedulers.py SCHEDULERS, in its order
+export const SCHEDULERS = ["flow_euler", "flow_unipc"];
 
 export const DEFAULT_SETTINGS = {
   steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
@@ -18,8 +25,10 @@ export function checkSettings(values) {
   if (unknown.length) throw new Error(`unknown sampler setting(s): ${unknown.sort().join(", ")}`);
   const s = { ...DEFAULT_SETTINGS, ...values };
   const bad = (name, why) => new Error(`sampler setting ${name}=${JSON.stringify(s[name])}: ${why}`);
-  // edge/schedulers.py's flow_unipc is mirrored only in the Python runtime so far
-  if (s.scheduler !== "flow_euler") throw bad("scheduler", "this runtime runs flow_euler only");
+  if (!SCHEDULERS.includes(s.scheduler)) {
+    // the value as Python's repr() writes it, so the message is SamplerSettings' own
+    throw new Error(`sampler setting scheduler=${pythonRepr(s.scheduler)}: known: ${SCHEDULERS.join(", ")}`);
+  }
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
   // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
   if (s.leap_after !== null && !(Number.isInteger(s.leap_after) && s.leap_after >= 1)) {
@@ -35,12 +44,27 @@ export function checkSettings(values) {
   return s;
 }
 
+// A value as Python's repr() writes it, for the messages SamplerSettings gives: a string in
+// single quotes, or double ones when it holds a single quote and no double one (the same rule
+// as pythonRepr in runtimes/swift/Sources/EdgeCore/Sampler.swift); anything else as JSON.
+function pythonRepr(value) {
+  if (typeof value !== "string") return JSON.stringify(value);
+  const quote = value.includes("'") && !value.includes('"') ? '"' : "'";
+  const escapes = { "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", [quote]: "\\" + quote };
+  return quote + [...value].map((c) => escapes[c] ?? c).join("") + quote;
+}
+
 // float32 arrays: shift * s / (1 + (shift - 1) * s), op by op
 function shiftSigma32(s, shift) {
   return f32(f32(f32(shift) * s) / f32(1 + f32(f32(shift - 1) * s)));
 }
 
+// The noise levels t_0 = 1 > ... > t_N = 0 (Float32Array, steps + 1 values), as the settings'
+// diffusers scheduler sets them.
 export function timesteps(settings) {
+  if (settings.scheduler === "flow_unipc") {
+    return unipcSigmas(settings.steps, settings.shift, settings.num_train_timesteps);
+  }
   const n = settings.num_train_timesteps;
   const x = 1.0 / n; // float64 here, as in NumPy
   const sigmaMin = settings.shift * x / (1 + (settings.shift - 1) * x);
@@ -53,6 +77,15 @@ export function timesteps(settings) {
   }
   out[steps] = 0;
   return out;
+}
+
+// What the transformer is told the time of each step is (steps values): the sigmas for
+// flow-match Euler; UniPC's whole training timesteps as fractions.
+export function modelTimes(settings) {
+  if (settings.scheduler === "flow_unipc") {
+    return unipcModelTimes(settings.steps, settings.shift, settings.num_train_timesteps);
+  }
+  return timesteps(settings).subarray(0, settings.steps);
 }
 
 // edge/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
@@ -68,6 +101,15 @@ export function leapTail(tFrom, tMin, steps, shift) {
   }
   out[steps] = 0;
   return out;
+}
+
+// edge/sampler.py leap_tail: the noise levels (leap_steps + 1, ending at 0) and model times
+// (leap_steps) of a leap from tFrom, the schedule's spacing re-planned over what is left.
+export function leapTailTimes(tFrom, tMin, settings) {
+  const sigmas = leapTail(tFrom, tMin, settings.leap_steps, settings.shift);
+  const body = sigmas.subarray(0, settings.leap_steps);
+  const times = settings.scheduler === "flow_unipc" ? wholeStepTimes(body, settings.num_train_timesteps) : body;
+  return { sigmas, modelTimes: times };
 }
 
 export function guidedVelocity(vCond, vUncond, guidance) {
@@ -187,10 +229,13 @@ export async function runPairs(step, x, tMod, pairs, batch, dim) {
   return [step.cache.reuse(x), false];
 }
 
-// predict(x, t, step) -> Promise<[vCond, vUncond]>; returns the final latents. After a leap
-// the loop goes on over the leap's tail until t = 0.
+// predict(x, t, step) -> Promise<[vCond, vUncond]>, t the model time of the step
+// (modelTimes); returns the final latents. After a leap the loop goes on over the leap's tail
+// (its own noise levels and model times, a fresh UniPC state) until t = 0.
 export async function sample(predict, noise, settings, onStep = null, trace = {}) {
-  let ts = timesteps(settings);
+  let ts = timesteps(settings), modelTs = modelTimes(settings);
+  const unipc = settings.scheduler === "flow_unipc";
+  let solver = unipc ? new UniPCFlow(ts) : null;
   let x = Float32Array.from(noise);
   Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0 });
   const rule = new LeapRule(settings);
@@ -201,26 +246,29 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
   let call = 0, i = 0;
   while (i < ts.length - 1) {
     const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true };
-    const [vCond, vUncond] = await predict(x, ts[i], step);
+    const [vCond, vUncond] = await predict(x, modelTs[i], step);
     trace.calls += 1;
     trace.transformer_calls += step.computed ? 1 : 0;
     trace.merged_calls += step.merged ? 1 : 0;
     const v = guidedVelocity(vCond, vUncond, settings.guidance);
     if (trace.leap_at === null && rule.shouldLeap(v, call)) {
       trace.leap_at = call;
-      if (settings.leap_steps === 1) { // the whole remaining time in one step
+      // the whole remaining time in one Euler step, with either scheduler (x - t v: the
+      // predicted x0), as edge/sampler.py does
+      if (settings.leap_steps === 1) {
         x = eulerStep(x, v, ts[i], ts[ts.length - 1]);
         call += 1;
         total = call;
         if (onStep) onStep(total, total);
         break;
       }
-      ts = leapTail(ts[i], ts[ts.length - 2], settings.leap_steps, settings.shift);
+      ({ sigmas: ts, modelTimes: modelTs } = leapTailTimes(ts[i], ts[ts.length - 2], settings));
+      solver = unipc ? new UniPCFlow(ts) : null;
       i = 0;
       lastCall = call + settings.leap_steps - 1;
       total = call + settings.leap_steps;
     }
-    x = eulerStep(x, v, ts[i], ts[i + 1]);
+    x = solver ? solver.step(v, i, x) : eulerStep(x, v, ts[i], ts[i + 1]);
     i += 1;
     call += 1;
     if (onStep) onStep(call, total);
