@@ -435,7 +435,7 @@ def export(
         for note in getattr(family_model, "notes", []):
             echo(note)
         prepared = exporter.prepare(family_model, options)
-    except (FamilyError, BudgetError) as err:
+    except (FamilyError, BudgetError, ExportOptionError) as err:
         fail(str(err))
     for note in prepared.notes:
         echo(note)

@@ -10,11 +10,12 @@ Wan: one latent frame of one video, the decoder chunked with its caches as input
 outputs and a "first" variant for the first frame). A block coremltools cannot convert (an
 op it lacks, a tensor above rank 5) is refused naming the block and the op.
 
-Compression (`quantize`, `COMPRESSIONS`): "fp16" keeps fp16 weights; "8" is int8 linear
+Compression (`quantize`, `compression`): "fp16" keeps fp16 weights; "8" is int8 linear
 (symmetric, per output channel) quantization; "6" is k-means palettization with a per-tensor
-lookup table (the granularity iOS 17 runs); "4" gives each block the storage its measured
-sensitivity allows (4-bit tables for the embedding table and the VAE decoder, 6-bit for the
-text encoder layers, int8 for the transformer; see COMPRESSIONS). A block's config is applied
+lookup table (the granularity iOS 17 runs); "4" is worded by each family
+(`FamilyModel.device_storage`), which gives each block the stored form its measured
+sensitivity allows (`STORAGES`: for tiny-sora 4-bit tables for the embedding table and the VAE
+decoder, 6-bit for the text encoder layers, int8 for the transformer). A block's config is applied
 to its program before it is saved: the compressions work tensor by tensor, so compressing
 block by block stores exactly the tables and scales that compressing the whole model before
 cutting it would, and no block is left uncompressed (tested: a pair's base and TDTM
@@ -104,11 +105,17 @@ def layout(min_ios: int) -> Layout:
     return LAYOUTS[min_ios]
 
 
-def deployment_target(quantize: str, min_ios: int) -> str:
-    """The package's iOS: the later of what the setting's stored forms need and what the
-    layout needs."""
-    need = int(compression(quantize).deployment_target.removeprefix("iOS"))
-    return f"iOS{max(need, layout(min_ios).min_ios)}"
+def deployment_target(setting: Compression, min_ios: int) -> str:
+    """The package's iOS: `--min-ios`'s, or a ValueError when the setting's stored forms need a
+    later one (iOS 17 cannot decompress per-grouped-channel tables or int4 blocks)."""
+    need = setting.min_ios
+    if need > layout(min_ios).min_ios:
+        needing = sorted({pattern for pattern, s in setting.rules if s.min_ios == need})
+        others = [k for k, c in UNIFORM.items() if c.min_ios <= min_ios]
+        raise ValueError(f"--quantize {setting.setting} stores {', '.join(needing)} in forms "
+                         f"iOS {need} decompresses; --min-ios {min_ios} cannot load them: use "
+                         f"--min-ios {need} or --quantize {' / '.join(others)}")
+    return f"iOS{layout(min_ios).min_ios}"
 
 
 def cut_for_device(model: FamilyModel) -> dict[str, list[Block]]:
@@ -121,15 +128,16 @@ def device_blocks(model: FamilyModel, quantize: str, budget: int | None,
     """The device cut re-cut for a memory budget (edge/plan.py), each block counted as the
     bytes its program stores at `quantize` (what the Swift loader holds for it). The same
     arguments give the same blocks: `edge record` re-cuts a package's model this way."""
+    setting = compression(quantize, model)
     return partition(cut_for_device(model), budget, read_unit,
-                     size_of=lambda block: estimated_bytes(block, quantize))
+                     size_of=lambda block: estimated_bytes(block, setting))
 
 
-def estimated_bytes(block, quantize: str) -> int:
+def estimated_bytes(block, setting: Compression) -> int:
     """Stored weight bytes of a block at a setting, before exporting: tensors of at least
     WEIGHT_THRESHOLD elements at the bits the setting gives this block (lookup tables and
     scales left out), the rest fp16."""
-    per_weight = compression(quantize).storage(block.key).bits
+    per_weight = setting.storage(block.key).bits
     bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
                for p in block.parameters().values())
     return bits // 8
@@ -154,18 +162,24 @@ class Storage:
     record: dict                      # e.g. {"method": "palettize_kmeans", "nbits": 4, ...}
     bits: int                         # per weight, for size estimates (tables left out)
     op_config: Callable[[], object] | None = None   # a coremltools OpConfig; None: fp16
+    min_ios: int = 17                 # the iOS whose constexpr ops decompress it
 
 
 @dataclass(frozen=True)
 class Compression:
     """One `--quantize` setting: the storage of each block (the first rule whose pattern
-    matches the block key, fnmatch-style, e.g. "text_encoder/layer_*"), and the iOS that the
-    stored forms need."""
+    matches the block key, fnmatch-style, e.g. "text_encoder/layer_*"), and the end-to-end
+    check's floor."""
 
     setting: str
-    deployment_target: str            # the iOS the stored forms need (ct.target's name)
     rules: tuple[tuple[str, Storage], ...]
+    psnr_floor_db: float
     note: str = ""                    # why the rules are what they are
+
+    @property
+    def min_ios(self) -> int:
+        """The iOS whose ops decompress every stored form of the setting."""
+        return max(storage.min_ios for _, storage in self.rules)
 
     def storage(self, block_key: str) -> Storage:
         return next(s for pattern, s in self.rules if fnmatch(block_key, pattern))
@@ -199,53 +213,87 @@ def _linear8():
                                        weight_threshold=WEIGHT_THRESHOLD)
 
 
-def palettized(nbits: int) -> Storage:
-    """k-means palettization, one lookup table per tensor (what iOS 17 runs)."""
+def palettized(nbits: int, group_size: int | None = None) -> Storage:
+    """k-means palettization: one lookup table per tensor (what iOS 17 runs), or with
+    `group_size` one per group of that many output channels (iOS 18)."""
+    granularity = "per_tensor" if group_size is None else "per_grouped_channel"
+
     def config():
         import coremltools.optimize.coreml as cto
 
-        return cto.OpPalettizerConfig(mode="kmeans", nbits=nbits, granularity="per_tensor",
+        return cto.OpPalettizerConfig(mode="kmeans", nbits=nbits, granularity=granularity,
+                                      group_size=group_size or 32,   # ignored per tensor
                                       weight_threshold=WEIGHT_THRESHOLD)
 
-    return Storage({"method": "palettize_kmeans", "nbits": nbits, "granularity": "per_tensor"},
-                   nbits, config)
+    record = {"method": "palettize_kmeans", "nbits": nbits, "granularity": granularity}
+    if group_size is not None:
+        record["group_size"] = group_size
+    return Storage(record, nbits, config, min_ios=17 if group_size is None else 18)
+
+
+def linear4(block_size: int) -> Storage:
+    """int4 linear quantization with a scale per block of `block_size` input values (iOS 18)."""
+    def config():
+        import coremltools.optimize.coreml as cto
+
+        return cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4",
+                                           granularity="per_block", block_size=block_size,
+                                           weight_threshold=WEIGHT_THRESHOLD)
+
+    return Storage({"method": "linear_symmetric", "dtype": "int4", "granularity": "per_block",
+                    "block_size": block_size}, 4, config, min_ios=18)
 
 
 FP16 = Storage({"method": "none", "weights": "float16"}, 16)
 INT8 = Storage({"method": "linear_symmetric", "dtype": "int8", "granularity": "per_channel"},
                8, _linear8)
+# the stored forms a family's own setting may name (edge.families.StorageRule)
+STORAGES = {"fp16": FP16, "int8": INT8, "lut6": palettized(6), "lut4": palettized(4),
+            "lut6-g16": palettized(6, 16), "lut4-g16": palettized(4, 16),
+            "int4-b32": linear4(32)}
 
-COMPRESSIONS = {c.setting: c for c in (
-    Compression("fp16", "iOS17", (("*", FP16),)),
-    Compression("8", "iOS17", (("*", INT8),)),
-    Compression("6", "iOS17", (("*", palettized(6)),)),
-    # Measured (docs/benchmarks.md, benchmarks/coreml_quantize.py): errors in the transformer
-    # grow over the denoising steps and in the text encoder steer every step, while the VAE's
-    # show once in the frames; the bytes are mostly the text encoder's (MiniLM's embedding
-    # table alone is 46% of them). So: the table at 4 bits, the encoder layers at 6, the
-    # transformer at 8, the VAE at 4 - 5.4 bits per weight: weight files 6.06x smaller than
-    # fp32, the whole package 5.6x (iOS 18 layout; 5.0x for iOS 17's variant copies).
-    Compression("4", "iOS17", (
-        ("text_encoder/embeddings", palettized(4)),
-        ("text_encoder/*", palettized(6)),
-        ("transformer/*", INT8),
-        ("vae_decoder/*", palettized(4)),
-    ), note="4 bits where the measured error stays small: the embedding table and the VAE "
-            "decoder; text encoder layers at 6 bits; transformer at 8 bits"),
+# Settings that store every block alike, and the end-to-end check's floor for each: it guards
+# against a broken export (benchmarks/coreml_quantize.py measures what a setting costs).
+UNIFORM = {c.setting: c for c in (
+    Compression("fp16", (("*", FP16),), psnr_floor_db=40.0),
+    Compression("8", (("*", INT8),), psnr_floor_db=30.0),
+    Compression("6", (("*", palettized(6)),), psnr_floor_db=20.0),
 )}
-QUANTIZE = tuple(COMPRESSIONS)
+# Settings each family words itself (FamilyModel.device_storage): where 4 bits cost the video
+# depends on which of its blocks' errors compound and where its bytes are.
+BY_FAMILY = ("4",)
+QUANTIZE = (*UNIFORM, *BY_FAMILY)
 
 
-def compression(quantize: str) -> Compression:
-    """The setting named `quantize`, or a ValueError naming the known ones."""
-    if quantize not in COMPRESSIONS:
+def check_setting(quantize: str) -> None:
+    """A ValueError naming the known settings if `quantize` is none of them."""
+    if quantize not in QUANTIZE:
         raise ValueError(f"--quantize {quantize!r} not understood; use one of "
                          f"{', '.join(QUANTIZE)}")
-    return COMPRESSIONS[quantize]
 
 
-def compression_record(quantize: str) -> dict:
-    return compression(quantize).record()
+def compression(quantize: str | Compression, model: FamilyModel | None = None) -> Compression:
+    """The setting named `quantize` for `model`'s blocks (a ValueError naming the known
+    settings, or the family without a rule for it); `model` is needed for the settings each
+    family words itself. A Compression is its own setting (benchmarks try rules that are
+    none of the named ones)."""
+    if isinstance(quantize, Compression):
+        return quantize
+    check_setting(quantize)
+    if quantize in UNIFORM:
+        return UNIFORM[quantize]
+    if model is None:
+        raise ValueError(f"--quantize {quantize} is worded by each family: give the model")
+    rule = model.device_storage.get(quantize)
+    if rule is None:
+        raise ValueError(f"--quantize {quantize} has no storage rule for {model.family} models "
+                         f"yet; use one of {', '.join(UNIFORM)}")
+    unknown = [name for _, name in rule.rules if name not in STORAGES]
+    if unknown:   # a family's mistake, not the user's: say which name
+        raise ValueError(f"{model.family}'s --quantize {quantize} names stored form "
+                         f"{unknown[0]!r}; the exporter has {', '.join(STORAGES)}")
+    return Compression(quantize, tuple((pattern, STORAGES[name]) for pattern, name
+                                       in rule.rules), rule.psnr_floor_db, rule.note)
 
 
 def drop_aliases(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -268,13 +316,12 @@ def unconvertible(err: Exception) -> str:
     return unsupported or (lines[-1] if lines else type(err).__name__)
 
 
-def convert_module(module: nn.Module, block: Block, quantize: str,
+def convert_module(module: nn.Module, block: Block, setting: Compression,
                    min_ios: int = DEFAULT_MIN_IOS):
     """torch.export -> ML Program (fp16 compute, the package's iOS) -> compressed; an unsaved
     MLModel."""
     ct = import_coremltools()
-    setting = compression(quantize)
-    target = deployment_target(quantize, min_ios)
+    target = deployment_target(setting, min_ios)
 
     example = tuple(t.contiguous() for t in block.example)  # CoreML wants contiguous inputs
     # coremltools draws its own progress bars per conversion pass; the export shows one bar
@@ -300,7 +347,7 @@ def convert_module(module: nn.Module, block: Block, quantize: str,
             linear = isinstance(config.global_config, cto.OpLinearQuantizerConfig)
             compress = cto.linear_quantize_weights if linear else cto.palettize_weights
             model = compress(model, config)
-    model.short_description = f"edge block {block.key} ({quantize})"
+    model.short_description = f"edge block {block.key} ({setting.setting})"
     return model
 
 
@@ -366,7 +413,7 @@ def program_record(root: Path, relative: str, module: nn.Module, block: Block,
                                                   function or MAIN, tensors)}
 
 
-def export_block(block: Block, root: Path, quantize: str,
+def export_block(block: Block, root: Path, setting: Compression,
                  min_ios: int = DEFAULT_MIN_IOS) -> dict:
     """Convert, compress and save a block and its variants (as the layout of `min_ios`
     stores them); check each program's weights numerically. The record's
@@ -388,14 +435,14 @@ def export_block(block: Block, root: Path, quantize: str,
     if shared:  # one program, a function per graph, one weight file
         with tempfile.TemporaryDirectory(prefix="edge-coreml-") as tmp:
             parts = {MAIN: Path(tmp) / f"{MAIN}.mlpackage"}
-            save_program(convert_module(block.module, block, quantize, min_ios), parts[MAIN])
+            save_program(convert_module(block.module, block, setting, min_ios), parts[MAIN])
             for name, variant in variants.items():
                 parts[name] = Path(tmp) / f"{name}.mlpackage"
-                save_program(convert_module(variant.module, variant, quantize, min_ios),
+                save_program(convert_module(variant.module, variant, setting, min_ios),
                              parts[name])
             save_functions(parts, path)
     else:
-        save_program(convert_module(block.module, block, quantize, min_ios), path)
+        save_program(convert_module(block.module, block, setting, min_ios), path)
     record = {"name": block.name}
     record |= program_record(root, f"{base}.mlpackage", block.module, block, reference,
                              MAIN if shared else None, tensors)
@@ -407,7 +454,7 @@ def export_block(block: Block, root: Path, quantize: str,
         for name, variant in variants.items():
             relative = f"{base}.mlpackage" if shared else f"{base}.{name}.mlpackage"
             if not shared:
-                save_program(convert_module(variant.module, variant, quantize, min_ios),
+                save_program(convert_module(variant.module, variant, setting, min_ios),
                              root / relative)
             entry = program_record(root, relative, variant.module, variant, outputs[name],
                                    name if shared else None, tensors)
@@ -421,7 +468,7 @@ def export_block(block: Block, root: Path, quantize: str,
     return record
 
 
-def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
+def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = "fp16",
                   model_name: str | None = None, min_ios: int = DEFAULT_MIN_IOS,
                   components: dict[str, list[Block]] | None = None,
                   on_block: Callable[[str], None] | None = None,
@@ -435,18 +482,18 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
     match the manifest or the blocks do not chain."""
     from exporters.coreml_check import check_structure
 
-    compression(quantize)  # refuse a bad setting or layout before converting anything
-    layout(min_ios)
+    setting = compression(quantize, model)  # refuse a bad setting or layout before converting
+    deployment_target(setting, min_ios)
     components = components or cut_for_device(model)
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "iphone", model_name or model.name,
                                  raw_null_caption=True)
         manifest["coreml"] = {
             "format": "mlprogram",
-            "minimum_deployment_target": deployment_target(quantize, min_ios),
+            "minimum_deployment_target": deployment_target(setting, min_ios),
             "layout": layout(min_ios).name,
             "compute_precision": "float16", "compute_units": COMPUTE_UNITS,
-            "output_prefix": OUTPUT_PREFIX, "compression": compression_record(quantize),
+            "output_prefix": OUTPUT_PREFIX, "compression": setting.record(),
             "compiled": False, "note": MACOS_ONLY_NOTE}
         if plan is not None:
             manifest["plan"] = plan
@@ -454,7 +501,7 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str = "fp16",
         for name, blocks in components.items():
             records = []
             for block in blocks:
-                records.append(export_block(block, root, quantize, min_ios))
+                records.append(export_block(block, root, setting, min_ios))
                 if on_block:
                     on_block(block.key)
             component = {"name": name, "blocks": records}

@@ -31,6 +31,7 @@ from edge.families import FamilyModel
 from edge.manifest_schema import as_variant
 from edge.video_metrics import psnr, snr
 from exporters import ExportValidationError
+from exporters.coreml import Compression, compression
 from exporters.coreml_weights import (
     MAIN,
     import_coremltools,
@@ -41,8 +42,6 @@ from exporters.coreml_weights import (
 )
 
 VALIDATION_PROMPT = "a red circle moving left"
-# the least end-to-end PSNR (dB) against fp32 each setting must reach, else the export fails
-PSNR_FLOOR_DB = {"fp16": 40.0, "8": 30.0, "6": 20.0, "4": 35.0}
 _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType
 
 
@@ -240,12 +239,12 @@ def stored_weights_in_place(components: dict[str, list[Block]], root: Path, mani
                     p.copy_(torch.frombuffer(data, dtype=p.dtype).view_as(p))
 
 
-def end_to_end_check(model: FamilyModel, quantize: str, seed: int = 0,
+def end_to_end_check(model: FamilyModel, quantize: str | Compression, seed: int = 0,
                      steps: int | None = None) -> Callable[[Path, dict, dict], dict]:
     """A check for `export_coreml`: PSNR of the family's reference video rendered with the
     package's stored weights against the same reference in fp32 (diffusers' own pipeline for
     a diffusers folder), on a fixed prompt and seed; fails under the setting's floor
-    (PSNR_FLOOR_DB). The check is given the exported blocks, which share the model's
+    (`Compression.psnr_floor_db`). The check is given the exported blocks, which share the model's
     parameters: the stored weights replace them for the second render, then are undone."""
 
     def check(root: Path, manifest: dict, components: dict[str, list[Block]]) -> dict:
@@ -253,10 +252,11 @@ def end_to_end_check(model: FamilyModel, quantize: str, seed: int = 0,
         with stored_weights_in_place(components, root, manifest):
             got = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
         value = psnr(got, want)
-        floor = PSNR_FLOOR_DB[quantize]
+        setting = compression(quantize, model)
+        floor = setting.psnr_floor_db
         if not value >= floor:
             raise ExportValidationError(
-                f"end to end: with the package's {quantize} weights the video differs from "
+                f"end to end: with the package's {setting.setting} weights the video differs from "
                 f"fp32 PyTorch by PSNR {value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, "
                 f"seed {seed}")
         # identical videos have an infinite PSNR, which JSON cannot hold: null and a flag

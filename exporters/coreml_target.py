@@ -27,7 +27,9 @@ from exporters.coreml import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
     MACOS_ONLY_NOTE,
+    check_setting,
     compression,
+    deployment_target,
     layout,
 )
 
@@ -41,7 +43,7 @@ def _min_ios(options: ExportOptions) -> int:
 def check(options: ExportOptions) -> None:
     refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget"})
     try:
-        compression(options.quantize or "fp16")
+        check_setting(options.quantize or "fp16")
         layout(_min_ios(options))
     except ValueError as err:
         raise ExportOptionError(str(err)) from None
@@ -64,6 +66,11 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     from exporters.coreml import device_blocks, estimated_bytes
 
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
+    try:   # the family's own settings ("4") and the iOS they need are known once it is loaded
+        setting = compression(quantize, model)
+        deployment_target(setting, _min_ios(options))
+    except ValueError as err:
+        raise ExportOptionError(str(err)) from None
     budget = options.memory_budget
     copies = chosen.name == "separate"   # each variant's program holds its own copy
     cut = device_blocks(model, quantize, budget)
@@ -71,7 +78,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     total = estimate = 0
     for blocks in cut.components.values():
         for block in blocks:
-            est = estimated_bytes(block, quantize) * (1 + copies * len(block.variants))
+            est = estimated_bytes(block, setting) * (1 + copies * len(block.variants))
             total, estimate = total + block.weight_bytes(), estimate + est
             shapes = inputs_text(block)
             extra = f" (+{', '.join(block.variants)} variant)" if block.variants else ""
@@ -83,7 +90,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     notes = list(cut.notes)
     if budget is not None:
         plan = plan_residency(cut.components, budget,
-                              size_of=lambda block: estimated_bytes(block, quantize))
+                              size_of=lambda block: estimated_bytes(block, setting))
         lines += ["", f"residency on the device at {format_size(budget)} (stored {quantize} "
                   "bytes, estimated; the Swift loader's plan):"]
         lines += plan_lines(plan, cut.members, budget, unit=f"~{quantize}")

@@ -22,6 +22,7 @@ from edge.manifest_schema import PackageError, check_manifest  # noqa: E402
 from edge.package import read_package  # noqa: E402
 from exporters.coreml import (  # noqa: E402
     ExportValidationError,
+    compression,
     convert_module,
     cut_for_device,
     export_coreml,
@@ -51,7 +52,7 @@ def pair_block(tiny_sora):
 def pair_fp16(pair_block, tmp_path_factory):
     """The pair block as an fp16 program, the baseline of the quantized ones."""
     path = tmp_path_factory.mktemp("pair") / "fp16.mlpackage"
-    save_program(convert_module(pair_block.module, pair_block, "fp16"), path)
+    save_program(convert_module(pair_block.module, pair_block, compression("fp16")), path)
     return path
 
 
@@ -290,16 +291,46 @@ def test_a_variant_name_that_cannot_name_a_function_is_refused(tmp_path, tiny_so
 BIN = "Data/com.apple.CoreML/weights/weight.bin"
 
 
-# (setting, values per tensor or per output channel, fp16 size fraction, relative error)
-@pytest.mark.parametrize("quantize,levels,size,error",
-                         [("8", 256, 0.6, 0.01), ("6", 64, 0.45, 0.2)])
-def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, levels, size,
-                                    error):
+def per_tensor(w: np.ndarray) -> list[np.ndarray]:
+    return [w.reshape(-1)]
+
+
+def per_output_channel(w: np.ndarray) -> list[np.ndarray]:
+    return list(w.reshape(w.shape[0], -1))
+
+
+def per_channel_group(w: np.ndarray, size: int = 16) -> list[np.ndarray]:
+    rows = w.reshape(w.shape[0], -1)
+    return [rows[i:i + size].reshape(-1) for i in range(0, len(rows), size)]
+
+
+def per_input_block(w: np.ndarray, size: int = 32) -> list[np.ndarray]:
+    """Each output channel's inputs in blocks of `size` (one scale each)."""
+    rows = w.reshape(w.shape[0], -1)
+    return list(rows.reshape(-1, size))
+
+
+def as_setting(form: str):
+    """A named setting, or one stored form for every block (a form a family's rule names)."""
+    from exporters.coreml import STORAGES, Compression
+
+    return compression(form) if form in ("8", "6") else \
+        Compression(form, (("*", STORAGES[form]),), psnr_floor_db=0.0)
+
+
+# (setting or stored form, how its values are grouped, values per group, fp16 size fraction,
+# relative error)
+@pytest.mark.parametrize("quantize,groups,levels,size,error", [
+    ("8", per_output_channel, 256, 0.6, 0.01), ("6", per_tensor, 64, 0.45, 0.2),
+    ("lut4-g16", per_channel_group, 16, 0.32, 0.2), ("int4-b32", per_input_block, 16, 0.36, 0.2)])
+def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, groups, levels,
+                                    size, error):
     """The compressed weights, read back out of the saved program, are what the setting
-    promises (at most 2^bits values per tensor or per output channel), smaller on disk, and
-    the block computes close to fp32 with them."""
+    promises (at most 2^bits values per tensor, output channel, group of output channels or
+    block of inputs), smaller on disk, and the block computes close to fp32 with them."""
     paths = {"fp16": pair_fp16, quantize: tmp_path / f"{quantize}.mlpackage"}
-    save_program(convert_module(pair_block.module, pair_block, quantize), paths[quantize])
+    save_program(convert_module(pair_block.module, pair_block, as_setting(quantize)),
+                 paths[quantize])
     params = pair_block.parameters()
     stored, how = read_parameters(paths[quantize], params)
     assert how["folded"] == [] and set(stored) == set(params)
@@ -307,8 +338,7 @@ def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, 
     assert len(big) >= 8
     for name in big:
         w = stored[name].numpy()
-        rows = w.reshape(w.shape[0], -1) if quantize == "8" else w.reshape(1, -1)
-        assert max(len(np.unique(r)) for r in rows) <= levels, name
+        assert max(len(np.unique(r)) for r in groups(w)) <= levels, name
         assert not np.array_equal(w, params[name].numpy())
         ref = params[name].numpy()
         relative = float(np.linalg.norm(w - ref) / np.linalg.norm(ref))
@@ -327,7 +357,7 @@ def test_quantized_weights_read_back(tmp_path, pair_block, pair_fp16, quantize, 
     # compressing the whole model before cutting it
     variant = replace(pair_block, module=pair_block.variants["tdtm"])
     tdtm = tmp_path / "tdtm.mlpackage"
-    save_program(convert_module(variant.module, variant, quantize), tdtm)
+    save_program(convert_module(variant.module, variant, as_setting(quantize)), tdtm)
     assert (tdtm / BIN).read_bytes() == (paths[quantize] / BIN).read_bytes()
     # ... so one multifunction program of both stores the compressed tensors once, and each
     # function reads back what its own program stores
@@ -349,21 +379,57 @@ def test_4bit_setting_stores_each_component_as_measured_and_its_weights_6x_small
     stores the weights >= 6x smaller than fp32 (estimated from the parameters; lookup tables
     and scales add < 1%; the whole package, with its specs and tokenizer, is 5.6x smaller:
     docs/benchmarks.md)."""
-    from exporters.coreml import compression, compression_record, estimated_bytes
+    from exporters.coreml import estimated_bytes
 
-    setting = compression("4")
+    setting = compression("4", tiny_sora)
     blocks = [b for bs in cut_for_device(tiny_sora).values() for b in bs]
     assert {b.key: setting.storage(b.key).bits for b in blocks if b.key in (
         "text_encoder/embeddings", "text_encoder/layer_2", "transformer/pair_1",
         "vae_decoder/up_1")} == {"text_encoder/embeddings": 4, "text_encoder/layer_2": 6,
                                  "transformer/pair_1": 8, "vae_decoder/up_1": 4}
     fp32 = sum(b.weight_bytes() for b in blocks)
-    stored = sum(estimated_bytes(b, "4") for b in blocks)
+    stored = sum(estimated_bytes(b, setting) for b in blocks)
     assert fp32 / stored >= 6.0, fp32 / stored
-    record = compression_record("4")
+    record = setting.record()
     assert [r["blocks"] for r in record["rules"]] == [
         "text_encoder/embeddings", "text_encoder/*", "transformer/*", "vae_decoder/*"]
-    assert setting.deployment_target == "iOS17"
+    assert setting.min_ios == 17
+
+
+def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sora):
+    """--quantize 4 is each family's rule (FamilyModel.device_storage): asked without the
+    model, for a family without one, or naming a stored form the exporter lacks, the refusal
+    says which; the uniform settings need no model."""
+    from edge.families import StorageRule
+    from exporters.coreml import STORAGES, UNIFORM
+
+    assert compression("8") is UNIFORM["8"] and compression("8", tiny_sora) is UNIFORM["8"]
+    with pytest.raises(ValueError, match="--quantize 4 is worded by each family"):
+        compression("4")
+    with pytest.raises(ValueError, match="--quantize 4 has no storage rule for tiny-sora "
+                       "models yet; use one of fp16, 8, 6"):
+        compression("4", replace(tiny_sora, device_storage={}))
+    odd = replace(tiny_sora, device_storage={"4": StorageRule(
+        (("transformer/*", "lut3"), ("*", "int8")), psnr_floor_db=30.0, note="")})
+    with pytest.raises(ValueError, match="tiny-sora's --quantize 4 names stored form 'lut3'"):
+        compression("4", odd)
+    mine = compression("4", tiny_sora)
+    assert mine.psnr_floor_db == 35.0 and all(s in STORAGES.values() for _, s in mine.rules)
+
+
+def test_a_setting_needing_a_later_ios_is_refused_for_an_earlier_one(tiny_sora, tmp_path):
+    """Per-grouped-channel tables and int4 blocks need iOS 18's ops: --min-ios 17 with a rule
+    storing them is refused naming the blocks, before anything converts."""
+    from edge.families import StorageRule
+
+    grouped = replace(tiny_sora, device_storage={"4": StorageRule(
+        (("transformer/*", "lut4-g16"), ("*", "int8")), psnr_floor_db=30.0, note="")})
+    assert compression("4", grouped).min_ios == 18
+    with pytest.raises(ValueError, match=r"--quantize 4 stores transformer/\* in forms iOS 18 "
+                       r"decompresses; --min-ios 17 cannot load them: use --min-ios 18 or "
+                       r"--quantize fp16 / 8 / 6"):
+        export_coreml(grouped, tmp_path / "pkg", "4", min_ios=17)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_refuses_bad_quantize_and_wrong_target():

@@ -152,3 +152,30 @@ def test_dry_run_lists_the_device_cut(wan_model, tmp_path, monkeypatch):
     assert "vae_decoder/up_0" in res.output and "(+first variant)" in res.output
     assert "input_ids [1, 512]" in res.output  # one prompt on the device
     assert list(tmp_path.iterdir()) == []
+
+
+def test_wan_words_its_own_4_bit_setting(wan_model, tmp_path, monkeypatch):
+    """Wan's --quantize 4 (edge/families/wan.py STORAGE_4, measured at 1.3B's shapes): the
+    text encoder and the transformer at int4 with block scales, the decoder at int8; it needs
+    iOS 18, so --min-ios 17 is refused naming the blocks, nothing written."""
+    from exporters.coreml import INT8, STORAGES, compression
+
+    int4 = STORAGES["int4-b32"]
+
+    setting = compression("4", wan_model)
+    assert {key: setting.storage(key) for key in (
+        "text_encoder/layer_0", "transformer/block_0", "transformer/prologue",
+        "vae_decoder/up_0")} == {"text_encoder/layer_0": int4, "transformer/block_0": int4,
+                                 "transformer/prologue": int4, "vae_decoder/up_0": INT8}
+    assert setting.min_ios == 18 and setting.psnr_floor_db == 35.0
+    monkeypatch.chdir(tmp_path)
+    options = ["--model", str(wan_model.folder), "--target", "iphone", "--quantize", "4",
+               "--steps", "8", *[f"--{k}={v}" for k, v in SIZE.items()]]
+    res = CliRunner().invoke(app, ["export", *options, "--min-ios", "17"])
+    assert res.exit_code == 2, res.output
+    assert ("--quantize 4 stores text_encoder/*, transformer/* in forms iOS 18 decompresses; "
+            "--min-ios 17 "
+            "cannot load them: use --min-ios 18 or --quantize fp16 / 8 / 6") in res.output
+    res = CliRunner().invoke(app, ["export", *options, "--dry-run"])
+    assert res.exit_code == 0 and "~4 MB" in res.output, res.output
+    assert list(tmp_path.iterdir()) == []

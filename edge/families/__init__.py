@@ -39,10 +39,26 @@ class Shapes:
                                        # as videos (B, C, T, h, w): 1 on a device
 
 
+@dataclass(frozen=True)
+class StorageRule:
+    """A `--quantize` setting a family words itself for the device (`FamilyModel.
+    device_storage`): the stored form of each block as (block key pattern, storage name)
+    rules, the first pattern that matches a block key winning (fnmatch: "text_encoder/*");
+    the names are the CoreML exporter's stored forms (exporters/coreml.py STORAGES: "fp16",
+    "int8", "lut6", "lut4", "lut4-g16", ...). Chosen by measuring where bits cost the video
+    (docs/benchmarks.md): which blocks' errors compound differs by family, and so does where
+    the bytes are."""
+
+    rules: tuple[tuple[str, str], ...]
+    psnr_floor_db: float    # the export's end-to-end check refuses a package under it
+    note: str               # why the rules are what they are, for the manifest
+
+
 class FamilyModel(Protocol):
     name: str                       # the model's name (package folder names use it)
     family: str                     # the family's name, recorded in the manifest
     chunked: dict[str, Chunking]    # components the runtime runs chunk by chunk
+    device_storage: dict[str, StorageRule]  # the --quantize settings it words itself ("4")
 
     @property
     def sampler(self) -> SamplerSettings: ...

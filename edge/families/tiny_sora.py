@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block, EncoderLayerBlock
-from edge.families import Shapes
+from edge.families import Shapes, StorageRule
 from edge.models.stdit import MergedPair, STDiTPair
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 from edge.package import file_entry
@@ -185,6 +185,20 @@ SHAPES = {"onnx": Shapes(prompts=2, guidance_batch=2, decoder_frames=2),
           "web": Shapes(prompts=1, guidance_batch=2, decoder_frames=4)}
 
 
+# Measured (docs/benchmarks.md, benchmarks/coreml_quantize.py): errors in the transformer grow
+# over the denoising steps and in the text encoder steer every step, while the VAE's show once
+# in the frames; the bytes are mostly the text encoder's (MiniLM's embedding table alone is 46%
+# of them). So: the table at 4 bits, the encoder layers at 6, the transformer at 8, the VAE at
+# 4 - 5.4 bits per weight: weight files 6.06x smaller than fp32, the whole package 5.6x (iOS 18
+# layout; 5.0x for iOS 17's variant copies); worst of 8 videos 36.5 dB.
+STORAGE_4 = StorageRule(
+    (("text_encoder/embeddings", "lut4"), ("text_encoder/*", "lut6"),
+     ("transformer/*", "int8"), ("vae_decoder/*", "lut4")),
+    psnr_floor_db=35.0,
+    note="4 bits where the measured error stays small: the embedding table and the VAE "
+         "decoder; text encoder layers at 6 bits; transformer at 8 bits")
+
+
 @dataclass
 class TinySoraModel:
     """The loaded tiny-sora pipeline, answering what exporters ask of a family's model."""
@@ -193,6 +207,7 @@ class TinySoraModel:
     name: str = NAME
     family: str = NAME
     chunked: dict = field(default_factory=dict)   # every component runs whole
+    device_storage: dict = field(default_factory=lambda: {"4": STORAGE_4})
 
     @property
     def sampler(self) -> SamplerSettings:

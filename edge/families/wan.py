@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge.blocks import Block, Chunking, EncoderLayerBlock
-from edge.families import FamilyError, Shapes
+from edge.families import FamilyError, Shapes, StorageRule
 from edge.files import kind_of
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
 from edge.package import file_entry
@@ -663,6 +663,21 @@ def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
 
 # ---------------------------------------------------------------- the family's model
 
+# --quantize 4 on the device, measured at Wan 2.1 1.3B's shapes (docs/benchmarks.md, "Wan's
+# 4"). The transformer (92% of those bytes) and the text encoder (the real UMT5-XXL is 4x the
+# transformer) take 4 bits, as int4 with a scale per 32 inputs: on a transformer block its
+# output error is that of 4-bit tables per group of 16 channels (0.53% against 0.47%), which
+# cost 14x the conversion time (72 s a block: over an hour for the 30 blocks and their TDTM
+# functions). The VAE decoder stays at int8: at 4 bits each stage's output is 10% off, and a
+# 4-bit decoder was what sank tiny-sora's rule on Wan (26.5 dB). End to end 41.8 dB, 0.1 dB
+# under the text encoder at int8.
+STORAGE_4 = StorageRule(
+    (("text_encoder/*", "int4-b32"), ("transformer/*", "int4-b32"), ("vae_decoder/*", "int8")),
+    psnr_floor_db=35.0,
+    note="the text encoder and the transformer at 4 bits, as int4 with a scale per 32 "
+         "inputs; the VAE decoder at int8")
+
+
 @dataclass
 class WanModel:
     pipe: object                    # diffusers WanPipeline, float32
@@ -679,6 +694,7 @@ class WanModel:
     chunked: dict[str, Chunking] = field(default_factory=lambda: {
         "vae_decoder": Chunking(input="z", output="frames", axis=2, size=1,
                                 first_variant="first")})
+    device_storage: dict[str, StorageRule] = field(default_factory=lambda: {"4": STORAGE_4})
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
