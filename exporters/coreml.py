@@ -135,12 +135,14 @@ def device_blocks(model: FamilyModel, quantize: str, budget: int | None,
 
 def estimated_bytes(block, setting: Compression) -> int:
     """Stored weight bytes of a block at a setting, before exporting: tensors of at least
-    WEIGHT_THRESHOLD elements at the bits the setting gives this block (lookup tables and
-    scales left out), the rest fp16."""
+    WEIGHT_THRESHOLD elements at the bits the setting gives this block (block scales
+    counted, per-channel scales and lookup tables left out), the rest fp16. Constants the
+    converter computes from the weights (a layer's position bias) are not parameters and are
+    left out too."""
     per_weight = setting.storage(block.key).bits
     bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
                for p in block.parameters().values())
-    return bits // 8
+    return int(bits // 8)
 
 
 
@@ -160,7 +162,8 @@ class Storage:
     manifest's record of it."""
 
     record: dict                      # e.g. {"method": "palettize_kmeans", "nbits": 4, ...}
-    bits: int                         # per weight, for size estimates (tables left out)
+    bits: float                       # per weight, for size estimates (scales counted,
+                                      # lookup tables left out: a few KB per tensor)
     op_config: Callable[[], object] | None = None   # a coremltools OpConfig; None: fp16
     min_ios: int = 17                 # the iOS whose constexpr ops decompress it
 
@@ -240,8 +243,9 @@ def linear4(block_size: int) -> Storage:
                                            granularity="per_block", block_size=block_size,
                                            weight_threshold=WEIGHT_THRESHOLD)
 
+    # an fp16 scale per block: 4.5 bits a weight at 32
     return Storage({"method": "linear_symmetric", "dtype": "int4", "granularity": "per_block",
-                    "block_size": block_size}, 4, config, min_ios=18)
+                    "block_size": block_size}, 4 + 16 / block_size, config, min_ios=18)
 
 
 FP16 = Storage({"method": "none", "weights": "float16"}, 16)
