@@ -87,3 +87,13 @@ def wan_iphone_package(tmp_path_factory, wan_model):
     root = tmp_path_factory.mktemp("wan-iphone") / "pkg"
     return root, export_coreml(wan_model, root,
                                validate_end_to_end=end_to_end_check(wan_model, "fp16"))
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless chromium, one for the session's browser tests (tests/browser.py);
+    skips a test that asks for it where there is none."""
+    from browser import chromium
+
+    with chromium() as b:
+        yield b

@@ -7,10 +7,8 @@ adapter; CI installs chromium (.ci/run)."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
-import os
 import re
 import threading
 from pathlib import Path
@@ -23,7 +21,15 @@ pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api",
                                      reason="playwright (test extra) is not installed")
 
-from edge.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the skips)
+from browser import (  # noqa: E402  (after the skips)
+    ORT_DIST,
+    assert_same_video,
+    b64,
+    from_b64,
+    serving,
+    skip_without_webgpu,
+)
+
 from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
@@ -33,12 +39,6 @@ NOISE_FIXTURE = Path(__file__).parent / "fixtures" / "noise" / "torch_randn.json
 NOISE_TOLERANCE = 1e-5  # torch's SIMD float32 log/sin/cos; measured 2.4e-7 (both of noise.js's
                         # paths; over whole draws 4.8e-7, one float32 ulp at |value| >= 4)
 STEPS = 2             # a short generation keeps SwiftShader's share of the suite small
-# the page's video for a seed against the Python runtime's for the same seed
-PSNR_LIMIT_DB = 40.0
-SNR_LIMIT_DB = 25.0   # the error against the reference video's own variance
-# onnxruntime-web's dist, served from the package (--bundle-ort): tests never reach a CDN
-ORT_DIST = Path(os.environ.get("EDGE_ORT_WEB_DIST", Path(__file__).resolve().parents[2]
-                               / "shared" / "vendor" / "onnxruntime-web-1.30"))
 
 
 def model_records(manifest: dict) -> list[dict]:
@@ -46,14 +46,6 @@ def model_records(manifest: dict) -> list[dict]:
     out = [*manifest["tokenizer"]["files"], *manifest["conditioning"].values()]
     out += [f for c in manifest["components"] for b in c["blocks"] for f in b["files"]]
     return list({f["path"]: f for f in out}.values())
-
-
-def b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
-
-
-def from_b64(text: str, dtype, shape) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype=dtype).reshape(shape)
 
 
 @pytest.fixture(scope="module")
@@ -110,32 +102,8 @@ def test_web_package_verifies_like_every_package(web_package):
 
 @pytest.fixture(scope="module")
 def served(web_package):
-    from edge.serve import make_server
-
-    server = make_server(web_package[0], port=0, quiet=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url.rstrip("/") + "/"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (Debian package `chromium`; .ci/run installs it)")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
-def skip_without_webgpu(context, pg) -> None:
-    adapter = pg.evaluate("async () => navigator.gpu ? !!(await navigator.gpu.requestAdapter()) "
-                          ": 'no navigator.gpu'")
-    if adapter is not True:
-        context.close()
-        pytest.skip(f"chromium gives no WebGPU adapter here ({adapter or 'requestAdapter null'})")
+    with serving(web_package[0]) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -687,24 +655,6 @@ def test_quota_exceeded_runs_from_memory_and_caches_nothing(browser, served, web
             assert np.abs(from_b64(text, np.float32, w.shape) - w).max() < 1e-4
     finally:
         context.close()
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
-
-
-def snr(got: np.ndarray, want: np.ndarray) -> float:
-    """The error against the reference's own variance: a flat video cannot pass on PSNR alone."""
-    want = want.astype(np.float64)
-    mse = float(np.mean((got.astype(np.float64) - want) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(float(want.var()) / mse)
-
-
-def assert_same_video(got: np.ndarray, want: np.ndarray) -> None:
-    assert got.shape == want.shape
-    p, s = psnr(got, want), snr(got, want)
-    assert p >= PSNR_LIMIT_DB and s >= SNR_LIMIT_DB, f"PSNR {p:.1f} dB, SNR {s:.1f} dB"
 
 
 @pytest.fixture(scope="module")

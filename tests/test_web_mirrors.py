@@ -23,13 +23,12 @@ import html.entities
 import json
 import shutil
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import serving
 
-from edge.chromium import CHROMIUM, CHROMIUM_ARGS
 from edge.sampler import SamplerSettings
 
 pytestmark = pytest.mark.slow  # headless Chromium
@@ -90,32 +89,21 @@ def test_prompt_clean_tables_are_what_python_writes():
 def served(tmp_path_factory):
     """runtimes/web under /runtime/ and tests/fixtures/swift under /fixtures/, copied (the
     server serves only files inside its folder), with an empty page to import them from."""
-    from edge.serve import make_server
-
     root = tmp_path_factory.mktemp("mirrors")
     shutil.copytree(REPO / "runtimes" / "web", root / "runtime")
     shutil.copytree(SWIFT_FIXTURES, root / "fixtures")
     (root / "index.html").write_text("<!doctype html><title>mirrors</title>\n")
-    server = make_server(root, port=0, quiet=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url.rstrip("/") + "/"
-    server.shutdown()
-    server.server_close()
+    with serving(root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def page(served):
-    playwright_api = pytest.importorskip("playwright.sync_api",
-                                         reason="playwright (test extra) is not installed")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (Debian package `chromium`; .ci/run installs it)")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        pg = browser.new_page()
-        pg.goto(served + "index.html")
-        yield pg
-        browser.close()
+def page(browser, served):
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto(served + "index.html")
+    yield pg
+    context.close()
 
 
 def unipc_fixture() -> dict:

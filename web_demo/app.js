@@ -1,9 +1,12 @@
 // The demo page: loads the package it is served from, then generates on request. Lives at
-// the top of a web package, beside runtime/ (edge export --target web copies both in).
-import { WebPipeline, WebGpuUnavailable, adapterInfo } from "./runtime/pipeline.js";
+// the top of a web package, beside runtime/ (edge export --target web copies both in). It uses
+// the embedding API of docs/web.md only: what runtime/pipeline.js exports.
+import { WebPipeline, WebGpuUnavailable, adapterInfo, ortFailure } from "./runtime/pipeline.js";
 
 const $ = (id) => document.getElementById(id);
-const state = { pipe: null, budget: null, busy: false };
+// state.unavailable: {webgpu, wasm}, why a path cannot run here (null: it can, or was not
+// tried); wasm is onnxruntime-web's failure {version, base, url, detail}
+const state = { pipe: null, budget: null, busy: false, unavailable: { webgpu: null, wasm: null } };
 window.edgeDemo = state; // for tests and the console: state.pipe, state.lastFrames
 
 function fail(err) {
@@ -11,6 +14,19 @@ function fail(err) {
   box.textContent = err.message;
   box.hidden = false;
   state.error = err.message;
+  if (err.reasons) state.unavailable = err.reasons; // NoPathAvailable (paths.js): both paths' reasons
+}
+
+// The page runs on WebGPU although onnxruntime-web could not be loaded (only tried on a
+// software adapter, where the wasm path is usually much faster): say why it is missing, as
+// that is why this page is slow and what to fix (the network, or --bundle-ort at export).
+function showWasmMissing(pipe) {
+  const missing = pipe.path.name === "webgpu" ? ortFailure() : null;
+  state.unavailable = { webgpu: null, wasm: missing };
+  $("wasm-missing").hidden = !missing;
+  if (!missing) return;
+  $("wasm-missing").textContent = `The wasm path is missing: ${missing.detail}. The model runs on WebGPU instead ` +
+    "(slower on a software GPU adapter); a package exported with --bundle-ort carries onnxruntime-web itself.";
 }
 
 // a note that is not an error: the model runs, something about it the user should know
@@ -50,6 +66,7 @@ async function load() {
   const path = state.pipe.path;
   $("path").textContent = `Runs on: ${path.name === "wasm" ? "the CPU (onnxruntime-web, wasm)" : "the GPU (WebGPU)"}, because ${path.why}` +
     (path.budget_applies ? "" : "; the GPU budget does not apply");
+  showWasmMissing(state.pipe);
   if (state.pipe.adapter) {
     const info = adapterInfo(state.pipe.adapter);
     $("adapter").textContent = `GPU: ${info.vendor} ${info.architecture} ${info.description}`.trim() +
@@ -92,9 +109,10 @@ function play(video) {
   state.timer = setInterval(() => { frame = (frame + 1) % video.shape[0]; draw(video, frame); }, 125);
 }
 
-// options come from the form; a test may pass `noise` (Python's initial noise) instead of the
-// seed. The seed field's text goes to the runtime as typed (a decimal string: seeds run to
-// 2^63 - 1, past a Number's exact integers), which refuses what is not a seed before any work.
+// options come from the form; a test may pass `latents` (Python's initial noise; `noise`, its
+// old name, is taken too) instead of the seed. The seed field's text goes to the runtime as
+// typed (a decimal string: seeds run to 2^63 - 1, past a Number's exact integers), which
+// refuses what is not a seed before any work.
 export async function generate(extra = {}) {
   if (state.busy) return null;
   state.busy = true;
@@ -102,7 +120,9 @@ export async function generate(extra = {}) {
   $("error").hidden = true;
   try {
     const pipe = await load();
-    const seed = extra.noise ? {} : { seed: $("seed").value.trim() };
+    const { noise, ...rest } = extra;
+    const given = noise ? { ...rest, latents: noise } : rest;
+    const seed = given.latents ? {} : { seed: $("seed").value.trim() };
     const options = {
       ...seed, steps: Number($("steps").value), leap: $("leap").checked,
       merge_steps: Number($("merge").value), cache_threshold: Number($("cache").value),
@@ -110,7 +130,7 @@ export async function generate(extra = {}) {
         $("steps-progress").max = total; $("steps-progress").value = done;
         $("step-text").textContent = `${done} / ${total}`;
       },
-      ...extra,
+      ...given,
     };
     const video = await pipe.generate($("prompt").value, options);
     state.lastFrames = video;

@@ -6,9 +6,29 @@
 // (retries, the Cache API, size + SHA-256 against the manifest's `web.ort`), then the entry
 // module is imported from a blob URL of the checked bytes, and the glue module and the
 // WebAssembly binary are handed to it the same way (env.wasm.wasmPaths.mjs, wasmBinary).
+//
+// onnxruntime-web is loaded only when the wasm path is wanted (paths.js), and its failure
+// (offline, the CDN blocked, a file that fails its digest) is an OrtUnavailable that paths.js
+// catches: the WebGPU path needs none of it, so the page can still run there.
 import { PackageError } from "./loader.js";
 
-export class OrtUnavailable extends Error {}
+// onnxruntime-web could not be had. `detail` says which URL and what failed, without what
+// follows from it (the caller knows: the page stops, or runs on WebGPU instead); `url` is the
+// file that failed (null where no file was tried), `base` the folder the manifest names.
+export class OrtUnavailable extends Error {
+  constructor(detail, { version = null, base = null, url = null, message = `${detail}; nothing was run` } = {}) {
+    super(message);
+    Object.assign(this, { detail, version, base, url });
+  }
+}
+
+// The last failure to load onnxruntime-web on this page ({version, base, url, detail}), or null
+// once a load succeeds: the page reads it to say why the wasm path is missing, since the
+// pipeline it gets back from a degraded load carries only the path that runs.
+let lastFailure = null;
+export function ortFailure() {
+  return lastFailure;
+}
 
 const ENTRY = "ort.wasm.min.mjs";
 const GLUE = "ort-wasm-simd-threaded.mjs";
@@ -32,9 +52,25 @@ function typed(data, dtype) {
 }
 
 // onnxruntime-web from the manifest's location, every file checked first. files: the
-// package's PackageFiles; ortRecord: manifest.web.ort.
+// package's PackageFiles; ortRecord: manifest.web.ort. Throws OrtUnavailable, remembered for
+// ortFailure().
 export async function loadOrt(files, ortRecord) {
-  if (!ortRecord) throw new OrtUnavailable("this package has no wasm path (exported before edge had one): export it again");
+  try {
+    const ort = await fetchAndImport(files, ortRecord);
+    lastFailure = null;
+    return ort;
+  } catch (err) {
+    if (err instanceof OrtUnavailable) lastFailure = { version: err.version, base: err.base, url: err.url, detail: err.detail };
+    throw err;
+  }
+}
+
+async function fetchAndImport(files, ortRecord) {
+  if (!ortRecord) {
+    const detail = "this package has no wasm path (exported before edge had one): export it again";
+    throw new OrtUnavailable(detail, { message: detail });
+  }
+  const { version } = ortRecord;
   const base = new URL(ortRecord.base, files.base).href;
   const bytes = {};
   for (const f of ortRecord.files) {
@@ -43,7 +79,7 @@ export async function loadOrt(files, ortRecord) {
       bytes[f.name] = await files.fetchFile(record);
     } catch (err) {
       const why = err instanceof PackageError ? err.message : `${err.name}: ${err.message}`;
-      throw new OrtUnavailable(`onnxruntime-web ${ortRecord.version} could not be loaded from ${base} (${why}); nothing was run`);
+      throw new OrtUnavailable(`onnxruntime-web ${version} could not be loaded from ${base} (${why})`, { version, base, url: record.path });
     }
   }
   const blobUrl = (name) => URL.createObjectURL(new Blob([bytes[name]], { type: "text/javascript" }));
@@ -51,7 +87,8 @@ export async function loadOrt(files, ortRecord) {
   try {
     ort = await import(blobUrl(ENTRY));
   } catch (err) {
-    throw new OrtUnavailable(`onnxruntime-web ${ortRecord.version} (${base}${ENTRY}) did not load: ${err.message}`);
+    const detail = `onnxruntime-web ${version} (${base}${ENTRY}) did not load: ${err.message}`;
+    throw new OrtUnavailable(detail, { version, base, url: `${base}${ENTRY}`, message: detail });
   }
   ort.env.wasm.wasmPaths = { mjs: blobUrl(GLUE) };
   ort.env.wasm.wasmBinary = bytes[BINARY];

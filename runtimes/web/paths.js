@@ -5,8 +5,14 @@
 // software adapter (isFallbackAdapter, or one of the CPU rasterisers by name: WebGPU emulated
 // on the CPU) -> both paths are timed on one transformer block and the faster is kept,
 // remembered per adapter and model in localStorage, as the kernel choices are.
+//
+// onnxruntime-web (the wasm path's engine) is fetched only where the wasm path may run, and
+// where it cannot be had (offline, the CDN blocked, a file failing its digest) a page with an
+// adapter runs on WebGPU, which needs none of it; only with neither path does the choice stop,
+// naming both reasons. A page that asked for ?path=wasm is refused rather than switched to
+// WebGPU behind its back (it asked to see that path), and told how to run on WebGPU.
 import { PlanExecutor } from "./executor.js";
-import { OrtExecutor } from "./ort_executor.js";
+import { OrtExecutor, OrtUnavailable } from "./ort_executor.js";
 
 const STORE = "edge-path-choice-v1";
 const SOFTWARE_ADAPTERS = /swiftshader|llvmpipe|lavapipe|softpipe|basic render|\bwarp\b/i;
@@ -55,6 +61,48 @@ export async function createExecutor(path, adapter, files) {
   return path === "wasm" ? OrtExecutor.create(files, files.manifest.web.ort) : PlanExecutor.create(adapter);
 }
 
+// No path can run here (or not the one asked for). reasons: {webgpu, wasm}, each null or why
+// that path cannot run (wasm: the OrtUnavailable's {version, base, url, detail}), for the page
+// to show and tests to read. The message begins with onnxruntime-web's failure, as the
+// wasm-only error did before WebGPU could stand in (except where ?path=wasm was asked for).
+export class NoPathAvailable extends Error {
+  constructor(message, reasons) {
+    super(message);
+    this.reasons = reasons;
+  }
+}
+
+// The wasm executor, or {missing: OrtUnavailable} where onnxruntime-web could not be had;
+// any other error (a bug, not the network) still stops the load.
+async function tryWasm(files) {
+  try {
+    return { executor: await createExecutor("wasm", null, files), missing: null };
+  } catch (err) {
+    if (!(err instanceof OrtUnavailable)) throw err;
+    return { executor: null, missing: err };
+  }
+}
+
+function ortReason(err) {
+  return { version: err.version, base: err.base, url: err.url, detail: err.detail };
+}
+
+// onnxruntime-web is missing and so is WebGPU (gpu.reason)
+function neitherPath(missing, gpu) {
+  return new NoPathAvailable(`${missing.message}. The WebGPU path cannot run instead: ${gpu.reason}.`,
+    { webgpu: gpu.reason, wasm: ortReason(missing) });
+}
+
+// ?path=wasm asked for the wasm path and onnxruntime-web is missing: refused, saying whether
+// the page would run without the ?path= (it would on WebGPU where there is an adapter)
+function askedWasmMissing(missing, gpu) {
+  const instead = gpu.adapter
+    ? "open the page without ?path=wasm to run on WebGPU"
+    : `the WebGPU path cannot run instead: ${gpu.reason}`;
+  return new NoPathAvailable(`?path=wasm asks for the wasm path, but ${missing.detail}; nothing was run: ${instead}.`,
+    { webgpu: gpu.adapter ? null : gpu.reason, wasm: ortReason(missing) });
+}
+
 // Milliseconds one call of a block takes on an executor: inputs of zeros, outputs read back
 // (so queued GPU work has finished). One warm-up call compiles kernels or sets up the
 // session; then calls repeat for at least `runs` and for up to a second (WebAssembly runs
@@ -96,35 +144,52 @@ export async function probeBlock(executor, probe) {
 
 // -> {path, why, executor, timings}. asked: "webgpu" or "wasm" to skip the choice (the page's
 // ?path=), or null. probe: {key, record, graphs: {webgpu, wasm} bytes, weightBytes}, fetched
-// on demand by getProbe() (only a software adapter needs it).
+// on demand by getProbe() (only a software adapter needs it). Throws NoPathAvailable where
+// neither path can run (or the asked one cannot); see the top of this file.
 export async function choosePath({ files, gpu, asked = null, modelKey, getProbe }) {
   const paths = (files.manifest.web && files.manifest.web.paths) || ["webgpu"];
-  const make = async (path) => createExecutor(path, gpu.adapter, files);
+  const webgpu = async (why, timings = null) => ({ path: "webgpu", why, executor: await createExecutor("webgpu", gpu.adapter, files), timings });
   if (asked) {
     if (!paths.includes(asked)) throw new Error(`path ${JSON.stringify(asked)}: this package has ${paths.join(" and ")}`);
-    if (asked === "webgpu" && !gpu.adapter) throw new Error(`path webgpu was asked for, but ${gpu.reason}`);
-    return { path: asked, why: "asked for in the page's address (?path=)", executor: await make(asked), timings: null };
+    const why = "asked for in the page's address (?path=)";
+    if (asked === "webgpu") {
+      if (!gpu.adapter) throw new Error(`path webgpu was asked for, but ${gpu.reason}`);
+      return webgpu(why);
+    }
+    const wasm = await tryWasm(files);
+    if (!wasm.executor) throw askedWasmMissing(wasm.missing, gpu);
+    return { path: "wasm", why, executor: wasm.executor, timings: null };
   }
   if (!gpu.adapter) {
     if (!paths.includes("wasm")) return { path: null, why: gpu.reason, executor: null, timings: null };
-    return { path: "wasm", why: `${gpu.reason}: the CPU runs the model through onnxruntime-web`, executor: await make("wasm"), timings: null };
+    const wasm = await tryWasm(files);
+    if (!wasm.executor) throw neitherPath(wasm.missing, gpu);
+    return { path: "wasm", why: `${gpu.reason}: the CPU runs the model through onnxruntime-web`, executor: wasm.executor, timings: null };
   }
   const label = adapterLabel(gpu.adapter);
-  if (!paths.includes("wasm") || !isSoftwareAdapter(gpu.adapter)) {
-    return { path: "webgpu", why: `GPU adapter ${label}`, executor: await make("webgpu"), timings: null };
-  }
+  if (!paths.includes("wasm") || !isSoftwareAdapter(gpu.adapter)) return webgpu(`GPU adapter ${label}`);
+  // a software adapter: the wasm path is usually far faster, so its absence is worth saying
+  // (the page shows onnxruntime-web's failure itself, from ortFailure(): the detail is long)
+  const withoutWasm = () => webgpu(`software GPU adapter (${label}), and onnxruntime-web, which the wasm path needs, could not be loaded`);
   const key = `${label}|${modelKey}`;
   const known = rememberedChoice(key);
   if (known) {
-    return { path: known.path, why: `software GPU adapter (${label}): ${describe(known.timings)}, timed earlier on this adapter`, executor: await make(known.path), timings: known.timings };
+    const why = `software GPU adapter (${label}): ${describe(known.timings)}, timed earlier on this adapter`;
+    if (known.path === "webgpu") return webgpu(why, known.timings);
+    const wasm = await tryWasm(files);
+    if (!wasm.executor) return withoutWasm();
+    return { path: "wasm", why, executor: wasm.executor, timings: known.timings };
   }
+  // onnxruntime-web first: where it is missing there is nothing to time (and nothing is
+  // remembered, so a later visit that reaches it times both paths)
+  const wasm = await tryWasm(files);
+  if (!wasm.executor) return withoutWasm();
   const probe = await getProbe();
   const timings = { block: probe.key };
-  const executors = {};
-  for (const path of ["wasm", "webgpu"]) {
-    executors[path] = await make(path);
-    timings[`${path}_ms`] = await probeBlock(executors[path], probe);
-  }
+  const executors = { wasm: wasm.executor };
+  timings.wasm_ms = await probeBlock(executors.wasm, probe);
+  executors.webgpu = await createExecutor("webgpu", gpu.adapter, files);
+  timings.webgpu_ms = await probeBlock(executors.webgpu, probe);
   const path = timings.wasm_ms <= timings.webgpu_ms ? "wasm" : "webgpu";
   executors[path === "wasm" ? "webgpu" : "wasm"].destroy();
   remember(key, { path, timings });

@@ -7,8 +7,14 @@ import { byteSize } from "./executor.js";
 import { GpuWeights, PackageError, PackageFiles, parseSize } from "./loader.js";
 import { checkNoise, checkSeed, torchRandn } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
-import { checkSettings, runPairs, sample } from "./sampler.js";
+import { DEFAULT_SETTINGS, checkSettings, runPairs, sample } from "./sampler.js";
+import {
+  GENERATE_OPTIONS, LOAD_OPTIONS, abortError, abortable, checkLatents, checkSignal, checkText,
+  refuseUnknown, settingsWith, show,
+} from "./options.js";
 import { CaptionTokenizer } from "./tokenizer.js";
+// so that a page needs this module alone: why the wasm path is missing, where it is
+export { ortFailure } from "./ort_executor.js";
 
 export class WebGpuUnavailable extends Error {}
 
@@ -81,16 +87,28 @@ export class WebPipeline {
   // tune: time the exporter's alternative schedules of the transformer's kernels on this
   // adapter and keep the fastest (remembered per adapter; see PlanExecutor.tune)
   // path: "webgpu" or "wasm" to skip the choice of paths.js (null: choose)
-  // onCacheFailure(message): the files could not be stored (quota); they run from memory
-  static async load(base, { budget = null, onProgress = () => {}, useCache = true, tune = true, onCacheFailure = () => {}, path = null } = {}) {
+  // onProgress(loadedBytes, totalBytes, path); onCacheFailure(message): the files could not
+  // be stored (quota), they run from memory; signal: an AbortSignal that cancels the load
+  // (rejects with an AbortError naming the phase; nothing is kept, the GPU device is released)
+  static async load(base, options = {}) {
     const started = now();
-    const files = await PackageFiles.open(base, { onProgress, useCache, onCacheFailure });
+    refuseUnknown(options, LOAD_OPTIONS, "load");
+    const { budget = null, onProgress = () => {}, useCache = true, tune = true, onCacheFailure = () => {}, path = null, signal = null } = options;
+    checkSignal("signal", signal);
+    parseSize(budget); // a bad budget is refused before megabytes are downloaded
+    const stopIf = (phase) => { if (signal?.aborted) throw abortError(`loading ${base}: cancelled ${phase} (the signal was aborted)`); };
+    // a page that aborted hears no more of bytes it no longer wants
+    const progress = (...args) => { if (!signal?.aborted) onProgress(...args); };
+    stopIf("before anything was fetched");
+    const files = await abortable(PackageFiles.open(base, { onProgress: progress, useCache, onCacheFailure }), signal, `loading ${base}: the manifest`);
+    stopIf("after the manifest");
     const m = files.manifest;
     const transformer = m.components.find((c) => c.name === "transformer");
     const probeRecord = transformer.blocks[Math.min(1, transformer.blocks.length - 1)];
     const probeKey = `transformer/${probeRecord.name}`;
     const shardsOf = (b) => b.weights.shards || [b.weights.path];
     const gpu = await findAdapter();
+    // not raced against the signal: an executor made after we gave up would hold a device
     const choice = await choosePath({
       files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`,
       getProbe: async () => {
@@ -99,14 +117,29 @@ export class WebPipeline {
       },
     });
     if (!choice.executor) throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: use a recent Chrome, Edge or Safari, served over https or from localhost.`);
+    try {
+      stopIf("after choosing the path");
+      return await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, probeKey });
+    } catch (err) {
+      choice.executor.destroy(); // a failed or cancelled load keeps no GPU device
+      throw err;
+    }
+  }
+
+  // load() once the path is chosen: fetch the path's files, prepare every block, place the
+  // weights, tune, time the probe block
+  static async build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, probeKey }) {
+    const m = files.manifest;
     const executor = choice.executor;
     const records = pathRecords(m, executor);
-    const bytes = await files.fetchAll(records);
+    const bytes = await abortable(files.fetchAll(records), signal, `loading ${base}: the download`);
+    stopIf("after the download");
     const fetchedAt = now();
     const blocks = new Map(); // key -> {record, prepared, variants: {name: prepared}}
     for (const c of m.components) {
       for (const b of c.blocks) {
         const key = `${c.name}/${b.name}`;
+        stopIf(`while preparing block ${key}`);
         const variants = {};
         for (const [name, v] of Object.entries(b.variants || {})) variants[name] = await executor.prepareFrom(bytes.get(executor.graphOf(v)), `${key}.${name}`, b);
         blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants });
@@ -125,6 +158,7 @@ export class WebPipeline {
     const compiledAt = now();
     if (tune && onGpu) {
       for (const key of transformerKeys) {
+        stopIf(`while timing the kernels of ${key}`);
         const b = blocks.get(key);
         for (const prepared of [b.prepared, ...Object.values(b.variants)]) {
           if (!prepared.calls.some((c) => c.key && !executor.choices.has(c.key))) continue;
@@ -138,6 +172,7 @@ export class WebPipeline {
       }
     }
     const tunedAt = now();
+    stopIf("before timing a block");
     // what one transformer block costs here, for the expected time shown before Generate
     const probe = blocks.get(probeKey);
     const probeWeights = weights.acquire(probeKey);
@@ -212,40 +247,84 @@ export class WebPipeline {
     return { hidden, mask, truncated };
   }
 
-  // options: seed (default 0: a Number up to 2^53 - 1, a BigInt or a decimal string up to
-  // 2^63 - 1; the noise torch.randn draws for it, as the Python runtime does: noise.js) or
-  // noise (the initial latents, a Float32Array, e.g. Python's initial_noise), not both;
-  // onStep(done, total), and sampler overrides (leap, merge_steps, ...)
-  async generate(prompt, { noise = null, seed = null, onStep = null, ...overrides } = {}) {
-    // the seed and the noise first: a refusal comes before any work
-    if (noise !== null && seed !== null && seed !== undefined) {
-      throw new Error("seed and noise given together: the noise is the initial latents, so give one");
+  // The embedding API's generate (docs/web.md): the Python runtime's option names and
+  // meanings. options: seed (default 0: a Number up to 2^53 - 1, a BigInt or a decimal string
+  // up to 2^63 - 1; the noise torch.randn draws for it, as the Python runtime does: noise.js)
+  // or latents (the initial noise, a Float32Array in diffusers' layout; `noise` is its old
+  // name), not both; negative_prompt (the unconditional pass's text instead of the package's
+  // null caption); any sampler setting (steps, guidance, leap, merge_steps, cache_threshold,
+  // ...); onStep(done, total); signal (an AbortSignal, checked before each step).
+  // Returns {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}.
+  async generate(prompt, options = {}) {
+    const request = this.checkRequest(prompt, options); // refusals: before any work
+    if (this.running) throw new Error("generate() is already running on this pipeline: one generation at a time; await it (or abort it through its signal) first");
+    this.running = true;
+    try {
+      return await this.run(prompt, request);
+    } finally {
+      this.running = false;
     }
-    const n = this.latentShape.reduce((a, b) => a * b, 1);
-    let x0;
-    if (noise === null) {
-      const s = checkSeed(seed ?? 0);
-      checkNoise(this.manifest, this.files.url("manifest.json"));
-      x0 = torchRandn(n, s);
-    } else {
-      x0 = Float32Array.from(noise);
-      if (x0.length !== n) throw new Error(`noise has ${x0.length} values; the latents (${this.latentShape}) have ${n}`);
-    }
-    const settings = checkSettings({ ...this.manifest.sampler, ...overrides });
-    const tKeys = this.keys("transformer");
-    if (settings.merge_steps > 0 && !tKeys.some((k) => this.blocks.get(k).variants.tdtm)) {
+  }
+
+  // generate()'s arguments, checked in the Python runtime's order -> what run() needs
+  checkRequest(prompt, options) {
+    checkText("prompt", prompt);
+    if (options === null || typeof options !== "object" || Array.isArray(options)) throw new Error(`generate options must be an object, got ${show(options)}`);
+    refuseUnknown(options, [...GENERATE_OPTIONS, ...Object.keys(DEFAULT_SETTINGS)], "generate");
+    const { negative_prompt = null, seed = null, latents = null, noise = null, onStep = null, signal = null, ...overrides } = options;
+    if (latents !== null && noise !== null) throw new Error("latents and noise given together: noise is the old name of latents, so give latents");
+    if (seed !== null && latents !== null) throw new Error("seed and latents given together: the latents are the initial noise, so give one");
+    if (seed !== null && noise !== null) throw new Error("seed and noise given together: the noise is the initial latents, so give one");
+    const drawn = latents === null && noise === null;
+    const seedValue = drawn ? checkSeed(seed ?? 0) : null;
+    if (drawn) checkNoise(this.manifest, this.files.url("manifest.json"));
+    if (negative_prompt !== null) checkText("negative_prompt", negative_prompt);
+    const givenLatents = drawn ? null : latents !== null ? checkLatents("latents", latents, this.latentShape) : checkLatents("noise", noise, this.latentShape);
+    if (onStep !== null && typeof onStep !== "function") throw new Error(`onStep must be a function (done, total), got ${show(onStep)}`);
+    checkSignal("signal", signal);
+    const settings = settingsWith(this.manifest.sampler, overrides);
+    if (settings.merge_steps > 0 && !this.keys("transformer").some((k) => this.blocks.get(k).variants.tdtm)) {
       throw new Error(`merge_steps=${settings.merge_steps}: this package has no 'tdtm' transformer variants`);
     }
-    const figures = { wall_s: {}, uploads_before: this.weights.stats.uploads };
-    this.computeS = 0;
-    const t0 = now();
+    // drawn once every check passed: Wan's 2 M values take milliseconds a refusal need not spend
+    const x0 = givenLatents ?? torchRandn(this.latentShape.reduce((a, b) => a * b, 1), seedValue);
+    return { x0, settings, negative: negative_prompt, onStep, signal };
+  }
+
+  // The caption pair of classifier-free guidance: the prompt's, then the unconditional one
+  // (the package's null caption, or the negative prompt encoded) -> [caption2, mask2, truncated]
+  async guidanceCaptions(prompt, negative) {
     const { hidden, mask, truncated } = await this.encodePrompt(prompt);
     const [, tokens, dim] = this.nullCaption.shape.length === 2 ? [1, ...this.nullCaption.shape] : this.nullCaption.shape;
     const caption2 = new Float32Array(2 * tokens * dim);
+    const mask2 = new Int32Array(2 * tokens).fill(1); // the null caption attends to every token
     caption2.set(hidden, 0);
-    caption2.set(this.nullCaption.data, tokens * dim);
-    const mask2 = new Int32Array(2 * tokens).fill(1);
     mask2.set(mask, 0);
+    if (negative === null) {
+      caption2.set(this.nullCaption.data, tokens * dim);
+    } else {
+      const other = await this.encodePrompt(negative);
+      caption2.set(other.hidden, tokens * dim);
+      mask2.set(other.mask, tokens);
+    }
+    return [caption2, mask2, truncated];
+  }
+
+  async run(prompt, { x0, settings, negative, onStep, signal }) {
+    const n = x0.length;
+    // cancellation between steps: the error names where it stopped (err.step: the step that
+    // did not run, 1-based; 0 before the text encoder)
+    let done = 0, total = settings.steps;
+    const stopIf = (where, step) => {
+      if (signal?.aborted) throw abortError(`generation cancelled ${where} (the signal was aborted)`, { step, stepsDone: done });
+    };
+    const stepped = (d, t) => { done = d; total = t; if (onStep) onStep(d, t); };
+    stopIf("before the text encoder", 0);
+    const tKeys = this.keys("transformer");
+    const figures = { wall_s: {}, uploads_before: this.weights.stats.uploads };
+    this.computeS = 0;
+    const t0 = now();
+    const [caption2, mask2, truncated] = await this.guidanceCaptions(prompt, negative);
     const captionBuf = this.upload(caption2);
     const maskBuf = this.upload(mask2);
     const t1 = now();
@@ -258,6 +337,7 @@ export class WebPipeline {
     const tmodShape = this.signature(prologue, "t_mod");
     const velocityShape = this.signature(epilogue, "velocity");
     const predict = async (x, t, step) => {
+      stopIf(`before step ${step.index + 1} of ${total} (${done} done)`, step.index + 1);
       const temp = [];
       const variant = step.merged ? "tdtm" : null;
       const latent = new Float32Array(2 * n);
@@ -286,9 +366,14 @@ export class WebPipeline {
       return [v.subarray(0, n), v.subarray(n, 2 * n)];
     };
     const trace = {};
-    const latents = await sample(predict, x0, settings, onStep, trace);
-    captionBuf.destroy();
-    maskBuf.destroy();
+    let latents;
+    try {
+      latents = await sample(predict, x0, settings, stepped, trace);
+    } finally { // also when cancelled: the pipeline stays usable and leaks nothing
+      captionBuf.destroy();
+      maskBuf.destroy();
+    }
+    stopIf(`after step ${done} of ${total}, before the VAE decoder`, done + 1);
     const t2 = now();
     figures.wall_s.transformer = t2 - t1;
 
@@ -307,7 +392,7 @@ export class WebPipeline {
     return frames;
   }
 
-  // latents (C, T, h, w) -> {frames: Uint8ClampedArray (T, H, W, 3), shape: [T, H, W, 3]}
+  // latents (C, T, h, w) -> {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}
   async decode(latents) {
     const [c, t, h, w] = this.latentShape;
     const keys = this.keys("vae_decoder");
@@ -338,7 +423,8 @@ export class WebPipeline {
         }
       }
     }
-    return { frames: video, shape: [t, H, W, 3] };
+    // written through a clamped view (out-of-range values saturate), handed back as plain bytes
+    return { frames: new Uint8Array(video.buffer), shape: [t, H, W, 3] };
   }
 
   destroy() {

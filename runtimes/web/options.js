@@ -1,0 +1,99 @@
+// The embedding API's option checks (docs/web.md, "Embedding the model in a page"): what
+// WebPipeline.load and generate refuse, with messages naming the option and the value, all
+// before any block runs, so a bad call leaves the pipeline as it was. The sampler settings
+// are checked as the Python runtime checks them (edge/options.py).
+import { checkSettings } from "./sampler.js";
+
+// Python's edge/options.py limits: far above any real use, they bound what a typo costs
+const MAX_STEPS = 10_000;
+const MAX_TRAIN_TIMESTEPS = 1_000_000;
+const MAX_GUIDANCE = 1e4;
+
+// JavaScript has one number type, so the kinds edge/options.py reads off each setting's
+// default (int, float, bool) are written out here
+const INTEGER_SETTINGS = ["steps", "num_train_timesteps", "leap_min_steps", "leap_patience", "leap_steps", "merge_steps"];
+const REAL_SETTINGS = ["guidance", "shift", "leap_tol", "cache_threshold"];
+
+// generate()'s own options; every other known name is a sampler setting (Python's
+// **sampler_overrides). `noise` is the old name of `latents`, kept for existing callers.
+export const GENERATE_OPTIONS = ["negative_prompt", "seed", "latents", "noise", "onStep", "signal"];
+export const LOAD_OPTIONS = ["budget", "path", "onProgress", "signal", "useCache", "tune", "onCacheFailure"];
+
+// A value as a message shows it: NaN and Infinity as such (JSON.stringify says null)
+export function show(value) {
+  if (typeof value === "number" || typeof value === "bigint") return String(value);
+  if (typeof value === "string") return JSON.stringify(value);
+  if (value === null || value === undefined) return String(value);
+  if (ArrayBuffer.isView(value)) return `a ${value.constructor.name} of ${value.length} values`;
+  if (Array.isArray(value)) return `an Array of ${value.length} values`;
+  return `a ${typeof value === "object" ? value.constructor?.name || "object" : typeof value}`;
+}
+
+export function refuseUnknown(given, known, what) {
+  const unknown = Object.keys(given).filter((k) => !known.includes(k)).sort();
+  if (unknown.length) throw new Error(`unknown ${what} option(s): ${unknown.join(", ")}; known: ${[...known].sort().join(", ")}`);
+}
+
+// A sampler setting must be of its default's kind (edge/options.py _check_value): sampler.js
+// checks ranges only, and NaN or "5" would pass them and run to a broken video.
+function checkSettingKind(name, value) {
+  const bad = (kind) => new Error(`sampler setting ${name}=${show(value)}: must be ${kind}`);
+  if (name === "leap" && typeof value !== "boolean") throw bad("true or false");
+  if (INTEGER_SETTINGS.includes(name) && !Number.isInteger(value)) throw bad("an integer");
+  if (name === "leap_after" && value !== null && !Number.isInteger(value)) throw bad("an integer or null");
+  if (REAL_SETTINGS.includes(name) && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number");
+}
+
+// The sampler's settings for one call: the package's, overridden; checked as Python's
+// with_overrides checks them (kinds, ranges, and the limits of edge/options.py)
+export function settingsWith(packaged, overrides) {
+  for (const [name, value] of Object.entries(overrides)) checkSettingKind(name, value);
+  const s = checkSettings({ ...packaged, ...overrides });
+  const over = (name, most) => new Error(`sampler setting ${name}=${show(s[name])}: more than ${most}`);
+  if (!(s.shift > 0)) throw new Error(`sampler setting shift=${show(s.shift)}: must be positive`);
+  if (s.steps > MAX_STEPS) throw over("steps", MAX_STEPS);
+  if (s.leap_steps > MAX_STEPS) throw over("leap_steps", MAX_STEPS);
+  if (s.num_train_timesteps > MAX_TRAIN_TIMESTEPS) throw over("num_train_timesteps", MAX_TRAIN_TIMESTEPS);
+  if (Math.abs(s.guidance) > MAX_GUIDANCE) throw new Error(`sampler setting guidance=${show(s.guidance)}: larger than ${MAX_GUIDANCE} in size (far above any useful scale)`);
+  if (s.merge_steps > s.steps) throw new Error(`sampler setting merge_steps=${s.merge_steps}: more than steps=${s.steps} (merging applies to the first merge_steps steps)`);
+  return s;
+}
+
+// Latents a caller gives: the initial noise in diffusers' layout, (C, T, h, w) flattened
+// (batch 1), which is the manifest's latent_shape whatever its latent_layout (that field
+// only says how the VAE decoder takes them; Python's runtime reads latents the same way)
+export function checkLatents(name, value, shape) {
+  const n = shape.reduce((a, b) => a * b, 1);
+  const layout = `(${shape.join(", ")}): channels, frames, height, width; diffusers' layout`;
+  if (!(value instanceof Float32Array)) throw new Error(`${name} must be a Float32Array of ${n} values ${layout}; got ${show(value)}`);
+  if (value.length !== n) throw new Error(`${name} has ${value.length} values; the latents ${layout} have ${n}`);
+  if (!value.every(Number.isFinite)) throw new Error(`${name} hold NaN or infinity`);
+  return Float32Array.from(value); // a copy: the caller may reuse its array while we run
+}
+
+export function checkText(name, value) {
+  if (typeof value !== "string") throw new Error(`${name} must be a string, got ${show(value)}`);
+  // lone surrogates (a bad decode) would reach the tokenizer as U+FFFD, silently
+  if (value.isWellFormed && !value.isWellFormed()) throw new Error(`${name} is not valid Unicode text (a lone surrogate)`);
+}
+
+export function checkSignal(name, signal) {
+  if (signal !== null && !(signal instanceof AbortSignal)) throw new Error(`${name} must be an AbortSignal (AbortController's .signal), got ${show(signal)}`);
+}
+
+// What fetch() throws when cancelled, so callers test err.name === "AbortError" as for fetch
+export function abortError(message, fields = {}) {
+  return Object.assign(new DOMException(message, "AbortError"), fields);
+}
+
+// Rejects as soon as `signal` aborts, without waiting for `promise` (loader.js takes no
+// signal: a file in flight finishes in the background, unused)
+export function abortable(promise, signal, what) {
+  if (!signal) return promise;
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(abortError(`${what}: cancelled (the signal was aborted)`));
+    if (signal.aborted) return onAbort();
+    signal.addEventListener("abort", onAbort, { once: true });
+    promise.then(resolve, reject).finally(() => signal.removeEventListener("abort", onAbort));
+  });
+}

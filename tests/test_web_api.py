@@ -1,0 +1,293 @@
+"""The web runtime's embedding API (docs/web.md, "Embedding the model in a page"):
+`WebPipeline.load(url, {budget, path, onProgress, signal})` and `generate(prompt, options)`
+with the Python runtime's option names, in Debian's chromium driven by Playwright.
+
+The minimal page is the ```html block of that docs section, written into the package and
+opened as it is, so the documentation cannot drift from a page that works. tiny-sora is
+exported with `--target web` once for the module; where onnxruntime-web is bundled the
+browser has no WebGPU and runs the wasm path (seconds per load, where SwiftShader's WebGPU
+takes ~30 s), else the WebGPU path."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
+pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is not installed")
+
+# the same onnxruntime-web dist and the same video thresholds as the demo page's tests
+from browser import (  # noqa: E402  (after the skips)
+    ORT_DIST,
+    assert_same_video,
+    b64,
+    from_b64,
+    serving,
+    skip_without_webgpu,
+)
+
+from edge.video_metrics import psnr  # noqa: E402
+
+pytestmark = pytest.mark.slow  # headless Chromium
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "web.md"
+SECTION = "## Embedding the model in a page"
+PROMPT = "a red circle moving left"  # what the minimal page generates: seed 3, 2 steps
+SEED, STEPS = 3, 2
+NO_WEBGPU = "delete Navigator.prototype.gpu;"
+
+
+def minimal_page_html() -> str:
+    """The one ```html block of the docs' embedding section."""
+    section = DOCS.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```html\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, f"{DOCS}: {len(blocks)} html blocks under {SECTION!r}, want 1"
+    return blocks[0]
+
+
+@pytest.fixture(scope="module")
+def web_package(tmp_path_factory, tiny_sora):
+    from exporters.web import export_web
+
+    root = tmp_path_factory.mktemp("web-api") / "tiny-sora-web"
+    bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
+    # no TDTM variants, no llvm replay of the plans: as tests/test_web_browser.py, for time
+    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle)
+    (root / "minimal.html").write_text(minimal_page_html())
+    return root, manifest
+
+
+@pytest.fixture(scope="module")
+def context(web_package, browser):
+    """One browser context for the module: without WebGPU where the wasm path can run."""
+    root, manifest = web_package
+    with serving(root) as url:
+        ctx = browser.new_context()
+        if manifest["web"]["ort"]["bundled"]:
+            ctx.add_init_script(NO_WEBGPU)
+        else:
+            probe = ctx.new_page()
+            probe.goto(url + "manifest.json")
+            skip_without_webgpu(ctx, probe)
+            probe.close()
+        ctx.served = url
+        yield ctx
+        ctx.close()
+
+
+@pytest.fixture(scope="module")
+def minimal(context):
+    """The docs' minimal page, opened once and left with its pipeline (window.edge)."""
+    pg = context.new_page()
+    pg.goto(context.served + "minimal.html")
+    pg.wait_for_function("window.edge || /Error/.test(document.getElementById('status')"
+                         ".textContent)", timeout=300_000)
+    return pg
+
+
+@pytest.fixture(scope="module")
+def python_pipe(exported_package):
+    from runtimes.python import Pipeline
+
+    pipe = Pipeline.load(exported_package[0])
+    yield pipe
+    pipe.close()
+
+
+# a video ({frames, shape}) of the page as base64 bytes, and reading it back here
+VIDEO_B64 = """(v) => { let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
+  t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
+  return { data: btoa(t), shape: v.shape, type: v.frames.constructor.name }; }"""
+
+
+FIRST_VIDEO = f"({VIDEO_B64})(window.edge.video)"  # the minimal page's own video
+
+
+def read_video(got: dict) -> np.ndarray:
+    assert got["type"] == "Uint8Array", got["type"]
+    return from_b64(got["data"], np.uint8, got["shape"])
+
+
+def test_docs_minimal_page_generates_the_python_video(minimal, web_package, python_pipe):
+    """The docs' page, as written, loads the model and generates seed 3 in 2 steps: the
+    Python runtime's video for that seed and step count (option names map to the same
+    meanings), as a Uint8Array (T, H, W, 3)."""
+    status = minimal.inner_text("#status")
+    assert minimal.evaluate("!!window.edge"), status
+    manifest = web_package[1]
+    got = read_video(minimal.evaluate(FIRST_VIDEO))
+    t, _, _ = manifest["latent_shape"][1:]
+    assert got.shape[0] == t and got.shape[3] == 3
+    assert re.fullmatch(rf"{t} frames of \d+x\d+", status), status
+    assert_same_video(got, python_pipe.generate(PROMPT, seed=SEED, steps=STEPS)[0])
+
+
+# generate() with the given options (a JavaScript expression), from the minimal page's
+# pipeline: the video, or the error's name and message
+GENERATE = ("""async ([prompt, options]) => {
+  try { const v = await window.edge.pipe.generate(prompt, eval(`(${options})`));
+        return { video: (""" + VIDEO_B64 + """)(v) }; }
+  catch (err) { return { name: err.name, error: err.message, step: err.step }; } }""")
+
+# counts the blocks the pipeline runs from now on (window.blockRuns)
+COUNT_RUNS = """() => { const ex = window.edge.pipe.executor;
+  if (!ex.counted) { const run = ex.run.bind(ex);
+    ex.run = (...args) => { window.blockRuns += 1; return run(...args); }; ex.counted = true; }
+  window.blockRuns = 0; }"""
+
+
+def generate(pg, options: str, prompt=PROMPT) -> dict:
+    return pg.evaluate(GENERATE, [prompt, options])
+
+
+def test_latents_negative_prompt_and_guidance_mean_what_they_mean_in_python(minimal,
+                                                                          python_pipe):
+    """latents (diffusers' layout), negative_prompt and guidance given to both runtimes give
+    the same video; and the negative prompt does change it (else the check proves nothing)."""
+    from edge.noise import torch_randn
+
+    shape = minimal.evaluate("window.edge.pipe.latentShape")
+    latents = torch_randn((1, *shape), 11)
+    negative, guidance = "a blue square", 7.5
+    want = python_pipe.generate(PROMPT, latents=latents, negative_prompt=negative,
+                                guidance=guidance, steps=STEPS)[0]
+    without = python_pipe.generate(PROMPT, latents=latents, guidance=guidance, steps=STEPS)[0]
+    assert psnr(without, want) < 40, "the negative prompt changes nothing here"
+    got = generate(minimal, f"""{{ latents: new Float32Array(Uint8Array.from(atob('{b64(latents)}'),
+        c => c.charCodeAt(0)).buffer), negative_prompt: {negative!r}, guidance: {guidance},
+        steps: {STEPS} }}""")
+    assert "error" not in got, got
+    assert_same_video(read_video(got["video"]), want)
+
+
+# (options as JavaScript, the whole message or its start ending in "…")
+BAD_OPTIONS = [
+    ("{ stpes: 2 }", "unknown generate option(s): stpes; known: cache_threshold, guidance, "
+                     "latents, leap, …"),
+    ("{ steps: 0 }", "sampler setting steps=0: must be at least 1"),
+    ("{ steps: 2.5 }", "sampler setting steps=2.5: must be an integer"),
+    ("{ guidance: NaN }", "sampler setting guidance=NaN: must be a finite number"),
+    ("{ guidance: '5' }", 'sampler setting guidance="5": must be a finite number'),
+    ("{ leap: 'yes' }", 'sampler setting leap="yes": must be true or false'),
+    ("{ cache_threshold: -1 }", "sampler setting cache_threshold=-1: must not be negative"),
+    ("{ merge_steps: 1 }", "merge_steps=1: this package has no 'tdtm' transformer variants"),
+    ("{ seed: -1 }", "seed -1 is out of range: a seed is a whole number from 0 to 2^63 - 1"),
+    ("{ seed: 1.5 }", "seed 1.5 must be a whole number from 0 to 2^63 - 1"),
+    ("{ latents: new Float32Array(5) }", "latents has 5 values; the latents (…"),
+    ("{ latents: [0, 1] }", "latents must be a Float32Array of …"),
+    ("{ latents: new Float64Array(window.edge.pipe.latentShape.reduce((a, b) => a * b)) }",
+     "latents must be a Float32Array of …"),
+    ("{ latents: new Float32Array(window.edge.pipe.latentShape.reduce((a, b) => a * b))"
+     ".fill(NaN) }", "latents hold NaN or infinity"),
+    ("{ seed: 3, latents: new Float32Array(window.edge.pipe.latentShape"
+     ".reduce((a, b) => a * b)) }",
+     "seed and latents given together: the latents are the initial noise, so give one"),
+    ("{ negative_prompt: 3 }", "negative_prompt must be a string, got 3"),
+    ("{ onStep: 'print' }", 'onStep must be a function (done, total), got "print"'),
+    ("{ signal: 'stop' }", 'signal must be an AbortSignal (AbortController\'s .signal), '
+                           'got "stop"'),
+]
+
+
+def test_bad_options_are_refused_by_name_before_any_work(minimal):
+    """Each bad option gives an Error naming the option and the value, before any block runs;
+    the pipeline then generates as before."""
+    minimal.evaluate(COUNT_RUNS)
+    got = {options: generate(minimal, options) for options, _ in BAD_OPTIONS}
+    got["prompt 42"] = generate(minimal, "{}", prompt=42)
+    assert minimal.evaluate("window.blockRuns") == 0
+    for options, want in [*BAD_OPTIONS, ("prompt 42", "prompt must be a string, got 42")]:
+        assert got[options].get("name") == "Error", (options, got[options])
+        message = got[options]["error"]
+        if want.endswith("…"):
+            assert message.startswith(want[:-1]), (options, message)
+        else:
+            assert message == want, (options, message)
+    after = generate(minimal, f"{{ seed: {SEED}, steps: {STEPS} }}")
+    assert "error" not in after, after
+    assert minimal.evaluate("window.blockRuns") > 0
+    assert_same_video(read_video(after["video"]),
+                      read_video(minimal.evaluate(FIRST_VIDEO)))
+
+
+CANCEL = """async () => {
+  const pipe = window.edge.pipe, stop = new AbortController(), seen = [];
+  const first = pipe.generate('a red circle', { seed: 1, steps: 3, signal: stop.signal,
+    onStep: (done, total) => { seen.push([done, total]); if (done === 1) stop.abort(); } });
+  const out = { seen };
+  try { await pipe.generate('a second one', { steps: 1 }); out.second = 'ran'; }
+  catch (err) { out.second = err.message; }
+  try { await first; out.first = 'finished'; }
+  catch (err) { out.first = { name: err.name, message: err.message, step: err.step,
+                              dom: err instanceof DOMException }; }
+  const early = new AbortController(); early.abort();
+  window.blockRuns = 0;
+  try { await pipe.generate('a red circle', { signal: early.signal }); out.early = 'finished'; }
+  catch (err) { out.early = { name: err.name, message: err.message, step: err.step,
+                              runs: window.blockRuns }; }
+  return out; }"""
+
+
+def test_cancelled_generation_names_its_step_and_the_next_one_runs(minimal):
+    """An AbortController aborted after step 1 of 3: the call rejects with an AbortError naming
+    step 2; one aborted before the call runs no block; a second call while one runs is
+    refused; afterwards generate gives the same video as before."""
+    minimal.evaluate(COUNT_RUNS)
+    out = minimal.evaluate(CANCEL)
+    assert out["seen"] == [[1, 3]]
+    assert out["second"].startswith("generate() is already running on this pipeline")
+    assert out["first"] == {"name": "AbortError", "step": 2, "dom": True, "message":
+                            "generation cancelled before step 2 of 3 (1 done) (the signal was "
+                            "aborted)"}
+    assert out["early"] == {"name": "AbortError", "step": 0, "runs": 0, "message":
+                            "generation cancelled before the text encoder (the signal was "
+                            "aborted)"}
+    after = generate(minimal, f"{{ seed: {SEED}, steps: {STEPS} }}")
+    assert "error" not in after, after
+    assert_same_video(read_video(after["video"]),
+                      read_video(minimal.evaluate(FIRST_VIDEO)))
+
+
+LOADS = """async () => {
+  const { WebPipeline } = await import('/runtime/pipeline.js');
+  const base = new URL('/', location.href).href, out = {};
+  const attempt = async (name, options) => {
+    try { const pipe = await WebPipeline.load(base, options); out[name] = pipe.path.name;
+          pipe.destroy(); }
+    catch (err) { out[name] = { name: err.name, message: err.message }; } };
+  const early = new AbortController(); early.abort();
+  await attempt('early', { signal: early.signal });
+  const midway = new AbortController();
+  out.progressAfterAbort = 0;
+  await attempt('midway', { signal: midway.signal, onProgress: (got) => {
+    if (midway.signal.aborted) out.progressAfterAbort += 1; else if (got > 0) midway.abort(); } });
+  await attempt('typo', { budjet: '64MB' });
+  await attempt('budget', { budget: 'lots' });
+  await attempt('after', {});
+  return out; }"""
+
+
+def test_load_stops_cleanly_when_aborted(context):
+    """A load with an aborted signal fetches nothing; one aborted while downloading rejects
+    with an AbortError and reports no progress after; unknown options and a bad budget are
+    refused by name; a load afterwards works."""
+    pg = context.new_page()
+    pg.goto(context.served + "manifest.json")
+    requested = []
+    pg.on("request", lambda r: requested.append(r.url))
+    out = pg.evaluate(LOADS)
+    pg.close()
+    base = context.served
+    assert out["early"] == {"name": "AbortError", "message": f"loading {base}: cancelled before "
+                            "anything was fetched (the signal was aborted)"}
+    assert out["midway"]["name"] == "AbortError", out["midway"]
+    assert out["midway"]["message"].startswith(f"loading {base}: "), out["midway"]
+    assert "cancelled" in out["midway"]["message"], out["midway"]
+    assert out["progressAfterAbort"] == 0
+    assert out["typo"]["message"].startswith("unknown load option(s): budjet; known: budget, ")
+    assert out["budget"]["message"].startswith('memory budget "lots": expected e.g. 64MB')
+    assert out["after"] in ("wasm", "webgpu"), out["after"]
+    assert any(u.endswith("/manifest.json") for u in requested)  # the later loads did fetch
