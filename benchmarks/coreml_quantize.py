@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.families import FamilyModel, load_model
+from edge.families import FamilyModel, StorageRule, load_model
 from edge.video_metrics import psnr, snr
 from exporters.coreml import (
     DEFAULT_MIN_IOS,
@@ -48,6 +48,7 @@ from exporters.coreml import (
     compression,
     cut_for_device,
     export_coreml,
+    from_rule,
 )
 from exporters.coreml_check import end_to_end_check, stored_weights_in_place
 from exporters.coreml_target import package_bytes
@@ -60,14 +61,12 @@ SEEDS = (0, 1)
 def trial(spec: str) -> Compression:
     """A `--rules` trial: "pattern=form,pattern=form" -> a setting named by the spec, with no
     floor (it is measured, not guarded)."""
-    rules = []
-    for part in spec.split(","):
-        pattern, _, form = part.partition("=")
-        if form not in STORAGES:
-            raise SystemExit(f"--rules {spec!r}: {form!r} is not a stored form; "
-                             f"use one of {', '.join(STORAGES)}")
-        rules.append((pattern.strip(), STORAGES[form]))
-    return Compression(spec, tuple(rules), psnr_floor_db=0.0)
+    rules = tuple((pattern.strip(), form) for pattern, _, form
+                  in (part.partition("=") for part in spec.split(",")))
+    try:
+        return from_rule(spec, StorageRule(rules, psnr_floor_db=0.0, note=""), f"--rules {spec!r}")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def sizes(manifest: dict, root: Path) -> dict:

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.families import FamilyModel
+from edge.families import FamilyModel, StorageRule
 from edge.package import atomic_directory, file_entry, write_manifest
 from edge.plan import READ_UNIT, Partition, partition
 from exporters import ExportValidationError
@@ -292,12 +292,18 @@ def compression(quantize: str | Compression, model: FamilyModel | None = None) -
     if rule is None:
         raise ValueError(f"--quantize {quantize} has no storage rule for {model.family} models "
                          f"yet; use one of {', '.join(UNIFORM)}")
+    return from_rule(quantize, rule, f"{model.family}'s --quantize {quantize}")
+
+
+def from_rule(setting: str, rule: StorageRule, who: str) -> Compression:
+    """The setting a rule words by stored-form names (a family's, or a benchmark's trial),
+    or a ValueError saying which name `who` gave that STORAGES lacks."""
     unknown = [name for _, name in rule.rules if name not in STORAGES]
-    if unknown:   # a family's mistake, not the user's: say which name
-        raise ValueError(f"{model.family}'s --quantize {quantize} names stored form "
-                         f"{unknown[0]!r}; the exporter has {', '.join(STORAGES)}")
-    return Compression(quantize, tuple((pattern, STORAGES[name]) for pattern, name
-                                       in rule.rules), rule.psnr_floor_db, rule.note)
+    if unknown:
+        raise ValueError(f"{who} names stored form {unknown[0]!r}; the exporter has "
+                         f"{', '.join(STORAGES)}")
+    return Compression(setting, tuple((pattern, STORAGES[name]) for pattern, name
+                                      in rule.rules), rule.psnr_floor_db, rule.note)
 
 
 def drop_aliases(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:

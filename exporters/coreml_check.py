@@ -247,13 +247,14 @@ def end_to_end_check(model: FamilyModel, quantize: str | Compression, seed: int 
     (`Compression.psnr_floor_db`). The check is given the exported blocks, which share the model's
     parameters: the stored weights replace them for the second render, then are undone."""
 
+    setting = compression(quantize, model)   # a bad setting is refused before any render
+    floor = setting.psnr_floor_db
+
     def check(root: Path, manifest: dict, components: dict[str, list[Block]]) -> dict:
         want = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
         with stored_weights_in_place(components, root, manifest):
             got = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
         value = psnr(got, want)
-        setting = compression(quantize, model)
-        floor = setting.psnr_floor_db
         if not value >= floor:
             raise ExportValidationError(
                 f"end to end: with the package's {setting.setting} weights the video differs from "

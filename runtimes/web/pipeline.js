@@ -275,11 +275,13 @@ export class WebPipeline {
     if (latents !== null && noise !== null) throw new Error("latents and noise given together: noise is the old name of latents, so give latents");
     if (seed !== null && latents !== null) throw new Error("seed and latents given together: the latents are the initial noise, so give one");
     if (seed !== null && noise !== null) throw new Error("seed and noise given together: the noise is the initial latents, so give one");
-    const drawn = latents === null && noise === null;
+    // the initial noise given, under the name it was given by (for the refusals)
+    const [givenName, given] = noise !== null ? ["noise", noise] : ["latents", latents];
+    const drawn = given === null;
     const seedValue = drawn ? checkSeed(seed ?? 0) : null;
     if (drawn) checkNoise(this.manifest, this.files.url("manifest.json"));
     if (negative_prompt !== null) checkText("negative_prompt", negative_prompt);
-    const givenLatents = drawn ? null : latents !== null ? checkLatents("latents", latents, this.latentShape) : checkLatents("noise", noise, this.latentShape);
+    const givenLatents = drawn ? null : checkLatents(givenName, given, this.latentShape);
     if (onStep !== null && typeof onStep !== "function") throw new Error(`onStep must be a function (done, total), got ${show(onStep)}`);
     checkSignal("signal", signal);
     const settings = settingsWith(this.manifest.sampler, overrides);
