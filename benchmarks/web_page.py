@@ -6,10 +6,13 @@ on the machine falls on both alike.
 
     python benchmarks/web_page.py --ort-dist ../shared/vendor/onnxruntime-web-1.30
     python benchmarks/web_page.py --ort-dist DIR --path webgpu --rounds 1   # the GPU path alone
+    python benchmarks/web_page.py --ort-dist DIR --model WAN_DIR --height 64 --width 96 \
+        --frames 17 --path wasm                                         # a diffusers folder
 
-Exports dist/tiny-sora-onnx and a web package with onnxruntime-web bundled (into --work)
-when they are missing. Prints one JSON object: per round the wall seconds of each and their
-ratio, the medians, and what the page chose and why.
+Exports the model (tiny-sora, or --model's folder at --height/--width/--frames) to ONNX and
+to a web package with onnxruntime-web bundled (into --work) when they are missing. Prints one
+JSON object: per round the wall seconds of each and their ratio, the medians, and what the
+page chose and why.
 """
 
 from __future__ import annotations
@@ -27,16 +30,20 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPT = "a red circle moving left"
 
 
-def packages(work: Path, ort_dist: Path) -> tuple[Path, Path]:
+def packages(work: Path, ort_dist: Path, folder: Path | None, size: dict) -> tuple[Path, Path]:
     from edge.families import load_model
     from exporters.onnx import export_onnx
     from exporters.web import export_web
 
-    onnx, web = work / "tiny-sora-onnx", work / "tiny-sora-web"
-    if not (onnx / "manifest.json").exists():
-        export_onnx(load_model(), onnx)
-    if not (web / "manifest.json").exists():
-        export_web(load_model(), web, bundle_ort=ort_dist)
+    name = "tiny-sora" if folder is None else "-".join(
+        [folder.name, *(str(v) for v in size.values() if v is not None)])
+    onnx, web = work / f"{name}-onnx", work / f"{name}-web"
+    if not (onnx / "manifest.json").exists() or not (web / "manifest.json").exists():
+        model = load_model(folder, **size)
+        if not (onnx / "manifest.json").exists():
+            export_onnx(model, onnx)
+        if not (web / "manifest.json").exists():
+            export_web(model, web, bundle_ort=ort_dist)
     return onnx, web
 
 
@@ -50,14 +57,23 @@ def main() -> None:
     parser.add_argument("--path", choices=["webgpu", "wasm"], default=None,
                         help="run this path instead of the page's choice")
     parser.add_argument("--chromium", default=CHROMIUM)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a diffusers pipeline folder (default: tiny-sora)")
+    parser.add_argument("--height", type=int, default=None)
+    parser.add_argument("--width", type=int, default=None)
+    parser.add_argument("--frames", type=int, default=None)
     args = parser.parse_args()
+    size = {"height": args.height, "width": args.width, "frames": args.frames}
+    if args.model is None and any(v is not None for v in size.values()):
+        parser.error("--height, --width and --frames go with --model (tiny-sora's size is its own)")
 
     from playwright.sync_api import sync_playwright
 
     from edge.serve import make_server
     from runtimes.python.pipeline import Pipeline
 
-    onnx, web = packages(args.work, args.ort_dist)
+    onnx, web = packages(args.work, args.ort_dist, args.model,
+                         size if args.model is not None else {})
     python = Pipeline.load(onnx)
     python.generate(PROMPT, seed=0, steps=1)  # sessions warm, as the page's are after load
     server = make_server(web, port=0, quiet=True)
@@ -90,7 +106,7 @@ def main() -> None:
         browser.close()
     server.shutdown()
     print(json.dumps({
-        "steps": args.steps, "page_load_s": load_s, "page_path": chosen,
+        "model": web.name, "steps": args.steps, "page_load_s": load_s, "page_path": chosen,
         "page_expected": expected, "rounds": rows,
         "median_python_s": statistics.median(r["python_s"] for r in rows),
         "median_page_s": statistics.median(r["page_s"] for r in rows),

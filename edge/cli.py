@@ -657,7 +657,8 @@ def scale_model(
     out: Annotated[Path, typer.Argument(help="Model folder to write.")],
     like: Annotated[str | None, typer.Option(
         help="Write a diffusers folder with a real model's shapes instead: wan2.1-t2v-1.3b "
-        "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5).")] = None,
+        "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5), or "
+        "wan2.1-small (Wan's architecture at a size a browser page holds).")] = None,
     full_text_encoder: Annotated[bool, typer.Option(
         help="With --like: UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32).")] = False,
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
@@ -691,7 +692,7 @@ def scale_model(
         except (ValueError, PackageWriteError) as err:
             fail(str(err))
         params = written["transformer_params"]
-        echo(f"wrote {out}: {like} shapes, transformer of {params / 1e9:.2f} B "
+        echo(f"wrote {out}: {like} shapes, transformer of {params / 1e9:.3f} B "
              f"parameters ({format_size(params * 4)} fp32), text encoder of "
              f"{written['text_encoder_params'] / 1e6:.0f} M, random weights (seed {seed})")
         return

@@ -29,6 +29,8 @@ from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
 from edge.blocks import Block
+from exporters import ExportValidationError
+from exporters.tvm_passes import fold_constant_calls, int32_take_indices
 
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
@@ -36,8 +38,9 @@ MAX_GRID_X = 65535                # WebGPU maxComputeWorkgroupsPerDimension
 WGSL_SCALAR_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32"}
 
 
-class PlanError(RuntimeError):
-    """A block the web target cannot express; the message names the block and the reason."""
+class PlanError(ExportValidationError):
+    """A block the web target cannot express; the message names the block and the reason
+    (an op TVM's relax frontend does not take, a kernel WGSL cannot hold)."""
 
 
 def webgpu_target() -> tvm.target.Target:
@@ -73,15 +76,28 @@ def web_example(block: Block) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(torch.int32) if t.dtype == torch.int64 else t for t in block.example)
 
 
+_UNSUPPORTED = re.compile(r"Unsupported function types? \[(.*)\]")
+
+
 def import_block(block: Block) -> tvm.IRModule:
-    """The block as a relax module `main(*inputs, *weights)` with static shapes."""
+    """The block as a relax module `main(*inputs, *weights)` with static shapes; an op the
+    relax frontend does not take is refused naming the block and the op."""
     with plain_attention(), torch.no_grad():
         program = torch.export.export(block.module.eval(), web_example(block))
-    mod = from_exported_program(program, keep_params_as_input=True)
+    try:
+        mod = from_exported_program(program, keep_params_as_input=True)
+    except AssertionError as err:  # the frontend's way of listing the ops it lacks
+        ops = _UNSUPPORTED.search(str(err))
+        if ops is None:
+            raise
+        raise PlanError(f"block {block.key}: TVM's relax frontend does not take the PyTorch "
+                        f"op(s) {ops.group(1)}, so the web target cannot compile it (the onnx "
+                        "target may: edge export --target onnx)") from None
     # the frontend keeps the weight values in an attribute of main: drop them, so the module
     # is the block's structure alone (weights are parameters) and equal for equal blocks
-    return tvm.IRModule({gv: f.without_attr("params") if isinstance(f, relax.Function) else f
-                         for gv, f in mod.functions.items()})
+    return int32_take_indices(tvm.IRModule({
+        gv: f.without_attr("params") if isinstance(f, relax.Function) else f
+        for gv, f in mod.functions.items()}))
 
 
 def lower(mod: tvm.IRModule) -> tvm.IRModule:
@@ -89,13 +105,16 @@ def lower(mod: tvm.IRModule) -> tvm.IRModule:
     the result's `main` is the call sequence the launch plan is read from."""
     t = relax.transform
     with webgpu_target():
-        return tvm.transform.Sequential([
+        legal = tvm.transform.Sequential([
             relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
-            t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant(), t.FuseOps(),
+            t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant()])(mod)
+        # input-independent integer work (tvm_passes) runs here, not as int64 WGSL
+        return tvm.transform.Sequential([
+            t.FoldConstant(), t.DeadCodeElimination(), t.FuseOps(),
             t.FuseTIR(), t.RewriteDataflowReshape(), t.ToNonDataflow(),
             t.RemovePurityChecking(), t.CallTIRRewrite(), t.StaticPlanBlockMemory(),
             t.AttachGlobalSymbol(),
-        ])(mod)
+        ])(fold_constant_calls(legal))
 
 
 def prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:
@@ -352,11 +371,28 @@ def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str]
     return records
 
 
-def compile_wgsl(scheduled: tvm.IRModule) -> dict[str, str]:
-    executable = tvm.compile(scheduled, target=webgpu_target())
+def compile_wgsl(scheduled: tvm.IRModule, key: str) -> dict[str, str]:
+    try:
+        executable = tvm.compile(scheduled, target=webgpu_target())
+    except RuntimeError as err:  # TVM raises its own (InternalError) as RuntimeError
+        first = str(err).strip().splitlines()[0][:300]
+        why = " (WGSL has no 64-bit integers)" if "int64" in first or "i64" in first else ""
+        raise PlanError(f"block {key}: {_refused_kernel(scheduled)}TVM's WebGPU code generator "
+                        f"refused it: {first}{why}") from None
     device_module = executable.imports[0] if not hasattr(executable, "mod") else \
         executable.mod.imports[0]
     return split_wgsl(device_module.inspect_source())
+
+
+def _refused_kernel(scheduled: tvm.IRModule) -> str:
+    """"kernel NAME: " for the first function that does not compile alone (a failed build's
+    message does not say which), else ""."""
+    for gv, func in scheduled.functions.items():
+        try:
+            tvm.compile(tvm.IRModule({gv: func}), target=webgpu_target())
+        except RuntimeError:
+            return f"kernel {gv.name_hint}: "
+    return ""
 
 
 ALT_SUFFIX = "__alt"
@@ -373,7 +409,7 @@ def alternative_kernels(lowered: tvm.IRModule, funcs: set[str], key: str
     module = tvm.IRModule({gv: f for gv, f in prim_funcs(lowered).functions.items()
                            if gv.name_hint in matmuls})
     scheduled = schedule(module, tiled_matmul=False)
-    wgsl = compile_wgsl(scheduled)
+    wgsl = compile_wgsl(scheduled, key)
     out = {}
     for func in matmuls:
         records = kernel_records(func, scheduled[func], wgsl, key)
@@ -404,7 +440,7 @@ def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str,
     returns {kernel name: WGSL}. With `choices`, a call whose kernels have another schedule
     also gets `choices`: [its kernels, the alternative's], timed by the page (JIT choice)."""
     scheduled = schedule(prim_funcs(lowered))
-    wgsl = compile_wgsl(scheduled)
+    wgsl = compile_wgsl(scheduled, key)
     used: dict[str, str] = {}
     records = {}
     funcs = {call["func"] for call in plan.calls}
@@ -491,12 +527,9 @@ class BlockCompiler:
     def __init__(self) -> None:
         self._cache: dict[int, CompiledBlock] = {}
 
-    def compile(self, block: Block, module: torch.nn.Module | None = None) -> CompiledBlock:
-        """`module`: a variant of the block (same inputs and parameters) to compile instead."""
-        variant = block if module is None else Block(
-            block.component, block.name, module, block.inputs, block.outputs, block.example)
-        mod = import_block(variant)
-        weights = list(dict(variant.module.named_parameters()))
+    def compile(self, block: Block) -> CompiledBlock:
+        mod = import_block(block)
+        weights = list(dict(block.module.named_parameters()))
         digest = tvm_ffi.structural_hash(mod)
         cached = self._cache.get(digest)
         if cached is not None and tvm_ffi.structural_equal(mod, cached.source):

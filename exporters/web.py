@@ -110,8 +110,33 @@ def export_wasm_graph(block: Block, module: torch.nn.Module, root: Path, name: s
     return {"graph": file_entry(root, path), "validation": {"max_abs_error": error}}
 
 
+def export_variant(block: Block, name: str, compiler: BlockCompiler, root: Path,
+                   check: bool) -> dict:
+    """A variant's plan and wasm graph; it reads the base block's weights (same names). A
+    variant with a signature of its own (a chunked component's "first") records it."""
+    variant = block.variant(name)
+    what = f"{block.key} variant {name}"
+    if list(variant.parameters()) != list(block.parameters()):
+        raise ExportValidationError(f"block {what}: its parameters are not the base block's")
+    path = root / "plans" / block.component / f"{block.name}.{name}.json"
+    compiled = compiler.compile(variant)
+    error = validate(compiled, variant, variant.module, what) if check else None
+    write_plan(compiled, path)
+    wasm = export_wasm_graph(variant, variant.module, root, f"{block.name}.{name}", what)
+    entry = file_entry(root, path)
+    record = {"graph": entry["path"], "files": [entry, wasm["graph"]],
+              "validation": {"max_abs_error": error},
+              "wasm": {"graph": wasm["graph"]["path"], "validation": wasm["validation"]}}
+    if isinstance(block.variants[name], Block):
+        record["inputs"] = signature(variant.inputs, web_example(variant))
+        record["outputs"] = signature(variant.outputs, variant.run(*variant.example))
+    return record
+
+
 def export_block(block: Block, compiler: BlockCompiler, root: Path,
-                 variants: bool = True, check: bool = True) -> dict:
+                 variants: bool = True, check: bool = True,
+                 required: frozenset[str] = frozenset()) -> dict:
+    """`variants=False`: only the `required` variants (a chunked component's first)."""
     plan_path = root / "plans" / block.component / f"{block.name}.json"
     weights_path = root / "weights" / block.component / f"{block.name}.bin"
     compiled = compiler.compile(block)
@@ -121,21 +146,9 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
     table = write_weights(weights_path, block.parameters())
     shards = [file_entry(root, p) for p in split_shards(weights_path)]
     files = [file_entry(root, plan_path), *shards, wasm["graph"]]
-    records = {}
-    for name, module in (block.variants if variants else {}).items():
-        path = root / "plans" / block.component / f"{block.name}.{name}.json"
-        variant = compiler.compile(block, module)
-        v_error = validate(variant, replace(block, module=module), module,
-                           f"{block.key} variant {name}") if check else None
-        write_plan(variant, path)
-        v_wasm = export_wasm_graph(block, module, root, f"{block.name}.{name}",
-                                   f"{block.key} variant {name}")
-        entry = file_entry(root, path)
-        files += [entry, v_wasm["graph"]]
-        records[name] = {"graph": entry["path"], "files": [entry, v_wasm["graph"]],
-                         "validation": {"max_abs_error": v_error},
-                         "wasm": {"graph": v_wasm["graph"]["path"],
-                                  "validation": v_wasm["validation"]}}
+    records = {name: export_variant(block, name, compiler, root, check)
+               for name in block.variants if variants or name in required}
+    files += [f for r in records.values() for f in r["files"]]
     outputs = block.run(*block.example)
     record = {"name": block.name, "files": files, "graph": files[0]["path"],
               "weights": {"path": shards[0]["path"], "shards": [f["path"] for f in shards],
@@ -170,7 +183,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                bundle_ort: Path | None = None,
                components: dict[str, list[Block]] | None = None) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
-    out the blocks' variants (the TDTM pairs), so `merge_steps` is refused by the page.
+    out the blocks' optional variants (the TDTM pairs), so `merge_steps` is refused by the
+    page; a chunked component's first variant is kept.
     `check=False` skips the llvm replay of each WebGPU plan against PyTorch (its
     `max_abs_error` is then null): for tests that check the result in a browser anyway; the
     wasm graphs are always checked (onnxruntime runs them in a moment). `ort_url` /
@@ -189,11 +203,17 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
+            # a chunked component cannot run without its first piece's variant
+            required = frozenset([model.chunked[name].first_variant] if name in model.chunked
+                                 else [])
             for block in blocks:
-                records.append(export_block(block, compiler, root, variants, check))
+                records.append(export_block(block, compiler, root, variants, check, required))
                 if on_block:
                     on_block(block.key)
-            manifest["components"].append({"name": name, "blocks": records})
+            component = {"name": name, "blocks": records}
+            if name in model.chunked:  # run piece by piece, state carried (as for onnx)
+                component["chunked"] = model.chunked[name].to_dict(blocks)
+            manifest["components"].append(component)
         manifest["files"] = copy_site(root) + ort_files
         write_manifest(root, manifest)
     return manifest

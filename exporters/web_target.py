@@ -17,6 +17,9 @@ from exporters import (
 )
 
 NAME = "web"
+# what one page can hold: the wasm32 heap (4 GiB), where onnxruntime-web's wasm path keeps
+# every weight; a Chrome ArrayBuffer stops at about 2 GB (docs/web.md, Limits)
+PAGE_MEMORY_BYTES = 4 * 1024**3
 
 
 def check(options: ExportOptions) -> None:
@@ -54,7 +57,13 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
             shapes = inputs_text(block)
             lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>11.2f}  {shapes}")
     lines.append(f"total {total / 1e6:.1f} MB fp32, every block held by the page")
-    return Prepared(components, plan_lines=lines)
+    notes = []
+    if total > PAGE_MEMORY_BYTES:
+        notes.append(f"the page holds every block's weights in its memory: {total / 1e9:.1f} GB "
+                     f"fp32 here, past the {PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser gives one "
+                     "page's WebAssembly heap; expect the page to fail to load it (a smaller "
+                     "model, or --target onnx / iphone)")
+    return Prepared(components, notes=notes, plan_lines=lines)
 
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,

@@ -331,16 +331,19 @@ def test_half_precision_checkpoints_are_converted_and_said(wan_folders, tmp_path
     assert any("F16" in n and "converted to float32" in n for n in model.notes)
 
 
-def test_cli_refuses_before_writing(wan_folders, tmp_path):
+def test_cli_refuses_before_writing(wan_folders, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from edge.cli import app
+    from edge.families import TARGETS_BY_FAMILY
 
     dest = tmp_path / "out"
     runner = CliRunner()
     result = runner.invoke(app, ["export", "--model", str(wan_folders["euler"]), "--frames",
                                  "6", "--height", "32", "--width", "48", "-o", str(dest)])
     assert result.exit_code == 2 and "--frames 6" in result.output
+    # a target the family is not (yet) built for: every family takes every target today
+    monkeypatch.setitem(TARGETS_BY_FAMILY, "wan", ("onnx", "iphone"))
     result = runner.invoke(app, ["export", "--model", str(wan_folders["euler"]), "--target",
                                  "web", "-o", str(dest)])
     assert result.exit_code == 2 and "not built for wan models yet" in result.output
@@ -427,6 +430,28 @@ def test_real_size_folders_are_written_block_by_block_and_load(tmp_path):
     reference = WanTransformer3DModel(**config)
     assert {k: v.shape for k, v in model.state_dict().items()} == {
         k: v.shape for k, v in reference.state_dict().items()}
+
+
+def test_the_page_sized_wan_is_written_and_loads(tmp_path):
+    """`edge scale-model --like wan2.1-small` (the web target's benchmark model): Wan's
+    architecture with components that agree, which the family loads; UMT5-XXL does not fit
+    its transformer's text width and is refused by name before anything is written."""
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "small"
+    res = runner.invoke(app, ["scale-model", "--like", "wan2.1-small", str(out),
+                              "--full-text-encoder"])
+    assert res.exit_code == 2 and "text of width 512" in res.output and not out.exists()
+    res = runner.invoke(app, ["scale-model", "--like", "wan2.1-small", str(out)])
+    assert res.exit_code == 0, res.output
+    model = load_model(out, height=32, width=32, frames=5, steps=2)
+    transformer = model.pipe.transformer
+    assert len(transformer.blocks) == 8 and transformer.config.text_dim == 512
+    assert model.pipe.text_encoder.config.d_model == 512
+    assert sum(p.numel() for p in transformer.parameters()) < 20e6
 
 
 def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):

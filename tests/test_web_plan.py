@@ -4,9 +4,11 @@ kernels and compared to the PyTorch block."""
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 
+from edge.blocks import Block  # noqa: E402
 from edge.families.tiny_sora import cut_text_encoder, cut_transformer  # noqa: E402
 from exporters.tvm_plan import BlockCompiler, PlanError, read_plan, web_example  # noqa: E402
 
@@ -74,3 +76,72 @@ def test_export_validation_refuses_a_plan_that_drifts(pipeline, compiler):
         next(drifted.parameters()).mul_(1.01)
     with pytest.raises(ExportValidationError, match="transformer/epilogue.*differs from PyTorch"):
         validate(compiled, block, drifted, block.key)
+
+
+@pytest.fixture(scope="module")
+def wan_web_blocks(wan_model):
+    """The tiny Wan's blocks at the web's shapes: {key: Block}."""
+    return {b.key: b for blocks in wan_model.cut(wan_model.shapes("web")).values()
+            for b in blocks}
+
+
+def test_umt5_position_buckets_become_an_int32_constant(wan_web_blocks, compiler):
+    """A UMT5 layer computes its relative position buckets with int64 arithmetic on aranges,
+    which WGSL cannot hold: they depend only on the static length, so they are computed at
+    export into one int32 constant (length² entries) and no kernel computes with 64 bits."""
+    block = wan_web_blocks["text_encoder/layer_0"]
+    compiled = compiler.compile(block)
+    assert _replay_error(compiled, block) < 1e-4
+    tokens = block.example[0].shape[1]
+    assert [c.dtype for c in compiled.plan.constants if c.size == tokens * tokens] == [np.int32]
+    assert not any("i64" in wgsl for wgsl in compiled.wgsl.values())
+
+
+@pytest.mark.parametrize("key", ["vae_decoder/head", "vae_decoder/up_1"])
+def test_wan_decoder_stages_and_their_first_frame_variants_replay(wan_web_blocks, compiler, key):
+    """A causal decoder stage takes its caches (x[:, :, -1:] slices, imported as int64
+    indices) and gives them back; its first-frame variant takes none."""
+    block = wan_web_blocks[key]
+    first = block.variant("first")
+    assert len(first.inputs) == 1 < len(block.inputs)
+    for b in (block, first):
+        assert _replay_error(compiler.compile(b), b) < 1e-4
+
+
+class _Erfinv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.erfinv(self.linear(x).tanh())
+
+
+class _Argmax(_Erfinv):
+    def forward(self, x):
+        return self.linear(x).argmax(-1)  # an int64 result: no WGSL type holds it
+
+
+def test_an_op_the_relax_frontend_lacks_is_refused_naming_block_and_op(compiler):
+    block = Block("transformer", "block_0", _Erfinv(), ["x"], ["y"], (torch.randn(4, 4),))
+    with pytest.raises(PlanError, match=r"block transformer/block_0: .*relax frontend does "
+                                        r"not take .*erfinv"):
+        compiler.compile(block)
+
+
+def test_a_kernel_wgsl_cannot_hold_is_refused_naming_the_kernel(compiler):
+    block = Block("transformer", "block_0", _Argmax(), ["x"], ["y"], (torch.randn(4, 4),))
+    with pytest.raises(PlanError, match=r"block transformer/block_0: kernel argmax\w*: TVM's "
+                                        r"WebGPU code generator refused it: .*int64"):
+        compiler.compile(block)
+
+
+def test_a_refused_block_writes_nothing(tiny_sora, tmp_path):
+    from exporters import ExportValidationError
+    from exporters.web import export_web
+
+    bad = Block("transformer", "block_0", _Erfinv(), ["x"], ["y"], (torch.randn(4, 4),))
+    dest = tmp_path / "pkg"
+    with pytest.raises(ExportValidationError, match="transformer/block_0.*erfinv"):
+        export_web(tiny_sora, dest, components={"transformer": [bad]})
+    assert not dest.exists() and list(tmp_path.iterdir()) == []

@@ -97,6 +97,12 @@ function draw(video, frame) {
     img.data[4 * i] = px[3 * i]; img.data[4 * i + 1] = px[3 * i + 1]; img.data[4 * i + 2] = px[3 * i + 2]; img.data[4 * i + 3] = 255;
   }
   small.getContext("2d").putImageData(img, 0, 0);
+  // 256 pixels on the longer side, the video's own aspect (Wan's are wider than tall)
+  const scale = 256 / Math.max(H, W);
+  if (canvas.width !== Math.round(W * scale) || canvas.height !== Math.round(H * scale)) {
+    canvas.width = Math.round(W * scale);
+    canvas.height = Math.round(H * scale);
+  }
   const ctx = canvas.getContext("2d");
   ctx.imageSmoothingEnabled = false;
   ctx.drawImage(small, 0, 0, canvas.width, canvas.height);

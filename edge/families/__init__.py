@@ -89,7 +89,7 @@ class FamilyModel(Protocol):
 
 # `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
 PIPELINE_FAMILIES = {"WanPipeline": "wan"}
-TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone")}
+TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone", "web")}
 
 
 def family_of(folder: Path | None) -> str:

@@ -2,7 +2,9 @@
 memory benchmarks at real size without a download.
 
 `edge scale-model --like wan2.1-t2v-1.3b OUT` writes a `WanPipeline` folder whose transformer
-has Wan2.1-T2V-1.3B's shapes (1.42 B parameters, 5.7 GB fp32) and whose VAE is Wan's (127 M).
+has Wan2.1-T2V-1.3B's shapes (1.42 B parameters, 5.7 GB fp32) and whose VAE is Wan's (127 M);
+`--like wan2.1-small` the same architecture at a size a browser page holds (the web target's
+benchmark: 8 blocks of width 256, a 2-layer UMT5 of width 512, the VAE at base width 32).
 The text encoder is a small UMT5 with the real output width (4096) unless `full_text_encoder`
 asks for UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32). Large models are written one
 block per safetensors shard with diffusers' / transformers' index files, each block built on
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,8 +25,6 @@ from torch import nn
 
 from edge.models.scaled import identify_scaled_model
 from edge.package import atomic_directory, check_replaceable
-
-LIKE = ("wan2.1-t2v-1.3b",)
 
 # Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
 WAN21_T2V_13B = {"patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128,
@@ -37,6 +38,27 @@ UMT5_XXL = {"d_model": 4096, "d_kv": 64, "num_heads": 64, "d_ff": 10240, "num_la
             "feed_forward_proj": "gated-gelu", "vocab_size": 256384}
 # the small default: UMT5-XXL's output width (the transformer's text_dim), little else
 UMT5_SMALL = UMT5_XXL | {"num_heads": 8, "d_ff": 1024, "num_layers": 2}
+
+# Wan 2.1's architecture at a size a browser page holds in fp32 (the web target's benchmark):
+# 8 blocks of width 256, a 2-layer UMT5 of width 512, Wan's VAE at a third of its width
+WAN21_SMALL = WAN21_T2V_13B | {"num_attention_heads": 4, "attention_head_dim": 64,
+                               "ffn_dim": 1024, "num_layers": 8, "text_dim": 512}
+UMT5_SMALL_512 = UMT5_XXL | {"d_model": 512, "num_heads": 8, "d_ff": 1024, "num_layers": 2}
+
+
+@dataclass(frozen=True)
+class WanLike:
+    """What `--like NAME` writes: the transformer's config, the small text encoder's (UMT5-XXL's
+    with --full-text-encoder, where the transformer takes its width) and the VAE's."""
+
+    transformer: dict
+    text_encoder: dict
+    vae: dict
+    full_text_encoder: bool   # whether UMT5-XXL fits the transformer's text width
+
+
+LIKE = {"wan2.1-t2v-1.3b": WanLike(WAN21_T2V_13B, UMT5_SMALL, {}, True),
+        "wan2.1-small": WanLike(WAN21_SMALL, UMT5_SMALL_512, {"base_dim": 32}, False)}
 
 TOKENIZER_WORDS = ("a red blue green circle square cat dog moving left right up down slowly "
                    "the over under fast bright dark video of and surfing wave sea sky").split()
@@ -115,10 +137,14 @@ def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
 
     if like not in LIKE:
         raise ValueError(f"--like {like!r}: known: {', '.join(LIKE)}")
+    shape = LIKE[like]
+    if full_text_encoder and not shape.full_text_encoder:
+        raise ValueError(f"--full-text-encoder: {like}'s transformer takes text of width "
+                         f"{shape.transformer['text_dim']}, not UMT5-XXL's 4096")
     check_replaceable(Path(out), force, identify_scaled_model)
     torch.manual_seed(seed)
     tok = small_tokenizer()
-    text = UMT5_XXL if full_text_encoder else UMT5_SMALL | {"vocab_size": len(tok)}
+    text = UMT5_XXL if full_text_encoder else shape.text_encoder | {"vocab_size": len(tok)}
     text_config = UMT5Config(**text, pad_token_id=0, eos_token_id=1, tie_word_embeddings=False)
     index = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1",
              "boundary_ratio": None, "expand_timesteps": False,
@@ -133,16 +159,16 @@ def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
         tok.save_pretrained(tmp / "tokenizer")
         UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                 flow_shift=3.0).save_pretrained(tmp / "scheduler")
-        AutoencoderKLWan().eval().save_pretrained(tmp / "vae")
+        AutoencoderKLWan(**shape.vae).eval().save_pretrained(tmp / "vae")
         folder = tmp / "transformer"
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(
             {"_class_name": "WanTransformer3DModel", "_diffusers_version": "0.42.1",
-             **WAN21_T2V_13B}, indent=2) + "\n")
+             **shape.transformer}, indent=2) + "\n")
         transformer_params = write_shards(folder, "diffusion_pytorch_model.safetensors",
                                           "diffusion_pytorch_model.safetensors.index.json",
-                                          transformer_parts(WAN21_T2V_13B),
-                                          WAN21_T2V_13B["num_layers"] + 1, on_part)
+                                          transformer_parts(shape.transformer),
+                                          shape.transformer["num_layers"] + 1, on_part)
         folder = tmp / "text_encoder"
         folder.mkdir()
         text_config.architectures = ["UMT5EncoderModel"]

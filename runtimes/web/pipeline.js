@@ -13,6 +13,7 @@ import {
   refuseUnknown, settingsWith, show,
 } from "./options.js";
 import { CaptionTokenizer } from "./tokenizer.js";
+import { concatAlong, pieceCount, sliceAlong } from "./chunks.js";
 // so that a page needs this module alone: why the wasm path is missing, where it is
 export { ortFailure } from "./ort_executor.js";
 
@@ -79,6 +80,10 @@ export class WebPipeline {
     this.manifest = files.manifest;
     this.settings = checkSettings(this.manifest.sampler);
     this.latentShape = this.manifest.latent_shape;
+    // the unconditional pass without a negative prompt: the learned null caption, or the
+    // package's own negative prompt encoded (a family with no learned one: Wan's "")
+    this.negativePrompt = nullCaption ? null : this.manifest.negative_prompt;
+    this.chunking = Object.fromEntries(this.manifest.components.filter((c) => c.chunked).map((c) => [c.name, c.chunked]));
     this.lastRun = null;
   }
 
@@ -135,14 +140,21 @@ export class WebPipeline {
     const bytes = await abortable(files.fetchAll(records), signal, `loading ${base}: the download`);
     stopIf("after the download");
     const fetchedAt = now();
-    const blocks = new Map(); // key -> {record, prepared, variants: {name: prepared}}
+    // key -> {record, prepared, variants: {name: prepared}, variantRecords: {name: record}}
+    const blocks = new Map();
     for (const c of m.components) {
       for (const b of c.blocks) {
         const key = `${c.name}/${b.name}`;
         stopIf(`while preparing block ${key}`);
         const variants = {};
-        for (const [name, v] of Object.entries(b.variants || {})) variants[name] = await executor.prepareFrom(bytes.get(executor.graphOf(v)), `${key}.${name}`, b);
-        blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants });
+        const variantRecords = {};
+        for (const [name, v] of Object.entries(b.variants || {})) {
+          // a variant reads the block's weights; a chunked component's "first" has
+          // inputs and outputs of its own
+          variantRecords[name] = { ...b, ...v };
+          variants[name] = await executor.prepareFrom(bytes.get(executor.graphOf(v)), `${key}.${name}`, variantRecords[name]);
+        }
+        blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants, variantRecords });
       }
     }
     const sizes = {};
@@ -180,7 +192,8 @@ export class WebPipeline {
       ? choice.timings[`${executor.path}_ms`] : await timeBlock(executor, probe.prepared, probe.record, probeWeights);
     weights.release(probeKey, probeWeights);
     const tokenizer = CaptionTokenizer.fromManifest(JSON.parse(new TextDecoder().decode(bytes.get(m.tokenizer.files[0].path))), m.tokenizer);
-    const nullCaption = parseNpy(bytes.get(m.conditioning.null_caption.path), m.conditioning.null_caption.path);
+    const nullRecord = m.conditioning.null_caption;
+    const nullCaption = nullRecord ? parseNpy(bytes.get(nullRecord.path), nullRecord.path) : null;
     const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, gpu.adapter);
     pipe.path = { name: executor.path, why: choice.why, timings: choice.timings, budget_applies: onGpu };
     pipe.loadFigures = {
@@ -209,12 +222,14 @@ export class WebPipeline {
   }
 
   // Run blocks in order; feeds: {name: buffer of the path}. Blocks pass outputs on by name.
+  // variant: run that variant where a block has one (e.g. "tdtm"), the block elsewhere.
   async runBlocks(keys, feeds, variant = null, temp = []) {
     for (const key of keys) {
       const b = this.blocks.get(key);
       const prepared = (variant && b.variants[variant]) || b.prepared;
+      const record = (variant && b.variantRecords[variant]) || b.record;
       const inputs = {};
-      for (const s of b.record.inputs) {
+      for (const s of record.inputs) {
         if (!feeds[s.name]) throw new Error(`block ${key}: input ${s.name} was not computed`);
         inputs[s.name] = feeds[s.name];
       }
@@ -224,7 +239,7 @@ export class WebPipeline {
       this.computeS += now() - t0;
       this.weights.release(key, w);
       feeds = { ...feeds };
-      b.record.outputs.forEach((s, i) => { feeds[s.name] = outs[i]; temp.push(outs[i]); });
+      record.outputs.forEach((s, i) => { feeds[s.name] = outs[i]; temp.push(outs[i]); });
     }
     return feeds;
   }
@@ -233,8 +248,10 @@ export class WebPipeline {
     return new Float32Array(await this.executor.read(buffer, byteSize(shape, "float32")));
   }
 
-  signature(key, name, io = "outputs") {
-    return this.blocks.get(key).record[io].find((s) => s.name === name).shape;
+  signature(key, name, io = "outputs", variant = null) {
+    const b = this.blocks.get(key);
+    const record = (variant && b.variantRecords[variant]) || b.record;
+    return record[io].find((s) => s.name === name).shape;
   }
 
   async encodePrompt(prompt) {
@@ -294,18 +311,21 @@ export class WebPipeline {
   }
 
   // The caption pair of classifier-free guidance: the prompt's, then the unconditional one
-  // (the package's null caption, or the negative prompt encoded) -> [caption2, mask2, truncated]
+  // (the negative prompt encoded, else the package's null caption or negative prompt)
+  // -> [caption2, mask2, truncated]
   async guidanceCaptions(prompt, negative) {
     const { hidden, mask, truncated } = await this.encodePrompt(prompt);
-    const [, tokens, dim] = this.nullCaption.shape.length === 2 ? [1, ...this.nullCaption.shape] : this.nullCaption.shape;
+    const tokens = mask.length;
+    const dim = hidden.length / tokens;
     const caption2 = new Float32Array(2 * tokens * dim);
     const mask2 = new Int32Array(2 * tokens).fill(1); // the null caption attends to every token
     caption2.set(hidden, 0);
     mask2.set(mask, 0);
-    if (negative === null) {
+    const text = negative ?? this.negativePrompt;
+    if (text === null) {
       caption2.set(this.nullCaption.data, tokens * dim);
     } else {
-      const other = await this.encodePrompt(negative);
+      const other = await this.encodePrompt(text);
       caption2.set(other.hidden, tokens * dim);
       mask2.set(other.mask, tokens);
     }
@@ -394,8 +414,59 @@ export class WebPipeline {
     return frames;
   }
 
-  // latents (C, T, h, w) -> {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}
+  // latents (C, T, h, w) -> {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}, through
+  // the decoder's layout: frames of images (C, h, w) in pieces of the decoder's batch, or a
+  // video (1, C, T, h, w) that a chunked decoder takes piece by piece
   async decode(latents) {
+    if ((this.manifest.latent_layout || "frames") === "video") return this.decodeVideo(latents);
+    return this.decodeFrames(latents);
+  }
+
+  async decodeVideo(latents) {
+    const { data, shape } = await this.runComponent("vae_decoder", "z", latents, [1, ...this.latentShape], "frames");
+    const [, , t, H, W] = shape; // (1, 3, T, H, W)
+    const video = new Uint8ClampedArray(t * H * W * 3);
+    for (let ch = 0; ch < 3; ch++) {
+      for (let f = 0; f < t; f++) {
+        for (let i = 0; i < H * W; i++) video[(f * H * W + i) * 3 + ch] = roundHalfEven(Math.fround(data[(ch * t + f) * H * W + i] * 255));
+      }
+    }
+    return { frames: new Uint8Array(video.buffer), shape: [t, H, W, 3] };
+  }
+
+  // A component given one host array `input` (C-ordered, `shape`) -> its output `output` as
+  // {data, shape} on the host: run once, or piece by piece where the manifest says it is
+  // chunked (the first piece through the first variant, each piece's state fed to the next,
+  // the outputs joined), holding one piece's activations at a time.
+  async runComponent(name, input, data, shape, output) {
+    const keys = this.keys(name);
+    const spec = this.chunking[name] || { input, output, axis: 0, size: shape[0], first_variant: null, state: [] };
+    const count = pieceCount(spec, shape, name);
+    const pieces = [];
+    let state = {};
+    try {
+      for (let i = 0; i < count; i++) {
+        const variant = i === 0 ? spec.first_variant : null;
+        const temp = [this.upload(sliceAlong(data, shape, spec.axis, i * spec.size, spec.size))];
+        let feeds = null;
+        try {
+          feeds = await this.runBlocks(keys, { ...state, [input]: temp[0] }, variant, temp);
+          const outShape = this.signature(keys[keys.length - 1], output, "outputs", variant);
+          pieces.push({ data: await this.read(feeds[output], outShape), shape: outShape });
+        } finally { // the state goes on to the next piece; every other buffer is freed
+          const next = feeds ? Object.fromEntries(spec.state.map((n) => [n, feeds[n]])) : {};
+          const kept = new Set(Object.values(next));
+          for (const b of [...temp, ...Object.values(state)]) if (!kept.has(b)) b.destroy();
+          state = next;
+        }
+      }
+    } finally {
+      for (const b of Object.values(state)) b.destroy();
+    }
+    return concatAlong(pieces, spec.axis);
+  }
+
+  async decodeFrames(latents) {
     const [c, t, h, w] = this.latentShape;
     const keys = this.keys("vae_decoder");
     const chunk = this.signature(keys[0], "z", "inputs")[0];

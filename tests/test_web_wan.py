@@ -1,0 +1,141 @@
+"""Wan 2.1 through the web target: a tiny random-weight WanPipeline folder exported with
+`--target web` (every launch plan replayed with TVM's llvm build and every wasm graph run by
+onnxruntime against PyTorch at export), then run in headless chromium through the documented
+API on each path (onnxruntime-web's wasm provider; WebGPU on SwiftShader) and held to
+diffusers' own WanPipeline for the same prompt, negative prompt, latents, steps and guidance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
+pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is not installed")
+
+from browser import (  # noqa: E402  (after the skips)
+    ORT_DIST,
+    assert_same_video,
+    b64,
+    from_b64,
+    serving,
+    skip_without_webgpu,
+)
+
+pytestmark = pytest.mark.slow  # headless chromium, a Wan export
+
+PROMPT = "a red circle moving  left"
+OPTIONS = {"negative_prompt": "blue dog", "steps": 4, "guidance": 4.0}
+
+
+@pytest.fixture(scope="module")
+def wan_web_package(tmp_path_factory, wan_model):
+    from exporters.web import export_web
+
+    if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
+        pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
+    root = tmp_path_factory.mktemp("wan-web") / "pkg"
+    # no TDTM variants (the chunked decoder's "first" is kept): their plans double the export
+    return root, export_web(wan_model, root, variants=False, bundle_ort=ORT_DIST)
+
+
+@pytest.fixture(scope="module")
+def latents(wan_model):
+    return np.random.default_rng(7).standard_normal((1, *wan_model.latent_shape),
+                                                   dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def diffusers_video(wan_model, latents):
+    return wan_model.reference(PROMPT, latents=latents, **OPTIONS)[0]
+
+
+@pytest.fixture(scope="module")
+def page(wan_web_package, browser):
+    """A page of the served package, with WebPipeline imported (window.WebPipeline)."""
+    root, _ = wan_web_package
+    with serving(root) as url:
+        ctx = browser.new_context()
+        pg = ctx.new_page()
+        pg.goto(url + "manifest.json")
+        pg.evaluate("async () => { window.WebPipeline = (await import('./runtime/pipeline.js'))"
+                    ".WebPipeline; }")
+        pg.served = url
+        pg.ctx = ctx
+        yield pg
+        ctx.close()
+
+
+LOAD = """async ([url, path]) => {
+  window.pipes = window.pipes || {};
+  window.pipes[path] = await window.WebPipeline.load(url, { path });
+  return window.pipes[path].path.name; }"""
+
+# generate(prompt, options) on a loaded path; latents as base64 float32 bytes
+GENERATE = """async ([path, prompt, options, latents]) => {
+  const from64 = (t) => { const s = atob(t), u = new Uint8Array(s.length);
+    for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i); return u.buffer; };
+  if (latents !== null) options = { ...options, latents: new Float32Array(from64(latents)) };
+  try {
+    const v = await window.pipes[path].generate(prompt, options);
+    let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
+      t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
+    return { data: btoa(t), shape: v.shape };
+  } catch (err) { return { error: err.message }; } }"""
+
+
+def generate(pg, path: str, latents, options=OPTIONS, prompt=PROMPT) -> np.ndarray | str:
+    got = pg.evaluate(GENERATE, [path, prompt, options,
+                                 None if latents is None else b64(latents)])
+    if "error" in got:
+        return got["error"]
+    return from_b64(got["data"], np.uint8, got["shape"])
+
+
+def test_export_checks_every_wan_plan_and_graph(wan_web_package):
+    """The export replayed each block's launch plan (and the decoder's first-frame variant)
+    with TVM's llvm build and ran each wasm graph, all within the limit; the decoder is
+    recorded as chunked, frame by frame, its caches carried."""
+    from exporters.web import BLOCK_TOLERANCE
+
+    _, manifest = wan_web_package
+    records = [r for c in manifest["components"] for b in c["blocks"]
+               for r in (b, *b.get("variants", {}).values())]
+    assert {c["name"] for c in manifest["components"]} == {"text_encoder", "transformer",
+                                                          "vae_decoder"}
+    for r in records:
+        assert r["validation"]["max_abs_error"] <= BLOCK_TOLERANCE
+        assert r["wasm"]["validation"]["max_abs_error"] <= BLOCK_TOLERANCE
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    assert decoder["chunked"]["first_variant"] == "first" and decoder["chunked"]["state"]
+    assert all(set(b["variants"]) == {"first"} for b in decoder["blocks"])
+
+
+@pytest.mark.parametrize("path", ["wasm", "webgpu"])
+def test_each_path_reproduces_wan_pipeline(page, path, latents, diffusers_video):
+    if path == "webgpu":
+        skip_without_webgpu(page.ctx, page)
+    assert page.evaluate(LOAD, [page.served, path]) == path
+    got = generate(page, path, latents)
+    assert not isinstance(got, str), got
+    assert got.shape == diffusers_video.shape  # (T, H, W, 3)
+    assert_same_video(got, diffusers_video)
+
+
+def test_the_negative_prompt_conditions_the_video(page, wan_model, latents, diffusers_video):
+    """Another negative prompt, another video; none given, the package's own (Wan's "", as
+    WanPipeline's default) is encoded for the unconditional pass: diffusers' video for it."""
+    page.evaluate(LOAD, [page.served, "wasm"])
+    other = generate(page, "wasm", latents, OPTIONS | {"negative_prompt": "green square"})
+    assert not np.array_equal(other, diffusers_video)
+    plain = {"steps": OPTIONS["steps"], "guidance": OPTIONS["guidance"]}
+    want = wan_model.reference(PROMPT, latents=latents, **plain)[0]
+    assert not np.array_equal(want, diffusers_video)
+    assert_same_video(generate(page, "wasm", latents, plain), want)
+
+
+def test_wrong_latents_are_refused_and_the_pipeline_goes_on(page, latents, diffusers_video):
+    page.evaluate(LOAD, [page.served, "wasm"])
+    error = generate(page, "wasm", latents[..., :-1])
+    assert isinstance(error, str), "latents of the wrong length were taken"
+    assert f"has {latents[..., :-1].size} values" in error and str(latents.size) in error, error
+    assert_same_video(generate(page, "wasm", latents), diffusers_video)
