@@ -68,6 +68,31 @@ def wan_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wan_folders(tmp_path_factory):
+    """Tiny WanPipeline folders with each scheduler Wan ships with (the same weights)."""
+    from wan_folder import make_wan_folder
+
+    root = tmp_path_factory.mktemp("wan")
+    return {s: make_wan_folder(root / s, scheduler=s) for s in ("unipc", "euler")}
+
+
+@pytest.fixture(scope="session")
+def wan_models(wan_folders):
+    from edge.families import load_model
+
+    return {s: load_model(f, steps=12, **WAN_SIZE) for s, f in wan_folders.items()}
+
+
+@pytest.fixture(scope="session")
+def wan_packages(tmp_path_factory, wan_models):
+    """wan_models exported to ONNX once per session: {scheduler: (root, manifest)}."""
+    from exporters.onnx import export_onnx
+
+    root = tmp_path_factory.mktemp("wan-onnx")
+    return {s: (root / s, export_onnx(m, root / s)) for s, m in wan_models.items()}
+
+
+@pytest.fixture(scope="session")
 def wan_model(wan_folder):
     """The tiny Wan folder as its family's model, at the tests' video size and 8 steps."""
     from edge.families import load_model

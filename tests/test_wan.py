@@ -11,31 +11,12 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from wan_folder import make_wan_folder
 
 from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, family_of, load_model
 from edge.video_metrics import psnr, snr
-from exporters.onnx import export_onnx
 
 SIZE = {"height": 32, "width": 48, "frames": 9}
-
-
-@pytest.fixture(scope="session")
-def wan_folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wan")
-    return {s: make_wan_folder(root / s, scheduler=s) for s in ("unipc", "euler")}
-
-
-@pytest.fixture(scope="session")
-def wan_models(wan_folders):
-    return {s: load_model(f, steps=12, **SIZE) for s, f in wan_folders.items()}
-
-
-@pytest.fixture(scope="session")
-def wan_packages(tmp_path_factory, wan_models):
-    root = tmp_path_factory.mktemp("wan-onnx")
-    return {s: (root / s, export_onnx(m, root / s)) for s, m in wan_models.items()}
 
 
 @torch.no_grad()

@@ -2,7 +2,8 @@
 `--target web` (every launch plan replayed with TVM's llvm build and every wasm graph run by
 onnxruntime against PyTorch at export), then run in headless chromium through the documented
 API on each path (onnxruntime-web's wasm provider; WebGPU on SwiftShader) and held to
-diffusers' own WanPipeline for the same prompt, negative prompt, latents, steps and guidance."""
+diffusers' own WanPipeline for the same prompt, negative prompt, latents, steps and guidance;
+the techniques (leap, step cache, TDTM) give the Python runtime's video on the same noise."""
 
 from __future__ import annotations
 
@@ -28,14 +29,19 @@ OPTIONS = {"negative_prompt": "blue dog", "steps": 4, "guidance": 4.0}
 
 
 @pytest.fixture(scope="module")
+def wan_model(wan_models):
+    """The tiny Wan with UniPC (conftest: the ONNX package of the same folder is shared)."""
+    return wan_models["unipc"]
+
+
+@pytest.fixture(scope="module")
 def wan_web_package(tmp_path_factory, wan_model):
     from exporters.web import export_web
 
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
     root = tmp_path_factory.mktemp("wan-web") / "pkg"
-    # no TDTM variants (the chunked decoder's "first" is kept): their plans double the export
-    return root, export_web(wan_model, root, variants=False, bundle_ort=ORT_DIST)
+    return root, export_web(wan_model, root, bundle_ort=ORT_DIST)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +114,8 @@ def test_export_checks_every_wan_plan_and_graph(wan_web_package):
     decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
     assert decoder["chunked"]["first_variant"] == "first" and decoder["chunked"]["state"]
     assert all(set(b["variants"]) == {"first"} for b in decoder["blocks"])
+    transformer = next(c for c in manifest["components"] if c["name"] == "transformer")
+    assert all(set(b["variants"]) == {"tdtm"} for b in transformer["blocks"][1:-1])
 
 
 @pytest.mark.parametrize("path", ["wasm", "webgpu"])
@@ -139,3 +147,29 @@ def test_wrong_latents_are_refused_and_the_pipeline_goes_on(page, latents, diffu
     assert isinstance(error, str), "latents of the wrong length were taken"
     assert f"has {latents[..., :-1].size} values" in error and str(latents.size) in error, error
     assert_same_video(generate(page, "wasm", latents), diffusers_video)
+
+
+@pytest.mark.parametrize("technique", [{"leap": True, "leap_after": 4, "leap_steps": 2,
+                                        "steps": 8},
+                                       {"cache_threshold": 0.3, "steps": 12},
+                                       {"merge_steps": 2, "steps": 4}],
+                         ids=["leap", "step-cache", "tdtm"])
+def test_techniques_give_the_python_runtimes_video(page, wan_packages, latents, technique):
+    """Linear Proportional Leap, the step cache and TDTM's merged blocks on the page take the
+    same decisions as the Python runtime on the same package's ONNX twin and noise."""
+    from runtimes.python import Pipeline
+
+    page.evaluate(LOAD, [page.served, "wasm"])
+    options = {"negative_prompt": "blue dog", "guidance": 4.0, **technique}
+    runtime = Pipeline.load(wan_packages["unipc"][0])
+    try:
+        want = runtime.generate(PROMPT, latents=latents, **options)[0]
+        calls = runtime.last_run["sampler"]["transformer_calls"]
+    finally:
+        runtime.close()
+    if "merge_steps" not in technique:
+        assert calls < technique["steps"]  # the technique did skip transformer calls
+    got = generate(page, "wasm", latents, options)
+    assert not isinstance(got, str), got
+    assert_same_video(got, want)
+    assert page.evaluate("() => window.pipes.wasm.lastRun.transformer_calls") == calls
