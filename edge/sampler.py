@@ -9,9 +9,9 @@ docs/techniques-in-edge.md):
 - Linear Proportional Leap (`leap`): once consecutive velocities stop growing more aligned
   (or after a fixed number of steps), the rest of the way to t = 0 is covered in
   `leap_steps` steps instead of the schedule's remaining ones. With one, the leap is one
-  step with the whole remaining time (with either scheduler of edge/schedulers.py: x - t v,
-  the predicted x0); with more, the remaining time is re-planned with the schedule's own
-  spacing (edge/schedulers.py `leap_tail`).
+  step with the whole remaining time (the scheduler's `jump`: for a flow, x - t v, the
+  predicted x0); with more, the remaining time is re-planned with the schedule's own
+  spacing (the scheduler's `tail`, edge/schedulers.py).
 - Temporal token merging (`merge_steps`): the predictor is told to use the merged transformer
   variant for the first `merge_steps` steps.
 - Step cache (`cache_threshold`): the predictor skips the transformer pairs while the
@@ -31,15 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from edge.noise import torch_randn
-from edge.schedulers import (
-    SCHEDULERS,
-    UniPCFlow,
-    euler_sigmas,
-    leap_tail_sigmas,
-    unipc_model_times,
-    unipc_sigmas,
-    whole_step_times,
-)
+from edge.schedulers import SCHEDULERS, Scheduler, scheduler_for
 
 
 @dataclass(frozen=True)
@@ -48,7 +40,7 @@ class SamplerSettings:
     guidance: float = 5.0
     shift: float = 3.0                 # SD3-style timestep shift: more steps at high noise
     num_train_timesteps: int = 1000
-    scheduler: str = "flow_euler"      # or "flow_unipc" (edge/schedulers.py)
+    scheduler: str = "flow_euler"      # a name of edge/schedulers.py SCHEDULERS
     # Linear Proportional Leap
     leap: bool = False
     leap_after: int | None = None      # fixed mode: leap after this many steps; None: dynamic
@@ -99,19 +91,20 @@ class SamplerSettings:
         return cls(**values)
 
 
+def scheduler_of(settings: SamplerSettings) -> Scheduler:
+    return scheduler_for(settings.scheduler, settings.shift, settings.num_train_timesteps)
+
+
 def timesteps(settings: SamplerSettings) -> np.ndarray:
     """The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 the sampler integrates over, float32
     of length steps + 1, as the settings' diffusers scheduler sets them."""
-    make = unipc_sigmas if settings.scheduler == "flow_unipc" else euler_sigmas
-    return make(settings.steps, settings.shift, settings.num_train_timesteps)
+    return scheduler_of(settings).schedule(settings.steps)[0]
 
 
 def model_times(settings: SamplerSettings) -> np.ndarray:
     """What the transformer is told the time of each step is (length steps): the sigmas for
     flow-match Euler; UniPC's whole training timesteps as fractions."""
-    if settings.scheduler == "flow_unipc":
-        return unipc_model_times(settings.steps, settings.shift, settings.num_train_timesteps)
-    return timesteps(settings)[:-1]
+    return scheduler_of(settings).schedule(settings.steps)[1]
 
 
 def max_calls(settings: SamplerSettings) -> int:
@@ -126,18 +119,11 @@ def leap_tail(t_from: float, t_min: float,
               settings: SamplerSettings) -> tuple[np.ndarray, np.ndarray]:
     """The noise levels (leap_steps + 1, ending at 0) and model times (leap_steps) of a leap
     from t_from: the schedule's spacing re-planned over what is left of it."""
-    sigmas = leap_tail_sigmas(t_from, t_min, settings.leap_steps, settings.shift)
-    if settings.scheduler == "flow_unipc":
-        return sigmas, whole_step_times(sigmas[:-1], settings.num_train_timesteps)
-    return sigmas, sigmas[:-1]
+    return scheduler_of(settings).tail(t_from, t_min, settings.leap_steps)
 
 
 def guided_velocity(v_cond: np.ndarray, v_uncond: np.ndarray, guidance: float) -> np.ndarray:
     return v_uncond + guidance * (v_cond - v_uncond)
-
-
-def euler_step(x: np.ndarray, v: np.ndarray, t: float, t_next: float) -> np.ndarray:
-    return (x + (np.float32(t_next) - np.float32(t)) * v).astype(np.float32)
 
 
 def initial_noise(shape: tuple[int, ...], seeds: list[int]) -> np.ndarray:
@@ -288,11 +274,11 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
            on_step: Callable[[int, int], None] | None = None,
            trace: Trace | None = None) -> np.ndarray:
     """Integrate from t=1 (noise) to t=0; returns the final latents. After a leap the loop
-    goes on over the leap's tail (its own noise levels and model times, a fresh UniPC
-    state) until t = 0."""
-    ts, model_ts = timesteps(settings), model_times(settings)
-    unipc = settings.scheduler == "flow_unipc"
-    solver = UniPCFlow(ts) if unipc else None
+    goes on over the leap's tail (its own noise levels and model times, a fresh solver)
+    until t = 0."""
+    scheduler = scheduler_of(settings)
+    ts, model_ts = scheduler.schedule(settings.steps)
+    solver = scheduler.solver(ts)
     x = noise.astype(np.float32)
     trace = trace if trace is not None else Trace()
     rule = LeapRule(settings)
@@ -314,15 +300,15 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
         if trace.leap_at is None and rule.should_leap(v, call):
             trace.leap_at = call
             if settings.leap_steps == 1:   # the whole remaining time in one step
-                x = euler_step(x, v, ts[i], ts[-1])
+                x = scheduler.jump(x, v, ts[i])
                 call, total = call + 1, call + 1
                 if on_step is not None:
                     on_step(total, total)
                 break
-            ts, model_ts = leap_tail(ts[i], ts[-2], settings)
-            solver = UniPCFlow(ts) if unipc else None
+            ts, model_ts = scheduler.tail(ts[i], ts[-2], settings.leap_steps)
+            solver = scheduler.solver(ts)
             i, last_call, total = 0, call + settings.leap_steps - 1, call + settings.leap_steps
-        x = solver.step(v, i, x) if solver else euler_step(x, v, ts[i], ts[i + 1])
+        x = solver.step(v, i, x)
         i, call = i + 1, call + 1
         if on_step is not None:
             on_step(call, total)

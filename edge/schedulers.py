@@ -1,7 +1,11 @@
 """The noise schedules and update rules the shared sampler (edge/sampler.py) integrates with.
 
-Two schedulers, each a NumPy mirror of a diffusers scheduler with the same numbers (tested
-step by step against it):
+One class per scheduler, looked up by the manifest's `sampler.scheduler` (`SCHEDULERS`,
+`scheduler_for`), with one small interface (`Scheduler`): the noise levels and model times
+of a step count, the solver that steps through them, and what a leap asks (the re-planned
+tail, the jump to t = 0). The JavaScript (runtimes/web/schedulers.js) and Swift
+(Schedulers.swift) runtimes mirror the same classes. Each is a NumPy mirror of a diffusers
+scheduler with the same numbers (tested step by step against it):
 
 - `flow_euler`: FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video).
 - `flow_unipc`: UniPCMultistepScheduler as Wan 2.1 configures it: flow prediction, flow
@@ -17,8 +21,6 @@ slightly from its sigmas. No torch here: the runtimes use this module as it is.
 from __future__ import annotations
 
 import numpy as np
-
-SCHEDULERS = ("flow_euler", "flow_unipc")
 
 
 def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
@@ -156,3 +158,98 @@ class UniPCFlow:
         order = min(self.order, steps - i, len(self.x0_history))
         self.last_sample, self.last_order = x, order
         return self._predict(i, x, order)
+
+
+# ---- the schedulers as objects -------------------------------------------------------------
+
+
+class EulerSolver:
+    """Flow-match Euler through `sigmas`: x + (sigma_next - sigma) v, float32."""
+
+    def __init__(self, sigmas: np.ndarray) -> None:
+        self.sigmas = sigmas.astype(np.float32)
+
+    def step(self, v: np.ndarray, i: int, x: np.ndarray) -> np.ndarray:
+        return euler_step(x, v, self.sigmas[i], self.sigmas[i + 1])
+
+
+def euler_step(x: np.ndarray, v: np.ndarray, sigma: float, sigma_next: float) -> np.ndarray:
+    """One Euler step of a flow: x + (sigma_next - sigma) v (to 0: x - sigma v, the x0 the
+    velocity predicts)."""
+    return (x + (np.float32(sigma_next) - np.float32(sigma)) * v).astype(np.float32)
+
+
+class Scheduler:
+    """What the sampler asks of a scheduler. `name` is the manifest's `sampler.scheduler`."""
+
+    name: str
+
+    def __init__(self, shift: float, num_train_timesteps: int) -> None:
+        self.shift = shift
+        self.num_train_timesteps = num_train_timesteps
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """The noise levels of `steps` steps (float32, 1 > ... > 0, length steps + 1) and what
+        the transformer is told the time of each is (length steps, in [0, 1])."""
+        raise NotImplementedError
+
+    def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """A leap's re-planned rest: `steps` steps from t_from down to t_min spaced as this
+        schedule spaces its own, then 0; and their model times."""
+        raise NotImplementedError
+
+    def solver(self, sigmas: np.ndarray):
+        """One generation's stepping through `sigmas`: an object whose `step(v, i, x)` takes
+        the guided velocity at sigmas[i] and returns the sample at sigmas[i + 1]."""
+        raise NotImplementedError
+
+    def jump(self, x: np.ndarray, v: np.ndarray, sigma: float) -> np.ndarray:
+        """A one-step leap from `sigma` straight to the end: the clean sample the velocity
+        predicts."""
+        return euler_step(x, v, sigma, 0.0)
+
+
+class FlowEuler(Scheduler):
+    """FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video)."""
+
+    name = "flow_euler"
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        sigmas = euler_sigmas(steps, self.shift, self.num_train_timesteps)
+        return sigmas, sigmas[:-1]
+
+    def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        sigmas = leap_tail_sigmas(t_from, t_min, steps, self.shift)
+        return sigmas, sigmas[:-1]
+
+    def solver(self, sigmas: np.ndarray) -> EulerSolver:
+        return EulerSolver(sigmas)
+
+
+class FlowUniPC(Scheduler):
+    """UniPCMultistepScheduler as Wan 2.1 configures it (see the module's docstring): model
+    times are whole training steps."""
+
+    name = "flow_unipc"
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        return (unipc_sigmas(steps, self.shift, self.num_train_timesteps),
+                unipc_model_times(steps, self.shift, self.num_train_timesteps))
+
+    def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        sigmas = leap_tail_sigmas(t_from, t_min, steps, self.shift)
+        return sigmas, whole_step_times(sigmas[:-1], self.num_train_timesteps)
+
+    def solver(self, sigmas: np.ndarray) -> UniPCFlow:
+        return UniPCFlow(sigmas)
+
+
+SCHEDULERS: dict[str, type[Scheduler]] = {c.name: c for c in (FlowEuler, FlowUniPC)}
+
+
+def scheduler_for(name: str, shift: float, num_train_timesteps: int) -> Scheduler:
+    """The scheduler a manifest's `sampler.scheduler` names; an unknown name is refused
+    naming the known ones."""
+    if name not in SCHEDULERS:
+        raise ValueError(f"sampler setting scheduler={name!r}: known: {', '.join(SCHEDULERS)}")
+    return SCHEDULERS[name](shift, num_train_timesteps)

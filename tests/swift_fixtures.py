@@ -18,6 +18,10 @@ tests/fixtures/swift/ holds:
   settings; whole `sample()` runs with guidance, merge_steps, fixed and dynamic leaps (one
   step and a re-planned tail): per call t (the model time), merged, last; final latent and
   trace; and 2x2 systems with what `np.linalg.solve` gives (UniPC's corrector solves one);
+- schedulers.json: each scheduler of `edge.schedulers.SCHEDULERS` as an object, by name (the
+  JS and Swift runtimes look theirs up the same way): for several (steps, shift, training
+  steps), its `schedule` (noise levels, model times), a leap's `tail`, a `solver` stepped
+  through the schedule with given velocities (the sample after each step) and its `jump`;
 - tokenizer.json + tokens.json: the package's tokenizer file and the ids and masks that
   `edge.tokenizer` makes of a few prompts (punctuation, capitals, accents, unknown words,
   truncation);
@@ -49,7 +53,7 @@ from edge.sampler import (
     sample,
     timesteps,
 )
-from edge.schedulers import UniPCFlow, unipc_sigmas
+from edge.schedulers import SCHEDULERS, UniPCFlow, scheduler_for, unipc_sigmas
 from edge.tokenizer import load_tokenizer, tokenize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swift"
@@ -204,6 +208,34 @@ def solve_cases() -> list[dict]:
     return out
 
 
+def scheduler_cases() -> list[dict]:
+    """Each scheduler through its interface alone, so a mirror is held to it before any
+    sampler logic: schedule, tail, solver steps on fixed velocities, jump."""
+    rng = np.random.default_rng(23)
+    cases = []
+    for name in SCHEDULERS:
+        for steps, shift, n in ((1, 3.0, 1000), (2, 5.0, 1000), (7, 1.0, 1000),
+                                (12, 2.5, 500), (30, 5.0, 1000)):
+            scheduler = scheduler_for(name, shift, n)
+            sigmas, times = scheduler.schedule(steps)
+            x = rng.standard_normal((2, 3)).astype(np.float32)
+            v = rng.standard_normal((steps, 2, 3)).astype(np.float32)
+            solver, xs = scheduler.solver(sigmas), []
+            for i in range(steps):
+                xs.append(solver.step(v[i], i, xs[-1] if xs else x).tolist())
+            t_from = float(sigmas[steps // 2])
+            tail_sigmas, tail_times = scheduler.tail(t_from, float(sigmas[-2]), 3)
+            cases.append({"scheduler": name, "shift": shift, "num_train_timesteps": n,
+                          "steps": steps, "sigmas": sigmas.tolist(), "model_times": times.tolist(),
+                          "x": x.tolist(), "v": v.tolist(), "solver_steps": xs,
+                          "tail": {"t_from": t_from, "t_min": float(sigmas[-2]), "steps": 3,
+                                   "sigmas": tail_sigmas.tolist(),
+                                   "model_times": tail_times.tolist()},
+                          "jump": {"sigma": t_from,
+                                   "x": scheduler.jump(x, v[0], t_from).tolist()}})
+    return cases
+
+
 def unipc_cases() -> dict:
     return {"timesteps": unipc_timestep_cases(), "runs": unipc_runs(), "solve": solve_cases()}
 
@@ -227,6 +259,7 @@ def build() -> dict[str, object]:
     """File name -> JSON content of every generated fixture (the manifests excepted)."""
     return {"timesteps.json": timestep_cases(), "guided_merge.json": guided_runs(),
             "modulated_input.json": modulated_case(), "unipc.json": unipc_cases(),
+            "schedulers.json": scheduler_cases(),
             "tokens.json": token_cases(default_tokenizer()), **build_unigram()}
 
 

@@ -5,12 +5,12 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 from edge.sampler import (
     SamplerSettings,
-    euler_step,
     guided_velocity,
     initial_noise,
     sample,
     timesteps,
 )
+from edge.schedulers import SCHEDULERS, scheduler_for
 
 
 @pytest.mark.parametrize("steps,shift", [(30, 3.0), (30, 1.0), (8, 2.0)])
@@ -20,21 +20,6 @@ def test_timesteps_match_diffusers(steps, shift):
     sched.set_timesteps(steps)
     np.testing.assert_allclose(ours, sched.sigmas.numpy(), atol=1e-6)
     assert ours[0] == 1.0 and ours[-1] == 0.0 and np.all(np.diff(ours) < 0)
-
-
-def test_euler_updates_match_diffusers():
-    settings = SamplerSettings(steps=10, shift=3.0)
-    sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    sched.set_timesteps(10)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 4, 3, 8, 8), dtype=np.float32)
-    ts = timesteps(settings)
-    x_ref = torch.from_numpy(x.copy())
-    for i, t in enumerate(sched.timesteps):
-        v = rng.standard_normal(x.shape, dtype=np.float32)
-        x = euler_step(x, v, ts[i], ts[i + 1])
-        x_ref = sched.step(torch.from_numpy(v), t, x_ref).prev_sample
-        np.testing.assert_allclose(x, x_ref.numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize("scheduler", ["flow_euler", "flow_unipc"])
@@ -71,30 +56,45 @@ def test_on_step_reports_progress():
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
 
-@pytest.mark.parametrize("steps,shift", [(30, 3.0), (10, 5.0), (4, 1.0)])
-def test_unipc_matches_diffusers_step_by_step(steps, shift):
+def _diffusers_scheduler(name: str, shift: float):
+    """The diffusers scheduler each of ours mirrors, configured as its families ship it."""
     from diffusers import UniPCMultistepScheduler
 
-    from edge.sampler import model_times
-    from edge.schedulers import UniPCFlow
+    return {"flow_euler": lambda: FlowMatchEulerDiscreteScheduler(shift=shift),
+            "flow_unipc": lambda: UniPCMultistepScheduler(
+                prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift),
+            }[name]()
 
-    settings = SamplerSettings(steps=steps, shift=shift, scheduler="flow_unipc")
-    sched = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                    flow_shift=shift)
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+@pytest.mark.parametrize("steps,shift", [(30, 3.0), (10, 5.0), (4, 1.0)])
+def test_each_scheduler_matches_diffusers_step_by_step(name, steps, shift):
+    """Every scheduler object (looked up by its manifest name) against its diffusers twin:
+    the noise levels, the timesteps handed to the model, and each solver step on a velocity
+    that depends on the sample, as a model's does."""
+    scheduler = scheduler_for(name, shift, 1000)
+    assert scheduler.name == name
+    sched = _diffusers_scheduler(name, shift)
     sched.set_timesteps(steps)
-    sigmas = timesteps(settings)
-    np.testing.assert_allclose(sigmas, sched.sigmas.numpy(), rtol=1e-6)
-    np.testing.assert_allclose(model_times(settings) * 1000, sched.timesteps.numpy(), atol=1e-3)
+    sigmas, times = scheduler.schedule(steps)
+    np.testing.assert_allclose(sigmas, sched.sigmas.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(times * 1000, sched.timesteps.numpy(), atol=1e-3)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 4, 3, 8, 8), dtype=np.float32)
     x_ref = torch.from_numpy(x.copy())
-    solver = UniPCFlow(sigmas)
+    solver = scheduler.solver(sigmas)
     for i, t in enumerate(sched.timesteps):
-        # a velocity that depends on the sample, as a model's does
         v = (0.3 * x + rng.standard_normal(x.shape, dtype=np.float32)).astype(np.float32)
         x = solver.step(v, i, x)
         x_ref = sched.step(torch.from_numpy(v), t, x_ref).prev_sample
         np.testing.assert_allclose(x, x_ref.numpy(), atol=2e-5, rtol=1e-5)
+
+
+def test_a_scheduler_is_looked_up_by_its_manifest_name():
+    assert {name: cls.name for name, cls in SCHEDULERS.items()} == {
+        "flow_euler": "flow_euler", "flow_unipc": "flow_unipc"}
+    with pytest.raises(ValueError, match="scheduler='ddim'.*flow_euler, flow_unipc"):
+        scheduler_for("ddim", 3.0, 1000)
 
 
 def test_unknown_scheduler_is_refused_by_name():

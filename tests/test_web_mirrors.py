@@ -2,6 +2,8 @@
 (Debian's chromium driven by Playwright, never a browser of its own), against the fixtures
 the Swift runtime is held to (written by tests/swift_fixtures.py from the Python code):
 
+- runtimes/web/schedulers.js: each scheduler of edge/schedulers.py through its interface alone
+  (tests/fixtures/swift/schedulers.json);
 - runtimes/web/unipc.js + sampler.js: the `flow_unipc` scheduler (edge/schedulers.py) and the
   sampler's use of it (tests/fixtures/swift/unipc.json);
 - runtimes/web/unigram.js + tokenizer.js + prompt_clean.js: the Unigram (T5 / UMT5) caption
@@ -28,6 +30,7 @@ from browser import serving
 from swift_html_entities import python_text_tables
 
 from edge.sampler import SamplerSettings
+from edge.schedulers import SCHEDULERS, scheduler_for
 
 pytestmark = pytest.mark.slow  # headless Chromium
 
@@ -105,6 +108,80 @@ def page(browser, served):
 
 def unipc_fixture() -> dict:
     return json.loads((SWIFT_FIXTURES / "unipc.json").read_text())
+
+
+# ---- the schedulers as objects ---------------------------------------------------------------
+
+REPLAY_SCHEDULERS = """async (cases) => {
+  const m = await import('/runtime/schedulers.js');
+  const f32 = (a) => Float32Array.from(a.flat(Infinity));
+  return cases.map((c) => {
+    const s = m.schedulerFor(c.scheduler, c.shift, c.num_train_timesteps);
+    const { sigmas, modelTimes } = s.schedule(c.steps);
+    const tail = s.tail(c.tail.t_from, c.tail.t_min, c.tail.steps);
+    const solver = s.solver(sigmas), steps = [];
+    let x = f32(c.x);
+    for (let i = 0; i < c.steps; i++) {
+      x = solver.step(f32(c.v[i]), i, x);
+      steps.push([...x]);
+    }
+    return { name: s.name, sigmas: [...sigmas], model_times: [...modelTimes],
+             tail: { sigmas: [...tail.sigmas], model_times: [...tail.modelTimes] },
+             solver_steps: steps, jump: [...s.jump(f32(c.x), f32(c.v[0]), c.jump.sigma)] };
+  });
+}"""
+
+
+def test_schedulers_replay_python_through_their_interface(page):
+    """schedulerFor(name, shift, n) for each case of tests/fixtures/swift/schedulers.json:
+    schedule, tail and jump bit for bit as float32; the solver's steps bit for bit for
+    flow_euler, within LATENT_TOLERANCE of max(1, |x|) for flow_unipc (NumPy's float32 log
+    and expm1, see LATENT_TOLERANCE)."""
+    cases = json.loads((SWIFT_FIXTURES / "schedulers.json").read_text())
+    assert sorted({c["scheduler"] for c in cases}) == sorted(SCHEDULERS)
+    got = page.evaluate(REPLAY_SCHEDULERS, cases)
+    worst = 0.0
+    for c, g in zip(cases, got, strict=True):
+        what = (c["scheduler"], c["steps"], c["shift"], c["num_train_timesteps"])
+        assert g["name"] == c["scheduler"], what
+        assert len(g["sigmas"]) == c["steps"] + 1 and len(g["model_times"]) == c["steps"], what
+        for key in ("sigmas", "model_times"):
+            assert np.array_equal(np.float32(g[key]), np.float32(c[key])), (what, key)
+            assert np.array_equal(np.float32(g["tail"][key]), np.float32(c["tail"][key])), \
+                (what, "tail", key)
+        assert np.array_equal(np.float32(g["jump"]), np.float32(c["jump"]["x"]).ravel()), what
+        got_steps = np.float32(g["solver_steps"])
+        want_steps = np.float32(c["solver_steps"]).reshape(got_steps.shape)
+        if c["scheduler"] == "flow_euler":
+            assert np.array_equal(got_steps, want_steps), what
+            continue
+        want64 = np.float64(want_steps)
+        error = np.abs(np.float64(got_steps) - want64) / np.maximum(1.0, np.abs(want64))
+        assert error.max() <= LATENT_TOLERANCE, (what, error.max())
+        worst = max(worst, float(error.max()))
+    print(f"scheduler fixture solver steps in the browser: largest difference {worst:.3g} "
+          "(of max(1, |x|))")
+
+
+def test_scheduler_names_and_refusals_are_pythons(page):
+    """SCHEDULERS holds Python's names in Python's order, each class named by its key; a name
+    not in it (a prototype property's too) is refused by schedulerFor with scheduler_for's
+    message."""
+    names = ["ddim", "flow_euler_x", "", "it's", 'say "hi"', "constructor", "__proto__",
+             "toString", 5]
+    got = page.evaluate("""async (names) => {
+      const m = await import('/runtime/schedulers.js');
+      const refusals = names.map((name) => {
+        try { m.schedulerFor(name, 3.0, 1000); return null; } catch (e) { return e.message; }
+      });
+      return { keys: Object.keys(m.SCHEDULERS),
+               classNames: Object.values(m.SCHEDULERS).map((c) => c.name), refusals };
+    }""", names)
+    assert got["keys"] == list(SCHEDULERS) == got["classNames"]
+    for name, message in zip(names, got["refusals"], strict=True):
+        with pytest.raises(ValueError) as err:
+            scheduler_for(name, 3.0, 1000)
+        assert message == str(err.value), name
 
 
 # ---- UniPC ----------------------------------------------------------------------------------

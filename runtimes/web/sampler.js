@@ -1,18 +1,17 @@
-// The rectified-flow sampler of edge/sampler.py, mirrored line by line (keep the two in step),
-// with both schedulers of edge/schedulers.py: flow_euler here, flow_unipc in unipc.js.
+// The rectified-flow sampler of edge/sampler.py, mirrored line by line (keep the two in step).
+// The scheduler is an object (schedulers.js, as edge/schedulers.py), looked up by the
+// settings' `scheduler` name: sample() asks it for the schedule, a solver to step through
+// it, a leap's re-planned tail and the one-step jump, and tests no scheduler name itself.
 //
 // Arrays are Float32Array (the latents) and plain numbers (float64). NumPy computes float32
 // arrays op by op in float32, so every such op here is rounded with Math.fround; reductions
 // it does in float64 (cosines, the step cache's L1 and LayerNorm) are in float64 here too.
 // tests/fixtures/sampler/*.json (tests/test_web_browser.py) and tests/fixtures/swift/unipc.json
-// (tests/test_web_mirrors.py) replay recorded sequences through both.
+// and schedulers.json (tests/test_web_mirrors.py) replay recorded sequences through both.
 
-import { UniPCFlow, unipcModelTimes, unipcSigmas, wholeStepTimes } from "./unipc.js";
+import { isScheduler, schedulerFor, unknownScheduler } from "./schedulers.js";
 
 const f32 = Math.fround;
-
-// edge/schedulers.py SCHEDULERS, in its order
-export const SCHEDULERS = ["flow_euler", "flow_unipc"];
 
 export const DEFAULT_SETTINGS = {
   steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
@@ -25,10 +24,8 @@ export function checkSettings(values) {
   if (unknown.length) throw new Error(`unknown sampler setting(s): ${unknown.sort().join(", ")}`);
   const s = { ...DEFAULT_SETTINGS, ...values };
   const bad = (name, why) => new Error(`sampler setting ${name}=${JSON.stringify(s[name])}: ${why}`);
-  if (!SCHEDULERS.includes(s.scheduler)) {
-    // the value as Python's repr() writes it, so the message is SamplerSettings' own
-    throw new Error(`sampler setting scheduler=${pythonRepr(s.scheduler)}: known: ${SCHEDULERS.join(", ")}`);
-  }
+  // edge/schedulers.py SCHEDULERS, with SamplerSettings' own message (the value as repr())
+  if (!isScheduler(s.scheduler)) throw unknownScheduler(s.scheduler);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
   // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
   if (s.leap_after !== null && !(Number.isInteger(s.leap_after) && s.leap_after >= 1)) {
@@ -44,85 +41,33 @@ export function checkSettings(values) {
   return s;
 }
 
-// A value as Python's repr() writes it, for the messages SamplerSettings gives: a string in
-// single quotes, or double ones when it holds a single quote and no double one (the same rule
-// as pythonRepr in runtimes/swift/Sources/EdgeCore/Sampler.swift); anything else as JSON.
-function pythonRepr(value) {
-  if (typeof value !== "string") return JSON.stringify(value);
-  const quote = value.includes("'") && !value.includes('"') ? '"' : "'";
-  const escapes = { "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", [quote]: "\\" + quote };
-  return quote + [...value].map((c) => escapes[c] ?? c).join("") + quote;
-}
-
-// float32 arrays: shift * s / (1 + (shift - 1) * s), op by op
-function shiftSigma32(s, shift) {
-  return f32(f32(f32(shift) * s) / f32(1 + f32(f32(shift - 1) * s)));
+// edge/sampler.py scheduler_of: the settings' scheduler object (schedulers.js)
+export function schedulerOf(settings) {
+  return schedulerFor(settings.scheduler, settings.shift, settings.num_train_timesteps);
 }
 
 // The noise levels t_0 = 1 > ... > t_N = 0 (Float32Array, steps + 1 values), as the settings'
 // diffusers scheduler sets them.
 export function timesteps(settings) {
-  if (settings.scheduler === "flow_unipc") {
-    return unipcSigmas(settings.steps, settings.shift, settings.num_train_timesteps);
-  }
-  const n = settings.num_train_timesteps;
-  const x = 1.0 / n; // float64 here, as in NumPy
-  const sigmaMin = settings.shift * x / (1 + (settings.shift - 1) * x);
-  const steps = settings.steps;
-  const out = new Float32Array(steps + 1);
-  const step = steps > 1 ? (sigmaMin - 1.0) / (steps - 1) : 0;
-  for (let i = 0; i < steps; i++) {
-    const lin = steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0; // np.linspace
-    out[i] = shiftSigma32(f32(lin), settings.shift);
-  }
-  out[steps] = 0;
-  return out;
+  return schedulerOf(settings).schedule(settings.steps).sigmas;
 }
 
 // What the transformer is told the time of each step is (steps values): the sigmas for
 // flow-match Euler; UniPC's whole training timesteps as fractions.
 export function modelTimes(settings) {
-  if (settings.scheduler === "flow_unipc") {
-    return unipcModelTimes(settings.steps, settings.shift, settings.num_train_timesteps);
-  }
-  return timesteps(settings).subarray(0, settings.steps);
-}
-
-// edge/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
-// before the shift (float64, as NumPy computes on float64), then 0; rounded to float32.
-export function leapTail(tFrom, tMin, steps, shift) {
-  const unshift = (t) => t / (shift - (shift - 1) * t);
-  const start = unshift(tFrom), stop = unshift(tMin);
-  const out = new Float32Array(steps + 1);
-  const step = steps > 1 ? (stop - start) / (steps - 1) : 0;
-  for (let i = 0; i < steps; i++) {
-    const even = steps > 1 && i === steps - 1 ? stop : i * step + start; // np.linspace
-    out[i] = shift * even / (1 + (shift - 1) * even);
-  }
-  out[steps] = 0;
-  return out;
+  return schedulerOf(settings).schedule(settings.steps).modelTimes;
 }
 
 // edge/sampler.py leap_tail: the noise levels (leap_steps + 1, ending at 0) and model times
 // (leap_steps) of a leap from tFrom, the schedule's spacing re-planned over what is left.
 export function leapTailTimes(tFrom, tMin, settings) {
-  const sigmas = leapTail(tFrom, tMin, settings.leap_steps, settings.shift);
-  const body = sigmas.subarray(0, settings.leap_steps);
-  const times = settings.scheduler === "flow_unipc" ? wholeStepTimes(body, settings.num_train_timesteps) : body;
-  return { sigmas, modelTimes: times };
+  return schedulerOf(settings).tail(tFrom, tMin, settings.leap_steps);
 }
 
 export function guidedVelocity(vCond, vUncond, guidance) {
   const g = f32(guidance);
   const out = new Float32Array(vCond.length);
   for (let i = 0; i < out.length; i++) out[i] = f32(vUncond[i] + f32(g * f32(vCond[i] - vUncond[i])));
-  return out;
-}
-
-export function eulerStep(x, v, t, tNext) {
-  const d = f32(f32(tNext) - f32(t));
-  const out = new Float32Array(x.length);
-  for (let i = 0; i < x.length; i++) out[i] = f32(x[i] + f32(d * v[i]));
   return out;
 }
 
@@ -231,19 +176,20 @@ export async function runPairs(step, x, tMod, pairs, batch, dim) {
 
 // predict(x, t, step) -> Promise<[vCond, vUncond]>, t the model time of the step
 // (modelTimes); returns the final latents. After a leap the loop goes on over the leap's tail
-// (its own noise levels and model times, a fresh UniPC state) until t = 0.
+// (its own noise levels and model times, a fresh solver) until t = 0.
 export async function sample(predict, noise, settings, onStep = null, trace = {}) {
-  let ts = timesteps(settings), modelTs = modelTimes(settings);
-  const unipc = settings.scheduler === "flow_unipc";
-  let solver = unipc ? new UniPCFlow(ts) : null;
+  const scheduler = schedulerOf(settings);
+  let { sigmas: ts, modelTimes: modelTs } = scheduler.schedule(settings.steps);
+  let solver = scheduler.solver(ts);
   let x = Float32Array.from(noise);
   Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0 });
   const rule = new LeapRule(settings);
   const cache = settings.cache_threshold > 0 ? new StepCache(settings.cache_threshold) : null;
+  // a fixed leap is known in advance, so the cache can treat its tail's end as the last call
   const fixedLeap = settings.leap && settings.leap_after !== null && settings.leap_after < settings.steps - 1;
   let lastCall = fixedLeap ? settings.leap_after + settings.leap_steps - 1 : settings.steps - 1;
-  let total = settings.steps;
-  let call = 0, i = 0;
+  let total = settings.steps; // calls this generation makes, as far as known now
+  let call = 0, i = 0;        // call: transformer calls so far; i: index into ts
   while (i < ts.length - 1) {
     const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true };
     const [vCond, vUncond] = await predict(x, modelTs[i], step);
@@ -253,22 +199,20 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
     const v = guidedVelocity(vCond, vUncond, settings.guidance);
     if (trace.leap_at === null && rule.shouldLeap(v, call)) {
       trace.leap_at = call;
-      // the whole remaining time in one Euler step, with either scheduler (x - t v: the
-      // predicted x0), as edge/sampler.py does
-      if (settings.leap_steps === 1) {
-        x = eulerStep(x, v, ts[i], ts[ts.length - 1]);
+      if (settings.leap_steps === 1) { // the whole remaining time in one step
+        x = scheduler.jump(x, v, ts[i]);
         call += 1;
         total = call;
         if (onStep) onStep(total, total);
         break;
       }
-      ({ sigmas: ts, modelTimes: modelTs } = leapTailTimes(ts[i], ts[ts.length - 2], settings));
-      solver = unipc ? new UniPCFlow(ts) : null;
+      ({ sigmas: ts, modelTimes: modelTs } = scheduler.tail(ts[i], ts[ts.length - 2], settings.leap_steps));
+      solver = scheduler.solver(ts);
       i = 0;
       lastCall = call + settings.leap_steps - 1;
       total = call + settings.leap_steps;
     }
-    x = solver ? solver.step(v, i, x) : eulerStep(x, v, ts[i], ts[i + 1]);
+    x = solver.step(v, i, x);
     i += 1;
     call += 1;
     if (onStep) onStep(call, total);

@@ -1,8 +1,9 @@
-// The `flow_unipc` scheduler of edge/schedulers.py (Wan 2.1's default), mirrored for the
-// browser: UniPC's flow sigmas and model times, the whole-step times of a leap's tail, and
-// UniPCFlow (order 2, bh2, predicting x0). runtimes/swift/Sources/EdgeCore/UniPC.swift is the
-// same mirror in Swift; tests/fixtures/swift/unipc.json (tests/swift_fixtures.py) holds both to
-// the Python numbers (tests/test_web_mirrors.py replays it here).
+// The math of the `flow_unipc` scheduler of edge/schedulers.py (Wan 2.1's default), mirrored
+// for the browser: UniPC's flow sigmas and model times, the whole-step times of a leap's tail,
+// and UniPCFlow (order 2, bh2, predicting x0), the solver FlowUniPC (schedulers.js) hands the
+// sampler. runtimes/swift/Sources/EdgeCore/UniPC.swift is the same mirror in Swift;
+// tests/fixtures/swift/unipc.json and schedulers.json (tests/swift_fixtures.py) hold both to
+// the Python numbers (tests/test_web_mirrors.py replays them here).
 //
 // Rounding. NumPy keeps UniPC's scalars and arrays in float32, one rounding per operation, so
 // every operation here is rounded with Math.fround in the same order (no fused or reordered

@@ -1,8 +1,9 @@
 import Foundation
 
 // A line-by-line mirror of edge/sampler.py (rectified-flow sampler with classifier-free
-// guidance, Linear Proportional Leap, TDTM step switch, step cache), with both schedulers of
-// edge/schedulers.py: flow_euler here, flow_unipc in UniPC.swift. Keep them in step: the
+// guidance, Linear Proportional Leap, TDTM step switch, step cache). It asks the scheduler
+// the settings name (Schedulers.swift, edge/schedulers.py) for the noise levels, model times,
+// solver, a leap's tail and its jump, and tests no scheduler's name. Keep them in step: the
 // XCTests replay tests/fixtures/sampler/*.json and tests/fixtures/swift/*.json, written by
 // the Python implementation. Arithmetic follows NumPy's dtypes: latents and velocities in
 // float32, cosines and the cache indicator in float64.
@@ -25,7 +26,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var guidance = 5.0
     public var shift = 3.0
     public var numTrainTimesteps = 1000
-    public var scheduler = "flow_euler"   // or "flow_unipc" (knownSchedulers, UniPC.swift)
+    public var scheduler = "flow_euler"   // a name of `schedulers` (Schedulers.swift)
     public var leap = false
     public var leapAfter: Int? = nil
     public var leapMinSteps = 15
@@ -78,9 +79,8 @@ public struct SamplerSettings: Codable, Equatable {
         func bad(_ name: String, _ value: Any, _ why: String) -> SettingsError {
             .invalid("sampler setting \(name)=\(value): \(why)")
         }
-        if !knownSchedulers.contains(scheduler) {
-            throw bad("scheduler", pythonRepr(scheduler), "known: \(knownSchedulers.joined(separator: ", "))")
-        }
+        // the registry's refusal (Schedulers.swift), the message SamplerSettings gives
+        _ = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
         // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
         if let after = leapAfter, after < 1 { throw bad("leap_after", after, "must be at least 1") }
@@ -111,76 +111,42 @@ func pythonRepr(_ text: String) -> String {
     return out + quote
 }
 
-/// shift * s / (1 + (shift - 1) * s), in float32 as NumPy computes it on a float32 array.
-func shiftSigma(_ s: Float, _ shift: Double) -> Float {
-    Float(shift) * s / (1 + Float(shift - 1) * s)
+/// The scheduler the settings name (scheduler_of in edge/sampler.py), with their shift and
+/// training steps. Settings are validated when decoded and by `validate()` (as Python's
+/// SamplerSettings are when made): an unknown name here is a caller's error, and stops the
+/// program with the message `validate()` throws.
+public func scheduler(of settings: SamplerSettings) -> any Scheduler {
+    do {
+        return try scheduler(named: settings.scheduler, shift: settings.shift,
+                             numTrainTimesteps: settings.numTrainTimesteps)
+    } catch {
+        preconditionFailure("\(error)")
+    }
 }
 
 /// The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 (float32, steps + 1 values), as the
 /// settings' diffusers scheduler sets them.
 public func timesteps(_ settings: SamplerSettings) -> [Float] {
-    if settings.scheduler == "flow_unipc" {
-        return unipcSigmas(steps: settings.steps, shift: settings.shift, numTrainTimesteps: settings.numTrainTimesteps)
-    }
-    return eulerSigmas(settings)
+    scheduler(of: settings).schedule(steps: settings.steps).sigmas
 }
 
 /// What the transformer is told the time of each step is (steps values): the sigmas for
 /// flow-match Euler; UniPC's whole training timesteps as fractions.
 public func modelTimes(_ settings: SamplerSettings) -> [Float] {
-    if settings.scheduler == "flow_unipc" {
-        return unipcModelTimes(steps: settings.steps, shift: settings.shift, numTrainTimesteps: settings.numTrainTimesteps)
-    }
-    return Array(timesteps(settings).dropLast())
-}
-
-/// FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift (euler_sigmas).
-func eulerSigmas(_ settings: SamplerSettings) -> [Float] {
-    let shift = settings.shift
-    let tiny = 1.0 / Double(settings.numTrainTimesteps)
-    let sigmaMin = shift * tiny / (1 + (shift - 1) * tiny)  // float64, as np.float64 input
-    let n = settings.steps
-    var sigmas = [Float]()
-    for i in 0..<n {  // np.linspace(1.0, sigma_min, n): i * step + start, the last exact
-        let value = n == 1 ? 1.0 : (i == n - 1 ? sigmaMin : Double(i) * ((sigmaMin - 1.0) / Double(n - 1)) + 1.0)
-        sigmas.append(shiftSigma(Float(value), shift))
-    }
-    return sigmas + [0]
-}
-
-/// edge/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
-/// before the shift (float64, as NumPy computes on float64), then 0; rounded to float32.
-public func leapTail(from tFrom: Float, to tMin: Float, steps: Int, shift: Double) -> [Float] {
-    func unshift(_ t: Double) -> Double { t / (shift - (shift - 1) * t) }
-    let start = unshift(Double(tFrom)), stop = unshift(Double(tMin))
-    var sigmas = [Float]()
-    for i in 0..<steps {  // np.linspace(start, stop, steps): i * step + start, the last exact
-        let even = steps == 1 ? start
-            : (i == steps - 1 ? stop : Double(i) * ((stop - start) / Double(steps - 1)) + start)
-        sigmas.append(Float(shift * even / (1 + (shift - 1) * even)))
-    }
-    return sigmas + [0]
+    scheduler(of: settings).schedule(steps: settings.steps).modelTimes
 }
 
 /// edge/sampler.py leap_tail: the noise levels (leap_steps + 1, ending at 0) and model times
-/// (leap_steps) of a leap from tFrom, the schedule's spacing re-planned over what is left.
+/// (leap_steps) of a leap from tFrom, the schedule's spacing re-planned over what is left
+/// (the scheduler's `tail`).
 public func leapTail(from tFrom: Float, to tMin: Float,
                      settings: SamplerSettings) -> (sigmas: [Float], modelTimes: [Float]) {
-    let sigmas = leapTail(from: tFrom, to: tMin, steps: settings.leapSteps, shift: settings.shift)
-    if settings.scheduler == "flow_unipc" {
-        return (sigmas, wholeStepTimes(Array(sigmas.dropLast()), numTrainTimesteps: settings.numTrainTimesteps))
-    }
-    return (sigmas, Array(sigmas.dropLast()))
+    scheduler(of: settings).tail(from: tFrom, min: tMin, steps: settings.leapSteps)
 }
 
 public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
     let g = Float(guidance)
     return Tensor(shape: cond.shape, data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })
-}
-
-public func eulerStep(_ x: Tensor, _ v: Tensor, _ t: Float, _ tNext: Float) -> Tensor {
-    let dt = tNext - t
-    return Tensor(shape: x.shape, data: zip(x.data, v.data).map { $0 + dt * $1 })
 }
 
 /// Cosine similarity over the whole arrays, in float64.
@@ -323,13 +289,13 @@ public struct Trace: Equatable {
 public typealias Predictor = (Tensor, Float, Step) throws -> (Tensor, Tensor)
 
 /// Integrate from t = 1 (noise) to t = 0; returns the final latents. The predictor is told
-/// the model time of each step (modelTimes). After a leap the loop goes on over the leap's
-/// tail (its own noise levels and model times, a fresh UniPC state) until t = 0.
+/// the model time of each step (the schedule's). After a leap the loop goes on over the
+/// leap's tail (its own noise levels and model times, a fresh solver) until t = 0.
 public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
                    onStep: ((Int, Int) -> Void)? = nil, trace: inout Trace) rethrows -> Tensor {
-    var ts = timesteps(settings), modelTs = modelTimes(settings)
-    let unipc = settings.scheduler == "flow_unipc"
-    var solver = unipc ? UniPCFlow(sigmas: ts) : nil
+    let scheduler = EdgeCore.scheduler(of: settings)
+    var (ts, modelTs) = scheduler.schedule(steps: settings.steps)
+    var solver = scheduler.solver(sigmas: ts)
     var x = noise
     let rule = LeapRule(settings)
     let cache = settings.cacheThreshold > 0 ? StepCache(threshold: settings.cacheThreshold) : nil
@@ -349,19 +315,19 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
         if trace.leapAt == nil && rule.shouldLeap(v, stepsDone: call) {
             trace.leapAt = call
             if settings.leapSteps == 1 {  // the whole remaining time in one step
-                x = eulerStep(x, v, ts[i], ts[ts.count - 1])
+                x = scheduler.jump(x: x, v: v, sigma: ts[i])
                 call += 1
                 total = call
                 onStep?(total, total)
                 break
             }
-            (ts, modelTs) = leapTail(from: ts[i], to: ts[ts.count - 2], settings: settings)
-            solver = unipc ? UniPCFlow(sigmas: ts) : nil
+            (ts, modelTs) = scheduler.tail(from: ts[i], min: ts[ts.count - 2], steps: settings.leapSteps)
+            solver = scheduler.solver(sigmas: ts)
             i = 0
             lastCall = call + settings.leapSteps - 1
             total = call + settings.leapSteps
         }
-        x = solver.map { $0.step(v, i, x) } ?? eulerStep(x, v, ts[i], ts[i + 1])
+        x = solver.step(v: v, i: i, x: x)
         i += 1
         call += 1
         onStep?(call, total)

@@ -1,8 +1,9 @@
 import Foundation
 
-// A mirror of edge/schedulers.py's `flow_unipc` parts: UniPC's flow sigmas and model times,
-// the whole-step times of a leap's tail, and UniPCFlow (order 2, bh2, predicting x0) with the
-// same float32 arithmetic, operation for operation, as NumPy does it there.
+// A mirror of edge/schedulers.py's `flow_unipc` parts, which FlowUniPC (Schedulers.swift)
+// puts together: UniPC's flow sigmas and model times, the whole-step times of a leap's tail,
+// and UniPCFlow (order 2, bh2, predicting x0; its Solver) with the same float32 arithmetic,
+// operation for operation, as NumPy does it there.
 //
 // One thing is not bit for bit: NumPy computes float32 `log` and `expm1` with its own SIMD
 // routines (a few ULP, not correctly rounded, and different from one CPU to the next); here
@@ -10,9 +11,6 @@ import Foundation
 // last bits, and the latents by a few float32 ULP (tests/fixtures/swift/unipc.json: at most
 // 2.7e-7 on latents of size ~1, on an AVX-512 machine). Everything else, the sigmas and the
 // model times included, is exact.
-
-/// The schedulers edge/schedulers.py knows (SCHEDULERS), in its order.
-public let knownSchedulers = ["flow_euler", "flow_unipc"]
 
 /// shift * s / (1 + (shift - 1) * s) in float64, as NumPy computes it on a float64 array.
 func shiftSigma64(_ s: Double, _ shift: Double) -> Double {
@@ -80,10 +78,10 @@ func unipcLambda(_ sigma: Float) -> Float {
 func expm1Float(_ x: Float) -> Float { Float(expm1(Double(x))) }
 
 /// One generation's UniPC state (order 2, bh2, predicting x0), as UniPCFlow in
-/// edge/schedulers.py. `step(v, i, x)` takes the guided velocity at sigmas[i] and returns the
-/// sample at sigmas[i + 1]. Scalars and arrays are float32, each operation rounded as NumPy
-/// rounds it (no fused multiply-adds).
-public final class UniPCFlow {
+/// edge/schedulers.py: FlowUniPC's solver. `step(v:i:x:)` takes the guided velocity at
+/// sigmas[i] and returns the sample at sigmas[i + 1]. Scalars and arrays are float32, each
+/// operation rounded as NumPy rounds it (no fused multiply-adds).
+public final class UniPCFlow: Solver {
     public static let order = 2
     public let sigmas: [Float]
     var x0History: [[Float]] = []   // the last `order` converted outputs
@@ -164,7 +162,7 @@ public final class UniPCFlow {
         return out
     }
 
-    public func step(_ v: Tensor, _ i: Int, _ x: Tensor) -> Tensor {
+    public func step(v: Tensor, i: Int, x: Tensor) -> Tensor {
         let sigma = sigmas[i]
         let x0 = zip(x.data, v.data).map { $0 - sigma * $1 }
         var sample = x.data

@@ -1,0 +1,146 @@
+import Foundation
+import XCTest
+@testable import EdgeCore
+
+/// Each scheduler through its interface alone, by name through the registry, against
+/// tests/fixtures/swift/schedulers.json (tests/swift_fixtures.py scheduler_cases, from
+/// edge/schedulers.py): schedule, tail and jump equal bit for bit as Float; the solver's
+/// steps on fixed velocities equal bit for bit for flow_euler, and for flow_unipc within
+/// UniPCFixtureTests.latentTolerance (2e-6 * max(1, |want|)): NumPy computes UniPC's float32
+/// log and expm1 with its own SIMD routines, a few ULP off and different between CPUs, where
+/// UniPC.swift rounds the float64 results, so a step's scalars can differ in their last bits.
+final class SchedulersFixtureTests: XCTestCase {
+    func cases() throws -> [[String: Any]] {
+        try XCTUnwrap(try Fixtures.json("swift/schedulers.json") as? [[String: Any]])
+    }
+
+    func floats(_ value: Any?) -> [Float] { flatten(value ?? []).values.map { Float($0) } }
+
+    func testCoversTheRegistry() throws {
+        let cases = try cases()
+        XCTAssertEqual(cases.count, 10)
+        // every scheduler the registry knows, in its order, and nothing else
+        var names: [String] = []
+        for c in cases where !names.contains(c["scheduler"] as! String) { names.append(c["scheduler"] as! String) }
+        XCTAssertEqual(names, knownSchedulers)
+    }
+
+    func testScheduleTailAndJump() throws {
+        for c in try cases() {
+            let name = c["scheduler"] as! String
+            let steps = c["steps"] as! Int
+            let s = try scheduler(named: name, shift: number(c["shift"]),
+                                  numTrainTimesteps: c["num_train_timesteps"] as! Int)
+            let what = "\(name) steps=\(steps) shift=\(s.shift) N=\(s.numTrainTimesteps)"
+            XCTAssertEqual(s.name, name, what)
+            let (sigmas, times) = s.schedule(steps: steps)
+            XCTAssertEqual(sigmas, floats(c["sigmas"]), "\(what) sigmas")
+            XCTAssertEqual(times, floats(c["model_times"]), "\(what) model times")
+            XCTAssertEqual(sigmas.count, steps + 1, what)
+            XCTAssertEqual(times.count, steps, what)
+
+            let tail = c["tail"] as! [String: Any]
+            let (tailSigmas, tailTimes) = s.tail(from: Float(number(tail["t_from"])), min: Float(number(tail["t_min"])),
+                                                 steps: tail["steps"] as! Int)
+            XCTAssertEqual(tailSigmas, floats(tail["sigmas"]), "\(what) tail sigmas")
+            XCTAssertEqual(tailTimes, floats(tail["model_times"]), "\(what) tail model times")
+
+            let jump = c["jump"] as! [String: Any]
+            let x = tensor(c["x"]!), v = tensor(c["v"]!)
+            let got = s.jump(x: x, v: v.item(0).reshaped(x.shape), sigma: Float(number(jump["sigma"])))
+            XCTAssertEqual(got.shape, x.shape, what)
+            XCTAssertEqual(got.data, floats(jump["x"]), "\(what) jump")
+        }
+    }
+
+    func testSolverSteps() throws {
+        var worst = 0.0
+        for c in try cases() {
+            let name = c["scheduler"] as! String
+            let steps = c["steps"] as! Int
+            let s = try scheduler(named: name, shift: number(c["shift"]),
+                                  numTrainTimesteps: c["num_train_timesteps"] as! Int)
+            let v = tensor(c["v"]!)
+            var x = tensor(c["x"]!)
+            let want = (c["solver_steps"] as! [Any]).map(tensor)
+            XCTAssertEqual(want.count, steps)
+            let solver = s.solver(sigmas: s.schedule(steps: steps).sigmas)
+            for i in 0..<steps {
+                let what = "\(name) steps=\(steps) step \(i)"
+                x = solver.step(v: v.item(i).reshaped(x.shape), i: i, x: x)
+                XCTAssertEqual(x.shape, want[i].shape, what)
+                if name == FlowUniPC.name {
+                    assertClose(x.data.map(Double.init), want[i].data.map(Double.init),
+                                UniPCFixtureTests.latentTolerance, what)
+                    for (g, w) in zip(x.data, want[i].data) {
+                        worst = max(worst, abs(Double(g) - Double(w)) / max(1, abs(Double(w))))
+                    }
+                } else {
+                    XCTAssertEqual(x.data, want[i].data, what)
+                }
+            }
+        }
+        print("scheduler fixture solver steps: largest flow_unipc difference \(worst) (of max(1, |x|))")
+    }
+}
+
+final class SchedulersTests: XCTestCase {
+    func testRegistry() throws {
+        // edge/schedulers.py SCHEDULERS, in its order
+        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc"])
+        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc"])
+        XCTAssertTrue(schedulers[0].type == FlowEuler.self)
+        XCTAssertTrue(schedulers[1].type == FlowUniPC.self)
+        for (name, type) in schedulers {
+            XCTAssertEqual(type.name, name)
+            let s = try scheduler(named: name, shift: 2.5, numTrainTimesteps: 500)
+            XCTAssertTrue(Swift.type(of: s) == type, name)
+            XCTAssertEqual(s.name, name)
+            XCTAssertEqual(s.shift, 2.5)
+            XCTAssertEqual(s.numTrainTimesteps, 500)
+        }
+        XCTAssertTrue(try scheduler(named: "flow_euler", shift: 3, numTrainTimesteps: 1000)
+            .solver(sigmas: [1, 0]) is EulerSolver)
+        XCTAssertTrue(try scheduler(named: "flow_unipc", shift: 3, numTrainTimesteps: 1000)
+            .solver(sigmas: [1, 0]) is UniPCFlow)
+    }
+
+    func testRefusesAnUnknownName() {
+        for name in ["ddim", "flow_euler_x", "", "FLOW_EULER"] {
+            XCTAssertThrowsError(try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)) { error in
+                // the message edge/schedulers.py's scheduler_for gives
+                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc")
+            }
+        }
+        XCTAssertThrowsError(try scheduler(named: "it's", shift: 3, numTrainTimesteps: 1000)) { error in
+            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc")
+        }
+    }
+
+    func testSettingsFunctionsGoThroughTheScheduler() throws {
+        for name in knownSchedulers {
+            var settings = SamplerSettings()
+            settings.scheduler = name
+            settings.steps = 9
+            settings.shift = 5
+            settings.leapSteps = 3
+            let s = scheduler(of: settings)
+            XCTAssertEqual(s.name, name)
+            let (sigmas, times) = s.schedule(steps: 9)
+            XCTAssertEqual(timesteps(settings), sigmas, name)
+            XCTAssertEqual(modelTimes(settings), times, name)
+            let tail = leapTail(from: sigmas[4], to: sigmas[8], settings: settings)
+            let want = s.tail(from: sigmas[4], min: sigmas[8], steps: 3)
+            XCTAssertEqual(tail.sigmas, want.sigmas, name)
+            XCTAssertEqual(tail.modelTimes, want.modelTimes, name)
+        }
+    }
+
+    func testJumpLandsOnThePredictedX0() throws {
+        let x = Tensor(shape: [1, 3], data: [0.3, -1.2, 2.5]), v = Tensor(shape: [1, 3], data: [0.7, -0.1, 1.9])
+        for name in knownSchedulers {
+            let s = try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)
+            XCTAssertEqual(s.jump(x: x, v: v, sigma: 0.625).data, zip(x.data, v.data).map { $0 + (0 - 0.625) * $1 })
+        }
+    }
+}
