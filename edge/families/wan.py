@@ -1,5 +1,8 @@
-"""Wan 2.1 text-to-video (diffusers `WanPipeline`): UMT5 text encoder, `WanTransformer3DModel`,
-`AutoencoderKLWan`, from a local diffusers pipeline folder.
+"""Wan 2.1 and Wan 2.2 TI2V-5B text-to-video (diffusers `WanPipeline`): UMT5 text encoder,
+`WanTransformer3DModel`, `AutoencoderKLWan`, from a local diffusers pipeline folder. Wan 2.2's
+per-token timesteps (`expand_timesteps`: all equal in text to video) are one per video here;
+its residual VAE (48 channels, RGB in 2x2 patches) is cut like Wan 2.1's, its up blocks'
+duplicated shortcut and the final unpatchify written at rank 5 (`duplicate_up`, `unpatchify`).
 
 Cuts (each chained component equals the diffusers component; tests/test_wan.py):
   text_encoder  embeddings (token embedding; the attention mask as an additive bias),
@@ -142,11 +145,10 @@ def check_folder(folder: Path) -> dict:
             raise FamilyError(f"{folder / name}: {kind if kind == 'missing' else 'is ' + kind}"
                               f" (model_index.json lists {name!r} as a component folder)")
     if index.get("boundary_ratio") is not None or (index.get("transformer_2") or [None])[0]:
-        raise FamilyError(f"{folder / 'model_index.json'}: a second transformer (Wan 2.2 "
-                          "boundary_ratio) is not supported")
-    if index.get("expand_timesteps"):
-        raise FamilyError(f"{folder / 'model_index.json'}: expand_timesteps (Wan 2.2 TI2V) is "
-                          "not supported")
+        raise FamilyError(f"{folder / 'model_index.json'}: a second transformer (Wan 2.2 A14B's "
+                          "boundary_ratio / transformer_2, one transformer for high noise and "
+                          "one for low) is not supported; edge takes Wan 2.1 and Wan 2.2 "
+                          "TI2V-5B")
     return index
 
 
@@ -214,9 +216,13 @@ def check_components(folder: Path) -> WanShapes:
     if (not isinstance(patch, list | tuple) or len(patch) != 3
             or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in patch)):
         raise FamilyError(f"{tr['_path']}: patch_size={patch!r}; must be 3 positive integers")
-    if vae.get("is_residual"):
-        raise FamilyError(f"{vae['_path']}: is_residual=true (Wan 2.2's VAE) is not supported; "
-                          "edge takes Wan 2.1's")
+    vae_patch = vae.get("patch_size")
+    if vae_patch is not None:  # Wan 2.2: the decoder gives 3 x p x p channels per pixel cell
+        vae_patch = _int_field(vae, "patch_size")
+        if _int_field(vae, "out_channels") != 3 * vae_patch ** 2:
+            raise FamilyError(f"{vae['_path']}: out_channels={vae['out_channels']} with "
+                              f"patch_size={vae_patch}; the decoder must give 3 x patch_size^2 "
+                              f"= {3 * vae_patch ** 2} channels (RGB in patches)")
     mult = vae.get("dim_mult")
     if not isinstance(mult, list) or not mult or not all(isinstance(m, int) for m in mult):
         raise FamilyError(f"{vae['_path']}: dim_mult={mult!r}; must be a list of integers")
@@ -541,7 +547,7 @@ class WanDecoderChunk(nn.Module):
         # with the program: in a device package each first-piece program would carry its
         # cache's zero frames in its weight file (tens of MB per stage at 480x832).
         if isinstance(entry, str):  # "Rep": the upsampler's time convolution, not yet run
-            dim = self.parts["up"].upsamplers[0].dim
+            dim = self.parts["up"].resampler.dim
             return (x[:, :1, :1] * 0).expand(x.shape[0], dim, CACHE_FRAMES, *x.shape[3:])
         if entry.shape[2] < CACHE_FRAMES:
             pad = (entry[:, :, :1] * 0).expand(-1, -1, CACHE_FRAMES - entry.shape[2], -1, -1)
@@ -617,12 +623,84 @@ class GraphFriendlyUpBlock(nn.Module):
         self.upsamplers = (None if block.upsamplers is None else
                            nn.ModuleList([GraphFriendlyResample(block.upsamplers[0])]))
 
+    @property
+    def resampler(self) -> GraphFriendlyResample | None:
+        return None if self.upsamplers is None else self.upsamplers[0]
+
     def forward(self, x, feat_cache=None, feat_idx=None, first_chunk=None) -> torch.Tensor:
         for resnet in self.resnets:
             x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx)
         if self.upsamplers is not None:
             x = self.upsamplers[0](x, feat_cache=feat_cache, feat_idx=feat_idx)
         return x
+
+
+def _frames_to_batch_shuffle(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """pixel_shuffle of every frame: (B, C * f * f, T, H, W) -> (B, C, T, H f, W f), with
+    ranks of 5 at most (CoreML's limit; diffusers' DupUp3D and unpatchify go to rank 8)."""
+    b, c, t, h, w = x.shape
+    y = F.pixel_shuffle(x.transpose(1, 2).reshape(b * t, c, h, w), factor)
+    return y.view(b, t, *y.shape[1:]).transpose(1, 2)
+
+
+def duplicate_up(x: torch.Tensor, out_channels: int, factor_t: int, factor_s: int,
+                 first_chunk: bool) -> torch.Tensor:
+    """diffusers' `DupUp3D` (Wan 2.2's parameter-free shortcut around an up block): each
+    channel repeated, then spread over factor_t frames and factor_s x factor_s pixels; the
+    first chunk keeps the last of the frames, as the upsampler does not double it in time."""
+    b, c, t, h, w = x.shape
+    repeats = out_channels * factor_t * factor_s ** 2 // c
+    x = x.flatten(2).unsqueeze(2).expand(b, c, repeats, t * h * w).reshape(b, c * repeats,
+                                                                            t, h, w)
+    y = _frames_to_batch_shuffle(x, factor_s)                 # (b, out * ft, t, H, W)
+    y = y.reshape(b, out_channels, factor_t, t, -1).transpose(2, 3)
+    y = y.reshape(b, out_channels, t * factor_t, h * factor_s, w * factor_s)
+    return y[:, :, factor_t - 1:] if first_chunk else y
+
+
+def unpatchify(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """diffusers' Wan `unpatchify` (channels c p p -> c, pixels p x p; its first patch index
+    goes to the width), at rank 5 at most."""
+    b, cpp, t, h, w = x.shape
+    swapped = x.reshape(b, cpp // patch ** 2, patch, patch, t * h * w).transpose(2, 3)
+    return _frames_to_batch_shuffle(swapped.reshape(b, cpp, t, h, w), patch)
+
+
+class GraphFriendlyResidualUpBlock(nn.Module):
+    """Wan 2.2's decoder up block (`WanResidualUpBlock`): the residual blocks and the
+    graph-friendly upsampler, plus the block's input duplicated up to its output's size
+    (`duplicate_up`) and added. The parameters keep their names."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.resnets = block.resnets
+        self.upsampler = (None if block.upsampler is None
+                          else GraphFriendlyResample(block.upsampler))
+        dup = block.avg_shortcut
+        self.shortcut = None if dup is None else (dup.out_channels, dup.factor_t, dup.factor_s)
+
+    @property
+    def resampler(self) -> GraphFriendlyResample | None:
+        return self.upsampler
+
+    def forward(self, x, feat_cache=None, feat_idx=None, first_chunk=False) -> torch.Tensor:
+        block_in = x
+        for resnet in self.resnets:
+            x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx)
+        if self.upsampler is not None:
+            x = self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx)
+        if self.shortcut is not None:
+            x = x + duplicate_up(block_in, *self.shortcut, bool(first_chunk))
+        return x
+
+
+def graph_friendly_up_block(block: nn.Module) -> nn.Module:
+    """Wan 2.1's up block or Wan 2.2's residual one, rewritten for every target."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
+
+    if isinstance(block, WanResidualUpBlock):
+        return GraphFriendlyResidualUpBlock(block)
+    return GraphFriendlyUpBlock(block)
 
 
 def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
@@ -645,14 +723,17 @@ def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
         return _cached_conv(parts["conv_out"], parts["nonlinearity"](parts["norm_out"](x)),
                             cache, idx)
 
+    patch = vae.config.patch_size  # Wan 2.2: RGB comes out in patch x patch cells
+
     def to_unit(parts, x):
+        x = x if patch is None else unpatchify(x, patch)
         return (x.clamp(-1, 1) + 1) / 2
 
     stages = [("head", WanDecoderChunk(head, {"post_quant_conv": vae.post_quant_conv,
                                               "conv_in": dec.conv_in,
                                               "mid_block": dec.mid_block}, first, denormalise))]
     for i, block in enumerate(dec.up_blocks):
-        stages.append((f"up_{i}", WanDecoderChunk(up, {"up": GraphFriendlyUpBlock(block)},
+        stages.append((f"up_{i}", WanDecoderChunk(up, {"up": graph_friendly_up_block(block)},
                                                   first)))
     stages.append(("out", WanDecoderChunk(out, {"norm_out": dec.norm_out,
                                                "nonlinearity": dec.nonlinearity,

@@ -1,0 +1,233 @@
+"""Wan 2.2 TI2V-5B's text-to-video shape in the Wan family, on a tiny random-weight folder
+(tests/wan_folder.py version "2.2"): per-token timesteps (`expand_timesteps`), a 48-channel
+residual VAE with patch size 2 (16x spatial). The cut equals diffusers' components (the
+transformer against its 2-D timestep path), the decoder's rewritten pieces equal diffusers'
+own, and the ONNX package run by the Python runtime reproduces diffusers' WanPipeline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from wan_folder import make_wan_folder
+
+from edge.blocks import run_chain, run_chunked
+from edge.families import FamilyError, load_model
+from edge.video_metrics import psnr, snr
+
+SIZE = {"height": 32, "width": 64, "frames": 9}   # 16x spatial: latents 48 x 3 x 2 x 4
+
+
+@pytest.fixture(scope="module")
+def wan22_folder(tmp_path_factory):
+    return make_wan_folder(tmp_path_factory.mktemp("wan22") / "wan22", version="2.2")
+
+
+@pytest.fixture(scope="module")
+def wan22(wan22_folder):
+    return load_model(wan22_folder, steps=8, **SIZE)
+
+
+@pytest.fixture(scope="module")
+def wan22_package(tmp_path_factory, wan22):
+    from exporters.onnx import export_onnx
+
+    root = tmp_path_factory.mktemp("wan22-onnx") / "pkg"
+    return root, export_onnx(wan22, root)
+
+
+@torch.no_grad()
+def test_cut_equals_diffusers_with_per_token_timesteps(wan22):
+    """WanPipeline with expand_timesteps hands the transformer one timestep per token (all
+    equal in text to video); the cut's prologue takes one per video and computes the same.
+    The residual decoder, run latent frame by latent frame, equals vae.decode."""
+    assert wan22.pipe.config.expand_timesteps and wan22.latent_shape == (48, 3, 2, 4)
+    cut = wan22.cut()
+    latent = torch.randn(2, *wan22.latent_shape, generator=torch.Generator().manual_seed(0))
+    caption = torch.randn(2, wan22.text_tokens, 32, generator=torch.Generator().manual_seed(1))
+    _, t, h, w = wan22.latent_shape
+    per_token = torch.tensor([999.0, 500.0])[:, None].expand(2, t * (h // 2) * (w // 2))
+    want = wan22.pipe.transformer(latent, per_token, caption, return_dict=False)[0]
+    got = run_chain(cut["transformer"], {"latent": latent, "t": torch.tensor([0.999, 0.5]),
+                                      "caption": caption})["velocity"]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+    vae = wan22.pipe.vae
+    z = torch.randn(1, *wan22.latent_shape, generator=torch.Generator().manual_seed(2))
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    want = (vae.decode(z * std + mean).sample.clamp(-1, 1) + 1) / 2
+    got = run_chunked(cut["vae_decoder"], wan22.chunked["vae_decoder"], {"z": z})["frames"]
+    assert got.shape == (1, 3, SIZE["frames"], SIZE["height"], SIZE["width"])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_rewritten_decoder_pieces_equal_diffusers(wan22):
+    """The residual up block's shortcut (DupUp3D, to rank 8 in diffusers) and unpatchify
+    (rank 7), written with ranks of 5 at most, compute exactly what diffusers' do; the
+    rewritten block keeps the block's parameter names."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify as theirs_unpatchify
+
+    from edge.families.wan import GraphFriendlyResidualUpBlock, duplicate_up, unpatchify
+
+    g = torch.Generator().manual_seed(3)
+    blocks = [b for b in wan22.pipe.vae.decoder.up_blocks if b.avg_shortcut is not None]
+    assert {b.avg_shortcut.factor_t for b in blocks} == {1, 2}
+    for block in blocks:
+        dup = block.avg_shortcut
+        x = torch.randn(1, dup.in_channels, 1, 3, 5, generator=g)
+        for first in (False, True):
+            want = dup(x, first_chunk=first)
+            got = duplicate_up(x, dup.out_channels, dup.factor_t, dup.factor_s, first)
+            assert torch.equal(got, want), (dup.factor_t, first)
+        ours = GraphFriendlyResidualUpBlock(block)
+        assert dict(ours.named_parameters()).keys() == dict(block.named_parameters()).keys()
+        theirs_cache, ours_cache = [None] * 16, [None] * 16
+        for frame in range(3):
+            x = torch.randn(1, block.in_dim, 1, 3, 5, generator=g)
+            want = block(x, feat_cache=theirs_cache, feat_idx=[0], first_chunk=frame == 0)
+            got = ours(x, feat_cache=ours_cache, feat_idx=[0], first_chunk=frame == 0)
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    x = torch.randn(1, 12, 4, 3, 5, generator=g)
+    assert torch.equal(unpatchify(x, 2), theirs_unpatchify(x, 2))
+
+
+def test_package_reproduces_wan_pipeline(wan22_package, wan22):
+    from runtimes.python import Pipeline
+
+    root, manifest = wan22_package
+    assert manifest["latent_shape"] == [48, 3, 2, 4]
+    assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
+               for b in c["blocks"]) <= 1e-4
+    latents = np.random.default_rng(7).standard_normal((1, *wan22.latent_shape),
+                                                       dtype=np.float32)
+    kwargs = {"negative_prompt": "blue dog", "latents": latents, "steps": 6, "guidance": 4.0}
+    runtime = Pipeline.load(root)
+    try:
+        got = runtime.generate("a red circle moving  left", **kwargs)
+        other_noise = runtime.generate("a red circle moving  left", **(kwargs | {
+            "latents": np.random.default_rng(8).standard_normal(latents.shape,
+                                                                dtype=np.float32)}))
+    finally:
+        runtime.close()
+    want = wan22.reference("a red circle moving  left", **kwargs)
+    assert got.shape == want.shape == (1, SIZE["frames"], SIZE["height"], SIZE["width"], 3)
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
+                                                                snr(got, want))
+    # the error is small against the video's own spread, and another noise is not
+    assert snr(other_noise, want) < 15.0, snr(other_noise, want)
+
+
+def test_leap_step_cache_and_tdtm_run_on_wan22(wan22_package):
+    """The techniques on 2.2's package: a fixed leap into a re-planned UniPC tail, the step
+    cache skipping transformer calls, TDTM's merged blocks for the first steps; each run
+    finite and another video than the plain one."""
+    from runtimes.python import Pipeline
+
+    runtime = Pipeline.load(wan22_package[0])
+    try:
+        base = runtime.generate("a cat", steps=12)
+        runs = {}
+        for name, options in {"leap": {"leap": True, "leap_after": 4, "leap_steps": 3},
+                              "cache": {"cache_threshold": 0.3},
+                              "tdtm": {"merge_steps": 4}}.items():
+            runs[name] = (runtime.generate("a cat", steps=12, **options),
+                          runtime.last_run["sampler"])
+    finally:
+        runtime.close()
+    # 4 steps, then the tail's 3 (its first on the velocity the leap was decided on)
+    assert runs["leap"][1]["leap_at"] == 4 and runs["leap"][1]["calls"] == 7
+    assert runs["cache"][1]["transformer_calls"] < 12
+    assert runs["tdtm"][1]["merged_calls"] == 4
+    for video, _ in runs.values():
+        assert video.shape == base.shape and not np.array_equal(video, base)
+
+
+def test_a14b_is_refused_by_name(wan22_folder, tmp_path):
+    folder = tmp_path / "a14b"
+    shutil.copytree(wan22_folder, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index |= {"boundary_ratio": 0.875, "transformer_2": ["diffusers", "WanTransformer3DModel"]}
+    (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(FamilyError, match=r"model_index.json: .*A14B.*not supported"):
+        load_model(folder, **SIZE)
+
+
+def test_a_patched_vae_must_give_rgb_patches(wan22_folder, tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(wan22_folder, folder)
+    config = json.loads((folder / "vae" / "config.json").read_text())
+    (folder / "vae" / "config.json").write_text(json.dumps(config | {"out_channels": 3}))
+    with pytest.raises(FamilyError, match=r"vae/config.json: out_channels=3 with patch_size=2;"
+                                          r" .* = 12 channels"):
+        load_model(folder, **SIZE)
+
+
+@pytest.mark.parametrize("size,message", [({"height": 48}, "--height 48: .*multiple of 32"),
+                                          ({"frames": 8}, "--frames 8: .*4k \\+ 1")])
+def test_sizes_wan22_cannot_take_are_refused(wan22_folder, size, message):
+    with pytest.raises(FamilyError, match=message):
+        load_model(wan22_folder, **(SIZE | size))
+
+
+@pytest.mark.slow  # a whole CoreML export (about 40 s)
+def test_exports_to_the_iphone_and_holds_the_end_to_end_check(wan22, tmp_path):
+    """The decoder's rank-5 rewrites are what CoreML takes (diffusers' DupUp3D and unpatchify
+    reshape to rank 8 and 7): every block converts, within 5e-3 with its stored fp16
+    weights, and WanPipeline with those weights stays ≥ 35 dB from fp32 end to end."""
+    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
+                        "-e '.[test]'); the CoreML exporter needs it")
+    from edge.package import read_package
+    from exporters.coreml import export_coreml
+    from exporters.coreml_check import end_to_end_check
+
+    root = tmp_path / "pkg"
+    manifest = export_coreml(wan22, root, validate_end_to_end=end_to_end_check(wan22, "fp16"))
+    assert read_package(root) == manifest
+    assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
+               for b in c["blocks"]) <= 5e-3
+    check = manifest["validation"]
+    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+
+
+@pytest.mark.slow  # a web export and headless chromium
+def test_the_page_reproduces_wan_pipeline_on_the_wasm_path(wan22, tmp_path, browser):
+    """The web target takes Wan 2.2 as it takes 2.1 (tests/test_web_wan.py runs both paths
+    and the plans' llvm replay on 2.1): the page, through the embedding API, gives
+    WanPipeline's video for the same prompt, negative prompt, latents, steps, guidance."""
+    pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
+    from browser import ORT_DIST, assert_same_video, b64, from_b64, serving
+
+    from exporters.web import export_web
+
+    if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
+        pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
+    root = tmp_path / "web"
+    export_web(wan22, root, variants=False, check=False, bundle_ort=ORT_DIST)
+    latents = np.random.default_rng(7).standard_normal((1, *wan22.latent_shape),
+                                                       dtype=np.float32)
+    options = {"negative_prompt": "blue dog", "steps": 4, "guidance": 4.0}
+    want = wan22.reference("a red circle moving  left", latents=latents, **options)[0]
+    with serving(root) as url:
+        ctx = browser.new_context()
+        try:
+            pg = ctx.new_page()
+            pg.goto(url + "manifest.json")
+            got = pg.evaluate("""async ([url, prompt, options, latents]) => {
+              const { WebPipeline } = await import('./runtime/pipeline.js');
+              const s = atob(latents), u = new Uint8Array(s.length);
+              for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i);
+              const pipe = await WebPipeline.load(url, { path: 'wasm' });
+              const v = await pipe.generate(prompt,
+                { ...options, latents: new Float32Array(u.buffer) });
+              let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
+                t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
+              return { data: btoa(t), shape: v.shape }; }""",
+                              [url, "a red circle moving  left", options, b64(latents)])
+        finally:
+            ctx.close()
+    assert_same_video(from_b64(got["data"], np.uint8, got["shape"]), want)
