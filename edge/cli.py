@@ -657,8 +657,9 @@ def scale_model(
     out: Annotated[Path, typer.Argument(help="Model folder to write.")],
     like: Annotated[str | None, typer.Option(
         help="Write a diffusers folder with a real model's shapes instead: wan2.1-t2v-1.3b "
-        "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5), or "
-        "wan2.1-small (Wan's architecture at a size a browser page holds).")] = None,
+        "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5), "
+        "wan2.2-ti2v-5b (transformer 5.00 B, 20.0 GB fp32; Wan 2.2's 705 M VAE; a small "
+        "UMT5), or wan2.1-small (Wan's architecture at a size a browser page holds).")] = None,
     full_text_encoder: Annotated[bool, typer.Option(
         help="With --like: UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32).")] = False,
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,

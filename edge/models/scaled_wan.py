@@ -4,7 +4,9 @@ memory benchmarks at real size without a download.
 `edge scale-model --like wan2.1-t2v-1.3b OUT` writes a `WanPipeline` folder whose transformer
 has Wan2.1-T2V-1.3B's shapes (1.42 B parameters, 5.7 GB fp32) and whose VAE is Wan's (127 M);
 `--like wan2.1-small` the same architecture at a size a browser page holds (the web target's
-benchmark: 8 blocks of width 256, a 2-layer UMT5 of width 512, the VAE at base width 32).
+benchmark: 8 blocks of width 256, a 2-layer UMT5 of width 512, the VAE at base width 32);
+`--like wan2.2-ti2v-5b` Wan 2.2 TI2V-5B's shapes (transformer 5.00 B parameters, 18.6 GiB
+fp32; its 705 M residual VAE; per-token timesteps).
 The text encoder is a small UMT5 with the real output width (4096) unless `full_text_encoder`
 asks for UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32). Large models are written one
 block per safetensors shard with diffusers' / transformers' index files, each block built on
@@ -46,19 +48,33 @@ WAN21_SMALL = WAN21_T2V_13B | {"num_attention_heads": 4, "attention_head_dim": 6
 UMT5_SMALL_512 = UMT5_XXL | {"d_model": 512, "num_heads": 8, "d_ff": 1024, "num_layers": 2}
 
 
+# Wan-AI/Wan2.2-TI2V-5B-Diffusers: the transformer (5.00 B parameters, 18.6 GiB fp32) and the
+# residual VAE (705 M; 48 latent channels, RGB in 2x2 patches: 16x spatial). Its latent
+# statistics here are placeholders of the right length: random weights need no real ones.
+WAN22_TI2V_5B = WAN21_T2V_13B | {"num_attention_heads": 24, "attention_head_dim": 128,
+                                 "in_channels": 48, "out_channels": 48, "ffn_dim": 14336}
+WAN22_VAE = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4],
+             "num_res_blocks": 2, "temperal_downsample": [False, True, True],
+             "is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2,
+             "scale_factor_spatial": 16, "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48}
+
+
 @dataclass(frozen=True)
 class WanLike:
     """What `--like NAME` writes: the transformer's config, the small text encoder's (UMT5-XXL's
-    with --full-text-encoder, where the transformer takes its width) and the VAE's."""
+    with --full-text-encoder, where the transformer takes its width), the VAE's, and whether
+    the pipeline hands the transformer a timestep per token (Wan 2.2 TI2V)."""
 
     transformer: dict
     text_encoder: dict
     vae: dict
     full_text_encoder: bool   # whether UMT5-XXL fits the transformer's text width
+    expand_timesteps: bool = False
 
 
 LIKE = {"wan2.1-t2v-1.3b": WanLike(WAN21_T2V_13B, UMT5_SMALL, {}, True),
-        "wan2.1-small": WanLike(WAN21_SMALL, UMT5_SMALL_512, {"base_dim": 32}, False)}
+        "wan2.1-small": WanLike(WAN21_SMALL, UMT5_SMALL_512, {"base_dim": 32}, False),
+        "wan2.2-ti2v-5b": WanLike(WAN22_TI2V_5B, UMT5_SMALL, WAN22_VAE, True, True)}
 
 TOKENIZER_WORDS = ("a red blue green circle square cat dog moving left right up down slowly "
                    "the over under fast bright dark video of and surfing wave sea sky").split()
@@ -147,7 +163,7 @@ def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
     text = UMT5_XXL if full_text_encoder else shape.text_encoder | {"vocab_size": len(tok)}
     text_config = UMT5Config(**text, pad_token_id=0, eos_token_id=1, tie_word_embeddings=False)
     index = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1",
-             "boundary_ratio": None, "expand_timesteps": False,
+             "boundary_ratio": None, "expand_timesteps": shape.expand_timesteps,
              "scheduler": ["diffusers", "UniPCMultistepScheduler"],
              "text_encoder": ["transformers", "UMT5EncoderModel"],
              "tokenizer": ["transformers", "T5Tokenizer"],
