@@ -73,6 +73,9 @@ class SamplerSettings:
             raise bad("leap_tol", "must not be negative")
         if self.leap_steps < 1:
             raise bad("leap_steps", "must be at least 1")
+        if self.leap_steps > 1 and not SCHEDULERS[self.scheduler].leap_tail:
+            raise bad("leap_steps", f"{self.scheduler} leaps in one step only (no re-planned "
+                                    "tail is built for it)")
         if self.merge_steps < 0:
             raise bad("merge_steps", "must not be negative")
         if self.cache_threshold < 0:

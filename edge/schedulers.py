@@ -1,23 +1,25 @@
 """The noise schedules and update rules the shared sampler (edge/sampler.py) integrates with.
 
 One class per scheduler, looked up by the manifest's `sampler.scheduler` (`SCHEDULERS`,
-`scheduler_for`), with one small interface (`Scheduler`): the noise levels and model times
-of a step count, the solver that steps through them, and what a leap asks (the re-planned
-tail, the jump to t = 0). The JavaScript (runtimes/web/schedulers.js) and Swift
+`scheduler_for`), with one small interface (`Scheduler`): the levels and model times of a
+step count, the solver that steps through them, and what a leap asks (the re-planned tail,
+the jump to the end). The JavaScript (runtimes/web/schedulers.js) and Swift
 (Schedulers.swift) runtimes mirror the same classes. Each is a NumPy mirror of a diffusers
-scheduler with the same numbers (tested step by step against it):
+scheduler with the same numbers (tested step by step against it, tests/test_sampler.py):
 
 - `flow_euler`: FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video).
 - `flow_unipc`: UniPCMultistepScheduler as Wan 2.1 configures it: flow prediction, flow
   sigmas with `flow_shift`, order 2, the bh2 variant, predictor-corrector, first order at the
   last step. An order-2 multistep method: an Euler sampler does not reproduce it.
+- `cogvideox_ddim`: CogVideoXDDIMScheduler as CogVideoX ships it (v-prediction, zero terminal
+  SNR, trailing timesteps; bit-exact), for the CogVideoX family.
 
-Both take the model's velocity v = noise - x0 (x_t = (1 - t) x0 + t noise). A scheduler's
-`model_times` are what the transformer is told the time is, in [0, 1]; UniPC rounds its
-timesteps down to whole training steps (diffusers keeps them as int64), so they differ
-slightly from its sigmas. No torch here: the runtimes use this module as it is.
+The flows take the model's velocity v = noise - x0 (x_t = (1 - t) x0 + t noise), DDIM its
+v-prediction. A scheduler's `model_times` are what the transformer is told the time is, in
+[0, 1]; UniPC rounds its timesteps down to whole training steps (diffusers keeps them as
+int64), so they differ slightly from its sigmas. No torch here: the runtimes use this module
+as it is.
 """
-
 from __future__ import annotations
 
 import numpy as np
@@ -180,17 +182,21 @@ def euler_step(x: np.ndarray, v: np.ndarray, sigma: float, sigma_next: float) ->
 
 
 class Scheduler:
-    """What the sampler asks of a scheduler. `name` is the manifest's `sampler.scheduler`."""
+    """What the sampler asks of a scheduler. `name` is the manifest's `sampler.scheduler`;
+    `leap_tail`: whether `tail` re-plans a leap's rest in several steps (else a leap is one
+    `jump`, and a leap_steps over 1 is refused with the settings)."""
 
     name: str
+    leap_tail = True
 
     def __init__(self, shift: float, num_train_timesteps: int) -> None:
         self.shift = shift
         self.num_train_timesteps = num_train_timesteps
 
     def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """The noise levels of `steps` steps (float32, 1 > ... > 0, length steps + 1) and what
-        the transformer is told the time of each is (length steps, in [0, 1])."""
+        """The levels of `steps` steps (float32, falling, length steps + 1; a flow's are its
+        noise levels 1 > ... > 0) and what the transformer is told the time of each is (length
+        steps, in [0, 1])."""
         raise NotImplementedError
 
     def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +250,90 @@ class FlowUniPC(Scheduler):
         return UniPCFlow(sigmas)
 
 
-SCHEDULERS: dict[str, type[Scheduler]] = {c.name: c for c in (FlowEuler, FlowUniPC)}
+
+
+def rescale_zero_terminal_snr(alphas_cumprod: np.ndarray) -> np.ndarray:
+    """Lin et al.'s rescale: the last timestep's signal to zero, the first's kept (diffusers'
+    `rescale_zero_terminal_snr` of the DDIM schedulers, float64)."""
+    root = np.sqrt(alphas_cumprod)
+    first, last = root[0], root[-1]
+    root = (root - last) * (first / (first - last))
+    return root ** 2
+
+
+class DDIMSolver:
+    """diffusers' DDIM step (eta 0) on a v-prediction: from timestep t to t - stride (the
+    clean end past 0): x0 = sqrt(a_t) x - sqrt(1 - a_t) v, then x' = A x + B x0. The scalars
+    are float64, as diffusers keeps alphas_cumprod; each product is float32, as torch
+    multiplies a float32 sample by a 0-d float64 tensor."""
+
+    def __init__(self, timesteps: np.ndarray, alphas_cumprod: np.ndarray, stride: int) -> None:
+        self.timesteps = timesteps.astype(np.int64)
+        self.alphas_cumprod, self.stride = alphas_cumprod, stride
+
+    def alpha(self, t: int) -> np.float64:
+        return self.alphas_cumprod[t] if t >= 0 else np.float64(1.0)  # set_alpha_to_one
+
+    def step(self, v: np.ndarray, i: int, x: np.ndarray) -> np.ndarray:
+        t = int(self.timesteps[i])
+        a_t, a_prev = self.alpha(t), self.alpha(t - self.stride)
+        x0 = ddim_x0(x, v, a_t)
+        a = np.sqrt((1 - a_prev) / (1 - a_t))
+        b = np.sqrt(a_prev) - np.sqrt(a_t) * a
+        return (np.float32(a) * x + np.float32(b) * x0).astype(np.float32)
+
+
+def ddim_x0(x: np.ndarray, v: np.ndarray, alpha: np.float64) -> np.ndarray:
+    """The clean sample a v-prediction gives at a level of alphas_cumprod `alpha`."""
+    return (np.float32(np.sqrt(alpha)) * x - np.float32(np.sqrt(1 - alpha)) * v).astype(
+        np.float32)
+
+
+class CogVideoXDDIM(Scheduler):
+    """`CogVideoXDDIMScheduler` as CogVideoX ships it: v-prediction, scaled-linear betas from
+    0.00085 to 0.012, the SNR shift of SD3 by `shift` (diffusers' `snr_shift_scale`), zero
+    terminal SNR, trailing timesteps, eta 0, the final alpha 1. Its levels are its training
+    timesteps, then -1 for the clean end; like diffusers it steps from t to t - N // steps,
+    which is not always the next timestep of its own list (steps that do not divide N). A leap
+    is one jump to the clean sample the v-prediction gives; a re-planned DDIM tail is not
+    built (`leap_tail` False)."""
+
+    name = "cogvideox_ddim"
+    leap_tail = False
+    beta_start, beta_end = 0.00085, 0.012
+
+    def __init__(self, shift: float, num_train_timesteps: int) -> None:
+        super().__init__(shift, num_train_timesteps)
+        betas = np.linspace(self.beta_start ** 0.5, self.beta_end ** 0.5, num_train_timesteps,
+                            dtype=np.float64) ** 2
+        alphas_cumprod = np.cumprod(1.0 - betas)
+        alphas_cumprod = alphas_cumprod / (shift + (1 - shift) * alphas_cumprod)
+        self.alphas_cumprod = rescale_zero_terminal_snr(alphas_cumprod)
+
+    def timesteps(self, steps: int) -> np.ndarray:
+        """diffusers' trailing spacing: round(arange(N, 0, -N / steps)) - 1."""
+        n = self.num_train_timesteps
+        return np.round(np.arange(n, 0, -n / steps)).astype(np.int64) - 1
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        t = self.timesteps(steps)
+        return (np.append(t, -1).astype(np.float32),
+                (t / self.num_train_timesteps).astype(np.float32))
+
+    def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        raise ValueError(f"{self.name} leaps in one step only (leap_steps=1)")
+
+    def solver(self, sigmas: np.ndarray) -> DDIMSolver:
+        steps = len(sigmas) - 1
+        return DDIMSolver(sigmas[:-1], self.alphas_cumprod,
+                          self.num_train_timesteps // steps)
+
+    def jump(self, x: np.ndarray, v: np.ndarray, sigma: float) -> np.ndarray:
+        return ddim_x0(x, v, self.alphas_cumprod[int(sigma)])
+
+
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    c.name: c for c in (FlowEuler, FlowUniPC, CogVideoXDDIM)}
 
 
 def scheduler_for(name: str, shift: float, num_train_timesteps: int) -> Scheduler:

@@ -15,10 +15,12 @@ JavaScript runtime (runtimes/web) and the demo page (web_demo) are copied in, so
 folder (`edge serve`) gives a working page.
 
 Shapes are static on the web (WGSL kernels are compiled for one shape): the text encoder runs
-one caption, the transformer the guidance batch of 2 (caption, null caption), the VAE decoder
-the family's frames per call (tiny-sora: 4; `FamilyModel.shapes("web")`). Each block's plan
-is replayed with TVM's llvm build of the same kernels, and its ONNX graph run by onnxruntime,
-against the PyTorch block at export; drift over `BLOCK_TOLERANCE` fails the export.
+one caption, the transformer the guidance batch of 2 (caption, unconditional caption), the VAE
+decoder the family's piece per call (`FamilyModel.shapes("web")`: tiny-sora 4 frames; Wan one
+latent frame, the component chunked with its caches carried, as the manifest records). Each
+block's plan is replayed with TVM's llvm build of the same kernels, and its ONNX graph run by
+onnxruntime, against the PyTorch block at export; drift over `BLOCK_TOLERANCE` fails the
+export.
 """
 
 from __future__ import annotations

@@ -220,17 +220,19 @@ def scheduler_cases() -> list[dict]:
             sigmas, times = scheduler.schedule(steps)
             x = rng.standard_normal((2, 3)).astype(np.float32)
             v = rng.standard_normal((steps, 2, 3)).astype(np.float32)
-            solver, xs = scheduler.solver(sigmas), []
+            solver, xs = scheduler.solver(sigmas), [x]
             for i in range(steps):
-                xs.append(solver.step(v[i], i, xs[-1] if xs else x).tolist())
+                xs.append(solver.step(v[i], i, xs[-1]))
+            xs = [a.tolist() for a in xs[1:]]
             t_from = float(sigmas[steps // 2])
-            tail_sigmas, tail_times = scheduler.tail(t_from, float(sigmas[-2]), 3)
+            tail = None  # a scheduler without a re-planned tail leaps in one jump
+            if scheduler.leap_tail:
+                tail_sigmas, tail_times = scheduler.tail(t_from, float(sigmas[-2]), 3)
+                tail = {"t_from": t_from, "t_min": float(sigmas[-2]), "steps": 3,
+                        "sigmas": tail_sigmas.tolist(), "model_times": tail_times.tolist()}
             cases.append({"scheduler": name, "shift": shift, "num_train_timesteps": n,
                           "steps": steps, "sigmas": sigmas.tolist(), "model_times": times.tolist(),
-                          "x": x.tolist(), "v": v.tolist(), "solver_steps": xs,
-                          "tail": {"t_from": t_from, "t_min": float(sigmas[-2]), "steps": 3,
-                                   "sigmas": tail_sigmas.tolist(),
-                                   "model_times": tail_times.tolist()},
+                          "x": x.tolist(), "v": v.tolist(), "solver_steps": xs, "tail": tail,
                           "jump": {"sigma": t_from,
                                    "x": scheduler.jump(x, v[0], t_from).tolist()}})
     return cases

@@ -58,12 +58,24 @@ def test_on_step_reports_progress():
 
 def _diffusers_scheduler(name: str, shift: float):
     """The diffusers scheduler each of ours mirrors, configured as its families ship it."""
-    from diffusers import UniPCMultistepScheduler
+    from diffusers import CogVideoXDDIMScheduler, UniPCMultistepScheduler
 
     return {"flow_euler": lambda: FlowMatchEulerDiscreteScheduler(shift=shift),
             "flow_unipc": lambda: UniPCMultistepScheduler(
                 prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift),
+            "cogvideox_ddim": lambda: CogVideoXDDIMScheduler(
+                prediction_type="v_prediction", rescale_betas_zero_snr=True,
+                timestep_spacing="trailing", snr_shift_scale=shift, set_alpha_to_one=True,
+                clip_sample=False),
             }[name]()
+
+
+def _levels(sched) -> np.ndarray:
+    """The levels our scheduler steps through, as its diffusers twin holds them: a flow's
+    sigmas; DDIM's timesteps, then -1 for the clean end."""
+    if hasattr(sched, "sigmas"):
+        return sched.sigmas.numpy()
+    return np.append(sched.timesteps.numpy(), -1)
 
 
 @pytest.mark.parametrize("name", list(SCHEDULERS))
@@ -77,7 +89,7 @@ def test_each_scheduler_matches_diffusers_step_by_step(name, steps, shift):
     sched = _diffusers_scheduler(name, shift)
     sched.set_timesteps(steps)
     sigmas, times = scheduler.schedule(steps)
-    np.testing.assert_allclose(sigmas, sched.sigmas.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sigmas, _levels(sched), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(times * 1000, sched.timesteps.numpy(), atol=1e-3)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 4, 3, 8, 8), dtype=np.float32)
@@ -92,9 +104,38 @@ def test_each_scheduler_matches_diffusers_step_by_step(name, steps, shift):
 
 def test_a_scheduler_is_looked_up_by_its_manifest_name():
     assert {name: cls.name for name, cls in SCHEDULERS.items()} == {
-        "flow_euler": "flow_euler", "flow_unipc": "flow_unipc"}
-    with pytest.raises(ValueError, match="scheduler='ddim'.*flow_euler, flow_unipc"):
+        "flow_euler": "flow_euler", "flow_unipc": "flow_unipc",
+        "cogvideox_ddim": "cogvideox_ddim"}
+    with pytest.raises(ValueError, match="scheduler='ddim'.*flow_euler, flow_unipc, "
+                                         "cogvideox_ddim"):
         scheduler_for("ddim", 3.0, 1000)
+
+
+def test_ddim_leaps_in_one_jump_to_the_predicted_clean_sample():
+    """CogVideoX's DDIM with v-prediction: a leap is one jump to sqrt(a) x - sqrt(1 - a) v
+    (the clean sample the prediction gives); a re-planned tail is refused with the settings."""
+    from edge.sampler import Trace
+
+    with pytest.raises(ValueError, match="leap_steps=3: cogvideox_ddim leaps in one step"):
+        SamplerSettings(scheduler="cogvideox_ddim", leap=True, leap_steps=3)
+    settings = SamplerSettings(scheduler="cogvideox_ddim", steps=10, leap=True, leap_after=4,
+                               guidance=1.0)
+    rng = np.random.default_rng(1)
+    noise = rng.standard_normal((1, 2, 3), dtype=np.float32)
+    v = rng.standard_normal((10, 1, 2, 3), dtype=np.float32)
+    xs = []
+
+    def predict(x, t, step):
+        xs.append((x, t))
+        return v[step.index], v[step.index]
+
+    trace = Trace()
+    out = sample(predict, noise, settings, trace=trace)
+    assert trace.leap_at == 4 and trace.calls == 5
+    scheduler = scheduler_for("cogvideox_ddim", settings.shift, 1000)
+    x, t = xs[-1]
+    a = scheduler.alphas_cumprod[round(t * 1000)]
+    np.testing.assert_allclose(out, np.sqrt(a) * x - np.sqrt(1 - a) * v[4], atol=1e-6)
 
 
 def test_unknown_scheduler_is_refused_by_name():

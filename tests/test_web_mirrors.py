@@ -118,41 +118,63 @@ REPLAY_SCHEDULERS = """async (cases) => {
   return cases.map((c) => {
     const s = m.schedulerFor(c.scheduler, c.shift, c.num_train_timesteps);
     const { sigmas, modelTimes } = s.schedule(c.steps);
-    const tail = s.tail(c.tail.t_from, c.tail.t_min, c.tail.steps);
+    // a scheduler without a re-planned tail (leapTail false) has none in the fixture: tail throws
+    let tail = null, tailError = null;
+    if (c.tail === null) {
+      try { s.tail(0.5, 0.1, 2); } catch (e) { tailError = e.message; }
+    } else {
+      const t = s.tail(c.tail.t_from, c.tail.t_min, c.tail.steps);
+      tail = { sigmas: [...t.sigmas], model_times: [...t.modelTimes] };
+    }
     const solver = s.solver(sigmas), steps = [];
     let x = f32(c.x);
     for (let i = 0; i < c.steps; i++) {
       x = solver.step(f32(c.v[i]), i, x);
       steps.push([...x]);
     }
-    return { name: s.name, sigmas: [...sigmas], model_times: [...modelTimes],
-             tail: { sigmas: [...tail.sigmas], model_times: [...tail.modelTimes] },
+    return { name: s.name, leap_tail: s.leapTail, sigmas: [...sigmas],
+             model_times: [...modelTimes], tail, tail_error: tailError,
              solver_steps: steps, jump: [...s.jump(f32(c.x), f32(c.v[0]), c.jump.sigma)] };
   });
 }"""
 
 
+# the schedulers whose solver steps the browser gives bit for bit: float32 products and sums
+# of scalars computed in float64 (Euler; DDIM's sqrt and divisions, correctly rounded in both)
+EXACT_SOLVERS = ("flow_euler", "cogvideox_ddim")
+
+
 def test_schedulers_replay_python_through_their_interface(page):
     """schedulerFor(name, shift, n) for each case of tests/fixtures/swift/schedulers.json:
-    schedule, tail and jump bit for bit as float32; the solver's steps bit for bit for
-    flow_euler, within LATENT_TOLERANCE of max(1, |x|) for flow_unipc (NumPy's float32 log
-    and expm1, see LATENT_TOLERANCE)."""
+    schedule, tail and jump bit for bit as float32 (a scheduler without a re-planned tail,
+    cogvideox_ddim, has none in the fixture: its tail throws Python's message); the solver's
+    steps bit for bit for flow_euler and cogvideox_ddim, within LATENT_TOLERANCE of
+    max(1, |x|) for flow_unipc (NumPy's float32 log and expm1, see LATENT_TOLERANCE)."""
     cases = json.loads((SWIFT_FIXTURES / "schedulers.json").read_text())
     assert sorted({c["scheduler"] for c in cases}) == sorted(SCHEDULERS)
+    assert len(cases) == 15
     got = page.evaluate(REPLAY_SCHEDULERS, cases)
     worst = 0.0
     for c, g in zip(cases, got, strict=True):
         what = (c["scheduler"], c["steps"], c["shift"], c["num_train_timesteps"])
+        python = scheduler_for(c["scheduler"], c["shift"], c["num_train_timesteps"])
         assert g["name"] == c["scheduler"], what
+        assert g["leap_tail"] is python.leap_tail is (c["tail"] is not None), what
         assert len(g["sigmas"]) == c["steps"] + 1 and len(g["model_times"]) == c["steps"], what
         for key in ("sigmas", "model_times"):
             assert np.array_equal(np.float32(g[key]), np.float32(c[key])), (what, key)
-            assert np.array_equal(np.float32(g["tail"][key]), np.float32(c["tail"][key])), \
-                (what, "tail", key)
+            if c["tail"] is not None:
+                assert np.array_equal(np.float32(g["tail"][key]), np.float32(c["tail"][key])), \
+                    (what, "tail", key)
+        if c["tail"] is None:
+            assert g["tail"] is None, what
+            with pytest.raises(ValueError) as err:
+                python.tail(0.5, 0.1, 2)
+            assert g["tail_error"] == str(err.value), what
         assert np.array_equal(np.float32(g["jump"]), np.float32(c["jump"]["x"]).ravel()), what
         got_steps = np.float32(g["solver_steps"])
         want_steps = np.float32(c["solver_steps"]).reshape(got_steps.shape)
-        if c["scheduler"] == "flow_euler":
+        if c["scheduler"] in EXACT_SOLVERS:
             assert np.array_equal(got_steps, want_steps), what
             continue
         want64 = np.float64(want_steps)
@@ -164,7 +186,8 @@ def test_schedulers_replay_python_through_their_interface(page):
 
 
 def test_scheduler_names_and_refusals_are_pythons(page):
-    """SCHEDULERS holds Python's names in Python's order, each class named by its key; a name
+    """SCHEDULERS holds Python's names in Python's order, each class named by its key, with
+    Python's leap_tail as its leapTail; a name
     not in it (a prototype property's too) is refused by schedulerFor with scheduler_for's
     message."""
     names = ["ddim", "flow_euler_x", "", "it's", 'say "hi"', "constructor", "__proto__",
@@ -175,13 +198,33 @@ def test_scheduler_names_and_refusals_are_pythons(page):
         try { m.schedulerFor(name, 3.0, 1000); return null; } catch (e) { return e.message; }
       });
       return { keys: Object.keys(m.SCHEDULERS),
-               classNames: Object.values(m.SCHEDULERS).map((c) => c.name), refusals };
+               classNames: Object.values(m.SCHEDULERS).map((c) => c.name),
+               leapTails: Object.values(m.SCHEDULERS).map((c) => c.leapTail), refusals };
     }""", names)
     assert got["keys"] == list(SCHEDULERS) == got["classNames"]
+    assert got["keys"] == ["flow_euler", "flow_unipc", "cogvideox_ddim"]
+    assert got["leapTails"] == [c.leap_tail for c in SCHEDULERS.values()] == [True, True, False]
     for name, message in zip(names, got["refusals"], strict=True):
         with pytest.raises(ValueError) as err:
             scheduler_for(name, 3.0, 1000)
         assert message == str(err.value), name
+
+
+def test_a_scheduler_without_a_tail_refuses_leap_steps_as_python_does(page):
+    """checkSettings refuses leap_steps over 1 for a scheduler whose leapTail is false
+    (cogvideox_ddim) with SamplerSettings' own message, and takes a one-step leap with it;
+    the flow schedulers keep their re-planned tails."""
+    refused = {"scheduler": "cogvideox_ddim", "leap": True, "leap_steps": 3}
+    with pytest.raises(ValueError) as err:
+        SamplerSettings(**refused)
+    assert "cogvideox_ddim leaps in one step only" in str(err.value)
+    good = [{"scheduler": "cogvideox_ddim", "leap": True, "leap_steps": 1},
+            {"scheduler": "cogvideox_ddim", "leap": True, "leap_after": 10},
+            {"scheduler": "flow_euler", "leap": True, "leap_steps": 3},
+            {"scheduler": "flow_unipc", "leap": True, "leap_steps": 3}]
+    for case in good:
+        SamplerSettings(**case)  # Python takes them
+    assert js_refusals(page, [refused, *good]) == [str(err.value)] + [None] * len(good)
 
 
 # ---- UniPC ----------------------------------------------------------------------------------
@@ -284,7 +327,8 @@ def test_an_unknown_scheduler_is_refused_by_name(page):
     cases = [{"scheduler": name} for name in ("ddim", "flow_euler_x", "unipc", "", "it's")]
     for case, message in zip(cases, js_refusals(page, cases), strict=True):
         assert message == python_refusal(case), case
-        assert f"{case['scheduler']}" in message and "known: flow_euler, flow_unipc" in message
+        assert f"{case['scheduler']}" in message
+        assert "known: flow_euler, flow_unipc, cogvideox_ddim" in message
 
 
 def test_flow_unipc_refuses_and_allows_what_python_does(page):

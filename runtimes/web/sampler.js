@@ -9,7 +9,7 @@
 // tests/fixtures/sampler/*.json (tests/test_web_browser.py) and tests/fixtures/swift/unipc.json
 // and schedulers.json (tests/test_web_mirrors.py) replay recorded sequences through both.
 
-import { isScheduler, schedulerFor, unknownScheduler } from "./schedulers.js";
+import { SCHEDULERS, isScheduler, schedulerFor, unknownScheduler } from "./schedulers.js";
 
 const f32 = Math.fround;
 
@@ -35,6 +35,9 @@ export function checkSettings(values) {
   if (s.leap_patience < 1) throw bad("leap_patience", "must be at least 1");
   if (!(s.leap_tol >= 0)) throw bad("leap_tol", "must not be negative");
   if (!Number.isInteger(s.leap_steps) || s.leap_steps < 1) throw bad("leap_steps", "must be at least 1");
+  if (s.leap_steps > 1 && !SCHEDULERS[s.scheduler].leapTail) {
+    throw bad("leap_steps", `${s.scheduler} leaps in one step only (no re-planned tail is built for it)`);
+  }
   if (!Number.isInteger(s.merge_steps) || s.merge_steps < 0) throw bad("merge_steps", "must not be negative");
   if (!(s.cache_threshold >= 0)) throw bad("cache_threshold", "must not be negative");
   if (!Number.isFinite(s.guidance)) throw bad("guidance", "must be a finite number");

@@ -2,17 +2,24 @@
 // step): one class per scheduler, looked up by the manifest's `sampler.scheduler`
 // (SCHEDULERS, schedulerFor), each with the interface sampler.js asks of it:
 //
-//   new Cls(shift, numTrainTimesteps); .name (the manifest's name, also Cls.name)
-//   schedule(steps) -> { sigmas, modelTimes }: the noise levels (Float32Array, 1 > ... > 0,
-//     steps + 1 values) and what the transformer is told the time of each step is (steps)
+//   new Cls(shift, numTrainTimesteps); .name (the manifest's name, also Cls.name); .leapTail
+//     (also Cls.leapTail: whether tail() re-plans a leap's rest in several steps; if not, a
+//     leap is one jump and checkSettings refuses a leap_steps over 1, as Python's
+//     Scheduler.leap_tail and SamplerSettings)
+//   schedule(steps) -> { sigmas, modelTimes }: the levels (Float32Array, falling, steps + 1
+//     values; a flow's are its noise levels 1 > ... > 0, cogvideox_ddim's its training
+//     timesteps then -1) and what the transformer is told the time of each step is (steps)
 //   tail(tFrom, tMin, steps) -> { sigmas, modelTimes }: a leap's re-planned rest, `steps`
-//     steps from tFrom down to tMin spaced as the schedule spaces its own, then 0
+//     steps from tFrom down to tMin spaced as the schedule spaces its own, then 0 (throws
+//     where leapTail is false)
 //   solver(sigmas): one generation's stepping, step(v, i, x) -> the sample at sigmas[i + 1]
-//   jump(x, v, sigma): a one-step leap to the end, x - sigma v (the x0 the velocity predicts)
+//   jump(x, v, sigma): a one-step leap to the end, the clean sample the velocity predicts
+//     (a flow's x - sigma v)
 //
 // flow_euler's schedule and the leap tail are here; flow_unipc's math and its multistep
-// solver (UniPCFlow) are in unipc.js. Float32 ops are rounded one by one with Math.fround as
-// NumPy rounds them (tests/fixtures/swift/schedulers.json, tests/test_web_mirrors.py).
+// solver (UniPCFlow) are in unipc.js; cogvideox_ddim (CogVideoXDDIM, DDIMSolver) is here.
+// Float32 ops are rounded one by one with Math.fround as NumPy rounds them, float64 ones are
+// plain numbers (tests/fixtures/swift/schedulers.json, tests/test_web_mirrors.py).
 
 import { UniPCFlow, unipcModelTimes, unipcSigmas, wholeStepTimes } from "./unipc.js";
 
@@ -74,8 +81,11 @@ export class EulerSolver {
 }
 
 // What the sampler asks of a scheduler (edge/schedulers.py Scheduler); a subclass sets
-// `static name` to its manifest name and gives schedule, tail and solver.
+// `static name` to its manifest name and gives schedule, tail and solver; `static leapTail`
+// false where it builds no re-planned tail (Python's leap_tail).
 export class Scheduler {
+  static leapTail = true;
+
   constructor(shift, numTrainTimesteps) {
     this.shift = shift;
     this.numTrainTimesteps = numTrainTimesteps;
@@ -83,6 +93,10 @@ export class Scheduler {
 
   get name() {
     return this.constructor.name;
+  }
+
+  get leapTail() {
+    return this.constructor.leapTail;
   }
 
   jump(x, v, sigma) {
@@ -130,8 +144,126 @@ export class FlowUniPC extends Scheduler {
   }
 }
 
+// edge/schedulers.py rescale_zero_terminal_snr (float64): the last timestep's signal to zero,
+// the first's kept.
+export function rescaleZeroTerminalSnr(alphasCumprod) {
+  const root = alphasCumprod.map(Math.sqrt);
+  const first = root[0], last = root[root.length - 1];
+  const scale = first / (first - last);
+  return root.map((r) => { const s = (r - last) * scale; return s * s; });
+}
+
+// np.arange(start, stop, step) for float64: ceil((stop - start) / step) values, the first
+// two start and start + step, the rest start + i * delta with delta = (start + step) - start
+// (NumPy's fill)
+function arange(start, stop, step) {
+  const length = Math.max(0, Math.ceil((stop - start) / step));
+  const out = new Float64Array(length);
+  if (length > 0) out[0] = start;
+  if (length > 1) out[1] = start + step;
+  const delta = out[1] - start;
+  for (let i = 2; i < length; i++) out[i] = start + i * delta;
+  return out;
+}
+
+// np.round: to the nearest integer, halves to even
+function roundHalfEven(x) {
+  const r = Math.round(x); // halves up
+  return r - x === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+// edge/schedulers.py ddim_x0: the clean sample a v-prediction gives at a level of
+// alphas_cumprod `alpha` (float64): sqrt(alpha) x - sqrt(1 - alpha) v, float32 op by op.
+export function ddimX0(x, v, alpha) {
+  const a = f32(Math.sqrt(alpha)), b = f32(Math.sqrt(1 - alpha));
+  const out = new Float32Array(x.length);
+  for (let i = 0; i < x.length; i++) out[i] = f32(f32(a * x[i]) - f32(b * v[i]));
+  return out;
+}
+
+// edge/schedulers.py DDIMSolver: diffusers' DDIM step (eta 0) on a v-prediction, from
+// timestep t to t - stride (alpha 1 past 0). The scalars are float64; each product float32.
+export class DDIMSolver {
+  constructor(timesteps, alphasCumprod, stride) {
+    this.timesteps = Array.from(timesteps, Math.trunc);
+    this.alphasCumprod = alphasCumprod;
+    this.stride = stride;
+  }
+
+  alpha(t) {
+    return t >= 0 ? this.alphasCumprod[t] : 1.0; // set_alpha_to_one
+  }
+
+  step(v, i, x) {
+    const t = this.timesteps[i];
+    const aT = this.alpha(t), aPrev = this.alpha(t - this.stride);
+    const x0 = ddimX0(x, v, aT);
+    const a = Math.sqrt((1 - aPrev) / (1 - aT));
+    const b = Math.sqrt(aPrev) - Math.sqrt(aT) * a;
+    const fa = f32(a), fb = f32(b);
+    const out = new Float32Array(x.length);
+    for (let k = 0; k < x.length; k++) out[k] = f32(f32(fa * x[k]) + f32(fb * x0[k]));
+    return out;
+  }
+}
+
+// CogVideoXDDIMScheduler as CogVideoX ships it (edge/schedulers.py CogVideoXDDIM):
+// v-prediction, scaled-linear betas, the SNR shift by `shift`, zero terminal SNR, trailing
+// timesteps, eta 0, the final alpha 1. Its levels are its training timesteps, then -1; it
+// steps from t to t - N // steps. A leap is one jump; no re-planned tail (leapTail false).
+export class CogVideoXDDIM extends Scheduler {
+  static name = "cogvideox_ddim";
+  static leapTail = false;
+  static betaStart = 0.00085;
+  static betaEnd = 0.012;
+
+  constructor(shift, numTrainTimesteps) {
+    super(shift, numTrainTimesteps);
+    const n = numTrainTimesteps;
+    // np.linspace(sqrt(beta_start), sqrt(beta_end), n) ** 2, float64
+    const start = Math.sqrt(CogVideoXDDIM.betaStart), stop = Math.sqrt(CogVideoXDDIM.betaEnd);
+    const step = n > 1 ? (stop - start) / (n - 1) : 0;
+    const alphasCumprod = new Float64Array(n);
+    let product = 1.0;
+    for (let i = 0; i < n; i++) {
+      const root = n > 1 && i === n - 1 ? stop : i * step + start; // np.linspace
+      product *= 1.0 - root * root;                                  // np.cumprod(1 - betas)
+      alphasCumprod[i] = product / (shift + (1 - shift) * product);  // the SNR shift
+    }
+    this.alphasCumprod = rescaleZeroTerminalSnr(alphasCumprod);
+  }
+
+  // diffusers' trailing spacing: round(arange(N, 0, -N / steps)) - 1
+  timesteps(steps) {
+    const n = this.numTrainTimesteps;
+    return Array.from(arange(n, 0, -n / steps), (t) => roundHalfEven(t) - 1);
+  }
+
+  schedule(steps) {
+    const t = this.timesteps(steps);
+    const n = this.numTrainTimesteps;
+    return { sigmas: Float32Array.from([...t, -1]),
+             modelTimes: Float32Array.from(t, (ti) => ti / n) };
+  }
+
+  tail() {
+    throw new Error(`${this.name} leaps in one step only (leap_steps=1)`);
+  }
+
+  solver(sigmas) {
+    const steps = sigmas.length - 1;
+    return new DDIMSolver(Array.from(sigmas).slice(0, steps), this.alphasCumprod,
+                          Math.floor(this.numTrainTimesteps / steps));
+  }
+
+  jump(x, v, sigma) {
+    return ddimX0(x, v, this.alphasCumprod[Math.trunc(sigma)]);
+  }
+}
+
 // edge/schedulers.py SCHEDULERS, in its order
-export const SCHEDULERS = { flow_euler: FlowEuler, flow_unipc: FlowUniPC };
+export const SCHEDULERS = { flow_euler: FlowEuler, flow_unipc: FlowUniPC,
+                            cogvideox_ddim: CogVideoXDDIM };
 
 export const isScheduler = (name) => typeof name === "string" && Object.hasOwn(SCHEDULERS, name);
 

@@ -80,7 +80,7 @@ public struct SamplerSettings: Codable, Equatable {
             .invalid("sampler setting \(name)=\(value): \(why)")
         }
         // the registry's refusal (Schedulers.swift), the message SamplerSettings gives
-        _ = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
+        let named = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
         // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
         if let after = leapAfter, after < 1 { throw bad("leap_after", after, "must be at least 1") }
@@ -88,6 +88,9 @@ public struct SamplerSettings: Codable, Equatable {
         if leapPatience < 1 { throw bad("leap_patience", leapPatience, "must be at least 1") }
         if leapTol < 0 { throw bad("leap_tol", leapTol, "must not be negative") }
         if leapSteps < 1 { throw bad("leap_steps", leapSteps, "must be at least 1") }
+        if leapSteps > 1 && !named.leapTail {  // a leap without a re-planned tail is one jump
+            throw bad("leap_steps", leapSteps, "\(scheduler) leaps in one step only (no re-planned tail is built for it)")
+        }
         if mergeSteps < 0 { throw bad("merge_steps", mergeSteps, "must not be negative") }
         if cacheThreshold < 0 { throw bad("cache_threshold", cacheThreshold, "must not be negative") }
     }

@@ -5,13 +5,14 @@ import Foundation
 // `scheduler(named:shift:numTrainTimesteps:)`). The sampler (Sampler.swift) asks a scheduler
 // only for what this interface gives: the noise levels and model times of a step count, the
 // solver that steps through them, and what a leap asks (the re-planned tail, the jump to
-// t = 0). The flow-match Euler schedule and a leap's tail are computed here; UniPC's flow
-// sigmas and its solver are in UniPC.swift. Float32 arithmetic as NumPy's, operation for
-// operation: tests/fixtures/swift/schedulers.json (tests/swift_fixtures.py
-// scheduler_cases) is replayed through the registry by name.
+// t = 0). The flow-match Euler schedule, a leap's tail and CogVideoX's DDIM are computed
+// here; UniPC's flow sigmas and its solver are in UniPC.swift. Float32 arithmetic as
+// NumPy's, operation for operation: tests/fixtures/swift/schedulers.json
+// (tests/swift_fixtures.py scheduler_cases) is replayed through the registry by name.
 //
-// Both take the model's velocity v = noise - x0 (x_t = (1 - t) x0 + t noise); `modelTimes`
-// are what the transformer is told the time is, in [0, 1].
+// The flows take the model's velocity v = noise - x0 (x_t = (1 - t) x0 + t noise);
+// cogvideox_ddim takes a v-prediction on its training timesteps. `modelTimes` are what the
+// transformer is told the time is, in [0, 1].
 
 /// One generation's stepping through a schedule's noise levels (EulerSolver, UniPCFlow):
 /// `step(v:i:x:)` takes the guided velocity at sigmas[i] and returns the sample at
@@ -27,21 +28,27 @@ extension Solver {
 }
 
 /// What the sampler asks of a scheduler (Scheduler in edge/schedulers.py). `name` is the
-/// manifest's `sampler.scheduler`.
+/// manifest's `sampler.scheduler`; `leapTail`: whether `tail` re-plans a leap's rest in
+/// several steps (true for the flows, by default). Without one a leap is one `jump`, and a
+/// leap_steps over 1 is refused with the settings (SamplerSettings.validate()).
 public protocol Scheduler {
     static var name: String { get }
     var name: String { get }
+    static var leapTail: Bool { get }
     var shift: Double { get }
     var numTrainTimesteps: Int { get }
 
     init(shift: Double, numTrainTimesteps: Int)
 
-    /// The noise levels of `steps` steps (float32, 1 > ... > 0, steps + 1 values) and what
-    /// the transformer is told the time of each is (steps values, in [0, 1]).
+    /// The levels of `steps` steps (float32, falling, steps + 1 values; a flow's are its noise
+    /// levels 1 > ... > 0) and what the transformer is told the time of each is (steps
+    /// values, in [0, 1]).
     func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float])
 
     /// A leap's re-planned rest: `steps` steps from tFrom down to tMin spaced as this
     /// schedule spaces its own, then 0 (steps + 1 values); and their model times (steps).
+    /// Asked only of a scheduler whose `leapTail` is true: one without stops the program
+    /// (valid settings never ask it, as Python's raises).
     func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float])
 
     /// One generation's stepping through `sigmas`, fresh.
@@ -54,6 +61,12 @@ public protocol Scheduler {
 
 extension Scheduler {
     public var name: String { Self.name }
+
+    /// A flow re-plans a leap's tail (Python's class attribute `leap_tail = True`).
+    public static var leapTail: Bool { true }
+
+    /// `Self.leapTail`, asked of an instance.
+    public var leapTail: Bool { Self.leapTail }
 
     /// For a flow: x - sigma v (an Euler step to 0), as Python's `euler_step(x, v, sigma, 0)`.
     public func jump(x: Tensor, v: Tensor, sigma: Float) -> Tensor { eulerStep(x, v, sigma, 0) }
@@ -77,7 +90,7 @@ public struct FlowEuler: Scheduler {
     }
 
     public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
+        let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
         return (sigmas, Array(sigmas.dropLast()))
     }
 
@@ -102,16 +115,153 @@ public struct FlowUniPC: Scheduler {
     }
 
     public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
+        let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
         return (sigmas, wholeStepTimes(Array(sigmas.dropLast()), numTrainTimesteps: numTrainTimesteps))
     }
 
     public func solver(sigmas: [Float]) -> any Solver { UniPCFlow(sigmas: sigmas) }
 }
 
+/// `CogVideoXDDIMScheduler` as CogVideoX ships it: v-prediction, scaled-linear betas from
+/// 0.00085 to 0.012, the SNR shift of SD3 by `shift` (diffusers' `snr_shift_scale`), zero
+/// terminal SNR, trailing timesteps, eta 0, the final alpha 1. Its levels are its training
+/// timesteps, then -1 for the clean end; like diffusers it steps from t to t - N / steps
+/// (whole), which is not always the next timestep of its own list (steps that do not divide
+/// N). A leap is one jump to the clean sample the v-prediction gives; a re-planned DDIM tail
+/// is not built (`leapTail` false). Scalars in float64 as Python's, products in float32.
+public struct CogVideoXDDIM: Scheduler {
+    public static let name = "cogvideox_ddim"
+    public static var leapTail: Bool { false }
+    public static let betaStart = 0.00085, betaEnd = 0.012
+    public let shift: Double
+    public let numTrainTimesteps: Int
+    /// alphas_cumprod after the SNR shift and the zero-terminal-SNR rescale (float64).
+    public let alphasCumprod: [Double]
+
+    public init(shift: Double, numTrainTimesteps: Int) {
+        self.shift = shift
+        self.numTrainTimesteps = numTrainTimesteps
+        // np.linspace(beta_start ** 0.5, beta_end ** 0.5, N, dtype=float64) ** 2
+        let n = numTrainTimesteps
+        let betas = linspace(pow(Self.betaStart, 0.5), pow(Self.betaEnd, 0.5), n).map { $0 * $0 }
+        var product = 1.0
+        var alphas = [Double]()
+        alphas.reserveCapacity(n)
+        for beta in betas {  // np.cumprod(1.0 - betas), in order
+            product *= 1.0 - beta
+            alphas.append(product)
+        }
+        alphasCumprod = rescaleZeroTerminalSNR(alphas.map { $0 / (shift + (1 - shift) * $0) })
+    }
+
+    /// diffusers' trailing spacing: round(arange(N, 0, -N / steps)) - 1 (np.arange with a
+    /// float step, np.round half to even).
+    public func timesteps(steps: Int) -> [Int] {
+        let n = numTrainTimesteps
+        return arange(Double(n), 0, -Double(n) / Double(steps))
+            .map { Int($0.rounded(.toNearestOrEven)) - 1 }
+    }
+
+    public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+        let t = timesteps(steps: steps)
+        return (t.map { Float($0) } + [-1],
+                t.map { Float(Double($0) / Double(numTrainTimesteps)) })
+    }
+
+    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+        preconditionFailure("\(name) leaps in one step only (leap_steps=1)")
+    }
+
+    public func solver(sigmas: [Float]) -> any Solver {
+        DDIMSolver(sigmas: sigmas, alphasCumprod: alphasCumprod,
+                   stride: numTrainTimesteps / (sigmas.count - 1))
+    }
+
+    /// The clean sample the v-prediction gives at level `sigma` (a training timestep).
+    public func jump(x: Tensor, v: Tensor, sigma: Float) -> Tensor {
+        let t = Int(sigma)  // int(sigma); a negative index counts from the end, as NumPy's
+        return ddimX0(x, v, alphasCumprod[t < 0 ? alphasCumprod.count + t : t])
+    }
+}
+
+/// diffusers' DDIM step (eta 0) on a v-prediction (Python's DDIMSolver): from timestep t to
+/// t - stride (the clean end, alpha 1, past 0): x0 = sqrt(a_t) x - sqrt(1 - a_t) v, then
+/// x' = A x + B x0. The scalars are float64, as diffusers keeps alphas_cumprod; each product
+/// is float32, as torch multiplies a float32 sample by a 0-d float64 tensor. `sigmas` are the
+/// schedule's levels (timesteps, then -1).
+public final class DDIMSolver: Solver {
+    public let sigmas: [Float]
+    public let timesteps: [Int]
+    public let alphasCumprod: [Double]
+    public let stride: Int
+
+    public init(sigmas: [Float], alphasCumprod: [Double], stride: Int) {
+        self.sigmas = sigmas
+        self.timesteps = sigmas.dropLast().map { Int($0) }
+        self.alphasCumprod = alphasCumprod
+        self.stride = stride
+    }
+
+    /// alphas_cumprod[t], 1 before the start (set_alpha_to_one).
+    public func alpha(_ t: Int) -> Double { t >= 0 ? alphasCumprod[t] : 1.0 }
+
+    public func step(v: Tensor, i: Int, x: Tensor) -> Tensor {
+        let t = timesteps[i]
+        let aT = alpha(t), aPrev = alpha(t - stride)
+        let x0 = ddimX0(x, v, aT)
+        let a = ((1 - aPrev) / (1 - aT)).squareRoot()
+        let b = aPrev.squareRoot() - aT.squareRoot() * a
+        let fa = Float(a), fb = Float(b)
+        return Tensor(shape: x.shape, data: zip(x.data, x0.data).map { fa * $0 + fb * $1 })
+    }
+}
+
+/// The clean sample a v-prediction gives at a level of alphas_cumprod `alpha` (ddim_x0):
+/// float32(sqrt(alpha)) x - float32(sqrt(1 - alpha)) v.
+public func ddimX0(_ x: Tensor, _ v: Tensor, _ alpha: Double) -> Tensor {
+    let c = Float(alpha.squareRoot()), d = Float((1 - alpha).squareRoot())
+    return Tensor(shape: x.shape, data: zip(x.data, v.data).map { c * $0 - d * $1 })
+}
+
+/// Lin et al.'s rescale (rescale_zero_terminal_snr, float64): the last timestep's signal to
+/// zero, the first's kept.
+func rescaleZeroTerminalSNR(_ alphasCumprod: [Double]) -> [Double] {
+    let root = alphasCumprod.map { $0.squareRoot() }
+    guard let first = root.first, let last = root.last else { return [] }
+    let scale = first / (first - last)
+    return root.map { r in
+        let s = (r - last) * scale
+        return s * s
+    }
+}
+
+/// np.linspace(start, stop, num) in float64: i * step + start with step = (stop - start) /
+/// (num - 1), the last value exactly stop (num 1: start alone).
+func linspace(_ start: Double, _ stop: Double, _ num: Int) -> [Double] {
+    if num <= 0 { return [] }
+    if num == 1 { return [start] }
+    let div = Double(num - 1), delta = stop - start, step = delta / div
+    var out = (0..<num).map { i -> Double in
+        // NumPy divides then multiplies when the step underflows to 0
+        step == 0 ? Double(i) / div * delta + start : Double(i) * step + start
+    }
+    out[num - 1] = stop
+    return out
+}
+
+/// np.arange(start, stop, step) in float64: ceil((stop - start) / step) values; the first is
+/// start, the second start + step, and each further one start + i * delta with delta the
+/// difference of those two (NumPy's fill).
+func arange(_ start: Double, _ stop: Double, _ step: Double) -> [Double] {
+    let length = Int(max(0, ((stop - start) / step).rounded(.up)))
+    if length == 0 { return [] }
+    let second = start + step, delta = second - start
+    return (0..<length).map { i in i == 0 ? start : (i == 1 ? second : start + Double(i) * delta) }
+}
+
 /// The schedulers by name, in edge/schedulers.py's SCHEDULERS order.
 public let schedulers: [(name: String, type: any Scheduler.Type)] =
-    ([FlowEuler.self, FlowUniPC.self] as [any Scheduler.Type]).map { ($0.name, $0) }
+    ([FlowEuler.self, FlowUniPC.self, CogVideoXDDIM.self] as [any Scheduler.Type]).map { ($0.name, $0) }
 
 /// The names of `schedulers`, in its order.
 public let knownSchedulers = schedulers.map(\.name)

@@ -4,8 +4,9 @@ import XCTest
 
 /// Each scheduler through its interface alone, by name through the registry, against
 /// tests/fixtures/swift/schedulers.json (tests/swift_fixtures.py scheduler_cases, from
-/// edge/schedulers.py): schedule, tail and jump equal bit for bit as Float; the solver's
-/// steps on fixed velocities equal bit for bit for flow_euler, and for flow_unipc within
+/// edge/schedulers.py): schedule, tail (where the scheduler has one: cogvideox_ddim's cases
+/// hold none) and jump equal bit for bit as Float; the solver's steps on fixed velocities
+/// equal bit for bit for flow_euler and cogvideox_ddim, and for flow_unipc within
 /// UniPCFixtureTests.latentTolerance (2e-6 * max(1, |want|)): NumPy computes UniPC's float32
 /// log and expm1 with its own SIMD routines, a few ULP off and different between CPUs, where
 /// UniPC.swift rounds the float64 results, so a step's scalars can differ in their last bits.
@@ -18,7 +19,7 @@ final class SchedulersFixtureTests: XCTestCase {
 
     func testCoversTheRegistry() throws {
         let cases = try cases()
-        XCTAssertEqual(cases.count, 10)
+        XCTAssertEqual(cases.count, 15)
         // every scheduler the registry knows, in its order, and nothing else
         var names: [String] = []
         for c in cases where !names.contains(c["scheduler"] as! String) { names.append(c["scheduler"] as! String) }
@@ -39,11 +40,15 @@ final class SchedulersFixtureTests: XCTestCase {
             XCTAssertEqual(sigmas.count, steps + 1, what)
             XCTAssertEqual(times.count, steps, what)
 
-            let tail = c["tail"] as! [String: Any]
-            let (tailSigmas, tailTimes) = s.tail(from: Float(number(tail["t_from"])), min: Float(number(tail["t_min"])),
-                                                 steps: tail["steps"] as! Int)
-            XCTAssertEqual(tailSigmas, floats(tail["sigmas"]), "\(what) tail sigmas")
-            XCTAssertEqual(tailTimes, floats(tail["model_times"]), "\(what) tail model times")
+            // a scheduler without a re-planned tail leaps in one jump: its cases hold none
+            let tail = c["tail"] as? [String: Any]
+            XCTAssertEqual(tail == nil, !s.leapTail, "\(what) tail present")
+            if let tail {
+                    let (tailSigmas, tailTimes) = s.tail(from: Float(number(tail["t_from"])), min: Float(number(tail["t_min"])),
+                                                     steps: tail["steps"] as! Int)
+                XCTAssertEqual(tailSigmas, floats(tail["sigmas"]), "\(what) tail sigmas")
+                XCTAssertEqual(tailTimes, floats(tail["model_times"]), "\(what) tail model times")
+            }
 
             let jump = c["jump"] as! [String: Any]
             let x = tensor(c["x"]!), v = tensor(c["v"]!)
@@ -87,10 +92,13 @@ final class SchedulersFixtureTests: XCTestCase {
 final class SchedulersTests: XCTestCase {
     func testRegistry() throws {
         // edge/schedulers.py SCHEDULERS, in its order
-        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc"])
-        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc"])
+        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc", "cogvideox_ddim"])
+        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc", "cogvideox_ddim"])
         XCTAssertTrue(schedulers[0].type == FlowEuler.self)
         XCTAssertTrue(schedulers[1].type == FlowUniPC.self)
+        XCTAssertTrue(schedulers[2].type == CogVideoXDDIM.self)
+        // Python's class attribute leap_tail
+        XCTAssertEqual(schedulers.map { $0.type.leapTail }, [true, true, false])
         for (name, type) in schedulers {
             XCTAssertEqual(type.name, name)
             let s = try scheduler(named: name, shift: 2.5, numTrainTimesteps: 500)
@@ -103,17 +111,19 @@ final class SchedulersTests: XCTestCase {
             .solver(sigmas: [1, 0]) is EulerSolver)
         XCTAssertTrue(try scheduler(named: "flow_unipc", shift: 3, numTrainTimesteps: 1000)
             .solver(sigmas: [1, 0]) is UniPCFlow)
+        XCTAssertTrue(try scheduler(named: "cogvideox_ddim", shift: 3, numTrainTimesteps: 1000)
+            .solver(sigmas: [999, -1]) is DDIMSolver)
     }
 
     func testRefusesAnUnknownName() {
         for name in ["ddim", "flow_euler_x", "", "FLOW_EULER"] {
             XCTAssertThrowsError(try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)) { error in
                 // the message edge/schedulers.py's scheduler_for gives
-                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc")
+                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim")
             }
         }
         XCTAssertThrowsError(try scheduler(named: "it's", shift: 3, numTrainTimesteps: 1000)) { error in
-            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc")
+            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim")
         }
     }
 
@@ -129,6 +139,11 @@ final class SchedulersTests: XCTestCase {
             let (sigmas, times) = s.schedule(steps: 9)
             XCTAssertEqual(timesteps(settings), sigmas, name)
             XCTAssertEqual(modelTimes(settings), times, name)
+            guard s.leapTail else {  // such settings are refused (testRefusesLeapStepsWithoutATail)
+                XCTAssertThrowsError(try settings.validate(), name)
+                continue
+            }
+            XCTAssertNoThrow(try settings.validate(), name)
             let tail = leapTail(from: sigmas[4], to: sigmas[8], settings: settings)
             let want = s.tail(from: sigmas[4], min: sigmas[8], steps: 3)
             XCTAssertEqual(tail.sigmas, want.sigmas, name)
@@ -138,9 +153,60 @@ final class SchedulersTests: XCTestCase {
 
     func testJumpLandsOnThePredictedX0() throws {
         let x = Tensor(shape: [1, 3], data: [0.3, -1.2, 2.5]), v = Tensor(shape: [1, 3], data: [0.7, -0.1, 1.9])
-        for name in knownSchedulers {
+        for name in knownSchedulers where name != CogVideoXDDIM.name {
             let s = try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)
             XCTAssertEqual(s.jump(x: x, v: v, sigma: 0.625).data, zip(x.data, v.data).map { $0 + (0 - 0.625) * $1 })
+        }
+        // DDIM: x0 = sqrt(a) x - sqrt(1 - a) v at the level's alphas_cumprod
+        let ddim = CogVideoXDDIM(shift: 3, numTrainTimesteps: 1000)
+        for level: Float in [999, 570, 0] {
+            let a = ddim.alphasCumprod[Int(level)]
+            let c = Float(a.squareRoot()), d = Float((1 - a).squareRoot())
+            XCTAssertEqual(ddim.jump(x: x, v: v, sigma: level).data, zip(x.data, v.data).map { c * $0 - d * $1 })
+        }
+        // the last training step has zero SNR: its x0 is -v
+        XCTAssertEqual(ddim.jump(x: x, v: v, sigma: 999).data, v.data.map { -$0 })
+    }
+
+    func testDDIMSchedule() {
+        // zero terminal SNR, the first level kept; falling in between
+        for (shift, n) in [(1.0, 1000), (3.0, 1000), (2.5, 500)] {
+            let s = CogVideoXDDIM(shift: shift, numTrainTimesteps: n)
+            XCTAssertEqual(s.alphasCumprod.count, n)
+            XCTAssertEqual(s.alphasCumprod.last, 0)
+            XCTAssertTrue(zip(s.alphasCumprod, s.alphasCumprod.dropFirst()).allSatisfy { $0 > $1 })
+        }
+        // trailing timesteps: round(arange(N, 0, -N / steps)) - 1, then -1; times t / N
+        let s = CogVideoXDDIM(shift: 1, numTrainTimesteps: 1000)
+        XCTAssertEqual(s.timesteps(steps: 4), [999, 749, 499, 249])
+        XCTAssertEqual(s.schedule(steps: 4).sigmas, [999, 749, 499, 249, -1])
+        XCTAssertEqual(s.schedule(steps: 4).modelTimes, [0.999, 0.749, 0.499, 0.249].map { Float($0 as Double) })
+        XCTAssertEqual(s.timesteps(steps: 7), [999, 856, 713, 570, 428, 285, 142])
+        // N / steps whole: the stride of 7 steps is 142, so a step need not land on the next
+        XCTAssertEqual((s.solver(sigmas: s.schedule(steps: 7).sigmas) as! DDIMSolver).stride, 142)
+    }
+
+    func testRefusesLeapStepsWithoutATail() throws {
+        // the message edge/sampler.py's SamplerSettings gives
+        var settings = SamplerSettings()
+        settings.scheduler = "cogvideox_ddim"
+        settings.leapSteps = 3
+        XCTAssertThrowsError(try settings.validate()) { error in
+            XCTAssertEqual("\(error)", "sampler setting leap_steps=3: cogvideox_ddim leaps in one step "
+                           + "only (no re-planned tail is built for it)")
+        }
+        XCTAssertThrowsError(try Fixtures.settings(["scheduler": "cogvideox_ddim", "leap_steps": 2])) { error in
+            XCTAssertEqual("\(error)", "sampler setting leap_steps=2: cogvideox_ddim leaps in one step "
+                           + "only (no re-planned tail is built for it)")
+        }
+        settings.leapSteps = 1
+        XCTAssertNoThrow(try settings.validate())
+        settings.leap = true
+        XCTAssertNoThrow(try settings.validate())
+        for name in ["flow_euler", "flow_unipc"] {
+            settings.scheduler = name
+            settings.leapSteps = 3
+            XCTAssertNoThrow(try settings.validate(), name)
         }
     }
 }
