@@ -118,13 +118,6 @@ def max_calls(settings: SamplerSettings) -> int:
     return max(settings.steps, settings.steps - 2 + settings.leap_steps)
 
 
-def leap_tail(t_from: float, t_min: float,
-              settings: SamplerSettings) -> tuple[np.ndarray, np.ndarray]:
-    """The noise levels (leap_steps + 1, ending at 0) and model times (leap_steps) of a leap
-    from t_from: the schedule's spacing re-planned over what is left of it."""
-    return scheduler_of(settings).tail(t_from, t_min, settings.leap_steps)
-
-
 def guided_velocity(v_cond: np.ndarray, v_uncond: np.ndarray, guidance: float) -> np.ndarray:
     return v_uncond + guidance * (v_cond - v_uncond)
 

@@ -61,12 +61,6 @@ export function modelTimes(settings) {
   return schedulerOf(settings).schedule(settings.steps).modelTimes;
 }
 
-// edge/sampler.py leap_tail: the noise levels (leap_steps + 1, ending at 0) and model times
-// (leap_steps) of a leap from tFrom, the schedule's spacing re-planned over what is left.
-export function leapTailTimes(tFrom, tMin, settings) {
-  return schedulerOf(settings).tail(tFrom, tMin, settings.leap_steps);
-}
-
 export function guidedVelocity(vCond, vUncond, guidance) {
   const g = f32(guidance);
   const out = new Float32Array(vCond.length);

@@ -139,14 +139,6 @@ public func modelTimes(_ settings: SamplerSettings) -> [Float] {
     scheduler(of: settings).schedule(steps: settings.steps).modelTimes
 }
 
-/// edge/sampler.py leap_tail: the noise levels (leap_steps + 1, ending at 0) and model times
-/// (leap_steps) of a leap from tFrom, the schedule's spacing re-planned over what is left
-/// (the scheduler's `tail`).
-public func leapTail(from tFrom: Float, to tMin: Float,
-                     settings: SamplerSettings) -> (sigmas: [Float], modelTimes: [Float]) {
-    scheduler(of: settings).tail(from: tFrom, min: tMin, steps: settings.leapSteps)
-}
-
 public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
     let g = Float(guidance)
     return Tensor(shape: cond.shape, data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })

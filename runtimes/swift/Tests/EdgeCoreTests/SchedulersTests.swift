@@ -144,7 +144,7 @@ final class SchedulersTests: XCTestCase {
                 continue
             }
             XCTAssertNoThrow(try settings.validate(), name)
-            let tail = leapTail(from: sigmas[4], to: sigmas[8], settings: settings)
+            let tail = scheduler(of: settings).tail(from: sigmas[4], min: sigmas[8], steps: 3)
             let want = s.tail(from: sigmas[4], min: sigmas[8], steps: 3)
             XCTAssertEqual(tail.sigmas, want.sigmas, name)
             XCTAssertEqual(tail.modelTimes, want.modelTimes, name)

@@ -141,11 +141,12 @@ final class UniPCTests: XCTestCase {
     func testLeapTailModelTimes() {
         var s = unipc(30)
         s.leapSteps = 4
-        let (sigmas, times) = leapTail(from: 0.8, to: 0.05, settings: s)
+        let (sigmas, times) = scheduler(of: s).tail(from: 0.8, min: 0.05, steps: s.leapSteps)
         XCTAssertEqual(sigmas, leapTail(from: 0.8, to: 0.05, steps: 4, shift: 3))
         XCTAssertEqual(times, wholeStepTimes(Array(sigmas.dropLast()), numTrainTimesteps: 1000))
         s.scheduler = "flow_euler"
-        XCTAssertEqual(leapTail(from: 0.8, to: 0.05, settings: s).modelTimes, Array(sigmas.dropLast()))
+        XCTAssertEqual(scheduler(of: s).tail(from: 0.8, min: 0.05, steps: s.leapSteps).modelTimes,
+                       Array(sigmas.dropLast()))
     }
 
     func testSolveByHand() {
