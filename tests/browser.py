@@ -70,6 +70,45 @@ def chromium():
             browser.close()
 
 
+# a video ({frames, shape}) of the page as base64 bytes, and reading it back here
+VIDEO_B64 = """(v) => { let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
+  t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
+  return { data: btoa(t), shape: v.shape, type: v.frames.constructor.name }; }"""
+
+
+def read_video(got: dict) -> np.ndarray:
+    assert got["type"] == "Uint8Array", got["type"]
+    return from_b64(got["data"], np.uint8, got["shape"])
+
+
+# On a page of a served package: WebPipeline.load(url, {path}) kept as window.pipes[path]
+# (runtime/pipeline.js imported on first use); returns the path it runs
+LOAD_PIPE = """async ([url, path]) => {
+  window.WebPipeline = window.WebPipeline
+    || (await import(new URL('runtime/pipeline.js', url).href)).WebPipeline;
+  window.pipes = window.pipes || {};
+  window.pipes[path] = await window.WebPipeline.load(url, { path });
+  return window.pipes[path].path.name; }"""
+
+# generate(prompt, options) on a loaded path, latents as base64 float32 bytes (or null):
+# the video, or the error's message
+GENERATE_ON = """async ([path, prompt, options, latents]) => {
+  const from64 = (t) => { const s = atob(t), u = new Uint8Array(s.length);
+    for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i); return u.buffer; };
+  if (latents !== null) options = { ...options, latents: new Float32Array(from64(latents)) };
+  try { return (""" + VIDEO_B64 + """)(await window.pipes[path].generate(prompt, options)); }
+  catch (err) { return { error: err.message }; } }"""
+
+
+def page_generate(pg, path: str, prompt: str, options: dict,
+                  latents: np.ndarray | None) -> np.ndarray | str:
+    """The video (T, H, W, 3) the page's pipeline of `path` (LOAD_PIPE) generates, or the
+    message of what it threw."""
+    got = pg.evaluate(GENERATE_ON, [path, prompt, options,
+                                    None if latents is None else b64(latents)])
+    return got["error"] if "error" in got else read_video(got)
+
+
 def skip_without_webgpu(context, pg) -> None:
     """Skip (closing `context`) where chromium gives the page no WebGPU adapter."""
     adapter = pg.evaluate("async () => navigator.gpu ? !!(await navigator.gpu.requestAdapter()) "

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from wan_folder import make_wan_folder
+from wan_folder import diffusers_frames, make_wan_folder
 
 from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, load_model
@@ -55,11 +55,8 @@ def test_cut_equals_diffusers_with_per_token_timesteps(wan22):
                                       "caption": caption})["velocity"]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
-    vae = wan22.pipe.vae
     z = torch.randn(1, *wan22.latent_shape, generator=torch.Generator().manual_seed(2))
-    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
-    want = (vae.decode(z * std + mean).sample.clamp(-1, 1) + 1) / 2
+    want = diffusers_frames(wan22.pipe.vae, z)
     got = run_chunked(cut["vae_decoder"], wan22.chunked["vae_decoder"], {"z": z})["frames"]
     assert got.shape == (1, 3, SIZE["frames"], SIZE["height"], SIZE["width"])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
@@ -200,7 +197,7 @@ def test_the_page_reproduces_wan_pipeline_on_the_wasm_path(wan22, tmp_path, brow
     and the plans' llvm replay on 2.1): the page, through the embedding API, gives
     WanPipeline's video for the same prompt, negative prompt, latents, steps, guidance."""
     pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
-    from browser import ORT_DIST, assert_same_video, b64, from_b64, serving
+    from browser import LOAD_PIPE, ORT_DIST, assert_same_video, page_generate, serving
 
     from exporters.web import export_web
 
@@ -217,20 +214,12 @@ def test_the_page_reproduces_wan_pipeline_on_the_wasm_path(wan22, tmp_path, brow
         try:
             pg = ctx.new_page()
             pg.goto(url + "manifest.json")
-            got = pg.evaluate("""async ([url, prompt, options, latents]) => {
-              const { WebPipeline } = await import('./runtime/pipeline.js');
-              const s = atob(latents), u = new Uint8Array(s.length);
-              for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i);
-              const pipe = await WebPipeline.load(url, { path: 'wasm' });
-              const v = await pipe.generate(prompt,
-                { ...options, latents: new Float32Array(u.buffer) });
-              let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
-                t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
-              return { data: btoa(t), shape: v.shape }; }""",
-                              [url, "a red circle moving  left", options, b64(latents)])
+            assert pg.evaluate(LOAD_PIPE, [url, "wasm"]) == "wasm"
+            got = page_generate(pg, "wasm", "a red circle moving  left", options, latents)
         finally:
             ctx.close()
-    assert_same_video(from_b64(got["data"], np.uint8, got["shape"]), want)
+    assert not isinstance(got, str), got
+    assert_same_video(got, want)
 
 
 def test_scale_model_writes_wan22_shapes(tmp_path, monkeypatch):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
@@ -22,9 +21,10 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 # the same onnxruntime-web dist and the same video thresholds as the demo page's tests
 from browser import (  # noqa: E402  (after the skips)
     ORT_DIST,
+    VIDEO_B64,
     assert_same_video,
     b64,
-    from_b64,
+    read_video,
     serving,
     skip_without_webgpu,
 )
@@ -97,18 +97,7 @@ def python_pipe(exported_package):
     pipe.close()
 
 
-# a video ({frames, shape}) of the page as base64 bytes, and reading it back here
-VIDEO_B64 = """(v) => { let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
-  t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
-  return { data: btoa(t), shape: v.shape, type: v.frames.constructor.name }; }"""
-
-
 FIRST_VIDEO = f"({VIDEO_B64})(window.edge.video)"  # the minimal page's own video
-
-
-def read_video(got: dict) -> np.ndarray:
-    assert got["type"] == "Uint8Array", got["type"]
-    return from_b64(got["data"], np.uint8, got["shape"])
 
 
 def test_docs_minimal_page_generates_the_python_video(minimal, web_package, python_pipe):

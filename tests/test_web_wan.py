@@ -14,10 +14,10 @@ pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is not installed")
 
 from browser import (  # noqa: E402  (after the skips)
+    LOAD_PIPE,
     ORT_DIST,
     assert_same_video,
-    b64,
-    from_b64,
+    page_generate,
     serving,
     skip_without_webgpu,
 )
@@ -57,44 +57,27 @@ def diffusers_video(wan_model, latents):
 
 @pytest.fixture(scope="module")
 def page(wan_web_package, browser):
-    """A page of the served package, with WebPipeline imported (window.WebPipeline)."""
+    """A page of the served package (pipelines loaded on it by LOAD_PIPE)."""
     root, _ = wan_web_package
     with serving(root) as url:
         ctx = browser.new_context()
         pg = ctx.new_page()
         pg.goto(url + "manifest.json")
-        pg.evaluate("async () => { window.WebPipeline = (await import('./runtime/pipeline.js'))"
-                    ".WebPipeline; }")
         pg.served = url
         pg.ctx = ctx
         yield pg
         ctx.close()
 
 
-LOAD = """async ([url, path]) => {
-  window.pipes = window.pipes || {};
-  window.pipes[path] = await window.WebPipeline.load(url, { path });
-  return window.pipes[path].path.name; }"""
-
-# generate(prompt, options) on a loaded path; latents as base64 float32 bytes
-GENERATE = """async ([path, prompt, options, latents]) => {
-  const from64 = (t) => { const s = atob(t), u = new Uint8Array(s.length);
-    for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i); return u.buffer; };
-  if (latents !== null) options = { ...options, latents: new Float32Array(from64(latents)) };
-  try {
-    const v = await window.pipes[path].generate(prompt, options);
-    let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
-      t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
-    return { data: btoa(t), shape: v.shape };
-  } catch (err) { return { error: err.message }; } }"""
+@pytest.fixture(scope="module")
+def wasm(page):
+    """The page with a wasm-path pipeline loaded once for the tests that only use it."""
+    assert page.evaluate(LOAD_PIPE, [page.served, "wasm"]) == "wasm"
+    return page
 
 
 def generate(pg, path: str, latents, options=OPTIONS, prompt=PROMPT) -> np.ndarray | str:
-    got = pg.evaluate(GENERATE, [path, prompt, options,
-                                 None if latents is None else b64(latents)])
-    if "error" in got:
-        return got["error"]
-    return from_b64(got["data"], np.uint8, got["shape"])
+    return page_generate(pg, path, prompt, options, latents)
 
 
 def test_export_checks_every_wan_plan_and_graph(wan_web_package):
@@ -122,31 +105,29 @@ def test_export_checks_every_wan_plan_and_graph(wan_web_package):
 def test_each_path_reproduces_wan_pipeline(page, path, latents, diffusers_video):
     if path == "webgpu":
         skip_without_webgpu(page.ctx, page)
-    assert page.evaluate(LOAD, [page.served, path]) == path
+    assert page.evaluate(LOAD_PIPE, [page.served, path]) == path
     got = generate(page, path, latents)
     assert not isinstance(got, str), got
     assert got.shape == diffusers_video.shape  # (T, H, W, 3)
     assert_same_video(got, diffusers_video)
 
 
-def test_the_negative_prompt_conditions_the_video(page, wan_model, latents, diffusers_video):
+def test_the_negative_prompt_conditions_the_video(wasm, wan_model, latents, diffusers_video):
     """Another negative prompt, another video; none given, the package's own (Wan's "", as
     WanPipeline's default) is encoded for the unconditional pass: diffusers' video for it."""
-    page.evaluate(LOAD, [page.served, "wasm"])
-    other = generate(page, "wasm", latents, OPTIONS | {"negative_prompt": "green square"})
+    other = generate(wasm, "wasm", latents, OPTIONS | {"negative_prompt": "green square"})
     assert not np.array_equal(other, diffusers_video)
     plain = {"steps": OPTIONS["steps"], "guidance": OPTIONS["guidance"]}
     want = wan_model.reference(PROMPT, latents=latents, **plain)[0]
     assert not np.array_equal(want, diffusers_video)
-    assert_same_video(generate(page, "wasm", latents, plain), want)
+    assert_same_video(generate(wasm, "wasm", latents, plain), want)
 
 
-def test_wrong_latents_are_refused_and_the_pipeline_goes_on(page, latents, diffusers_video):
-    page.evaluate(LOAD, [page.served, "wasm"])
-    error = generate(page, "wasm", latents[..., :-1])
+def test_wrong_latents_are_refused_and_the_pipeline_goes_on(wasm, latents, diffusers_video):
+    error = generate(wasm, "wasm", latents[..., :-1])
     assert isinstance(error, str), "latents of the wrong length were taken"
     assert f"has {latents[..., :-1].size} values" in error and str(latents.size) in error, error
-    assert_same_video(generate(page, "wasm", latents), diffusers_video)
+    assert_same_video(generate(wasm, "wasm", latents), diffusers_video)
 
 
 @pytest.mark.parametrize("technique", [{"leap": True, "leap_after": 4, "leap_steps": 2,
@@ -154,12 +135,11 @@ def test_wrong_latents_are_refused_and_the_pipeline_goes_on(page, latents, diffu
                                        {"cache_threshold": 0.3, "steps": 12},
                                        {"merge_steps": 2, "steps": 4}],
                          ids=["leap", "step-cache", "tdtm"])
-def test_techniques_give_the_python_runtimes_video(page, wan_packages, latents, technique):
+def test_techniques_give_the_python_runtimes_video(wasm, wan_packages, latents, technique):
     """Linear Proportional Leap, the step cache and TDTM's merged blocks on the page take the
     same decisions as the Python runtime on the same package's ONNX twin and noise."""
     from runtimes.python import Pipeline
 
-    page.evaluate(LOAD, [page.served, "wasm"])
     options = {"negative_prompt": "blue dog", "guidance": 4.0, **technique}
     runtime = Pipeline.load(wan_packages["unipc"][0])
     try:
@@ -169,7 +149,7 @@ def test_techniques_give_the_python_runtimes_video(page, wan_packages, latents, 
         runtime.close()
     if "merge_steps" not in technique:
         assert calls < technique["steps"]  # the technique did skip transformer calls
-    got = generate(page, "wasm", latents, options)
+    got = generate(wasm, "wasm", latents, options)
     assert not isinstance(got, str), got
     assert_same_video(got, want)
-    assert page.evaluate("() => window.pipes.wasm.lastRun.transformer_calls") == calls
+    assert wasm.evaluate("() => window.pipes.wasm.lastRun.transformer_calls") == calls

@@ -10,6 +10,14 @@ import torch
 from edge.models.scaled_wan import small_tokenizer
 
 
+def diffusers_frames(vae, z: torch.Tensor) -> torch.Tensor:
+    """What WanPipeline makes of normalised latents z (B, C, T, h, w): denormalised,
+    decoded by `vae.decode`, as frames in [0, 1] (B, 3, T', H, W)."""
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    return (vae.decode(z * std + mean).sample.clamp(-1, 1) + 1) / 2
+
+
 def make_wan_folder(dest: Path, scheduler: str = "unipc", seed: int = 0, layers: int = 2,
                     text_layers: int = 2, version: str = "2.1") -> Path:
     """Write a tiny WanPipeline to `dest` with `save_pretrained`; returns `dest`.
