@@ -19,6 +19,8 @@ MAX_STEPS = 10_000
 MAX_TRAIN_TIMESTEPS = 1_000_000
 # far above any useful guidance scale (models use 1 to 10); huge ones overflow into NaN
 MAX_GUIDANCE = 1e4
+# the settings whose default None stands for "off" and whose value is otherwise a real number
+REAL_OR_NONE = ("shift_terminal",)
 
 
 def check_prompts(prompts: Any) -> list[str]:
@@ -59,14 +61,15 @@ def _check_value(name: str, value: Any, default: Any) -> None:
         ok = isinstance(value, bool)
     elif isinstance(default, int) or (default is None and name.endswith(("steps", "after"))):
         ok = _is_int(value) or (default is None and value is None)
-    elif isinstance(default, float):
+    elif isinstance(default, float) or (default is None and name in REAL_OR_NONE):
         ok = (isinstance(value, int | float) and not isinstance(value, bool)
-              and math.isfinite(value))
+              and math.isfinite(value)) or (default is None and value is None)
     else:
         ok = True
     if not ok:
         kind = {bool: "true or false", int: "an integer", float: "a finite number"}.get(
-            type(default), "an integer or None")
+            type(default), "a finite number or None" if name in REAL_OR_NONE
+            else "an integer or None")
         raise ValueError(f"sampler setting {name}={value!r}: must be {kind}")
 
 
@@ -87,9 +90,11 @@ def check_settings(settings: SamplerSettings) -> SamplerSettings:
     with np.errstate(all="ignore"):
         schedule = timesteps(settings)
     if not (np.isfinite(schedule).all() and (np.diff(schedule) < 0).all()):
+        terminal = ("" if settings.shift_terminal is None
+                    else f", shift_terminal={settings.shift_terminal!r}")
         raise ValueError(f"sampler settings shift={settings.shift!r}, num_train_timesteps="
-                         f"{settings.num_train_timesteps}: no usable noise schedule (its "
-                         "levels must fall from 1 to 0, finite and distinct)")
+                         f"{settings.num_train_timesteps}{terminal}: no usable noise schedule "
+                         "(its levels must fall from 1 to 0, finite and distinct)")
     merge = getattr(settings, "merge_steps", 0)
     if merge > settings.steps:
         raise ValueError(f"sampler setting merge_steps={merge}: more than steps="

@@ -41,6 +41,9 @@ class SamplerSettings:
     shift: float = 3.0                 # SD3-style timestep shift: more steps at high noise
     num_train_timesteps: int = 1000
     scheduler: str = "flow_euler"      # a name of edge/schedulers.py SCHEDULERS
+    # the last noise level before 0, the schedule stretched to end there (ltx_flow_euler's
+    # shift_terminal); None: no stretch
+    shift_terminal: float | None = None
     # Linear Proportional Leap
     leap: bool = False
     leap_after: int | None = None      # fixed mode: leap after this many steps; None: dynamic
@@ -61,6 +64,15 @@ class SamplerSettings:
             raise bad("scheduler", f"known: {', '.join(SCHEDULERS)}")
         if self.steps < 1:
             raise bad("steps", "must be at least 1")
+        if self.shift_terminal is not None:
+            t = self.shift_terminal
+            if not (isinstance(t, int | float) and not isinstance(t, bool) and 0 < t < 1):
+                raise bad("shift_terminal", "must be a number between 0 and 1 (the last noise "
+                                            "level before 0), or None for no stretch")
+            if not SCHEDULERS[self.scheduler].takes_shift_terminal:
+                takers = ", ".join(n for n, c in SCHEDULERS.items() if c.takes_shift_terminal)
+                raise bad("shift_terminal", f"{self.scheduler} takes none (only {takers} "
+                                            "stretches its schedule to a terminal level)")
         # a leap after steps - 1 or more steps never happens (the last step reaches t = 0
         # anyway), so a package's fixed leap stays valid when fewer steps are asked for
         if self.leap_after is not None and self.leap_after < 1:
@@ -95,7 +107,8 @@ class SamplerSettings:
 
 
 def scheduler_of(settings: SamplerSettings) -> Scheduler:
-    return scheduler_for(settings.scheduler, settings.shift, settings.num_train_timesteps)
+    return scheduler_for(settings.scheduler, settings.shift, settings.num_train_timesteps,
+                         settings.shift_terminal)
 
 
 def timesteps(settings: SamplerSettings) -> np.ndarray:

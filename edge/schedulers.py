@@ -7,7 +7,13 @@ the jump to the end). The JavaScript (runtimes/web/schedulers.js) and Swift
 (Schedulers.swift) runtimes mirror the same classes. Each is a NumPy mirror of a diffusers
 scheduler with the same numbers (tested step by step against it, tests/test_sampler.py):
 
-- `flow_euler`: FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video).
+- `flow_euler`: FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora).
+- `ltx_flow_euler`: FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (LTX-Video): its
+  own sigmas linspace(1, 1/N, N), the exponential time shift by mu (use_dynamic_shifting),
+  then stretched so the last level is `shift_terminal` (bit-exact). The manifest's `shift`
+  carries exp(mu): with the time-shift exponent 1 the exponential shift is the static shift
+  by exp(mu), so an export computes it once from its token count (`ltx_mu`, as LTXPipeline's
+  calculate_shift) and the runtimes need no sequence length.
 - `flow_unipc`: UniPCMultistepScheduler as Wan 2.1 configures it: flow prediction, flow
   sigmas with `flow_shift`, order 2, the bh2 variant, predictor-corrector, first order at the
   last step. An order-2 multistep method: an Euler sampler does not reproduce it.
@@ -40,6 +46,34 @@ def leap_tail_sigmas(t_from: float, t_min: float, steps: int, shift: float) -> n
     even = np.linspace(unshift_sigmas(np.float64(t_from), shift),
                        unshift_sigmas(np.float64(t_min), shift), steps)
     return np.append(shift_sigmas(even, shift), 0.0).astype(np.float32)
+
+
+def ltx_mu(tokens: int, base_seq: int, max_seq: int, base_shift: float,
+           max_shift: float) -> float:
+    """diffusers' calculate_shift, as LTXPipeline calls it with its scheduler config: the mu
+    of `tokens` latent tokens (frames x height x width), on the line through (base_seq,
+    base_shift) and (max_seq, max_shift), float64. LTX-Video 0.9.x's config gives 1024,
+    4096, 0.95, 2.05 (LTXPipeline's fallbacks, where a config has none: 256, 4096, 0.5,
+    1.15). The manifest's `shift` for `ltx_flow_euler` is math.exp of it."""
+    slope = (max_shift - base_shift) / (max_seq - base_seq)
+    return tokens * slope + (base_shift - slope * base_seq)
+
+
+def ltx_sigmas(steps: int, shift: float, shift_terminal: float | None) -> np.ndarray:
+    """FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline calls it, op for op in
+    float32 as diffusers computes on its float32 array: linspace(1, 1/N, N), the exponential
+    time shift e / (e + (1 / s - 1)) with e = exp(mu) = `shift`, then (with a terminal) 1 - s
+    scaled so the last level is `shift_terminal`; a final 0. One step keeps its level 1:
+    there the stretch divides 0 by 0 (diffusers gives NaN)."""
+    one, e = np.float32(1), np.float32(shift)
+    sigmas = np.linspace(1.0, 1.0 / steps, steps).astype(np.float32)
+    sigmas = e / (e + (one / sigmas - one))
+    if shift_terminal is not None and steps > 1:
+        rest = one - sigmas
+        # diffusers: 1 - shift_terminal in float64, then float32 against the array
+        scale = rest[-1] / np.float32(1 - shift_terminal)
+        sigmas = one - rest / scale
+    return np.append(sigmas, np.float32(0)).astype(np.float32)
 
 
 def whole_step_times(sigmas: np.ndarray, num_train_timesteps: int) -> np.ndarray:
@@ -188,10 +222,14 @@ class Scheduler:
 
     name: str
     leap_tail = True
+    # whether the schedule takes a `shift_terminal` (SamplerSettings refuses one otherwise)
+    takes_shift_terminal = False
 
-    def __init__(self, shift: float, num_train_timesteps: int) -> None:
+    def __init__(self, shift: float, num_train_timesteps: int,
+                 shift_terminal: float | None = None) -> None:
         self.shift = shift
         self.num_train_timesteps = num_train_timesteps
+        self.shift_terminal = shift_terminal
 
     def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """The levels of `steps` steps (float32, falling, length steps + 1; a flow's are its
@@ -216,7 +254,7 @@ class Scheduler:
 
 
 class FlowEuler(Scheduler):
-    """FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video)."""
+    """FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora)."""
 
     name = "flow_euler"
 
@@ -250,6 +288,27 @@ class FlowUniPC(Scheduler):
         return UniPCFlow(sigmas)
 
 
+class FlowEulerLTX(Scheduler):
+    """FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (`ltx_sigmas`: `shift` is
+    exp(mu), `shift_terminal` the last level before 0, None for no stretch); model times are
+    the sigmas (diffusers' timesteps are them times 1000). A leap's tail is flow_euler's:
+    evenly spaced before the shift by exp(mu) from t_from to t_min, then 0. The terminal
+    stretch is not applied again: it is an affine map of 1 - sigma fixed by the whole
+    schedule's step count, and both ends of the tail are levels of the stretched schedule."""
+
+    name = "ltx_flow_euler"
+    takes_shift_terminal = True
+
+    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        sigmas = ltx_sigmas(steps, self.shift, self.shift_terminal)
+        return sigmas, sigmas[:-1]
+
+    def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        sigmas = leap_tail_sigmas(t_from, t_min, steps, self.shift)
+        return sigmas, sigmas[:-1]
+
+    def solver(self, sigmas: np.ndarray) -> EulerSolver:
+        return EulerSolver(sigmas)
 
 
 def rescale_zero_terminal_snr(alphas_cumprod: np.ndarray) -> np.ndarray:
@@ -302,8 +361,9 @@ class CogVideoXDDIM(Scheduler):
     leap_tail = False
     beta_start, beta_end = 0.00085, 0.012
 
-    def __init__(self, shift: float, num_train_timesteps: int) -> None:
-        super().__init__(shift, num_train_timesteps)
+    def __init__(self, shift: float, num_train_timesteps: int,
+                 shift_terminal: float | None = None) -> None:
+        super().__init__(shift, num_train_timesteps, shift_terminal)
         betas = np.linspace(self.beta_start ** 0.5, self.beta_end ** 0.5, num_train_timesteps,
                             dtype=np.float64) ** 2
         alphas_cumprod = np.cumprod(1.0 - betas)
@@ -333,12 +393,13 @@ class CogVideoXDDIM(Scheduler):
 
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
-    c.name: c for c in (FlowEuler, FlowUniPC, CogVideoXDDIM)}
+    c.name: c for c in (FlowEuler, FlowUniPC, CogVideoXDDIM, FlowEulerLTX)}
 
 
-def scheduler_for(name: str, shift: float, num_train_timesteps: int) -> Scheduler:
+def scheduler_for(name: str, shift: float, num_train_timesteps: int,
+                  shift_terminal: float | None = None) -> Scheduler:
     """The scheduler a manifest's `sampler.scheduler` names; an unknown name is refused
     naming the known ones."""
     if name not in SCHEDULERS:
         raise ValueError(f"sampler setting scheduler={name!r}: known: {', '.join(SCHEDULERS)}")
-    return SCHEDULERS[name](shift, num_train_timesteps)
+    return SCHEDULERS[name](shift, num_train_timesteps, shift_terminal)

@@ -20,8 +20,10 @@ tests/fixtures/swift/ holds:
   trace; and 2x2 systems with what `np.linalg.solve` gives (UniPC's corrector solves one);
 - schedulers.json: each scheduler of `edge.schedulers.SCHEDULERS` as an object, by name (the
   JS and Swift runtimes look theirs up the same way): for several (steps, shift, training
-  steps), its `schedule` (noise levels, model times), a leap's `tail`, a `solver` stepped
-  through the schedule with given velocities (the sample after each step) and its `jump`;
+  steps, shift_terminal: 0.1 for a scheduler that takes one, else null; ltx_flow_euler also
+  at LTX-Video's shifts exp(mu) and without a terminal), its `schedule` (noise levels, model
+  times), a leap's `tail`, a `solver` stepped through the schedule with given velocities
+  (the sample after each step) and its `jump`;
 - tokenizer.json + tokens.json: the package's tokenizer file and the ids and masks that
   `edge.tokenizer` makes of a few prompts (punctuation, capitals, accents, unknown words,
   truncation);
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -53,7 +56,7 @@ from edge.sampler import (
     sample,
     timesteps,
 )
-from edge.schedulers import SCHEDULERS, UniPCFlow, scheduler_for, unipc_sigmas
+from edge.schedulers import SCHEDULERS, UniPCFlow, ltx_mu, scheduler_for, unipc_sigmas
 from edge.tokenizer import load_tokenizer, tokenize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swift"
@@ -208,15 +211,25 @@ def solve_cases() -> list[dict]:
     return out
 
 
+def ltx_shift(tokens: int) -> float:
+    """The manifest shift exp(mu) of LTX-Video 0.9.x's scheduler config at `tokens` tokens."""
+    return math.exp(ltx_mu(tokens, 1024, 4096, 0.95, 2.05))
+
+
 def scheduler_cases() -> list[dict]:
     """Each scheduler through its interface alone, so a mirror is held to it before any
     sampler logic: schedule, tail, solver steps on fixed velocities, jump."""
     rng = np.random.default_rng(23)
     cases = []
-    for name in SCHEDULERS:
-        for steps, shift, n in ((1, 3.0, 1000), (2, 5.0, 1000), (7, 1.0, 1000),
-                                (12, 2.5, 500), (30, 5.0, 1000)):
-            scheduler = scheduler_for(name, shift, n)
+    # (steps, shift, training steps, shift_terminal) beyond the common ones
+    extra = {"ltx_flow_euler": [(20, ltx_shift(7392), 1000, 0.1),
+                                (8, ltx_shift(1024), 1000, None)]}
+    for name, cls in SCHEDULERS.items():
+        terminal = 0.1 if cls.takes_shift_terminal else None
+        common = [(steps, shift, n, terminal) for steps, shift, n in (
+            (1, 3.0, 1000), (2, 5.0, 1000), (7, 1.0, 1000), (12, 2.5, 500), (30, 5.0, 1000))]
+        for steps, shift, n, shift_terminal in common + extra.get(name, []):
+            scheduler = scheduler_for(name, shift, n, shift_terminal)
             sigmas, times = scheduler.schedule(steps)
             x = rng.standard_normal((2, 3)).astype(np.float32)
             v = rng.standard_normal((steps, 2, 3)).astype(np.float32)
@@ -231,7 +244,8 @@ def scheduler_cases() -> list[dict]:
                 tail = {"t_from": t_from, "t_min": float(sigmas[-2]), "steps": 3,
                         "sigmas": tail_sigmas.tolist(), "model_times": tail_times.tolist()}
             cases.append({"scheduler": name, "shift": shift, "num_train_timesteps": n,
-                          "steps": steps, "sigmas": sigmas.tolist(), "model_times": times.tolist(),
+                          "shift_terminal": shift_terminal, "steps": steps,
+                          "sigmas": sigmas.tolist(), "model_times": times.tolist(),
                           "x": x.tolist(), "v": v.tolist(), "solver_steps": xs, "tail": tail,
                           "jump": {"sigma": t_from,
                                    "x": scheduler.jump(x, v[0], t_from).tolist()}})

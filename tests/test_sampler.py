@@ -1,8 +1,13 @@
+import json
+import math
+import re
+
 import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from edge.options import check_settings, with_overrides
 from edge.sampler import (
     SamplerSettings,
     guided_velocity,
@@ -10,7 +15,13 @@ from edge.sampler import (
     sample,
     timesteps,
 )
-from edge.schedulers import SCHEDULERS, scheduler_for
+from edge.schedulers import SCHEDULERS, ltx_mu, scheduler_for
+
+# LTX-Video 0.9.x's scheduler_config.json (diffusers format); time_shift_type is not in it,
+# diffusers' default "exponential" applies
+LTX_CONFIG = {"base_image_seq_len": 1024, "base_shift": 0.95, "max_image_seq_len": 4096,
+              "max_shift": 2.05, "num_train_timesteps": 1000, "shift": 1.0,
+              "shift_terminal": 0.1, "use_dynamic_shifting": True}
 
 
 @pytest.mark.parametrize("steps,shift", [(30, 3.0), (30, 1.0), (8, 2.0)])
@@ -67,7 +78,17 @@ def _diffusers_scheduler(name: str, shift: float):
                 prediction_type="v_prediction", rescale_betas_zero_snr=True,
                 timestep_spacing="trailing", snr_shift_scale=shift, set_alpha_to_one=True,
                 clip_sample=False),
+            "ltx_flow_euler": lambda: FlowMatchEulerDiscreteScheduler(**LTX_CONFIG),
             }[name]()
+
+
+def _set_timesteps(name: str, sched, steps: int, shift: float) -> None:
+    """As each family's pipeline sets its schedule: LTXPipeline gives its own sigmas and the
+    mu whose exp is our shift."""
+    if name == "ltx_flow_euler":
+        sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=math.log(shift))
+    else:
+        sched.set_timesteps(steps)
 
 
 def _levels(sched) -> np.ndarray:
@@ -84,10 +105,11 @@ def test_each_scheduler_matches_diffusers_step_by_step(name, steps, shift):
     """Every scheduler object (looked up by its manifest name) against its diffusers twin:
     the noise levels, the timesteps handed to the model, and each solver step on a velocity
     that depends on the sample, as a model's does."""
-    scheduler = scheduler_for(name, shift, 1000)
+    terminal = LTX_CONFIG["shift_terminal"] if SCHEDULERS[name].takes_shift_terminal else None
+    scheduler = scheduler_for(name, shift, 1000, terminal)
     assert scheduler.name == name
     sched = _diffusers_scheduler(name, shift)
-    sched.set_timesteps(steps)
+    _set_timesteps(name, sched, steps, shift)
     sigmas, times = scheduler.schedule(steps)
     np.testing.assert_allclose(sigmas, _levels(sched), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(times * 1000, sched.timesteps.numpy(), atol=1e-3)
@@ -105,10 +127,116 @@ def test_each_scheduler_matches_diffusers_step_by_step(name, steps, shift):
 def test_a_scheduler_is_looked_up_by_its_manifest_name():
     assert {name: cls.name for name, cls in SCHEDULERS.items()} == {
         "flow_euler": "flow_euler", "flow_unipc": "flow_unipc",
-        "cogvideox_ddim": "cogvideox_ddim"}
+        "cogvideox_ddim": "cogvideox_ddim", "ltx_flow_euler": "ltx_flow_euler"}
     with pytest.raises(ValueError, match="scheduler='ddim'.*flow_euler, flow_unipc, "
-                                         "cogvideox_ddim"):
+                                         "cogvideox_ddim, ltx_flow_euler"):
         scheduler_for("ddim", 3.0, 1000)
+
+
+# latent token counts (frames x height x width): under, at and past LTX's two config points,
+# and LTXPipeline's default 161 frames of 512 x 704 (21 x 16 x 22)
+LTX_TOKENS = [256, 1024, 2000, 4096, 7392]
+
+
+@pytest.mark.parametrize("tokens", LTX_TOKENS)
+@pytest.mark.parametrize("steps", [2, 3, 8, 30, 50])
+def test_ltx_flow_euler_is_ltx_pipelines_schedule_bit_for_bit(tokens, steps):
+    """ltx_flow_euler, its shift exp(mu) read back from a manifest's JSON, against the
+    scheduler LTX-Video ships set as LTXPipeline sets it (its sigmas, calculate_shift's mu,
+    retrieve_timesteps): the levels, the timesteps (model times x 1000) and every Euler step
+    on a velocity that depends on the sample are equal bit for bit."""
+    from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
+
+    config = (LTX_CONFIG["base_image_seq_len"], LTX_CONFIG["max_image_seq_len"],
+              LTX_CONFIG["base_shift"], LTX_CONFIG["max_shift"])
+    mu = calculate_shift(tokens, *config)
+    assert ltx_mu(tokens, *config) == mu
+    sampler = json.loads(json.dumps({"scheduler": "ltx_flow_euler", "shift": math.exp(mu),
+                                     "shift_terminal": 0.1, "steps": steps}))
+    settings = check_settings(SamplerSettings.from_dict(sampler))
+    sigmas, times = scheduler_for(settings.scheduler, settings.shift, 1000,
+                                  settings.shift_terminal).schedule(steps)
+    sched = FlowMatchEulerDiscreteScheduler(**LTX_CONFIG)
+    timesteps_ref, _ = retrieve_timesteps(sched, steps, "cpu",
+                                          sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    assert np.array_equal(sigmas, sched.sigmas.numpy())
+    assert np.array_equal(times * np.float32(1000), timesteps_ref.numpy())
+    assert sigmas[0] == 1 and abs(sigmas[-2] - 0.1) < 1e-6 and sigmas[-1] == 0
+    rng = np.random.default_rng(tokens + steps)
+    x = rng.standard_normal((1, 8, 3, 4, 4), dtype=np.float32)
+    x_ref = torch.from_numpy(x.copy())
+    solver = scheduler_for("ltx_flow_euler", settings.shift, 1000, 0.1).solver(sigmas)
+    for i, t in enumerate(sched.timesteps):
+        v = (0.3 * x + rng.standard_normal(x.shape, dtype=np.float32)).astype(np.float32)
+        x = solver.step(v, i, x)
+        x_ref = sched.step(torch.from_numpy(v), t, x_ref).prev_sample
+        assert np.array_equal(x, x_ref.numpy()), i
+
+
+def test_ltx_flow_euler_edges():
+    """One step keeps its level 1 (diffusers' stretch divides 0 by 0 there: NaN); without a
+    terminal the schedule is the shift alone; the shift is the exponential time shift by mu;
+    a leap's tail is flow_euler's with the same shift (evenly spaced before it, not stretched
+    again), from the leap's level down to the terminal."""
+    shift = math.exp(ltx_mu(4096, 1024, 4096, 0.95, 2.05))
+    ltx = scheduler_for("ltx_flow_euler", shift, 1000, 0.1)
+    assert ltx.schedule(1)[0].tolist() == [1.0, 0.0]
+    sched = FlowMatchEulerDiscreteScheduler(**LTX_CONFIG)
+    with np.errstate(invalid="ignore"):
+        sched.set_timesteps(sigmas=np.linspace(1.0, 1.0, 1), mu=math.log(shift))
+    assert np.isnan(sched.sigmas[0].item())
+    unstretched = scheduler_for("ltx_flow_euler", shift, 1000).schedule(10)[0]
+    sched = FlowMatchEulerDiscreteScheduler(**{**LTX_CONFIG, "shift_terminal": None})
+    sched.set_timesteps(sigmas=np.linspace(1.0, 0.1, 10), mu=math.log(shift))
+    assert np.array_equal(unstretched, sched.sigmas.numpy())
+    even = np.linspace(1.0, 0.1, 10)
+    np.testing.assert_allclose(unstretched[:-1], shift * even / (1 + (shift - 1) * even),
+                               rtol=1e-6)
+    sigmas, _ = ltx.schedule(30)
+    tail, tail_times = ltx.tail(float(sigmas[12]), float(sigmas[-2]), 4)
+    flow = scheduler_for("flow_euler", shift, 1000).tail(float(sigmas[12]), float(sigmas[-2]), 4)
+    assert np.array_equal(tail, flow[0]) and np.array_equal(tail_times, tail[:-1])
+    assert tail[0] == sigmas[12] and abs(tail[-2] - sigmas[-2]) < 1e-6 and tail[-1] == 0
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"scheduler": "ltx_flow_euler", "shift_terminal": 1.0},
+     "shift_terminal=1.0: must be a number between 0 and 1"),
+    ({"scheduler": "ltx_flow_euler", "shift_terminal": 0},
+     "shift_terminal=0: must be a number between 0 and 1"),
+    ({"scheduler": "ltx_flow_euler", "shift_terminal": -0.1},
+     "shift_terminal=-0.1: must be a number between 0 and 1"),
+    ({"scheduler": "ltx_flow_euler", "shift_terminal": float("nan")},
+     "shift_terminal=nan: must be a number between 0 and 1"),
+    ({"scheduler": "ltx_flow_euler", "shift_terminal": "0.1"},
+     "shift_terminal='0.1': must be a number between 0 and 1"),
+    ({"scheduler": "flow_euler", "shift_terminal": 0.1},
+     "shift_terminal=0.1: flow_euler takes none (only ltx_flow_euler stretches"),
+    ({"scheduler": "flow_unipc", "shift_terminal": 0.5},
+     "shift_terminal=0.5: flow_unipc takes none"),
+])
+def test_a_bad_shift_terminal_is_refused_by_name(values, message):
+    with pytest.raises(ValueError, match=f"^sampler setting {re.escape(message)}"):
+        SamplerSettings.from_dict(values)
+
+
+def test_shift_terminal_kinds_and_schedules_are_checked():
+    """A shift_terminal override of the wrong kind is refused naming it (check_settings'
+    kinds: a finite number or None); None turns the stretch off; a shift whose schedule
+    breaks is refused naming the terminal too; packages without the field keep loading."""
+    ltx = SamplerSettings(scheduler="ltx_flow_euler", shift=7.77, shift_terminal=0.1)
+    for value, kind in (("0.1", "'0.1'"), (float("inf"), "inf"), (True, "True")):
+        with pytest.raises(ValueError, match=f"^sampler setting shift_terminal={kind}: must "
+                                             "be a finite number or None$"):
+            with_overrides(ltx, {"shift_terminal": value})
+    assert with_overrides(ltx, {"shift_terminal": None}).shift_terminal is None
+    assert with_overrides(ltx, {"shift_terminal": 0.05}).shift_terminal == 0.05
+    with pytest.raises(ValueError, match="shift=1e.39, num_train_timesteps=1000, "
+                                         "shift_terminal=0.1: no usable noise schedule"):
+        check_settings(SamplerSettings(scheduler="ltx_flow_euler", shift=1e39,
+                                       shift_terminal=0.1))
+    old = SamplerSettings.from_dict({"steps": 20, "shift": 3.0, "scheduler": "flow_euler"})
+    assert check_settings(old).shift_terminal is None
 
 
 def test_ddim_leaps_in_one_jump_to_the_predicted_clean_sample():

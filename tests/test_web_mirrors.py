@@ -116,7 +116,7 @@ REPLAY_SCHEDULERS = """async (cases) => {
   const m = await import('/runtime/schedulers.js');
   const f32 = (a) => Float32Array.from(a.flat(Infinity));
   return cases.map((c) => {
-    const s = m.schedulerFor(c.scheduler, c.shift, c.num_train_timesteps);
+    const s = m.schedulerFor(c.scheduler, c.shift, c.num_train_timesteps, c.shift_terminal);
     const { sigmas, modelTimes } = s.schedule(c.steps);
     // a scheduler without a re-planned tail (leapTail false) has none in the fixture: tail throws
     let tail = null, tailError = null;
@@ -141,23 +141,28 @@ REPLAY_SCHEDULERS = """async (cases) => {
 
 # the schedulers whose solver steps the browser gives bit for bit: float32 products and sums
 # of scalars computed in float64 (Euler; DDIM's sqrt and divisions, correctly rounded in both)
-EXACT_SOLVERS = ("flow_euler", "cogvideox_ddim")
+EXACT_SOLVERS = ("flow_euler", "cogvideox_ddim", "ltx_flow_euler")
 
 
 def test_schedulers_replay_python_through_their_interface(page):
     """schedulerFor(name, shift, n) for each case of tests/fixtures/swift/schedulers.json:
     schedule, tail and jump bit for bit as float32 (a scheduler without a re-planned tail,
     cogvideox_ddim, has none in the fixture: its tail throws Python's message); the solver's
-    steps bit for bit for flow_euler and cogvideox_ddim, within LATENT_TOLERANCE of
-    max(1, |x|) for flow_unipc (NumPy's float32 log and expm1, see LATENT_TOLERANCE)."""
+    steps bit for bit for flow_euler, cogvideox_ddim and ltx_flow_euler (with and without
+    its shift_terminal), within LATENT_TOLERANCE of max(1, |x|) for flow_unipc (NumPy's
+    float32 log and expm1, see LATENT_TOLERANCE)."""
     cases = json.loads((SWIFT_FIXTURES / "schedulers.json").read_text())
     assert sorted({c["scheduler"] for c in cases}) == sorted(SCHEDULERS)
-    assert len(cases) == 15
+    assert len(cases) == 22
+    assert {c["shift_terminal"] for c in cases if c["scheduler"] == "ltx_flow_euler"} == \
+        {0.1, None}
     got = page.evaluate(REPLAY_SCHEDULERS, cases)
     worst = 0.0
     for c, g in zip(cases, got, strict=True):
-        what = (c["scheduler"], c["steps"], c["shift"], c["num_train_timesteps"])
-        python = scheduler_for(c["scheduler"], c["shift"], c["num_train_timesteps"])
+        what = (c["scheduler"], c["steps"], c["shift"], c["num_train_timesteps"],
+                c["shift_terminal"])
+        python = scheduler_for(c["scheduler"], c["shift"], c["num_train_timesteps"],
+                               c["shift_terminal"])
         assert g["name"] == c["scheduler"], what
         assert g["leap_tail"] is python.leap_tail is (c["tail"] is not None), what
         assert len(g["sigmas"]) == c["steps"] + 1 and len(g["model_times"]) == c["steps"], what
@@ -187,7 +192,7 @@ def test_schedulers_replay_python_through_their_interface(page):
 
 def test_scheduler_names_and_refusals_are_pythons(page):
     """SCHEDULERS holds Python's names in Python's order, each class named by its key, with
-    Python's leap_tail as its leapTail; a name
+    Python's leap_tail as its leapTail and takes_shift_terminal as takesShiftTerminal; a name
     not in it (a prototype property's too) is refused by schedulerFor with scheduler_for's
     message."""
     names = ["ddim", "flow_euler_x", "", "it's", 'say "hi"', "constructor", "__proto__",
@@ -199,11 +204,15 @@ def test_scheduler_names_and_refusals_are_pythons(page):
       });
       return { keys: Object.keys(m.SCHEDULERS),
                classNames: Object.values(m.SCHEDULERS).map((c) => c.name),
-               leapTails: Object.values(m.SCHEDULERS).map((c) => c.leapTail), refusals };
+               leapTails: Object.values(m.SCHEDULERS).map((c) => c.leapTail),
+               terminals: Object.values(m.SCHEDULERS).map((c) => c.takesShiftTerminal), refusals };
     }""", names)
     assert got["keys"] == list(SCHEDULERS) == got["classNames"]
-    assert got["keys"] == ["flow_euler", "flow_unipc", "cogvideox_ddim"]
-    assert got["leapTails"] == [c.leap_tail for c in SCHEDULERS.values()] == [True, True, False]
+    assert got["keys"] == ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler"]
+    assert got["leapTails"] == [c.leap_tail for c in SCHEDULERS.values()] == \
+        [True, True, False, True]
+    assert got["terminals"] == [c.takes_shift_terminal for c in SCHEDULERS.values()] == \
+        [False, False, False, True]
     for name, message in zip(names, got["refusals"], strict=True):
         with pytest.raises(ValueError) as err:
             scheduler_for(name, 3.0, 1000)
@@ -328,7 +337,38 @@ def test_an_unknown_scheduler_is_refused_by_name(page):
     for case, message in zip(cases, js_refusals(page, cases), strict=True):
         assert message == python_refusal(case), case
         assert f"{case['scheduler']}" in message
-        assert "known: flow_euler, flow_unipc, cogvideox_ddim" in message
+        assert "known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler" in message
+
+
+def test_shift_terminal_is_checked_as_python_checks_it(page):
+    """checkSettings refuses a shift_terminal outside (0, 1), or one given to a scheduler
+    without a terminal stretch, with SamplerSettings' own message naming the field; null and
+    a missing field (packages before it) take none; settingsWith (options.js) refuses an
+    override of the wrong kind naming it, as edge/options.py does."""
+    ltx = {"scheduler": "ltx_flow_euler", "shift": 7.77}
+    bad = [{**ltx, "shift_terminal": t} for t in (1.5, -0.25, 0, 1)]
+    bad += [{"scheduler": name, "shift_terminal": 0.1}
+            for name in ("flow_euler", "flow_unipc", "cogvideox_ddim")]
+    for case, message in zip(bad, js_refusals(page, bad), strict=True):
+        assert message == python_refusal(case), case
+        assert message.startswith("sampler setting shift_terminal="), message
+    good = [{**ltx, "shift_terminal": 0.1}, {**ltx, "shift_terminal": None}, ltx,
+            {"scheduler": "flow_euler", "shift_terminal": None}, {"steps": 4}]
+    for case in good:
+        SamplerSettings.from_dict(case)  # Python takes them
+    assert js_refusals(page, good) == [None] * len(good)
+    kinds = page.evaluate("""async (packaged) => {
+      const o = await import('/runtime/options.js');
+      return ['0.1', NaN, Infinity, true, null, 0.05].map((value) => {
+        try { return o.settingsWith(packaged, { shift_terminal: value }).shift_terminal; }
+        catch (e) { return e.message; }
+      });
+    }""", {**ltx, "shift_terminal": 0.1})
+    assert kinds == ['sampler setting shift_terminal="0.1": must be a finite number or null',
+                     "sampler setting shift_terminal=NaN: must be a finite number or null",
+                     "sampler setting shift_terminal=Infinity: must be a finite number or null",
+                     "sampler setting shift_terminal=a boolean: must be a finite number or null",
+                     None, 0.05]
 
 
 def test_flow_unipc_refuses_and_allows_what_python_does(page):

@@ -42,6 +42,8 @@ function checkSettingKind(name, value) {
   if (INTEGER_SETTINGS.includes(name) && !Number.isInteger(value)) throw bad("an integer");
   if (name === "leap_after" && value !== null && !Number.isInteger(value)) throw bad("an integer or null");
   if (REAL_SETTINGS.includes(name) && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number");
+  // null: no terminal stretch (Python's None)
+  if (name === "shift_terminal" && value !== null && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number or null");
 }
 
 // The sampler's settings for one call: the package's, overridden; checked as Python's

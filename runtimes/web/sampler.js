@@ -15,6 +15,7 @@ const f32 = Math.fround;
 
 export const DEFAULT_SETTINGS = {
   steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
+  shift_terminal: null,
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
   leap_steps: 1, merge_steps: 0, cache_threshold: 0.0,
 };
@@ -27,6 +28,16 @@ export function checkSettings(values) {
   // edge/schedulers.py SCHEDULERS, with SamplerSettings' own message (the value as repr())
   if (!isScheduler(s.scheduler)) throw unknownScheduler(s.scheduler);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
+  if (s.shift_terminal !== null) {
+    const t = s.shift_terminal;
+    if (!(typeof t === "number" && t > 0 && t < 1)) {
+      throw bad("shift_terminal", "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch");
+    }
+    if (!SCHEDULERS[s.scheduler].takesShiftTerminal) {
+      const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesShiftTerminal).join(", ");
+      throw bad("shift_terminal", `${s.scheduler} takes none (only ${takers} stretches its schedule to a terminal level)`);
+    }
+  }
   // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
   if (s.leap_after !== null && !(Number.isInteger(s.leap_after) && s.leap_after >= 1)) {
     throw bad("leap_after", "must be at least 1");
@@ -46,7 +57,8 @@ export function checkSettings(values) {
 
 // edge/sampler.py scheduler_of: the settings' scheduler object (schedulers.js)
 export function schedulerOf(settings) {
-  return schedulerFor(settings.scheduler, settings.shift, settings.num_train_timesteps);
+  return schedulerFor(settings.scheduler, settings.shift, settings.num_train_timesteps,
+                      settings.shift_terminal);
 }
 
 // The noise levels t_0 = 1 > ... > t_N = 0 (Float32Array, steps + 1 values), as the settings'

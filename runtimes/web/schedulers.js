@@ -2,10 +2,11 @@
 // step): one class per scheduler, looked up by the manifest's `sampler.scheduler`
 // (SCHEDULERS, schedulerFor), each with the interface sampler.js asks of it:
 //
-//   new Cls(shift, numTrainTimesteps); .name (the manifest's name, also Cls.name); .leapTail
-//     (also Cls.leapTail: whether tail() re-plans a leap's rest in several steps; if not, a
-//     leap is one jump and checkSettings refuses a leap_steps over 1, as Python's
-//     Scheduler.leap_tail and SamplerSettings)
+//   new Cls(shift, numTrainTimesteps, shiftTerminal = null); .name (the manifest's name, also
+//     Cls.name); .leapTail (also Cls.leapTail: whether tail() re-plans a leap's rest in
+//     several steps; if not, a leap is one jump and checkSettings refuses a leap_steps over
+//     1, as Python's Scheduler.leap_tail and SamplerSettings); Cls.takesShiftTerminal
+//     (Python's takes_shift_terminal: whether checkSettings lets shift_terminal be set)
 //   schedule(steps) -> { sigmas, modelTimes }: the levels (Float32Array, falling, steps + 1
 //     values; a flow's are its noise levels 1 > ... > 0, cogvideox_ddim's its training
 //     timesteps then -1) and what the transformer is told the time of each step is (steps)
@@ -16,8 +17,9 @@
 //   jump(x, v, sigma): a one-step leap to the end, the clean sample the velocity predicts
 //     (a flow's x - sigma v)
 //
-// flow_euler's schedule and the leap tail are here; flow_unipc's math and its multistep
-// solver (UniPCFlow) are in unipc.js; cogvideox_ddim (CogVideoXDDIM, DDIMSolver) is here.
+// flow_euler's and ltx_flow_euler's schedules and the leap tail are here; flow_unipc's math
+// and its multistep solver (UniPCFlow) are in unipc.js; cogvideox_ddim (CogVideoXDDIM,
+// DDIMSolver) is here.
 // Float32 ops are rounded one by one with Math.fround as NumPy rounds them, float64 ones are
 // plain numbers (tests/fixtures/swift/schedulers.json, tests/test_web_mirrors.py).
 
@@ -41,6 +43,28 @@ export function eulerSigmas(steps, shift, numTrainTimesteps) {
   for (let i = 0; i < steps; i++) {
     const lin = steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0; // np.linspace
     out[i] = shiftSigma32(f32(lin), shift);
+  }
+  out[steps] = 0;
+  return out;
+}
+
+// edge/schedulers.py ltx_sigmas (FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline
+// calls it): a float64 linspace(1, 1/N, N) rounded to float32, the exponential time shift
+// e / (e + (1 / s - 1)) with e = float32(shift) = exp(mu), then (with a terminal) 1 - s scaled
+// so the last level is shiftTerminal, all float32 op by op; a final 0. One step keeps its
+// level 1 (the stretch would divide 0 by 0).
+export function ltxSigmas(steps, shift, shiftTerminal) {
+  const e = f32(shift);
+  const out = new Float32Array(steps + 1);
+  const step = steps > 1 ? (1.0 / steps - 1.0) / (steps - 1) : 0;
+  for (let i = 0; i < steps; i++) {
+    const lin = f32(steps > 1 && i === steps - 1 ? 1.0 / steps : i * step + 1.0); // np.linspace
+    out[i] = f32(e / f32(e + f32(f32(1 / lin) - 1)));
+  }
+  if (shiftTerminal !== null && steps > 1) {
+    // 1 - shiftTerminal in float64, then float32 (diffusers' Python float against float32)
+    const scale = f32(f32(1 - out[steps - 1]) / f32(1 - shiftTerminal));
+    for (let i = 0; i < steps; i++) out[i] = f32(1 - f32(f32(1 - out[i]) / scale));
   }
   out[steps] = 0;
   return out;
@@ -82,13 +106,16 @@ export class EulerSolver {
 
 // What the sampler asks of a scheduler (edge/schedulers.py Scheduler); a subclass sets
 // `static name` to its manifest name and gives schedule, tail and solver; `static leapTail`
-// false where it builds no re-planned tail (Python's leap_tail).
+// false where it builds no re-planned tail (Python's leap_tail); `static takesShiftTerminal`
+// true where its schedule takes a shift_terminal (Python's takes_shift_terminal).
 export class Scheduler {
   static leapTail = true;
+  static takesShiftTerminal = false;
 
-  constructor(shift, numTrainTimesteps) {
+  constructor(shift, numTrainTimesteps, shiftTerminal = null) {
     this.shift = shift;
     this.numTrainTimesteps = numTrainTimesteps;
+    this.shiftTerminal = shiftTerminal;
   }
 
   get name() {
@@ -104,8 +131,8 @@ export class Scheduler {
   }
 }
 
-// FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video): the model is
-// told the sigmas themselves.
+// FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora): the model is told the
+// sigmas themselves.
 export class FlowEuler extends Scheduler {
   static name = "flow_euler";
 
@@ -141,6 +168,29 @@ export class FlowUniPC extends Scheduler {
 
   solver(sigmas) {
     return new UniPCFlow(sigmas);
+  }
+}
+
+// FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/schedulers.py FlowEulerLTX,
+// ltxSigmas): shift is exp(mu), shiftTerminal the last level before 0 (null: no stretch); the
+// model is told the sigmas. A leap's tail is flow_euler's with the same shift (evenly spaced
+// before it, the terminal stretch not applied again).
+export class FlowEulerLTX extends Scheduler {
+  static name = "ltx_flow_euler";
+  static takesShiftTerminal = true;
+
+  schedule(steps) {
+    const sigmas = ltxSigmas(steps, this.shift, this.shiftTerminal);
+    return { sigmas, modelTimes: sigmas.subarray(0, steps) };
+  }
+
+  tail(tFrom, tMin, steps) {
+    const sigmas = leapTailSigmas(tFrom, tMin, steps, this.shift);
+    return { sigmas, modelTimes: sigmas.subarray(0, steps) };
+  }
+
+  solver(sigmas) {
+    return new EulerSolver(sigmas);
   }
 }
 
@@ -217,8 +267,8 @@ export class CogVideoXDDIM extends Scheduler {
   static betaStart = 0.00085;
   static betaEnd = 0.012;
 
-  constructor(shift, numTrainTimesteps) {
-    super(shift, numTrainTimesteps);
+  constructor(shift, numTrainTimesteps, shiftTerminal = null) {
+    super(shift, numTrainTimesteps, shiftTerminal);
     const n = numTrainTimesteps;
     // np.linspace(sqrt(beta_start), sqrt(beta_end), n) ** 2, float64
     const start = Math.sqrt(CogVideoXDDIM.betaStart), stop = Math.sqrt(CogVideoXDDIM.betaEnd);
@@ -263,7 +313,7 @@ export class CogVideoXDDIM extends Scheduler {
 
 // edge/schedulers.py SCHEDULERS, in its order
 export const SCHEDULERS = { flow_euler: FlowEuler, flow_unipc: FlowUniPC,
-                            cogvideox_ddim: CogVideoXDDIM };
+                            cogvideox_ddim: CogVideoXDDIM, ltx_flow_euler: FlowEulerLTX };
 
 export const isScheduler = (name) => typeof name === "string" && Object.hasOwn(SCHEDULERS, name);
 
@@ -274,9 +324,9 @@ export function unknownScheduler(name) {
 }
 
 // The scheduler a manifest's `sampler.scheduler` names
-export function schedulerFor(name, shift, numTrainTimesteps) {
+export function schedulerFor(name, shift, numTrainTimesteps, shiftTerminal = null) {
   if (!isScheduler(name)) throw unknownScheduler(name);
-  return new SCHEDULERS[name](shift, numTrainTimesteps);
+  return new SCHEDULERS[name](shift, numTrainTimesteps, shiftTerminal);
 }
 
 // A value as Python's repr() writes it: a string in single quotes, or double ones when it

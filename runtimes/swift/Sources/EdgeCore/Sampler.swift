@@ -27,6 +27,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var shift = 3.0
     public var numTrainTimesteps = 1000
     public var scheduler = "flow_euler"   // a name of `schedulers` (Schedulers.swift)
+    public var shiftTerminal: Double? = nil  // the last level before 0 (ltx_flow_euler); nil: none
     public var leap = false
     public var leapAfter: Int? = nil
     public var leapMinSteps = 15
@@ -41,8 +42,8 @@ public struct SamplerSettings: Codable, Equatable {
     // decoded with .convertFromSnakeCase (ManifestReader.jsonDecoder): num_train_timesteps
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case steps, guidance, shift, numTrainTimesteps, scheduler, leap, leapAfter, leapMinSteps
-        case leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold
+        case steps, guidance, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
+        case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold
     }
 
     private struct AnyKey: CodingKey {
@@ -64,6 +65,8 @@ public struct SamplerSettings: Codable, Equatable {
         shift = try c.decodeIfPresent(Double.self, forKey: .shift) ?? shift
         numTrainTimesteps = try c.decodeIfPresent(Int.self, forKey: .numTrainTimesteps) ?? numTrainTimesteps
         scheduler = try c.decodeIfPresent(String.self, forKey: .scheduler) ?? scheduler
+        // absent (packages before it) or null: no terminal stretch
+        shiftTerminal = try c.decodeIfPresent(Double.self, forKey: .shiftTerminal)
         leap = try c.decodeIfPresent(Bool.self, forKey: .leap) ?? leap
         leapAfter = try c.decodeIfPresent(Int.self, forKey: .leapAfter)
         leapMinSteps = try c.decodeIfPresent(Int.self, forKey: .leapMinSteps) ?? leapMinSteps
@@ -82,6 +85,15 @@ public struct SamplerSettings: Codable, Equatable {
         // the registry's refusal (Schedulers.swift), the message SamplerSettings gives
         let named = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
+        if let terminal = shiftTerminal {
+            if !(terminal > 0 && terminal < 1) {
+                throw bad("shift_terminal", terminal, "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch")
+            }
+            if !type(of: named).takesShiftTerminal {
+                let takers = schedulers.filter { $0.type.takesShiftTerminal }.map(\.name).joined(separator: ", ")
+                throw bad("shift_terminal", terminal, "\(scheduler) takes none (only \(takers) stretches its schedule to a terminal level)")
+            }
+        }
         // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
         if let after = leapAfter, after < 1 { throw bad("leap_after", after, "must be at least 1") }
         if leapMinSteps < 1 { throw bad("leap_min_steps", leapMinSteps, "must be at least 1") }
@@ -121,7 +133,8 @@ func pythonRepr(_ text: String) -> String {
 public func scheduler(of settings: SamplerSettings) -> any Scheduler {
     do {
         return try scheduler(named: settings.scheduler, shift: settings.shift,
-                             numTrainTimesteps: settings.numTrainTimesteps)
+                             numTrainTimesteps: settings.numTrainTimesteps,
+                             shiftTerminal: settings.shiftTerminal)
     } catch {
         preconditionFailure("\(error)")
     }

@@ -5,8 +5,8 @@ import Foundation
 // `scheduler(named:shift:numTrainTimesteps:)`). The sampler (Sampler.swift) asks a scheduler
 // only for what this interface gives: the noise levels and model times of a step count, the
 // solver that steps through them, and what a leap asks (the re-planned tail, the jump to
-// t = 0). The flow-match Euler schedule, a leap's tail and CogVideoX's DDIM are computed
-// here; UniPC's flow sigmas and its solver are in UniPC.swift. Float32 arithmetic as
+// t = 0). The flow-match Euler schedules (flow_euler's, LTX-Video's), a leap's tail and
+// CogVideoX's DDIM are computed here; UniPC's flow sigmas and its solver are in UniPC.swift. Float32 arithmetic as
 // NumPy's, operation for operation: tests/fixtures/swift/schedulers.json
 // (tests/swift_fixtures.py scheduler_cases) is replayed through the registry by name.
 //
@@ -31,14 +31,23 @@ extension Solver {
 /// manifest's `sampler.scheduler`; `leapTail`: whether `tail` re-plans a leap's rest in
 /// several steps (true for the flows, by default). Without one a leap is one `jump`, and a
 /// leap_steps over 1 is refused with the settings (SamplerSettings.validate()).
+/// `takesShiftTerminal`: whether the schedule takes a shift_terminal (Python's
+/// takes_shift_terminal; false by default, and settings with one are then refused).
 public protocol Scheduler {
     static var name: String { get }
     var name: String { get }
     static var leapTail: Bool { get }
+    static var takesShiftTerminal: Bool { get }
     var shift: Double { get }
     var numTrainTimesteps: Int { get }
+    /// The last noise level before 0 the schedule is stretched to; nil: no stretch.
+    var shiftTerminal: Double? { get }
 
     init(shift: Double, numTrainTimesteps: Int)
+
+    /// As `init(shift:numTrainTimesteps:)`, with the settings' shift_terminal (one that takes
+    /// none ignores it: validated settings give it nil).
+    init(shift: Double, numTrainTimesteps: Int, shiftTerminal: Double?)
 
     /// The levels of `steps` steps (float32, falling, steps + 1 values; a flow's are its noise
     /// levels 1 > ... > 0) and what the transformer is told the time of each is (steps
@@ -68,12 +77,20 @@ extension Scheduler {
     /// `Self.leapTail`, asked of an instance.
     public var leapTail: Bool { Self.leapTail }
 
+    public static var takesShiftTerminal: Bool { false }
+
+    public var shiftTerminal: Double? { nil }
+
+    public init(shift: Double, numTrainTimesteps: Int, shiftTerminal: Double?) {
+        self.init(shift: shift, numTrainTimesteps: numTrainTimesteps)
+    }
+
     /// For a flow: x - sigma v (an Euler step to 0), as Python's `euler_step(x, v, sigma, 0)`.
     public func jump(x: Tensor, v: Tensor, sigma: Float) -> Tensor { eulerStep(x, v, sigma, 0) }
 }
 
-/// FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora, LTX-Video): model times
-/// are the sigmas.
+/// FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora): model times are the
+/// sigmas.
 public struct FlowEuler: Scheduler {
     public static let name = "flow_euler"
     public let shift: Double
@@ -86,6 +103,40 @@ public struct FlowEuler: Scheduler {
 
     public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
         let sigmas = eulerSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps)
+        return (sigmas, Array(sigmas.dropLast()))
+    }
+
+    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+        let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
+        return (sigmas, Array(sigmas.dropLast()))
+    }
+
+    public func solver(sigmas: [Float]) -> any Solver { EulerSolver(sigmas: sigmas) }
+}
+
+/// FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/schedulers.py FlowEulerLTX,
+/// `ltxSigmas`): `shift` is exp(mu), `shiftTerminal` the last level before 0 (nil: no
+/// stretch); model times are the sigmas. A leap's tail is flow_euler's with the same shift
+/// (evenly spaced before it, the terminal stretch not applied again).
+public struct FlowEulerLTX: Scheduler {
+    public static let name = "ltx_flow_euler"
+    public static var takesShiftTerminal: Bool { true }
+    public let shift: Double
+    public let numTrainTimesteps: Int
+    public let shiftTerminal: Double?
+
+    public init(shift: Double, numTrainTimesteps: Int, shiftTerminal: Double?) {
+        self.shift = shift
+        self.numTrainTimesteps = numTrainTimesteps
+        self.shiftTerminal = shiftTerminal
+    }
+
+    public init(shift: Double, numTrainTimesteps: Int) {
+        self.init(shift: shift, numTrainTimesteps: numTrainTimesteps, shiftTerminal: nil)
+    }
+
+    public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+        let sigmas = ltxSigmas(steps: steps, shift: shift, shiftTerminal: shiftTerminal)
         return (sigmas, Array(sigmas.dropLast()))
     }
 
@@ -261,19 +312,21 @@ func arange(_ start: Double, _ stop: Double, _ step: Double) -> [Double] {
 
 /// The schedulers by name, in edge/schedulers.py's SCHEDULERS order.
 public let schedulers: [(name: String, type: any Scheduler.Type)] =
-    ([FlowEuler.self, FlowUniPC.self, CogVideoXDDIM.self] as [any Scheduler.Type]).map { ($0.name, $0) }
+    ([FlowEuler.self, FlowUniPC.self, CogVideoXDDIM.self, FlowEulerLTX.self] as [any Scheduler.Type])
+        .map { ($0.name, $0) }
 
 /// The names of `schedulers`, in its order.
 public let knownSchedulers = schedulers.map(\.name)
 
 /// The scheduler a manifest's `sampler.scheduler` names (scheduler_for); an unknown name is
 /// refused naming the known ones, with Python's message.
-public func scheduler(named name: String, shift: Double, numTrainTimesteps: Int) throws -> any Scheduler {
+public func scheduler(named name: String, shift: Double, numTrainTimesteps: Int,
+                      shiftTerminal: Double? = nil) throws -> any Scheduler {
     guard let type = schedulers.first(where: { $0.name == name })?.type else {
         throw SettingsError.invalid(
             "sampler setting scheduler=\(pythonRepr(name)): known: \(knownSchedulers.joined(separator: ", "))")
     }
-    return type.init(shift: shift, numTrainTimesteps: numTrainTimesteps)
+    return type.init(shift: shift, numTrainTimesteps: numTrainTimesteps, shiftTerminal: shiftTerminal)
 }
 
 /// Flow-match Euler through `sigmas`: x + (sigma_next - sigma) v, float32.
@@ -306,6 +359,22 @@ func eulerSigmas(steps n: Int, shift: Double, numTrainTimesteps: Int) -> [Float]
     for i in 0..<n {  // np.linspace(1.0, sigma_min, n): i * step + start, the last exact
         let value = n == 1 ? 1.0 : (i == n - 1 ? sigmaMin : Double(i) * ((sigmaMin - 1.0) / Double(n - 1)) + 1.0)
         sigmas.append(shiftSigma(Float(value), shift))
+    }
+    return sigmas + [0]
+}
+
+/// FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline calls it (ltx_sigmas): the
+/// float64 linspace(1, 1/N, N) rounded to Float, the exponential time shift e / (e + (1 / s -
+/// 1)) with e = Float(shift) = exp(mu), then (with a terminal) 1 - s scaled so the last level
+/// is shiftTerminal, all in Float as NumPy computes them; a final 0. One step keeps its level
+/// 1 (the stretch would divide 0 by 0).
+func ltxSigmas(steps n: Int, shift: Double, shiftTerminal: Double?) -> [Float] {
+    let e = Float(shift)
+    var sigmas = linspace(1.0, 1.0 / Double(n), n).map { s -> Float in e / (e + (1 / Float(s) - 1)) }
+    if let terminal = shiftTerminal, n > 1 {
+        // 1 - shiftTerminal in float64, then Float (diffusers' Python float against float32)
+        let scale = (1 - sigmas[n - 1]) / Float(1 - terminal)
+        sigmas = sigmas.map { 1 - (1 - $0) / scale }
     }
     return sigmas + [0]
 }

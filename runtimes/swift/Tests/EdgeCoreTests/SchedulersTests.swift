@@ -4,9 +4,10 @@ import XCTest
 
 /// Each scheduler through its interface alone, by name through the registry, against
 /// tests/fixtures/swift/schedulers.json (tests/swift_fixtures.py scheduler_cases, from
-/// edge/schedulers.py): schedule, tail (where the scheduler has one: cogvideox_ddim's cases
-/// hold none) and jump equal bit for bit as Float; the solver's steps on fixed velocities
-/// equal bit for bit for flow_euler and cogvideox_ddim, and for flow_unipc within
+/// edge/schedulers.py), each with its case's shift_terminal: schedule, tail (where the
+/// scheduler has one: cogvideox_ddim's cases hold none) and jump equal bit for bit as Float;
+/// the solver's steps on fixed velocities equal bit for bit for flow_euler, cogvideox_ddim and
+/// ltx_flow_euler (with and without a terminal), and for flow_unipc within
 /// UniPCFixtureTests.latentTolerance (2e-6 * max(1, |want|)): NumPy computes UniPC's float32
 /// log and expm1 with its own SIMD routines, a few ULP off and different between CPUs, where
 /// UniPC.swift rounds the float64 results, so a step's scalars can differ in their last bits.
@@ -17,9 +18,17 @@ final class SchedulersFixtureTests: XCTestCase {
 
     func floats(_ value: Any?) -> [Float] { flatten(value ?? []).values.map { Float($0) } }
 
+    /// The case's scheduler through the registry, with its shift_terminal (null: nil).
+    func scheduler(of c: [String: Any]) throws -> any Scheduler {
+        let terminal = c["shift_terminal"] is NSNull ? nil : number(c["shift_terminal"])
+        return try EdgeCore.scheduler(named: c["scheduler"] as! String, shift: number(c["shift"]),
+                                      numTrainTimesteps: c["num_train_timesteps"] as! Int,
+                                      shiftTerminal: terminal)
+    }
+
     func testCoversTheRegistry() throws {
         let cases = try cases()
-        XCTAssertEqual(cases.count, 15)
+        XCTAssertEqual(cases.count, 22)
         // every scheduler the registry knows, in its order, and nothing else
         var names: [String] = []
         for c in cases where !names.contains(c["scheduler"] as! String) { names.append(c["scheduler"] as! String) }
@@ -30,10 +39,10 @@ final class SchedulersFixtureTests: XCTestCase {
         for c in try cases() {
             let name = c["scheduler"] as! String
             let steps = c["steps"] as! Int
-            let s = try scheduler(named: name, shift: number(c["shift"]),
-                                  numTrainTimesteps: c["num_train_timesteps"] as! Int)
-            let what = "\(name) steps=\(steps) shift=\(s.shift) N=\(s.numTrainTimesteps)"
+            let s = try scheduler(of: c)
+            let what = "\(name) steps=\(steps) shift=\(s.shift) N=\(s.numTrainTimesteps) terminal=\(String(describing: s.shiftTerminal))"
             XCTAssertEqual(s.name, name, what)
+            XCTAssertEqual(s.shiftTerminal, c["shift_terminal"] is NSNull ? nil : number(c["shift_terminal"]), what)
             let (sigmas, times) = s.schedule(steps: steps)
             XCTAssertEqual(sigmas, floats(c["sigmas"]), "\(what) sigmas")
             XCTAssertEqual(times, floats(c["model_times"]), "\(what) model times")
@@ -63,8 +72,7 @@ final class SchedulersFixtureTests: XCTestCase {
         for c in try cases() {
             let name = c["scheduler"] as! String
             let steps = c["steps"] as! Int
-            let s = try scheduler(named: name, shift: number(c["shift"]),
-                                  numTrainTimesteps: c["num_train_timesteps"] as! Int)
+            let s = try scheduler(of: c)
             let v = tensor(c["v"]!)
             var x = tensor(c["x"]!)
             let want = (c["solver_steps"] as! [Any]).map(tensor)
@@ -92,13 +100,15 @@ final class SchedulersFixtureTests: XCTestCase {
 final class SchedulersTests: XCTestCase {
     func testRegistry() throws {
         // edge/schedulers.py SCHEDULERS, in its order
-        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc", "cogvideox_ddim"])
-        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc", "cogvideox_ddim"])
+        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler"])
+        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler"])
         XCTAssertTrue(schedulers[0].type == FlowEuler.self)
         XCTAssertTrue(schedulers[1].type == FlowUniPC.self)
         XCTAssertTrue(schedulers[2].type == CogVideoXDDIM.self)
-        // Python's class attribute leap_tail
-        XCTAssertEqual(schedulers.map { $0.type.leapTail }, [true, true, false])
+        XCTAssertTrue(schedulers[3].type == FlowEulerLTX.self)
+        // Python's class attributes leap_tail and takes_shift_terminal
+        XCTAssertEqual(schedulers.map { $0.type.leapTail }, [true, true, false, true])
+        XCTAssertEqual(schedulers.map { $0.type.takesShiftTerminal }, [false, false, false, true])
         for (name, type) in schedulers {
             XCTAssertEqual(type.name, name)
             let s = try scheduler(named: name, shift: 2.5, numTrainTimesteps: 500)
@@ -113,17 +123,23 @@ final class SchedulersTests: XCTestCase {
             .solver(sigmas: [1, 0]) is UniPCFlow)
         XCTAssertTrue(try scheduler(named: "cogvideox_ddim", shift: 3, numTrainTimesteps: 1000)
             .solver(sigmas: [999, -1]) is DDIMSolver)
+        XCTAssertTrue(try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000)
+            .solver(sigmas: [1, 0]) is EulerSolver)
+        // the terminal reaches the scheduler that takes one; nil by default
+        XCTAssertEqual(try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000,
+                                     shiftTerminal: 0.1).shiftTerminal, 0.1)
+        XCTAssertNil(try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000).shiftTerminal)
     }
 
     func testRefusesAnUnknownName() {
         for name in ["ddim", "flow_euler_x", "", "FLOW_EULER"] {
             XCTAssertThrowsError(try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)) { error in
                 // the message edge/schedulers.py's scheduler_for gives
-                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim")
+                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler")
             }
         }
         XCTAssertThrowsError(try scheduler(named: "it's", shift: 3, numTrainTimesteps: 1000)) { error in
-            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim")
+            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler")
         }
     }
 
@@ -184,6 +200,38 @@ final class SchedulersTests: XCTestCase {
         XCTAssertEqual(s.timesteps(steps: 7), [999, 856, 713, 570, 428, 285, 142])
         // N / steps whole: the stride of 7 steps is 142, so a step need not land on the next
         XCTAssertEqual((s.solver(sigmas: s.schedule(steps: 7).sigmas) as! DDIMSolver).stride, 142)
+    }
+
+    func testShiftTerminalIsCheckedAsPythonChecksIt() throws {
+        // SamplerSettings' messages (edge/sampler.py), naming the field
+        let range = "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch"
+        for value in [1.5, -0.25, 0.0, 1.0] {
+            XCTAssertThrowsError(try Fixtures.settings(["scheduler": "ltx_flow_euler", "shift_terminal": value])) { error in
+                XCTAssertEqual("\(error)", "sampler setting shift_terminal=\(value): \(range)")
+            }
+        }
+        for name in ["flow_euler", "flow_unipc", "cogvideox_ddim"] {
+            XCTAssertThrowsError(try Fixtures.settings(["scheduler": name, "shift_terminal": 0.5])) { error in
+                XCTAssertEqual("\(error)", "sampler setting shift_terminal=0.5: \(name) takes none (only "
+                               + "ltx_flow_euler stretches its schedule to a terminal level)")
+            }
+        }
+        // null and a missing field (packages before it): no stretch
+        XCTAssertNil(try Fixtures.settings(["scheduler": "flow_euler", "shift_terminal": NSNull()]).shiftTerminal)
+        XCTAssertNil(try Fixtures.settings(["steps": 4]).shiftTerminal)
+        let ltx = try Fixtures.settings(["scheduler": "ltx_flow_euler", "shift": 2.5, "steps": 12,
+                                         "shift_terminal": 0.1])
+        XCTAssertEqual(ltx.shiftTerminal, 0.1)
+        let sigmas = timesteps(ltx)
+        XCTAssertEqual(sigmas, FlowEulerLTX(shift: 2.5, numTrainTimesteps: 1000, shiftTerminal: 0.1).schedule(steps: 12).sigmas)
+        XCTAssertEqual(sigmas.first, 1)
+        XCTAssertEqual(Double(sigmas[11]), 0.1, accuracy: 1e-6)
+        XCTAssertEqual(sigmas.last, 0)
+        var settings = ltx
+        settings.scheduler = "flow_euler"
+        XCTAssertThrowsError(try settings.validate())
+        settings.shiftTerminal = nil
+        XCTAssertNoThrow(try settings.validate())
     }
 
     func testRefusesLeapStepsWithoutATail() throws {
