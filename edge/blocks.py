@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from edge.pieces import piece_bounds
+
 
 @dataclass
 class Block:
@@ -74,17 +76,21 @@ class EncoderLayerBlock(nn.Module):
 
 @dataclass(frozen=True)
 class Chunking:
-    """A component run chunk by chunk: `input` split along `axis` into pieces of `size`, the
-    blocks run on each piece in turn (the first piece through their `first_variant`, which
-    takes no state), each state output fed to the same-named input on the next piece, and
-    the pieces of `output` concatenated along `axis`. Memory then holds one piece's
-    activations, not the whole input's (Wan's causal VAE decoder, frame by frame)."""
+    """A component run chunk by chunk: `input` split along `axis` into pieces of `size` (the
+    first piece `first_size`, where the family's own decode makes it longer), the blocks run
+    on each piece in turn (the first piece through their `first_variant`, which takes no
+    state), each state output fed to the same-named input on the next piece, and the pieces
+    of `output` concatenated along `output_axis` (default `axis`). Memory then holds one
+    piece's activations, not the whole input's (Wan's causal VAE decoder, frame by frame;
+    CogVideoX's, two latent frames at a time after a first piece of two or three)."""
 
     input: str
     output: str
     axis: int
     size: int
     first_variant: str
+    first_size: int | None = None
+    output_axis: int | None = None
 
     def state(self, blocks: list[Block]) -> list[str]:
         """The carried tensors: inputs of the (later-piece) blocks that neither the piece
@@ -96,8 +102,12 @@ class Chunking:
         return state
 
     def to_dict(self, blocks: list[Block]) -> dict:
+        # the optional fields are written only where they differ from the default, so
+        # packages of decoders cut in equal pieces read as before in every runtime
+        extra = {k: v for k, v in (("first_size", self.first_size),
+                                   ("output_axis", self.output_axis)) if v is not None}
         return {"input": self.input, "output": self.output, "axis": self.axis,
-                "size": self.size, "first_variant": self.first_variant,
+                "size": self.size, "first_variant": self.first_variant, **extra,
                 "state": self.state(blocks)}
 
 
@@ -118,10 +128,12 @@ def run_chunked(blocks: list[Block], chunking: Chunking, feeds: dict[str, torch.
     """A chunked component as a runtime runs it; returns {output: the whole output}."""
     whole, state, pieces = feeds[chunking.input], {}, []
     names = chunking.state(blocks)
-    for i, start in enumerate(range(0, whole.shape[chunking.axis], chunking.size)):
-        piece = whole.narrow(chunking.axis, start, chunking.size)
+    bounds = piece_bounds(whole.shape[chunking.axis], chunking.size, chunking.first_size)
+    for i, (start, stop) in enumerate(bounds):
+        piece = whole.narrow(chunking.axis, start, stop - start)
         got = run_chain(blocks, feeds | state | {chunking.input: piece},
                         chunking.first_variant if i == 0 else None)
         pieces.append(got[chunking.output])
         state = {n: got[n] for n in names}
-    return {chunking.output: torch.cat(pieces, chunking.axis)}
+    axis = chunking.axis if chunking.output_axis is None else chunking.output_axis
+    return {chunking.output: torch.cat(pieces, axis)}

@@ -254,6 +254,9 @@ def _check_chunked(comp: dict, where: str) -> None:
     piece, output = require(spec, "input", str, at), require(spec, "output", str, at)
     _count(spec, "axis", at)
     _count(spec, "size", at, minimum=1)
+    for optional, least in (("first_size", 1), ("output_axis", 0)):
+        if optional in spec:
+            _count(spec, optional, at, minimum=least)
     first = require(spec, "first_variant", str, at)
     state = require(spec, "state", list, at)
     if not all(isinstance(n, str) for n in state) or len(set(state)) != len(state):

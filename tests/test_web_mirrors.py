@@ -7,7 +7,9 @@ the Swift runtime is held to (written by tests/swift_fixtures.py from the Python
 - runtimes/web/unipc.js + sampler.js: the `flow_unipc` scheduler (edge/schedulers.py) and the
   sampler's use of it (tests/fixtures/swift/unipc.json);
 - runtimes/web/unigram.js + tokenizer.js + prompt_clean.js: the Unigram (T5 / UMT5) caption
-  tokenizer and Wan's prompt cleaning (tests/fixtures/swift/unigram/).
+  tokenizer and Wan's prompt cleaning (tests/fixtures/swift/unigram/);
+- runtimes/web/chunks.js: where a chunked component's pieces start and stop
+  (edge/pieces.py).
 
 Only runtimes/web and the fixture files are served (no package, no WebGPU). Skips, with the
 reason, where this machine has no chromium.
@@ -338,6 +340,35 @@ def test_an_unknown_scheduler_is_refused_by_name(page):
         assert message == python_refusal(case), case
         assert f"{case['scheduler']}" in message
         assert "known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler" in message
+
+
+PIECES = """(cases) => import('/runtime/chunks.js').then((m) => cases.map(([spec, shape]) => {
+  try { return m.pieceBounds({ input: 'z', ...spec }, shape, 'vae_decoder'); }
+  catch (e) { return e.message; }
+}))"""
+
+
+def test_chunked_pieces_are_cut_as_python_cuts_them(page):
+    """chunks.js pieceBounds against edge/pieces.py piece_bounds: a first piece of its own
+    length (CogVideoX's decoder: 3 latent frames, then 2), equal pieces (Wan's: 1), and a
+    length the pieces do not tile refused naming the component and the lengths."""
+    from edge.pieces import piece_bounds
+
+    cases = [({"axis": 1, "size": 2, "first_size": 3}, [1, 7, 8, 4, 4]),
+             ({"axis": 1, "size": 2, "first_size": 2}, [1, 4, 8]),
+             ({"axis": 2, "size": 1}, [1, 16, 3, 4, 4]),
+             ({"axis": 1, "size": 2, "first_size": 3}, [1, 6, 8]),
+             ({"axis": 0, "size": 2, "first_size": 3}, [2, 5])]
+    got = page.evaluate(PIECES, cases)
+    for (spec, shape), js in zip(cases, got, strict=True):
+        try:
+            want = [list(b) for b in piece_bounds(shape[spec["axis"]], spec["size"],
+                                                  spec.get("first_size"))]
+        except ValueError as err:
+            assert isinstance(js, str) and "component vae_decoder" in js and str(err) in js, js
+            continue
+        assert js == want, (spec, shape)
+    assert got[0] == [[0, 3], [3, 5], [5, 7]] and isinstance(got[3], str)
 
 
 def test_shift_terminal_is_checked_as_python_checks_it(page):

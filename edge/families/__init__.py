@@ -88,8 +88,9 @@ class FamilyModel(Protocol):
 
 
 # `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
-PIPELINE_FAMILIES = {"WanPipeline": "wan"}
-TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone", "web")}
+PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox"}
+TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone", "web"),
+                     "cogvideox": ("onnx",)}
 
 
 def family_of(folder: Path | None) -> str:
@@ -145,6 +146,6 @@ def load_model(folder: Path | None = None, **options) -> FamilyModel:
         from edge.families import tiny_sora
 
         return tiny_sora.load(folder)
-    from edge.families import wan
+    import importlib
 
-    return wan.load(folder, **options)
+    return importlib.import_module(f"edge.families.{family}").load(folder, **options)

@@ -30,10 +30,7 @@ once would need 12 GB for one activation of the last stage at Wan's 81 frames of
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,7 +42,17 @@ from torch import nn
 
 from edge.blocks import Block, Chunking, EncoderLayerBlock
 from edge.families import FamilyError, Shapes, StorageRule
-from edge.files import kind_of
+from edge.families.folder import (
+    check_component_folders,
+    checked_sampler,
+    component_config,
+    int_field,
+    load_float32_pipeline,
+    number_field,
+    physical_memory_bytes,
+    read_json,
+    train_timesteps,
+)
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
 from edge.package import file_entry
 from edge.sampler import SamplerSettings
@@ -62,29 +69,12 @@ CACHE_FRAMES = 2          # frames each causal convolution of the VAE keeps (dif
 
 # ---------------------------------------------------------------- loading and checks
 
-def _read_json(path: Path) -> dict:
-    kind = kind_of(path)
-    if kind != "a file":  # a FIFO would block the read; a link loop is not "missing"
-        raise FamilyError(f"{path}: {kind}" if kind == "missing" or kind.startswith("unreadable")
-                          else f"{path}: is {kind}, not a JSON file")
-    try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise FamilyError(f"{path}: not JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise FamilyError(f"{path}: must be a JSON object")
-    return value
-
-
 def sampler_settings(scheduler_config: Path) -> SamplerSettings:
     """The sampler the folder's scheduler describes: UniPC with flow prediction (Wan's
     default) or flow-match Euler with a static shift; anything else is refused by field."""
-    cfg = _read_json(scheduler_config)
+    cfg = read_json(scheduler_config)
     kind = cfg.get("_class_name")
-    n_train = cfg.get("num_train_timesteps", 1000)
-    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 2:
-        raise FamilyError(f"{scheduler_config}: num_train_timesteps={n_train!r}; must be an "
-                          "integer of at least 2")
+    n_train = train_timesteps(cfg, scheduler_config)
     if kind == "UniPCMultistepScheduler":
         want = {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "solver_order": 2,
                 "solver_type": "bh2", "predict_x0": True, "lower_order_final": True,
@@ -94,8 +84,8 @@ def sampler_settings(scheduler_config: Path) -> SamplerSettings:
             if cfg.get(key, value) != value:
                 raise FamilyError(f"{scheduler_config}: {key}={cfg.get(key)!r}; edge's UniPC "
                                   f"mirror supports {key}={value!r}")
-        return _checked(scheduler_config, "flow_shift", SamplerSettings(
-            steps=STEPS, guidance=GUIDANCE, shift=_number(cfg, "flow_shift", 1.0,
+        return checked_sampler(scheduler_config, "flow_shift", SamplerSettings(
+            steps=STEPS, guidance=GUIDANCE, shift=number_field(cfg, "flow_shift", 1.0,
                                                           scheduler_config),
             num_train_timesteps=n_train, scheduler="flow_unipc", leap_min_steps=STEPS // 2))
     if kind == "FlowMatchEulerDiscreteScheduler":
@@ -106,44 +96,17 @@ def sampler_settings(scheduler_config: Path) -> SamplerSettings:
                                   "mirrors flow-match Euler with a static shift")
         if cfg.get("shift_terminal"):
             raise FamilyError(f"{scheduler_config}: shift_terminal is not supported")
-        return _checked(scheduler_config, "shift", SamplerSettings(
-            steps=STEPS, guidance=GUIDANCE, shift=_number(cfg, "shift", 1.0, scheduler_config),
+        return checked_sampler(scheduler_config, "shift", SamplerSettings(
+            steps=STEPS, guidance=GUIDANCE, shift=number_field(cfg, "shift", 1.0, scheduler_config),
             num_train_timesteps=n_train, scheduler="flow_euler", leap_min_steps=STEPS // 2))
     raise FamilyError(f"{scheduler_config}: scheduler {kind!r} is not supported for Wan; "
                       "supported: UniPCMultistepScheduler (flow_prediction), "
                       "FlowMatchEulerDiscreteScheduler")
 
 
-def _number(cfg: dict, key: str, default: float, path: Path) -> float:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise FamilyError(f"{path}: {key}={value!r}; must be a number")
-    return float(value)
-
-
-def _checked(path: Path, shift_key: str, settings: SamplerSettings) -> SamplerSettings:
-    """The settings as the runtimes will check them (edge/options.py), refused here, before
-    any work, naming the file and its field."""
-    from edge.options import check_settings
-
-    try:
-        return check_settings(settings)
-    except ValueError as err:
-        raise FamilyError(f"{path}: {shift_key}={settings.shift!r} gives no usable sampler: "
-                          f"{err}") from None
-
-
 def check_folder(folder: Path) -> dict:
     """model_index.json and every component folder a text-to-video Wan needs."""
-    index = _read_json(folder / "model_index.json")
-    for name in COMPONENTS:
-        entry = index.get(name)
-        if not isinstance(entry, list) or entry[0] is None:
-            raise FamilyError(f"{folder / 'model_index.json'}: no {name!r} component")
-        kind = kind_of(folder / name)
-        if kind != "a folder":
-            raise FamilyError(f"{folder / name}: {kind if kind == 'missing' else 'is ' + kind}"
-                              f" (model_index.json lists {name!r} as a component folder)")
+    index = check_component_folders(folder, COMPONENTS)
     if index.get("boundary_ratio") is not None or (index.get("transformer_2") or [None])[0]:
         raise FamilyError(f"{folder / 'model_index.json'}: a second transformer (Wan 2.2 A14B's "
                           "boundary_ratio / transformer_2, one transformer for high noise and "
@@ -155,26 +118,6 @@ def check_folder(folder: Path) -> dict:
 # A sane bound on the transformer's tokens (latent frames x patches): 4x what Wan 2.1 takes at
 # 720p and 81 frames (21 x 45 x 80), past which attention alone outgrows any device edge targets.
 MAX_TOKENS = 4 * 21 * 45 * 80
-
-
-def _config(folder: Path, component: str, model_class) -> dict:
-    """A component's config.json, each field missing there at the class's own default (as
-    diffusers and transformers fill it when they load the folder)."""
-    import inspect
-
-    path = folder / component / "config.json"
-    cfg = _read_json(path)
-    defaults = {n: p.default for n, p in inspect.signature(model_class.__init__).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    return defaults | cfg | {"_path": path}
-
-
-def _int_field(cfg: dict, key: str, least: int = 1) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise FamilyError(f"{cfg['_path']}: {key}={value!r}; must be an integer of at least "
-                          f"{least}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -196,19 +139,19 @@ def check_components(folder: Path) -> WanShapes:
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import UMT5Config
 
-    tr = _config(folder, "transformer", WanTransformer3DModel)
-    vae = _config(folder, "vae", AutoencoderKLWan)
-    text = _config(folder, "text_encoder", UMT5Config)
-    z_dim = _int_field(vae, "z_dim")
+    tr = component_config(folder, "transformer", WanTransformer3DModel)
+    vae = component_config(folder, "vae", AutoencoderKLWan)
+    text = component_config(folder, "text_encoder", UMT5Config)
+    z_dim = int_field(vae, "z_dim")
     for key in ("in_channels", "out_channels"):
-        if _int_field(tr, key) != z_dim:
+        if int_field(tr, key) != z_dim:
             raise FamilyError(f"{tr['_path']}: {key}={tr[key]}, but {vae['_path']} has z_dim="
                               f"{z_dim}: the transformer must take and give the VAE's latent "
                               "channels")
     for key in ("latents_mean", "latents_std"):
         if not isinstance(vae.get(key), list) or len(vae[key]) != z_dim:
             raise FamilyError(f"{vae['_path']}: {key} must list z_dim={z_dim} numbers")
-    if _int_field(tr, "text_dim") != _int_field(text, "d_model"):
+    if int_field(tr, "text_dim") != int_field(text, "d_model"):
         raise FamilyError(f"{tr['_path']}: text_dim={tr['text_dim']}, but {text['_path']} has "
                           f"d_model={text['d_model']}: the transformer must take the text "
                           "encoder's width")
@@ -218,19 +161,19 @@ def check_components(folder: Path) -> WanShapes:
         raise FamilyError(f"{tr['_path']}: patch_size={patch!r}; must be 3 positive integers")
     vae_patch = vae.get("patch_size")
     if vae_patch is not None:  # Wan 2.2: the decoder gives 3 x p x p channels per pixel cell
-        vae_patch = _int_field(vae, "patch_size")
-        if _int_field(vae, "out_channels") != 3 * vae_patch ** 2:
+        vae_patch = int_field(vae, "patch_size")
+        if int_field(vae, "out_channels") != 3 * vae_patch ** 2:
             raise FamilyError(f"{vae['_path']}: out_channels={vae['out_channels']} with "
                               f"patch_size={vae_patch}; the decoder must give 3 x patch_size^2 "
                               f"= {3 * vae_patch ** 2} channels (RGB in patches)")
     mult = vae.get("dim_mult")
     if not isinstance(mult, list) or not mult or not all(isinstance(m, int) for m in mult):
         raise FamilyError(f"{vae['_path']}: dim_mult={mult!r}; must be a list of integers")
-    base = vae.get("decoder_base_dim") or _int_field(vae, "base_dim")
-    return WanShapes(latent_channels=z_dim, spatial=_int_field(vae, "scale_factor_spatial"),
-                     temporal=_int_field(vae, "scale_factor_temporal"), patch=tuple(patch),
-                     rope_max_seq_len=_int_field(tr, "rope_max_seq_len"),
-                     ffn_dim=_int_field(tr, "ffn_dim"), decoder_channels=base * mult[0])
+    base = vae.get("decoder_base_dim") or int_field(vae, "base_dim")
+    return WanShapes(latent_channels=z_dim, spatial=int_field(vae, "scale_factor_spatial"),
+                     temporal=int_field(vae, "scale_factor_temporal"), patch=tuple(patch),
+                     rope_max_seq_len=int_field(tr, "rope_max_seq_len"),
+                     ffn_dim=int_field(tr, "ffn_dim"), decoder_channels=base * mult[0])
 
 
 def check_video_size(shapes: WanShapes, height: int, width: int, frames: int) -> None:
@@ -279,63 +222,11 @@ def export_memory_bytes(shapes: WanShapes, height: int, width: int, frames: int,
     return max(video, decoder, transformer)
 
 
-def physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def stored_dtypes(component: Path) -> set[str]:
-    """The dtypes of the tensors stored in a component folder's safetensors files (headers
-    only: nothing is loaded)."""
-    from safetensors import safe_open
-
-    found = set()
-    for path in sorted(component.glob("*.safetensors")):
-        with safe_open(path, "pt") as f:
-            found |= {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
-    return found
-
-
-def _load_error(folder: Path, message: str) -> str:
-    """diffusers' loading error, said in terms of the folder: a weight whose shape is not the
-    config's is named with its file."""
-    import re
-
-    from safetensors import safe_open
-
-    found = re.search(r"because (\S+) expected shape torch\.Size\((\[.*?\])\), but got "
-                      r"torch\.Size\((\[.*?\])\)", message)
-    if found:
-        tensor, want, got = found.groups()
-        for component in ("transformer", "vae", "text_encoder"):
-            for path in sorted((folder / component).glob("*.safetensors")):
-                with safe_open(path, "pt") as f:
-                    if tensor in f.keys():  # noqa: SIM118
-                        return (f"{path}: tensor {tensor!r} has shape {got}, but "
-                                f"{folder / component / 'config.json'} makes it {want}")
-        return f"{folder}: tensor {tensor!r} has shape {got}, its config makes it {want}"
-    return f"{folder}: diffusers could not load the pipeline: {message.strip()[:400]}"
-
-
 def load_pipeline(folder: Path) -> tuple:
     """The folder's WanPipeline in float32 from local files only; (pipeline, notes)."""
     from diffusers import WanPipeline
-    from diffusers.utils import logging as diffusers_logging
 
-    diffusers_logging.set_verbosity_error()
-    try:  # the folder was checked by `load`: model_index.json and every component
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise FamilyError(_load_error(folder, str(err))) from None
-    notes: list[str] = []
-    for name in ("text_encoder", "transformer", "vae"):
-        setattr(pipe, name, getattr(pipe, name).float().eval())
-        stored = stored_dtypes(folder / name) - {"F32"}
-        if stored:
-            notes.append(f"{folder / name}: weights stored as {', '.join(sorted(stored))}, "
-                         "converted to float32 (packages hold float32)")
-    pipe.set_progress_bar_config(disable=True)  # edge shows its own
+    pipe, notes = load_float32_pipeline(folder, WanPipeline)
     if pipe.transformer.config.added_kv_proj_dim is not None:
         raise FamilyError(f"{folder / 'transformer'}: image conditioning (added_kv_proj_dim) "
                           "is image-to-video; edge takes text-to-video Wan")

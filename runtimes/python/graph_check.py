@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edge.manifest_schema import MANIFEST, PackageError, as_variant
+from edge.pieces import piece_bounds
 
 # NumPy dtype names of the manifest -> onnxruntime's type strings
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)",
@@ -101,16 +102,26 @@ def check_chunked_feeds(comp: dict, given: Mapping[str, tuple[str, list]]) -> No
     piece before gave, which must have one shape whichever chain gave it."""
     spec, name = comp["chunked"], comp["name"]
     dtype, shape = given[spec["input"]]
-    axis = spec["axis"]
-    if axis >= len(shape) or shape[axis] == BATCH or shape[axis] % spec["size"]:
+    axis, size = spec["axis"], spec["size"]
+    first_size = spec.get("first_size", size)
+    if axis >= len(shape) or shape[axis] == BATCH:
         raise PackageError(f"{MANIFEST} component {name} chunked: axis {axis} of "
-                           f"{spec['input']!r} {list(shape)} cannot be cut into pieces of "
-                           f"{spec['size']}")
-    piece = {spec["input"]: (dtype, [*shape[:axis], spec["size"], *shape[axis + 1:]])}
+                           f"{spec['input']!r} {list(shape)} cannot be cut")
+    try:
+        bounds = piece_bounds(shape[axis], size, first_size)
+    except ValueError as err:
+        raise PackageError(f"{MANIFEST} component {name} chunked: axis {axis} of "
+                           f"{spec['input']!r} {list(shape)}: {err}") from None
+
+    def piece(length: int) -> dict:
+        return {spec["input"]: (dtype, [*shape[:axis], length, *shape[axis + 1:]])}
+
     firsts = [as_variant(b, spec["first_variant"]) for b in comp["blocks"]]
-    check_feeds(name, firsts, dict(given) | piece)
+    check_feeds(name, firsts, dict(given) | piece(first_size))
+    if len(bounds) == 1:  # no later piece runs: its graphs were traced on a stand-in
+        return
     first_state = {n: s for n, s in _outputs(firsts).items() if n in spec["state"]}
-    check_feeds(name, comp["blocks"], dict(given) | piece | first_state)
+    check_feeds(name, comp["blocks"], dict(given) | piece(size) | first_state)
     for n, s in _outputs(comp["blocks"]).items():
         if n in first_state and s != first_state[n]:
             raise PackageError(f"{MANIFEST} component {name}: state {n!r} is {s[0]} {s[1]} "

@@ -32,6 +32,7 @@ from edge.manifest_schema import MANIFEST, as_variant, check_chain
 from edge.noise import check_noise
 from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
+from edge.pieces import piece_bounds
 from edge.sampler import (
     SamplerSettings,
     Step,
@@ -322,23 +323,24 @@ class Pipeline:
         joined. One loader schedule covers every piece, so the loader sees the blocks
         recur and keeps them for the run where the budget has room."""
         spec = comp.chunked
-        whole, axis, size = feeds[spec["input"]], spec["axis"], spec["size"]
-        if whole.shape[axis] % size:
+        whole, axis = feeds[spec["input"]], spec["axis"]
+        try:
+            bounds = piece_bounds(whole.shape[axis], spec["size"], spec.get("first_size"))
+        except ValueError as err:
             raise ValueError(f"component {comp.name}: {spec['input']} has {whole.shape[axis]} "
-                             f"along axis {axis}, not a multiple of the piece size {size}")
-        count = whole.shape[axis] // size
-        runs = self.loader.run(comp.keys() * count, keep_recurring=True)
+                             f"along axis {axis}: {err}") from None
+        runs = self.loader.run(comp.keys() * len(bounds), keep_recurring=True)
         pieces, state = [], {}
         try:
-            for i in range(count):
-                piece = np.take(whole, np.arange(i * size, (i + 1) * size), axis=axis)
+            for i, (start, stop) in enumerate(bounds):
+                piece = np.take(whole, np.arange(start, stop), axis=axis)
                 out = self._run_blocks(comp, runs, feeds | state | {spec["input"]: piece},
                                        variant=spec["first_variant"] if i == 0 else None)
                 pieces.append(out[spec["output"]])
                 state = {n: out[n] for n in spec["state"]}
         finally:
             runs.close()
-        return {spec["output"]: np.concatenate(pieces, axis=axis)}
+        return {spec["output"]: np.concatenate(pieces, axis=spec.get("output_axis", axis))}
 
     def encode_prompts(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Hidden states and masks of `prompts`, in one text-encoder call, or one call per

@@ -33,9 +33,15 @@ export function concatAlong(pieces, axis) {
   return { data: out, shape };
 }
 
-// The chunking of a component is usable: pieces of `size` along `axis` of its input
-export function pieceCount(spec, shape, component) {
+// [start, stop) of each piece of the chunked axis: a first piece of `first_size` (default
+// `size`; CogVideoX's decoder takes two or three latent frames first), then pieces of `size`
+// (edge/pieces.py piece_bounds)
+export function pieceBounds(spec, shape, component) {
   const n = shape[spec.axis];
-  if (n % spec.size) throw new Error(`component ${component}: ${spec.input} has ${n} along axis ${spec.axis}, not a multiple of the piece size ${spec.size}`);
-  return n / spec.size;
+  const size = spec.size;
+  const first = spec.first_size ?? size;
+  if (n < first || (n - first) % size) throw new Error(`component ${component}: ${spec.input} has ${n} along axis ${spec.axis}: ${n} along the chunked axis is not a first piece of ${first} and pieces of ${size}`);
+  const bounds = [[0, first]];
+  for (let a = first; a < n; a += size) bounds.push([a, a + size]);
+  return bounds;
 }

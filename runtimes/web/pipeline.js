@@ -13,7 +13,7 @@ import {
   refuseUnknown, settingsWith, show,
 } from "./options.js";
 import { CaptionTokenizer } from "./tokenizer.js";
-import { concatAlong, pieceCount, sliceAlong } from "./chunks.js";
+import { concatAlong, pieceBounds, sliceAlong } from "./chunks.js";
 // so that a page needs this module alone: why the wasm path is missing, where it is
 export { ortFailure } from "./ort_executor.js";
 
@@ -441,13 +441,13 @@ export class WebPipeline {
   async runComponent(name, input, data, shape, output) {
     const keys = this.keys(name);
     const spec = this.chunking[name] || { input, output, axis: 0, size: shape[0], first_variant: null, state: [] };
-    const count = pieceCount(spec, shape, name);
+    const bounds = pieceBounds(spec, shape, name);
     const pieces = [];
     let state = {};
     try {
-      for (let i = 0; i < count; i++) {
+      for (const [i, [start, stop]] of bounds.entries()) {
         const variant = i === 0 ? spec.first_variant : null;
-        const temp = [this.upload(sliceAlong(data, shape, spec.axis, i * spec.size, spec.size))];
+        const temp = [this.upload(sliceAlong(data, shape, spec.axis, start, stop - start))];
         let feeds = null;
         try {
           feeds = await this.runBlocks(keys, { ...state, [input]: temp[0] }, variant, temp);
@@ -463,7 +463,7 @@ export class WebPipeline {
     } finally {
       for (const b of Object.values(state)) b.destroy();
     }
-    return concatAlong(pieces, spec.axis);
+    return concatAlong(pieces, spec.output_axis ?? spec.axis);
   }
 
   async decodeFrames(latents) {

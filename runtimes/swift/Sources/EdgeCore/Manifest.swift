@@ -51,9 +51,10 @@ public struct Manifest: Decodable {
     }
 
     /// A component run piece by piece (Wan's causal VAE decoder, one latent frame at a
-    /// time): `input` split along `axis` into pieces of `size`, the first piece through
-    /// `firstVariant`, each `state` output fed to the same-named input of the next piece,
-    /// the pieces of `output` joined along `axis` (edge/blocks.py Chunking).
+    /// time): `input` split along `axis` into pieces of `size` after a first of `firstSize`
+    /// (absent: `size`), the first piece through `firstVariant`, each `state` output fed to
+    /// the same-named input of the next piece, the pieces of `output` joined along
+    /// `outputAxis` (absent: `axis`) (edge/blocks.py Chunking).
     public struct Chunked: Decodable, Equatable {
         public let input: String
         public let output: String
@@ -61,6 +62,16 @@ public struct Manifest: Decodable {
         public let size: Int
         public let firstVariant: String
         public let state: [String]
+        public let firstSize: Int?
+        public let outputAxis: Int?
+
+        /// [start, stop) of each piece of an axis of `length` (edge/pieces.py piece_bounds);
+        /// nil where the pieces do not tile it.
+        public func pieceBounds(_ length: Int) -> [Range<Int>]? {
+            let first = firstSize ?? size
+            guard length >= first, (length - first) % size == 0 else { return nil }
+            return [0..<first] + stride(from: first, to: length, by: size).map { $0..<($0 + size) }
+        }
     }
 
     public struct Component: Decodable, Equatable {
@@ -200,7 +211,7 @@ public enum ManifestReader {
             if comp.name != "vae_decoder" || spec.input != "z" || spec.output != "frames" {
                 throw ManifestError.invalid("manifest.json component \(comp.name) chunked: pieces of \(spec.input) giving \(spec.output); the Swift runtime runs the vae_decoder's pieces of z giving frames")
             }
-            if spec.size < 1 || spec.axis < 0 {
+            if spec.size < 1 || spec.axis < 0 || (spec.firstSize ?? 1) < 1 || (spec.outputAxis ?? 0) < 0 {
                 throw ManifestError.invalid("manifest.json component \(comp.name) chunked: axis \(spec.axis), size \(spec.size)")
             }
             for block in comp.blocks where block.variants?[spec.firstVariant] == nil {

@@ -282,14 +282,13 @@ public final class EdgePipeline {
     /// the first variant, the state handed from each piece to the next, the output's pieces
     /// joined (runtimes/python/pipeline.py _run_chunked).
     func runChunked(_ comp: Manifest.Component, _ spec: Manifest.Chunked, _ whole: Tensor) throws -> Tensor {
-        guard spec.axis < whole.shape.count, whole.shape[spec.axis] % spec.size == 0 else {
-            throw RuntimeError.block("component \(comp.name): \(spec.input) of shape \(whole.shape) does not split into pieces of \(spec.size) along axis \(spec.axis)")
+        guard spec.axis < whole.shape.count, let bounds = spec.pieceBounds(whole.shape[spec.axis]) else {
+            throw RuntimeError.block("component \(comp.name): \(spec.input) of shape \(whole.shape) does not split into a first piece of \(spec.firstSize ?? spec.size) and pieces of \(spec.size) along axis \(spec.axis)")
         }
-        let count = whole.shape[spec.axis] / spec.size
         var pieces: [Tensor] = [], state: [String: Tensor] = [:]
-        for i in 0..<count {
-            let piece = whole.slice(axis: spec.axis, (i * spec.size)..<((i + 1) * spec.size))
-            let next = i + 1 < count ? "\(comp.name)/\(comp.blocks[0].name)" : nil
+        for (i, range) in bounds.enumerated() {
+            let piece = whole.slice(axis: spec.axis, range)
+            let next = i + 1 < bounds.count ? "\(comp.name)/\(comp.blocks[0].name)" : nil
             let out = try run(comp.name, comp.blocks, state.merging([spec.input: piece]) { $1 },
                               variant: i == 0 ? spec.firstVariant : nil, prefetchAfter: next)
             guard let part = out[spec.output] else { throw RuntimeError.block("\(comp.name): gave no \(spec.output)") }
@@ -300,7 +299,7 @@ public final class EdgePipeline {
                 state[name] = value
             }
         }
-        return Tensor.concat(pieces, axis: spec.axis)
+        return Tensor.concat(pieces, axis: spec.outputAxis ?? spec.axis)
     }
 
     /// (1, C, T, h, w) -> (T, C, h, w): every frame through the decoder at once.

@@ -184,6 +184,23 @@ final class ManifestFixtureTests: XCTestCase {
         }
     }
 
+    /// A chunked component's pieces as edge/pieces.py piece_bounds cuts them: CogVideoX's
+    /// decoder takes a first call of three latent frames, then two at a time.
+    func testChunkedPiecesTakeTheirFirstSize() throws {
+        let json = #"{"input": "z", "output": "frames", "axis": 1, "size": 2, "first_variant": "first", "first_size": 3, "output_axis": 2, "state": []}"#
+        let spec = try ManifestReader.jsonDecoder().decode(Manifest.Chunked.self, from: Data(json.utf8))
+        XCTAssertEqual(spec.firstSize, 3)
+        XCTAssertEqual(spec.outputAxis, 2)
+        XCTAssertEqual(spec.pieceBounds(7), [0..<3, 3..<5, 5..<7])
+        XCTAssertEqual(spec.pieceBounds(3), [0..<3])
+        XCTAssertNil(spec.pieceBounds(6))
+        XCTAssertNil(spec.pieceBounds(2))
+        let plain = #"{"input": "z", "output": "frames", "axis": 2, "size": 1, "first_variant": "first", "state": []}"#
+        let wan = try ManifestReader.jsonDecoder().decode(Manifest.Chunked.self, from: Data(plain.utf8))
+        XCTAssertNil(wan.firstSize)
+        XCTAssertEqual(wan.pieceBounds(3), [0..<1, 1..<2, 2..<3])
+    }
+
     func testRefusesUnknownSamplerSettings() {
         XCTAssertThrowsError(try Fixtures.settings(["steps": 4, "warp": true])) { error in
             XCTAssertTrue("\(error)".contains("warp"), "\(error)")

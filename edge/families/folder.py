@@ -1,0 +1,148 @@
+"""Reading a diffusers pipeline folder the way every family does: its JSON files checked
+field by field, its components listed, its pipeline loaded in float32 from local files only.
+Each error is a FamilyError naming the file, field or value."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+from edge.families import FamilyError
+from edge.files import kind_of
+from edge.sampler import SamplerSettings
+
+
+def read_json(path: Path) -> dict:
+    kind = kind_of(path)
+    if kind != "a file":  # a FIFO would block the read; a link loop is not "missing"
+        raise FamilyError(f"{path}: {kind}" if kind == "missing" or kind.startswith("unreadable")
+                          else f"{path}: is {kind}, not a JSON file")
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise FamilyError(f"{path}: not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise FamilyError(f"{path}: must be a JSON object")
+    return value
+
+
+def check_component_folders(folder: Path, components: tuple[str, ...]) -> dict:
+    """model_index.json lists each of `components`, and each is a folder; returns the index."""
+    index = read_json(folder / "model_index.json")
+    for name in components:
+        entry = index.get(name)
+        if not isinstance(entry, list) or entry[0] is None:
+            raise FamilyError(f"{folder / 'model_index.json'}: no {name!r} component")
+        kind = kind_of(folder / name)
+        if kind != "a folder":
+            raise FamilyError(f"{folder / name}: {kind if kind == 'missing' else 'is ' + kind}"
+                              f" (model_index.json lists {name!r} as a component folder)")
+    return index
+
+
+def number_field(cfg: dict, key: str, default: float, path: Path) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FamilyError(f"{path}: {key}={value!r}; must be a number")
+    return float(value)
+
+
+def checked_sampler(path: Path, shift_key: str, settings: SamplerSettings) -> SamplerSettings:
+    """The settings as the runtimes will check them (edge/options.py), refused here, before
+    any work, naming the file and its field."""
+    from edge.options import check_settings
+
+    try:
+        return check_settings(settings)
+    except ValueError as err:
+        raise FamilyError(f"{path}: {shift_key}={settings.shift!r} gives no usable sampler: "
+                          f"{err}") from None
+
+
+def train_timesteps(cfg: dict, path: Path) -> int:
+    n_train = cfg.get("num_train_timesteps", 1000)
+    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 2:
+        raise FamilyError(f"{path}: num_train_timesteps={n_train!r}; must be an integer of at "
+                          "least 2")
+    return n_train
+
+
+def component_config(folder: Path, component: str, model_class,
+                     filename: str = "config.json") -> dict:
+    """A component's config file, each field missing there at the class's own default (as
+    diffusers and transformers fill it when they load the folder)."""
+    path = folder / component / filename
+    cfg = read_json(path)
+    defaults = {n: p.default for n, p in inspect.signature(model_class.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return defaults | cfg | {"_path": path}
+
+
+def int_field(cfg: dict, key: str, least: int = 1) -> int:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise FamilyError(f"{cfg['_path']}: {key}={value!r}; must be an integer of at least "
+                          f"{least}")
+    return value
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def stored_dtypes(component: Path) -> set[str]:
+    """The dtypes of the tensors stored in a component folder's safetensors files (headers
+    only: nothing is loaded)."""
+    from safetensors import safe_open
+
+    found = set()
+    for path in sorted(component.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            found |= {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
+    return found
+
+
+def load_error(folder: Path, message: str) -> str:
+    """diffusers' loading error, said in terms of the folder: a weight whose shape is not the
+    config's is named with its file."""
+    from safetensors import safe_open
+
+    found = re.search(r"because (\S+) expected shape torch\.Size\((\[.*?\])\), but got "
+                      r"torch\.Size\((\[.*?\])\)", message)
+    if found:
+        tensor, want, got = found.groups()
+        for component in ("transformer", "vae", "text_encoder"):
+            for path in sorted((folder / component).glob("*.safetensors")):
+                with safe_open(path, "pt") as f:
+                    if tensor in f.keys():  # noqa: SIM118
+                        return (f"{path}: tensor {tensor!r} has shape {got}, but "
+                                f"{folder / component / 'config.json'} makes it {want}")
+        return f"{folder}: tensor {tensor!r} has shape {got}, its config makes it {want}"
+    return f"{folder}: diffusers could not load the pipeline: {message.strip()[:400]}"
+
+
+def load_float32_pipeline(folder: Path, pipeline_class) -> tuple:
+    """The folder's pipeline of `pipeline_class` in float32, from local files only, its
+    progress bar off (edge shows its own); (pipeline, notes on converted weights)."""
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+    try:  # the folder was checked by the family first: model_index.json and every component
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pipe = pipeline_class.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise FamilyError(load_error(folder, str(err))) from None
+    notes: list[str] = []
+    for name in ("text_encoder", "transformer", "vae"):
+        setattr(pipe, name, getattr(pipe, name).float().eval())
+        stored = stored_dtypes(folder / name) - {"F32"}
+        if stored:
+            notes.append(f"{folder / name}: weights stored as {', '.join(sorted(stored))}, "
+                         "converted to float32 (packages hold float32)")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, notes

@@ -1,0 +1,289 @@
+"""The CogVideoX family (edge/families/cogvideox.py) against diffusers' CogVideoXPipeline, on
+tiny random-weight folders (tests/cogvideox_folder.py) of both shapes: 2B's sin-cos position
+table, exported at a size other than the transformer's own, and 5B's rotary positions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from cogvideox_folder import SAMPLE, make_cogvideox_folder
+
+from edge.blocks import run_chain, run_chunked
+from edge.families import FamilyError, load_model
+from edge.pieces import piece_bounds
+from edge.video_metrics import psnr, snr
+
+# 17 frames: 5 latent frames, decoded as diffusers does in a first call of 3 and one of 2;
+# 32 x 64 pixels: not the transformer's own 32 x 48, so the 2B's sin-cos table is rebuilt
+SIZE = {"height": 32, "width": 64, "frames": 17}
+SHAPES = ("2b", "5b")
+
+
+@pytest.fixture(scope="module")
+def cog_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cogvideox")
+    return {s: make_cogvideox_folder(root / s, rotary=s == "5b") for s in SHAPES}
+
+
+@pytest.fixture(scope="module")
+def cog_models(cog_folders):
+    return {s: load_model(f, steps=6, **SIZE) for s, f in cog_folders.items()}
+
+
+@pytest.fixture(scope="module")
+def cog_packages(tmp_path_factory, cog_models):
+    """Both shapes exported to ONNX once: {shape: (root, manifest)}."""
+    from exporters.onnx import export_onnx
+
+    root = tmp_path_factory.mktemp("cogvideox-onnx")
+    return {s: (root / s, export_onnx(m, root / s)) for s, m in cog_models.items()}
+
+
+def test_the_tests_export_at_a_size_other_than_the_transformers_own(cog_models):
+    model = cog_models["2b"]
+    assert SAMPLE["sample_width"] * 8 != SIZE["width"]
+    assert model.pipe.transformer.config.use_rotary_positional_embeddings is False
+    assert cog_models["5b"].pipe.transformer.config.use_rotary_positional_embeddings is True
+    assert model.latent_shape == (5, 8, 4, 8)   # (F, C, h, w): frames before channels
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@torch.no_grad()
+def test_cut_equals_diffusers(cog_models, shape):
+    """Each chained component equals diffusers' own: T5 unmasked, the transformer with its
+    position table at the export size (2B) or the pipeline's rotary tables (5B), the decoder
+    in diffusers' calls of 3 then 2 latent frames with the caches carried."""
+    model = cog_models[shape]
+    pipe, cut = model.pipe, model.cut()
+    ids = model._ids(["a red circle moving left", "the dog"])
+    want = pipe.text_encoder(ids)[0]
+    got = run_chain(cut["text_encoder"], {"input_ids": ids})["hidden"]
+    assert (got - want).abs().max() <= 1e-5
+
+    g = torch.Generator().manual_seed(3)
+    latent = torch.randn(2, *model.latent_shape, generator=g)
+    caption = torch.randn(2, model.text_tokens, 32, generator=g)
+    t = torch.tensor([999, 421])
+    want = pipe.transformer(hidden_states=latent, encoder_hidden_states=caption, timestep=t,
+                            image_rotary_emb=model._rope(), return_dict=False)[0]
+    got = run_chain(cut["transformer"], {"latent": latent, "t": t.float() / 1000,
+                                         "caption": caption})["velocity"]
+    assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
+
+    z = torch.randn(2, *model.latent_shape, generator=g)
+    want = pipe.vae.decode(z.permute(0, 2, 1, 3, 4) / pipe.vae.config.scaling_factor).sample
+    want = (want / 2 + 0.5).clamp(0, 1)
+    got = run_chunked(cut["vae_decoder"], model.chunked["vae_decoder"], {"z": z})["frames"]
+    assert got.shape == want.shape == (2, 3, 17, 32, 64)
+    assert (got - want).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("frames,first", [(13, 2), (9, 3), (5, 2)])
+@torch.no_grad()
+def test_decoder_calls_follow_diffusers_for_each_frame_count(cog_folders, frames, first):
+    """An even latent frame count decodes in calls of two from the start, an odd one's first
+    call takes three; a video of a single call still gets its later-call graphs."""
+    model = load_model(cog_folders["2b"], frames=frames, height=32, width=32)
+    chunking = model.chunked["vae_decoder"]
+    assert (chunking.first_size, chunking.size, chunking.axis, chunking.output_axis) == \
+        (first, 2, 1, 2)
+    z = torch.randn(1, *model.latent_shape, generator=torch.Generator().manual_seed(5))
+    vae = model.pipe.vae
+    want = (vae.decode(z.permute(0, 2, 1, 3, 4) / vae.config.scaling_factor).sample / 2
+            + 0.5).clamp(0, 1)
+    blocks = model._cut_vae_decoder(1)
+    got = run_chunked(blocks, chunking, {"z": z})["frames"]
+    assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("frames", [1, 2, 3, 4])
+@pytest.mark.parametrize("compress_time", [True, False])
+@torch.no_grad()
+def test_graph_friendly_upsampler_equals_diffusers(frames, compress_time):
+    """The decoder's upsampler at rank 5 at most (CoreML has no upsample_nearest3d) equals
+    CogVideoXUpsample3D for an odd call (its first frame apart), an even one and one frame."""
+    from diffusers.models.upsampling import CogVideoXUpsample3D
+
+    from edge.families.cogvideox import GraphFriendlyUpsample
+
+    theirs = CogVideoXUpsample3D(4, 4, compress_time=compress_time).eval()
+    x = torch.randn(2, 4, frames, 3, 5, generator=torch.Generator().manual_seed(frames))
+    assert torch.equal(GraphFriendlyUpsample(theirs)(x), theirs(x))
+
+
+def test_piece_bounds():
+    assert piece_bounds(5, 2, 3) == [(0, 3), (3, 5)]
+    assert piece_bounds(4, 2, 2) == piece_bounds(4, 2) == [(0, 2), (2, 4)]
+    assert piece_bounds(3, 1) == [(0, 1), (1, 2), (2, 3)]
+    for length, first in ((4, 3), (2, 3)):
+        with pytest.raises(ValueError, match=f"{length} along the chunked axis"):
+            piece_bounds(length, 2, first)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_package_reproduces_cogvideox_pipeline(cog_packages, cog_models, shape):
+    """The Python runtime given diffusers' prompt, negative prompt, latents (B, F, C, h, w),
+    steps and guidance makes CogVideoXPipeline's video; another noise does not."""
+    from runtimes.python import Pipeline
+
+    root, manifest = cog_packages[shape]
+    model = cog_models[shape]
+    assert manifest["latent_shape"] == [5, 8, 4, 8] and manifest["latent_layout"] == "video"
+    chunked = next(c for c in manifest["components"] if c["name"] == "vae_decoder")["chunked"]
+    assert (chunked["first_size"], chunked["size"], chunked["output_axis"]) == (3, 2, 2)
+    assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
+               for b in c["blocks"]) <= 1e-4
+    latents = np.random.default_rng(7).standard_normal((1, *model.latent_shape),
+                                                       dtype=np.float32)
+    kwargs = {"negative_prompt": "blue dog", "latents": latents, "steps": 6, "guidance": 4.0}
+    runtime = Pipeline.load(root)
+    try:
+        got = runtime.generate("a red circle moving left", **kwargs)
+        other_noise = runtime.generate("a red circle moving left", **(kwargs | {
+            "latents": np.random.default_rng(8).standard_normal(latents.shape,
+                                                                dtype=np.float32)}))
+    finally:
+        runtime.close()
+    want = model.reference("a red circle moving left", **kwargs)
+    assert got.shape == want.shape == (1, SIZE["frames"], SIZE["height"], SIZE["width"], 3)
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
+                                                                snr(got, want))
+    assert snr(other_noise, want) < 15.0, snr(other_noise, want)
+
+
+def test_seeded_generation_is_the_pipelines(cog_packages, cog_models):
+    """A seed means diffusers' noise for that generator: latents drawn (F, C, h, w)."""
+    from runtimes.python import Pipeline
+
+    runtime = Pipeline.load(cog_packages["2b"][0])
+    try:
+        got = runtime.generate("a cat", seed=11, steps=4)
+    finally:
+        runtime.close()
+    want = cog_models["2b"].reference("a cat", seed=11, steps=4)
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0
+
+
+def test_leap_step_cache_and_tdtm_run_on_cogvideox(cog_packages):
+    """The techniques on the rotary shape: a leap (for DDIM one jump to the clean sample its
+    v-prediction gives), the step cache skipping transformer calls (block 0's modulation
+    from the prologue), TDTM's merged blocks for the first steps; each another video."""
+    from runtimes.python import Pipeline
+
+    runtime = Pipeline.load(cog_packages["5b"][0])
+    try:
+        base = runtime.generate("a cat", steps=12)
+        runs = {}
+        for name, options in {"leap": {"leap": True, "leap_after": 6},
+                              "cache": {"cache_threshold": 0.3},
+                              "tdtm": {"merge_steps": 4}}.items():
+            runs[name] = (runtime.generate("a cat", steps=12, **options),
+                          runtime.last_run["sampler"])
+        with pytest.raises(ValueError, match="cogvideox_ddim leaps in one step only"):
+            runtime.generate("a cat", steps=12, leap=True, leap_after=6, leap_steps=3)
+    finally:
+        runtime.close()
+    assert runs["leap"][1]["leap_at"] == 6 and runs["leap"][1]["calls"] == 7
+    assert runs["cache"][1]["transformer_calls"] < 12
+    assert runs["tdtm"][1]["merged_calls"] == 4
+    for video, _ in runs.values():
+        assert video.shape == base.shape and not np.array_equal(video, base)
+
+
+def test_streamed_under_a_budget_equals_resident(cog_packages):
+    """At the largest block's budget the loader streams every block, the decoder's calls
+    included, and makes the resident runtime's video."""
+    from runtimes.python import Pipeline
+
+    root, manifest = cog_packages["2b"]
+    largest = max(f["bytes"] for c in manifest["components"] for b in c["blocks"]
+                  for f in b["files"] if f["path"] == b["weights"]["path"])
+    resident, streamed = Pipeline.load(root), Pipeline.load(root, memory_budget=largest)
+    try:
+        want = resident.generate("a red dog", steps=4)
+        got = streamed.generate("a red dog", steps=4)
+        assert streamed.last_run["bytes_read"] > resident.last_run["bytes_read"]
+        assert streamed.last_run["peak_held_bytes"] <= largest
+    finally:
+        resident.close()
+        streamed.close()
+    np.testing.assert_array_equal(got, want)
+
+
+@torch.no_grad()
+def test_merged_block_equals_the_block_when_frame_pairs_are_equal(cog_models):
+    """TDTM's variant of a block, fed video tokens whose frames are equal in pairs (the
+    last, odd frame alone), gives the block's own output: merging then loses nothing (the
+    merged keys' log 2 keeps the caption's share of the joint attention)."""
+    from edge.families.cogvideox import CogVideoXBlockCut, MergedCogVideoXBlock
+
+    model = cog_models["5b"]
+    block = model.pipe.transformer.transformer_blocks[0]
+    frames, (_, _, h, w) = model.latent_shape[0], model.latent_shape
+    g = torch.Generator().manual_seed(2)
+    per_frame = h * w // 4
+    pairs = torch.randn(1, (frames + 1) // 2, per_frame, 32, generator=g)
+    x = pairs.repeat_interleave(2, dim=1)[:, :frames].flatten(1, 2)
+    context = torch.randn(1, model.text_tokens, 32, generator=g)
+    temb = torch.randn(1, 16, generator=g)
+    cos, sin = (torch.ones(frames * per_frame, 16), torch.zeros(frames * per_frame, 16))
+    want = CogVideoXBlockCut(block)(x, context, temb, cos, sin)
+    got = MergedCogVideoXBlock(block, frames, model.text_tokens, per_frame)(
+        x, context, temb, cos, sin)
+    for a, b in zip(got, want, strict=True):
+        assert (a - b).abs().max() <= 1e-5
+
+
+# ---- what the family refuses, before any work ------------------------------------------------
+
+def _edited(folder, tmp_path, component, filename, **changes):
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy)
+    path = copy / component / filename
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+    return copy
+
+
+@pytest.mark.parametrize("component,filename,changes,message", [
+    ("scheduler", "scheduler_config.json", {"_class_name": "CogVideoXDPMScheduler"},
+     r"scheduler_config.json: scheduler 'CogVideoXDPMScheduler' is not supported"),
+    ("scheduler", "scheduler_config.json", {"clip_sample": True},
+     r"scheduler_config.json: clip_sample=True; .* supports clip_sample=False"),
+    ("scheduler", "scheduler_config.json", {"prediction_type": "epsilon"},
+     r"prediction_type='epsilon'"),
+    ("transformer", "config.json", {"in_channels": 4},
+     r"transformer/config.json: in_channels=4, but .*vae/config.json has latent_channels=8"),
+    ("transformer", "config.json", {"text_embed_dim": 48},
+     r"text_embed_dim=48, but .*text_encoder/config.json has d_model=32"),
+    ("transformer", "config.json", {"patch_size_t": 2},
+     r"patch_size_t=2 \(CogVideoX 1.5's temporal patches\) is not supported"),
+])
+def test_folders_edge_cannot_take_are_refused_by_file_and_field(cog_folders, tmp_path,
+                                                               component, filename, changes,
+                                                               message):
+    folder = _edited(cog_folders["2b"], tmp_path, component, filename, **changes)
+    with pytest.raises(FamilyError, match=message):
+        load_model(folder, **SIZE)
+
+
+@pytest.mark.parametrize("size,message", [({"height": 40}, "--height 40: .*multiple of 16"),
+                                          ({"frames": 8}, "--frames 8: .*4k \\+ 1")])
+def test_sizes_cogvideox_cannot_take_are_refused(cog_folders, size, message):
+    with pytest.raises(FamilyError, match=message):
+        load_model(cog_folders["2b"], **(SIZE | size))
+
+
+def test_cli_refuses_a_target_not_built_and_writes_nothing(cog_folders, tmp_path):
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    out = tmp_path / "pkg"
+    res = CliRunner().invoke(app, ["export", "--model", str(cog_folders["2b"]), "--target",
+                                   "iphone", "-o", str(out)])
+    assert res.exit_code != 0 and "--target iphone is not built for cogvideox" in res.output
+    assert not out.exists()
