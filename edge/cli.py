@@ -52,6 +52,10 @@ MergeStepsOption = Annotated[int | None, typer.Option(
 CacheOption = Annotated[float | None, typer.Option(
     min=0, help="Step cache: skip the transformer while the first block's input changed "
     "less than this in total, e.g. 0.1 [default: 0, off].")]
+DynamicGuidanceOption = Annotated[bool | None, typer.Option(
+    "--dynamic-guidance/--no-dynamic-guidance", help="CogVideoX's dynamic classifier-free "
+    "guidance (CogVideoXPipeline's use_dynamic_cfg): each step's scale from its timestep; "
+    "cogvideox_ddim packages only [default: the package's].")]
 
 
 def _sampler_overrides(**values) -> dict:
@@ -114,6 +118,7 @@ def generate(
     leap_steps: LeapStepsOption = None,
     merge_steps: MergeStepsOption = None,
     cache_threshold: CacheOption = None,
+    dynamic_guidance: DynamicGuidanceOption = None,
     negative_prompt: Annotated[str | None, typer.Option(
         help="With a package: what the unconditional pass is told [default: the package's "
         "learned null caption or negative prompt].")] = None,
@@ -142,7 +147,8 @@ def generate(
     overrides = _sampler_overrides(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
-        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold)
+        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
+        dynamic_guidance=dynamic_guidance)
     try:
         total = with_overrides(pipe.sampler, overrides).steps
     except ValueError as err:
@@ -198,6 +204,7 @@ def record(
     leap_steps: LeapStepsOption = None,
     merge_steps: MergeStepsOption = None,
     cache_threshold: CacheOption = None,
+    dynamic_guidance: DynamicGuidanceOption = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a bundle written before (never another folder).")] = False,
 ) -> None:
@@ -224,7 +231,8 @@ def record(
     overrides = _sampler_overrides(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
-        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold)
+        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
+        dynamic_guidance=dynamic_guidance)
     started = time.perf_counter()
     try:
         info = record_bundle(package, prompt, output, seed=seed or 0, latents=noise,

@@ -3,6 +3,10 @@
 Convention (diffusers' FlowMatchEulerDiscreteScheduler): x_t = (1 - t) * x0 + t * noise, the
 model predicts v = noise - x0, and one Euler step is x_next = x + (t_next - t) * v.
 
+Guidance is classifier-free, v = v_uncond + g (v_cond - v_uncond), with the fixed scale
+`guidance`, or, with the setting `dynamic_guidance`, CogVideoX's scale of each step's training
+timestep (CogVideoXPipeline's use_dynamic_cfg; `step_guidance`).
+
 Three ways to make fewer or cheaper transformer calls, all decided here (see
 docs/techniques-in-edge.md):
 
@@ -25,6 +29,7 @@ one `sample()` call, so generations never influence each other.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
@@ -38,6 +43,9 @@ from edge.schedulers import SCHEDULERS, Scheduler, scheduler_for
 class SamplerSettings:
     steps: int = 30
     guidance: float = 5.0
+    # CogVideoXPipeline's use_dynamic_cfg: each step's guidance scale from its training
+    # timestep (the function dynamic_guidance); only for a scheduler whose levels are those
+    dynamic_guidance: bool = False
     shift: float = 3.0                 # SD3-style timestep shift: more steps at high noise
     num_train_timesteps: int = 1000
     scheduler: str = "flow_euler"      # a name of edge/schedulers.py SCHEDULERS
@@ -64,6 +72,11 @@ class SamplerSettings:
             raise bad("scheduler", f"known: {', '.join(SCHEDULERS)}")
         if self.steps < 1:
             raise bad("steps", "must be at least 1")
+        if self.dynamic_guidance and not SCHEDULERS[self.scheduler].takes_dynamic_guidance:
+            takers = ", ".join(n for n, c in SCHEDULERS.items() if c.takes_dynamic_guidance)
+            raise bad("dynamic_guidance", f"{self.scheduler} steps through no training "
+                                          f"timesteps (only {takers} does; CogVideoX's "
+                                          "dynamic guidance is a function of them)")
         if self.shift_terminal is not None:
             t = self.shift_terminal
             if not (isinstance(t, int | float) and not isinstance(t, bool) and 0 < t < 1):
@@ -133,6 +146,29 @@ def max_calls(settings: SamplerSettings) -> int:
 
 def guided_velocity(v_cond: np.ndarray, v_uncond: np.ndarray, guidance: float) -> np.ndarray:
     return v_uncond + guidance * (v_cond - v_uncond)
+
+
+def dynamic_guidance(guidance: float, timestep: int, steps: int) -> float:
+    """CogVideoXPipeline's guidance scale with use_dynamic_cfg at training timestep
+    `timestep` (an integer) of a `steps`-step run, in Python floats as diffusers computes it:
+    1 + guidance (1 - cos(pi ((steps - timestep) / steps) ** 5)) / 2. The formula mixes a
+    timestep with a step count: wherever timestep > steps (most steps of a run: 999 against
+    50) the base is negative (Python's `** 5.0` of it is minus the power of its size), and
+    with timestep well over steps its fifth power is huge, so the cosine of that many half
+    turns hangs on the power's last bits. The mirrors therefore compute `** 5.0` correctly
+    rounded, as glibc's pow gives it for every pair the fixtures hold
+    (tests/test_dynamic_guidance.py)."""
+    return 1 + guidance * ((1 - math.cos(math.pi * ((steps - timestep) / steps) ** 5.0)) / 2)
+
+
+def step_guidance(settings: SamplerSettings, level: float, steps: int) -> float:
+    """The guidance scale of the step at scheduler level `level` of a `steps`-step schedule:
+    `guidance`, or with `dynamic_guidance` CogVideoX's scale at that level (a training
+    timestep). diffusers uses that scale only with a guidance_scale over 1 (at or below 1 it
+    runs no guidance at all), so there the plain scale stays."""
+    if settings.dynamic_guidance and settings.guidance > 1:
+        return dynamic_guidance(settings.guidance, int(level), steps)
+    return settings.guidance
 
 
 def initial_noise(shape: tuple[int, ...], seeds: list[int]) -> np.ndarray:
@@ -305,7 +341,10 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
         trace.calls += 1
         trace.transformer_calls += step.computed
         trace.merged_calls += step.merged
-        v = guided_velocity(v_cond, v_uncond, settings.guidance)
+        # the step count of the schedule being run: `steps` with dynamic guidance, whose
+        # scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
+        g = step_guidance(settings, ts[i], len(ts) - 1)
+        v = guided_velocity(v_cond, v_uncond, g)
         if trace.leap_at is None and rule.should_leap(v, call):
             trace.leap_at = call
             if settings.leap_steps == 1:   # the whole remaining time in one step

@@ -224,6 +224,9 @@ class Scheduler:
     leap_tail = True
     # whether the schedule takes a `shift_terminal` (SamplerSettings refuses one otherwise)
     takes_shift_terminal = False
+    # whether its levels are whole training timesteps, which CogVideoX's dynamic guidance
+    # formula reads (edge/sampler.py dynamic_guidance; SamplerSettings refuses it otherwise)
+    takes_dynamic_guidance = False
 
     def __init__(self, shift: float, num_train_timesteps: int,
                  shift_terminal: float | None = None) -> None:
@@ -359,6 +362,7 @@ class CogVideoXDDIM(Scheduler):
 
     name = "cogvideox_ddim"
     leap_tail = False
+    takes_dynamic_guidance = True
     beta_start, beta_end = 0.00085, 0.012
 
     def __init__(self, shift: float, num_train_timesteps: int,

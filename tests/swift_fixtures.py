@@ -18,6 +18,11 @@ tests/fixtures/swift/ holds:
   settings; whole `sample()` runs with guidance, merge_steps, fixed and dynamic leaps (one
   step and a re-planned tail): per call t (the model time), merged, last; final latent and
   trace; and 2x2 systems with what `np.linalg.solve` gives (UniPC's corrector solves one);
+- dynamic_guidance.json: CogVideoX's dynamic guidance (`dynamic_guidance` on
+  `cogvideox_ddim`): the scale `dynamic_guidance(guidance, timestep, steps)` gives (float64)
+  for every timestep of several step counts, and whole `sample()` runs with it (fixed
+  velocities, cond != uncond; merge_steps, a fixed and a dynamic leap, a guidance of 1, and
+  the fixed scale for contrast): per call t, merged, last; final latent and trace;
 - schedulers.json: each scheduler of `edge.schedulers.SCHEDULERS` as an object, by name (the
   JS and Swift runtimes look theirs up the same way): for several (steps, shift, training
   steps, shift_terminal: 0.1 for a scheduler that takes one, else null; ltx_flow_euler also
@@ -50,6 +55,7 @@ from swift_unigram_fixtures import build_unigram, check_cases, train_umt5_like
 from edge.sampler import (
     SamplerSettings,
     Trace,
+    dynamic_guidance,
     max_calls,
     model_times,
     modulated_input,
@@ -165,11 +171,12 @@ def unipc_velocities(settings: SamplerSettings, shape: tuple[int, ...], seed: in
     return noise, cond.astype(np.float32), uncond.astype(np.float32)
 
 
-def unipc_runs() -> list[dict]:
-    """Velocity sequences replayed through `sample()` with flow_unipc."""
+def replay_runs(named: dict[str, SamplerSettings], seed: int) -> list[dict]:
+    """Velocity sequences (unipc_velocities, run k seeded seed + k) replayed through
+    `sample()`: per call index, model time, merged, last; final latent and trace."""
     runs = []
-    for k, (name, settings) in enumerate(unipc_settings().items()):
-        noise, cond, uncond = unipc_velocities(settings, (2, 2, 3), 100 + k)
+    for k, (name, settings) in enumerate(named.items()):
+        noise, cond, uncond = unipc_velocities(settings, (2, 2, 3), seed + k)
         calls: list[dict] = []
 
         def predict(x, t, step, calls=calls, cond=cond, uncond=uncond):
@@ -186,6 +193,49 @@ def unipc_runs() -> list[dict]:
                      "expected": {"calls": calls, "latent": x[0].tolist(),
                                   "trace": trace.to_dict()}})
     return runs
+
+
+def unipc_runs() -> list[dict]:
+    """Velocity sequences replayed through `sample()` with flow_unipc."""
+    return replay_runs(unipc_settings(), 100)
+
+
+def dynamic_guidance_settings() -> dict[str, SamplerSettings]:
+    def cog(**kw) -> SamplerSettings:
+        return SamplerSettings(scheduler="cogvideox_ddim", dynamic_guidance=True, **kw)
+
+    return {
+        "steps8": cog(steps=8, guidance=6.0),
+        # CogVideoXPipeline's defaults: 50 steps, guidance 6
+        "steps50": cog(steps=50, guidance=6.0),
+        # a stride (1000 // 7) that does not land on the next timestep; SNR shift 1
+        "steps7_shift1_merge": cog(steps=7, shift=1.0, guidance=7.5, merge_steps=2),
+        "steps12_n500": cog(steps=12, guidance=5.0, num_train_timesteps=500),
+        # the jump is guided as the step it replaces
+        "fixed_leap": cog(steps=12, guidance=6.0, leap=True, leap_after=5),
+        "dynamic_leap": cog(steps=30, guidance=6.0, leap=True, leap_min_steps=8,
+                            leap_patience=2, leap_tol=1e-3),
+        # at or below 1 the plain scale (diffusers runs no guidance there)
+        "guidance1": cog(steps=8, guidance=1.0),
+        "fixed_scale": SamplerSettings(scheduler="cogvideox_ddim", steps=8, guidance=6.0),
+    }
+
+
+# (steps, training steps, guidance) of the scale table: every timestep of each schedule,
+# 1000 steps covering 999 down to 0
+DYNAMIC_SCALES = [(1, 1000, 6.0), (2, 1000, 6.0), (3, 1000, 7.5), (7, 1000, 6.0),
+                  (8, 1000, 1.5), (13, 1000, 6.0), (20, 1000, 6.0), (50, 1000, 6.0),
+                  (50, 1000, 7.5), (12, 500, 5.0), (1000, 1000, 6.0)]
+
+
+def dynamic_guidance_cases() -> dict:
+    scales = []
+    for steps, n, guidance in DYNAMIC_SCALES:
+        ts = scheduler_for("cogvideox_ddim", 3.0, n).timesteps(steps).tolist()
+        scales.append({"steps": steps, "num_train_timesteps": n, "guidance": guidance,
+                       "timesteps": ts,
+                       "scales": [dynamic_guidance(guidance, t, steps) for t in ts]})
+    return {"scales": scales, "runs": replay_runs(dynamic_guidance_settings(), 300)}
 
 
 def solve_cases() -> list[dict]:
@@ -275,6 +325,7 @@ def build() -> dict[str, object]:
     """File name -> JSON content of every generated fixture (the manifests excepted)."""
     return {"timesteps.json": timestep_cases(), "guided_merge.json": guided_runs(),
             "modulated_input.json": modulated_case(), "unipc.json": unipc_cases(),
+            "dynamic_guidance.json": dynamic_guidance_cases(),
             "schedulers.json": scheduler_cases(),
             "tokens.json": token_cases(default_tokenizer()), **build_unigram()}
 

@@ -154,13 +154,16 @@ def test_latents_negative_prompt_and_guidance_mean_what_they_mean_in_python(mini
 
 # (options as JavaScript, the whole message or its start ending in "…")
 BAD_OPTIONS = [
-    ("{ stpes: 2 }", "unknown generate option(s): stpes; known: cache_threshold, guidance, "
-                     "latents, leap, …"),
+    ("{ stpes: 2 }", "unknown generate option(s): stpes; known: cache_threshold, "
+                     "dynamic_guidance, guidance, latents, leap, …"),
     ("{ steps: 0 }", "sampler setting steps=0: must be at least 1"),
     ("{ steps: 2.5 }", "sampler setting steps=2.5: must be an integer"),
     ("{ guidance: NaN }", "sampler setting guidance=NaN: must be a finite number"),
     ("{ guidance: '5' }", 'sampler setting guidance="5": must be a finite number'),
     ("{ leap: 'yes' }", 'sampler setting leap="yes": must be true or false'),
+    ("{ dynamic_guidance: 1 }", "sampler setting dynamic_guidance=1: must be true or false"),
+    ("{ dynamic_guidance: true }", "sampler setting dynamic_guidance=True: flow_euler steps "
+                                   "through no training timesteps (only cogvideox_ddim does; …"),
     ("{ cache_threshold: -1 }", "sampler setting cache_threshold=-1: must not be negative"),
     ("{ merge_steps: 1 }", "merge_steps=1: this package has no 'tdtm' transformer variants"),
     ("{ seed: -1 }", "seed -1 is out of range: a seed is a whole number from 0 to 2^63 - 1"),

@@ -9,7 +9,9 @@ the Swift runtime is held to (written by tests/swift_fixtures.py from the Python
 - runtimes/web/unigram.js + tokenizer.js + prompt_clean.js: the Unigram (T5 / UMT5) caption
   tokenizer and Wan's prompt cleaning (tests/fixtures/swift/unigram/);
 - runtimes/web/chunks.js: where a chunked component's pieces start and stop
-  (edge/pieces.py).
+  (edge/pieces.py);
+- runtimes/web/sampler.js: CogVideoX's dynamic guidance on `cogvideox_ddim`
+  (tests/fixtures/swift/dynamic_guidance.json).
 
 Only runtimes/web and the fixture files are served (no package, no WebGPU). Skips, with the
 reason, where this machine has no chromium.
@@ -464,6 +466,105 @@ def test_unipc_step_cache_runs_and_skips_like_python(page):
     assert 2 <= trace.transformer_calls < settings.steps  # the cache stood in, ends forced
     error = np.abs(np.float64(got["latent"]) - want.ravel()) / np.maximum(1, np.abs(want.ravel()))
     assert error.max() <= LATENT_TOLERANCE
+
+
+# ---- CogVideoX's dynamic guidance -------------------------------------------------------------
+
+def dynamic_guidance_fixture() -> dict:
+    return json.loads((SWIFT_FIXTURES / "dynamic_guidance.json").read_text())
+
+
+def test_fifth_power_is_correctly_rounded(page):
+    """sampler.js fifthPower against the exact fifth power rounded once, for every base
+    (steps - t) / steps of t = 0 ... 999 and 1 to 100 steps (negative ones included):
+    dynamicGuidance needs Python's `x ** 5.0` to the last bit, and Math.pow is off in the
+    last bit for some, how many depending on the V8 version (Chromium 156: 72 of these;
+    Node 20: 8,407)."""
+    from fractions import Fraction
+
+    got = page.evaluate("""async () => {
+      const { fifthPower } = await import('/runtime/sampler.js');
+      const out = [];
+      let powOff = 0;
+      for (let steps = 1; steps <= 100; steps++) {
+        for (let t = 0; t < 1000; t++) {
+          const x = (steps - t) / steps;
+          out.push(fifthPower(x));
+          powOff += Math.pow(x, 5) !== out[out.length - 1];
+        }
+      }
+      return { out, powOff };
+    }""")
+    bases = [(steps - t) / steps for steps in range(1, 101) for t in range(1000)]
+    assert got["out"] == [float(Fraction(x) ** 5) for x in bases]
+    print(f"Math.pow(x, 5) differs for {got['powOff']} of {len(bases)} bases")
+
+
+def test_dynamic_guidance_scales_are_pythons(page):
+    """dynamicGuidance for every timestep of the fixture's schedules: the float32 the
+    guided velocity is computed with exactly; the float64 within 1e-15 relative (the
+    browser's cosine is not glibc's to the last bit)."""
+    cases = dynamic_guidance_fixture()["scales"]
+    got = page.evaluate("""async (cases) => {
+      const { dynamicGuidance } = await import('/runtime/sampler.js');
+      return cases.map((c) => c.timesteps.map((t) => dynamicGuidance(c.guidance, t, c.steps)));
+    }""", cases)
+    exact = total = 0
+    for case, scales in zip(cases, got, strict=True):
+        want = np.float64(case["scales"])
+        assert np.array_equal(np.float32(scales), np.float32(want)), case["steps"]
+        np.testing.assert_allclose(scales, want, rtol=1e-15, atol=0)
+        exact += int((np.float64(scales) == want).sum())
+        total += len(want)
+    print(f"dynamic guidance scales in the browser: {exact} of {total} equal in float64")
+
+
+def test_dynamic_guidance_runs_replay_python_bit_for_bit(page):
+    """Whole sample() runs on cogvideox_ddim with dynamic_guidance (merge_steps, a fixed and
+    a dynamic leap, a guidance of 1, the fixed scale): every call's index, model time,
+    flags, the trace and the final latents exactly."""
+    runs = dynamic_guidance_fixture()["runs"]
+    assert len(runs) == 8
+    assert {r["settings"]["scheduler"] for r in runs} == {"cogvideox_ddim"}
+    got = page.evaluate(REPLAY_UNIPC, runs)
+    for run, g in zip(runs, got, strict=True):
+        name, want = run["name"], run["expected"]
+        assert [(c["index"], c["merged"], c["last"]) for c in g["calls"]] == \
+            [(c["index"], c["merged"], c["last"]) for c in want["calls"]], name
+        assert np.array_equal(np.float32([c["t"] for c in g["calls"]]),
+                              np.float32([c["t"] for c in want["calls"]])), name
+        for key in ("calls", "transformer_calls", "merged_calls", "leap_at"):
+            assert g["trace"][key] == want["trace"][key], (name, key)
+        np.testing.assert_allclose(g["trace"]["cosines"], want["trace"]["cosines"], rtol=0,
+                                   atol=1e-12, err_msg=name)
+        assert np.array_equal(np.float32(g["latent"]), np.float32(want["latent"]).ravel()), name
+
+
+def test_dynamic_guidance_is_refused_as_python_refuses_it(page):
+    """checkSettings refuses dynamic_guidance for a scheduler whose levels are not training
+    timesteps with SamplerSettings' own message; settingsWith (options.js) refuses a value
+    that is not true or false, as edge/options.py does."""
+    bad = [{"scheduler": name, "dynamic_guidance": True}
+           for name, cls in SCHEDULERS.items() if not cls.takes_dynamic_guidance]
+    assert len(bad) == 3
+    for case, message in zip(bad, js_refusals(page, bad), strict=True):
+        assert message == python_refusal(case), case
+    good = [{"scheduler": "cogvideox_ddim", "dynamic_guidance": True},
+            {"scheduler": "cogvideox_ddim", "dynamic_guidance": True, "leap": True},
+            {"scheduler": "flow_euler", "dynamic_guidance": False}, {"steps": 4}]
+    for case in good:
+        SamplerSettings.from_dict(case)  # Python takes them
+    assert js_refusals(page, good) == [None] * len(good)
+    kinds = page.evaluate("""async (packaged) => {
+      const o = await import('/runtime/options.js');
+      return ['yes', 1, null, true].map((value) => {
+        try { return o.settingsWith(packaged, { dynamic_guidance: value }).dynamic_guidance; }
+        catch (e) { return e.message; }
+      });
+    }""", {"scheduler": "cogvideox_ddim"})
+    assert kinds == ['sampler setting dynamic_guidance="yes": must be true or false',
+                     "sampler setting dynamic_guidance=1: must be true or false",
+                     "sampler setting dynamic_guidance=null: must be true or false", True]
 
 
 # ---- the Unigram caption tokenizer and Wan's prompt cleaning ----------------------------------

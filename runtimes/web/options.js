@@ -13,6 +13,7 @@ const MAX_GUIDANCE = 1e4;
 // default (int, float, bool) are written out here
 const INTEGER_SETTINGS = ["steps", "num_train_timesteps", "leap_min_steps", "leap_patience", "leap_steps", "merge_steps"];
 const REAL_SETTINGS = ["guidance", "shift", "leap_tol", "cache_threshold"];
+const BOOLEAN_SETTINGS = ["leap", "dynamic_guidance"];
 
 // generate()'s own options; every other known name is a sampler setting (Python's
 // **sampler_overrides). `noise` is the old name of `latents`, kept for existing callers.
@@ -38,7 +39,7 @@ export function refuseUnknown(given, known, what) {
 // checks ranges only, and NaN or "5" would pass them and run to a broken video.
 function checkSettingKind(name, value) {
   const bad = (kind) => new Error(`sampler setting ${name}=${show(value)}: must be ${kind}`);
-  if (name === "leap" && typeof value !== "boolean") throw bad("true or false");
+  if (BOOLEAN_SETTINGS.includes(name) && typeof value !== "boolean") throw bad("true or false");
   if (INTEGER_SETTINGS.includes(name) && !Number.isInteger(value)) throw bad("an integer");
   if (name === "leap_after" && value !== null && !Number.isInteger(value)) throw bad("an integer or null");
   if (REAL_SETTINGS.includes(name) && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number");

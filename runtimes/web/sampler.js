@@ -6,15 +6,16 @@
 // Arrays are Float32Array (the latents) and plain numbers (float64). NumPy computes float32
 // arrays op by op in float32, so every such op here is rounded with Math.fround; reductions
 // it does in float64 (cosines, the step cache's L1 and LayerNorm) are in float64 here too.
-// tests/fixtures/sampler/*.json (tests/test_web_browser.py) and tests/fixtures/swift/unipc.json
-// and schedulers.json (tests/test_web_mirrors.py) replay recorded sequences through both.
+// tests/fixtures/sampler/*.json (tests/test_web_browser.py) and tests/fixtures/swift/unipc.json,
+// schedulers.json and dynamic_guidance.json (tests/test_web_mirrors.py) replay recorded
+// sequences through both.
 
 import { SCHEDULERS, isScheduler, schedulerFor, unknownScheduler } from "./schedulers.js";
 
 const f32 = Math.fround;
 
 export const DEFAULT_SETTINGS = {
-  steps: 30, guidance: 5.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
+  steps: 30, guidance: 5.0, dynamic_guidance: false, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
   shift_terminal: null,
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
   leap_steps: 1, merge_steps: 0, cache_threshold: 0.0,
@@ -28,6 +29,11 @@ export function checkSettings(values) {
   // edge/schedulers.py SCHEDULERS, with SamplerSettings' own message (the value as repr())
   if (!isScheduler(s.scheduler)) throw unknownScheduler(s.scheduler);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
+  if (s.dynamic_guidance && !SCHEDULERS[s.scheduler].takesDynamicGuidance) {
+    const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesDynamicGuidance).join(", ");
+    // the value as Python's repr() writes it, for SamplerSettings' own message
+    throw new Error(`sampler setting dynamic_guidance=True: ${s.scheduler} steps through no training timesteps (only ${takers} does; CogVideoX's dynamic guidance is a function of them)`);
+  }
   if (s.shift_terminal !== null) {
     const t = s.shift_terminal;
     if (!(typeof t === "number" && t > 0 && t < 1)) {
@@ -78,6 +84,44 @@ export function guidedVelocity(vCond, vUncond, guidance) {
   const out = new Float32Array(vCond.length);
   for (let i = 0; i < out.length; i++) out[i] = f32(vUncond[i] + f32(g * f32(vCond[i] - vUncond[i])));
   return out;
+}
+
+// a * b exactly, as the pair p + e (Dekker's product: each factor split into halves of 26
+// bits, whose products are exact)
+function twoProduct(a, b) {
+  const split = (v) => { const c = 134217729 * v; const hi = c - (c - v); return [hi, v - hi]; };
+  const p = a * b;
+  const [ah, al] = split(a), [bh, bl] = split(b);
+  return [p, ((ah * bh - p) + ah * bl + al * bh) + al * bl];
+}
+
+// x ** 5 correctly rounded, which is Python's `x ** 5.0` (glibc's pow) on every pair the
+// fixtures hold: Math.pow is off in the last bit for some bases (how many depends on the V8
+// version: about one in twelve in Node 20), and dynamicGuidance's cosine of a huge power
+// hangs on its last bits. x^2 exactly, x^4 and x^5 with their small parts carried (~2^-100
+// relative), then one rounding. Odd in x, as Python's ** is for a negative base.
+export function fifthPower(x) {
+  const [s, se] = twoProduct(x, x);
+  const [q, qe] = twoProduct(s, s);
+  const fourthError = qe + (2 * s * se + se * se);
+  const [r, re] = twoProduct(q, x);
+  return r + (re + fourthError * x);
+}
+
+// edge/sampler.py dynamic_guidance: CogVideoXPipeline's use_dynamic_cfg scale at training
+// timestep `timestep` of a `steps`-step run, in float64 as diffusers computes it
+export function dynamicGuidance(guidance, timestep, steps) {
+  return 1 + guidance * ((1 - Math.cos(Math.PI * fifthPower((steps - timestep) / steps))) / 2);
+}
+
+// edge/sampler.py step_guidance: `guidance`, or CogVideoX's scale at the step's level (a
+// training timestep) with dynamic_guidance and a guidance over 1 (diffusers runs no guidance
+// at or below 1)
+export function stepGuidance(settings, level, steps) {
+  if (settings.dynamic_guidance && settings.guidance > 1) {
+    return dynamicGuidance(settings.guidance, Math.trunc(level), steps);
+  }
+  return settings.guidance;
 }
 
 export function cosine(a, b) {
@@ -205,7 +249,9 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
     trace.calls += 1;
     trace.transformer_calls += step.computed ? 1 : 0;
     trace.merged_calls += step.merged ? 1 : 0;
-    const v = guidedVelocity(vCond, vUncond, settings.guidance);
+    // the step count of the schedule being run: `steps` with dynamic guidance, whose
+    // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
+    const v = guidedVelocity(vCond, vUncond, stepGuidance(settings, ts[i], ts.length - 1));
     if (trace.leap_at === null && rule.shouldLeap(v, call)) {
       trace.leap_at = call;
       if (settings.leap_steps === 1) { // the whole remaining time in one step

@@ -6,7 +6,10 @@
 //     Cls.name); .leapTail (also Cls.leapTail: whether tail() re-plans a leap's rest in
 //     several steps; if not, a leap is one jump and checkSettings refuses a leap_steps over
 //     1, as Python's Scheduler.leap_tail and SamplerSettings); Cls.takesShiftTerminal
-//     (Python's takes_shift_terminal: whether checkSettings lets shift_terminal be set)
+//     (Python's takes_shift_terminal: whether checkSettings lets shift_terminal be set);
+//     Cls.takesDynamicGuidance (Python's takes_dynamic_guidance: whether its levels are the
+//     training timesteps CogVideoX's dynamic guidance reads, so checkSettings lets
+//     dynamic_guidance be set)
 //   schedule(steps) -> { sigmas, modelTimes }: the levels (Float32Array, falling, steps + 1
 //     values; a flow's are its noise levels 1 > ... > 0, cogvideox_ddim's its training
 //     timesteps then -1) and what the transformer is told the time of each step is (steps)
@@ -107,10 +110,13 @@ export class EulerSolver {
 // What the sampler asks of a scheduler (edge/schedulers.py Scheduler); a subclass sets
 // `static name` to its manifest name and gives schedule, tail and solver; `static leapTail`
 // false where it builds no re-planned tail (Python's leap_tail); `static takesShiftTerminal`
-// true where its schedule takes a shift_terminal (Python's takes_shift_terminal).
+// true where its schedule takes a shift_terminal (Python's takes_shift_terminal);
+// `static takesDynamicGuidance` true where its levels are whole training timesteps
+// (Python's takes_dynamic_guidance).
 export class Scheduler {
   static leapTail = true;
   static takesShiftTerminal = false;
+  static takesDynamicGuidance = false;
 
   constructor(shift, numTrainTimesteps, shiftTerminal = null) {
     this.shift = shift;
@@ -264,6 +270,7 @@ export class DDIMSolver {
 export class CogVideoXDDIM extends Scheduler {
   static name = "cogvideox_ddim";
   static leapTail = false;
+  static takesDynamicGuidance = true;
   static betaStart = 0.00085;
   static betaEnd = 0.012;
 

@@ -24,6 +24,7 @@ public enum SettingsError: Error, CustomStringConvertible {
 public struct SamplerSettings: Codable, Equatable {
     public var steps = 30
     public var guidance = 5.0
+    public var dynamicGuidance = false   // CogVideoX's use_dynamic_cfg (cogvideox_ddim only)
     public var shift = 3.0
     public var numTrainTimesteps = 1000
     public var scheduler = "flow_euler"   // a name of `schedulers` (Schedulers.swift)
@@ -42,7 +43,7 @@ public struct SamplerSettings: Codable, Equatable {
     // decoded with .convertFromSnakeCase (ManifestReader.jsonDecoder): num_train_timesteps
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case steps, guidance, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
+        case steps, guidance, dynamicGuidance, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
         case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold
     }
 
@@ -62,6 +63,8 @@ public struct SamplerSettings: Codable, Equatable {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         steps = try c.decodeIfPresent(Int.self, forKey: .steps) ?? steps
         guidance = try c.decodeIfPresent(Double.self, forKey: .guidance) ?? guidance
+        // absent (packages before it): the fixed scale
+        dynamicGuidance = try c.decodeIfPresent(Bool.self, forKey: .dynamicGuidance) ?? dynamicGuidance
         shift = try c.decodeIfPresent(Double.self, forKey: .shift) ?? shift
         numTrainTimesteps = try c.decodeIfPresent(Int.self, forKey: .numTrainTimesteps) ?? numTrainTimesteps
         scheduler = try c.decodeIfPresent(String.self, forKey: .scheduler) ?? scheduler
@@ -85,6 +88,11 @@ public struct SamplerSettings: Codable, Equatable {
         // the registry's refusal (Schedulers.swift), the message SamplerSettings gives
         let named = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
+        if dynamicGuidance && !type(of: named).takesDynamicGuidance {
+            let takers = schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name).joined(separator: ", ")
+            // "True": the value as Python's repr() writes it, for SamplerSettings' own message
+            throw bad("dynamic_guidance", "True", "\(scheduler) steps through no training timesteps (only \(takers) does; CogVideoX's dynamic guidance is a function of them)")
+        }
         if let terminal = shiftTerminal {
             if !(terminal > 0 && terminal < 1) {
                 throw bad("shift_terminal", terminal, "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch")
@@ -155,6 +163,48 @@ public func modelTimes(_ settings: SamplerSettings) -> [Float] {
 public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
     let g = Float(guidance)
     return Tensor(shape: cond.shape, data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })
+}
+
+/// a * b exactly, as the pair p + e (Dekker's product: each factor split into halves of 26
+/// bits, whose products are exact; no fused multiply-add, so sampler.js computes the same).
+func twoProduct(_ a: Double, _ b: Double) -> (Double, Double) {
+    func split(_ v: Double) -> (Double, Double) {
+        let c = 134_217_729 * v, hi = c - (c - v)
+        return (hi, v - hi)
+    }
+    let p = a * b
+    let (ah, al) = split(a), (bh, bl) = split(b)
+    return (p, ((ah * bh - p) + ah * bl + al * bh) + al * bl)
+}
+
+/// x ** 5 correctly rounded, which is Python's `x ** 5.0` (glibc's pow) on every pair the
+/// fixtures hold, whatever this platform's pow gives: `dynamicGuidance`'s cosine of a huge
+/// power hangs on its last bits. x^2 exactly, x^4 and x^5 with their small parts carried
+/// (~2^-100 relative), then one rounding (sampler.js fifthPower). Odd in x, as Python's ** is
+/// for a negative base.
+public func fifthPower(_ x: Double) -> Double {
+    let (s, se) = twoProduct(x, x)
+    let (q, qe) = twoProduct(s, s)
+    let fourthError = qe + (2 * s * se + se * se)
+    let (r, re) = twoProduct(q, x)
+    return r + (re + fourthError * x)
+}
+
+/// CogVideoXPipeline's use_dynamic_cfg scale at training timestep `timestep` of a
+/// `steps`-step run, in float64 as diffusers computes it (dynamic_guidance in
+/// edge/sampler.py).
+public func dynamicGuidance(_ guidance: Double, timestep: Int, steps: Int) -> Double {
+    1 + guidance * ((1 - cos(Double.pi * fifthPower(Double(steps - timestep) / Double(steps)))) / 2)
+}
+
+/// `guidance`, or CogVideoX's scale at the step's level (a training timestep) with
+/// dynamicGuidance and a guidance over 1 (diffusers runs no guidance at or below 1):
+/// step_guidance in edge/sampler.py.
+public func stepGuidance(_ settings: SamplerSettings, level: Float, steps: Int) -> Double {
+    if settings.dynamicGuidance && settings.guidance > 1 {
+        return dynamicGuidance(settings.guidance, timestep: Int(level), steps: steps)
+    }
+    return settings.guidance
 }
 
 /// Cosine similarity over the whole arrays, in float64.
@@ -319,7 +369,9 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
         trace.calls += 1
         trace.transformerCalls += step.computed ? 1 : 0
         trace.mergedCalls += step.merged ? 1 : 0
-        let v = guidedVelocity(cond, uncond, settings.guidance)
+        // the step count of the schedule being run: `steps` with dynamic guidance, whose
+        // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
+        let v = guidedVelocity(cond, uncond, stepGuidance(settings, level: ts[i], steps: ts.count - 1))
         if trace.leapAt == nil && rule.shouldLeap(v, stepsDone: call) {
             trace.leapAt = call
             if settings.leapSteps == 1 {  // the whole remaining time in one step

@@ -33,11 +33,15 @@ extension Solver {
 /// leap_steps over 1 is refused with the settings (SamplerSettings.validate()).
 /// `takesShiftTerminal`: whether the schedule takes a shift_terminal (Python's
 /// takes_shift_terminal; false by default, and settings with one are then refused).
+/// `takesDynamicGuidance`: whether its levels are the whole training timesteps CogVideoX's
+/// dynamic guidance reads (Python's takes_dynamic_guidance; false by default, and settings
+/// with dynamic_guidance are then refused).
 public protocol Scheduler {
     static var name: String { get }
     var name: String { get }
     static var leapTail: Bool { get }
     static var takesShiftTerminal: Bool { get }
+    static var takesDynamicGuidance: Bool { get }
     var shift: Double { get }
     var numTrainTimesteps: Int { get }
     /// The last noise level before 0 the schedule is stretched to; nil: no stretch.
@@ -78,6 +82,8 @@ extension Scheduler {
     public var leapTail: Bool { Self.leapTail }
 
     public static var takesShiftTerminal: Bool { false }
+
+    public static var takesDynamicGuidance: Bool { false }
 
     public var shiftTerminal: Double? { nil }
 
@@ -183,6 +189,7 @@ public struct FlowUniPC: Scheduler {
 public struct CogVideoXDDIM: Scheduler {
     public static let name = "cogvideox_ddim"
     public static var leapTail: Bool { false }
+    public static var takesDynamicGuidance: Bool { true }
     public static let betaStart = 0.00085, betaEnd = 0.012
     public let shift: Double
     public let numTrainTimesteps: Int

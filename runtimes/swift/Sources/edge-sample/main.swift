@@ -25,7 +25,8 @@ import UniformTypeIdentifiers
 
 let usage = """
     usage: edge-sample PACKAGE PROMPT [--negative-prompt TEXT] [--seed N | --latents F.npy]
-                       [--steps N] [--guidance X] [--leap-after N] [--leap-steps N]
+                       [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance]
+                       [--leap-after N] [--leap-steps N]
                        [--merge-steps N] [--cache-threshold X] [--budget BYTES] -o OUT.npy|OUT.gif
            edge-sample PACKAGE --bundle BUNDLE [--budget BYTES] [-o OUT.npy]
     """
@@ -36,6 +37,7 @@ struct Options {
     var package = "", prompt: String?, output: String?, bundle: String?, negativePrompt: String?, latents: String?
     var seed: UInt64?, budget: Int?
     var steps: Int?, guidance: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?
+    var dynamicGuidance: Bool?   // CogVideoX's dynamic guidance (cogvideox_ddim packages)
 
     init(_ args: [String]) throws {
         var positional: [String] = []
@@ -62,6 +64,8 @@ struct Options {
             case "--budget": budget = try number(arg, Int.self)
             case "--steps": steps = try number(arg, Int.self)
             case "--guidance": guidance = try number(arg, Double.self)
+            case "--dynamic-guidance": dynamicGuidance = true
+            case "--no-dynamic-guidance": dynamicGuidance = false
             case "--leap-after": leapAfter = try number(arg, Int.self)
             case "--leap-steps": leapSteps = try number(arg, Int.self)
             case "--merge-steps": mergeSteps = try number(arg, Int.self)
@@ -80,7 +84,8 @@ struct Options {
         if bundle != nil {
             let given = [prompt.map { _ in "PROMPT" }, negativePrompt.map { _ in "--negative-prompt" },
                          latents.map { _ in "--latents" }, seed.map { _ in "--seed" }, steps.map { _ in "--steps" },
-                         guidance.map { _ in "--guidance" }, leapAfter.map { _ in "--leap-after" },
+                         guidance.map { _ in "--guidance" },
+                         dynamicGuidance.map { $0 ? "--dynamic-guidance" : "--no-dynamic-guidance" }, leapAfter.map { _ in "--leap-after" },
                          leapSteps.map { _ in "--leap-steps" }, mergeSteps.map { _ in "--merge-steps" },
                          cacheThreshold.map { _ in "--cache-threshold" }].compactMap { $0 }
             if !given.isEmpty {
@@ -104,6 +109,7 @@ struct Options {
     func configure(_ s: inout SamplerSettings) {
         if let steps { s.steps = steps }
         if let guidance { s.guidance = guidance }
+        if let dynamicGuidance { s.dynamicGuidance = dynamicGuidance }
         if let leapAfter { s.leap = true; s.leapAfter = leapAfter }
         if let leapSteps { s.leap = true; s.leapSteps = leapSteps }
         if let mergeSteps { s.mergeSteps = mergeSteps }
