@@ -96,9 +96,23 @@ def _few_normals(engine: np.random.MT19937, n: int) -> np.ndarray:
 
 def torch_randn(shape: tuple[int, ...], seed: int) -> np.ndarray:
     """`torch.randn(shape, generator=torch.Generator().manual_seed(seed))` as float32."""
-    seed = check_seed(seed)
+    return _randn(_engine(check_seed(seed)), shape)
+
+
+def torch_randn_draws(shapes: list[tuple[int, ...]], seed: int) -> list[np.ndarray]:
+    """Consecutive `torch.randn(shape, generator=g)` of one generator `g` seeded with `seed`,
+    one per shape: what a pipeline draws when it takes more noise from its generator after
+    the initial latents (LTX-Video's decode noise). Each draw reads the words the one before
+    left; a draw under 16 values before another is refused, since PyTorch keeps half of its
+    last pair for the next draw, which is not mirrored here."""
+    engine = _engine(check_seed(seed))
+    if any(math.prod(shape) < _FILL for shape in shapes[:-1]):
+        raise ValueError(f"noise draws {shapes}: only the last may hold under {_FILL} values")
+    return [_randn(engine, shape) for shape in shapes]
+
+
+def _randn(engine: np.random.MT19937, shape: tuple[int, ...]) -> np.ndarray:
     n = math.prod(shape)
-    engine = _engine(seed)
     if n < _FILL:
         return _few_normals(engine, n).reshape(shape)
     out = np.empty(n, dtype=np.float32)

@@ -88,9 +88,10 @@ class FamilyModel(Protocol):
 
 
 # `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
-PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox"}
+PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox",
+                     "LTXPipeline": "ltx"}
 TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone", "web"),
-                     "cogvideox": ("onnx",)}
+                     "cogvideox": ("onnx",), "ltx": ("onnx",)}
 
 
 def family_of(folder: Path | None) -> str:

@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from edge.budget import parse_size
 from edge.manifest_schema import MANIFEST, as_variant, check_chain
-from edge.noise import check_noise
+from edge.noise import check_noise, torch_randn_draws
 from edge.options import check_prompts, check_seeds, check_settings, with_overrides
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
 from edge.pieces import piece_bounds
@@ -100,9 +100,12 @@ class Component:
 
 RUNTIME_TARGET = "onnx"
 # what this runtime feeds each component and what it takes from it (see docs/package-format.md)
+# a decoder conditioned on a timestep (the manifest's `decode`) takes these beside z, at the
+# batch: the timestep, the scale s of the noise mixed in as (1 - s) z + s noise, the noise
+DECODE_INPUTS = {"decode_t", "decode_noise_scale", "decode_noise"}
 COMPONENT_INPUTS = {"text_encoder": {"input_ids", "attention_mask"},
                     "transformer": {"latent", "t", "caption", "caption_mask"},  # any of these
-                    "vae_decoder": {"z"}}
+                    "vae_decoder": {"z"} | DECODE_INPUTS}
 COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
                      "vae_decoder": {"frames"}}
 # how the VAE decoder takes the latents (B, C, T, h, w): "frames" as B*T images (C, h, w) and
@@ -143,6 +146,7 @@ def check_runnable(manifest: dict, any_target: bool = False) -> None:
             and not isinstance(manifest.get("negative_prompt"), str)):
         raise PackageError(f"{MANIFEST}: the unconditional pass needs "
                            "'conditioning.null_caption' or a 'negative_prompt' string")
+    check_decode(manifest, components["vae_decoder"], "vae_decoder" in chunking)
     if manifest.get("latent_layout", "frames") not in LATENT_LAYOUTS:
         raise PackageError(f"{MANIFEST}: latent_layout {manifest['latent_layout']!r}; known: "
                            f"{', '.join(LATENT_LAYOUTS)}")
@@ -153,6 +157,28 @@ def check_runnable(manifest: dict, any_target: bool = False) -> None:
         check_settings(SamplerSettings.from_dict(manifest["sampler"]))
     except (TypeError, ValueError) as err:
         raise PackageError(f"{MANIFEST} sampler: {err}") from None
+
+
+def check_decode(manifest: dict, decoder: list[dict], chunked: bool) -> None:
+    """A decoder that takes the decode inputs needs the manifest's `decode` settings, and
+    runs on whole videos (the noise is one video's latents); a package with them has such a
+    decoder."""
+    takes = {s["name"] for b in decoder for s in b["inputs"]} & DECODE_INPUTS
+    spec = manifest.get("decode")
+    if spec is None and not takes:
+        return
+    if spec is None:
+        raise PackageError(f"{MANIFEST}: the vae_decoder takes {', '.join(sorted(takes))} "
+                           "but the manifest has no 'decode' settings")
+    if takes != DECODE_INPUTS or chunked or manifest.get("latent_layout") != "video":
+        raise PackageError(f"{MANIFEST} decode: needs a whole-video vae_decoder (latent_layout "
+                           f"'video', not chunked) taking {', '.join(sorted(DECODE_INPUTS))}")
+    number = (int, float)
+    if not (isinstance(spec, dict) and isinstance(spec.get("timestep"), number)
+            and (spec.get("noise_scale") is None or isinstance(spec["noise_scale"], number))
+            and not any(isinstance(spec.get(k), bool) for k in ("timestep", "noise_scale"))):
+        raise PackageError(f"{MANIFEST} decode: must be {{\"timestep\": number, "
+                           f"\"noise_scale\": number or null}}, got {spec!r}")
 
 
 class BlockSession(Protocol):
@@ -380,13 +406,19 @@ class Pipeline:
     def generate(self, prompts: str | list[str], seed: int | list[int] | None = None,
                  on_step: Callable[[int, int], None] | None = None,
                  negative_prompt: str | None = None, latents: np.ndarray | None = None,
+                 decode_timestep: float | None = None,
+                 decode_noise_scale: float | None = None,
+                 decode_noise: np.ndarray | None = None,
                  **sampler_overrides) -> np.ndarray:
         """uint8 video (B, T, H, W, 3); one prompt gives B = 1. Seeds as in the PyTorch
         pipeline (prompt i gets seed + i), so the two produce the same video.
         `negative_prompt`: the unconditional pass's text (default: the package's null caption
         or negative prompt). `latents`: initial noise (B, C, T, h, w) in diffusers' layout,
         instead of the seeds' (refused together with a seed). A seed draws what diffusers
-        draws for `torch.Generator().manual_seed(seed)` (edge.noise); default 0."""
+        draws for `torch.Generator().manual_seed(seed)` (edge.noise); default 0.
+        `decode_timestep`, `decode_noise_scale`, `decode_noise`: for a package whose decoder
+        is conditioned on a timestep (the manifest's `decode`, whose values they replace; see
+        `_decode_conditioning`)."""
         if self._closed:
             raise ValueError(f"the pipeline of {self.root} is closed (close() was called); "
                              "load the package again to generate")
@@ -403,6 +435,9 @@ class Pipeline:
             check_prompts(negative_prompt)  # valid Unicode
         noise = (initial_noise(self.latent_shape, seeds) if latents is None
                  else self._check_latents(latents, len(prompts)))
+        conditioning = self._decode_conditioning(seeds if latents is None else None,
+                                                 len(prompts), decode_timestep,
+                                                 decode_noise_scale, decode_noise)
         settings = with_overrides(self.sampler, sampler_overrides)
         stats_before = self.loader.stats.as_dict()
         io_before = _io_read_bytes()
@@ -454,7 +489,7 @@ class Pipeline:
         if self.lean_decode:  # the decoder's activations get the pinned blocks' memory
             figures["released_for_decode_bytes"] = self.loader.release_pinned(
                 keep=self.components["vae_decoder"].keys())
-        video = self._decode(latents)
+        video = self._decode(latents, conditioning)
         t3 = time.perf_counter()
         figures["wall_s"]["vae_decoder"] = t3 - t2
         figures["wall_s"]["total"] = t3 - started
@@ -463,11 +498,52 @@ class Pipeline:
         self.last_run = self._loader_figures(figures, stats_before, io_before, denoise)
         return np.round(video * 255).astype(np.uint8)
 
-    def _decode(self, latents: np.ndarray) -> np.ndarray:
-        """latents (B, C, T, h, w) -> video (B, T', H, W, 3) in [0, 1]."""
+    def _decode_conditioning(self, seeds: list[int] | None, b: int, timestep: float | None,
+                             noise_scale: float | None, noise: np.ndarray | None) -> dict:
+        """The decoder's decode inputs, where the manifest has `decode` (else none, and
+        giving any is refused): the timestep; the noise scale (given, else the manifest's,
+        else the timestep's value, as diffusers' decode_noise_scale=None); the noise, given
+        (B, *latent_shape), else for each seed the second `torch.randn(latent_shape)` of its
+        generator (diffusers draws it from the pipeline's generator after the initial
+        latents). Given latents need a given noise unless the scale is 0."""
+        spec = self.manifest.get("decode")
+        if spec is None:
+            if any(v is not None for v in (timestep, noise_scale, noise)):
+                raise ValueError(f"package {self.root}: its decoder takes no decode timestep "
+                                 "or noise (the manifest has no 'decode')")
+            return {}
+        for name, value in (("decode_timestep", timestep), ("decode_noise_scale", noise_scale)):
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, int | float)
+                                      or not np.isfinite(value)):
+                raise ValueError(f"{name} {value!r} must be a finite number")
+        t = spec["timestep"] if timestep is None else timestep
+        s = next(v for v in (noise_scale, spec["noise_scale"], t) if v is not None)
+        shape = (b, *self.latent_shape)
+        if noise is not None:
+            if not isinstance(noise, np.ndarray) or noise.shape != shape \
+                    or not np.isfinite(noise).all():
+                raise ValueError(f"decode_noise must be a finite NumPy array of shape {shape}")
+            noise = noise.astype(np.float32)
+        elif s == 0:
+            noise = np.zeros(shape, np.float32)  # mixed in with weight 0
+        elif seeds is not None:
+            noise = np.stack([torch_randn_draws([self.latent_shape] * 2, seed)[1]
+                              for seed in seeds])
+        else:
+            raise ValueError(f"decode noise scale {s} with given latents: pass decode_noise "
+                             "too (diffusers draws it from the pipeline's generator), or "
+                             "decode_noise_scale=0")
+        return {"decode_t": np.full(b, t, np.float32),
+                "decode_noise_scale": np.full(b, s, np.float32), "decode_noise": noise}
+
+    def _decode(self, latents: np.ndarray, conditioning: dict | None = None) -> np.ndarray:
+        """latents (B, C, T, h, w) -> video (B, T', H, W, 3) in [0, 1]; `conditioning`: a
+        timestep-conditioned decoder's inputs (`_decode_conditioning`)."""
         b, c, t, h, w = latents.shape
         if self.latent_layout == "video":
-            frames = self._run_component("vae_decoder", {"z": latents})["frames"]
+            frames = self._run_component("vae_decoder",
+                                         {"z": latents} | (conditioning or {}))["frames"]
             return frames.transpose(0, 2, 3, 4, 1)
         z = latents.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         frames = self._run_component("vae_decoder", {"z": z})["frames"]

@@ -1,0 +1,701 @@
+"""LTX-Video 0.9.x text to video (diffusers `LTXPipeline`): T5 v1.1 text encoder,
+`LTXVideoTransformer3DModel`, `AutoencoderKLLTXVideo`, FlowMatchEulerDiscreteScheduler with
+dynamic shifting, from a local diffusers pipeline folder.
+
+Cuts (each chained component equals the diffusers component; tests/test_ltx.py):
+  text_encoder  embeddings, layer_0 (gives the relative position bias), layer_1 ..
+                layer_{N-1} (take it), final (edge/families/t5.py); no mask: LTXPipeline
+                encodes the padded ids alone and masks the padding in the transformer
+  transformer   prologue (proj_in on the packed latents, AdaLN-single time embedding, the
+                caption projection, the prompt mask as a cross-attention bias, RoPE cos/sin
+                for the export size and frame rate stored as weights), block_0 ..
+                block_{N-1}, epilogue (norm, scale-shift, proj_out, unpacked)
+  vae_decoder   head (latent denormalisation, the decode noise mix of a timestep-conditioned
+                decoder, conv_in, mid block), up_0 .. up_{K-1}, out (norm, the decoder's
+                own time modulation, conv_out, unpatchify, to [0, 1]); the whole clip at once
+
+Latents are (B, C, F, h, w), unpacked, as LTXPipeline draws their noise (randn of that shape,
+then packed): a seed draws what LTXPipeline draws for `torch.Generator().manual_seed(seed)`,
+and latents handed to the runtime are unpacked (diffusers' `latents=` takes them packed:
+`LTXPipeline._pack_latents`). With LTX's patch of 1 packing is only a transpose: the
+prologue packs, the epilogue unpacks, and Euler's step is the same numbers either way.
+
+The VAE decoder is not causal in time (each convolution pads with copies of the first and
+the last frame), so it cannot be run frame by frame as Wan's: it runs over the whole clip.
+Its norms are per position (RMS over channels), so the only coupling across frames and
+pixels is the convolutions' reach: a windowed decode with overlaps could be exact, and is
+not built yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge.blocks import Block, Chunking
+from edge.families import FamilyError, Shapes, StorageRule
+from edge.families.folder import (
+    check_component_folders,
+    checked_sampler,
+    component_config,
+    int_field,
+    load_float32_pipeline,
+    number_field,
+    physical_memory_bytes,
+    train_timesteps,
+)
+from edge.families.t5 import cut_t5_encoder
+from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
+from edge.package import file_entry
+from edge.sampler import SamplerSettings
+from edge.schedulers import ltx_mu
+
+NAME = "ltx"
+COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
+# LTXPipeline.__call__'s defaults
+GUIDANCE = 3.0
+STEPS = 50
+TEXT_TOKENS = 128          # max_sequence_length
+FRAME_RATE = 25
+DEFAULT_SIZE = {"height": 512, "width": 704, "frames": 161}
+DECODE_TIMESTEP = 0.0      # decode_timestep; decode_noise_scale None: the timestep's value
+PIXEL_MULTIPLE = 32        # LTXPipeline.check_inputs: sides divisible by 32
+CAPTION_BIAS = -10000.0    # LTXVideoTransformer3DModel's bias on masked caption tokens
+# a sane bound on the transformer's tokens: 4x LTX at 768 x 512 and 257 frames
+MAX_TOKENS = 4 * 33 * 24 * 16
+
+
+# ---------------------------------------------------------------- loading and checks
+
+def sampler_settings(path: Path, tokens: int) -> SamplerSettings:
+    """FlowMatchEulerDiscreteScheduler as LTXPipeline drives it (edge's `ltx_flow_euler`):
+    dynamic shifting with the exponential time shift, mu from the latent token count as
+    LTXPipeline's calculate_shift gives it (the manifest's shift is exp(mu)), the stretch to
+    `shift_terminal`. Any other scheduler or setting is refused naming the file and field."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    cfg = component_config(path.parent.parent, path.parent.name,
+                           FlowMatchEulerDiscreteScheduler, path.name)
+    kind = cfg.get("_class_name")
+    if kind != "FlowMatchEulerDiscreteScheduler":
+        raise FamilyError(f"{path}: scheduler {kind!r} is not supported for LTX-Video; edge "
+                          "mirrors FlowMatchEulerDiscreteScheduler (ltx_flow_euler)")
+    want = {"use_dynamic_shifting": True, "time_shift_type": "exponential",
+            "invert_sigmas": False, "use_karras_sigmas": False,
+            "use_exponential_sigmas": False, "use_beta_sigmas": False,
+            "stochastic_sampling": False}
+    for key, value in want.items():
+        if cfg.get(key) != value:
+            raise FamilyError(f"{path}: {key}={cfg.get(key)!r}; edge's ltx_flow_euler mirror "
+                              f"supports {key}={value!r}")
+    # LTXPipeline reads these with .get and its own fallbacks; component_config fills them
+    # in with the class defaults, which are the same
+    base_seq = int_field(cfg, "base_image_seq_len")
+    max_seq = int_field(cfg, "max_image_seq_len")
+    if max_seq == base_seq:
+        raise FamilyError(f"{path}: base_image_seq_len = max_image_seq_len = {max_seq}: "
+                          "calculate_shift divides by their difference")
+    mu = ltx_mu(tokens, base_seq, max_seq, number_field(cfg, "base_shift", 0.5, path),
+                number_field(cfg, "max_shift", 1.15, path))
+    terminal = cfg.get("shift_terminal")
+    if terminal is not None and (isinstance(terminal, bool)
+                                 or not isinstance(terminal, int | float)
+                                 or not 0 <= terminal < 1):
+        raise FamilyError(f"{path}: shift_terminal={terminal!r}; must be a number in [0, 1) "
+                          "or null")
+    if not -50 < mu < 50:
+        raise FamilyError(f"{path}: base_shift, max_shift, base_image_seq_len and "
+                          f"max_image_seq_len give mu={mu:.4g} at {tokens} latent tokens: "
+                          "no usable schedule")
+    return checked_sampler(path, "exp(mu)", SamplerSettings(
+        steps=STEPS, guidance=GUIDANCE, shift=math.exp(mu),
+        num_train_timesteps=train_timesteps(cfg, path), scheduler="ltx_flow_euler",
+        # diffusers stretches only where shift_terminal is truthy
+        shift_terminal=float(terminal) if terminal else None, leap_min_steps=STEPS // 2))
+
+
+@dataclass(frozen=True)
+class LTXShapes:
+    """What the folder's components say about the shapes they exchange."""
+
+    latent_channels: int
+    spatial: int                 # pixels per latent cell
+    temporal: int                # frames per latent frame (after the first)
+    heads: int
+    timestep_decoder: bool       # the decoder takes the decode timestep (0.9.1+)
+    decoder_channels: int        # channels of the decoder's full-resolution stage
+    patch: int                   # the VAE's pixels per side of its output patch
+
+
+def _bools(cfg: dict, key: str) -> list[bool]:
+    value = cfg.get(key)
+    if not isinstance(value, list | tuple) or not all(isinstance(v, bool) for v in value):
+        raise FamilyError(f"{cfg['_path']}: {key}={value!r}; must be a list of booleans")
+    return list(value)
+
+
+def check_components(folder: Path) -> LTXShapes:
+    """The transformer, VAE and text encoder configs agree on what they hand each other,
+    and are what edge's cut computes, read from config.json alone: nothing is loaded."""
+    from diffusers import AutoencoderKLLTXVideo, LTXVideoTransformer3DModel
+    from transformers import T5Config
+
+    tr = component_config(folder, "transformer", LTXVideoTransformer3DModel)
+    vae = component_config(folder, "vae", AutoencoderKLLTXVideo)
+    text = component_config(folder, "text_encoder", T5Config)
+    for key in ("patch_size", "patch_size_t"):
+        if tr.get(key) != 1:
+            raise FamilyError(f"{tr['_path']}: {key}={tr.get(key)!r}; LTXPipeline runs the "
+                              "transformer on one token per latent cell (1): its RoPE grid "
+                              "and schedule count latent cells")
+    latent = int_field(vae, "latent_channels")
+    for key in ("in_channels", "out_channels"):
+        if int_field(tr, key) != latent:
+            raise FamilyError(f"{tr['_path']}: {key}={tr[key]}, but {vae['_path']} has "
+                              f"latent_channels={latent}: the transformer must take and give "
+                              "the VAE's latent channels")
+    if int_field(tr, "caption_channels") != int_field(text, "d_model"):
+        raise FamilyError(f"{tr['_path']}: caption_channels={tr['caption_channels']}, but "
+                          f"{text['_path']} has d_model={text['d_model']}: the transformer "
+                          "must take the text encoder's width")
+    inner = int_field(tr, "num_attention_heads") * int_field(tr, "attention_head_dim")
+    if int_field(tr, "cross_attention_dim") != inner:
+        raise FamilyError(f"{tr['_path']}: cross_attention_dim={tr['cross_attention_dim']}; "
+                          f"the caption projection gives the inner width {inner}")
+    noise = _bools(vae, "decoder_inject_noise")
+    if any(noise):
+        raise FamilyError(f"{vae['_path']}: decoder_inject_noise={noise}: the decoder draws "
+                          "noise inside (torch.randn from the global generator, which has no "
+                          "ONNX function and which LTXPipeline does not seed); edge takes "
+                          "decoders without injected noise (0.9.0, 0.9.5+)")
+    patch, patch_t = int_field(vae, "patch_size"), int_field(vae, "patch_size_t")
+    # the pipeline's ratios (the config's, else the encoder's scaling) must be what the
+    # decoder makes, or LTXPipeline's sizes would not be the decoded video's
+    ups = sum(_bools(vae, "decoder_spatio_temporal_scaling"))
+    encoder_ups = sum(_bools(vae, "spatio_temporal_scaling"))
+    for key, own, scale in (("spatial_compression_ratio", patch * 2 ** encoder_ups, patch),
+                            ("temporal_compression_ratio", patch_t * 2 ** encoder_ups, patch_t)):
+        ratio = own if vae.get(key) is None else vae[key]
+        if ratio != scale * 2 ** ups:
+            raise FamilyError(f"{vae['_path']}: {key} is {ratio}, but the decoder's "
+                              f"decoder_spatio_temporal_scaling and patch sizes make "
+                              f"{scale * 2 ** ups}")
+    channels = vae.get("decoder_block_out_channels")
+    factors = vae.get("upsample_factor") or [1]
+    if not isinstance(channels, list | tuple) or not channels:
+        raise FamilyError(f"{vae['_path']}: decoder_block_out_channels={channels!r}; must be "
+                          "a list")
+    timestep = vae.get("timestep_conditioning")
+    if not isinstance(timestep, bool):
+        raise FamilyError(f"{vae['_path']}: timestep_conditioning={timestep!r}; must be "
+                          "true or false")
+    spatial = patch * 2 ** ups
+    return LTXShapes(latent_channels=latent, spatial=spatial, temporal=patch_t * 2 ** ups,
+                     heads=int(tr["num_attention_heads"]), timestep_decoder=timestep,
+                     decoder_channels=int(channels[0]) // int(factors[0]), patch=patch)
+
+
+def video_multiple(shapes: LTXShapes) -> int:
+    return math.lcm(PIXEL_MULTIPLE, shapes.spatial)
+
+
+def latent_tokens(shapes: LTXShapes, height: int, width: int, frames: int) -> int:
+    """LTXPipeline's video_sequence_length: latent frames x height x width."""
+    return (((frames - 1) // shapes.temporal + 1) * (height // shapes.spatial)
+            * (width // shapes.spatial))
+
+
+def check_video_size(shapes: LTXShapes, height: int, width: int, frames: int,
+                     frame_rate: float) -> None:
+    """Sides multiples of 32 (LTXPipeline's check; and of the VAE's scale), frames = temporal
+    k + 1, a positive frame rate, the tokens and the memory an export needs within bounds."""
+    multiple = video_multiple(shapes)
+    for name, value in (("height", height), ("width", width)):
+        if value < multiple or value % multiple:
+            raise FamilyError(f"--{name} {value}: LTX-Video needs a positive multiple of "
+                              f"{multiple} (LTXPipeline's 32 and the VAE's {shapes.spatial})")
+    if frames < 1 or (frames - 1) % shapes.temporal:
+        raise FamilyError(f"--frames {frames}: LTX-Video needs {shapes.temporal}k + 1 frames "
+                          f"(e.g. {2 * shapes.temporal + 1}, {20 * shapes.temporal + 1})")
+    if isinstance(frame_rate, bool) or not isinstance(frame_rate, int | float) \
+            or not 0 < frame_rate < math.inf:
+        raise FamilyError(f"frame_rate {frame_rate!r}: must be a positive number of frames "
+                          "per second (LTXPipeline's default: 25)")
+    tokens = latent_tokens(shapes, height, width, frames)
+    if tokens > MAX_TOKENS:
+        raise FamilyError(f"--height {height} --width {width} --frames {frames}: {tokens} "
+                          f"transformer tokens, more than edge takes ({MAX_TOKENS})")
+    # the widest activation: the decoder's last stage over the whole clip, about four copies
+    # (input, output, norm, shortcut); the guidance batch's attention scores; the reference
+    last = frames * (height // shapes.patch) * (width // shapes.patch)
+    need = max(4 * last * shapes.decoder_channels * 4, 2 * shapes.heads * tokens ** 2 * 4,
+               frames * height * width * 3 * 4)
+    if need > physical_memory_bytes():
+        raise FamilyError(f"--height {height} --width {width} --frames {frames}: an export "
+                          f"at this size holds about {need / 2**30:.1f} GiB of activations, "
+                          "more than this machine's memory")
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """A timestep-conditioned decoder's generation settings (LTXPipeline's decode_timestep
+    and decode_noise_scale; None: the timestep's value), the manifest's `decode`."""
+
+    timestep: float = DECODE_TIMESTEP
+    noise_scale: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"timestep": self.timestep, "noise_scale": self.noise_scale}
+
+
+def decode_settings(shapes: LTXShapes, vae_config: Path, timestep: float | None,
+                    noise_scale: float | None) -> DecodeSettings | None:
+    if not shapes.timestep_decoder:
+        given = [n for n, v in (("decode_timestep", timestep),
+                                ("decode_noise_scale", noise_scale)) if v is not None]
+        if given:
+            raise FamilyError(f"{', '.join(given)}: {vae_config} has no "
+                              "timestep_conditioning, so its decoder takes no decode timestep")
+        return None
+    for name, value in (("decode_timestep", timestep), ("decode_noise_scale", noise_scale)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not 0 <= value <= 1):
+            raise FamilyError(f"{name} {value!r}: must be a number in [0, 1]")
+    return DecodeSettings(DECODE_TIMESTEP if timestep is None else float(timestep),
+                          None if noise_scale is None else float(noise_scale))
+
+
+def check_folder(folder: Path) -> dict:
+    return check_component_folders(folder, COMPONENTS)
+
+
+# ---------------------------------------------------------------- transformer blocks
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """LTX's rotary embedding on x (B, S, D) with tables (S, D): channel pairs rotated by
+    the tables' angles."""
+    real, imag = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return x * cos + torch.stack([-imag, real], dim=-1).flatten(-2) * sin
+
+
+def attention(attn: nn.Module, x: torch.Tensor, context: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None,
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """LTXVideoAttnProcessor on its weights: q/k RMS norms across heads, RoPE on self-
+    attention, an additive bias (B, 1, 1, L) on cross-attention keys. diffusers repeats its
+    (B, 1, L) mask per head and reshapes it by the batch, which breaks an export with a
+    dynamic batch; SDPA broadcasts this bias to the same numbers."""
+    kv = x if context is None else context
+    q, k, v = attn.norm_q(attn.to_q(x)), attn.norm_k(attn.to_k(kv)), attn.to_v(kv)
+    if rope is not None:
+        q, k = rotate(q, *rope), rotate(k, *rope)
+    q, k, v = (t.unflatten(2, (attn.heads, -1)).transpose(1, 2) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return attn.to_out[1](attn.to_out[0](out.transpose(1, 2).flatten(2)))
+
+
+class LTXPrologue(nn.Module):
+    """latent (B, C, F, h, w), t in [0, 1] (B,), caption (B, L, text width), caption_mask
+    (B, L) -> tokens x (B, S, D), context (B, L, D), t_mod (B, 6, D), temb (B, D),
+    caption_bias (B, 1, 1, L), rope_cos, rope_sin (S, D).
+
+    t_mod is AdaLN-single's modulation, which every block adds to its own table (as
+    PixArt's): rows 0 and 1 are the shift and scale of the first block's attention input,
+    what the step cache compares. The RoPE tables are parameters, so they are stored like
+    weights."""
+
+    def __init__(self, model: nn.Module, rope: tuple[torch.Tensor, torch.Tensor],
+                 num_train_timesteps: int) -> None:
+        super().__init__()
+        self.proj_in, self.time_embed = model.proj_in, model.time_embed
+        self.caption_projection = model.caption_projection
+        self.rope = nn.ParameterList([nn.Parameter(r.float().clone(), requires_grad=False)
+                                      for r in rope])
+        self.n_train = num_train_timesteps
+
+    def forward(self, latent, t, caption, caption_mask):
+        # LTXPipeline's packing at patch 1: (B, C, F, h, w) -> (B, F*h*w, C)
+        x = self.proj_in(latent.flatten(2).transpose(1, 2))
+        # the scheduler's timesteps are its sigmas x num_train_timesteps, in float32
+        temb, embedded = self.time_embed(t * self.n_train, batch_size=latent.shape[0],
+                                         hidden_dtype=x.dtype)
+        bias = (1 - caption_mask.to(x.dtype)) * CAPTION_BIAS
+        return (x, self.caption_projection(caption), temb.unflatten(1, (6, -1)), embedded,
+                bias[:, None, None, :], self.rope[0] * 1, self.rope[1] * 1)
+
+
+def modulation(block: nn.Module, t_mod: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A block's six (B, 1, D) rows: its table plus the shared modulation; shift, scale,
+    gate of attention, then of the feed-forward."""
+    return (block.scale_shift_table + t_mod).unsqueeze(2).unbind(1)
+
+
+class LTXBlockCut(nn.Module):
+    """One LTXVideoTransformerBlock (diffusers' forward; attention through `attention`)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x, context, t_mod, caption_bias, rope_cos, rope_sin):
+        b = self.block
+        shift, scale, gate, ff_shift, ff_scale, ff_gate = modulation(b, t_mod)
+        h = b.norm1(x) * (1 + scale) + shift
+        x = x + attention(b.attn1, h, rope=(rope_cos, rope_sin)) * gate
+        x = x + attention(b.attn2, x, context, caption_bias)  # unmodulated, ungated
+        return x + b.ff(b.norm2(x) * (1 + ff_scale) + ff_shift) * ff_gate
+
+
+class MergedLTXBlock(nn.Module):
+    """The TDTM variant of an LTX block (the same modules, so the same weights under the same
+    names): self- and cross-attention see the tokens of consecutive latent frames averaged in
+    pairs (frames 2i and 2i + 1; an odd last frame alone), each merged token with the RoPE
+    of the first frame of its pair, and their outputs go back to both frames before the
+    residual adds; the feed-forward runs on every token. LTX's self-attention is full 3D, so
+    merging halves its queries and keys: it costs about a quarter."""
+
+    def __init__(self, block: nn.Module, frames: int) -> None:
+        super().__init__()
+        self.block, self.frames = block, frames
+
+    def _merge(self, h: torch.Tensor) -> torch.Tensor:
+        b, s, d = h.shape
+        return merge_frames(h.view(b, self.frames, s // self.frames, d)).flatten(1, 2)
+
+    def _unmerge(self, m: torch.Tensor) -> torch.Tensor:
+        b, _, d = m.shape
+        m = m.view(b, merged_frames(self.frames), -1, d)
+        return unmerge_frames(m, self.frames).flatten(1, 2)
+
+    def _merged_rope(self, table: torch.Tensor) -> torch.Tensor:
+        s, d = table.shape
+        return table.view(self.frames, s // self.frames, d)[0::2].flatten(0, 1)
+
+    def forward(self, x, context, t_mod, caption_bias, rope_cos, rope_sin):
+        b = self.block
+        shift, scale, gate, ff_shift, ff_scale, ff_gate = modulation(b, t_mod)
+        h = self._merge(b.norm1(x) * (1 + scale) + shift)
+        rope = (self._merged_rope(rope_cos), self._merged_rope(rope_sin))
+        x = x + self._unmerge(attention(b.attn1, h, rope=rope)) * gate
+        x = x + self._unmerge(attention(b.attn2, self._merge(x), context, caption_bias))
+        return x + b.ff(b.norm2(x) * (1 + ff_scale) + ff_shift) * ff_gate
+
+
+class LTXEpilogue(nn.Module):
+    """tokens, temb -> velocity (B, C, F, h, w)."""
+
+    def __init__(self, model: nn.Module, latent_shape: tuple[int, int, int, int]) -> None:
+        super().__init__()
+        self.scale_shift_table = model.scale_shift_table
+        self.norm_out, self.proj_out = model.norm_out, model.proj_out
+        self.latent_shape = latent_shape
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        shift, scale = (self.scale_shift_table + temb[:, None]).unsqueeze(2).unbind(1)
+        x = self.proj_out(self.norm_out(x) * (1 + scale) + shift)
+        return x.transpose(1, 2).reshape(-1, *self.latent_shape)  # unpacked
+
+
+# ---------------------------------------------------------------- VAE decoder stages
+
+class LTXDecoderHead(nn.Module):
+    """z (B, C, F, h, w) as the sampler gives it -> the mid block's output h (and, for a
+    timestep-conditioned decoder, temb: the decode timestep times the decoder's multiplier,
+    which every later stage takes). LTXPipeline's latent denormalisation z std / scale + mean
+    (the VAE's buffers, stored here as weights); a conditioned decoder then mixes in the
+    decode noise, (1 - s) z + s noise, as LTXPipeline does before decoding."""
+
+    def __init__(self, vae: nn.Module) -> None:
+        super().__init__()
+        dec = vae.decoder
+        # named as diffusers names the buffers (a plain "mean" clashes with a node of the
+        # exported graph)
+        self.latents_mean = nn.Parameter(vae.latents_mean.view(1, -1, 1, 1, 1).clone(),
+                                         requires_grad=False)
+        self.latents_std = nn.Parameter(vae.latents_std.view(1, -1, 1, 1, 1).clone(),
+                                        requires_grad=False)
+        self.scale = vae.config.scaling_factor
+        self.conv_in, self.mid_block = dec.conv_in, dec.mid_block
+        self.multiplier = dec.timestep_scale_multiplier  # None without conditioning
+
+    def forward(self, z, decode_t=None, decode_noise=None, decode_noise_scale=None):
+        z = z * self.latents_std / self.scale + self.latents_mean
+        if self.multiplier is None:
+            return self.mid_block(self.conv_in(z), None)
+        s = decode_noise_scale.view(-1, 1, 1, 1, 1)
+        h = self.conv_in((1 - s) * z + s * decode_noise)
+        temb = decode_t * self.multiplier
+        return self.mid_block(h, temb), temb
+
+
+class LTXDecoderUp(nn.Module):
+    """One up block over the whole clip: h [, temb] -> h."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, h, temb=None):
+        return self.block(h, temb)
+
+
+class LTXDecoderOut(nn.Module):
+    """h [, temb] -> frames (B, 3, T, H, W) in [0, 1]: the output norm, a conditioned
+    decoder's last time modulation, conv_out, the patches back to pixels, and
+    VideoProcessor's denormalisation."""
+
+    def __init__(self, dec: nn.Module) -> None:
+        super().__init__()
+        self.norm_out, self.conv_act, self.conv_out = dec.norm_out, dec.conv_act, dec.conv_out
+        self.time_embedder, self.scale_shift_table = dec.time_embedder, dec.scale_shift_table
+        self.patch, self.patch_t = dec.patch_size, dec.patch_size_t
+
+    def forward(self, h, temb=None):
+        h = self.norm_out(h.movedim(1, -1)).movedim(-1, 1)
+        if temb is not None:
+            b = h.shape[0]
+            e = self.time_embedder(timestep=temb, resolution=None, aspect_ratio=None,
+                                   batch_size=b, hidden_dtype=h.dtype)
+            e = e.view(b, 2, -1, 1, 1, 1) + self.scale_shift_table[None, ..., None, None, None]
+            shift, scale = e.unbind(1)
+            h = h * (1 + scale) + shift
+        h = self.conv_out(self.conv_act(h))
+        # channels (3, p_t, p, p) to pixels: the first p along the width, the second along
+        # the height, as LTXVideoDecoder3d lays them out
+        b, _, f, y, x = h.shape
+        p, pt = self.patch, self.patch_t
+        h = h.reshape(b, -1, pt, p, p, f, y, x).permute(0, 1, 5, 2, 6, 4, 7, 3)
+        h = h.reshape(b, -1, f * pt, y * p, x * p)
+        return (h / 2 + 0.5).clamp(0, 1)
+
+
+# ---------------------------------------------------------------- the family's model
+
+@dataclass
+class LTXModel:
+    pipe: object                    # diffusers LTXPipeline, float32
+    folder: Path
+    height: int
+    width: int
+    frames: int
+    frame_rate: float
+    sampler: SamplerSettings
+    decode: DecodeSettings | None   # None: a plain decoder (0.9.0)
+    notes: list[str]
+    name: str = NAME
+    family: str = NAME
+    text_tokens: int = TEXT_TOKENS
+    chunked: dict[str, Chunking] = field(default_factory=dict)  # the decoder: whole clips
+    device_storage: dict[str, StorageRule] = field(default_factory=dict)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        pipe = self.pipe
+        return (pipe.transformer.config.in_channels,
+                (self.frames - 1) // pipe.vae_temporal_compression_ratio + 1,
+                self.height // pipe.vae_spatial_compression_ratio,
+                self.width // pipe.vae_spatial_compression_ratio)
+
+    def _ids(self, prompts: list[str]) -> torch.Tensor:
+        return self._tokens(prompts).input_ids
+
+    def _tokens(self, prompts: list[str]):
+        return self.pipe.tokenizer(prompts, padding="max_length", max_length=self.text_tokens,
+                                   truncation=True, add_special_tokens=True,
+                                   return_tensors="pt")
+
+    def shapes(self, target: str) -> Shapes:
+        return Shapes(prompts=2, guidance_batch=2, videos=2)
+
+    def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
+        shapes = shapes or self.shapes("onnx")
+        ids = self._ids(["a red circle moving left", "the dog"][:shapes.prompts])
+        return {"text_encoder": cut_t5_encoder(self.pipe.text_encoder.encoder, ids),
+                "transformer": self._cut_transformer(shapes.guidance_batch),
+                "vae_decoder": self._cut_vae_decoder(shapes.videos)}
+
+    def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE cos/sin (S, D) LTXPipeline's call gives the transformer at this size and
+        frame rate (its rope_interpolation_scale)."""
+        pipe, (_, f, h, w) = self.pipe, self.latent_shape
+        scale = (pipe.vae_temporal_compression_ratio / self.frame_rate,
+                 pipe.vae_spatial_compression_ratio, pipe.vae_spatial_compression_ratio)
+        probe = torch.zeros(1, f * h * w, 1)  # the module reads its batch size alone
+        cos, sin = pipe.transformer.rope(probe, f, h, w, scale)
+        return cos[0], sin[0]
+
+    def _cut_transformer(self, batch: int) -> list[Block]:
+        model = self.pipe.transformer
+        g = torch.Generator().manual_seed(0)
+        latent = torch.randn(batch, *self.latent_shape, generator=g)
+        t = torch.rand(batch, generator=g)
+        caption = torch.randn(batch, self.text_tokens, model.config.caption_channels,
+                              generator=g)
+        # prompts of different lengths, so the bias's rows differ
+        mask = (torch.arange(self.text_tokens) < torch.arange(1, batch + 1)[:, None] * 5)
+        mask = mask.long()
+        pro_out = ["x", "context", "t_mod", "temb", "caption_bias", "rope_cos", "rope_sin"]
+        pro = Block("transformer", "prologue",
+                    LTXPrologue(model, self.rope(), self.sampler.num_train_timesteps).eval(),
+                    ["latent", "t", "caption", "caption_mask"], pro_out,
+                    (latent, t, caption, mask), [True] * 4,
+                    dynamic_outputs=[True] * 5 + [False] * 2)
+        feeds = dict(zip(pro_out, pro.run(*pro.example), strict=True))
+        blocks = [pro]
+        block_in = ["x", "context", "t_mod", "caption_bias", "rope_cos", "rope_sin"]
+        frames = self.latent_shape[1]
+        for i, b in enumerate(model.transformer_blocks):
+            variants = {"tdtm": MergedLTXBlock(b, frames).eval()} if frames > 1 else {}
+            block = Block("transformer", f"block_{i}", LTXBlockCut(b).eval(), block_in, ["x"],
+                          tuple(feeds[n] for n in block_in), [True] * 4 + [False] * 2,
+                          variants)
+            blocks.append(block)
+            (feeds["x"],) = block.run(*block.example)
+        blocks.append(Block("transformer", "epilogue",
+                            LTXEpilogue(model, self.latent_shape).eval(), ["x", "temb"],
+                            ["velocity"], (feeds["x"], feeds["temb"]), [True, True]))
+        return blocks
+
+    def _cut_vae_decoder(self, videos: int) -> list[Block]:
+        """head, up_0 .., out over the whole clip; `videos`: the batch traced."""
+        vae = self.pipe.vae
+        g = torch.Generator().manual_seed(1)
+        z = torch.randn(videos, *self.latent_shape, generator=g)
+        ins, example = ["z"], (z,)
+        if self.decode is not None:
+            ins += ["decode_t", "decode_noise", "decode_noise_scale"]
+            example += (torch.rand(videos, generator=g) * 0.1,
+                        torch.randn(videos, *self.latent_shape, generator=g),
+                        torch.rand(videos, generator=g) * 0.1)
+        carried = ["h"] + (["temb"] if self.decode is not None else [])
+        head = Block("vae_decoder", "head", LTXDecoderHead(vae).eval(), ins, carried, example,
+                     [True] * len(ins))
+        blocks = [head]
+        feeds = head.run(*example)
+        for i, up in enumerate(vae.decoder.up_blocks):
+            block = Block("vae_decoder", f"up_{i}", LTXDecoderUp(up).eval(), carried, ["h"],
+                          feeds, [True] * len(carried))
+            blocks.append(block)
+            feeds = (*block.run(*feeds), *feeds[1:])
+        blocks.append(Block("vae_decoder", "out", LTXDecoderOut(vae.decoder).eval(), carried,
+                            ["frames"], feeds, [True] * len(carried)))
+        return blocks
+
+    def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
+        tok_dir = root / "tokenizer"
+        tok_dir.mkdir(parents=True)
+        self.pipe.tokenizer.backend_tokenizer.save(str(tok_dir / "tokenizer.json"))
+        fields = {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
+                                "max_tokens": self.text_tokens,
+                                "pad_token": self.pipe.tokenizer.pad_token, "clean": "none"},
+                  "conditioning": {}, "negative_prompt": "",
+                  "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
+                  "latent_layout": "video",
+                  "video": {"height": self.height, "width": self.width, "frames": self.frames,
+                            "frame_rate": self.frame_rate}}
+        if self.decode is not None:
+            fields["decode"] = self.decode.to_dict()
+        return fields
+
+    @torch.no_grad()
+    def reference(self, prompt: str, latents: np.ndarray | None = None,
+                  negative_prompt: str = "", steps: int | None = None,
+                  guidance: float | None = None,
+                  on_step: Callable[[int, int], None] | None = None,
+                  seed: int | None = None, decode_timestep: float | None = None,
+                  decode_noise_scale: float | None = None) -> np.ndarray:
+        """diffusers' LTXPipeline itself: uint8 video (B, T, H, W, 3) from these initial
+        latents (B, C, F, h, w; packed here as LTXPipeline takes them), or from those it
+        draws for `seed`. Given both, the seed's generator draws only the decode noise
+        (LTXPipeline draws it from its generator after the latents, which it was not asked
+        to draw). The decode settings default to the model's."""
+        if latents is None and seed is None:
+            raise ValueError("give the reference latents, a seed or both")
+        steps = steps or self.sampler.steps
+        start = {}
+        if latents is not None:
+            start["latents"] = self.pipe._pack_latents(torch.from_numpy(latents))
+        if seed is not None:
+            start["generator"] = torch.Generator("cpu").manual_seed(seed)
+        if self.decode is not None:
+            t = self.decode.timestep if decode_timestep is None else decode_timestep
+            s = next(v for v in (decode_noise_scale, self.decode.noise_scale, t)
+                     if v is not None)
+            if s and seed is None:  # LTXPipeline would draw it from the global generator
+                raise ValueError("a decode noise scale over 0 needs a seed for the decode "
+                                 "noise")
+            start |= {"decode_timestep": t, "decode_noise_scale": s}
+
+        def callback(pipe, i, t, kwargs):
+            if on_step is not None:
+                on_step(i + 1, steps)
+            return {}
+
+        frames = self.pipe(prompt, negative_prompt=negative_prompt, height=self.height,
+                           width=self.width, num_frames=self.frames,
+                           frame_rate=self.frame_rate, num_inference_steps=steps,
+                           guidance_scale=self.sampler.guidance if guidance is None else guidance,
+                           **start, output_type="np", max_sequence_length=self.text_tokens,
+                           callback_on_step_end=callback).frames
+        return np.round(np.asarray(frames) * 255).astype(np.uint8)
+
+    def generate(self, prompt: str, seed: int = 0,
+                 on_step: Callable[[int, int], None] | None = None,
+                 steps: int | None = None) -> np.ndarray:
+        return self.reference(prompt, seed=seed, steps=steps, on_step=on_step)
+
+
+def accepts(folder: Path, height: int | None = None, width: int | None = None,
+            frames: int | None = None, steps: int | None = None,
+            frame_rate: float | None = None, decode_timestep: float | None = None,
+            decode_noise_scale: float | None = None
+            ) -> tuple[dict, SamplerSettings, DecodeSettings | None]:
+    """What this family takes, from the folder's JSON files alone (nothing loaded): every
+    component, the components against each other, the scheduler as edge's sampler (its
+    shift from this size's latent tokens), the video size (default LTXPipeline's 512 x 704,
+    161 frames) and frame rate (default 25) against the model, the decode settings against
+    the decoder. Refuses anything else with a FamilyError naming the file, field or
+    option."""
+    check_folder(folder)
+    shapes = check_components(folder)
+    given = {"height": height, "width": width, "frames": frames}
+    size = {k: DEFAULT_SIZE[k] if v is None else v for k, v in given.items()}
+    rate = FRAME_RATE if frame_rate is None else frame_rate
+    check_video_size(shapes, **size, frame_rate=rate)
+    decode = decode_settings(shapes, folder / "vae" / "config.json", decode_timestep,
+                             decode_noise_scale)
+    sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json",
+                               latent_tokens(shapes, **size))
+    if steps is not None:
+        from edge.options import check_settings
+
+        try:
+            sampler = check_settings(replace(sampler, steps=steps,
+                                             leap_min_steps=max(1, steps // 2)))
+        except ValueError as err:
+            raise FamilyError(f"--steps {steps}: {err}") from None
+    return size | {"frame_rate": rate}, sampler, decode
+
+
+def load(folder: Path, height: int | None = None, width: int | None = None,
+         frames: int | None = None, steps: int | None = None,
+         frame_rate: float | None = None, decode_timestep: float | None = None,
+         decode_noise_scale: float | None = None) -> LTXModel:
+    """The folder's LTXPipeline as an edge model at this size. `frame_rate`: the frames per
+    second the RoPE positions are scaled for (LTXPipeline's frame_rate); `decode_timestep`,
+    `decode_noise_scale`: the manifest's defaults for a timestep-conditioned decoder
+    (LTXPipeline's: 0 and the timestep's value), which a generation may override."""
+    size, sampler, decode = accepts(folder, height, width, frames, steps, frame_rate,
+                                    decode_timestep, decode_noise_scale)
+    from diffusers import LTXPipeline
+
+    pipe, notes = load_float32_pipeline(folder, LTXPipeline)
+    return LTXModel(pipe, folder, sampler=sampler, decode=decode, notes=notes,
+                    name=folder.resolve().name, **size)
