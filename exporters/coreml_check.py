@@ -149,23 +149,25 @@ def check_structure(root: Path, manifest: dict) -> list[str]:
         problems += found
     if set(tensors) != {"text_encoder", "transformer", "vae_decoder"}:
         return problems  # a partial export (tests): nothing to link across components
-    c, t, h, w = manifest["latent_shape"]
+    latent = list(manifest["latent_shape"])
     tokens = manifest["tokenizer"]["max_tokens"]
     text, dit, vae = (tensors[k] for k in ("text_encoder", "transformer", "vae_decoder"))
     decoder = next(comp for comp in manifest["components"] if comp["name"] == "vae_decoder")
     if manifest.get("latent_layout", "frames") == "frames":  # (frames, C, h, w) per call
+        c, t, h, w = latent
         z_link = ("latent frames -> vae_decoder z", [t, c, h, w], vae["z"]["shape"])
-    else:  # diffusers' (B, C, T, h, w), T in pieces where the decoder is chunked
-        piece = decoder.get("chunked", {}).get("size", t)
-        z_link = ("latents (one video) -> vae_decoder z", [1, c, piece, h, w],
-                  vae["z"]["shape"])
+    else:  # diffusers' layout of one video, cut where the decoder is chunked (a later piece)
+        z = [1, *latent]
+        if "chunked" in decoder:
+            z[decoder["chunked"]["axis"]] = decoder["chunked"]["size"]
+        z_link = ("latents (one video) -> vae_decoder z", z, vae["z"]["shape"])
     links = [  # (what, got, want): shapes that must agree across components
         ("text_encoder hidden -> transformer caption (one prompt + null caption)",
          [2 * d if i == 0 else d for i, d in enumerate(text["hidden"]["shape"])],
          dit["caption"]["shape"]),
         ("tokenizer max_tokens -> text_encoder input_ids", tokens,
          text["input_ids"]["shape"][1]),
-        ("latent_shape -> transformer latent", [c, t, h, w], dit["latent"]["shape"][1:]),
+        ("latent_shape -> transformer latent", latent, dit["latent"]["shape"][1:]),
         ("transformer velocity -> latent", dit["velocity"]["shape"], dit["latent"]["shape"]),
         z_link,
     ]

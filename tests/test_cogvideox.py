@@ -115,6 +115,24 @@ def test_graph_friendly_upsampler_equals_diffusers(frames, compress_time):
     assert torch.equal(GraphFriendlyUpsample(theirs)(x), theirs(x))
 
 
+@pytest.mark.parametrize("frames,size", [(1, (1, 4, 6)), (3, (5, 8, 12)), (2, (8, 2, 3)),
+                                         (2, (2, 2, 3))])
+@torch.no_grad()
+def test_graph_friendly_spatial_norm_equals_diffusers(frames, size):
+    """The spatial norm's resize of the latents to the activations' size, at rank 5 at most
+    (CoreML has no upsample_nearest3d), equals CogVideoXSpatialNorm3D's: an odd call's first
+    frame apart, whole multiples in time and space, no resize at all."""
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXSpatialNorm3D
+
+    from edge.families.cogvideox import GraphFriendlySpatialNorm
+
+    theirs = CogVideoXSpatialNorm3D(8, 4, groups=4).eval()
+    g = torch.Generator().manual_seed(frames)
+    zq = torch.randn(2, 4, frames, 2, 3, generator=g)
+    f = torch.randn(2, 8, *size, generator=g)
+    assert torch.equal(GraphFriendlySpatialNorm(theirs)(f, zq)[0], theirs(f, zq)[0])
+
+
 def test_piece_bounds():
     assert piece_bounds(5, 2, 3) == [(0, 3), (3, 5)]
     assert piece_bounds(4, 2, 2) == piece_bounds(4, 2) == [(0, 2), (2, 4)]
@@ -166,6 +184,49 @@ def test_seeded_generation_is_the_pipelines(cog_packages, cog_models):
         runtime.close()
     want = cog_models["2b"].reference("a cat", seed=11, steps=4)
     assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0
+
+
+def test_dynamic_guidance_is_the_pipelines_use_dynamic_cfg(cog_packages, cog_models):
+    """`dynamic_guidance=True` (a generation setting) makes CogVideoXPipeline's video with
+    use_dynamic_cfg, which is another video than the fixed scale's."""
+    from runtimes.python import Pipeline
+
+    latents = np.random.default_rng(4).standard_normal((1, *cog_models["2b"].latent_shape),
+                                                       dtype=np.float32)
+    kwargs = {"latents": latents, "steps": 6, "guidance": 6.0}
+    runtime = Pipeline.load(cog_packages["2b"][0])
+    try:
+        got = runtime.generate("a red circle", dynamic_guidance=True, **kwargs)
+        fixed = runtime.generate("a red circle", **kwargs)
+    finally:
+        runtime.close()
+    want = cog_models["2b"].reference("a red circle", dynamic_guidance=True, **kwargs)
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
+                                                                snr(got, want))
+    assert psnr(fixed, want) < psnr(got, want) - 10
+
+
+@pytest.mark.slow  # a whole CoreML export (about 30 s) and its end-to-end check
+def test_exports_to_the_iphone_and_holds_the_end_to_end_check(cog_models, tmp_path):
+    """The decoder's graph-friendly rewrites are what CoreML takes (diffusers' group norms
+    lower to rank 6, its spatial norms and upsamplers use upsample_nearest3d): every block
+    of the rotary shape converts, within 1e-2 with its stored fp16 weights (absolute: the
+    decoder's later stages reach 5.5e-3 on their larger activations), and CogVideoXPipeline
+    with those weights stays >= 35 dB from fp32 end to end (64.6 dB)."""
+    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
+                        "-e '.[test]'); the CoreML exporter needs it")
+    from edge.package import read_package
+    from exporters.coreml import export_coreml
+    from exporters.coreml_check import end_to_end_check
+
+    model = cog_models["5b"]
+    root = tmp_path / "pkg"
+    manifest = export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
+    assert read_package(root) == manifest
+    assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
+               for b in c["blocks"]) <= 1e-2
+    check = manifest["validation"]
+    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
 
 
 def test_leap_step_cache_and_tdtm_run_on_cogvideox(cog_packages):
@@ -284,6 +345,6 @@ def test_cli_refuses_a_target_not_built_and_writes_nothing(cog_folders, tmp_path
 
     out = tmp_path / "pkg"
     res = CliRunner().invoke(app, ["export", "--model", str(cog_folders["2b"]), "--target",
-                                   "iphone", "-o", str(out)])
-    assert res.exit_code != 0 and "--target iphone is not built for cogvideox" in res.output
+                                   "web", "-o", str(out)])
+    assert res.exit_code != 0 and "--target web is not built for cogvideox" in res.output
     assert not out.exists()

@@ -443,6 +443,104 @@ def nearest_up_3d(x: torch.Tensor) -> torch.Tensor:
     return nearest_up_2d(x).reshape(b, c, 2 * t, 2 * h, 2 * w)
 
 
+def nearest_resize(z: torch.Tensor, size: tuple[int, int, int]) -> torch.Tensor:
+    """F.interpolate(z, size) (nearest) for a size each of whose sides is a whole multiple of
+    z's, as the decoder's spatial norms always ask: each cell repeated, at rank 5 at most
+    (CoreML has no upsample_nearest3d). Nearest at a ratio of k picks source cell i // k."""
+    b, c, t, h, w = z.shape
+    k_t, k_h, k_w = (n // m for n, m in zip(size, (t, h, w), strict=True))
+    if (k_t * t, k_h * h, k_w * w) != tuple(size):
+        raise ValueError(f"nearest_resize: {tuple(size)} is not a whole multiple of "
+                         f"{(t, h, w)}")
+    if k_t > 1:
+        z = z.reshape(b, c, t, 1, h * w).expand(b, c, t, k_t, h * w).reshape(b, c, t * k_t, h, w)
+    if k_h > 1 or k_w > 1:  # a 2D nearest over the frames, joined to the channels
+        z = F.interpolate(z.reshape(b, c * t * k_t, h, w), scale_factor=(float(k_h), float(k_w)))
+        z = z.reshape(b, c, t * k_t, h * k_h, w * k_w)
+    return z
+
+
+class FlatGroupNorm(nn.Module):
+    """A GroupNorm of (B, C, T, H, W) computed on (B, C, T*H, W): the same statistics over
+    the same memory, so the same numbers (tested), but CoreML's lowering of a group norm adds
+    a rank, and rank 6 is past its limit of 5. Its parameters keep the norm's names."""
+
+    def __init__(self, norm: nn.GroupNorm) -> None:
+        super().__init__()
+        self.weight, self.bias = norm.weight, norm.bias
+        self.groups, self.eps = norm.num_groups, norm.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        flat = F.group_norm(x.reshape(b, c, t * h, w), self.groups, self.weight, self.bias,
+                            self.eps)
+        return flat.reshape(b, c, t, h, w)
+
+
+class GraphFriendlySpatialNorm(nn.Module):
+    """CogVideoXSpatialNorm3D (the same modules, so the same weights) with its resize of the
+    latents written by `nearest_resize` and its group norm at rank 4 (`FlatGroupNorm`);
+    equal to diffusers' (tested)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm_layer = FlatGroupNorm(norm.norm_layer)
+        self.conv_y, self.conv_b = norm.conv_y, norm.conv_b
+
+    def forward(self, f: torch.Tensor, zq: torch.Tensor, conv_cache: dict | None = None):
+        conv_cache, new = conv_cache or {}, {}
+        t = f.shape[2]
+        if t > 1 and t % 2 == 1:  # an odd call's first frame is resized apart
+            zq = torch.cat([nearest_resize(zq[:, :, :1], (1, *f.shape[-2:])),
+                            nearest_resize(zq[:, :, 1:], (t - 1, *f.shape[-2:]))], dim=2)
+        else:
+            zq = nearest_resize(zq, tuple(f.shape[-3:]))
+        conv_y, new["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
+        conv_b, new["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
+        return self.norm_layer(f) * conv_y + conv_b, new
+
+
+class GraphFriendlyResnet(nn.Module):
+    """CogVideoXResnetBlock3D's forward (decoder: spatial norms, no time embedding) with its
+    norms graph friendly; the parameter names stay diffusers'."""
+
+    def __init__(self, resnet: nn.Module) -> None:
+        super().__init__()
+        self.norm1 = GraphFriendlySpatialNorm(resnet.norm1)
+        self.norm2 = GraphFriendlySpatialNorm(resnet.norm2)
+        self.conv1, self.conv2 = resnet.conv1, resnet.conv2
+        self.nonlinearity = resnet.nonlinearity
+        self.conv_shortcut = getattr(resnet, "conv_shortcut", None)
+        self.cached_shortcut = resnet.use_conv_shortcut  # a causal conv with a cache
+
+    def forward(self, x, temb, zq, conv_cache=None):
+        conv_cache, new = conv_cache or {}, {}
+        h, new["norm1"] = self.norm1(x, zq, conv_cache=conv_cache.get("norm1"))
+        h, new["conv1"] = self.conv1(self.nonlinearity(h), conv_cache=conv_cache.get("conv1"))
+        h, new["norm2"] = self.norm2(h, zq, conv_cache=conv_cache.get("norm2"))
+        h, new["conv2"] = self.conv2(self.nonlinearity(h), conv_cache=conv_cache.get("conv2"))
+        if self.conv_shortcut is not None and self.cached_shortcut:
+            x, new["conv_shortcut"] = self.conv_shortcut(
+                x, conv_cache=conv_cache.get("conv_shortcut"))
+        elif self.conv_shortcut is not None:
+            x = self.conv_shortcut(x)
+        return h + x, new
+
+
+class GraphFriendlyMidBlock(nn.Module):
+    """CogVideoXMidBlock3D's forward on graph-friendly resnets."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.resnets = nn.ModuleList([GraphFriendlyResnet(r) for r in block.resnets])
+
+    def forward(self, h, temb, zq, conv_cache=None):
+        conv_cache, new = conv_cache or {}, {}
+        for i, resnet in enumerate(self.resnets):
+            h, new[f"resnet_{i}"] = resnet(h, temb, zq, conv_cache=conv_cache.get(f"resnet_{i}"))
+        return h, new
+
+
 class GraphFriendlyUpsample(nn.Module):
     """CogVideoXUpsample3D (the same conv, so the same weights) with its interpolations
     written at rank 5 at most (`nearest_up_3d`); equal to diffusers' (tested)."""
@@ -467,12 +565,12 @@ class GraphFriendlyUpsample(nn.Module):
 
 
 class GraphFriendlyUpBlock(nn.Module):
-    """CogVideoXUpBlock3D's forward on its own resnets, its upsampler graph friendly (the
-    parameter names stay diffusers')."""
+    """CogVideoXUpBlock3D's forward on graph-friendly resnets and upsampler (the parameter
+    names stay diffusers')."""
 
     def __init__(self, block: nn.Module) -> None:
         super().__init__()
-        self.resnets = block.resnets
+        self.resnets = nn.ModuleList([GraphFriendlyResnet(r) for r in block.resnets])
         self.upsamplers = None if block.upsamplers is None else nn.ModuleList(
             [GraphFriendlyUpsample(u) for u in block.upsamplers])
 
@@ -510,14 +608,15 @@ def decoder_stages(vae: nn.Module, first: bool) -> list[tuple[str, DecoderStage]
         # VideoProcessor.postprocess_video's denormalisation, in its order
         return (h / 2 + 0.5).clamp(0, 1), {"norm_out": norm, "conv_out": conv}
 
-    head_parts = {"conv_in": dec.conv_in, "mid_block": dec.mid_block}
+    head_parts = {"conv_in": dec.conv_in, "mid_block": GraphFriendlyMidBlock(dec.mid_block)}
     if vae.post_quant_conv is not None:
         head_parts["post_quant_conv"] = vae.post_quant_conv
     stages = [("head", DecoderStage(head, head_parts, first, takes_zq=False))]
     stages += [(f"up_{i}", DecoderStage(up, {"up": GraphFriendlyUpBlock(block)}, first,
                                         takes_zq=True))
                for i, block in enumerate(dec.up_blocks)]
-    stages.append(("out", DecoderStage(out, {"norm_out": dec.norm_out, "act": dec.conv_act,
+    stages.append(("out", DecoderStage(out, {"norm_out": GraphFriendlySpatialNorm(dec.norm_out),
+                                             "act": dec.conv_act,
                                              "conv_out": dec.conv_out}, first, takes_zq=True)))
     return stages
 
@@ -673,9 +772,13 @@ class CogVideoXModel:
                   negative_prompt: str = "", steps: int | None = None,
                   guidance: float | None = None,
                   on_step: Callable[[int, int], None] | None = None,
-                  seed: int | None = None) -> np.ndarray:
+                  seed: int | None = None,
+                  dynamic_guidance: bool | None = None) -> np.ndarray:
         """diffusers' CogVideoXPipeline itself: uint8 video (B, T, H, W, 3) from these initial
-        latents (B, F, C, h, w), or from those it draws for `seed`."""
+        latents (B, F, C, h, w), or from those it draws for `seed`. `dynamic_guidance`: its
+        use_dynamic_cfg (default: the sampler's setting)."""
+        if dynamic_guidance is None:
+            dynamic_guidance = self.sampler.dynamic_guidance
         if (latents is None) == (seed is None):
             raise ValueError("give the reference either latents or a seed")
         steps = steps or self.sampler.steps
@@ -691,7 +794,7 @@ class CogVideoXModel:
                            width=self.width, num_frames=self.frames, num_inference_steps=steps,
                            guidance_scale=self.sampler.guidance if guidance is None else guidance,
                            **start, output_type="np", max_sequence_length=self.text_tokens,
-                           callback_on_step_end=callback).frames
+                           use_dynamic_cfg=dynamic_guidance, callback_on_step_end=callback).frames
         return np.round(np.asarray(frames) * 255).astype(np.uint8)
 
     def generate(self, prompt: str, seed: int = 0,
