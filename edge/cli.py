@@ -379,8 +379,9 @@ def export(
         ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM and wasm graphs for "
         "onnxruntime-web, with the demo page: a static site for `edge serve`).")] = "onnx",
     model: Annotated[Path | None, typer.Option(
-        help="A diffusers pipeline folder (Wan 2.1: WanPipeline) or a tiny-sora weights "
-        "folder [default: the shipped tiny-sora]. Local files only.")] = None,
+        help="A diffusers pipeline folder (WanPipeline: Wan 2.1, Wan 2.2 TI2V-5B; "
+        "CogVideoXPipeline; LTXPipeline) or a tiny-sora weights folder [default: the shipped "
+        "tiny-sora]. Local files only.")] = None,
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].")] = None,
     memory_budget: Annotated[str | None, typer.Option(
@@ -406,7 +407,18 @@ def export(
         help="Frame count [default: the family's, 81 for Wan; Wan takes 4k + 1].")] = None,
     steps: Annotated[int | None, typer.Option(
         min=1, help="Denoising steps the package defaults to [default: the family's, 50 "
-        "for Wan].")] = None,
+        "for Wan, CogVideoX and LTX-Video].")] = None,
+    frame_rate: Annotated[float | None, typer.Option(
+        help="LTX-Video: the frames per second the positions are scaled for (LTXPipeline's "
+        "frame_rate) [default: 25].")] = None,
+    decode_timestep: Annotated[float | None, typer.Option(
+        help="LTX-Video with a timestep-conditioned decoder (0.9.5+): the decode timestep "
+        "the package defaults to, in [0, 1] (LTXPipeline's decode_timestep) "
+        "[default: 0].")] = None,
+    decode_noise_scale: Annotated[float | None, typer.Option(
+        help="LTX-Video with a timestep-conditioned decoder: how much decode noise the "
+        "package mixes into the latents by default, in [0, 1] (LTXPipeline's "
+        "decode_noise_scale) [default: the decode timestep].")] = None,
     ort_url: Annotated[str | None, typer.Option(
         help="web: the https folder URL the page loads onnxruntime-web (its wasm path) from, "
         "each file checked by sha256 [default: the pinned version on the jsDelivr CDN].")] = None,
@@ -423,11 +435,15 @@ def export(
     # refused before any work: an unknown folder or target, a target the family lacks,
     # options the family or the target does not take, a destination edge may not replace
     size_options = {"height": height, "width": width, "frames": frames, "steps": steps}
+    own_options = {k: v for k, v in {"frame_rate": frame_rate, "decode_timestep": decode_timestep,
+                                     "decode_noise_scale": decode_noise_scale}.items()
+                   if v is not None}
     try:
         family = family_of(model)
         exporter = target_module(target)
         check_target(family, target)
         check_options(family, size_options)
+        _check_family_options(family, own_options)
         options = ExportOptions(memory_budget=_budget_option(memory_budget),
                                 quantize=quantize, min_ios=min_ios, ort_url=ort_url,
                                 bundle_ort=bundle_ort)
@@ -439,7 +455,7 @@ def export(
     if not dry_run:
         _check_destination(dest, force)
     try:
-        family_model = load_model(model, **size_options)
+        family_model = load_model(model, **size_options, **own_options)
         for note in getattr(family_model, "notes", []):
             echo(note)
         prepared = exporter.prepare(family_model, options)
@@ -452,6 +468,33 @@ def export(
             echo(line)
         return
     _export_with_progress(exporter, family_model, prepared, dest, options, target)
+
+
+def _family_load_options(family: str) -> set[str]:
+    """The options a family's `load` takes: what the family says it takes, by its own
+    signature (edge/families/<family>.py)."""
+    import importlib
+    import inspect
+
+    from edge.families import PIPELINE_FAMILIES
+
+    if family not in PIPELINE_FAMILIES.values():  # tiny-sora: its weights say everything
+        return set()
+    module = importlib.import_module(f"edge.families.{family}")
+    return set(inspect.signature(module.load).parameters)
+
+
+def _check_family_options(family: str, options: dict) -> None:
+    """Refuse, naming the option, an export option of some families' own (e.g. LTX-Video's
+    frame rate) that this family's load does not take."""
+    from edge.families import PIPELINE_FAMILIES, FamilyError
+
+    for name in options:
+        if name not in _family_load_options(family):
+            takers = sorted(f for f in set(PIPELINE_FAMILIES.values())
+                            if name in _family_load_options(f))
+            raise FamilyError(f"--{name.replace('_', '-')}: {family} models do not take it "
+                              f"(an export option of {', '.join(takers)} models)")
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

@@ -1,18 +1,27 @@
 """The LTX-Video family (edge/families/ltx.py) against diffusers' LTXPipeline, on tiny
 random-weight folders (tests/ltx_folder.py) with both decoders: 0.9.0's plain one and a
 timestep-conditioned one (0.9.5's shape), whose decode noise the runtime draws as the
-pipeline does."""
+pipeline does; the decoder's graph-friendly rewrites for CoreML against diffusers' modules,
+the iPhone export, and the CLI's LTX export options."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import numpy as np
 import pytest
 import torch
-from ltx_folder import LATENT_CHANNELS, SCHEDULER, make_ltx_folder
+from ltx_folder import (
+    LATENT_CHANNELS,
+    PLAIN_DECODER,
+    SCHEDULER,
+    TIMESTEP_DECODER,
+    VAE_COMMON,
+    make_ltx_folder,
+)
 
 from edge.blocks import run_chain
 from edge.families import FamilyError, load_model
@@ -117,7 +126,135 @@ def test_cut_equals_diffusers(ltx_models, kind):
     want = (vae.decode(want_z, timestep).sample / 2 + 0.5).clamp(0, 1)
     got = run_chain(cut["vae_decoder"], feeds)["frames"]
     assert got.shape == want.shape == (2, 3, 17, 32, 64)
-    assert (got - want).abs().max() <= 1e-5
+    assert torch.equal(got, want)  # the graph-friendly stages compute diffusers' numbers
+
+
+# ---- the decoder written for CoreML, against diffusers' modules -------------------------------
+
+def _decoder(kind: str, **changes) -> torch.nn.Module:
+    """A tiny LTXVideoDecoder3d of the test folders' shapes (`changes`: its config's)."""
+    from diffusers import AutoencoderKLLTXVideo
+
+    torch.manual_seed(0)
+    own = PLAIN_DECODER if kind == "plain" else TIMESTEP_DECODER
+    return AutoencoderKLLTXVideo(**(VAE_COMMON | own | changes)).decoder.eval()
+
+
+@pytest.mark.parametrize("frames", [1, 4])
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("causal", [True, False])
+@torch.no_grad()
+def test_graph_friendly_causal_conv_equals_diffusers(causal, kernel, frames):
+    """Time padding joined by torch.cat (CoreML has no `concatenate`), none for a one-frame
+    kernel (CoreML refuses a repeat of 0), on a permuted input too (a LayerNorm's output)."""
+    from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoCausalConv3d
+
+    from edge.families.ltx import GraphFriendlyCausalConv3d
+
+    theirs = LTXVideoCausalConv3d(4, 6, kernel_size=kernel, is_causal=causal).eval()
+    g = torch.Generator().manual_seed(frames)
+    x = torch.randn(2, frames, 3, 5, 4, generator=g).movedim(-1, 1)
+    assert torch.equal(GraphFriendlyCausalConv3d(theirs)(x), theirs(x))
+
+
+@pytest.mark.parametrize("channels", [8, 128, 512])
+@torch.no_grad()
+def test_channel_rms_norm_equals_diffusers_norm_of_moved_channels(channels):
+    """The decoder's RMS norms over the channels where they stand: the same reduction over
+    the same memory as diffusers' norm of the channels moved last, without its two
+    transposes of the widest activations."""
+    from diffusers.models.normalization import RMSNorm
+
+    from edge.families.ltx import channel_rms_norm
+
+    norm = RMSNorm(channels, eps=1e-8, elementwise_affine=False)
+    x = torch.randn(2, channels, 3, 6, 10, generator=torch.Generator().manual_seed(channels))
+    assert torch.equal(channel_rms_norm(x, 1e-8), norm(x.movedim(1, -1)).movedim(-1, 1))
+
+
+@pytest.mark.parametrize("channels_in,channels_out,timestep", [(8, 8, False), (8, 16, False),
+                                                               (8, 8, True)])
+@torch.no_grad()
+def test_graph_friendly_resnet_equals_diffusers(channels_in, channels_out, timestep):
+    """Norms over the channels, the shortcut's LayerNorm and convolution where the channels
+    change, the time modulation at rank 5 (diffusers': rank 6, past CoreML's 5)."""
+    from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoResnetBlock3d
+
+    from edge.families.ltx import GraphFriendlyResnet
+
+    torch.manual_seed(1)
+    theirs = LTXVideoResnetBlock3d(channels_in, channels_out, is_causal=False,
+                                   timestep_conditioning=timestep).eval()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, channels_in, 3, 4, 6, generator=g)
+    temb = torch.randn(2, 4 * channels_in, generator=g) if timestep else None
+    # diffusers' blocks hand their resnets the embedding with the frame axes already there
+    want = theirs(x, None if temb is None else temb[..., None, None, None])
+    assert torch.equal(GraphFriendlyResnet(theirs)(x, temb), want)
+
+
+@pytest.mark.parametrize("frames", [1, 3])
+@pytest.mark.parametrize("residual,upscale", [(False, 1), (True, 1), (True, 2)])
+@torch.no_grad()
+def test_graph_friendly_upsampler_equals_diffusers(residual, upscale, frames):
+    """The depth to space in 3D at rank 5 (diffusers reshapes to rank 8), the first frame's
+    copies dropped; 0.9.5's residual upsamplers that halve the channels too."""
+    from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoUpsampler3d
+
+    from edge.families.ltx import GraphFriendlyUpsampler
+
+    torch.manual_seed(3)
+    theirs = LTXVideoUpsampler3d(16, stride=(2, 2, 2), is_causal=False, residual=residual,
+                                 upscale_factor=upscale).eval()
+    x = torch.randn(2, 16, frames, 3, 5, generator=torch.Generator().manual_seed(frames))
+    assert torch.equal(GraphFriendlyUpsampler(theirs)(x), theirs(x))
+
+
+@pytest.mark.parametrize("kind,changes", [("plain", {}), ("plain", {"patch_size": 4}),
+                                          ("timestep", {})])
+@torch.no_grad()
+def test_graph_friendly_decoder_equals_diffusers(kind, changes):
+    """conv_in, the mid block, the up blocks and the output stage (norm, time modulation,
+    the patches back to pixels at rank 5: diffusers' unpatchify reshapes to rank 8) chained
+    give LTXVideoDecoder3d's frames, 2x2 and 4x4 patches."""
+    from edge.families.ltx import (
+        GraphFriendlyCausalConv3d,
+        GraphFriendlyMidBlock,
+        GraphFriendlyUpBlock,
+        LTXDecoderOut,
+    )
+
+    dec = _decoder(kind, **changes)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, LATENT_CHANNELS, 3, 2, 3, generator=g)
+    t = torch.tensor([0.05, 0.7]) if kind == "timestep" else None
+    temb = None if t is None else t * dec.timestep_scale_multiplier
+    h = GraphFriendlyMidBlock(dec.mid_block)(GraphFriendlyCausalConv3d(dec.conv_in)(x), temb)
+    for up in dec.up_blocks:
+        h = GraphFriendlyUpBlock(up)(h, temb)
+    got = LTXDecoderOut(dec)(h, temb)
+    assert torch.equal(got, (dec(x, t) / 2 + 0.5).clamp(0, 1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@torch.no_grad()
+def test_decoder_stages_hold_the_pipelines_parameters_and_leave_it_unchanged(ltx_models, kind):
+    """Every decoder stage's parameter is the pipeline's own object under diffusers' name
+    (the denormalisation's buffers apart: reshaped copies); cutting and running the stages
+    changes no module of the pipeline."""
+    vae = ltx_models[kind].pipe.vae
+    classes = [type(m) for m in vae.modules()]
+    state = {k: v.clone() for k, v in vae.state_dict().items()}
+    theirs = dict(vae.decoder.named_parameters())
+    blocks = ltx_models[kind].cut()["vae_decoder"]
+    run_chain(blocks, dict(zip(blocks[0].inputs, blocks[0].example, strict=True)))
+    for block in blocks:  # an up stage is one of the decoder's up_blocks
+        prefix = f"up_blocks.{block.name[3:]}." if block.name.startswith("up_") else ""
+        for name, p in block.module.named_parameters():
+            if name not in ("latents_mean", "latents_std"):
+                assert theirs[prefix + name] is p, (block.key, name)
+    assert [type(m) for m in vae.modules()] == classes
+    assert all(torch.equal(v, state[k]) for k, v in vae.state_dict().items())
 
 
 def test_rope_follows_the_frame_rate(ltx_models):
@@ -315,6 +452,64 @@ def test_streamed_under_a_budget_equals_resident(ltx_packages):
     np.testing.assert_array_equal(got, want)
 
 
+# ---- the iPhone -------------------------------------------------------------------------------
+
+def _coreml_export(model, root, components=None) -> dict:
+    """An fp16 CoreML export with the end-to-end check against LTXPipeline; the manifest."""
+    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
+                        "-e '.[test]'); the CoreML exporter needs it")
+    from edge.package import read_package
+    from exporters.coreml import export_coreml
+    from exporters.coreml_check import end_to_end_check
+
+    manifest = export_coreml(model, root, components=components,
+                             validate_end_to_end=end_to_end_check(model, "fp16"))
+    assert read_package(root) == manifest
+    errors = {f"{c['name']}/{b['name']}": b["validation"]["max_abs_error"]
+              for c in manifest["components"] for b in c["blocks"]}
+    assert max(errors.values()) <= 5e-3, errors
+    check = manifest["validation"]
+    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    print(f"worst block {max(errors, key=errors.get)} {max(errors.values()):.2g}; end to end "
+          f"PSNR {check['psnr_db']} dB, SNR {check['snr_db']} dB")
+    return manifest
+
+
+@pytest.mark.slow  # a whole CoreML export (about 20 s) and its end-to-end check
+def test_exports_to_the_iphone_and_holds_the_end_to_end_check(ltx_models, tmp_path):
+    """The plain decoder's graph-friendly stages are what CoreML takes (diffusers' joins its
+    time padding with torch.concatenate and repeats a one-frame kernel's padding 0 times):
+    every block converts (the transformer's TDTM variants too), within 5e-3 absolute with
+    its stored fp16 weights (1.1e-3 measured, a text encoder layer), and LTXPipeline with
+    those weights stays >= 35 dB from fp32 end to end (64.3 dB)."""
+    manifest = _coreml_export(ltx_models["plain"], tmp_path / "pkg")
+    assert "decode" not in manifest and manifest["latent_layout"] == "video"
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    assert [s["name"] for s in decoder["blocks"][0]["inputs"]] == ["z"]
+
+
+@pytest.mark.slow  # a whole CoreML export (about 20 s) and its end-to-end check
+def test_a_timestep_conditioned_decoder_converts_but_iphone_refuses_it(ltx_models, tmp_path):
+    """The Swift runtime feeds the decoder z alone, so `--target iphone` refuses a decoder
+    that takes the decode inputs, naming the config and the runtime. What it would export
+    converts and holds the check all the same (0.9.5's time modulation at rank 6 written at
+    rank 5): the head takes decode_t, decode_noise and decode_noise_scale beside z, the
+    manifest carries `decode`, and the end-to-end check renders LTXPipeline with its seed's
+    decode noise (64.2 dB)."""
+    from edge.families import Shapes
+
+    model = ltx_models["timestep"]
+    with pytest.raises(FamilyError, match="vae/config.json has timestep_conditioning: .*the "
+                       "Swift runtime does not feed"):
+        model.shapes("iphone")
+    device = model.cut(Shapes(prompts=1, guidance_batch=2, videos=1))
+    manifest = _coreml_export(model, tmp_path / "pkg", device)
+    assert manifest["decode"] == {"timestep": 0.05, "noise_scale": 0.025}
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    assert [s["name"] for s in decoder["blocks"][0]["inputs"]] == \
+        ["z", "decode_t", "decode_noise", "decode_noise_scale"]
+
+
 # ---- what the family refuses, before any work ------------------------------------------------
 
 def _edited(folder, tmp_path, component, filename, **changes):
@@ -358,8 +553,8 @@ def test_folders_edge_cannot_take_are_refused_by_file_and_field(ltx_folders, tmp
     ({"height": 48}, "--height 48: .*multiple of 32"),
     ({"width": 40}, "--width 40: .*multiple of 32"),
     ({"frames": 16}, "--frames 16: .*4k \\+ 1"),
-    ({"frame_rate": 0}, "frame_rate 0: must be a positive number"),
-    ({"decode_timestep": 0.05}, "decode_timestep: .*vae/config.json has no "
+    ({"frame_rate": 0}, "--frame-rate 0: must be a positive number"),
+    ({"decode_timestep": 0.05}, "--decode-timestep: .*vae/config.json has no "
                                 "timestep_conditioning"),
 ])
 def test_options_ltx_cannot_take_are_refused(ltx_folders, options, message):
@@ -376,4 +571,94 @@ def test_cli_refuses_a_target_not_built_and_writes_nothing(ltx_folders, tmp_path
     res = CliRunner().invoke(app, ["export", "--model", str(ltx_folders["plain"]), "--target",
                                    "web", "-o", str(out)])
     assert res.exit_code != 0 and "--target web is not built for ltx" in res.output
+    assert not out.exists()
+
+
+def test_cli_refuses_a_timestep_conditioned_decoder_for_the_iphone(ltx_folders, tmp_path):
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    out = tmp_path / "pkg"
+    res = CliRunner().invoke(app, ["export", "--model", str(ltx_folders["timestep"]),
+                                   "--target", "iphone", "-o", str(out), *_SIZE_ARGS])
+    assert res.exit_code != 0, res.output
+    assert "timestep_conditioning" in res.output and "Swift runtime" in res.output
+    assert not out.exists()
+
+
+_SIZE_ARGS = ["--height", "32", "--width", "64", "--frames", "17", "--steps", "2"]
+_LTX_ARGS = ["--frame-rate", "24", "--decode-timestep", "0.05", "--decode-noise-scale", "0.025"]
+
+
+def test_cli_passes_ltx_options_to_the_family_only_when_given(ltx_folders, tmp_path,
+                                                              monkeypatch):
+    """--frame-rate, --decode-timestep and --decode-noise-scale reach LTX's load as
+    frame_rate, decode_timestep and decode_noise_scale; an option not given is not passed
+    (the family's default holds)."""
+    from typer.testing import CliRunner
+
+    import edge.families
+    from edge.cli import app
+
+    loaded = []
+
+    def load_model(folder, **options):  # records what the CLI hands the family, then stops
+        loaded.append(options)
+        raise FamilyError("stopped after load")
+
+    monkeypatch.setattr(edge.families, "load_model", load_model)
+    out = tmp_path / "pkg"
+    for folder, extra in ((ltx_folders["timestep"], _LTX_ARGS),
+                          (ltx_folders["plain"], _LTX_ARGS[:2])):
+        res = CliRunner().invoke(app, ["export", "--model", str(folder), "-o", str(out),
+                                       *_SIZE_ARGS, *extra])
+        assert "stopped after load" in res.output and not out.exists()
+    size = {"height": 32, "width": 64, "frames": 17, "steps": 2}
+    assert loaded == [size | {"frame_rate": 24.0, "decode_timestep": 0.05,
+                              "decode_noise_scale": 0.025}, size | {"frame_rate": 24.0}]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--decode-timestep", "1.5"], r"--decode-timestep 1.5: must be a number in \[0, 1\]"),
+    (["--frame-rate", "0"], "--frame-rate 0.0: must be a positive number"),
+    (["--decode-noise-scale", "0.1"], "--decode-noise-scale: .*vae/config.json has no "
+                                      "timestep_conditioning"),
+])
+def test_cli_ltx_options_are_checked_by_the_family(ltx_folders, tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    folder = ltx_folders["timestep" if "1.5" in args else "plain"]
+    out = tmp_path / "pkg"
+    res = CliRunner().invoke(app, ["export", "--model", str(folder), "-o", str(out),
+                                   *_SIZE_ARGS, *args])
+    assert res.exit_code != 0 and re.search(message, res.output), res.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("family,pipeline", [("tiny-sora", None), ("wan", "WanPipeline"),
+                                             ("cogvideox", "CogVideoXPipeline")])
+@pytest.mark.parametrize("option,value", [("--frame-rate", "24"), ("--decode-timestep", "0.05"),
+                                          ("--decode-noise-scale", "0.025")])
+def test_cli_refuses_ltx_options_for_families_that_do_not_take_them(tmp_path, family, pipeline,
+                                                                  option, value):
+    """Refused naming the option before anything loads: the family is read from
+    model_index.json alone, so an index is folder enough."""
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    model = []
+    if pipeline is not None:
+        folder = tmp_path / family
+        folder.mkdir()
+        (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+        model = ["--model", str(folder)]
+    out = tmp_path / "pkg"
+    res = CliRunner().invoke(app, ["export", *model, "-o", str(out), option, value])
+    assert res.exit_code != 0
+    assert f"{option}: {family} models do not take it (an export option of ltx models)" in \
+        res.output, res.output
     assert not out.exists()

@@ -91,7 +91,7 @@ class FamilyModel(Protocol):
 PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox",
                      "LTXPipeline": "ltx"}
 TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone", "web"),
-                     "cogvideox": ("onnx", "iphone"), "ltx": ("onnx",)}
+                     "cogvideox": ("onnx", "iphone"), "ltx": ("onnx", "iphone")}
 
 
 def family_of(folder: Path | None) -> str:

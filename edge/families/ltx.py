@@ -226,7 +226,7 @@ def check_video_size(shapes: LTXShapes, height: int, width: int, frames: int,
                           f"(e.g. {2 * shapes.temporal + 1}, {20 * shapes.temporal + 1})")
     if isinstance(frame_rate, bool) or not isinstance(frame_rate, int | float) \
             or not 0 < frame_rate < math.inf:
-        raise FamilyError(f"frame_rate {frame_rate!r}: must be a positive number of frames "
+        raise FamilyError(f"--frame-rate {frame_rate!r}: must be a positive number of frames "
                           "per second (LTXPipeline's default: 25)")
     tokens = latent_tokens(shapes, height, width, frames)
     if tokens > MAX_TOKENS:
@@ -258,13 +258,13 @@ class DecodeSettings:
 def decode_settings(shapes: LTXShapes, vae_config: Path, timestep: float | None,
                     noise_scale: float | None) -> DecodeSettings | None:
     if not shapes.timestep_decoder:
-        given = [n for n, v in (("decode_timestep", timestep),
-                                ("decode_noise_scale", noise_scale)) if v is not None]
+        given = [n for n, v in (("--decode-timestep", timestep),
+                                ("--decode-noise-scale", noise_scale)) if v is not None]
         if given:
             raise FamilyError(f"{', '.join(given)}: {vae_config} has no "
                               "timestep_conditioning, so its decoder takes no decode timestep")
         return None
-    for name, value in (("decode_timestep", timestep), ("decode_noise_scale", noise_scale)):
+    for name, value in (("--decode-timestep", timestep), ("--decode-noise-scale", noise_scale)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or not 0 <= value <= 1):
             raise FamilyError(f"{name} {value!r}: must be a number in [0, 1]")
@@ -403,7 +403,182 @@ class LTXEpilogue(nn.Module):
         return x.transpose(1, 2).reshape(-1, *self.latent_shape)  # unpacked
 
 
-# ---------------------------------------------------------------- VAE decoder stages
+# ---------------------------------------------------------------- VAE decoder, graph friendly
+#
+# diffusers' LTX decoder as CoreML takes it, each piece equal to diffusers' module (tested
+# torch.equal). coremltools 9 refuses three things in diffusers' code: the time padding
+# joined by torch.concatenate (here torch.cat), a one-frame kernel's padding repeated 0
+# times (here none), and a conditioned decoder's time modulation broadcast at rank 6 (here
+# rank 5; CoreML takes rank 5 at most). Two more are rewritten though coremltools takes
+# them: the upsamplers' and the unpatchify's depth to space, reshapes to rank 8 that it
+# lowers by a pattern pass whose output cannot be run on Linux to check (here rank 5 at
+# most, what the graph computes is what we test), and the RMS norms, which diffusers takes
+# with the channels moved last and back (here over the channel axis where it stands: two
+# transposes of the widest activations fewer per norm). The wrappers hold the pipeline's
+# own modules and parameters under diffusers' names: they read the user's pipeline and
+# never change it.
+
+def channel_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """diffusers' RMSNorm without weights (the decoder's) over the channels of (B, C, T, H,
+    W) in place: the same reduction over the same memory as diffusers' norm of
+    x.movedim(1, -1), so the same numbers."""
+    return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + eps)
+
+
+def depth_to_space(x: torch.Tensor, t: int, s: int) -> torch.Tensor:
+    """(B, C t s s, T, H, W), each channel group laid out (C, t, s along the height, s along
+    the width) -> (B, C, T t, H s, W s), as diffusers' reshape to rank 8 and permute give
+    it, at rank 5 at most: a 2D pixel_shuffle of the frames stacked along the height (a row
+    t H + h lands on t H s + h s + j, the frame's rows kept apart), then the time factor out
+    of the channels by one transpose."""
+    b, _, f, h, w = x.shape
+    x = F.pixel_shuffle(x.reshape(b, -1, f * h, w), s)
+    if t == 1:
+        return x.reshape(b, -1, f, h * s, w * s)
+    x = x.reshape(b, -1, t, f, h * s * w * s).transpose(2, 3)
+    return x.reshape(b, -1, f * t, h * s, w * s)
+
+
+def unpatchify(h: torch.Tensor, p: int, p_t: int) -> torch.Tensor:
+    """The decoder's output patches to pixels: (B, 3 p_t p p, T, H, W) -> (B, 3, T p_t, H p,
+    W p). Each pixel's channels are (3, p_t, p, p) with the first p along the width, the
+    second along the height (LTXVideoDecoder3d's layout): swapped to depth_to_space's order,
+    height first, at rank 5."""
+    b, _, f, y, x = h.shape
+    h = h.reshape(b, -1, p, p, f * y * x).transpose(2, 3).reshape(b, -1, f, y, x)
+    return depth_to_space(h, p_t, p)
+
+
+def modulation_rows(table: torch.Tensor, emb: torch.Tensor, rows: int) -> list[torch.Tensor]:
+    """A decoder time modulation: the embedding (B, rows C) split in rows plus the table
+    (rows, C), each (B, C, 1, 1, 1). diffusers adds them at rank 6 with the frame axes
+    already there; the same sums at rank 3."""
+    return [r[..., None, None, None] for r in (emb.unflatten(1, (rows, -1)) + table).unbind(1)]
+
+
+def embedded_time(embedder: nn.Module, temb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """A decoder block's embedding (B, D) of the decode timestep, as its forward makes it."""
+    return embedder(timestep=temb.flatten(), resolution=None, aspect_ratio=None,
+                    batch_size=h.shape[0], hidden_dtype=h.dtype)
+
+
+class GraphFriendlyCausalConv3d(nn.Module):
+    """LTXVideoCausalConv3d: copies of the first (and, not causal, the last) frame padded in
+    time, joined by torch.cat (diffusers' torch.concatenate); a one-frame kernel pads
+    nothing, where diffusers joins empty copies (coremltools refuses a repeat of 0). That
+    join hands the convolution a contiguous copy, and so does this: a permuted input (a
+    LayerNorm's output moved back to channels first) takes another convolution path in
+    PyTorch, which rounds otherwise."""
+
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__()
+        self.conv = conv.conv
+        pad = conv.kernel_size[0] - 1
+        self.left, self.right = (pad, 0) if conv.is_causal else (pad // 2, pad // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [x]
+        if self.left:
+            parts.insert(0, x[:, :, :1].repeat(1, 1, self.left, 1, 1))
+        if self.right:
+            parts.append(x[:, :, -1:].repeat(1, 1, self.right, 1, 1))
+        return self.conv(torch.cat(parts, dim=2) if len(parts) > 1 else x.contiguous())
+
+
+class GraphFriendlyResnet(nn.Module):
+    """LTXVideoResnetBlock3d without injected noise (refused on load): norms over the
+    channels, its time modulation from the block's embedding (B, 4C) at rank 5."""
+
+    def __init__(self, resnet: nn.Module) -> None:
+        super().__init__()
+        self.eps1, self.eps2 = resnet.norm1.eps, resnet.norm2.eps
+        self.nonlinearity, self.dropout = resnet.nonlinearity, resnet.dropout
+        self.conv1 = GraphFriendlyCausalConv3d(resnet.conv1)
+        self.conv2 = GraphFriendlyCausalConv3d(resnet.conv2)
+        self.norm3 = resnet.norm3   # a LayerNorm where the channels change, kept as it is
+        self.conv_shortcut = (None if resnet.conv_shortcut is None
+                              else GraphFriendlyCausalConv3d(resnet.conv_shortcut))
+        self.scale_shift_table = resnet.scale_shift_table  # None without conditioning
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
+        h = channel_rms_norm(x, self.eps1)
+        if self.scale_shift_table is not None:
+            shift_1, scale_1, shift_2, scale_2 = modulation_rows(self.scale_shift_table, temb, 4)
+            h = h * (1 + scale_1) + shift_1
+        h = self.conv1(self.nonlinearity(h))
+        h = channel_rms_norm(h, self.eps2)
+        if self.scale_shift_table is not None:
+            h = h * (1 + scale_2) + shift_2
+        h = self.conv2(self.dropout(self.nonlinearity(h)))
+        if self.norm3 is not None:
+            x = self.norm3(x.movedim(1, -1)).movedim(-1, 1)
+        if self.conv_shortcut is not None:
+            x = self.conv_shortcut(x)
+        return h + x
+
+
+class GraphFriendlyUpsampler(nn.Module):
+    """LTXVideoUpsampler3d: conv, depth to space at rank 5, the first t - 1 frames dropped;
+    for 0.9.5's residual upsamplers the input's own depth to space repeated over the
+    channels, added."""
+
+    def __init__(self, upsampler: nn.Module) -> None:
+        super().__init__()
+        self.conv = GraphFriendlyCausalConv3d(upsampler.conv)
+        self.t, s, s_w = upsampler.stride
+        if s != s_w:
+            raise ValueError(f"LTXVideoUpsampler3d stride {upsampler.stride}: the height and "
+                             "width factors must be equal")
+        self.s, self.residual = s, upsampler.residual
+        self.repeats = self.t * s * s // upsampler.upscale_factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = depth_to_space(self.conv(x), self.t, self.s)[:, :, self.t - 1:]
+        if not self.residual:
+            return h
+        residual = depth_to_space(x, self.t, self.s).repeat(1, self.repeats, 1, 1, 1)
+        return h + residual[:, :, self.t - 1:]
+
+
+class GraphFriendlyMidBlock(nn.Module):
+    """LTXVideoMidBlock3d on graph-friendly resnets: h [, decode time] -> h."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.time_embedder = block.time_embedder   # None without conditioning
+        self.resnets = nn.ModuleList([GraphFriendlyResnet(r) for r in block.resnets])
+
+    def forward(self, h: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
+        if self.time_embedder is not None:
+            temb = embedded_time(self.time_embedder, temb, h)
+        for resnet in self.resnets:
+            h = resnet(h, temb)
+        return h
+
+
+class GraphFriendlyUpBlock(nn.Module):
+    """LTXVideoUpBlock3d on graph-friendly parts, one decoder stage over the whole clip:
+    h [, decode time] -> h."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.conv_in = None if block.conv_in is None else GraphFriendlyResnet(block.conv_in)
+        self.time_embedder = block.time_embedder
+        self.upsamplers = None if block.upsamplers is None else nn.ModuleList(
+            [GraphFriendlyUpsampler(u) for u in block.upsamplers])
+        self.resnets = nn.ModuleList([GraphFriendlyResnet(r) for r in block.resnets])
+
+    def forward(self, h: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
+        if self.conv_in is not None:  # diffusers hands it the block's input time as it is
+            h = self.conv_in(h, temb)
+        if self.time_embedder is not None:
+            temb = embedded_time(self.time_embedder, temb, h)
+        for upsampler in self.upsamplers or ():
+            h = upsampler(h)
+        for resnet in self.resnets:
+            h = resnet(h, temb)
+        return h
+
 
 class LTXDecoderHead(nn.Module):
     """z (B, C, F, h, w) as the sampler gives it -> the mid block's output h (and, for a
@@ -422,28 +597,19 @@ class LTXDecoderHead(nn.Module):
         self.latents_std = nn.Parameter(vae.latents_std.view(1, -1, 1, 1, 1).clone(),
                                         requires_grad=False)
         self.scale = vae.config.scaling_factor
-        self.conv_in, self.mid_block = dec.conv_in, dec.mid_block
-        self.multiplier = dec.timestep_scale_multiplier  # None without conditioning
+        self.conv_in = GraphFriendlyCausalConv3d(dec.conv_in)
+        self.mid_block = GraphFriendlyMidBlock(dec.mid_block)
+        # None without conditioning
+        self.timestep_scale_multiplier = dec.timestep_scale_multiplier
 
     def forward(self, z, decode_t=None, decode_noise=None, decode_noise_scale=None):
         z = z * self.latents_std / self.scale + self.latents_mean
-        if self.multiplier is None:
-            return self.mid_block(self.conv_in(z), None)
+        if self.timestep_scale_multiplier is None:
+            return self.mid_block(self.conv_in(z))
         s = decode_noise_scale.view(-1, 1, 1, 1, 1)
         h = self.conv_in((1 - s) * z + s * decode_noise)
-        temb = decode_t * self.multiplier
+        temb = decode_t * self.timestep_scale_multiplier
         return self.mid_block(h, temb), temb
-
-
-class LTXDecoderUp(nn.Module):
-    """One up block over the whole clip: h [, temb] -> h."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block = block
-
-    def forward(self, h, temb=None):
-        return self.block(h, temb)
 
 
 class LTXDecoderOut(nn.Module):
@@ -453,26 +619,18 @@ class LTXDecoderOut(nn.Module):
 
     def __init__(self, dec: nn.Module) -> None:
         super().__init__()
-        self.norm_out, self.conv_act, self.conv_out = dec.norm_out, dec.conv_act, dec.conv_out
+        self.eps = dec.norm_out.eps
+        self.conv_act, self.conv_out = dec.conv_act, GraphFriendlyCausalConv3d(dec.conv_out)
         self.time_embedder, self.scale_shift_table = dec.time_embedder, dec.scale_shift_table
         self.patch, self.patch_t = dec.patch_size, dec.patch_size_t
 
     def forward(self, h, temb=None):
-        h = self.norm_out(h.movedim(1, -1)).movedim(-1, 1)
+        h = channel_rms_norm(h, self.eps)
         if temb is not None:
-            b = h.shape[0]
-            e = self.time_embedder(timestep=temb, resolution=None, aspect_ratio=None,
-                                   batch_size=b, hidden_dtype=h.dtype)
-            e = e.view(b, 2, -1, 1, 1, 1) + self.scale_shift_table[None, ..., None, None, None]
-            shift, scale = e.unbind(1)
+            shift, scale = modulation_rows(self.scale_shift_table,
+                                           embedded_time(self.time_embedder, temb, h), 2)
             h = h * (1 + scale) + shift
-        h = self.conv_out(self.conv_act(h))
-        # channels (3, p_t, p, p) to pixels: the first p along the width, the second along
-        # the height, as LTXVideoDecoder3d lays them out
-        b, _, f, y, x = h.shape
-        p, pt = self.patch, self.patch_t
-        h = h.reshape(b, -1, pt, p, p, f, y, x).permute(0, 1, 5, 2, 6, 4, 7, 3)
-        h = h.reshape(b, -1, f * pt, y * p, x * p)
+        h = unpatchify(self.conv_out(self.conv_act(h)), self.patch, self.patch_t)
         return (h / 2 + 0.5).clamp(0, 1)
 
 
@@ -512,6 +670,17 @@ class LTXModel:
                                    return_tensors="pt")
 
     def shapes(self, target: str) -> Shapes:
+        if target == "iphone" and self.decode is not None:
+            # its blocks convert and its package holds the end-to-end check
+            # (tests/test_ltx.py), but the Swift runtime feeds the decoder z alone
+            raise FamilyError(
+                f"--target iphone: {self.folder / 'vae' / 'config.json'} has "
+                "timestep_conditioning: its decoder takes the decode timestep and noise beside "
+                "the latents (the manifest's `decode`), which the Swift runtime does not feed "
+                "yet; export it with --target onnx (a plain decoder, LTX-Video 0.9.0's, "
+                "exports to iphone)")
+        if target in ("iphone", "web"):  # one prompt, one video on a device
+            return Shapes(prompts=1, guidance_batch=2, videos=1)
         return Shapes(prompts=2, guidance_batch=2, videos=2)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
@@ -580,8 +749,8 @@ class LTXModel:
         blocks = [head]
         feeds = head.run(*example)
         for i, up in enumerate(vae.decoder.up_blocks):
-            block = Block("vae_decoder", f"up_{i}", LTXDecoderUp(up).eval(), carried, ["h"],
-                          feeds, [True] * len(carried))
+            block = Block("vae_decoder", f"up_{i}", GraphFriendlyUpBlock(up).eval(), carried,
+                          ["h"], feeds, [True] * len(carried))
             blocks.append(block)
             feeds = (*block.run(*feeds), *feeds[1:])
         blocks.append(Block("vae_decoder", "out", LTXDecoderOut(vae.decoder).eval(), carried,
