@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +51,9 @@ from edge.families.folder import (
     physical_memory_bytes,
     train_timesteps,
 )
+from edge.families.pipeline_run import run_pipeline, tokenizer_fields, with_steps
 from edge.families.t5 import cut_t5_encoder
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
-from edge.package import file_entry
 from edge.sampler import SamplerSettings
 from edge.schedulers import ltx_mu
 
@@ -758,12 +758,8 @@ class LTXModel:
         return blocks
 
     def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
-        tok_dir = root / "tokenizer"
-        tok_dir.mkdir(parents=True)
-        self.pipe.tokenizer.backend_tokenizer.save(str(tok_dir / "tokenizer.json"))
-        fields = {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
-                                "max_tokens": self.text_tokens,
-                                "pad_token": self.pipe.tokenizer.pad_token, "clean": "none"},
+        fields = {"tokenizer": tokenizer_fields(root, self.pipe.tokenizer, self.text_tokens,
+                                                clean="none"),
                   "conditioning": {}, "negative_prompt": "",
                   "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
                   "latent_layout": "video",
@@ -802,18 +798,12 @@ class LTXModel:
                                  "noise")
             start |= {"decode_timestep": t, "decode_noise_scale": s}
 
-        def callback(pipe, i, t, kwargs):
-            if on_step is not None:
-                on_step(i + 1, steps)
-            return {}
-
-        frames = self.pipe(prompt, negative_prompt=negative_prompt, height=self.height,
-                           width=self.width, num_frames=self.frames,
-                           frame_rate=self.frame_rate, num_inference_steps=steps,
-                           guidance_scale=self.sampler.guidance if guidance is None else guidance,
-                           **start, output_type="np", max_sequence_length=self.text_tokens,
-                           callback_on_step_end=callback).frames
-        return np.round(np.asarray(frames) * 255).astype(np.uint8)
+        return run_pipeline(
+            self.pipe, prompt, steps, on_step, negative_prompt=negative_prompt,
+            height=self.height, width=self.width, num_frames=self.frames,
+            frame_rate=self.frame_rate,
+            guidance_scale=self.sampler.guidance if guidance is None else guidance,
+            max_sequence_length=self.text_tokens, **start)
 
     def generate(self, prompt: str, seed: int = 0,
                  on_step: Callable[[int, int], None] | None = None,
@@ -842,14 +832,7 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
                              decode_noise_scale)
     sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json",
                                latent_tokens(shapes, **size))
-    if steps is not None:
-        from edge.options import check_settings
-
-        try:
-            sampler = check_settings(replace(sampler, steps=steps,
-                                             leap_min_steps=max(1, steps // 2)))
-        except ValueError as err:
-            raise FamilyError(f"--steps {steps}: {err}") from None
+    sampler = with_steps(sampler, steps)
     return size | {"frame_rate": rate}, sampler, decode
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +53,8 @@ from edge.families.folder import (
     read_json,
     train_timesteps,
 )
+from edge.families.pipeline_run import run_pipeline, tokenizer_fields, with_steps
 from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
-from edge.package import file_entry
 from edge.sampler import SamplerSettings
 
 NAME = "wan"
@@ -769,13 +769,8 @@ class WanModel:
         return blocks
 
     def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
-        tok_dir = root / "tokenizer"
-        tok_dir.mkdir(parents=True)
-        self.pipe.tokenizer.backend_tokenizer.save(str(tok_dir / "tokenizer.json"))
-        return {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
-                              "max_tokens": self.text_tokens,
-                              "pad_token": self.pipe.tokenizer.pad_token,
-                              "clean": "wan"},
+        return {"tokenizer": tokenizer_fields(root, self.pipe.tokenizer, self.text_tokens,
+                                              clean="wan"),
                 "conditioning": {}, "negative_prompt": "",
                 "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
                 "latent_layout": "video",
@@ -796,18 +791,11 @@ class WanModel:
         start = ({"latents": torch.from_numpy(latents)} if seed is None
                  else {"generator": torch.Generator("cpu").manual_seed(seed)})
 
-        def callback(pipe, i, t, kwargs):
-            if on_step is not None:
-                on_step(i + 1, steps)
-            return {}
-
-        frames = self.pipe(prompt, negative_prompt=negative_prompt, height=self.height,
-                           width=self.width, num_frames=self.frames, num_inference_steps=steps,
-                           guidance_scale=self.sampler.guidance if guidance is None else guidance,
-                           **start, output_type="np",
-                           max_sequence_length=self.text_tokens,
-                           callback_on_step_end=callback).frames
-        return np.round(np.asarray(frames) * 255).astype(np.uint8)
+        return run_pipeline(
+            self.pipe, prompt, steps, on_step, negative_prompt=negative_prompt,
+            height=self.height, width=self.width, num_frames=self.frames,
+            guidance_scale=self.sampler.guidance if guidance is None else guidance,
+            max_sequence_length=self.text_tokens, **start)
 
     def generate(self, prompt: str, seed: int = 0,
                  on_step: Callable[[int, int], None] | None = None,
@@ -829,14 +817,7 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
     check_video_size(shapes, **size)
     config = folder / "scheduler" / "scheduler_config.json"
     sampler = sampler_settings(config)
-    if steps is not None:
-        from edge.options import check_settings
-
-        try:
-            sampler = check_settings(replace(sampler, steps=steps,
-                                             leap_min_steps=max(1, steps // 2)))
-        except ValueError as err:
-            raise FamilyError(f"--steps {steps}: {err}") from None
+    sampler = with_steps(sampler, steps)
     return size, sampler
 
 
