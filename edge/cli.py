@@ -710,9 +710,11 @@ def scale_model(
         help="Write a diffusers folder with a real model's shapes instead: wan2.1-t2v-1.3b "
         "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5), "
         "wan2.2-ti2v-5b (transformer 5.00 B, 20.0 GB fp32; Wan 2.2's 705 M VAE; a small "
-        "UMT5), or wan2.1-small (Wan's architecture at a size a browser page holds).")] = None,
+        "UMT5), wan2.1-small (Wan's architecture at a size a browser page holds), "
+        "cogvideox-2b (transformer 1.69 B; CogVideoX's VAE; a small T5) or ltx-video-2b "
+        "(LTX-Video 0.9.0: transformer 1.92 B; its VAE; a small T5).")] = None,
     full_text_encoder: Annotated[bool, typer.Option(
-        help="With --like: UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32).")] = False,
+        help="With a Wan --like: UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32).")] = False,
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
     pairs: Annotated[int, typer.Option(min=1, help="Spatial/temporal block pairs.")] = 8,
     heads: Annotated[int, typer.Option(min=1)] = 16,
@@ -734,13 +736,24 @@ def scale_model(
     if like is not None:
         from tqdm import tqdm
 
-        from edge.models.scaled_wan import write_wan_like
+        from edge.models import scaled_families, scaled_wan
 
+        if like not in scaled_wan.LIKE and like not in scaled_families.LIKE:
+            fail(f"--like {like!r}: known: {', '.join([*scaled_wan.LIKE, *scaled_families.LIKE])}")
+        if full_text_encoder and like in scaled_families.LIKE:
+            # only Wan's UMT5-XXL shapes are offered; the small T5 already has T5-XXL's width
+            fail(f"--full-text-encoder: applies to the Wan presets only, not {like}")
         try:
             with tqdm(desc="writing", unit="part") as bar:
-                written = write_wan_like(out, like, full_text_encoder, seed,
-                                         on_part=lambda name: (bar.set_postfix_str(name),
-                                                               bar.update()), force=force)
+                def on_part(name: str) -> None:
+                    bar.set_postfix_str(name)
+                    bar.update()
+
+                if like in scaled_families.LIKE:
+                    written = scaled_families.write_family_like(out, like, seed, on_part, force)
+                else:
+                    written = scaled_wan.write_wan_like(out, like, full_text_encoder, seed,
+                                                        on_part, force)
         except (ValueError, PackageWriteError) as err:
             fail(str(err))
         params = written["transformer_params"]
