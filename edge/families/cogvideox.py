@@ -53,7 +53,7 @@ from edge.families.folder import (
 )
 from edge.families.pipeline_run import run_pipeline, tokenizer_fields, with_steps
 from edge.families.t5 import cut_t5_encoder
-from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
+from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
 
 NAME = "cogvideox"
@@ -322,26 +322,15 @@ class MergedCogVideoXBlock(nn.Module):
             torch.zeros(text_tokens), torch.full((pairs * tokens_per_frame,), math.log(2.0)),
             torch.zeros(odd * tokens_per_frame)])[None], persistent=False)  # (1, keys)
 
-    def _merge(self, h: torch.Tensor) -> torch.Tensor:
-        b, s, d = h.shape
-        return merge_frames(h.view(b, self.frames, s // self.frames, d)).flatten(1, 2)
-
-    def _unmerge(self, m: torch.Tensor) -> torch.Tensor:
-        b, _, d = m.shape
-        m = m.view(b, merged_frames(self.frames), -1, d)
-        return unmerge_frames(m, self.frames).flatten(1, 2)
-
-    def _merged_rope(self, table: torch.Tensor) -> torch.Tensor:
-        s, d = table.shape
-        return table.view(self.frames, s // self.frames, d)[0::2].flatten(0, 1)
-
     def forward(self, x, context, temb, rope_cos=None, rope_sin=None):
         b = self.block
-        rope = None if rope_cos is None else (self._merged_rope(rope_cos),
-                                              self._merged_rope(rope_sin))
+        rope = None if rope_cos is None else (pair_first_frames(rope_cos, self.frames, axis=0),
+                                              pair_first_frames(rope_sin, self.frames, axis=0))
         h, c, gate, c_gate = b.norm1(x, context, temb)
-        attn_x, attn_c = joint_attention(b.attn1, self._merge(h), c, rope, self.key_bias)
-        x, context = x + gate * self._unmerge(attn_x), context + c_gate * attn_c
+        attn_x, attn_c = joint_attention(b.attn1, merge_token_frames(h, self.frames), c, rope,
+                                         self.key_bias)
+        x = x + gate * unmerge_token_frames(attn_x, self.frames)
+        context = context + c_gate * attn_c
         h, c, gate, c_gate = b.norm2(x, context, temb)
         length = context.shape[1]
         ff = b.ff(torch.cat([c, h], dim=1))

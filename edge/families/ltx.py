@@ -53,7 +53,7 @@ from edge.families.folder import (
 )
 from edge.families.pipeline_run import run_pipeline, tokenizer_fields, with_steps
 from edge.families.t5 import cut_t5_encoder
-from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
+from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
 from edge.schedulers import ltx_mu
 
@@ -365,26 +365,16 @@ class MergedLTXBlock(nn.Module):
         super().__init__()
         self.block, self.frames = block, frames
 
-    def _merge(self, h: torch.Tensor) -> torch.Tensor:
-        b, s, d = h.shape
-        return merge_frames(h.view(b, self.frames, s // self.frames, d)).flatten(1, 2)
-
-    def _unmerge(self, m: torch.Tensor) -> torch.Tensor:
-        b, _, d = m.shape
-        m = m.view(b, merged_frames(self.frames), -1, d)
-        return unmerge_frames(m, self.frames).flatten(1, 2)
-
-    def _merged_rope(self, table: torch.Tensor) -> torch.Tensor:
-        s, d = table.shape
-        return table.view(self.frames, s // self.frames, d)[0::2].flatten(0, 1)
-
     def forward(self, x, context, t_mod, caption_bias, rope_cos, rope_sin):
         b = self.block
         shift, scale, gate, ff_shift, ff_scale, ff_gate = modulation(b, t_mod)
-        h = self._merge(b.norm1(x) * (1 + scale) + shift)
-        rope = (self._merged_rope(rope_cos), self._merged_rope(rope_sin))
-        x = x + self._unmerge(attention(b.attn1, h, rope=rope)) * gate
-        x = x + self._unmerge(attention(b.attn2, self._merge(x), context, caption_bias))
+        h = merge_token_frames(b.norm1(x) * (1 + scale) + shift, self.frames)
+        rope = (pair_first_frames(rope_cos, self.frames, axis=0),
+                pair_first_frames(rope_sin, self.frames, axis=0))
+        x = x + unmerge_token_frames(attention(b.attn1, h, rope=rope), self.frames) * gate
+        merged = merge_token_frames(x, self.frames)
+        x = x + unmerge_token_frames(attention(b.attn2, merged, context, caption_bias),
+                                     self.frames)
         return x + b.ff(b.norm2(x) * (1 + ff_scale) + ff_shift) * ff_gate
 
 

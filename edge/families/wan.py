@@ -54,7 +54,7 @@ from edge.families.folder import (
     train_timesteps,
 )
 from edge.families.pipeline_run import run_pipeline, tokenizer_fields, with_steps
-from edge.models.tdtm import merge_frames, merged_frames, unmerge_frames
+from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
 
 NAME = "wan"
@@ -350,26 +350,15 @@ class MergedWanBlock(nn.Module):
         super().__init__()
         self.block, self.frames = block, frames
 
-    def _merge(self, h: torch.Tensor) -> torch.Tensor:
-        b, s, d = h.shape
-        return merge_frames(h.view(b, self.frames, s // self.frames, d)).flatten(1, 2)
-
-    def _unmerge(self, m: torch.Tensor) -> torch.Tensor:
-        b, _, d = m.shape
-        m = m.view(b, merged_frames(self.frames), -1, d)
-        return unmerge_frames(m, self.frames).flatten(1, 2)
-
-    def _merged_rope(self, table: torch.Tensor) -> torch.Tensor:
-        _, s, _, d = table.shape
-        return table.view(1, self.frames, s // self.frames, 1, d)[:, 0::2].flatten(1, 2)
-
     def forward(self, x, t_mod, context, rope_cos, rope_sin):
         b = self.block
-        rope = (self._merged_rope(rope_cos), self._merged_rope(rope_sin))
+        rope = (pair_first_frames(rope_cos, self.frames, axis=1),
+                pair_first_frames(rope_sin, self.frames, axis=1))
         shift, scale, gate, c_shift, c_scale, c_gate = (b.scale_shift_table + t_mod).chunk(6, 1)
-        h = self._merge(b.norm1(x) * (1 + scale) + shift)
-        x = x + self._unmerge(attention(b.attn1, h, rope=rope)) * gate
-        x = x + self._unmerge(attention(b.attn2, self._merge(b.norm2(x)), context))
+        h = merge_token_frames(b.norm1(x) * (1 + scale) + shift, self.frames)
+        x = x + unmerge_token_frames(attention(b.attn1, h, rope=rope), self.frames) * gate
+        merged = merge_token_frames(b.norm2(x), self.frames)
+        x = x + unmerge_token_frames(attention(b.attn2, merged, context), self.frames)
         h = b.norm3(x) * (1 + c_scale) + c_shift
         return x + b.ffn(h) * c_gate
 

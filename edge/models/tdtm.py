@@ -30,3 +30,23 @@ def unmerge_frames(m: torch.Tensor, frames: int) -> torch.Tensor:
     even = frames - frames % 2
     pairs = m[:, :even // 2, None].expand(b, even // 2, 2, s, d).reshape(b, even, s, d)
     return pairs if even == frames else torch.cat([pairs, m[:, even // 2:]], 1)
+
+
+def merge_token_frames(h: torch.Tensor, frames: int) -> torch.Tensor:
+    """Tokens laid out frame by frame, (B, F*S, D) -> (B, ceil(F/2)*S, D): `merge_frames` on
+    a transformer's flattened sequence (Wan, CogVideoX, LTX-Video)."""
+    b, s, d = h.shape
+    return merge_frames(h.view(b, frames, s // frames, d)).flatten(1, 2)
+
+
+def unmerge_token_frames(m: torch.Tensor, frames: int) -> torch.Tensor:
+    """(B, ceil(F/2)*S, D) -> (B, F*S, D): `unmerge_frames` on a flattened sequence."""
+    b, _, d = m.shape
+    return unmerge_frames(m.view(b, merged_frames(frames), -1, d), frames).flatten(1, 2)
+
+
+def pair_first_frames(table: torch.Tensor, frames: int, axis: int) -> torch.Tensor:
+    """A per-token table (RoPE cos or sin) whose axis `axis` runs over the tokens frame by
+    frame, kept at the first frame of each pair: the positions the merged tokens take."""
+    pairs = (slice(None),) * axis + (slice(0, None, 2),)
+    return table.unflatten(axis, (frames, -1))[pairs].flatten(axis, axis + 1)
