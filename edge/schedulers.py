@@ -291,13 +291,14 @@ class FlowUniPC(Scheduler):
         return UniPCFlow(sigmas)
 
 
-class FlowEulerLTX(Scheduler):
+class FlowEulerLTX(FlowEuler):
     """FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (`ltx_sigmas`: `shift` is
     exp(mu), `shift_terminal` the last level before 0, None for no stretch); model times are
-    the sigmas (diffusers' timesteps are them times 1000). A leap's tail is flow_euler's:
-    evenly spaced before the shift by exp(mu) from t_from to t_min, then 0. The terminal
-    stretch is not applied again: it is an affine map of 1 - sigma fixed by the whole
-    schedule's step count, and both ends of the tail are levels of the stretched schedule."""
+    the sigmas (diffusers' timesteps are them times 1000). Its steps and a leap's tail are
+    flow_euler's: the tail evenly spaced before the shift by exp(mu) from t_from to t_min,
+    then 0. The terminal stretch is not applied again: it is an affine map of 1 - sigma
+    fixed by the whole schedule's step count, and both ends of the tail are levels of the
+    stretched schedule."""
 
     name = "ltx_flow_euler"
     takes_shift_terminal = True
@@ -305,13 +306,6 @@ class FlowEulerLTX(Scheduler):
     def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         sigmas = ltx_sigmas(steps, self.shift, self.shift_terminal)
         return sigmas, sigmas[:-1]
-
-    def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        sigmas = leap_tail_sigmas(t_from, t_min, steps, self.shift)
-        return sigmas, sigmas[:-1]
-
-    def solver(self, sigmas: np.ndarray) -> EulerSolver:
-        return EulerSolver(sigmas)
 
 
 def rescale_zero_terminal_snr(alphas_cumprod: np.ndarray) -> np.ndarray:

@@ -179,24 +179,15 @@ export class FlowUniPC extends Scheduler {
 
 // FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/schedulers.py FlowEulerLTX,
 // ltxSigmas): shift is exp(mu), shiftTerminal the last level before 0 (null: no stretch); the
-// model is told the sigmas. A leap's tail is flow_euler's with the same shift (evenly spaced
-// before it, the terminal stretch not applied again).
-export class FlowEulerLTX extends Scheduler {
+// model is told the sigmas. Its steps and a leap's tail are flow_euler's with the same shift
+// (evenly spaced before it, the terminal stretch not applied again).
+export class FlowEulerLTX extends FlowEuler {
   static name = "ltx_flow_euler";
   static takesShiftTerminal = true;
 
   schedule(steps) {
     const sigmas = ltxSigmas(steps, this.shift, this.shiftTerminal);
     return { sigmas, modelTimes: sigmas.subarray(0, steps) };
-  }
-
-  tail(tFrom, tMin, steps) {
-    const sigmas = leapTailSigmas(tFrom, tMin, steps, this.shift);
-    return { sigmas, modelTimes: sigmas.subarray(0, steps) };
-  }
-
-  solver(sigmas) {
-    return new EulerSolver(sigmas);
   }
 }
 

@@ -95,9 +95,25 @@ extension Scheduler {
     public func jump(x: Tensor, v: Tensor, sigma: Float) -> Tensor { eulerStep(x, v, sigma, 0) }
 }
 
+/// A flow stepped by Euler with the sigmas as model times (flow_euler, ltx_flow_euler): a
+/// leap's tail is evenly spaced before the shift, whatever the schedule (Python's
+/// FlowEulerLTX subclasses FlowEuler for the same two methods).
+public protocol EulerFlow: Scheduler {
+    var shift: Double { get }
+}
+
+extension EulerFlow {
+    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+        let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
+        return (sigmas, Array(sigmas.dropLast()))
+    }
+
+    public func solver(sigmas: [Float]) -> any Solver { EulerSolver(sigmas: sigmas) }
+}
+
 /// FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora): model times are the
 /// sigmas.
-public struct FlowEuler: Scheduler {
+public struct FlowEuler: EulerFlow {
     public static let name = "flow_euler"
     public let shift: Double
     public let numTrainTimesteps: Int
@@ -111,20 +127,13 @@ public struct FlowEuler: Scheduler {
         let sigmas = eulerSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps)
         return (sigmas, Array(sigmas.dropLast()))
     }
-
-    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
-        return (sigmas, Array(sigmas.dropLast()))
-    }
-
-    public func solver(sigmas: [Float]) -> any Solver { EulerSolver(sigmas: sigmas) }
 }
 
 /// FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/schedulers.py FlowEulerLTX,
 /// `ltxSigmas`): `shift` is exp(mu), `shiftTerminal` the last level before 0 (nil: no
-/// stretch); model times are the sigmas. A leap's tail is flow_euler's with the same shift
-/// (evenly spaced before it, the terminal stretch not applied again).
-public struct FlowEulerLTX: Scheduler {
+/// stretch); model times are the sigmas. Its steps and a leap's tail are flow_euler's with
+/// the same shift (evenly spaced before it, the terminal stretch not applied again).
+public struct FlowEulerLTX: EulerFlow {
     public static let name = "ltx_flow_euler"
     public static var takesShiftTerminal: Bool { true }
     public let shift: Double
@@ -145,13 +154,6 @@ public struct FlowEulerLTX: Scheduler {
         let sigmas = ltxSigmas(steps: steps, shift: shift, shiftTerminal: shiftTerminal)
         return (sigmas, Array(sigmas.dropLast()))
     }
-
-    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
-        return (sigmas, Array(sigmas.dropLast()))
-    }
-
-    public func solver(sigmas: [Float]) -> any Solver { EulerSolver(sigmas: sigmas) }
 }
 
 /// UniPCMultistepScheduler as Wan 2.1 configures it (flow prediction, flow sigmas with
