@@ -51,7 +51,12 @@ from edge.families.folder import (
     physical_memory_bytes,
     train_timesteps,
 )
-from edge.families.pipeline_run import run_pipeline, tokenizer_fields, with_steps
+from edge.families.pipeline_run import (
+    run_pipeline,
+    target_shapes,
+    tokenizer_fields,
+    with_steps,
+)
 from edge.families.t5 import cut_t5_encoder
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
@@ -657,9 +662,7 @@ class CogVideoXModel:
                                    return_tensors="pt").input_ids
 
     def shapes(self, target: str) -> Shapes:
-        if target in ("iphone", "web"):
-            return Shapes(prompts=1, guidance_batch=2, videos=1)
-        return Shapes(prompts=2, guidance_batch=2, videos=2)
+        return target_shapes(target)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
         shapes = shapes or self.shapes("onnx")

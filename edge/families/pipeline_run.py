@@ -1,6 +1,6 @@
 """What the diffusers families (Wan, CogVideoX, LTX-Video) do alike around their pipeline:
-a `--steps` given at export, the tokenizer written into a package, and the pipeline run as
-the reference video."""
+the shapes each target runs their blocks at, a `--steps` given at export, the tokenizer
+written into a package, and the pipeline run as the reference video."""
 
 from __future__ import annotations
 
@@ -10,9 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.families import FamilyError
+from edge.families import FamilyError, Shapes
 from edge.package import file_entry
 from edge.sampler import SamplerSettings
+
+
+def target_shapes(target: str) -> Shapes:
+    """A device (iphone, web) encodes one prompt and decodes one video per call; ONNX traces
+    two of each, so its dynamic batch is not specialised to one. A chunked decoder takes its
+    own piece on every target."""
+    if target in ("iphone", "web"):
+        return Shapes(prompts=1, guidance_batch=2, videos=1)
+    return Shapes(prompts=2, guidance_batch=2, videos=2)
 
 
 def with_steps(sampler: SamplerSettings, steps: int | None) -> SamplerSettings:

@@ -53,7 +53,12 @@ from edge.families.folder import (
     read_json,
     train_timesteps,
 )
-from edge.families.pipeline_run import run_pipeline, tokenizer_fields, with_steps
+from edge.families.pipeline_run import (
+    run_pipeline,
+    target_shapes,
+    tokenizer_fields,
+    with_steps,
+)
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
 
@@ -674,11 +679,7 @@ class WanModel:
         return enc.input_ids, enc.attention_mask
 
     def shapes(self, target: str) -> Shapes:
-        # the decoder runs one latent frame per call whatever the target (it is chunked); a
-        # device encodes one prompt and decodes one video
-        if target in ("iphone", "web"):
-            return Shapes(prompts=1, guidance_batch=2, videos=1)
-        return Shapes(prompts=2, guidance_batch=2, videos=2)
+        return target_shapes(target)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
         shapes = shapes or self.shapes("onnx")
