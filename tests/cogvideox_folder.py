@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tiny_parts import tiny_t5_encoder
 
 from edge.models.scaled_wan import small_tokenizer
 
@@ -25,14 +26,10 @@ def make_cogvideox_folder(dest: Path, rotary: bool = False, seed: int = 0, layer
         CogVideoXPipeline,
         CogVideoXTransformer3DModel,
     )
-    from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
     tok = small_tokenizer()
-    text_encoder = T5EncoderModel(T5Config(
-        vocab_size=len(tok), d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=text_layers,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16,
-        feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1))
+    text_encoder = tiny_t5_encoder(len(tok), text_layers)
     transformer = CogVideoXTransformer3DModel(
         num_attention_heads=2, attention_head_dim=16, in_channels=8, out_channels=8,
         time_embed_dim=16, text_embed_dim=32, num_layers=layers, max_text_seq_length=text_tokens,

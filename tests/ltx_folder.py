@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tiny_parts import tiny_t5_encoder
 
 from edge.models.scaled_wan import small_tokenizer
 
@@ -43,14 +44,10 @@ def make_ltx_folder(dest: Path, timestep_decoder: bool = False, seed: int = 0,
         LTXPipeline,
         LTXVideoTransformer3DModel,
     )
-    from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
     tok = small_tokenizer()
-    text_encoder = T5EncoderModel(T5Config(
-        vocab_size=len(tok), d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=text_layers,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16,
-        feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1))
+    text_encoder = tiny_t5_encoder(len(tok), text_layers)
     # inner width 32: RoPE's 3 axes x 5 frequencies x 2 leave 2 channels of padding, as
     # LTX's 2048 does
     transformer = LTXVideoTransformer3DModel(

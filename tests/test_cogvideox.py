@@ -4,13 +4,11 @@ table, exported at a size other than the transformer's own, and 5B's rotary posi
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 import torch
 from cogvideox_folder import SAMPLE, make_cogvideox_folder
+from tiny_parts import edited_copy
 
 from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, load_model
@@ -301,14 +299,6 @@ def test_merged_block_equals_the_block_when_frame_pairs_are_equal(cog_models):
 
 # ---- what the family refuses, before any work ------------------------------------------------
 
-def _edited(folder, tmp_path, component, filename, **changes):
-    copy = tmp_path / "edited"
-    shutil.copytree(folder, copy)
-    path = copy / component / filename
-    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
-    return copy
-
-
 @pytest.mark.parametrize("component,filename,changes,message", [
     ("scheduler", "scheduler_config.json", {"_class_name": "CogVideoXDPMScheduler"},
      r"scheduler_config.json: scheduler 'CogVideoXDPMScheduler' is not supported"),
@@ -326,7 +316,8 @@ def _edited(folder, tmp_path, component, filename, **changes):
 def test_folders_edge_cannot_take_are_refused_by_file_and_field(cog_folders, tmp_path,
                                                                component, filename, changes,
                                                                message):
-    folder = _edited(cog_folders["2b"], tmp_path, component, filename, **changes)
+    folder = edited_copy(cog_folders["2b"], tmp_path / "edited", f"{component}/{filename}",
+                         **changes)
     with pytest.raises(FamilyError, match=message):
         load_model(folder, **SIZE)
 

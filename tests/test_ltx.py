@@ -22,6 +22,7 @@ from ltx_folder import (
     VAE_COMMON,
     make_ltx_folder,
 )
+from tiny_parts import edited_copy
 
 from edge.blocks import run_chain
 from edge.families import FamilyError, load_model
@@ -512,14 +513,6 @@ def test_a_timestep_conditioned_decoder_converts_but_iphone_refuses_it(ltx_model
 
 # ---- what the family refuses, before any work ------------------------------------------------
 
-def _edited(folder, tmp_path, component, filename, **changes):
-    copy = tmp_path / "edited"
-    shutil.copytree(folder, copy)
-    path = copy / component / filename
-    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
-    return copy
-
-
 @pytest.mark.parametrize("component,filename,changes,message", [
     ("scheduler", "scheduler_config.json", {"_class_name": "UniPCMultistepScheduler"},
      r"scheduler_config.json: scheduler 'UniPCMultistepScheduler' is not supported"),
@@ -544,7 +537,8 @@ def _edited(folder, tmp_path, component, filename, **changes):
 def test_folders_edge_cannot_take_are_refused_by_file_and_field(ltx_folders, tmp_path,
                                                                component, filename, changes,
                                                                message):
-    folder = _edited(ltx_folders["plain"], tmp_path, component, filename, **changes)
+    folder = edited_copy(ltx_folders["plain"], tmp_path / "edited", f"{component}/{filename}",
+                         **changes)
     with pytest.raises(FamilyError, match=message):
         load_model(folder, **SIZE)
 

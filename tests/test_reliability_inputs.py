@@ -24,6 +24,7 @@ from edge.package import FORMAT, MANIFEST
 
 sys.path.insert(0, str(Path(__file__).parent))
 from manifest_edits import block_record, rewrite  # noqa: E402
+from tiny_parts import edited_copy  # noqa: E402
 from wan_folder import make_wan_folder  # noqa: E402
 
 runner = CliRunner()
@@ -291,14 +292,6 @@ def wan_source(tmp_path_factory) -> Path:
     return make_wan_folder(tmp_path_factory.mktemp("wan") / "wan")
 
 
-def edited_wan(source: Path, dest: Path, file: str, **fields) -> Path:
-    shutil.copytree(source, dest)
-    path = dest / file
-    cfg = json.loads(path.read_text())
-    path.write_text(json.dumps(cfg | fields))
-    return dest
-
-
 @pytest.fixture
 def never_loads_wan(monkeypatch):
     from edge.families import wan
@@ -329,7 +322,7 @@ SCHED = "scheduler/scheduler_config.json"
 ])
 def test_wan_settings_are_refused_before_loading(wan_source, tmp_path, never_loads_wan, file,
                                                   fields, message):
-    folder = edited_wan(wan_source, tmp_path / "wan", file, **fields)
+    folder = edited_copy(wan_source, tmp_path / "wan", file, **fields)
     before = snapshot(folder)
     refused(["export", "--model", str(folder), "--height", "32", "--width", "32", "--frames",
              "5", "-o", str(tmp_path / "pkg")], message)
@@ -337,7 +330,7 @@ def test_wan_settings_are_refused_before_loading(wan_source, tmp_path, never_loa
 
 
 def test_wan_channels_that_disagree_name_both_files(wan_source, tmp_path, never_loads_wan):
-    folder = edited_wan(wan_source, tmp_path / "wan", "transformer/config.json",
+    folder = edited_copy(wan_source, tmp_path / "wan", "transformer/config.json",
                         in_channels=8, out_channels=8)
     out = refused(["export", "--model", str(folder), "--height", "32", "--width", "32",
                    "--frames", "5", "--dry-run"], "in_channels=8")
@@ -364,7 +357,7 @@ def test_sizes_past_what_the_model_takes_are_refused(wan_source, never_loads_wan
 def test_tokens_and_memory_are_bounded(wan_source, tmp_path, never_loads_wan, monkeypatch):
     from edge.families import wan
 
-    folder = edited_wan(wan_source, tmp_path / "wan", "transformer/config.json",
+    folder = edited_copy(wan_source, tmp_path / "wan", "transformer/config.json",
                         rope_max_seq_len=4096)
     refused(["export", "--model", str(folder), "--dry-run", "--height", "16384", "--width",
              "16384", "--frames", "1"], f"1048576 transformer tokens, more than edge takes "
