@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.families import FamilyModel, StorageRule
+from edge.family_model import FamilyModel, StorageRule
 from edge.package import atomic_directory, file_entry, write_manifest
 from edge.plan import READ_UNIT, Partition, partition
 from exporters import ExportValidationError

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.families import FamilyModel
+from edge.family_model import FamilyModel
 from edge.manifest_schema import as_variant
 from edge.video_metrics import psnr, snr
 from exporters import ExportValidationError

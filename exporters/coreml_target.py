@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from edge.budget import format_size
-from edge.families import FamilyModel
+from edge.family_model import FamilyModel
 from edge.plan import READ_UNIT, plan_lines, plan_residency
 from exporters import (
     ExportOptionError,

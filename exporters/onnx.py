@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.families import FamilyModel
+from edge.family_model import FamilyModel
 from edge.package import (
     atomic_directory,
     file_entry,

@@ -8,7 +8,7 @@ import resource
 from pathlib import Path
 
 from edge.budget import format_size
-from edge.families import FamilyModel
+from edge.family_model import FamilyModel
 from edge.plan import READ_UNIT, partition, plan_lines, plan_residency
 from exporters import ExportOptions, Prepared, Progress, refuse_others
 

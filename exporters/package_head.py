@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import edge
-from edge.families import FamilyModel
+from edge.family_model import FamilyModel
 from edge.noise import NOISE
 from edge.package import FORMAT, FORMAT_VERSION
 

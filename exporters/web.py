@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from edge.blocks import Block
-from edge.families import FamilyModel
+from edge.family_model import FamilyModel
 from edge.package import atomic_directory, file_entry, write_manifest
 from exporters import ExportValidationError
 from exporters.onnx import export_graph, validate_block, write_weights

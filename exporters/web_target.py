@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.families import FamilyModel
+from edge.family_model import FamilyModel
 from exporters import (
     ExportOptionError,
     ExportOptions,
