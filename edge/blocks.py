@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from edge.lazy_weights import materialized
 from edge.pieces import piece_bounds
 
 
@@ -57,7 +58,9 @@ class Block:
 
     @torch.no_grad()
     def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.module(*inputs)
+        # a model larger than memory has its weights read for the call (edge/lazy_weights.py)
+        with materialized(self.module):
+            out = self.module(*inputs)
         return out if isinstance(out, tuple) else (out,)
 
 

@@ -419,6 +419,13 @@ def export(
         help="LTX-Video with a timestep-conditioned decoder: how much decode noise the "
         "package mixes into the latents by default, in [0, 1] (LTXPipeline's "
         "decode_noise_scale) [default: the decode timestep].")] = None,
+    out_of_core: Annotated[bool | None, typer.Option(
+        "--out-of-core/--in-memory",
+        help="onnx, Wan: build the model without weights and read each block's from the "
+        "folder's safetensors files only while it is exported, so memory holds one block, "
+        "never the model; the end-to-end check then streams the PyTorch blocks under the "
+        "budget [default: out of core when the float32 weights exceed half this machine's "
+        "memory].")] = None,
     ort_url: Annotated[str | None, typer.Option(
         help="web: the https folder URL the page loads onnxruntime-web (its wasm path) from, "
         "each file checked by sha256 [default: the pinned version on the jsDelivr CDN].")] = None,
@@ -436,7 +443,8 @@ def export(
     # options the family or the target does not take, a destination edge may not replace
     size_options = {"height": height, "width": width, "frames": frames, "steps": steps}
     own_options = {k: v for k, v in {"frame_rate": frame_rate, "decode_timestep": decode_timestep,
-                                     "decode_noise_scale": decode_noise_scale}.items()
+                                     "decode_noise_scale": decode_noise_scale,
+                                     "out_of_core": out_of_core}.items()
                    if v is not None}
     try:
         family = family_of(model)
@@ -444,6 +452,8 @@ def export(
         check_target(family, target)
         check_options(family, size_options)
         _check_family_options(family, own_options)
+        if out_of_core and target != "onnx":
+            raise ExportOptionError(f"--out-of-core applies to --target onnx, not {target}")
         options = ExportOptions(memory_budget=_budget_option(memory_budget),
                                 quantize=quantize, min_ios=min_ios, ort_url=ort_url,
                                 bundle_ort=bundle_ort)

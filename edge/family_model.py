@@ -48,6 +48,9 @@ class FamilyModel(Protocol):
     family: str                     # the family's name, recorded in the manifest
     chunked: dict[str, Chunking]    # components the runtime runs chunk by chunk
     device_storage: dict[str, StorageRule]  # the --quantize settings it words itself ("4")
+    # built without weights, each block's read from the model folder while it is exported or
+    # run (edge/lazy_weights.py): only the onnx target exports such a model
+    out_of_core: bool
 
     @property
     def sampler(self) -> SamplerSettings: ...

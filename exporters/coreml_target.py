@@ -22,6 +22,7 @@ from exporters import (
     Progress,
     inputs_text,
     refuse_others,
+    refuse_out_of_core,
 )
 from exporters.coreml import (
     DEFAULT_MIN_IOS,
@@ -65,6 +66,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     budget the residency plan the Swift loader will follow (the --dry-run table)."""
     from exporters.coreml import device_blocks, estimated_bytes
 
+    refuse_out_of_core(NAME, model)
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
     try:   # the family's own settings ("4") and the iOS they need are known once it is loaded
         setting = compression(quantize, model)

@@ -21,6 +21,7 @@ from torch import nn
 
 from edge.blocks import Block
 from edge.family_model import FamilyModel
+from edge.lazy_weights import materialized
 from edge.package import (
     atomic_directory,
     file_entry,
@@ -43,7 +44,7 @@ def write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
     with open(path, "wb") as f:
         for name, a in arrays.items():
             f.write(b"\0" * (offsets[name] - f.tell()))
-            f.write(a.tobytes())
+            f.write(memoryview(a.reshape(-1)).cast("B"))  # no copy: a block may be GBs
         f.write(b"\0" * (size - f.tell()))
     return [{"name": n, "dtype": "float32", "shape": list(a.shape), "offset": offsets[n],
              "bytes": a.nbytes} for n, a in arrays.items()]
@@ -107,9 +108,10 @@ def validate_block(block: Block, graph: Path, want: tuple[torch.Tensor, ...]) ->
 
 def export_validated_graph(block: Block, graph: Path, what: str) -> tuple:
     """Export `block`'s graph and check it against PyTorch; returns (outputs, error)."""
-    export_graph(block, graph)
-    outputs = block.run(*block.example)  # the reference, and the source of the signatures
-    error = validate_block(block, graph, outputs)
+    with materialized(block.module):
+        export_graph(block, graph)
+        outputs = block.run(*block.example)  # the reference, and the signatures' source
+        error = validate_block(block, graph, outputs)
     if not error <= BLOCK_TOLERANCE:
         raise ExportValidationError(
             f"block {what}: ONNX output differs from PyTorch by {error:.3g} "
@@ -144,6 +146,12 @@ def block_signature(block: Block, outputs: tuple[torch.Tensor, ...]) -> dict:
 
 
 def export_block(block: Block, root: Path) -> dict:
+    # a model larger than memory: this block's weights are read now and dropped after
+    with materialized(block.module):
+        return _export_block(block, root)
+
+
+def _export_block(block: Block, root: Path) -> dict:
     graph = root / "graphs" / block.component / f"{block.name}.onnx"
     weights = root / "weights" / block.component / f"{block.name}.bin"
     outputs, error = export_validated_graph(block, graph, block.key)
@@ -205,13 +213,17 @@ VALIDATION_PROMPT = "a red circle moving left"
 
 def end_to_end_check(model: FamilyModel, seed: int = 0,
                      on_step: Callable[[int, int], None] | None = None,
-                     memory_budget: int | None = None) -> Callable[[Path], dict]:
+                     memory_budget: int | None = None,
+                     components: dict[str, list[Block]] | None = None
+                     ) -> Callable[[Path], dict]:
     """A check for `export_onnx`: the package run by the Python runtime must reproduce the
     family's PyTorch reference video (diffusers' own pipeline for a diffusers folder) on a
     fixed prompt and seed (PSNR >= 40 dB). `on_step(done, total)` counts the denoising steps
     of both generations (minutes on a large model). `memory_budget`: the runtime streams
     under it, so the check does not hold a second copy of a large model beside the one being
-    exported."""
+    exported. A model exported out of core (`model.out_of_core`) is never held whole: its
+    reference is its PyTorch blocks (`components`, as exported) streamed under the same
+    budget (default: twice the largest block), not diffusers' pipeline."""
 
     def progress(offset: int) -> Callable[[int, int], None] | None:
         return None if on_step is None else lambda i, n: on_step(offset + i, 2 * n)
@@ -219,13 +231,20 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
     def check(root: Path) -> dict:
         from runtimes.python import Pipeline
 
-        runtime = Pipeline.load(root, memory_budget=memory_budget)
+        budget = memory_budget
+        streamed = model.out_of_core
+        if streamed and budget is None:
+            budget = 2 * max(b.weight_bytes() for bs in components.values() for b in bs)
+        runtime = Pipeline.load(root, memory_budget=budget)
         try:
             got = runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=progress(0))
         finally:
             runtime.close()
-        want = model.generate(VALIDATION_PROMPT, seed=seed,
-                              on_step=progress(model.sampler.steps))
+        reference_progress = progress(model.sampler.steps)
+        if streamed:
+            want = streamed_reference(root, components, budget, seed, reference_progress)
+        else:
+            want = model.generate(VALIDATION_PROMPT, seed=seed, on_step=reference_progress)
         value = psnr(got, want)
         if not value >= PSNR_LIMIT_DB:
             raise ExportValidationError(
@@ -235,6 +254,50 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
         # identical videos have an infinite PSNR, which JSON cannot hold: null and a flag
         identical = bool(value == float("inf"))
         return {"prompt": VALIDATION_PROMPT, "seed": seed, "identical": identical,
-                "psnr_db": None if identical else round(float(value), 2)}
+                "psnr_db": None if identical else round(float(value), 2),
+                **({"reference": STREAMED_REFERENCE} if streamed else {})}
 
     return check
+
+
+STREAMED_REFERENCE = "the family's PyTorch blocks, streamed with the package's weights"
+
+
+class WeightsFedSession:
+    """A block run in PyTorch with the weights the runtime's loader feeds it (answering
+    onnxruntime's `run`): its module's parameters are never read from anywhere else."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.weight_names = list(block.parameters())
+        self.dtypes = [e.dtype for e in block.example]
+
+    @torch.no_grad()
+    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        inputs = [torch.from_numpy(np.array(feeds[n])).to(d)
+                  for n, d in zip(self.block.inputs, self.dtypes, strict=True)]
+        weights = {n: torch.from_numpy(np.asarray(feeds[n])) for n in self.weight_names}
+        out = torch.func.functional_call(self.block.module, weights, tuple(inputs))
+        outputs = dict(zip(self.block.outputs, out if isinstance(out, tuple) else (out,),
+                           strict=True))
+        return [outputs[n.removeprefix("out:")].numpy() for n in output_names]
+
+
+def streamed_reference(root: Path, components: dict[str, list[Block]], budget: int,
+                       seed: int, on_step: Callable[[int, int], None] | None) -> np.ndarray:
+    """The check's reference for a model larger than memory: the Python runtime's
+    generation with each block (and variant) run by its PyTorch module, the loader
+    streaming the weights under `budget` as it does for the graphs."""
+    from runtimes.python import Pipeline
+
+    blocks = {b.key: b for bs in components.values() for b in bs}
+
+    def open_block(key: str, record: dict) -> WeightsFedSession:
+        base, _, variant = key.partition("#")
+        return WeightsFedSession(blocks[base].variant(variant) if variant else blocks[base])
+
+    runtime = Pipeline.load(root, memory_budget=budget, open_block=open_block)
+    try:
+        return runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=on_step)
+    finally:
+        runtime.close()

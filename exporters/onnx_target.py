@@ -42,7 +42,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
                        on_block=progress.on_block, plan=prepared.manifest_plan,
                        validate_end_to_end=end_to_end_check(
                            model, on_step=progress.on_check_step,
-                           memory_budget=options.memory_budget))
+                           memory_budget=options.memory_budget,
+                           components=prepared.components))
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:

@@ -14,6 +14,7 @@ from exporters import (
     Progress,
     inputs_text,
     refuse_others,
+    refuse_out_of_core,
 )
 
 NAME = "web"
@@ -48,6 +49,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     the page holds every block)."""
     from exporters.web import web_blocks
 
+    refuse_out_of_core(NAME, model)
     components = web_blocks(model)
     lines = [f"{'block':<28}{'weights MB':>11}  inputs"]
     total = 0

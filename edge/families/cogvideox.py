@@ -638,6 +638,7 @@ class CogVideoXModel:
     family: str = NAME
     chunked: dict[str, Chunking] = field(default_factory=dict)
     device_storage: dict[str, StorageRule] = field(default_factory=dict)
+    out_of_core: bool = False    # its weights are loaded whole (Wan's may not be)
 
     def __post_init__(self) -> None:
         self.chunked = {"vae_decoder": Chunking(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import re
 import warnings
@@ -145,4 +146,76 @@ def load_float32_pipeline(folder: Path, pipeline_class) -> tuple:
             notes.append(f"{folder / name}: weights stored as {', '.join(sorted(stored))}, "
                          "converted to float32 (packages hold float32)")
     pipe.set_progress_bar_config(disable=True)
+    return pipe, notes
+
+
+# components whose weights an out-of-core load leaves in the folder until a block needs them
+WEIGHTED_COMPONENTS = ("text_encoder", "transformer", "vae")
+
+
+def weights_bytes_float32(folder: Path, components: tuple[str, ...] = WEIGHTED_COMPONENTS
+                          ) -> int:
+    """What the components' weights take in memory as float32 (headers only)."""
+    from edge.lazy_weights import FolderWeights, ShardError
+
+    total = 0
+    for name in components:
+        try:
+            weights = FolderWeights(folder / name)
+        except ShardError as err:
+            raise FamilyError(str(err)) from None
+        total += sum(math.prod(t.shape) * 4 for t in weights.tensors.values())
+    return total
+
+
+def larger_than_memory(folder: Path) -> bool:
+    """Whether the model's float32 weights would take more than half this machine's memory:
+    then an export holds one block at a time (`load_storage_free_pipeline`)."""
+    return weights_bytes_float32(folder) > physical_memory_bytes() // 2
+
+
+def _empty_model(folder: Path, library: str, class_name: str):
+    """The model class model_index.json names for a component, built without weights."""
+    import importlib
+
+    from edge.lazy_weights import ShardError, empty_component
+
+    cls = getattr(importlib.import_module(library), class_name)
+    if library == "diffusers":
+        def build():
+            return cls.from_config(cls.load_config(folder))
+    else:  # transformers
+        def build():
+            return cls(cls.config_class.from_pretrained(folder))
+    try:
+        return empty_component(build, folder)
+    except ShardError as err:
+        raise FamilyError(str(err)) from None
+
+
+def load_storage_free_pipeline(folder: Path, pipeline_class,
+                               components: tuple[str, ...] = WEIGHTED_COMPONENTS) -> tuple:
+    """The folder's pipeline with `components` built on the meta device, their weights read
+    block by block when exported (edge/lazy_weights.py); the tokenizer and scheduler loaded
+    as usual. (pipeline, notes): a note on weights stored in another dtype than float32."""
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+    index = read_json(folder / "model_index.json")
+    empties = {name: _empty_model(folder / name, *index[name]) for name in components}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pipe = pipeline_class.from_pretrained(folder, local_files_only=True, **empties)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise FamilyError(load_error(folder, str(err))) from None
+    pipe.set_progress_bar_config(disable=True)
+    gib = weights_bytes_float32(folder, components) / 2**30
+    notes = [f"{folder}: exported out of core ({gib:.1f} GiB of float32 weights): each "
+             "block's weights are read from the folder when it is exported, then dropped"]
+    for name in components:
+        stored = stored_dtypes(folder / name) - {"F32"}
+        if stored:
+            notes.append(f"{folder / name}: weights stored as {', '.join(sorted(stored))}, "
+                         "converted to float32 (packages hold float32)")
     return pipe, notes

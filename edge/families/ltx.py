@@ -647,6 +647,7 @@ class LTXModel:
     text_tokens: int = TEXT_TOKENS
     chunked: dict[str, Chunking] = field(default_factory=dict)  # the decoder: whole clips
     device_storage: dict[str, StorageRule] = field(default_factory=dict)
+    out_of_core: bool = False    # its weights are loaded whole (Wan's may not be)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:

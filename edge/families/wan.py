@@ -47,7 +47,9 @@ from edge.families.folder import (
     checked_sampler,
     component_config,
     int_field,
+    larger_than_memory,
     load_float32_pipeline,
+    load_storage_free_pipeline,
     number_field,
     physical_memory_bytes,
     read_json,
@@ -59,6 +61,7 @@ from edge.families.pipeline_run import (
     tokenizer_fields,
     with_steps,
 )
+from edge.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
 
@@ -227,11 +230,13 @@ def export_memory_bytes(shapes: WanShapes, height: int, width: int, frames: int,
     return max(video, decoder, transformer)
 
 
-def load_pipeline(folder: Path) -> tuple:
-    """The folder's WanPipeline in float32 from local files only; (pipeline, notes)."""
+def load_pipeline(folder: Path, out_of_core: bool = False) -> tuple:
+    """The folder's WanPipeline in float32 from local files only (`out_of_core`: its models
+    built without weights, each block's read when it is exported); (pipeline, notes)."""
     from diffusers import WanPipeline
 
-    pipe, notes = load_float32_pipeline(folder, WanPipeline)
+    load = load_storage_free_pipeline if out_of_core else load_float32_pipeline
+    pipe, notes = load(folder, WanPipeline)
     if pipe.transformer.config.added_kv_proj_dim is not None:
         raise FamilyError(f"{folder / 'transformer'}: image conditioning (added_kv_proj_dim) "
                           "is image-to-video; edge takes text-to-video Wan")
@@ -661,6 +666,7 @@ class WanModel:
         "vae_decoder": Chunking(input="z", output="frames", axis=2, size=1,
                                 first_variant="first")})
     device_storage: dict[str, StorageRule] = field(default_factory=lambda: {"4": STORAGE_4})
+    out_of_core: bool = False  # weights read block by block (edge/lazy_weights.py)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -742,7 +748,7 @@ class WanModel:
         blocks = []
         for i, (name, stage) in enumerate(cut_vae_decoder(self.pipe.vae, first=False)):
             x_in, x_out = ("z" if i == 0 else "h"), ("frames" if name == "out" else "h")
-            with torch.no_grad():
+            with torch.no_grad(), materialized(stage), materialized(firsts[name]):
                 first_out = firsts[name](first_x)
                 # the second frame, after the first frame's cache: the shapes every later
                 # frame has
@@ -812,8 +818,13 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
 
 
 def load(folder: Path, height: int | None = None, width: int | None = None,
-         frames: int | None = None, steps: int | None = None) -> WanModel:
+         frames: int | None = None, steps: int | None = None,
+         out_of_core: bool | None = None) -> WanModel:
+    """`out_of_core`: build the models without weights and read each block's when it is
+    exported (default: when the float32 weights exceed half this machine's memory)."""
     size, sampler = accepts(folder, height, width, frames, steps)
-    pipe, notes = load_pipeline(folder)
+    if out_of_core is None:
+        out_of_core = larger_than_memory(folder)
+    pipe, notes = load_pipeline(folder, out_of_core)
     return WanModel(pipe, folder, sampler=sampler, notes=notes, name=folder.resolve().name,
-                    **size)
+                    out_of_core=out_of_core, **size)

@@ -1,0 +1,188 @@
+"""Exporting a model larger than memory (edge/lazy_weights.py): the model built on the meta
+device, each block's weights read from the folder's safetensors files while that block is
+exported, then dropped. On a tiny Wan folder: the package is the in-memory export's, file for
+file; at no time is more than one block's weights read; the check's streamed reference (the
+PyTorch blocks, fed the package's weights by the runtime's loader) is diffusers' video; bad
+shards are named before any work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+import torch
+from conftest import WAN_SIZE
+
+from edge.families import FamilyError, load_model
+from edge.lazy_weights import RESIDENCY, FolderWeights, ShardError, read_header
+from edge.video_metrics import psnr, snr
+
+
+@pytest.fixture(scope="module")
+def out_of_core_export(wan_folders, wan_packages, tmp_path_factory):
+    """The unipc folder exported out of core with its end-to-end check, at wan_packages'
+    settings; the peak of read weights during the export."""
+    from exporters.onnx import end_to_end_check, export_onnx
+
+    model = load_model(wan_folders["unipc"], steps=12, out_of_core=True, **WAN_SIZE)
+    components = model.cut()
+    RESIDENCY.reset()
+    root = tmp_path_factory.mktemp("wan-ooc") / "pkg"
+    manifest = export_onnx(model, root, components=components,
+                           validate_end_to_end=end_to_end_check(model, components=components))
+    return model, components, root, manifest, RESIDENCY.peak
+
+
+def test_out_of_core_export_writes_the_in_memory_package(out_of_core_export, wan_packages):
+    model, _, _, manifest, _ = out_of_core_export
+    assert model.out_of_core
+    assert all(p.is_meta for p in model.pipe.transformer.parameters())
+    _, resident = wan_packages["unipc"]
+
+    def files(m):
+        return {f["path"]: f["sha256"] for c in m["components"] for b in c["blocks"]
+                for f in b["files"]}
+
+    assert files(manifest) == files(resident)   # every graph and weights file, byte for byte
+    assert manifest["validation"]["reference"].startswith("the family's PyTorch blocks")
+    assert manifest["validation"]["identical"] or manifest["validation"]["psnr_db"] >= 40
+
+
+def test_one_block_of_weights_is_read_at_a_time(out_of_core_export):
+    model, components, _, _, peak = out_of_core_export
+    largest = max(b.weight_bytes() for bs in components.values() for b in bs)
+    total = sum(b.weight_bytes() for bs in components.values() for b in bs)
+    assert 0 < peak <= largest < total / 4
+    # and nothing stays read after the export
+    assert all(p.is_meta for c in (model.pipe.transformer, model.pipe.text_encoder,
+                                   model.pipe.vae) for p in c.parameters())
+
+
+def test_the_streamed_reference_is_diffusers_video(out_of_core_export, wan_models):
+    """The check's reference computes the video itself (PyTorch blocks, the package's weights
+    fed by the loader), not the graphs again: it reproduces WanPipeline."""
+    from exporters.onnx import VALIDATION_PROMPT, streamed_reference
+
+    _, components, root, manifest, _ = out_of_core_export
+    largest = max(b["weight_bytes"] for c in manifest["components"] for b in c["blocks"])
+    got = streamed_reference(root, components, 2 * largest, seed=3, on_step=None)
+    want = wan_models["unipc"].generate(VALIDATION_PROMPT, seed=3)
+    assert psnr(got, want) >= 40.0
+    assert snr(got, want) >= 25.0
+    other = wan_models["unipc"].generate(VALIDATION_PROMPT, seed=4)
+    assert snr(other, want) < snr(got, want) - 15
+
+
+def test_weights_are_read_as_float32_whatever_their_stored_dtype(tmp_path):
+    from safetensors.torch import save_file
+
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).half(),
+               "c": torch.randn(2, 2, 2).bfloat16()}
+    save_file(tensors, tmp_path / "model.safetensors")
+    weights = FolderWeights(tmp_path)
+    for name, t in tensors.items():
+        got = weights.read(name)
+        assert got.dtype == torch.float32 and torch.equal(got, t.float())
+
+
+def _sharded_copy(folder, dest):
+    """`folder` with its transformer saved in several shards and an index."""
+    from diffusers import WanTransformer3DModel
+
+    copy = shutil.copytree(folder, dest)
+    shutil.rmtree(copy / "transformer")
+    WanTransformer3DModel.from_pretrained(folder / "transformer").save_pretrained(
+        copy / "transformer", max_shard_size="20KB")
+    return copy
+
+
+def test_bad_shards_are_named_before_any_work(wan_folders, tmp_path):
+    folder = _sharded_copy(wan_folders["euler"], tmp_path / "wan")
+    transformer = folder / "transformer"
+    index = json.loads((transformer / "diffusion_pytorch_model.safetensors.index.json")
+                       .read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2
+    model = load_model(folder, out_of_core=True, **WAN_SIZE)   # sharded, whole: loads
+    assert model.out_of_core
+
+    # a truncated shard: named with its size and what its header describes
+    last = transformer / shards[-1]
+    data = last.read_bytes()
+    last.write_bytes(data[:-10])
+    with pytest.raises(FamilyError, match=rf"{last}: truncated: {len(data) - 10} bytes, its "
+                                          rf"header describes {len(data)}"):
+        load_model(folder, out_of_core=True, **WAN_SIZE)
+    last.write_bytes(data)
+
+    # a shard the index lists, missing
+    first = transformer / shards[0]
+    first.rename(tmp_path / "aside")
+    with pytest.raises(FamilyError, match=rf"{first}: missing \(a shard "
+                                          r"diffusion_pytorch_model.safetensors.index.json"):
+        load_model(folder, out_of_core=True, **WAN_SIZE)
+    (tmp_path / "aside").rename(first)
+
+    # a header that is not one
+    first.write_bytes(struct.pack("<Q", 12) + b"not json at all")
+    with pytest.raises(ShardError, match=rf"{first}: not a safetensors header"):
+        read_header(first)
+
+
+def test_a_tensor_of_another_shape_is_named(wan_folders, tmp_path):
+    folder = shutil.copytree(wan_folders["euler"], tmp_path / "wan")
+    config = folder / "transformer" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"ffn_dim": 64}))
+    with pytest.raises(FamilyError, match=r"transformer/diffusion_pytorch_model.safetensors: "
+                       r"tensor 'blocks.0.ffn.net.0.proj.weight' has shape \[48, 24\], but "
+                       r".*transformer/config.json makes it \[64, 24\]"):
+        load_model(folder, out_of_core=True, **WAN_SIZE)
+
+
+def test_out_of_core_is_chosen_for_a_model_over_half_the_memory(wan_folders, monkeypatch):
+    from edge.families import folder as folder_module
+
+    weights = folder_module.weights_bytes_float32(wan_folders["euler"])
+    monkeypatch.setattr(folder_module, "physical_memory_bytes", lambda: 2 * weights - 2)
+    model = load_model(wan_folders["euler"], **WAN_SIZE)
+    assert model.out_of_core
+    assert any("exported out of core" in n for n in model.notes)
+    monkeypatch.setattr(folder_module, "physical_memory_bytes", lambda: 2 * weights + 2)
+    assert not load_model(wan_folders["euler"], **WAN_SIZE).out_of_core
+
+
+def test_only_onnx_exports_out_of_core(wan_folders, tmp_path):
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+    from exporters import ExportOptionError, ExportOptions
+    from exporters import target as target_module
+
+    runner = CliRunner()
+    dest = tmp_path / "pkg"
+    result = runner.invoke(app, ["export", "--model", str(wan_folders["euler"]), "--target",
+                                 "iphone", "--out-of-core", "-o", str(dest)])
+    assert result.exit_code != 0
+    assert "--out-of-core applies to --target onnx, not iphone" in result.output
+    assert not dest.exists()
+    model = load_model(wan_folders["euler"], out_of_core=True, **WAN_SIZE)
+    for name in ("iphone", "web"):
+        with pytest.raises(ExportOptionError, match="only --target onnx exports a model "
+                                                    "block by block"):
+            target_module(name).prepare(model, ExportOptions())
+
+
+def test_families_that_load_whole_refuse_the_option(tmp_path):
+    from cogvideox_folder import make_cogvideox_folder
+    from typer.testing import CliRunner
+
+    from edge.cli import app
+
+    folder = make_cogvideox_folder(tmp_path / "cog")
+    result = CliRunner().invoke(app, ["export", "--model", str(folder), "--out-of-core",
+                                      "-o", str(tmp_path / "pkg")])
+    assert result.exit_code != 0
+    assert "--out-of-core: cogvideox models do not take it" in result.output
+    assert not (tmp_path / "pkg").exists()
