@@ -270,29 +270,43 @@ def _thread_tag(stmt) -> str | None:
     return None
 
 
-def kernel_grids(func: tvm.tirx.PrimFunc) -> list[list[int]]:
-    """Grid size (blockIdx x, y, z extents) of each kernel launch of a scheduled PrimFunc,
-    in program order: one launch per outermost thread-bound loop nest."""
-    launches: list[list[int]] = []
+def kernel_launches(func: tvm.tirx.PrimFunc) -> list[tuple[list[int], list]]:
+    """Each kernel launch of a scheduled PrimFunc, in program order (one per outermost
+    thread-bound loop nest): its grid (blockIdx x, y, z extents) and the variables of the
+    buffers it stores to."""
+    launches: list[tuple[list[int], list]] = []
 
-    def inside(stmt, grid: list[int]) -> None:
+    def inside(stmt, grid: list[int], stored: list) -> None:
         tag = _thread_tag(stmt)
         if tag and tag.startswith("blockIdx."):
             grid["xyz".index(tag[-1])] *= int(stmt.extent)
+        if isinstance(stmt, tvm.tirx.BufferStore):
+            data = stmt.buffer.data  # a parameter's variable, or tirx.buffer_data(it)
+            stored.append(data.args[0] if isinstance(data, tvm.ir.Call) else data)
         for c in _children(stmt):
-            inside(c, grid)
+            inside(c, grid, stored)
 
     def outside(stmt) -> None:
         if _thread_tag(stmt):
-            grid = [1, 1, 1]
-            inside(stmt, grid)
-            launches.append(grid)
+            grid, stored = [1, 1, 1], []
+            inside(stmt, grid, stored)
+            launches.append((grid, stored))
             return
         for c in _children(stmt):
             outside(c)
 
     outside(func.body)
     return launches
+
+
+def _param_index(func: tvm.tirx.PrimFunc, name: str, stored: list) -> int | None:
+    """The parameter a kernel binds as `name`. Parameters may share a name (topi's split
+    names every output T_split, one kernel writing each), so among those the one the kernel
+    stores to; None when no parameter or not one tells."""
+    same = [i for i, p in enumerate(func.params) if p.name == name]
+    if len(same) > 1:
+        same = [i for i in same if any(func.params[i].same_as(v) for v in stored)]
+    return same[0] if len(same) == 1 else None
 
 
 def schedule(mod: tvm.IRModule, tiled_matmul: bool = True) -> tvm.IRModule:
@@ -329,19 +343,15 @@ def split_wgsl(source: str) -> dict[str, str]:
     return kernels
 
 
-def _param_names(func: tvm.tirx.PrimFunc) -> list[str]:
-    return [p.name for p in func.params]
-
-
 def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str],
                    key: str) -> list[dict]:
     """For each launch of a PrimFunc: kernel name, which call arguments it binds (in binding
     order), its grid, and its uniform fields."""
-    grids = kernel_grids(func)
-    names = [f"{func_name}_kernel"] + [f"{func_name}_kernel_{i}" for i in range(1, len(grids))]
-    params = _param_names(func)
+    launches = kernel_launches(func)
+    names = [f"{func_name}_kernel"] + [f"{func_name}_kernel_{i}"
+                                       for i in range(1, len(launches))]
     records = []
-    for name, grid in zip(names, grids, strict=True):
+    for name, (grid, stored) in zip(names, launches, strict=True):
         if name not in wgsl:
             raise PlanError(f"block {key}: kernel {name} missing from the WGSL source")
         text = wgsl[name]
@@ -353,11 +363,11 @@ def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str]
             if not re.fullmatch(r"array<(f32|i32|u32)>", ty.strip()):
                 raise PlanError(f"block {key}: kernel {name} binds {var} as {ty.strip()}, "
                                 "which the web executor does not support")
-            buf = var.removesuffix("_ptr")
-            if buf not in params:
-                raise PlanError(f"block {key}: kernel {name} binds {var}, no parameter of "
-                                f"{func_name} is named so")
-            bindings.append(params.index(buf))
+            index = _param_index(func, var.removesuffix("_ptr"), stored)
+            if index is None:
+                raise PlanError(f"block {key}: kernel {name} binds {var}, which names no "
+                                f"one parameter of {func_name}")
+            bindings.append(index)
         pod = _POD.search(text)
         fields = [f.split(":")[0].strip() for f in pod.group(1).split(",") if f.strip()] \
             if pod else []

@@ -145,3 +145,29 @@ def test_a_refused_block_writes_nothing(tiny_sora, tmp_path):
     with pytest.raises(ExportValidationError, match="transformer/block_0.*erfinv"):
         export_web(tiny_sora, dest, components={"transformer": [bad]})
     assert not dest.exists() and list(tmp_path.iterdir()) == []
+
+
+class _Halves(torch.nn.Module):
+    """A modulation split in two, as CogVideoX's epilogue splits shift and scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 16)
+
+    def forward(self, x):
+        shift, scale = self.linear(x).chunk(2, dim=-1)
+        return shift, scale
+
+
+def test_each_kernel_of_a_split_binds_its_own_output(compiler):
+    """topi's split names every output T_split, one kernel writing each: each kernel must
+    bind the output it writes (bound by name, both wrote the first, and the page's WebGPU
+    path gave CogVideoX's epilogue a wrong scale)."""
+    block = Block("transformer", "epilogue", _Halves(), ["x"], ["shift", "scale"],
+                  (torch.randn(2, 8),))
+    plan = compiler.compile(block).plan
+    split = next(c for c in plan.calls if c["func"].startswith("split"))
+    written = [{split["args"][i] for i in k["bindings"]} - {split["args"][0]}
+               for k in split["kernels"]]
+    assert len(split["kernels"]) == 2
+    assert written[0] != written[1] and written[0] | written[1] == set(split["args"][1:])
