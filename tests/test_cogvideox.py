@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from cogvideox_folder import SAMPLE, make_cogvideox_folder
-from tiny_parts import edited_copy
+from tiny_parts import edited_copy, package_files
 
 from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, load_model
@@ -339,3 +339,14 @@ def test_cli_refuses_a_target_not_built_and_writes_nothing(cog_folders, tmp_path
                                    "web", "-o", str(out)])
     assert res.exit_code != 0 and "--target web is not built for cogvideox" in res.output
     assert not out.exists()
+
+
+def test_out_of_core_export_writes_the_in_memory_package(cog_folders, cog_packages, tmp_path):
+    """Built on the meta device, each block's weights read from the folder as it is exported
+    (edge/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
+    from exporters.onnx import export_onnx
+
+    model = load_model(cog_folders["5b"], steps=6, out_of_core=True, **SIZE)
+    assert model.out_of_core and all(p.is_meta for p in model.pipe.transformer.parameters())
+    manifest = export_onnx(model, tmp_path / "pkg")
+    assert package_files(manifest) == package_files(cog_packages["5b"][1])

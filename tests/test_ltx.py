@@ -22,7 +22,7 @@ from ltx_folder import (
     VAE_COMMON,
     make_ltx_folder,
 )
-from tiny_parts import edited_copy
+from tiny_parts import edited_copy, package_files
 
 from edge.blocks import run_chain
 from edge.families import FamilyError, load_model
@@ -656,3 +656,15 @@ def test_cli_refuses_ltx_options_for_families_that_do_not_take_them(tmp_path, fa
     assert f"{option}: {family} models do not take it (an export option of ltx models)" in \
         res.output, res.output
     assert not out.exists()
+
+
+def test_out_of_core_export_writes_the_in_memory_package(ltx_folders, ltx_packages, tmp_path):
+    """Built on the meta device, each block's weights read from the folder as it is exported
+    (edge/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
+    from exporters.onnx import export_onnx
+
+    model = load_model(ltx_folders["timestep"], steps=4, out_of_core=True, **SIZE,
+                       **OPTIONS["timestep"])
+    assert model.out_of_core and all(p.is_meta for p in model.pipe.transformer.parameters())
+    manifest = export_onnx(model, tmp_path / "pkg")
+    assert package_files(manifest) == package_files(ltx_packages["timestep"][1])

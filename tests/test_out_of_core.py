@@ -14,6 +14,7 @@ import struct
 import pytest
 import torch
 from conftest import WAN_SIZE
+from tiny_parts import package_files
 
 from edge.families import FamilyError, load_model
 from edge.lazy_weights import RESIDENCY, FolderWeights, ShardError, read_header
@@ -40,12 +41,8 @@ def test_out_of_core_export_writes_the_in_memory_package(out_of_core_export, wan
     assert model.out_of_core
     assert all(p.is_meta for p in model.pipe.transformer.parameters())
     _, resident = wan_packages["unipc"]
-
-    def files(m):
-        return {f["path"]: f["sha256"] for c in m["components"] for b in c["blocks"]
-                for f in b["files"]}
-
-    assert files(manifest) == files(resident)   # every graph and weights file, byte for byte
+    # every graph and weights file, byte for byte
+    assert package_files(manifest) == package_files(resident)
     assert manifest["validation"]["reference"].startswith("the family's PyTorch blocks")
     assert manifest["validation"]["identical"] or manifest["validation"]["psnr_db"] >= 40
 

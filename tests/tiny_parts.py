@@ -24,3 +24,10 @@ def edited_copy(source: Path, dest: Path, file: str, **fields) -> Path:
     path = dest / file
     path.write_text(json.dumps(json.loads(path.read_text()) | fields))
     return dest
+
+
+def package_files(manifest: dict) -> dict[str, str]:
+    """Every block file of a package's manifest, path -> sha256: two exports of the same
+    model compared file for file."""
+    return {f["path"]: f["sha256"] for c in manifest["components"] for b in c["blocks"]
+            for f in b["files"]}

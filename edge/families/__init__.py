@@ -25,7 +25,7 @@ class FamilyError(ValueError):
 PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox",
                      "LTXPipeline": "ltx"}
 TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone", "web"),
-                     "cogvideox": ("onnx", "iphone"), "ltx": ("onnx", "iphone")}
+                     "cogvideox": ("onnx", "iphone", "web"), "ltx": ("onnx", "iphone", "web")}
 
 
 def family_of(folder: Path | None) -> str:

@@ -46,7 +46,9 @@ from edge.families.folder import (
     checked_sampler,
     component_config,
     int_field,
+    larger_than_memory,
     load_float32_pipeline,
+    load_storage_free_pipeline,
     number_field,
     physical_memory_bytes,
     train_timesteps,
@@ -58,6 +60,7 @@ from edge.families.pipeline_run import (
     with_steps,
 )
 from edge.families.t5 import cut_t5_encoder
+from edge.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
 
@@ -191,10 +194,13 @@ def check_folder(folder: Path) -> dict:
     return check_component_folders(folder, COMPONENTS)
 
 
-def load_pipeline(folder: Path) -> tuple:
+def load_pipeline(folder: Path, out_of_core: bool = False) -> tuple:
+    """The folder's CogVideoXPipeline in float32 from local files only (`out_of_core`: its
+    models built without weights, each block's read when it is exported)."""
     from diffusers import CogVideoXPipeline
 
-    pipe, notes = load_float32_pipeline(folder, CogVideoXPipeline)
+    load = load_storage_free_pipeline if out_of_core else load_float32_pipeline
+    pipe, notes = load(folder, CogVideoXPipeline)
     plain_convolutions(pipe.vae)
     return pipe, notes
 
@@ -731,7 +737,7 @@ class CogVideoXModel:
             ins = ["z" if i == 0 else "h"] + (["zq"] if stage.takes_zq else [])
             first_in = (first_x, first_zq) if stage.takes_zq else (first_x,)
             later_in = (x, zq) if stage.takes_zq else (x,)
-            with torch.no_grad():
+            with torch.no_grad(), materialized(stage), materialized(first_stage):
                 first_out = first_stage(*first_in)
                 stage.paths = first_stage.paths
                 made = len(first_out) - len(stage.paths)  # tensors before the caches
@@ -804,8 +810,13 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
 
 
 def load(folder: Path, height: int | None = None, width: int | None = None,
-         frames: int | None = None, steps: int | None = None) -> CogVideoXModel:
+         frames: int | None = None, steps: int | None = None,
+         out_of_core: bool | None = None) -> CogVideoXModel:
+    """`out_of_core`: build the models without weights and read each block's when it is
+    exported (default: when the float32 weights exceed half this machine's memory)."""
     size, sampler = accepts(folder, height, width, frames, steps)
-    pipe, notes = load_pipeline(folder)
+    if out_of_core is None:
+        out_of_core = larger_than_memory(folder)
+    pipe, notes = load_pipeline(folder, out_of_core)
     return CogVideoXModel(pipe, folder, sampler=sampler, notes=notes,
-                          name=folder.resolve().name, **size)
+                          name=folder.resolve().name, out_of_core=out_of_core, **size)

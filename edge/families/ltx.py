@@ -46,7 +46,9 @@ from edge.families.folder import (
     checked_sampler,
     component_config,
     int_field,
+    larger_than_memory,
     load_float32_pipeline,
+    load_storage_free_pipeline,
     number_field,
     physical_memory_bytes,
     train_timesteps,
@@ -666,15 +668,16 @@ class LTXModel:
                                    return_tensors="pt")
 
     def shapes(self, target: str) -> Shapes:
-        if target == "iphone" and self.decode is not None:
-            # its blocks convert and its package holds the end-to-end check
-            # (tests/test_ltx.py), but the Swift runtime feeds the decoder z alone
+        runtime = {"iphone": "the Swift runtime", "web": "the page's runtime"}.get(target)
+        if runtime and self.decode is not None:
+            # on the iphone its blocks convert and its package holds the end-to-end check
+            # (tests/test_ltx.py), but the Swift and JS runtimes feed the decoder z alone
             raise FamilyError(
-                f"--target iphone: {self.folder / 'vae' / 'config.json'} has "
+                f"--target {target}: {self.folder / 'vae' / 'config.json'} has "
                 "timestep_conditioning: its decoder takes the decode timestep and noise beside "
-                "the latents (the manifest's `decode`), which the Swift runtime does not feed "
-                "yet; export it with --target onnx (a plain decoder, LTX-Video 0.9.0's, "
-                "exports to iphone)")
+                f"the latents (the manifest's `decode`), which {runtime} does not feed "
+                f"yet; export it with --target onnx (a plain decoder, LTX-Video 0.9.0's, "
+                f"exports to {target})")
         return target_shapes(target)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
@@ -833,15 +836,21 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
 def load(folder: Path, height: int | None = None, width: int | None = None,
          frames: int | None = None, steps: int | None = None,
          frame_rate: float | None = None, decode_timestep: float | None = None,
-         decode_noise_scale: float | None = None) -> LTXModel:
+         decode_noise_scale: float | None = None, out_of_core: bool | None = None
+         ) -> LTXModel:
     """The folder's LTXPipeline as an edge model at this size. `frame_rate`: the frames per
     second the RoPE positions are scaled for (LTXPipeline's frame_rate); `decode_timestep`,
     `decode_noise_scale`: the manifest's defaults for a timestep-conditioned decoder
-    (LTXPipeline's: 0 and the timestep's value), which a generation may override."""
+    (LTXPipeline's: 0 and the timestep's value), which a generation may override;
+    `out_of_core`: build the models without weights and read each block's when it is
+    exported (default: when the float32 weights exceed half this machine's memory)."""
     size, sampler, decode = accepts(folder, height, width, frames, steps, frame_rate,
                                     decode_timestep, decode_noise_scale)
     from diffusers import LTXPipeline
 
-    pipe, notes = load_float32_pipeline(folder, LTXPipeline)
+    if out_of_core is None:
+        out_of_core = larger_than_memory(folder)
+    load_pipeline = load_storage_free_pipeline if out_of_core else load_float32_pipeline
+    pipe, notes = load_pipeline(folder, LTXPipeline)
     return LTXModel(pipe, folder, sampler=sampler, decode=decode, notes=notes,
-                    name=folder.resolve().name, **size)
+                    name=folder.resolve().name, out_of_core=out_of_core, **size)
