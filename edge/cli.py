@@ -421,11 +421,11 @@ def export(
         "decode_noise_scale) [default: the decode timestep].")] = None,
     out_of_core: Annotated[bool | None, typer.Option(
         "--out-of-core/--in-memory",
-        help="onnx, Wan: build the model without weights and read each block's from the "
-        "folder's safetensors files only while it is exported, so memory holds one block, "
-        "never the model; the end-to-end check then streams the PyTorch blocks under the "
-        "budget [default: out of core when the float32 weights exceed half this machine's "
-        "memory].")] = None,
+        help="onnx, diffusers folders: build the models without weights and read each "
+        "block's from the folder's safetensors files only while it is exported, so memory "
+        "holds one block, never the model; the end-to-end check then streams the PyTorch "
+        "blocks under the budget [default: out of core when the float32 weights exceed "
+        "half this machine's memory].")] = None,
     ort_url: Annotated[str | None, typer.Option(
         help="web: the https folder URL the page loads onnxruntime-web (its wasm path) from, "
         "each file checked by sha256 [default: the pinned version on the jsDelivr CDN].")] = None,

@@ -92,20 +92,23 @@ LOAD_PIPE = """async ([url, path]) => {
 
 # generate(prompt, options) on a loaded path, latents as base64 float32 bytes (or null):
 # the video, or the error's message
-GENERATE_ON = """async ([path, prompt, options, latents]) => {
+GENERATE_ON = """async ([path, prompt, options, latents, decodeNoise]) => {
   const from64 = (t) => { const s = atob(t), u = new Uint8Array(s.length);
     for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i); return u.buffer; };
   if (latents !== null) options = { ...options, latents: new Float32Array(from64(latents)) };
+  if (decodeNoise) options = { ...options, decode_noise: new Float32Array(from64(decodeNoise)) };
   try { return (""" + VIDEO_B64 + """)(await window.pipes[path].generate(prompt, options)); }
   catch (err) { return { error: err.message }; } }"""
 
 
 def page_generate(pg, path: str, prompt: str, options: dict,
-                  latents: np.ndarray | None) -> np.ndarray | str:
+                  latents: np.ndarray | None, decode_noise: np.ndarray | None = None
+                  ) -> np.ndarray | str:
     """The video (T, H, W, 3) the page's pipeline of `path` (LOAD_PIPE) generates, or the
-    message of what it threw."""
+    message of what it threw. `decode_noise`: a conditioned decoder's noise (float32)."""
     got = pg.evaluate(GENERATE_ON, [path, prompt, options,
-                                    None if latents is None else b64(latents)])
+                                    None if latents is None else b64(latents),
+                                    None if decode_noise is None else b64(decode_noise)])
     return got["error"] if "error" in got else read_video(got)
 
 

@@ -342,6 +342,27 @@ def test_seed_noise_replays_what_torch_draws(noise_page):
     assert pg.evaluate("window.noiseValidated") == [path == "wasm-simd"]
 
 
+def test_consecutive_draws_of_one_seed_are_torchs(noise_page):
+    """torchRandnDraws: the draws one torch generator gives in turn (LTX-Video's decode noise
+    after the initial latents): the second starts mid-twist and, for a count not a multiple
+    of 16, after a redrawn partial group; against torch.randn itself."""
+    import torch
+
+    path, pg = noise_page
+    for counts in ([128 * 3 * 2 * 4, 128 * 3 * 2 * 4], [1000 + 5, 624 * 2 + 37, 9]):
+        g = torch.Generator().manual_seed(21)
+        want = [torch.randn(c, generator=g).numpy() for c in counts]
+        got = pg.evaluate(f"""async () => {{
+          const {{ torchRandnDraws }} = await import('/runtime/noise.js');
+          return torchRandnDraws({counts}, 21).map((a) => Array.from(a)); }}""")
+        for w, d in zip(want, got, strict=True):
+            assert np.abs(np.float32(d) - w).max() < NOISE_TOLERANCE, (path, counts)
+    refused = pg.evaluate("""async () => {
+      const { torchRandnDraws } = await import('/runtime/noise.js');
+      try { torchRandnDraws([9, 100], 1); return null; } catch (e) { return e.message; } }""")
+    assert refused == "noise draws [9,100]: only the last may hold under 16 values"
+
+
 def test_seed_checks_refuse_what_is_not_a_seed(runtime_page):
     """checkSeed takes a whole Number up to 2^53 - 1, a BigInt or a decimal string up to
     2^63 - 1 and names what it refuses; 2^63 - 1 as a string and as a BigInt draw the

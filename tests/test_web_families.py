@@ -3,7 +3,9 @@
 onnxruntime against PyTorch at export), then run in headless chromium through the documented
 API on each path (onnxruntime-web's wasm provider; WebGPU on SwiftShader) and held to
 diffusers' own pipeline for the same prompt, negative prompt, latents, steps and guidance
-(tests/test_web_wan.py does the same for Wan 2.1, with the techniques)."""
+(tests/test_web_wan.py does the same for Wan 2.1, with the techniques); LTX-Video's
+timestep-conditioned decoder with its decode timestep and noise, given or drawn for a
+seed."""
 
 from __future__ import annotations
 
@@ -43,7 +45,15 @@ def ltx_plain(root):
     return load_model(make_ltx_folder(root / "ltx", timestep_decoder=False), steps=4, **SIZE)
 
 
-MODELS = {"cogvideox-5b": cogvideox_5b, "ltx": ltx_plain}
+def ltx_timestep(root):
+    """A timestep-conditioned decoder (0.9.5's shape) with LTX's example decode settings."""
+    from ltx_folder import make_ltx_folder
+
+    return load_model(make_ltx_folder(root / "ltx", timestep_decoder=True), steps=4, **SIZE,
+                      frame_rate=24, decode_timestep=0.05, decode_noise_scale=0.025)
+
+
+MODELS = {"cogvideox-5b": cogvideox_5b, "ltx": ltx_plain, "ltx-timestep": ltx_timestep}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -73,12 +83,24 @@ def test_export_checks_every_plan_and_graph(exported):
     assert ("chunked" in decoder) == ("vae_decoder" in model.chunked)
 
 
+def decode_noise(model, seed: int) -> tuple[np.ndarray | None, dict]:
+    """A conditioned decoder's noise given beside given latents (for the page), and the
+    reference's seed that gives it: LTXPipeline draws it first from its generator when the
+    latents are given."""
+    from edge.noise import torch_randn
+
+    if getattr(model, "decode", None) is None:
+        return None, {}
+    return torch_randn(model.latent_shape, seed), {"seed": seed}
+
+
 @pytest.mark.parametrize("path", ["wasm", "webgpu"])
 def test_the_page_reproduces_the_pipeline(exported, browser, path):
     model, root, _ = exported
     latents = np.random.default_rng(7).standard_normal((1, *model.latent_shape),
                                                        dtype=np.float32)
-    want = model.reference(PROMPT, latents=latents, **OPTIONS)[0]
+    page_noise, reference_seed = decode_noise(model, 5)
+    want = model.reference(PROMPT, latents=latents, **OPTIONS, **reference_seed)[0]
     with serving(root) as url:
         ctx = browser.new_context()
         try:
@@ -87,31 +109,86 @@ def test_the_page_reproduces_the_pipeline(exported, browser, path):
             if path == "webgpu":
                 skip_without_webgpu(ctx, pg)
             assert pg.evaluate(LOAD_PIPE, [url, path]) == path
-            got = page_generate(pg, path, PROMPT, OPTIONS, latents)
+            got = page_generate(pg, path, PROMPT, OPTIONS, latents, page_noise)
             assert not isinstance(got, str), got
             # another negative prompt gives another video: the page conditions on it
             other = page_generate(pg, path, PROMPT,
-                                  OPTIONS | {"negative_prompt": "green square"}, latents)
+                                  OPTIONS | {"negative_prompt": "green square"}, latents,
+                                  page_noise)
+            assert not isinstance(other, str), other
         finally:
             ctx.close()
     assert_same_video(got, want)
     assert not np.array_equal(other, got)
 
 
-def test_a_timestep_conditioned_ltx_decoder_is_refused_for_the_page(tmp_path):
-    """The page's runtime does not feed the decode timestep and noise (the manifest's
-    `decode`) yet: such a folder is refused by name before any work."""
-    from ltx_folder import make_ltx_folder
-    from typer.testing import CliRunner
+def test_a_seed_means_the_pipelines_noise_decode_noise_included(exported, browser):
+    """For a seed the page draws the latents and, for a conditioned decoder, the decode noise
+    after them from one generator (noise.js torchRandnDraws), as LTXPipeline does with
+    `generator=torch.Generator().manual_seed(seed)`; decode settings it cannot use are
+    refused by name."""
+    model, root, _ = exported
+    if not model.name.startswith("ltx"):
+        pytest.skip("the decode inputs are LTX-Video's (tests/test_web_wan.py checks seeds)")
+    want = model.reference(PROMPT, seed=3, **OPTIONS)[0]
+    latents = np.zeros((1, *model.latent_shape), np.float32)
+    with serving(root) as url:
+        ctx = browser.new_context()
+        try:
+            pg = ctx.new_page()
+            pg.goto(url + "manifest.json")
+            assert pg.evaluate(LOAD_PIPE, [url, "wasm"]) == "wasm"
+            got = page_generate(pg, "wasm", PROMPT, OPTIONS | {"seed": 3}, None)
+            no_noise = page_generate(pg, "wasm", PROMPT, OPTIONS, latents)
+            bad_t = page_generate(pg, "wasm", PROMPT, OPTIONS | {"decode_timestep": "x"},
+                                  latents)
+        finally:
+            ctx.close()
+    assert not isinstance(got, str), got
+    assert_same_video(got, want)
+    if model.decode is None:
+        assert not isinstance(no_noise, str)
+        assert bad_t == ("this package's decoder takes no decode timestep or noise (the "
+                         "manifest has no 'decode')")
+    else:
+        assert no_noise == ("decode noise scale 0.025 with given latents: pass decode_noise "
+                            "too (diffusers draws it from the pipeline's generator), or "
+                            "decode_noise_scale: 0")
+        assert bad_t == 'decode_timestep "x" must be a finite number'
 
-    from edge.cli import app
 
-    folder = make_ltx_folder(tmp_path / "ltx", timestep_decoder=True)
-    out = tmp_path / "pkg"
-    res = CliRunner().invoke(app, ["export", "--model", str(folder), "--target", "web",
-                                   "-o", str(out), "--height", "32", "--width", "64",
-                                   "--frames", "17"])
-    assert res.exit_code != 0, res.output
-    assert "vae/config.json has timestep_conditioning" in res.output
-    assert "the page's runtime does not feed" in res.output
-    assert not out.exists()
+
+def test_the_page_refuses_decode_settings_that_do_not_fit_the_decoder(exported, browser):
+    """The manifest's `decode` and a decoder taking decode_t, decode_noise_scale and
+    decode_noise go together, as the Python runtime checks (loader.js checkManifest)."""
+    _, root, manifest = exported
+    takes = "decode" in manifest
+    edits = {"absent": None, "bad": {"timestep": "0.05", "noise_scale": None}} if takes \
+        else {"added": {"timestep": 0.05, "noise_scale": None}}
+    with serving(root) as url:
+        ctx = browser.new_context()
+        try:
+            pg = ctx.new_page()
+            pg.goto(url + "manifest.json")
+            out = pg.evaluate("""async ([url, manifest, edits]) => {
+              const { checkManifest } = await import(new URL('runtime/loader.js', url).href);
+              const out = {};
+              const cases = [["as written", manifest.decode], ...Object.entries(edits)];
+              for (const [name, decode] of cases) {
+                const m = { ...manifest };
+                if (decode === null || decode === undefined) delete m.decode;
+                else m.decode = decode;
+                try { checkManifest(m, 'manifest.json'); out[name] = null; }
+                catch (err) { out[name] = err.message; }
+              }
+              return out; }""", [url, manifest, edits])
+        finally:
+            ctx.close()
+    assert out.pop("as written") is None
+    if takes:
+        assert out["absent"] == ("manifest.json: the vae_decoder takes decode_noise, "
+                                 "decode_noise_scale, decode_t but the manifest has no "
+                                 "'decode' settings")
+        assert out["bad"].startswith('manifest.json decode: must be {"timestep": number')
+    else:
+        assert out["added"].startswith("manifest.json decode: needs a whole-video vae_decoder")

@@ -668,16 +668,15 @@ class LTXModel:
                                    return_tensors="pt")
 
     def shapes(self, target: str) -> Shapes:
-        runtime = {"iphone": "the Swift runtime", "web": "the page's runtime"}.get(target)
-        if runtime and self.decode is not None:
-            # on the iphone its blocks convert and its package holds the end-to-end check
-            # (tests/test_ltx.py), but the Swift and JS runtimes feed the decoder z alone
+        if target == "iphone" and self.decode is not None:
+            # its blocks convert and its package holds the end-to-end check
+            # (tests/test_ltx.py), but the Swift runtime feeds the decoder z alone
             raise FamilyError(
-                f"--target {target}: {self.folder / 'vae' / 'config.json'} has "
+                f"--target iphone: {self.folder / 'vae' / 'config.json'} has "
                 "timestep_conditioning: its decoder takes the decode timestep and noise beside "
-                f"the latents (the manifest's `decode`), which {runtime} does not feed "
-                f"yet; export it with --target onnx (a plain decoder, LTX-Video 0.9.0's, "
-                f"exports to {target})")
+                "the latents (the manifest's `decode`), which the Swift runtime does not feed "
+                "yet; export it with --target onnx or web (a plain decoder, LTX-Video 0.9.0's, "
+                "exports to iphone)")
         return target_shapes(target)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:

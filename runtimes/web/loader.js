@@ -48,10 +48,31 @@ export function checkManifest(manifest, url) {
   if ("noise" in manifest && typeof manifest.noise !== "string") {
     throw new PackageError(`${where}: field 'noise' must be a string (the seeds' definition, e.g. "torch.randn/cpu/float32"), got ${JSON.stringify(manifest.noise)}`);
   }
+  checkDecode(manifest, where);
   for (const r of fileRecords(manifest)) {
     if (typeof r.path !== "string" || r.path.startsWith("/") || r.path.split("/").some((p) => p === ".." || p === "." || p === "")) {
       throw new PackageError(`${where}: file path ${JSON.stringify(r.path)} escapes the package folder`);
     }
+  }
+}
+
+const DECODE_INPUTS = ["decode_noise", "decode_noise_scale", "decode_t"];
+
+// A decoder that takes the decode inputs needs the manifest's `decode` settings and runs on
+// whole videos; a manifest with them has such a decoder (the Python runtime's check_decode).
+function checkDecode(manifest, where) {
+  const decoder = (manifest.components || []).find((c) => c.name === "vae_decoder");
+  const names = new Set((decoder?.blocks || []).flatMap((b) => (b.inputs || []).map((s) => s.name)));
+  const takes = DECODE_INPUTS.filter((n) => names.has(n));
+  const spec = manifest.decode;
+  if (spec === undefined && !takes.length) return;
+  if (spec === undefined) throw new PackageError(`${where}: the vae_decoder takes ${takes.join(", ")} but the manifest has no 'decode' settings`);
+  if (takes.length !== DECODE_INPUTS.length || decoder.chunked || manifest.latent_layout !== "video") {
+    throw new PackageError(`${where} decode: needs a whole-video vae_decoder (latent_layout 'video', not chunked) taking ${DECODE_INPUTS.join(", ")}`);
+  }
+  const number = (v) => typeof v === "number" && Number.isFinite(v);
+  if (spec === null || typeof spec !== "object" || !number(spec.timestep) || !(spec.noise_scale === null || spec.noise_scale === undefined || number(spec.noise_scale))) {
+    throw new PackageError(`${where} decode: must be {"timestep": number, "noise_scale": number or null}, got ${JSON.stringify(spec)}`);
   }
 }
 

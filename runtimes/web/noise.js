@@ -267,13 +267,39 @@ export function torchRandn(count, seed) {
       engine.index = used;
     }
   }
-  if (whole !== count) {
-    // the values past the last whole group took a word each; PyTorch then draws the last 16
-    // values again from 16 fresh words
-    for (let i = whole; i < count; i++) engine.raw();
-    const fresh = new Int32Array(16);
-    for (let i = 0; i < 16; i++) fresh[i] = engine.raw();
-    fillGroups(fresh, 16, out, count - 16, LOG_T, COS_SIN);
-  }
+  redrawTail(engine, out, whole);
   return out;
+}
+
+// The values past the last whole group took a word each; PyTorch then draws the last 16
+// values again from 16 fresh words.
+function redrawTail(engine, out, whole) {
+  if (whole === out.length) return;
+  for (let i = whole; i < out.length; i++) engine.raw();
+  const fresh = new Int32Array(16);
+  for (let i = 0; i < 16; i++) fresh[i] = engine.raw();
+  fillGroups(fresh, 16, out, out.length - 16, LOG_T, COS_SIN);
+}
+
+// Consecutive torch.randn draws of one generator seeded with `seed`, counts[i] values each
+// (edge/noise.py torch_randn_draws): what a pipeline draws after the initial latents from the
+// same generator (LTX-Video's decode noise), as Float32Arrays. A later draw starts where the
+// one before left the engine, mid-twist, so its words are read one at a time and grouped here
+// rather than by the SIMD kernel (which starts at a twist): about 2x slower, once per
+// generation. A draw under 16 values before another is refused, as in Python (PyTorch keeps
+// half of its last pair for the next draw, which is not mirrored).
+export function torchRandnDraws(counts, seed) {
+  if (counts.slice(0, -1).some((c) => c < 16)) throw new Error(`noise draws ${JSON.stringify(counts)}: only the last may hold under 16 values`);
+  const engine = new Engine(Number(BigInt.asUintN(32, checkSeed(seed))) | 0);
+  return counts.map((count) => {
+    if (!Number.isSafeInteger(count) || count < 0) throw new Error(`count ${count} must be a whole number of values`);
+    if (count < 16) return fewNormals(engine, count);
+    const out = new Float32Array(count);
+    const whole = count - (count % 16);
+    const words = new Int32Array(whole);
+    for (let i = 0; i < whole; i++) words[i] = engine.raw();
+    fillGroups(words, whole, out, 0, LOG_T, COS_SIN);
+    redrawTail(engine, out, whole);
+    return out;
+  });
 }

@@ -5,7 +5,7 @@
 // loader.js; a seed's initial noise drawn as PyTorch draws it (noise.js).
 import { byteSize } from "./executor.js";
 import { GpuWeights, PackageError, PackageFiles, parseSize } from "./loader.js";
-import { checkNoise, checkSeed, torchRandn } from "./noise.js";
+import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { DEFAULT_SETTINGS, checkSettings, runPairs, sample } from "./sampler.js";
 import {
@@ -288,7 +288,8 @@ export class WebPipeline {
     checkText("prompt", prompt);
     if (options === null || typeof options !== "object" || Array.isArray(options)) throw new Error(`generate options must be an object, got ${show(options)}`);
     refuseUnknown(options, [...GENERATE_OPTIONS, ...Object.keys(DEFAULT_SETTINGS)], "generate");
-    const { negative_prompt = null, seed = null, latents = null, noise = null, onStep = null, signal = null, ...overrides } = options;
+    const { negative_prompt = null, seed = null, latents = null, noise = null, onStep = null, signal = null,
+      decode_timestep = null, decode_noise_scale = null, decode_noise = null, ...overrides } = options;
     if (latents !== null && noise !== null) throw new Error("latents and noise given together: noise is the old name of latents, so give latents");
     if (seed !== null && latents !== null) throw new Error("seed and latents given together: the latents are the initial noise, so give one");
     if (seed !== null && noise !== null) throw new Error("seed and noise given together: the noise is the initial latents, so give one");
@@ -305,9 +306,40 @@ export class WebPipeline {
     if (settings.merge_steps > 0 && !this.keys("transformer").some((k) => this.blocks.get(k).variants.tdtm)) {
       throw new Error(`merge_steps=${settings.merge_steps}: this package has no 'tdtm' transformer variants`);
     }
+    const decode = this.decodeSettings(decode_timestep, decode_noise_scale, decode_noise, drawn);
     // drawn once every check passed: Wan's 2 M values take milliseconds a refusal need not spend
-    const x0 = givenLatents ?? torchRandn(this.latentShape.reduce((a, b) => a * b, 1), seedValue);
-    return { x0, settings, negative: negative_prompt, onStep, signal };
+    const n = this.latentShape.reduce((a, b) => a * b, 1);
+    let x0 = givenLatents;
+    if (x0 === null && decode?.drawNoise) {
+      // diffusers draws the decode noise from the pipeline's generator after the latents
+      [x0, decode.noise] = torchRandnDraws([n, n], seedValue);
+    } else if (x0 === null) {
+      x0 = torchRandn(n, seedValue);
+    }
+    return { x0, settings, negative: negative_prompt, onStep, signal, decode };
+  }
+
+  // A timestep-conditioned decoder's inputs (the manifest's `decode`; the Python runtime's
+  // _decode_conditioning): the timestep, given or the manifest's; the noise scale, given,
+  // else the manifest's, else the timestep's value (diffusers' decode_noise_scale=None); the
+  // noise, given, else zeros at scale 0, else the seed's second draw (drawNoise). Without
+  // `decode` any of them is refused. -> {t, s, noise, drawNoise} or null
+  decodeSettings(timestep, noiseScale, noise, drawn) {
+    const spec = this.manifest.decode;
+    if (spec === undefined || spec === null) {
+      if (timestep !== null || noiseScale !== null || noise !== null) throw new Error("this package's decoder takes no decode timestep or noise (the manifest has no 'decode')");
+      return null;
+    }
+    for (const [name, value] of [["decode_timestep", timestep], ["decode_noise_scale", noiseScale]]) {
+      if (value !== null && (typeof value !== "number" || !Number.isFinite(value))) throw new Error(`${name} ${show(value)} must be a finite number`);
+    }
+    const t = timestep ?? spec.timestep;
+    const s = noiseScale ?? spec.noise_scale ?? t;
+    if (noise !== null) return { t, s, noise: checkLatents("decode_noise", noise, this.latentShape), drawNoise: false };
+    const n = this.latentShape.reduce((a, b) => a * b, 1);
+    if (s === 0) return { t, s, noise: new Float32Array(n), drawNoise: false }; // mixed in with weight 0
+    if (!drawn) throw new Error(`decode noise scale ${s} with given latents: pass decode_noise too (diffusers draws it from the pipeline's generator), or decode_noise_scale: 0`);
+    return { t, s, noise: null, drawNoise: true };
   }
 
   // The caption pair of classifier-free guidance: the prompt's, then the unconditional one
@@ -332,7 +364,7 @@ export class WebPipeline {
     return [caption2, mask2, truncated];
   }
 
-  async run(prompt, { x0, settings, negative, onStep, signal }) {
+  async run(prompt, { x0, settings, negative, onStep, signal, decode }) {
     const n = x0.length;
     // cancellation between steps: the error names where it stopped (err.step: the step that
     // did not run, 1-based; 0 before the text encoder)
@@ -399,7 +431,7 @@ export class WebPipeline {
     const t2 = now();
     figures.wall_s.transformer = t2 - t1;
 
-    const frames = await this.decode(latents);
+    const frames = await this.decode(latents, decode);
     const t3 = now();
     figures.wall_s.vae_decoder = t3 - t2;
     figures.wall_s.total = t3 - t0;
@@ -417,13 +449,17 @@ export class WebPipeline {
   // latents (C, T, h, w) -> {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}, through
   // the decoder's layout: frames of images (C, h, w) in pieces of the decoder's batch, or a
   // video (1, C, T, h, w) that a chunked decoder takes piece by piece
-  async decode(latents) {
-    if ((this.manifest.latent_layout || "frames") === "video") return this.decodeVideo(latents);
+  // decode: a timestep-conditioned decoder's inputs (decodeSettings), or null
+  async decode(latents, decode = null) {
+    if ((this.manifest.latent_layout || "frames") === "video") return this.decodeVideo(latents, decode);
     return this.decodeFrames(latents);
   }
 
-  async decodeVideo(latents) {
-    const { data, shape } = await this.runComponent("vae_decoder", "z", latents, [1, ...this.latentShape], "frames");
+  async decodeVideo(latents, decode) {
+    const extra = decode ? {
+      decode_t: new Float32Array([decode.t]), decode_noise_scale: new Float32Array([decode.s]),
+      decode_noise: decode.noise } : {};
+    const { data, shape } = await this.runComponent("vae_decoder", "z", latents, [1, ...this.latentShape], "frames", extra);
     const [, , t, H, W] = shape; // (1, 3, T, H, W)
     const video = new Uint8ClampedArray(t * H * W * 3);
     for (let ch = 0; ch < 3; ch++) {
@@ -438,19 +474,21 @@ export class WebPipeline {
   // {data, shape} on the host: run once, or piece by piece where the manifest says it is
   // chunked (the first piece through the first variant, each piece's state fed to the next,
   // the outputs joined), holding one piece's activations at a time.
-  async runComponent(name, input, data, shape, output) {
+  async runComponent(name, input, data, shape, output, extra = {}) {
     const keys = this.keys(name);
     const spec = this.chunking[name] || { input, output, axis: 0, size: shape[0], first_variant: null, state: [] };
     const bounds = pieceBounds(spec, shape, name);
     const pieces = [];
     let state = {};
+    // inputs besides the chunked one, whole on every piece (a conditioned decoder's)
+    const given = Object.fromEntries(Object.entries(extra).map(([n, a]) => [n, this.upload(a)]));
     try {
       for (const [i, [start, stop]] of bounds.entries()) {
         const variant = i === 0 ? spec.first_variant : null;
         const temp = [this.upload(sliceAlong(data, shape, spec.axis, start, stop - start))];
         let feeds = null;
         try {
-          feeds = await this.runBlocks(keys, { ...state, [input]: temp[0] }, variant, temp);
+          feeds = await this.runBlocks(keys, { ...state, ...given, [input]: temp[0] }, variant, temp);
           const outShape = this.signature(keys[keys.length - 1], output, "outputs", variant);
           pieces.push({ data: await this.read(feeds[output], outShape), shape: outShape });
         } finally { // the state goes on to the next piece; every other buffer is freed
@@ -461,7 +499,7 @@ export class WebPipeline {
         }
       }
     } finally {
-      for (const b of Object.values(state)) b.destroy();
+      for (const b of [...Object.values(state), ...Object.values(given)]) b.destroy();
     }
     return concatAlong(pieces, spec.output_axis ?? spec.axis);
   }
