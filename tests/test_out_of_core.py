@@ -183,3 +183,17 @@ def test_families_that_load_whole_refuse_the_option(tmp_path):
     assert result.exit_code != 0
     assert "--out-of-core: cogvideox models do not take it" in result.output
     assert not (tmp_path / "pkg").exists()
+
+
+def test_a_folder_without_safetensors_loads_whole(wan_folders, tmp_path):
+    """PyTorch .bin weights cannot be read block by block here: such a folder is loaded whole
+    by diffusers (and --out-of-core refuses it, naming the folder)."""
+    from diffusers import WanTransformer3DModel
+
+    folder = shutil.copytree(wan_folders["euler"], tmp_path / "wan")
+    transformer = WanTransformer3DModel.from_pretrained(folder / "transformer")
+    shutil.rmtree(folder / "transformer")
+    transformer.save_pretrained(folder / "transformer", safe_serialization=False)
+    assert not load_model(folder, **WAN_SIZE).out_of_core
+    with pytest.raises(FamilyError, match=r"wan/transformer: no .safetensors weights"):
+        load_model(folder, out_of_core=True, **WAN_SIZE)

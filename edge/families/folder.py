@@ -170,7 +170,10 @@ def weights_bytes_float32(folder: Path, components: tuple[str, ...] = WEIGHTED_C
 
 def larger_than_memory(folder: Path) -> bool:
     """Whether the model's float32 weights would take more than half this machine's memory:
-    then an export holds one block at a time (`load_storage_free_pipeline`)."""
+    then an export holds one block at a time (`load_storage_free_pipeline`). A component
+    stored otherwise than as safetensors (PyTorch's .bin) is loaded whole by diffusers."""
+    if any(not any((folder / name).glob("*.safetensors")) for name in WEIGHTED_COMPONENTS):
+        return False
     return weights_bytes_float32(folder) > physical_memory_bytes() // 2
 
 
