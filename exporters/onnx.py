@@ -222,8 +222,9 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
     of both generations (minutes on a large model). `memory_budget`: the runtime streams
     under it, so the check does not hold a second copy of a large model beside the one being
     exported. A model exported out of core (`model.out_of_core`) is never held whole: its
-    reference is its PyTorch blocks (`components`, as exported) streamed under the same
-    budget (default: twice the largest block), not diffusers' pipeline."""
+    reference is its PyTorch blocks (`components`, as exported; default: the family's cut)
+    streamed under the same budget (default: twice the largest block), not diffusers'
+    pipeline."""
 
     def progress(offset: int) -> Callable[[int, int], None] | None:
         return None if on_step is None else lambda i, n: on_step(offset + i, 2 * n)
@@ -231,10 +232,12 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
     def check(root: Path) -> dict:
         from runtimes.python import Pipeline
 
-        budget = memory_budget
+        budget, blocks = memory_budget, components
         streamed = model.out_of_core
+        if streamed and blocks is None:
+            blocks = model.cut()
         if streamed and budget is None:
-            budget = 2 * max(b.weight_bytes() for bs in components.values() for b in bs)
+            budget = 2 * max(b.weight_bytes() for bs in blocks.values() for b in bs)
         runtime = Pipeline.load(root, memory_budget=budget)
         try:
             got = runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=progress(0))
@@ -242,7 +245,7 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
             runtime.close()
         reference_progress = progress(model.sampler.steps)
         if streamed:
-            want = streamed_reference(root, components, budget, seed, reference_progress)
+            want = streamed_reference(root, blocks, budget, seed, reference_progress)
         else:
             want = model.generate(VALIDATION_PROMPT, seed=seed, on_step=reference_progress)
         value = psnr(got, want)

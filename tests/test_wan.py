@@ -448,6 +448,7 @@ def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
 
     class Same:
         sampler = wan_models["euler"].sampler
+        out_of_core = False
 
         def generate(self, prompt, seed=0, on_step=None):
             return video
