@@ -556,18 +556,6 @@ def test_options_ltx_cannot_take_are_refused(ltx_folders, options, message):
         load_model(ltx_folders["plain"], **(SIZE | options))
 
 
-def test_cli_refuses_a_target_not_built_and_writes_nothing(ltx_folders, tmp_path):
-    from typer.testing import CliRunner
-
-    from edge.cli import app
-
-    out = tmp_path / "pkg"
-    res = CliRunner().invoke(app, ["export", "--model", str(ltx_folders["plain"]), "--target",
-                                   "web", "-o", str(out)])
-    assert res.exit_code != 0 and "--target web is not built for ltx" in res.output
-    assert not out.exists()
-
-
 def test_cli_refuses_a_timestep_conditioned_decoder_for_the_iphone(ltx_folders, tmp_path):
     from typer.testing import CliRunner
 
