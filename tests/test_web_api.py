@@ -155,7 +155,8 @@ def test_latents_negative_prompt_and_guidance_mean_what_they_mean_in_python(mini
 # (options as JavaScript, the whole message or its start ending in "…")
 BAD_OPTIONS = [
     ("{ stpes: 2 }", "unknown generate option(s): stpes; known: cache_threshold, "
-                     "dynamic_guidance, guidance, latents, leap, …"),
+                     "decode_noise, decode_noise_scale, decode_timestep, dynamic_guidance, "
+                     "guidance, latents, leap, …"),
     ("{ steps: 0 }", "sampler setting steps=0: must be at least 1"),
     ("{ steps: 2.5 }", "sampler setting steps=2.5: must be an integer"),
     ("{ guidance: NaN }", "sampler setting guidance=NaN: must be a finite number"),
