@@ -127,10 +127,6 @@ class FolderWeights:
                 raise ShardError(f"{self.folder / shard}: has no tensor {name!r} "
                                  f"({index.name} places it there)")
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
-
     def read(self, name: str) -> torch.Tensor:
         """Tensor `name` in float32 (the packages' dtype), read from its file."""
         stored = self.tensors[name]
@@ -189,11 +185,6 @@ def empty_component(build: Callable[[], nn.Module], folder: Path) -> nn.Module:
             stored = weights.read(_stored_name(weights, [name], buffer.shape))
             module.get_submodule(owner).register_buffer(attr, stored.to(buffer.dtype))
     return module
-
-
-def is_lazy(module: nn.Module) -> bool:
-    """Whether any parameter of `module` waits to be read from storage."""
-    return any(hasattr(p, LAZY) for p in module.parameters())
 
 
 @dataclass

@@ -46,9 +46,7 @@ from edge.families.folder import (
     checked_sampler,
     component_config,
     int_field,
-    larger_than_memory,
-    load_float32_pipeline,
-    load_storage_free_pipeline,
+    load_family_pipeline,
     number_field,
     physical_memory_bytes,
     train_timesteps,
@@ -194,15 +192,14 @@ def check_folder(folder: Path) -> dict:
     return check_component_folders(folder, COMPONENTS)
 
 
-def load_pipeline(folder: Path, out_of_core: bool = False) -> tuple:
-    """The folder's CogVideoXPipeline in float32 from local files only (`out_of_core`: its
-    models built without weights, each block's read when it is exported)."""
+def load_pipeline(folder: Path, out_of_core: bool | None = None) -> tuple:
+    """The folder's CogVideoXPipeline in float32 from local files only, whole or out of core
+    (`load_family_pipeline`); (pipeline, notes, out_of_core)."""
     from diffusers import CogVideoXPipeline
 
-    load = load_storage_free_pipeline if out_of_core else load_float32_pipeline
-    pipe, notes = load(folder, CogVideoXPipeline)
+    pipe, notes, out_of_core = load_family_pipeline(folder, CogVideoXPipeline, out_of_core)
     plain_convolutions(pipe.vae)
-    return pipe, notes
+    return pipe, notes, out_of_core
 
 
 def plain_convolutions(vae: nn.Module) -> None:
@@ -644,7 +641,7 @@ class CogVideoXModel:
     family: str = NAME
     chunked: dict[str, Chunking] = field(default_factory=dict)
     device_storage: dict[str, StorageRule] = field(default_factory=dict)
-    out_of_core: bool = False    # its weights are loaded whole (Wan's may not be)
+    out_of_core: bool = False  # weights read block by block (edge/lazy_weights.py)
 
     def __post_init__(self) -> None:
         self.chunked = {"vae_decoder": Chunking(
@@ -815,8 +812,6 @@ def load(folder: Path, height: int | None = None, width: int | None = None,
     """`out_of_core`: build the models without weights and read each block's when it is
     exported (default: when the float32 weights exceed half this machine's memory)."""
     size, sampler = accepts(folder, height, width, frames, steps)
-    if out_of_core is None:
-        out_of_core = larger_than_memory(folder)
-    pipe, notes = load_pipeline(folder, out_of_core)
+    pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
     return CogVideoXModel(pipe, folder, sampler=sampler, notes=notes,
                           name=folder.resolve().name, out_of_core=out_of_core, **size)

@@ -153,13 +153,12 @@ def load_float32_pipeline(folder: Path, pipeline_class) -> tuple:
 WEIGHTED_COMPONENTS = ("text_encoder", "transformer", "vae")
 
 
-def weights_bytes_float32(folder: Path, components: tuple[str, ...] = WEIGHTED_COMPONENTS
-                          ) -> int:
-    """What the components' weights take in memory as float32 (headers only)."""
+def weights_bytes_float32(folder: Path) -> int:
+    """What the weighted components' tensors take in memory as float32 (headers only)."""
     from edge.lazy_weights import FolderWeights, ShardError
 
     total = 0
-    for name in components:
+    for name in WEIGHTED_COMPONENTS:
         try:
             weights = FolderWeights(folder / name)
         except ShardError as err:
@@ -213,7 +212,8 @@ def load_storage_free_pipeline(folder: Path, pipeline_class,
     except (OSError, ValueError, RuntimeError) as err:
         raise FamilyError(load_error(folder, str(err))) from None
     pipe.set_progress_bar_config(disable=True)
-    gib = weights_bytes_float32(folder, components) / 2**30
+    # the float32 bytes the parameters will take, from the models built (no file read again)
+    gib = sum(p.numel() for m in empties.values() for p in m.parameters()) * 4 / 2**30
     notes = [f"{folder}: exported out of core ({gib:.1f} GiB of float32 weights): each "
              "block's weights are read from the folder when it is exported, then dropped"]
     for name in components:
@@ -222,3 +222,14 @@ def load_storage_free_pipeline(folder: Path, pipeline_class,
             notes.append(f"{folder / name}: weights stored as {', '.join(sorted(stored))}, "
                          "converted to float32 (packages hold float32)")
     return pipe, notes
+
+
+def load_family_pipeline(folder: Path, pipeline_class, out_of_core: bool | None = None
+                         ) -> tuple:
+    """The folder's pipeline in float32, whole or (`out_of_core`) its models without weights,
+    each block's read when it is exported; `out_of_core` None: out of core when the float32
+    weights exceed half this machine's memory. (pipeline, notes, out_of_core)."""
+    if out_of_core is None:
+        out_of_core = larger_than_memory(folder)
+    load = load_storage_free_pipeline if out_of_core else load_float32_pipeline
+    return (*load(folder, pipeline_class), out_of_core)

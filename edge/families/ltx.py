@@ -46,9 +46,7 @@ from edge.families.folder import (
     checked_sampler,
     component_config,
     int_field,
-    larger_than_memory,
-    load_float32_pipeline,
-    load_storage_free_pipeline,
+    load_family_pipeline,
     number_field,
     physical_memory_bytes,
     train_timesteps,
@@ -649,7 +647,7 @@ class LTXModel:
     text_tokens: int = TEXT_TOKENS
     chunked: dict[str, Chunking] = field(default_factory=dict)  # the decoder: whole clips
     device_storage: dict[str, StorageRule] = field(default_factory=dict)
-    out_of_core: bool = False    # its weights are loaded whole (Wan's may not be)
+    out_of_core: bool = False  # weights read block by block (edge/lazy_weights.py)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -847,9 +845,6 @@ def load(folder: Path, height: int | None = None, width: int | None = None,
                                     decode_timestep, decode_noise_scale)
     from diffusers import LTXPipeline
 
-    if out_of_core is None:
-        out_of_core = larger_than_memory(folder)
-    load_pipeline = load_storage_free_pipeline if out_of_core else load_float32_pipeline
-    pipe, notes = load_pipeline(folder, LTXPipeline)
+    pipe, notes, out_of_core = load_family_pipeline(folder, LTXPipeline, out_of_core)
     return LTXModel(pipe, folder, sampler=sampler, decode=decode, notes=notes,
                     name=folder.resolve().name, out_of_core=out_of_core, **size)

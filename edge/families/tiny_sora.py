@@ -208,7 +208,7 @@ class TinySoraModel:
     family: str = NAME
     chunked: dict = field(default_factory=dict)   # every component runs whole
     device_storage: dict = field(default_factory=lambda: {"4": STORAGE_4})
-    out_of_core: bool = False    # its weights are loaded whole (Wan's may not be)
+    out_of_core: bool = False    # its shipped weights are always loaded whole
 
     @property
     def sampler(self) -> SamplerSettings:

@@ -47,9 +47,7 @@ from edge.families.folder import (
     checked_sampler,
     component_config,
     int_field,
-    larger_than_memory,
-    load_float32_pipeline,
-    load_storage_free_pipeline,
+    load_family_pipeline,
     number_field,
     physical_memory_bytes,
     read_json,
@@ -230,17 +228,16 @@ def export_memory_bytes(shapes: WanShapes, height: int, width: int, frames: int,
     return max(video, decoder, transformer)
 
 
-def load_pipeline(folder: Path, out_of_core: bool = False) -> tuple:
-    """The folder's WanPipeline in float32 from local files only (`out_of_core`: its models
-    built without weights, each block's read when it is exported); (pipeline, notes)."""
+def load_pipeline(folder: Path, out_of_core: bool | None = None) -> tuple:
+    """The folder's WanPipeline in float32 from local files only, whole or out of core
+    (`load_family_pipeline`); (pipeline, notes, out_of_core)."""
     from diffusers import WanPipeline
 
-    load = load_storage_free_pipeline if out_of_core else load_float32_pipeline
-    pipe, notes = load(folder, WanPipeline)
+    pipe, notes, out_of_core = load_family_pipeline(folder, WanPipeline, out_of_core)
     if pipe.transformer.config.added_kv_proj_dim is not None:
         raise FamilyError(f"{folder / 'transformer'}: image conditioning (added_kv_proj_dim) "
                           "is image-to-video; edge takes text-to-video Wan")
-    return pipe, notes
+    return pipe, notes, out_of_core
 
 
 # ---------------------------------------------------------------- text encoder blocks
@@ -823,8 +820,6 @@ def load(folder: Path, height: int | None = None, width: int | None = None,
     """`out_of_core`: build the models without weights and read each block's when it is
     exported (default: when the float32 weights exceed half this machine's memory)."""
     size, sampler = accepts(folder, height, width, frames, steps)
-    if out_of_core is None:
-        out_of_core = larger_than_memory(folder)
-    pipe, notes = load_pipeline(folder, out_of_core)
+    pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
     return WanModel(pipe, folder, sampler=sampler, notes=notes, name=folder.resolve().name,
                     out_of_core=out_of_core, **size)
