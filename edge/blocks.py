@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -140,3 +141,42 @@ def run_chunked(blocks: list[Block], chunking: Chunking, feeds: dict[str, torch.
         state = {n: got[n] for n in names}
     axis = chunking.axis if chunking.output_axis is None else chunking.output_axis
     return {chunking.output: torch.cat(pieces, axis)}
+
+
+class TorchBlockSession:
+    """A block run in PyTorch, answering onnxruntime's `run` (the Python runtime's
+    `BlockSession`), its inputs cast to its example's dtypes. `fed_weights`: its parameters
+    are the weights fed beside the inputs (the runtime's loader streams the package's), else
+    its module's own."""
+
+    def __init__(self, block: Block, fed_weights: bool = False) -> None:
+        self.block = block
+        self.dtypes = [e.dtype for e in block.example]
+        self.weight_names = list(block.parameters()) if fed_weights else None
+
+    @torch.no_grad()
+    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        inputs = tuple(torch.from_numpy(np.ascontiguousarray(feeds[n])).to(d)
+                       for n, d in zip(self.block.inputs, self.dtypes, strict=True))
+        if self.weight_names is None:
+            out = self.block.run(*inputs)
+        else:
+            weights = {n: torch.from_numpy(np.asarray(feeds[n])) for n in self.weight_names}
+            out = torch.func.functional_call(self.block.module, weights, inputs)
+            out = out if isinstance(out, tuple) else (out,)
+        outputs = dict(zip(self.block.outputs, out, strict=True))
+        return [outputs[n.removeprefix("out:")].numpy().astype(np.float32)
+                for n in output_names]
+
+
+def torch_block_opener(blocks: dict[str, Block], fed_weights: bool = False
+                       ) -> Callable[[str, dict], TorchBlockSession]:
+    """`Pipeline.load`'s `open_block` over `blocks` (by key): each block and variant the
+    package names ("component/block", "#variant") run in PyTorch (`TorchBlockSession`)."""
+
+    def open_block(key: str, record: dict) -> TorchBlockSession:
+        base, _, variant = key.partition("#")
+        block = blocks[base]
+        return TorchBlockSession(block.variant(variant) if variant else block, fed_weights)
+
+    return open_block

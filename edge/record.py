@@ -17,10 +17,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import edge
-from edge.blocks import Block
+from edge.blocks import TorchBlockSession, torch_block_opener
 from edge.bundle import TensorFile, identify_bundle, write_bundle
 from edge.manifest_schema import MANIFEST
 from edge.noise import check_noise
@@ -64,21 +63,6 @@ class Recorder:
         session.run = recorded
 
 
-class TorchBlockSession:
-    """A block of the family's device cut run in PyTorch, answering onnxruntime's `run`."""
-
-    def __init__(self, block: Block) -> None:
-        self.block = block
-        self.dtypes = [e.dtype for e in block.example]
-
-    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        inputs = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(d)
-                  for n, d in zip(self.block.inputs, self.dtypes, strict=True)]
-        outputs = dict(zip(self.block.outputs, self.block.run(*inputs), strict=True))
-        return [outputs[n.removeprefix("out:")].numpy().astype(np.float32)
-                for n in output_names]
-
-
 @contextmanager
 def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | None
                          ) -> Iterator[Callable[[str, dict], TorchBlockSession]]:
@@ -120,13 +104,8 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
                           f"are not the ones {source} cuts for its plan: pass the folder it "
                           "was exported from with --model")
 
-    def open_block(key: str, record: dict) -> TorchBlockSession:
-        base, _, variant = key.partition("#")
-        block = blocks[base]
-        return TorchBlockSession(block.variant(variant) if variant else block)
-
     with stored_weights_in_place(components, package, manifest):
-        yield open_block
+        yield torch_block_opener(blocks)
 
 
 def record(package: Path, prompt: str, dest: Path, seed: int = 0,

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block
+from edge.blocks import Block, torch_block_opener
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
 from edge.package import (
@@ -266,26 +266,6 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
 STREAMED_REFERENCE = "the family's PyTorch blocks, streamed with the package's weights"
 
 
-class WeightsFedSession:
-    """A block run in PyTorch with the weights the runtime's loader feeds it (answering
-    onnxruntime's `run`): its module's parameters are never read from anywhere else."""
-
-    def __init__(self, block: Block) -> None:
-        self.block = block
-        self.weight_names = list(block.parameters())
-        self.dtypes = [e.dtype for e in block.example]
-
-    @torch.no_grad()
-    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        inputs = [torch.from_numpy(np.array(feeds[n])).to(d)
-                  for n, d in zip(self.block.inputs, self.dtypes, strict=True)]
-        weights = {n: torch.from_numpy(np.asarray(feeds[n])) for n in self.weight_names}
-        out = torch.func.functional_call(self.block.module, weights, tuple(inputs))
-        outputs = dict(zip(self.block.outputs, out if isinstance(out, tuple) else (out,),
-                           strict=True))
-        return [outputs[n.removeprefix("out:")].numpy() for n in output_names]
-
-
 def streamed_reference(root: Path, components: dict[str, list[Block]], budget: int,
                        seed: int, on_step: Callable[[int, int], None] | None) -> np.ndarray:
     """The check's reference for a model larger than memory: the Python runtime's
@@ -294,12 +274,8 @@ def streamed_reference(root: Path, components: dict[str, list[Block]], budget: i
     from runtimes.python import Pipeline
 
     blocks = {b.key: b for bs in components.values() for b in bs}
-
-    def open_block(key: str, record: dict) -> WeightsFedSession:
-        base, _, variant = key.partition("#")
-        return WeightsFedSession(blocks[base].variant(variant) if variant else blocks[base])
-
-    runtime = Pipeline.load(root, memory_budget=budget, open_block=open_block)
+    runtime = Pipeline.load(root, memory_budget=budget,
+                            open_block=torch_block_opener(blocks, fed_weights=True))
     try:
         return runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=on_step)
     finally:
