@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from edge.models.scaled import identify_scaled_model
-from edge.models.scaled_wan import small_tokenizer, write_shards
+from edge.models.scaled_wan import small_tokenizer, write_shards, write_text_encoder
 from edge.package import atomic_directory, check_replaceable
 
 # THUDM/CogVideoX-2b transformer/config.json (1.69 B parameters): 2B's sin-cos positions
@@ -170,11 +170,7 @@ def write_family_like(out: str | Path, like: str, seed: int = 0,
                                           "diffusion_pytorch_model.safetensors.index.json",
                                           transformer_parts(shape),
                                           shape.transformer["num_layers"] + 1, on_part)
-        folder = tmp / "text_encoder"
-        folder.mkdir()
-        text_config.save_pretrained(folder)
-        text_params = write_shards(folder, "model.safetensors", "model.safetensors.index.json",
-                                   text_encoder_parts(text_config), text_config.num_layers + 1,
-                                   on_part)
+        text_params = write_text_encoder(tmp / "text_encoder", text_config,
+                                         text_encoder_parts(text_config), on_part)
     return {"like": like, "seed": seed, "transformer_params": transformer_params,
             "text_encoder_params": text_params}

@@ -119,6 +119,16 @@ def write_shards(folder: Path, weights_name: str, index_name: str,
     return params
 
 
+def write_text_encoder(folder: Path, config, parts: Iterator[tuple[str, nn.Module]],
+                       on_part: Callable[[str], None] | None = None) -> int:
+    """A transformers encoder's folder: its config, then `parts` (the encoder without layers,
+    then each layer) one shard each with transformers' index; returns the parameter count."""
+    folder.mkdir()
+    config.save_pretrained(folder)
+    return write_shards(folder, "model.safetensors", "model.safetensors.index.json", parts,
+                        config.num_layers + 1, on_part)
+
+
 def transformer_parts(config: dict) -> Iterator[tuple[str, nn.Module]]:
     """The transformer without its blocks, then each WanTransformerBlock on its own."""
     from diffusers import WanTransformer3DModel
@@ -185,12 +195,8 @@ def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
                                           "diffusion_pytorch_model.safetensors.index.json",
                                           transformer_parts(shape.transformer),
                                           shape.transformer["num_layers"] + 1, on_part)
-        folder = tmp / "text_encoder"
-        folder.mkdir()
         text_config.architectures = ["UMT5EncoderModel"]
-        text_config.save_pretrained(folder)
-        text_params = write_shards(folder, "model.safetensors", "model.safetensors.index.json",
-                                   text_encoder_parts(text_config), text_config.num_layers + 1,
-                                   on_part)
+        text_params = write_text_encoder(tmp / "text_encoder", text_config,
+                                         text_encoder_parts(text_config), on_part)
     return {"like": like, "seed": seed, "transformer_params": transformer_params,
             "text_encoder_params": text_params}
