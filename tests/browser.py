@@ -76,6 +76,20 @@ VIDEO_B64 = """(v) => { let t = ''; for (let j = 0; j < v.frames.length; j += 81
   return { data: btoa(t), shape: v.shape, type: v.frames.constructor.name }; }"""
 
 
+@contextmanager
+def served_page(browser, root: Path) -> Iterator[tuple]:
+    """A page (in a browser context of its own) of the package at `root` served locally, its
+    manifest open: (page, the package's URL); the context is closed after."""
+    with serving(root) as url:
+        ctx = browser.new_context()
+        try:
+            pg = ctx.new_page()
+            pg.goto(url + "manifest.json")
+            yield pg, url
+        finally:
+            ctx.close()
+
+
 def read_video(got: dict) -> np.ndarray:
     assert got["type"] == "Uint8Array", got["type"]
     return from_b64(got["data"], np.uint8, got["shape"])

@@ -197,7 +197,7 @@ def test_the_page_reproduces_wan_pipeline_on_the_wasm_path(wan22, tmp_path, brow
     and the plans' llvm replay on 2.1): the page, through the embedding API, gives
     WanPipeline's video for the same prompt, negative prompt, latents, steps, guidance."""
     pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
-    from browser import LOAD_PIPE, ORT_DIST, assert_same_video, page_generate, serving
+    from browser import LOAD_PIPE, ORT_DIST, assert_same_video, page_generate, served_page
 
     from exporters.web import export_web
 
@@ -209,15 +209,9 @@ def test_the_page_reproduces_wan_pipeline_on_the_wasm_path(wan22, tmp_path, brow
                                                        dtype=np.float32)
     options = {"negative_prompt": "blue dog", "steps": 4, "guidance": 4.0}
     want = wan22.reference("a red circle moving  left", latents=latents, **options)[0]
-    with serving(root) as url:
-        ctx = browser.new_context()
-        try:
-            pg = ctx.new_page()
-            pg.goto(url + "manifest.json")
-            assert pg.evaluate(LOAD_PIPE, [url, "wasm"]) == "wasm"
-            got = page_generate(pg, "wasm", "a red circle moving  left", options, latents)
-        finally:
-            ctx.close()
+    with served_page(browser, root) as (pg, url):
+        assert pg.evaluate(LOAD_PIPE, [url, "wasm"]) == "wasm"
+        got = page_generate(pg, "wasm", "a red circle moving  left", options, latents)
     assert not isinstance(got, str), got
     assert_same_video(got, want)
 

@@ -20,7 +20,7 @@ from browser import (  # noqa: E402  (after the skips)
     ORT_DIST,
     assert_same_video,
     page_generate,
-    serving,
+    served_page,
     skip_without_webgpu,
 )
 
@@ -101,23 +101,16 @@ def test_the_page_reproduces_the_pipeline(exported, browser, path):
                                                        dtype=np.float32)
     page_noise, reference_seed = decode_noise(model, 5)
     want = model.reference(PROMPT, latents=latents, **OPTIONS, **reference_seed)[0]
-    with serving(root) as url:
-        ctx = browser.new_context()
-        try:
-            pg = ctx.new_page()
-            pg.goto(url + "manifest.json")
-            if path == "webgpu":
-                skip_without_webgpu(ctx, pg)
-            assert pg.evaluate(LOAD_PIPE, [url, path]) == path
-            got = page_generate(pg, path, PROMPT, OPTIONS, latents, page_noise)
-            assert not isinstance(got, str), got
-            # another negative prompt gives another video: the page conditions on it
-            other = page_generate(pg, path, PROMPT,
-                                  OPTIONS | {"negative_prompt": "green square"}, latents,
-                                  page_noise)
-            assert not isinstance(other, str), other
-        finally:
-            ctx.close()
+    with served_page(browser, root) as (pg, url):
+        if path == "webgpu":
+            skip_without_webgpu(pg.context, pg)
+        assert pg.evaluate(LOAD_PIPE, [url, path]) == path
+        got = page_generate(pg, path, PROMPT, OPTIONS, latents, page_noise)
+        assert not isinstance(got, str), got
+        # another negative prompt gives another video: the page conditions on it
+        other = page_generate(pg, path, PROMPT, OPTIONS | {"negative_prompt": "green square"},
+                              latents, page_noise)
+        assert not isinstance(other, str), other
     assert_same_video(got, want)
     assert not np.array_equal(other, got)
 
@@ -130,18 +123,11 @@ def test_a_seed_means_the_pipelines_noise_decode_noise_included(exported, browse
     model, root, _ = exported
     want = model.reference(PROMPT, seed=3, **OPTIONS)[0]
     latents = np.zeros((1, *model.latent_shape), np.float32)
-    with serving(root) as url:
-        ctx = browser.new_context()
-        try:
-            pg = ctx.new_page()
-            pg.goto(url + "manifest.json")
-            assert pg.evaluate(LOAD_PIPE, [url, "wasm"]) == "wasm"
-            got = page_generate(pg, "wasm", PROMPT, OPTIONS | {"seed": 3}, None)
-            no_noise = page_generate(pg, "wasm", PROMPT, OPTIONS, latents)
-            bad_t = page_generate(pg, "wasm", PROMPT, OPTIONS | {"decode_timestep": "x"},
-                                  latents)
-        finally:
-            ctx.close()
+    with served_page(browser, root) as (pg, url):
+        assert pg.evaluate(LOAD_PIPE, [url, "wasm"]) == "wasm"
+        got = page_generate(pg, "wasm", PROMPT, OPTIONS | {"seed": 3}, None)
+        no_noise = page_generate(pg, "wasm", PROMPT, OPTIONS, latents)
+        bad_t = page_generate(pg, "wasm", PROMPT, OPTIONS | {"decode_timestep": "x"}, latents)
     assert not isinstance(got, str), got
     assert_same_video(got, want)
     if getattr(model, "decode", None) is None:   # CogVideoX, a plain LTX decoder
@@ -155,7 +141,6 @@ def test_a_seed_means_the_pipelines_noise_decode_noise_included(exported, browse
         assert bad_t == 'decode_timestep "x" must be a finite number'
 
 
-
 def test_the_page_refuses_decode_settings_that_do_not_fit_the_decoder(exported, browser):
     """The manifest's `decode` and a decoder taking decode_t, decode_noise_scale and
     decode_noise go together, as the Python runtime checks (loader.js checkManifest)."""
@@ -163,25 +148,19 @@ def test_the_page_refuses_decode_settings_that_do_not_fit_the_decoder(exported, 
     takes = "decode" in manifest
     edits = {"absent": None, "bad": {"timestep": "0.05", "noise_scale": None}} if takes \
         else {"added": {"timestep": 0.05, "noise_scale": None}}
-    with serving(root) as url:
-        ctx = browser.new_context()
-        try:
-            pg = ctx.new_page()
-            pg.goto(url + "manifest.json")
-            out = pg.evaluate("""async ([url, manifest, edits]) => {
-              const { checkManifest } = await import(new URL('runtime/loader.js', url).href);
-              const out = {};
-              const cases = [["as written", manifest.decode], ...Object.entries(edits)];
-              for (const [name, decode] of cases) {
-                const m = { ...manifest };
-                if (decode === null || decode === undefined) delete m.decode;
-                else m.decode = decode;
-                try { checkManifest(m, 'manifest.json'); out[name] = null; }
-                catch (err) { out[name] = err.message; }
-              }
-              return out; }""", [url, manifest, edits])
-        finally:
-            ctx.close()
+    with served_page(browser, root) as (pg, url):
+        out = pg.evaluate("""async ([url, manifest, edits]) => {
+          const { checkManifest } = await import(new URL('runtime/loader.js', url).href);
+          const out = {};
+          const cases = [["as written", manifest.decode], ...Object.entries(edits)];
+          for (const [name, decode] of cases) {
+            const m = { ...manifest };
+            if (decode === null || decode === undefined) delete m.decode;
+            else m.decode = decode;
+            try { checkManifest(m, 'manifest.json'); out[name] = null; }
+            catch (err) { out[name] = err.message; }
+          }
+          return out; }""", [url, manifest, edits])
     assert out.pop("as written") is None
     if takes:
         assert out["absent"] == ("manifest.json: the vae_decoder takes decode_noise, "

@@ -18,7 +18,7 @@ from browser import (  # noqa: E402  (after the skips)
     ORT_DIST,
     assert_same_video,
     page_generate,
-    serving,
+    served_page,
     skip_without_webgpu,
 )
 
@@ -59,14 +59,9 @@ def diffusers_video(wan_model, latents):
 def page(wan_web_package, browser):
     """A page of the served package (pipelines loaded on it by LOAD_PIPE)."""
     root, _ = wan_web_package
-    with serving(root) as url:
-        ctx = browser.new_context()
-        pg = ctx.new_page()
-        pg.goto(url + "manifest.json")
+    with served_page(browser, root) as (pg, url):
         pg.served = url
-        pg.ctx = ctx
         yield pg
-        ctx.close()
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +99,7 @@ def test_export_checks_every_wan_plan_and_graph(wan_web_package):
 @pytest.mark.parametrize("path", ["wasm", "webgpu"])
 def test_each_path_reproduces_wan_pipeline(page, path, latents, diffusers_video):
     if path == "webgpu":
-        skip_without_webgpu(page.ctx, page)
+        skip_without_webgpu(page.context, page)
     assert page.evaluate(LOAD_PIPE, [page.served, path]) == path
     got = generate(page, path, latents)
     assert not isinstance(got, str), got
