@@ -22,7 +22,7 @@ import edge
 from edge.blocks import TorchBlockSession, torch_block_opener
 from edge.bundle import TensorFile, identify_bundle, write_bundle
 from edge.manifest_schema import MANIFEST
-from edge.noise import check_noise
+from edge.noise import check_noise, torch_randn_draws
 from edge.options import with_overrides
 from edge.package import PackageError, atomic_directory, read_package
 from edge.sampler import SamplerSettings, initial_noise
@@ -83,8 +83,10 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
             raise FamilyError(f"{package}: exported from a {manifest.get('family')} model; "
                               f"{source} is a {family} model: pass the folder it was "
                               "exported from with --model")
-        model = load_model(model_folder, **({k: video[k] for k in ("height", "width", "frames")}
-                                            if model_folder is not None and video else {}))
+        # the size exported at, and LTX-Video's frame rate (its RoPE positions) where written
+        model = load_model(model_folder, **({k: video[k] for k in ("height", "width", "frames",
+                                                                    "frame_rate") if k in video}
+                                            if model_folder is not None else {}))
     except FamilyError as err:
         raise RecordError(str(err)) from None
     if model.latent_shape != tuple(manifest["latent_shape"]):
@@ -140,6 +142,9 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
             check_noise(manifest, str(package / MANIFEST))
         except ValueError as err:
             raise RecordError(str(err)) from None
+    elif "decode" in manifest:
+        raise RecordError(f"--latents: {package}'s decoder is conditioned on a timestep and "
+                          "its decode noise is the seed's second draw: record from a seed")
     with ExitStack() as stack:
         open_block = (stack.enter_context(stored_weight_blocks(package, manifest, model_folder))
                       if target == "iphone" else None)
@@ -152,6 +157,9 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
         noise = latents if latents is not None else initial_noise(pipe.latent_shape, [seed])
         recorder = Recorder(pipe)
         extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
+        if "decode" in manifest:  # what the seed's generator draws after the latents
+            extra["decode_noise"] = torch_randn_draws([tuple(pipe.latent_shape)] * 2,
+                                                      seed)[1][None]
         video = pipe.generate(prompt, latents=noise, **extra, **(overrides or {}))
         trace = pipe.last_run["sampler"]
         negative = (negative_prompt if negative_prompt is not None

@@ -104,14 +104,54 @@ def wan_model(wan_folder):
 def wan_iphone_package(tmp_path_factory, wan_model):
     """The tiny Wan exported to CoreML (fp16) once per session, end-to-end check against
     diffusers' WanPipeline: (root, manifest). Copy it before changing it."""
+    root = tmp_path_factory.mktemp("wan-iphone") / "pkg"
+    return root, iphone_export(wan_model, root)
+
+
+def iphone_export(model, root):
+    """`model` exported to CoreML (fp16) with the end-to-end check against its family's
+    diffusers pipeline, those weights swapped in: the manifest."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                         "-e '.[test]'); the CoreML exporter needs it")
     from exporters.coreml import export_coreml
     from exporters.coreml_check import end_to_end_check
 
-    root = tmp_path_factory.mktemp("wan-iphone") / "pkg"
-    return root, export_coreml(wan_model, root,
-                               validate_end_to_end=end_to_end_check(wan_model, "fp16"))
+    return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
+
+
+FAMILY_SIZE = {"height": 32, "width": 64, "frames": 17}   # CogVideoX's and LTX-Video's tests'
+
+
+@pytest.fixture(scope="session")
+def cog_iphone_package(tmp_path_factory):
+    """A tiny CogVideoX of 5B's shape (rotary positions) exported to CoreML once per session:
+    (root, manifest, its folder). Copy it before changing it."""
+    from cogvideox_folder import make_cogvideox_folder
+
+    from edge.families import load_model
+
+    root = tmp_path_factory.mktemp("cogvideox-iphone")
+    folder = make_cogvideox_folder(root / "model", rotary=True)
+    model = load_model(folder, steps=6, **FAMILY_SIZE)
+    return root / "pkg", iphone_export(model, root / "pkg"), folder
+
+
+LTX_DECODE = {"frame_rate": 24, "decode_timestep": 0.05, "decode_noise_scale": 0.025}
+
+
+@pytest.fixture(scope="session")
+def ltx_iphone_package(tmp_path_factory):
+    """A tiny LTX-Video with a timestep-conditioned decoder (0.9.5's shape; LTX's decode
+    timestep and noise scale) exported to CoreML once per session: (root, manifest, its
+    folder). Copy it before changing it."""
+    from ltx_folder import make_ltx_folder
+
+    from edge.families import load_model
+
+    root = tmp_path_factory.mktemp("ltx-iphone")
+    folder = make_ltx_folder(root / "model", timestep_decoder=True)
+    model = load_model(folder, steps=4, **FAMILY_SIZE, **LTX_DECODE)
+    return root / "pkg", iphone_export(model, root / "pkg"), folder
 
 
 @pytest.fixture(scope="session")

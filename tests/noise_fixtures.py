@@ -9,6 +9,10 @@ A case: `seed` (a decimal string: seeds run to 2^63 - 1, past JavaScript's exact
 `samples`: {`index`, `value`} at the start, the end (PyTorch redraws the last 16 values when
 the count is not a multiple of 16) and strided through the middle, and `sum`, the float64 sum
 of every value.
+
+`draws`: consecutive draws of one generator (`torch_randn_draws`: LTX-Video's decode noise is
+the draw after the initial latents): `seed`, `counts` (each draw's size; every one but the
+last at least 16 values) and `values`, every value of each draw.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ MEDIUM_SEEDS = [0, 42, 2**63 - 1]
 MEDIUM_SHAPES = [(1000,), (16, 3, 5, 7), (16, 2, 5, 9)]
 # (seed, shape) of larger draws: a tiny Wan latent, and Wan2.1-T2V-1.3B's at 480x832x81
 LARGE = [(42, (16, 3, 8, 8)), (3, (16, 21, 60, 104))]
+# (seed, counts) of consecutive draws: a whole number of 16s first and not; one that crosses
+# the engine's 624-word state; a last draw under 16 values
+DRAWS = [(21, (32, 48)), (5, (17, 100)), (0, (700, 40)), (2**63 - 1, (33, 7))]
 
 
 def torch_randn(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -64,10 +71,23 @@ def cases() -> list[dict]:
             + [case(s, shape) for s, shape in LARGE])
 
 
+def draws() -> list[dict]:
+    import torch
+
+    out = []
+    for seed, counts in DRAWS:
+        generator = torch.Generator("cpu").manual_seed(seed)
+        values = [torch.randn(n, generator=generator, dtype=torch.float32).numpy()
+                  for n in counts]
+        out.append({"seed": str(seed), "counts": list(counts),
+                    "values": [[_float32(v) for v in draw] for draw in values]})
+    return out
+
+
 def main() -> None:
     FIXTURE.parent.mkdir(parents=True, exist_ok=True)
-    FIXTURE.write_text(json.dumps({"definition": "torch.randn/cpu/float32", "cases": cases()},
-                                  separators=(",", ":")) + "\n")
+    FIXTURE.write_text(json.dumps({"definition": "torch.randn/cpu/float32", "cases": cases(),
+                                   "draws": draws()}, separators=(",", ":")) + "\n")
     print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size / 1e3:.0f} kB)")
 
 

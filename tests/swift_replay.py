@@ -21,6 +21,9 @@ Layout of the folder `write(...)` fills:
                         must contain too
     wan/                with `wan=`: the tiny Wan's iphone package and `edge record` bundles
                         of it (write_wan), which the Swift pipeline replays
+    families/<family>/  with `families=`: CogVideoX's and LTX-Video's iphone packages,
+                        bundles of them (write_family), replayed the same way, and their
+                        bad_manifests.json
 """
 
 from __future__ import annotations
@@ -193,10 +196,61 @@ def write_wan(folder: Path, wan_iphone: Path, wan_folder: Path, tiny_sora_iphone
     (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
 
 
+# Bundles of the other families' iphone packages: family -> {name: (prompt, options)}.
+# CogVideoX: DDIM with v-prediction and dynamic guidance, joint text+video blocks, the decoder
+# by CogVideoX's frame batches; LTX-Video: flow-match Euler with LTX's shift, the decoder
+# conditioned on a timestep (its decode noise the seed's second draw).
+FAMILY_BUNDLES = {
+    "cogvideox": {
+        "seed": ("a red circle moving left", {}),
+        "negative_merge_leap": ("The blue box slides up!", {
+            "negative_prompt": "blurry, static", "seed": 3,
+            "overrides": {"merge_steps": 2, "leap": True, "leap_after": 4}}),
+        "step_cache": ("a red circle moving left", {"seed": 5,
+                                                    "overrides": {"cache_threshold": 0.3}}),
+    },
+    "ltx": {
+        "seed": ("a red circle moving left", {}),
+        "negative_merge_leap": ("The blue box slides up!", {
+            "negative_prompt": "blurry, static", "seed": 3,
+            "overrides": {"merge_steps": 2, "leap": True, "leap_after": 2, "leap_steps": 1}}),
+    },
+}
+
+
+# Manifests of those packages the Python side refuses (as BAD_MANIFESTS): decode settings
+# and a decoder that does not go together
+FAMILY_BAD_MANIFESTS = {
+    "cogvideox": [("decode_without_its_inputs", lambda m: m.update(
+        decode={"timestep": 0.05, "noise_scale": None}), ["decode", "decode_noise"])],
+    "ltx": [("no_decode", lambda m: m.pop("decode"), ["decode_t", "'decode'"]),
+            ("decode_on_frames", lambda m: m.update(latent_layout="frames"),
+             ["decode", "'video'"])],
+}
+
+
+def write_family(folder: Path, family: str, iphone_package: Path, model_folder: Path) -> None:
+    """folder/package: a family's iphone package; folder/bundles/<name>: its FAMILY_BUNDLES;
+    folder/bad_manifests.json: its FAMILY_BAD_MANIFESTS, as for tiny-sora."""
+    from edge.record import record
+
+    folder.mkdir(parents=True)
+    shutil.copytree(iphone_package, folder / "package")
+    for name, (prompt, options) in FAMILY_BUNDLES[family].items():
+        record(folder / "package", prompt, folder / "bundles" / name, model_folder=model_folder,
+               **options)
+    bad = bad_manifests(folder / "package", folder / "scratch", FAMILY_BAD_MANIFESTS[family])
+    shutil.rmtree(folder / "scratch")
+    (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
+
+
 def write(folder: Path, onnx_package: Path, iphone_package: Path,
-          wan: tuple[Path, Path] | None = None) -> Path:
+          wan: tuple[Path, Path] | None = None,
+          families: dict[str, tuple[Path, Path]] | None = None) -> Path:
     """Fill `folder` (see the module docstring); returns it. `wan`: (the tiny Wan's iphone
-    package, its model folder), written under folder/wan (write_wan)."""
+    package, its model folder), written under folder/wan (write_wan); `families`: {family:
+    (its iphone package, its model folder)}, each under folder/families/<family> with its
+    FAMILY_BUNDLES (write_family)."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(iphone_package, folder / "package")
     replay = folder / "replay"
@@ -210,4 +264,6 @@ def write(folder: Path, onnx_package: Path, iphone_package: Path,
     (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
     if wan is not None:
         write_wan(folder / "wan", *wan, iphone_package)
+    for family, (package, model_folder) in (families or {}).items():
+        write_family(folder / "families" / family, family, package, model_folder)
     return folder

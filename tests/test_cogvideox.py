@@ -204,22 +204,17 @@ def test_dynamic_guidance_is_the_pipelines_use_dynamic_cfg(cog_packages, cog_mod
     assert psnr(fixed, want) < psnr(got, want) - 10
 
 
-@pytest.mark.slow  # a whole CoreML export (about 30 s) and its end-to-end check
-def test_exports_to_the_iphone_and_holds_the_end_to_end_check(cog_models, tmp_path):
+@pytest.mark.slow  # the session's CoreML export (about 30 s) and its end-to-end check
+def test_exports_to_the_iphone_and_holds_the_end_to_end_check(cog_iphone_package):
     """The decoder's graph-friendly rewrites are what CoreML takes (diffusers' group norms
     lower to rank 6, its spatial norms and upsamplers use upsample_nearest3d): every block
     of the rotary shape converts, within 1e-2 with its stored fp16 weights (absolute: the
     decoder's later stages reach 5.5e-3 on their larger activations), and CogVideoXPipeline
-    with those weights stays >= 35 dB from fp32 end to end (64.6 dB)."""
-    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
-                        "-e '.[test]'); the CoreML exporter needs it")
+    with those weights stays >= 35 dB from fp32 end to end (64.6 dB). The Swift runtime
+    replays bundles of this package (tests/test_swift_runtime.py)."""
     from edge.package import read_package
-    from exporters.coreml import export_coreml
-    from exporters.coreml_check import end_to_end_check
 
-    model = cog_models["5b"]
-    root = tmp_path / "pkg"
-    manifest = export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
+    root, manifest, _ = cog_iphone_package
     assert read_package(root) == manifest
     assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
                for b in c["blocks"]) <= 1e-2

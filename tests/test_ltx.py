@@ -455,16 +455,10 @@ def test_streamed_under_a_budget_equals_resident(ltx_packages):
 
 # ---- the iPhone -------------------------------------------------------------------------------
 
-def _coreml_export(model, root, components=None) -> dict:
-    """An fp16 CoreML export with the end-to-end check against LTXPipeline; the manifest."""
-    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
-                        "-e '.[test]'); the CoreML exporter needs it")
+def _check_iphone_package(root, manifest) -> None:
+    """An fp16 CoreML export that holds its end-to-end check against LTXPipeline."""
     from edge.package import read_package
-    from exporters.coreml import export_coreml
-    from exporters.coreml_check import end_to_end_check
 
-    manifest = export_coreml(model, root, components=components,
-                             validate_end_to_end=end_to_end_check(model, "fp16"))
     assert read_package(root) == manifest
     errors = {f"{c['name']}/{b['name']}": b["validation"]["max_abs_error"]
               for c in manifest["components"] for b in c["blocks"]}
@@ -473,7 +467,6 @@ def _coreml_export(model, root, components=None) -> dict:
     assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
     print(f"worst block {max(errors, key=errors.get)} {max(errors.values()):.2g}; end to end "
           f"PSNR {check['psnr_db']} dB, SNR {check['snr_db']} dB")
-    return manifest
 
 
 @pytest.mark.slow  # a whole CoreML export (about 20 s) and its end-to-end check
@@ -483,28 +476,25 @@ def test_exports_to_the_iphone_and_holds_the_end_to_end_check(ltx_models, tmp_pa
     every block converts (the transformer's TDTM variants too), within 5e-3 absolute with
     its stored fp16 weights (1.1e-3 measured, a text encoder layer), and LTXPipeline with
     those weights stays >= 35 dB from fp32 end to end (64.3 dB)."""
-    manifest = _coreml_export(ltx_models["plain"], tmp_path / "pkg")
+    from conftest import iphone_export
+
+    root = tmp_path / "pkg"
+    manifest = iphone_export(ltx_models["plain"], root)
+    _check_iphone_package(root, manifest)
     assert "decode" not in manifest and manifest["latent_layout"] == "video"
     decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
     assert [s["name"] for s in decoder["blocks"][0]["inputs"]] == ["z"]
 
 
-@pytest.mark.slow  # a whole CoreML export (about 20 s) and its end-to-end check
-def test_a_timestep_conditioned_decoder_converts_but_iphone_refuses_it(ltx_models, tmp_path):
-    """The Swift runtime feeds the decoder z alone, so `--target iphone` refuses a decoder
-    that takes the decode inputs, naming the config and the runtime. What it would export
-    converts and holds the check all the same (0.9.5's time modulation at rank 6 written at
-    rank 5): the head takes decode_t, decode_noise and decode_noise_scale beside z, the
-    manifest carries `decode`, and the end-to-end check renders LTXPipeline with its seed's
-    decode noise (64.2 dB)."""
-    from edge.families import Shapes
-
-    model = ltx_models["timestep"]
-    with pytest.raises(FamilyError, match="vae/config.json has timestep_conditioning: .*the "
-                       "Swift runtime does not feed"):
-        model.shapes("iphone")
-    device = model.cut(Shapes(prompts=1, guidance_batch=2, videos=1))
-    manifest = _coreml_export(model, tmp_path / "pkg", device)
+@pytest.mark.slow  # the session's conditioned CoreML export (about 20 s) and its check
+def test_a_timestep_conditioned_decoder_exports_to_the_iphone(ltx_iphone_package):
+    """0.9.5's time modulation (rank 6 written at rank 5) converts: the head takes
+    decode_t, decode_noise and decode_noise_scale beside z, the manifest carries `decode`
+    (which the Swift runtime feeds: tests/test_swift_runtime.py replays a bundle of this
+    package), and the end-to-end check renders LTXPipeline with its seed's decode noise
+    (64.2 dB)."""
+    root, manifest, _ = ltx_iphone_package
+    _check_iphone_package(root, manifest)
     assert manifest["decode"] == {"timestep": 0.05, "noise_scale": 0.025}
     decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
     assert [s["name"] for s in decoder["blocks"][0]["inputs"]] == \
@@ -554,19 +544,6 @@ def test_folders_edge_cannot_take_are_refused_by_file_and_field(ltx_folders, tmp
 def test_options_ltx_cannot_take_are_refused(ltx_folders, options, message):
     with pytest.raises(FamilyError, match=message):
         load_model(ltx_folders["plain"], **(SIZE | options))
-
-
-def test_cli_refuses_a_timestep_conditioned_decoder_for_the_iphone(ltx_folders, tmp_path):
-    from typer.testing import CliRunner
-
-    from edge.cli import app
-
-    out = tmp_path / "pkg"
-    res = CliRunner().invoke(app, ["export", "--model", str(ltx_folders["timestep"]),
-                                   "--target", "iphone", "-o", str(out), *_SIZE_ARGS])
-    assert res.exit_code != 0, res.output
-    assert "timestep_conditioning" in res.output and "Swift runtime" in res.output
-    assert not out.exists()
 
 
 _SIZE_ARGS = ["--height", "32", "--width", "64", "--frames", "17", "--steps", "2"]

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from noise_fixtures import FIXTURE, cases
+from noise_fixtures import FIXTURE, cases, draws
 
 from edge.manifest_schema import MANIFEST
 from edge.noise import LEGACY_NOISE, MAX_SEED, NOISE, check_seed, torch_randn
@@ -55,6 +55,7 @@ def test_fixtures_for_the_mirrors_are_what_torch_draws():
     recorded = json.loads(FIXTURE.read_text())
     assert recorded["definition"] == NOISE
     assert recorded["cases"] == cases(), "rewrite them: python tests/noise_fixtures.py"
+    assert recorded["draws"] == draws(), "rewrite them: python tests/noise_fixtures.py"
 
 
 @pytest.mark.parametrize("seed, message", [

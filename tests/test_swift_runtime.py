@@ -37,10 +37,13 @@ def run(cmd: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
 
 
 def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, coreml_package,
-                                                 wan_iphone_package, wan_folder):
+                                                 wan_iphone_package, wan_folder,
+                                                 cog_iphone_package, ltx_iphone_package):
     swift = swift_tool()
-    fixtures = swift_replay.write(tmp_path / "replay", exported_package[0], coreml_package[0],
-                                  wan=(wan_iphone_package[0], wan_folder))
+    fixtures = swift_replay.write(
+        tmp_path / "replay", exported_package[0], coreml_package[0],
+        wan=(wan_iphone_package[0], wan_folder),
+        families={"cogvideox": cog_iphone_package[::2], "ltx": ltx_iphone_package[::2]})
     build = run([swift, "build", "--build-tests"], timeout=900, cwd=PACKAGE)
     assert build.returncode == 0, (
         f"swift build failed:\n{build.stdout[-6000:]}\n{build.stderr[-3000:]}")
@@ -58,7 +61,10 @@ def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, cor
     assert " skipped " not in output, "an XCTest skipped:\n" + "\n".join(
         line for line in output.splitlines() if "skipped" in line)
     assert "worst relative input difference from Python's" in output
-    assert len(re.findall(r"bundle \w+: \d+ calls, worst relative input difference", output)) == 3
+    replayed = re.findall(r"bundle (\w+): \d+ calls, worst relative input difference", output)
+    assert sorted(replayed) == sorted([*swift_replay.WAN_BUNDLES] + [
+        f"{family}_{name}" for family, names in swift_replay.FAMILY_BUNDLES.items()
+        for name in names]), replayed
     check_edge_sample(fixtures / "wan", tmp_path)
 
 

@@ -666,15 +666,6 @@ class LTXModel:
                                    return_tensors="pt")
 
     def shapes(self, target: str) -> Shapes:
-        if target == "iphone" and self.decode is not None:
-            # its blocks convert and its package holds the end-to-end check
-            # (tests/test_ltx.py), but the Swift runtime feeds the decoder z alone
-            raise FamilyError(
-                f"--target iphone: {self.folder / 'vae' / 'config.json'} has "
-                "timestep_conditioning: its decoder takes the decode timestep and noise beside "
-                "the latents (the manifest's `decode`), which the Swift runtime does not feed "
-                "yet; export it with --target onnx or web (a plain decoder, LTX-Video 0.9.0's, "
-                "exports to iphone)")
         return target_shapes(target)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:

@@ -102,6 +102,18 @@ public struct Manifest: Decodable {
         public let outputPrefix: String
     }
 
+    /// A decoder conditioned on a timestep (LTX-Video 0.9.1+): the defaults of the decode
+    /// timestep and of the scale of the noise mixed into the latents, (1 - s) z + s noise
+    /// (nil: the timestep's value, as diffusers' decode_noise_scale=None). Absent for a
+    /// decoder taking the latents alone.
+    public struct Decode: Decodable, Equatable {
+        public let timestep: Double
+        public let noiseScale: Double?
+    }
+
+    /// What a timestep-conditioned decoder takes beside `z` (runtimes/python DECODE_INPUTS).
+    public static let decodeInputs: Set<String> = ["decode_t", "decode_noise_scale", "decode_noise"]
+
     public let format: String
     public let formatVersion: Int
     public let producer: String
@@ -120,6 +132,7 @@ public struct Manifest: Decodable {
     public let noise: String?
     public let coreml: CoreML
     public let components: [Component]
+    public let decode: Decode?
 
     public func component(_ name: String) throws -> Component {
         guard let c = components.first(where: { $0.name == name }) else {
@@ -206,6 +219,7 @@ public enum ManifestReader {
             throw ManifestError.invalid("manifest.json tokenizer: clean \(clean); known: none, wan")
         }
         try checkLayout(m)
+        try checkDecode(m)
         for comp in m.components {
             guard let spec = comp.chunked else { continue }
             if comp.name != "vae_decoder" || spec.input != "z" || spec.output != "frames" {
@@ -217,6 +231,22 @@ public enum ManifestReader {
             for block in comp.blocks where block.variants?[spec.firstVariant] == nil {
                 throw ManifestError.invalid("manifest.json component \(comp.name) block \(block.name): no variant \(spec.firstVariant) for the first piece")
             }
+        }
+    }
+
+    /// A decoder that takes the decode inputs needs the manifest's `decode` settings and
+    /// runs on whole videos (the noise is one video's latents); a package with them has such
+    /// a decoder (the Python runtime's check_decode).
+    static func checkDecode(_ m: Manifest) throws {
+        guard let decoder = m.components.first(where: { $0.name == "vae_decoder" }) else { return }
+        let takes = Set(decoder.blocks.flatMap { $0.inputs.map(\.name) }).intersection(Manifest.decodeInputs)
+        let list = Manifest.decodeInputs.sorted().joined(separator: ", ")
+        if m.decode == nil {
+            if takes.isEmpty { return }
+            throw ManifestError.invalid("manifest.json: the vae_decoder takes \(takes.sorted().joined(separator: ", ")) but the manifest has no 'decode' settings")
+        }
+        if takes != Manifest.decodeInputs || decoder.chunked != nil || m.latentLayout != "video" {
+            throw ManifestError.invalid("manifest.json decode: needs a whole-video vae_decoder (latent_layout 'video', not chunked) taking \(list)")
         }
     }
 

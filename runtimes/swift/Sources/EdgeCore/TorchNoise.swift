@@ -99,10 +99,37 @@ public enum TorchNoise {
     }
 
     static func fill(_ out: UnsafeMutableBufferPointer<Float>, checkedSeed seed: UInt64) {
-        guard let base = out.baseAddress, out.count > 0 else { return }
-        let n = out.count
         var engine = MT19937(seed: UInt32(truncatingIfNeeded: seed))
         defer { engine.deallocate() }
+        fill(out, &engine)
+    }
+
+    /// Consecutive `torch.randn(count)` of one generator seeded with `seed`, one per count:
+    /// what a pipeline draws when it takes more noise from its generator after the initial
+    /// latents (LTX-Video's decode noise is the second draw). Each draw reads the words the
+    /// one before left; a draw under 16 values before another is refused, since PyTorch
+    /// keeps half of its last pair for the next draw, which is not mirrored here
+    /// (edge/noise.py torch_randn_draws).
+    public static func randnDraws(counts: [Int], seed: UInt64) throws -> [[Float]] {
+        try checkSeed(seed)
+        if counts.dropLast().contains(where: { $0 < 16 }) {
+            throw NoiseError("noise draws \(counts): only the last may hold under 16 values")
+        }
+        var engine = MT19937(seed: UInt32(truncatingIfNeeded: seed))
+        defer { engine.deallocate() }
+        return counts.map { count in
+            precondition(count >= 0, "randnDraws: count \(count)")
+            return [Float](unsafeUninitializedCapacity: count) { buffer, initialized in
+                fill(buffer, &engine)
+                initialized = count
+            }
+        }
+    }
+
+    /// `torch.randn(out.count)` from `engine` as it stands (its next words).
+    static func fill(_ out: UnsafeMutableBufferPointer<Float>, _ engine: inout MT19937) {
+        guard let base = out.baseAddress, out.count > 0 else { return }
+        let n = out.count
         if n < 16 {
             fewNormals(base, n, &engine)
             return

@@ -165,8 +165,11 @@ public final class EdgePipeline {
     /// `configure` changes the package's sampler settings (steps, leap, merge_steps,
     /// cache_threshold, ...); `onStep(done, total)` reports progress; `isCancelled` is asked
     /// before every step, and a cancelled generation throws `RuntimeError.cancelled` and
-    /// leaves the pipeline reusable.
+    /// leaves the pipeline reusable. `decodeTimestep`, `decodeNoiseScale`, `decodeNoise`: for
+    /// a package whose decoder is conditioned on a timestep (the manifest's `decode`, whose
+    /// values they replace; `decodeConditioning`).
     public func generate(_ prompt: String, negativePrompt: String? = nil, seed: UInt64? = nil, latents: Tensor? = nil,
+                         decodeTimestep: Double? = nil, decodeNoiseScale: Double? = nil, decodeNoise: Tensor? = nil,
                          configure: (inout SamplerSettings) -> Void = { _ in },
                          onStep: ((Int, Int) -> Void)? = nil,
                          isCancelled: (() -> Bool)? = nil) throws -> Result {
@@ -186,6 +189,8 @@ public final class EdgePipeline {
             throw RuntimeError.block("latents have shape \(latents.shape); this package takes \(shape) (batch, channels, frames, height, width)")
         }
         let noise = try latents ?? TorchNoise.randn(shape: shape, seed: seed ?? 0)
+        let conditioning = try decodeConditioning(seed: latents == nil ? seed ?? 0 : nil, timestep: decodeTimestep,
+                                                  noiseScale: decodeNoiseScale, noise: decodeNoise)
         let dit = try manifest.component("transformer"), vae = try manifest.component("vae_decoder")
         if settings.mergeSteps > 0 && !dit.blocks.contains(where: { $0.variants?["tdtm"] != nil }) {
             throw ManifestError.invalid("merge_steps=\(settings.mergeSteps): the package has no tdtm transformer variants; export it again")
@@ -245,7 +250,7 @@ public final class EdgePipeline {
         let t2 = Date()
         timings["transformer"] = t2.timeIntervalSince(t1)
 
-        let (video, width, height) = try decode(denoised, vae)
+        let (video, width, height) = try decode(denoised, vae, conditioning: conditioning)
         let t3 = Date()
         timings["vae_decoder"] = t3.timeIntervalSince(t2)
         timings["total"] = t3.timeIntervalSince(started)
@@ -256,17 +261,57 @@ public final class EdgePipeline {
         return Result(frames: video, width: width, height: height, timings: timings, trace: trace, noise: noise)
     }
 
+    /// A timestep-conditioned decoder's inputs, where the manifest has `decode` (else none,
+    /// and giving any is refused): the timestep (given, else the manifest's); the noise
+    /// scale (given, else the manifest's, else the timestep's value, as diffusers'
+    /// decode_noise_scale=None); the noise, given (1, C, T, h, w), else for `seed` the second
+    /// draw of its generator after the initial latents (what diffusers draws from the
+    /// pipeline's generator; TorchNoise.randnDraws). Given latents (`seed` nil) need a given
+    /// noise unless the scale is 0. As runtimes/python/pipeline.py _decode_conditioning.
+    func decodeConditioning(seed: UInt64?, timestep: Double?, noiseScale: Double?, noise: Tensor?) throws -> [String: Tensor] {
+        guard let spec = manifest.decode else {
+            if timestep != nil || noiseScale != nil || noise != nil {
+                throw RuntimeError.block("package \(root.path): its decoder takes no decode timestep or noise (the manifest has no 'decode')")
+            }
+            return [:]
+        }
+        for (name, value) in [("decodeTimestep", timestep), ("decodeNoiseScale", noiseScale)] {
+            if let value, !value.isFinite { throw RuntimeError.block("\(name) \(value) must be a finite number") }
+        }
+        let t = timestep ?? spec.timestep
+        let scale = noiseScale ?? spec.noiseScale ?? t
+        let shape = [1] + manifest.latentShape
+        let mixed: Tensor
+        if let noise {
+            guard noise.shape == shape, noise.data.allSatisfy(\.isFinite) else {
+                throw RuntimeError.block("decodeNoise must be finite values of shape \(shape), got shape \(noise.shape)")
+            }
+            mixed = noise
+        } else if scale == 0 {
+            mixed = Tensor(shape: shape, data: [Float](repeating: 0, count: shape.reduce(1, *)))  // weight 0
+        } else if let seed {
+            let count = shape.reduce(1, *)
+            mixed = Tensor(shape: shape, data: try TorchNoise.randnDraws(counts: [count, count], seed: seed)[1])
+        } else {
+            throw RuntimeError.block("decode noise scale \(scale) with given latents: pass decodeNoise too (diffusers draws it from the pipeline's generator), or decodeNoiseScale 0")
+        }
+        return ["decode_t": Tensor(shape: [1], data: [Float(t)]),
+                "decode_noise_scale": Tensor(shape: [1], data: [Float(scale)]), "decode_noise": mixed]
+    }
+
     /// Latents (1, C, T, h, w) -> RGB frames, as the package's decoder takes them: every
     /// frame as an image ("frames": (T, C, h, w) in, (T, 3, H, W) out) or the video as it is
-    /// ("video": (1, 3, T', H, W) out), whole or piece by piece where it is chunked.
-    func decode(_ latents: Tensor, _ vae: Manifest.Component) throws -> (frames: [[UInt8]], width: Int, height: Int) {
+    /// ("video": (1, 3, T', H, W) out), whole or piece by piece where it is chunked;
+    /// `conditioning`: a timestep-conditioned decoder's inputs (`decodeConditioning`).
+    func decode(_ latents: Tensor, _ vae: Manifest.Component,
+                conditioning: [String: Tensor] = [:]) throws -> (frames: [[UInt8]], width: Int, height: Int) {
         let video = manifest.latentLayout == "video"
         let z = video ? latents : Self.framesFirst(latents)
         let decoded: Tensor
         if let spec = vae.chunked {
             decoded = try runChunked(vae, spec, z)
         } else {
-            guard let out = try run("vae_decoder", vae.blocks, ["z": z])["frames"] else {
+            guard let out = try run("vae_decoder", vae.blocks, conditioning.merging(["z": z]) { $1 })["frames"] else {
                 throw RuntimeError.block("vae_decoder: gave no frames")
             }
             decoded = out

@@ -27,7 +27,8 @@ let usage = """
     usage: edge-sample PACKAGE PROMPT [--negative-prompt TEXT] [--seed N | --latents F.npy]
                        [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance]
                        [--leap-after N] [--leap-steps N]
-                       [--merge-steps N] [--cache-threshold X] [--budget BYTES] -o OUT.npy|OUT.gif
+                       [--merge-steps N] [--cache-threshold X] [--budget BYTES]
+                       [--decode-timestep X] [--decode-noise-scale X] -o OUT.npy|OUT.gif
            edge-sample PACKAGE --bundle BUNDLE [--budget BYTES] [-o OUT.npy]
     """
 
@@ -38,6 +39,7 @@ struct Options {
     var seed: UInt64?, budget: Int?
     var steps: Int?, guidance: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?
     var dynamicGuidance: Bool?   // CogVideoX's dynamic guidance (cogvideox_ddim packages)
+    var decodeTimestep: Double?, decodeNoiseScale: Double?   // a timestep-conditioned decoder's (LTX-Video)
 
     init(_ args: [String]) throws {
         var positional: [String] = []
@@ -70,6 +72,8 @@ struct Options {
             case "--leap-steps": leapSteps = try number(arg, Int.self)
             case "--merge-steps": mergeSteps = try number(arg, Int.self)
             case "--cache-threshold": cacheThreshold = try number(arg, Double.self)
+            case "--decode-timestep": decodeTimestep = try number(arg, Double.self)
+            case "--decode-noise-scale": decodeNoiseScale = try number(arg, Double.self)
             case "-h", "--help": throw Failure(description: usage)
             default:
                 if arg.hasPrefix("-") && arg.count > 1 { throw Failure(description: "unknown option \(arg)\n\(usage)") }
@@ -87,7 +91,9 @@ struct Options {
                          guidance.map { _ in "--guidance" },
                          dynamicGuidance.map { $0 ? "--dynamic-guidance" : "--no-dynamic-guidance" }, leapAfter.map { _ in "--leap-after" },
                          leapSteps.map { _ in "--leap-steps" }, mergeSteps.map { _ in "--merge-steps" },
-                         cacheThreshold.map { _ in "--cache-threshold" }].compactMap { $0 }
+                         cacheThreshold.map { _ in "--cache-threshold" },
+                         decodeTimestep.map { _ in "--decode-timestep" },
+                         decodeNoiseScale.map { _ in "--decode-noise-scale" }].compactMap { $0 }
             if !given.isEmpty {
                 throw Failure(description: "--bundle runs the bundle's own prompt and settings; drop \(given.joined(separator: ", "))")
             }
@@ -201,7 +207,9 @@ func main() -> Int32 {
         let pipe = try pipeline(options, backend: nil)
         let latents = try options.latents.map { try NumPyFile.readFloats(URL(fileURLWithPath: $0)) }
         let result = try pipe.generate(options.prompt!, negativePrompt: options.negativePrompt, seed: options.seed,
-                                       latents: latents, configure: options.configure, onStep: progress)
+                                       latents: latents, decodeTimestep: options.decodeTimestep,
+                                       decodeNoiseScale: options.decodeNoiseScale,
+                                       configure: options.configure, onStep: progress)
         try write(result, to: options.output!)
         print("wrote \(options.output!): \(result.frames.count) frames of \(result.width) x \(result.height) in \(String(format: "%.1f", result.timings["total"] ?? 0)) s")
         return 0

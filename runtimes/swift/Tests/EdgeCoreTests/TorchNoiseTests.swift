@@ -73,6 +73,31 @@ final class TorchNoiseTests: XCTestCase {
         XCTAssertEqual(variance, 1, accuracy: 0.02)
     }
 
+    /// Consecutive draws of one generator (LTX-Video's decode noise after the latents): each
+    /// draw of the fixture's `draws` within 1e-5 of torch's; the first is randn's own draw;
+    /// a draw under 16 values before another is refused by name.
+    func testConsecutiveDrawsAreTorchsDrawsOfOneGenerator() throws {
+        let f = try Fixtures.object("noise/torch_randn.json")
+        let draws = try XCTUnwrap(f["draws"] as? [[String: Any]])
+        XCTAssertGreaterThanOrEqual(draws.count, 3)
+        for d in draws {
+            let seedText = try XCTUnwrap(d["seed"] as? String)
+            let seed = try XCTUnwrap(UInt64(seedText))
+            let counts = try XCTUnwrap(d["counts"] as? [NSNumber]).map(\.intValue)
+            let want = try XCTUnwrap(d["values"] as? [[Any]]).map { $0.map(number) }
+            let got = try TorchNoise.randnDraws(counts: counts, seed: seed)
+            XCTAssertEqual(got.map(\.count), counts, seedText)
+            XCTAssertEqual(got[0], try TorchNoise.randn(count: counts[0], seed: seed))
+            for (k, (g, w)) in zip(got, want).enumerated() {
+                let worst = zip(g, w).map { abs(Double($0) - $1) }.max() ?? 0
+                XCTAssertLessThanOrEqual(worst, 1e-5, "seed \(seedText) draw \(k) of \(counts)")
+            }
+        }
+        XCTAssertThrowsError(try TorchNoise.randnDraws(counts: [9, 100], seed: 1)) { error in
+            XCTAssertEqual("\(error)", "noise draws [9, 100]: only the last may hold under 16 values")
+        }
+    }
+
     /// A seed is 0 to 2^63 - 1 (torch.Generator.manual_seed's range); above is refused with
     /// the range named, before anything is drawn.
     func testRefusesASeedOutOfRange() throws {

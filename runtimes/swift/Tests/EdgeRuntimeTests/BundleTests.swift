@@ -10,12 +10,15 @@ import XCTest
 /// with the same inputs, and the same frames. Bundles of another package, truncated or
 /// changed ones, and ones whose calls are not this package's are refused by name.
 final class BundleTests: ScratchTestCase {
-    func wanFolder() throws -> URL {
+    /// The folder tests/swift_replay.py fills.
+    func replayFolder() throws -> URL {
         guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else {
-            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest tests/test_swift_runtime.py` records the Wan bundles (they need the Python side) and runs these tests with them")
+            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest tests/test_swift_runtime.py` records the bundles (they need the Python side) and runs these tests with them")
         }
-        return URL(fileURLWithPath: path).appendingPathComponent("wan")
+        return URL(fileURLWithPath: path)
     }
+
+    func wanFolder() throws -> URL { try replayFolder().appendingPathComponent("wan") }
 
     func bundle(_ name: String) throws -> ConformanceBundle {
         try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("bundles").appendingPathComponent(name))
@@ -49,6 +52,79 @@ final class BundleTests: ScratchTestCase {
         XCTAssertNotNil(try bundle("negative_merge_leap").trace.leapAt)
         let cached = try bundle("step_cache").trace
         XCTAssertLessThan(cached.transformerCalls, cached.calls)
+    }
+
+    /// CogVideoX (DDIM with v-prediction and dynamic guidance, joint text+video blocks, the
+    /// decoder by its frame batches with their caches) and LTX-Video (LTX's flow-match
+    /// schedule, a decoder conditioned on a timestep) through the same pipeline: every block
+    /// call of each bundle with the recorded inputs, the same frames and trace. The LTX
+    /// decoder's decode_t, decode_noise_scale and decode_noise are the manifest's `decode`
+    /// and the seed's second draw, as the Python side fed them.
+    func testCogVideoXAndLTXBundlesReplayWithTheSameCallsAndFrames() throws {
+        let families = try replayFolder().appendingPathComponent("families")
+        var replayed: [String: Int] = [:]
+        for (family, names) in [("cogvideox", ["seed", "negative_merge_leap", "step_cache"]),
+                                ("ltx", ["seed", "negative_merge_leap"])] {
+            let folder = families.appendingPathComponent(family)
+            let package = folder.appendingPathComponent("package")
+            for name in names {
+                let what = "\(family) \(name)"
+                let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles/\(name)"))
+                let replay = BundleReplay(b)
+                let pipe = try EdgePipeline(package: package, backend: replay)
+                let report = try pipe.run(b)
+                XCTAssertTrue(replay.finished, "\(what): Swift made \(replay.next) of \(b.calls.count) calls")
+                XCTAssertEqual(report.frameBytesDiffering, 0, "\(what): frame bytes differ")
+                let trace = report.frames!.trace
+                XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls, transformerCalls: trace.transformerCalls,
+                                                       mergedCalls: trace.mergedCalls, leapAt: trace.leapAt), b.trace, what)
+                XCTAssertLessThanOrEqual(replay.worstInputDifference, 1e-5, what)
+                let decoderInputs = Set(b.calls.filter { $0.key.hasPrefix("vae_decoder/") }.flatMap { $0.inputs.keys })
+                XCTAssertEqual(decoderInputs.isSuperset(of: Manifest.decodeInputs), pipe.manifest.decode != nil, what)
+                replayed[family, default: 0] += 1
+                print("bundle \(family)_\(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+            }
+        }
+        XCTAssertEqual(replayed, ["cogvideox": 3, "ltx": 2])
+    }
+
+    /// The decode options: refused by name before any block runs where the package's decoder
+    /// takes none, for given latents without the decode noise (unless the scale is 0), and
+    /// for noise of another shape; a given noise and timestep reach the decoder as given.
+    func testDecodeOptionsAreCheckedBeforeAnyBlockRuns() throws {
+        let families = try replayFolder().appendingPathComponent("families")
+        let ltx = families.appendingPathComponent("ltx/package")
+        let b = try ConformanceBundle(contentsOf: families.appendingPathComponent("ltx/bundles/seed"))
+        let replay = BundleReplay(b)
+        let pipe = try EdgePipeline(package: ltx, backend: replay)
+        let latents = b.tensor(b.latents)
+        try assertRefused("given latents", ["decode noise scale 0.025", "given latents", "decodeNoise"]) {
+            _ = try pipe.generate(b.prompt, latents: latents)
+        }
+        try assertRefused("noise shape", ["decodeNoise", "\(latents.shape)"]) {
+            _ = try pipe.generate(b.prompt, decodeNoise: Tensor(zeros: [1, 2, 3]))
+        }
+        try assertRefused("not finite", ["decodeTimestep", "nan"]) {
+            _ = try pipe.generate(b.prompt, decodeTimestep: .nan)
+        }
+        XCTAssertEqual(replay.next, 0, "no block call before a refusal")
+        let conditioning = try pipe.decodeConditioning(seed: nil, timestep: 0.1, noiseScale: nil, noise: latents)
+        XCTAssertEqual(conditioning["decode_t"]?.data, [0.1])
+        XCTAssertEqual(conditioning["decode_noise_scale"]?.data, [0.025], "the manifest's scale")
+        XCTAssertEqual(conditioning["decode_noise"], latents)
+        XCTAssertEqual(try pipe.decodeConditioning(seed: nil, timestep: nil, noiseScale: 0, noise: nil)["decode_noise"]?.data.allSatisfy { $0 == 0 }, true)
+        let cog = try EdgePipeline(package: families.appendingPathComponent("cogvideox/package"), backend: replay)
+        try assertRefused("no decode", ["takes no decode timestep or noise"]) {
+            _ = try cog.generate("a cat", decodeTimestep: 0.05)
+        }
+    }
+
+    /// Decode settings without a decoder that takes them, a conditioned decoder without
+    /// them or not on whole videos: refused as the Python side refuses them.
+    func testRefusesWhatThePythonSideRefusesOfCogVideoXAndLTXManifests() throws {
+        let families = try replayFolder().appendingPathComponent("families")
+        XCTAssertEqual(try assertRefusesWhatPythonRefuses(families.appendingPathComponent("cogvideox/bad_manifests.json")), 1)
+        XCTAssertEqual(try assertRefusesWhatPythonRefuses(families.appendingPathComponent("ltx/bad_manifests.json")), 2)
     }
 
     /// The same replay under a budget that streams blocks (the decoder's pieces reload).
