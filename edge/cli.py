@@ -52,6 +52,10 @@ MergeStepsOption = Annotated[int | None, typer.Option(
 CacheOption = Annotated[float | None, typer.Option(
     min=0, help="Step cache: skip the transformer while the first block's input changed "
     "less than this in total, e.g. 0.1 [default: 0, off].")]
+GuidanceRescaleOption = Annotated[float | None, typer.Option(
+    min=0.0, max=1.0, help="LTXPipeline's guidance_rescale: mix each step's guided velocity "
+    "with itself rescaled to the conditional velocity's spread (0: off) [default: the "
+    "package's].")]
 DynamicGuidanceOption = Annotated[bool | None, typer.Option(
     "--dynamic-guidance/--no-dynamic-guidance", help="CogVideoX's dynamic classifier-free "
     "guidance (CogVideoXPipeline's use_dynamic_cfg): each step's scale from its timestep; "
@@ -119,6 +123,7 @@ def generate(
     merge_steps: MergeStepsOption = None,
     cache_threshold: CacheOption = None,
     dynamic_guidance: DynamicGuidanceOption = None,
+    guidance_rescale: GuidanceRescaleOption = None,
     negative_prompt: Annotated[str | None, typer.Option(
         help="With a package: what the unconditional pass is told [default: the package's "
         "learned null caption or negative prompt].")] = None,
@@ -148,7 +153,7 @@ def generate(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
-        dynamic_guidance=dynamic_guidance)
+        dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
     try:
         total = with_overrides(pipe.sampler, overrides).steps
     except ValueError as err:
@@ -205,6 +210,7 @@ def record(
     merge_steps: MergeStepsOption = None,
     cache_threshold: CacheOption = None,
     dynamic_guidance: DynamicGuidanceOption = None,
+    guidance_rescale: GuidanceRescaleOption = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a bundle written before (never another folder).")] = False,
 ) -> None:
@@ -232,7 +238,7 @@ def record(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
-        dynamic_guidance=dynamic_guidance)
+        dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
     started = time.perf_counter()
     try:
         info = record_bundle(package, prompt, output, seed=seed or 0, latents=noise,

@@ -5,7 +5,9 @@ model predicts v = noise - x0, and one Euler step is x_next = x + (t_next - t) *
 
 Guidance is classifier-free, v = v_uncond + g (v_cond - v_uncond), with the fixed scale
 `guidance`, or, with the setting `dynamic_guidance`, CogVideoX's scale of each step's training
-timestep (CogVideoXPipeline's use_dynamic_cfg; `step_guidance`).
+timestep (CogVideoXPipeline's use_dynamic_cfg; `step_guidance`); `guidance_rescale` then
+pulls the guided velocity's spread back towards the conditional one's (LTXPipeline's
+guidance_rescale; `rescaled_guidance`).
 
 Three ways to make fewer or cheaper transformer calls, all decided here (see
 docs/techniques-in-edge.md):
@@ -46,6 +48,9 @@ class SamplerSettings:
     # CogVideoXPipeline's use_dynamic_cfg: each step's guidance scale from its training
     # timestep (the function dynamic_guidance); only for a scheduler whose levels are those
     dynamic_guidance: bool = False
+    # LTXPipeline's guidance_rescale (arXiv 2305.08891, 3.4): the guided velocity mixed with
+    # itself rescaled to the conditional velocity's standard deviation; 0 is off
+    guidance_rescale: float = 0.0
     shift: float = 3.0                 # SD3-style timestep shift: more steps at high noise
     num_train_timesteps: int = 1000
     scheduler: str = "flow_euler"      # a name of edge/schedulers.py SCHEDULERS
@@ -77,6 +82,10 @@ class SamplerSettings:
             raise bad("dynamic_guidance", f"{self.scheduler} steps through no training "
                                           f"timesteps (only {takers} does; CogVideoX's "
                                           "dynamic guidance is a function of them)")
+        r = self.guidance_rescale
+        if isinstance(r, bool) or not isinstance(r, int | float) or not 0 <= r <= 1:
+            raise bad("guidance_rescale", "must be a number from 0 (off) to 1 (the guided "
+                                          "velocity wholly rescaled)")
         if self.shift_terminal is not None:
             t = self.shift_terminal
             if not (isinstance(t, int | float) and not isinstance(t, bool) and 0 < t < 1):
@@ -146,6 +155,17 @@ def max_calls(settings: SamplerSettings) -> int:
 
 def guided_velocity(v_cond: np.ndarray, v_uncond: np.ndarray, guidance: float) -> np.ndarray:
     return v_uncond + guidance * (v_cond - v_uncond)
+
+
+def rescaled_guidance(v: np.ndarray, v_cond: np.ndarray, rescale: float) -> np.ndarray:
+    """diffusers' rescale_noise_cfg: each sample's guided velocity v scaled to the standard
+    deviation of its conditional velocity (over all its values, with Bessel's correction as
+    torch.std), mixed with v by `rescale`; computed in float64, float32 out."""
+    axes = tuple(range(1, v.ndim))
+    v64, c64 = v.astype(np.float64), v_cond.astype(np.float64)
+    ratio = c64.std(axis=axes, ddof=1, keepdims=True) / v64.std(axis=axes, ddof=1,
+                                                                keepdims=True)
+    return (rescale * (v64 * ratio) + (1 - rescale) * v64).astype(np.float32)
 
 
 def dynamic_guidance(guidance: float, timestep: int, steps: int) -> float:
@@ -345,6 +365,8 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
         # scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
         g = step_guidance(settings, ts[i], len(ts) - 1)
         v = guided_velocity(v_cond, v_uncond, g)
+        if settings.guidance_rescale > 0:
+            v = rescaled_guidance(v, v_cond, settings.guidance_rescale)
         if trace.leap_at is None and rule.should_leap(v, call):
             trace.leap_at = call
             if settings.leap_steps == 1:   # the whole remaining time in one step

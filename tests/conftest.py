@@ -119,39 +119,84 @@ def iphone_export(model, root):
     return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
 
 
-FAMILY_SIZE = {"height": 32, "width": 64, "frames": 17}   # CogVideoX's and LTX-Video's tests'
+# CogVideoX's and LTX-Video's tests' size: 17 frames are 5 latent frames (both VAEs are 4x in
+# time); 32 x 64 pixels is not the tiny CogVideoX transformer's own 32 x 48, so 2B's sin-cos
+# table is rebuilt
+FAMILY_SIZE = {"height": 32, "width": 64, "frames": 17}
+COG_SHAPES = ("2b", "5b")
+LTX_KINDS = ("plain", "timestep")
+# the timestep-conditioned LTX: a frame rate other than LTXPipeline's 25, and the decode
+# settings LTX's examples use for 0.9.1+ as its defaults
+LTX_DECODE = {"frame_rate": 24, "decode_timestep": 0.05, "decode_noise_scale": 0.025}
+LTX_OPTIONS = {"plain": {}, "timestep": LTX_DECODE}
 
 
 @pytest.fixture(scope="session")
-def cog_iphone_package(tmp_path_factory):
-    """A tiny CogVideoX of 5B's shape (rotary positions) exported to CoreML once per session:
-    (root, manifest, its folder). Copy it before changing it."""
+def cog_folders(tmp_path_factory):
+    """Tiny CogVideoX folders of both shapes: 2B's sin-cos positions, 5B's rotary ones."""
     from cogvideox_folder import make_cogvideox_folder
 
-    from edge.families import load_model
-
-    root = tmp_path_factory.mktemp("cogvideox-iphone")
-    folder = make_cogvideox_folder(root / "model", rotary=True)
-    model = load_model(folder, steps=6, **FAMILY_SIZE)
-    return root / "pkg", iphone_export(model, root / "pkg"), folder
-
-
-LTX_DECODE = {"frame_rate": 24, "decode_timestep": 0.05, "decode_noise_scale": 0.025}
+    root = tmp_path_factory.mktemp("cogvideox")
+    return {s: make_cogvideox_folder(root / s, rotary=s == "5b") for s in COG_SHAPES}
 
 
 @pytest.fixture(scope="session")
-def ltx_iphone_package(tmp_path_factory):
-    """A tiny LTX-Video with a timestep-conditioned decoder (0.9.5's shape; LTX's decode
-    timestep and noise scale) exported to CoreML once per session: (root, manifest, its
-    folder). Copy it before changing it."""
-    from ltx_folder import make_ltx_folder
-
+def cog_models(cog_folders):
     from edge.families import load_model
 
-    root = tmp_path_factory.mktemp("ltx-iphone")
-    folder = make_ltx_folder(root / "model", timestep_decoder=True)
-    model = load_model(folder, steps=4, **FAMILY_SIZE, **LTX_DECODE)
-    return root / "pkg", iphone_export(model, root / "pkg"), folder
+    return {s: load_model(f, steps=6, **FAMILY_SIZE) for s, f in cog_folders.items()}
+
+
+@pytest.fixture(scope="session")
+def cog_packages(tmp_path_factory, cog_models):
+    """Both shapes exported to ONNX once per session: {shape: (root, manifest)}."""
+    from exporters.onnx import export_onnx
+
+    root = tmp_path_factory.mktemp("cogvideox-onnx")
+    return {s: (root / s, export_onnx(m, root / s)) for s, m in cog_models.items()}
+
+
+@pytest.fixture(scope="session")
+def ltx_folders(tmp_path_factory):
+    """Tiny LTX-Video folders: 0.9.0's plain decoder, and a timestep-conditioned one."""
+    from ltx_folder import make_ltx_folder
+
+    root = tmp_path_factory.mktemp("ltx")
+    return {k: make_ltx_folder(root / k, timestep_decoder=k == "timestep") for k in LTX_KINDS}
+
+
+@pytest.fixture(scope="session")
+def ltx_models(ltx_folders):
+    from edge.families import load_model
+
+    return {k: load_model(f, steps=4, **FAMILY_SIZE, **LTX_OPTIONS[k])
+            for k, f in ltx_folders.items()}
+
+
+@pytest.fixture(scope="session")
+def ltx_packages(tmp_path_factory, ltx_models):
+    """Both decoders' packages exported to ONNX once per session: {kind: (root, manifest)}."""
+    from exporters.onnx import export_onnx
+
+    root = tmp_path_factory.mktemp("ltx-onnx")
+    return {k: (root / k, export_onnx(m, root / k)) for k, m in ltx_models.items()}
+
+
+@pytest.fixture(scope="session")
+def cog_iphone_package(tmp_path_factory, cog_models):
+    """The tiny CogVideoX of 5B's shape (rotary positions) exported to CoreML once per session:
+    (root, manifest). Copy it before changing it."""
+    root = tmp_path_factory.mktemp("cogvideox-iphone") / "pkg"
+    return root, iphone_export(cog_models["5b"], root)
+
+
+@pytest.fixture(scope="session")
+def ltx_iphone_package(tmp_path_factory, ltx_models):
+    """The tiny LTX-Video with a timestep-conditioned decoder (0.9.5's shape; LTX's decode
+    timestep and noise scale) exported to CoreML once per session: (root, manifest). Copy it
+    before changing it."""
+    root = tmp_path_factory.mktemp("ltx-iphone") / "pkg"
+    return root, iphone_export(ltx_models["timestep"], root)
 
 
 @pytest.fixture(scope="session")

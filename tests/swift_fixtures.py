@@ -23,6 +23,9 @@ tests/fixtures/swift/ holds:
   for every timestep of several step counts, and whole `sample()` runs with it (fixed
   velocities, cond != uncond; merge_steps, a fixed and a dynamic leap, a guidance of 1, and
   the fixed scale for contrast): per call t, merged, last; final latent and trace;
+- guidance_rescale.json: whole `sample()` runs with `guidance_rescale` (LTX's schedule with
+  a re-planned leap and merge_steps, flow_euler fully rescaled, CogVideoX's dynamic guidance
+  with a rescale, UniPC): per call t, merged, last; final latent and trace;
 - schedulers.json: each scheduler of `edge.schedulers.SCHEDULERS` as an object, by name (the
   JS and Swift runtimes look theirs up the same way): for several (steps, shift, training
   steps, shift_terminal: 0.1 for a scheduler that takes one, else null; ltx_flow_euler also
@@ -238,6 +241,20 @@ def dynamic_guidance_cases() -> dict:
     return {"scales": scales, "runs": replay_runs(dynamic_guidance_settings(), 300)}
 
 
+def guidance_rescale_settings() -> dict[str, SamplerSettings]:
+    return {
+        "ltx_leap_tail_merge": SamplerSettings(
+            scheduler="ltx_flow_euler", steps=8, shift=2.05, shift_terminal=0.1, guidance=3.0,
+            guidance_rescale=0.7, leap=True, leap_after=3, leap_steps=2, merge_steps=2),
+        "euler_whole": SamplerSettings(steps=6, guidance=5.0, guidance_rescale=1.0),
+        "ddim_dynamic": SamplerSettings(scheduler="cogvideox_ddim", steps=8, guidance=6.0,
+                                        dynamic_guidance=True, guidance_rescale=0.5),
+        "unipc_dynamic_leap": SamplerSettings(
+            scheduler="flow_unipc", steps=30, guidance=5.0, guidance_rescale=0.3, leap=True,
+            leap_min_steps=8, leap_patience=2, leap_tol=1e-3),
+    }
+
+
 def solve_cases() -> list[dict]:
     """2x2 float32 systems and np.linalg.solve's answers: UniPC's [[1, 1], [rk, 1]] with the
     rk and b of a 30-step run's corrector steps, random ones of that shape on both sides of
@@ -326,6 +343,7 @@ def build() -> dict[str, object]:
     return {"timesteps.json": timestep_cases(), "guided_merge.json": guided_runs(),
             "modulated_input.json": modulated_case(), "unipc.json": unipc_cases(),
             "dynamic_guidance.json": dynamic_guidance_cases(),
+            "guidance_rescale.json": {"runs": replay_runs(guidance_rescale_settings(), 400)},
             "schedulers.json": scheduler_cases(),
             "tokens.json": token_cases(default_tokenizer()), **build_unigram()}
 

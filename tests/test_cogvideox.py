@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cogvideox_folder import SAMPLE, make_cogvideox_folder
+from cogvideox_folder import SAMPLE
+from conftest import COG_SHAPES, FAMILY_SIZE
 from tiny_parts import edited_copy, package_files
 
 from edge.blocks import run_chain, run_chunked
@@ -17,28 +18,9 @@ from edge.video_metrics import psnr, snr
 
 # 17 frames: 5 latent frames, decoded as diffusers does in a first call of 3 and one of 2;
 # 32 x 64 pixels: not the transformer's own 32 x 48, so the 2B's sin-cos table is rebuilt
-SIZE = {"height": 32, "width": 64, "frames": 17}
-SHAPES = ("2b", "5b")
-
-
-@pytest.fixture(scope="module")
-def cog_folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cogvideox")
-    return {s: make_cogvideox_folder(root / s, rotary=s == "5b") for s in SHAPES}
-
-
-@pytest.fixture(scope="module")
-def cog_models(cog_folders):
-    return {s: load_model(f, steps=6, **SIZE) for s, f in cog_folders.items()}
-
-
-@pytest.fixture(scope="module")
-def cog_packages(tmp_path_factory, cog_models):
-    """Both shapes exported to ONNX once: {shape: (root, manifest)}."""
-    from exporters.onnx import export_onnx
-
-    root = tmp_path_factory.mktemp("cogvideox-onnx")
-    return {s: (root / s, export_onnx(m, root / s)) for s, m in cog_models.items()}
+SIZE = FAMILY_SIZE
+SHAPES = COG_SHAPES
+# cog_folders, cog_models and cog_packages: conftest.py (shared with the web and Swift tests)
 
 
 def test_the_tests_export_at_a_size_other_than_the_transformers_own(cog_models):
@@ -214,7 +196,7 @@ def test_exports_to_the_iphone_and_holds_the_end_to_end_check(cog_iphone_package
     replays bundles of this package (tests/test_swift_runtime.py)."""
     from edge.package import read_package
 
-    root, manifest, _ = cog_iphone_package
+    root, manifest = cog_iphone_package
     assert read_package(root) == manifest
     assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
                for b in c["blocks"]) <= 1e-2

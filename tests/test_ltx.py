@@ -14,13 +14,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import FAMILY_SIZE, LTX_KINDS, LTX_OPTIONS
 from ltx_folder import (
     LATENT_CHANNELS,
     PLAIN_DECODER,
     SCHEDULER,
     TIMESTEP_DECODER,
     VAE_COMMON,
-    make_ltx_folder,
 )
 from tiny_parts import edited_copy, package_files
 
@@ -29,34 +29,12 @@ from edge.families import FamilyError, load_model
 from edge.video_metrics import psnr, snr
 
 # 17 frames: 5 latent frames (the tiny VAE is 4x in time, 8x in space)
-SIZE = {"height": 32, "width": 64, "frames": 17}
+SIZE = FAMILY_SIZE
 LATENT_SHAPE = (LATENT_CHANNELS, 5, 4, 8)
-KINDS = ("plain", "timestep")
-# the timestep-conditioned package: a frame rate other than LTXPipeline's 25, and the decode
-# settings LTX's examples use for 0.9.1+ as its defaults
-OPTIONS = {"plain": {}, "timestep": {"frame_rate": 24, "decode_timestep": 0.05,
-                                     "decode_noise_scale": 0.025}}
+KINDS = LTX_KINDS
+OPTIONS = LTX_OPTIONS
 PROMPT = "a red circle moving left"
-
-
-@pytest.fixture(scope="module")
-def ltx_folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ltx")
-    return {k: make_ltx_folder(root / k, timestep_decoder=k == "timestep") for k in KINDS}
-
-
-@pytest.fixture(scope="module")
-def ltx_models(ltx_folders):
-    return {k: load_model(f, steps=4, **SIZE, **OPTIONS[k]) for k, f in ltx_folders.items()}
-
-
-@pytest.fixture(scope="module")
-def ltx_packages(tmp_path_factory, ltx_models):
-    """Both decoders' packages exported to ONNX once: {kind: (root, manifest)}."""
-    from exporters.onnx import export_onnx
-
-    root = tmp_path_factory.mktemp("ltx-onnx")
-    return {k: (root / k, export_onnx(m, root / k)) for k, m in ltx_models.items()}
+# ltx_folders, ltx_models and ltx_packages: conftest.py (shared with the web and Swift tests)
 
 
 def _latents(seed: int) -> np.ndarray:
@@ -300,6 +278,24 @@ def test_package_reproduces_ltx_pipeline(ltx_packages, ltx_models, kind):
           f"another noise: SNR {snr(other, want):.1f} dB")
 
 
+def test_guidance_rescale_is_the_pipelines(ltx_packages, ltx_models):
+    """LTXPipeline's guidance_rescale as the sampler setting of that name: the guided
+    velocity mixed with itself rescaled to the conditional one's spread, every step (a
+    strong guidance, so the rescale moves the video)."""
+    model = ltx_models["plain"]
+    kwargs = {"negative_prompt": "blue dog", "steps": 4, "guidance": 9.0,
+              "latents": _latents(7)}
+    got, plain = _run(ltx_packages["plain"][0], kwargs | {"guidance_rescale": 0.7}, kwargs)
+    want = model.reference(PROMPT, guidance_rescale=0.7, **kwargs)
+    want_plain = model.reference(PROMPT, **kwargs)
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
+                                                                snr(got, want))
+    assert snr(plain, want) < snr(got, want) - 15  # the rescale changes the video
+    assert psnr(plain, want_plain) >= 40.0
+    print(f"guidance_rescale 0.7: PSNR {psnr(got, want):.1f} dB, SNR {snr(got, want):.1f} "
+          f"dB; without it against the rescaled pipeline SNR {snr(plain, want):.1f} dB")
+
+
 def test_seeded_generation_is_the_pipelines(ltx_packages, ltx_models):
     """A seed means LTXPipeline's generator: the initial latents drawn (C, F, h, w), then the
     decode noise, its second draw; the decode settings may be changed per generation."""
@@ -493,7 +489,7 @@ def test_a_timestep_conditioned_decoder_exports_to_the_iphone(ltx_iphone_package
     (which the Swift runtime feeds: tests/test_swift_runtime.py replays a bundle of this
     package), and the end-to-end check renders LTXPipeline with its seed's decode noise
     (64.2 dB)."""
-    root, manifest, _ = ltx_iphone_package
+    root, manifest = ltx_iphone_package
     _check_iphone_package(root, manifest)
     assert manifest["decode"] == {"timestep": 0.05, "noise_scale": 0.025}
     decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")

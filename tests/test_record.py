@@ -85,17 +85,16 @@ def test_a_bundle_without_merging_reproduces_wan_pipeline(wan_iphone_package, wa
 
 @pytest.mark.slow  # the session's LTX-Video CoreML export
 def test_a_conditioned_decoders_bundle_holds_the_seeds_decode_noise(ltx_iphone_package,
+                                                                    ltx_folders, ltx_models,
                                                                     tmp_path):
     """LTX-Video's timestep-conditioned decoder: its call is fed the manifest's decode
     timestep and noise scale and, as decode noise, the seed's second draw (what LTXPipeline
     draws from its generator after the latents), and the frames are LTXPipeline's for the
     seed; given latents are refused (the decode noise comes from the seed)."""
-    from conftest import FAMILY_SIZE, LTX_DECODE
-
-    from edge.families import load_model
     from edge.noise import torch_randn_draws
 
-    root, manifest, folder = ltx_iphone_package
+    root, manifest = ltx_iphone_package
+    folder, model = ltx_folders["timestep"], ltx_models["timestep"]
     result = _record(root, PROMPT, "--model", folder, "--seed", "4", "-o", tmp_path / "b")
     assert result.exit_code == 0, result.output
     bundle = Bundle(tmp_path / "b")
@@ -105,7 +104,6 @@ def test_a_conditioned_decoders_bundle_holds_the_seeds_decode_noise(ltx_iphone_p
                                   torch_randn_draws([shape, shape], 4)[1])
     assert bundle.array(head["inputs"]["decode_t"]).tolist() == [np.float32(0.05)]
     assert bundle.array(head["inputs"]["decode_noise_scale"]).tolist() == [np.float32(0.025)]
-    model = load_model(folder, steps=manifest["sampler"]["steps"], **FAMILY_SIZE, **LTX_DECODE)
     want, other = model.generate(PROMPT, seed=4)[0], model.generate(PROMPT, seed=5)[0]
     got = bundle.frames
     assert psnr(got, want) >= 35 and snr(got, want) >= 20, (psnr(got, want), snr(got, want))

@@ -12,6 +12,7 @@ from edge.sampler import (
     SamplerSettings,
     guided_velocity,
     initial_noise,
+    rescaled_guidance,
     sample,
     timesteps,
 )
@@ -51,6 +52,28 @@ def test_guidance_extrapolates_from_unconditional():
     c, u = np.ones(3, np.float32), np.zeros(3, np.float32)
     np.testing.assert_allclose(guided_velocity(c, u, 5.0), 5.0)
     np.testing.assert_allclose(guided_velocity(c, u, 1.0), c)
+
+
+def test_guidance_rescale_is_diffusers_rescale_noise_cfg():
+    """Each sample's guided velocity scaled to its conditional velocity's spread (torch.std:
+    Bessel's correction), mixed by the setting; 0 leaves it; out of [0, 1] is refused."""
+    from diffusers.pipelines.ltx.pipeline_ltx import rescale_noise_cfg
+
+    rng = np.random.default_rng(0)
+    v_cond, v_uncond = (rng.standard_normal((2, 4, 3, 5, 6)).astype(np.float32)
+                        for _ in range(2))
+    v_cond[1] *= 3  # the two samples' spreads differ: the rescale is per sample
+    guided = guided_velocity(v_cond, v_uncond, 7.0)
+    for r in (0.3, 1.0):
+        want = rescale_noise_cfg(torch.from_numpy(guided), torch.from_numpy(v_cond), r).numpy()
+        got = rescaled_guidance(guided, v_cond, r)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.allclose(rescaled_guidance(guided, v_cond, 1.0).std(axis=(1, 2, 3, 4), ddof=1),
+                       v_cond.std(axis=(1, 2, 3, 4), ddof=1), rtol=1e-5)
+    for bad in (-0.1, 1.5, True, float("nan")):
+        with pytest.raises(ValueError, match=r"guidance_rescale=.*from 0 \(off\) to 1"):
+            SamplerSettings(guidance_rescale=bad)
 
 
 def test_noise_is_per_seed_and_deterministic():

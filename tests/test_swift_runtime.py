@@ -38,12 +38,14 @@ def run(cmd: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
 
 def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, coreml_package,
                                                  wan_iphone_package, wan_folder,
-                                                 cog_iphone_package, ltx_iphone_package):
+                                                 cog_iphone_package, cog_folders,
+                                                 ltx_iphone_package, ltx_folders):
     swift = swift_tool()
     fixtures = swift_replay.write(
         tmp_path / "replay", exported_package[0], coreml_package[0],
         wan=(wan_iphone_package[0], wan_folder),
-        families={"cogvideox": cog_iphone_package[::2], "ltx": ltx_iphone_package[::2]})
+        families={"cogvideox": (cog_iphone_package[0], cog_folders["5b"]),
+                  "ltx": (ltx_iphone_package[0], ltx_folders["timestep"])})
     build = run([swift, "build", "--build-tests"], timeout=900, cwd=PACKAGE)
     assert build.returncode == 0, (
         f"swift build failed:\n{build.stdout[-6000:]}\n{build.stderr[-3000:]}")

@@ -24,54 +24,35 @@ from browser import (  # noqa: E402  (after the skips)
     skip_without_webgpu,
 )
 
-from edge.families import load_model  # noqa: E402
-
 pytestmark = pytest.mark.slow  # web exports and headless chromium
 
 PROMPT = "a red circle moving  left"
-SIZE = {"height": 32, "width": 64, "frames": 17}
 OPTIONS = {"negative_prompt": "blue dog", "steps": 4, "guidance": 4.0}
-
-
-def cogvideox_5b(root):
-    from cogvideox_folder import make_cogvideox_folder
-
-    return load_model(make_cogvideox_folder(root / "cog", rotary=True), steps=6, **SIZE)
-
-
-def ltx_plain(root):
-    from ltx_folder import make_ltx_folder
-
-    return load_model(make_ltx_folder(root / "ltx", timestep_decoder=False), steps=4, **SIZE)
-
-
-def ltx_timestep(root):
-    """A timestep-conditioned decoder (0.9.5's shape) with LTX's example decode settings."""
-    from ltx_folder import make_ltx_folder
-
-    return load_model(make_ltx_folder(root / "ltx", timestep_decoder=True), steps=4, **SIZE,
-                      frame_rate=24, decode_timestep=0.05, decode_noise_scale=0.025)
-
-
-MODELS = {"cogvideox-5b": cogvideox_5b, "ltx": ltx_plain, "ltx-timestep": ltx_timestep}
+# name -> (models fixture, key): conftest.py's tiny models (their ONNX twins there too):
+# CogVideoX 5B's rotary shape; LTX's plain decoder; a timestep-conditioned decoder (0.9.5's
+# shape) with LTX's example decode settings
+MODELS = {"cogvideox-5b": ("cog", "5b"), "ltx": ("ltx", "plain"),
+          "ltx-timestep": ("ltx", "timestep")}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def exported(request, tmp_path_factory):
-    """(model, web package root, manifest) of one family's tiny folder."""
+    """(model, web package root, manifest, the same model's ONNX package root)."""
     from exporters.web import export_web
 
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
-    root = tmp_path_factory.mktemp(request.param)
-    model = MODELS[request.param](root)
-    return model, root / "web", export_web(model, root / "web", bundle_ort=ORT_DIST)
+    family, key = MODELS[request.param]
+    model = request.getfixturevalue(f"{family}_models")[key]
+    twin = request.getfixturevalue(f"{family}_packages")[key][0]
+    root = tmp_path_factory.mktemp(request.param) / "web"
+    return model, root, export_web(model, root, bundle_ort=ORT_DIST), twin
 
 
 def test_export_checks_every_plan_and_graph(exported):
     from exporters.web import BLOCK_TOLERANCE
 
-    model, _, manifest = exported
+    model, _, manifest, _ = exported
     records = [r for c in manifest["components"] for b in c["blocks"]
                for r in (b, *b.get("variants", {}).values())]
     for r in records:
@@ -96,7 +77,7 @@ def decode_noise(model, seed: int) -> tuple[np.ndarray | None, dict]:
 
 @pytest.mark.parametrize("path", ["wasm", "webgpu"])
 def test_the_page_reproduces_the_pipeline(exported, browser, path):
-    model, root, _ = exported
+    model, root, _, _ = exported
     latents = np.random.default_rng(7).standard_normal((1, *model.latent_shape),
                                                        dtype=np.float32)
     page_noise, reference_seed = decode_noise(model, 5)
@@ -120,7 +101,7 @@ def test_a_seed_means_the_pipelines_noise_decode_noise_included(exported, browse
     `generator=torch.Generator().manual_seed(seed)`: the latents and, for a conditioned
     decoder, the decode noise after them (noise.js torchRandnDraws); decode settings a
     package cannot use are refused by name."""
-    model, root, _ = exported
+    model, root, _, _ = exported
     want = model.reference(PROMPT, seed=3, **OPTIONS)[0]
     latents = np.zeros((1, *model.latent_shape), np.float32)
     with served_page(browser, root) as (pg, url):
@@ -144,7 +125,7 @@ def test_a_seed_means_the_pipelines_noise_decode_noise_included(exported, browse
 def test_the_page_refuses_decode_settings_that_do_not_fit_the_decoder(exported, browser):
     """The manifest's `decode` and a decoder taking decode_t, decode_noise_scale and
     decode_noise go together, as the Python runtime checks (loader.js checkManifest)."""
-    _, root, manifest = exported
+    _, root, manifest, _ = exported
     takes = "decode" in manifest
     edits = {"absent": None, "bad": {"timestep": "0.05", "noise_scale": None}} if takes \
         else {"added": {"timestep": 0.05, "noise_scale": None}}
@@ -169,3 +150,46 @@ def test_the_page_refuses_decode_settings_that_do_not_fit_the_decoder(exported, 
         assert out["bad"].startswith('manifest.json decode: must be {"timestep": number')
     else:
         assert out["added"].startswith("manifest.json decode: needs a whole-video vae_decoder")
+
+
+# one leap (for DDIM one jump to the clean sample its v-prediction gives; for LTX's flow a
+# re-planned tail) with TDTM's merged blocks for the first steps, then the step cache
+TECHNIQUES = {"cogvideox": [{"leap": True, "leap_after": 4, "merge_steps": 2, "steps": 6},
+                            {"cache_threshold": 0.3, "steps": 8}],
+              "ltx": [{"leap": True, "leap_after": 3, "leap_steps": 2, "merge_steps": 2,
+                       "steps": 6},
+                      {"cache_threshold": 0.3, "steps": 8}]}
+
+
+def test_techniques_give_the_python_runtimes_video(exported, browser):
+    """Leap, TDTM and the step cache on the page (wasm path) take the Python runtime's
+    decisions on the same model's ONNX package and noise: the same video and transformer
+    calls, each run skipping calls."""
+    from runtimes.python import Pipeline
+
+    model, root, _, twin = exported
+    latents = np.random.default_rng(8).standard_normal((1, *model.latent_shape),
+                                                       dtype=np.float32)
+    page_noise, _ = decode_noise(model, 6)
+    extra = {} if page_noise is None else {"decode_noise": page_noise[None]}
+    runs = []
+    runtime = Pipeline.load(twin)
+    try:
+        for technique in TECHNIQUES[model.family]:
+            options = {"negative_prompt": "blue dog", "guidance": 4.0, **technique}
+            want = runtime.generate(PROMPT, latents=latents, **options, **extra)[0]
+            runs.append((options, want, runtime.last_run["sampler"]))
+    finally:
+        runtime.close()
+    with served_page(browser, root) as (pg, url):
+        assert pg.evaluate(LOAD_PIPE, [url, "wasm"]) == "wasm"
+        for options, want, trace in runs:
+            assert trace["transformer_calls"] < options["steps"], trace  # it did skip calls
+            got = page_generate(pg, "wasm", PROMPT, options, latents, page_noise)
+            assert not isinstance(got, str), got
+            assert_same_video(got, want)
+            made = pg.evaluate("() => window.pipes.wasm.lastRun.sampler")
+            keys = ("calls", "transformer_calls", "leap_at", "merged_calls")
+            assert {k: made[k] for k in keys} == {k: trace[k] for k in keys}
+            if "merge_steps" in options:
+                assert trace["merged_calls"] == options["merge_steps"]

@@ -691,3 +691,32 @@ def test_tokenizer_refuses_what_it_cannot_mirror(page):
 if __name__ == "__main__":
     TABLES_JS.write_text(render_prompt_clean_tables())
     print(TABLES_JS)
+
+
+# ---- LTXPipeline's guidance rescale -------------------------------------------------------------
+
+def test_guidance_rescale_runs_replay_python(page):
+    """Whole sample() runs with guidance_rescale (LTX's schedule with a re-planned leap and
+    TDTM, flow_euler fully rescaled, CogVideoX's dynamic guidance, UniPC with a dynamic leap):
+    every call's index, model time, flags and the trace exactly, the latents within 1e-6
+    (NumPy sums the standard deviations pairwise, sampler.js in order); a rescale outside
+    [0, 1] is refused with SamplerSettings' message."""
+    runs = json.loads((SWIFT_FIXTURES / "guidance_rescale.json").read_text())["runs"]
+    assert len(runs) == 4 and all(r["settings"]["guidance_rescale"] > 0 for r in runs)
+    got = page.evaluate(REPLAY_UNIPC, runs)
+    worst = 0.0
+    for run, g in zip(runs, got, strict=True):
+        name, want = run["name"], run["expected"]
+        assert [(c["index"], c["merged"], c["last"]) for c in g["calls"]] == \
+            [(c["index"], c["merged"], c["last"]) for c in want["calls"]], name
+        assert np.array_equal(np.float32([c["t"] for c in g["calls"]]),
+                              np.float32([c["t"] for c in want["calls"]])), name
+        for key in ("calls", "transformer_calls", "merged_calls", "leap_at"):
+            assert g["trace"][key] == want["trace"][key], (name, key)
+        off = np.abs(np.float32(g["latent"]) - np.float32(want["latent"]).ravel()).max()
+        assert off <= 1e-6, (name, off)
+        worst = max(worst, float(off))
+    print(f"guidance rescale runs in the browser: worst latent difference {worst}")
+    bad = [{"guidance_rescale": v} for v in (-0.1, 1.5)]
+    for case, message in zip(bad, js_refusals(page, bad), strict=True):
+        assert message == python_refusal(case), case

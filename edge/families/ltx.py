@@ -760,12 +760,14 @@ class LTXModel:
                   guidance: float | None = None,
                   on_step: Callable[[int, int], None] | None = None,
                   seed: int | None = None, decode_timestep: float | None = None,
-                  decode_noise_scale: float | None = None) -> np.ndarray:
+                  decode_noise_scale: float | None = None,
+                  guidance_rescale: float = 0.0) -> np.ndarray:
         """diffusers' LTXPipeline itself: uint8 video (B, T, H, W, 3) from these initial
         latents (B, C, F, h, w; packed here as LTXPipeline takes them), or from those it
         draws for `seed`. Given both, the seed's generator draws only the decode noise
         (LTXPipeline draws it from its generator after the latents, which it was not asked
-        to draw). The decode settings default to the model's."""
+        to draw). The decode settings default to the model's; `guidance_rescale` is
+        LTXPipeline's (the sampler setting of the same name)."""
         if latents is None and seed is None:
             raise ValueError("give the reference latents, a seed or both")
         steps = steps or self.sampler.steps
@@ -788,7 +790,7 @@ class LTXModel:
             height=self.height, width=self.width, num_frames=self.frames,
             frame_rate=self.frame_rate,
             guidance_scale=self.sampler.guidance if guidance is None else guidance,
-            max_sequence_length=self.text_tokens, **start)
+            guidance_rescale=guidance_rescale, max_sequence_length=self.text_tokens, **start)
 
     def generate(self, prompt: str, seed: int = 0,
                  on_step: Callable[[int, int], None] | None = None,

@@ -12,7 +12,7 @@ const MAX_GUIDANCE = 1e4;
 // JavaScript has one number type, so the kinds edge/options.py reads off each setting's
 // default (int, float, bool) are written out here
 const INTEGER_SETTINGS = ["steps", "num_train_timesteps", "leap_min_steps", "leap_patience", "leap_steps", "merge_steps"];
-const REAL_SETTINGS = ["guidance", "shift", "leap_tol", "cache_threshold"];
+const REAL_SETTINGS = ["guidance", "guidance_rescale", "shift", "leap_tol", "cache_threshold"];
 const BOOLEAN_SETTINGS = ["leap", "dynamic_guidance"];
 
 // generate()'s own options; every other known name is a sampler setting (Python's

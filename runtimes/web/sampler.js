@@ -7,15 +7,15 @@
 // arrays op by op in float32, so every such op here is rounded with Math.fround; reductions
 // it does in float64 (cosines, the step cache's L1 and LayerNorm) are in float64 here too.
 // tests/fixtures/sampler/*.json (tests/test_web_browser.py) and tests/fixtures/swift/unipc.json,
-// schedulers.json and dynamic_guidance.json (tests/test_web_mirrors.py) replay recorded
-// sequences through both.
+// schedulers.json, dynamic_guidance.json and guidance_rescale.json (tests/test_web_mirrors.py)
+// replay recorded sequences through both.
 
 import { SCHEDULERS, isScheduler, schedulerFor, unknownScheduler } from "./schedulers.js";
 
 const f32 = Math.fround;
 
 export const DEFAULT_SETTINGS = {
-  steps: 30, guidance: 5.0, dynamic_guidance: false, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
+  steps: 30, guidance: 5.0, dynamic_guidance: false, guidance_rescale: 0.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
   shift_terminal: null,
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
   leap_steps: 1, merge_steps: 0, cache_threshold: 0.0,
@@ -33,6 +33,10 @@ export function checkSettings(values) {
     const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesDynamicGuidance).join(", ");
     // the value as Python's repr() writes it, for SamplerSettings' own message
     throw new Error(`sampler setting dynamic_guidance=True: ${s.scheduler} steps through no training timesteps (only ${takers} does; CogVideoX's dynamic guidance is a function of them)`);
+  }
+  const r = s.guidance_rescale;
+  if (!(typeof r === "number" && r >= 0 && r <= 1)) {
+    throw bad("guidance_rescale", "must be a number from 0 (off) to 1 (the guided velocity wholly rescaled)");
   }
   if (s.shift_terminal !== null) {
     const t = s.shift_terminal;
@@ -83,6 +87,27 @@ export function guidedVelocity(vCond, vUncond, guidance) {
   const g = f32(guidance);
   const out = new Float32Array(vCond.length);
   for (let i = 0; i < out.length; i++) out[i] = f32(vUncond[i] + f32(g * f32(vCond[i] - vUncond[i])));
+  return out;
+}
+
+// The standard deviation of all values with Bessel's correction (torch.std's), in float64.
+function besselStd(a) {
+  let mean = 0;
+  for (let i = 0; i < a.length; i++) mean += a[i];
+  mean /= a.length;
+  let squares = 0;
+  for (let i = 0; i < a.length; i++) { const d = a[i] - mean; squares += d * d; }
+  return Math.sqrt(squares / (a.length - 1));
+}
+
+// edge/sampler.py rescaled_guidance (LTXPipeline's guidance_rescale) for one sample (the
+// page generates one video at a time): v scaled to vCond's standard deviation, mixed with v
+// by `rescale`, in float64 then float32. Sums run in order where NumPy's are pairwise: the
+// same to float32 rounding, not bit for bit.
+export function rescaledGuidance(v, vCond, rescale) {
+  const ratio = besselStd(vCond) / besselStd(v);
+  const out = new Float32Array(v.length);
+  for (let i = 0; i < out.length; i++) out[i] = f32(rescale * (v[i] * ratio) + (1 - rescale) * v[i]);
   return out;
 }
 
@@ -251,7 +276,8 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
     trace.merged_calls += step.merged ? 1 : 0;
     // the step count of the schedule being run: `steps` with dynamic guidance, whose
     // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
-    const v = guidedVelocity(vCond, vUncond, stepGuidance(settings, ts[i], ts.length - 1));
+    let v = guidedVelocity(vCond, vUncond, stepGuidance(settings, ts[i], ts.length - 1));
+    if (settings.guidance_rescale > 0) v = rescaledGuidance(v, vCond, settings.guidance_rescale);
     if (trace.leap_at === null && rule.shouldLeap(v, call)) {
       trace.leap_at = call;
       if (settings.leap_steps === 1) { // the whole remaining time in one step

@@ -25,6 +25,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var steps = 30
     public var guidance = 5.0
     public var dynamicGuidance = false   // CogVideoX's use_dynamic_cfg (cogvideox_ddim only)
+    public var guidanceRescale = 0.0     // LTXPipeline's guidance_rescale, 0 (off) to 1
     public var shift = 3.0
     public var numTrainTimesteps = 1000
     public var scheduler = "flow_euler"   // a name of `schedulers` (Schedulers.swift)
@@ -43,7 +44,7 @@ public struct SamplerSettings: Codable, Equatable {
     // decoded with .convertFromSnakeCase (ManifestReader.jsonDecoder): num_train_timesteps
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case steps, guidance, dynamicGuidance, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
+        case steps, guidance, dynamicGuidance, guidanceRescale, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
         case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold
     }
 
@@ -65,6 +66,8 @@ public struct SamplerSettings: Codable, Equatable {
         guidance = try c.decodeIfPresent(Double.self, forKey: .guidance) ?? guidance
         // absent (packages before it): the fixed scale
         dynamicGuidance = try c.decodeIfPresent(Bool.self, forKey: .dynamicGuidance) ?? dynamicGuidance
+        // absent (packages before it): no rescale
+        guidanceRescale = try c.decodeIfPresent(Double.self, forKey: .guidanceRescale) ?? guidanceRescale
         shift = try c.decodeIfPresent(Double.self, forKey: .shift) ?? shift
         numTrainTimesteps = try c.decodeIfPresent(Int.self, forKey: .numTrainTimesteps) ?? numTrainTimesteps
         scheduler = try c.decodeIfPresent(String.self, forKey: .scheduler) ?? scheduler
@@ -92,6 +95,9 @@ public struct SamplerSettings: Codable, Equatable {
             let takers = schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name).joined(separator: ", ")
             // "True": the value as Python's repr() writes it, for SamplerSettings' own message
             throw bad("dynamic_guidance", "True", "\(scheduler) steps through no training timesteps (only \(takers) does; CogVideoX's dynamic guidance is a function of them)")
+        }
+        if !(guidanceRescale >= 0 && guidanceRescale <= 1) {
+            throw bad("guidance_rescale", guidanceRescale, "must be a number from 0 (off) to 1 (the guided velocity wholly rescaled)")
         }
         if let terminal = shiftTerminal {
             if !(terminal > 0 && terminal < 1) {
@@ -163,6 +169,26 @@ public func modelTimes(_ settings: SamplerSettings) -> [Float] {
 public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
     let g = Float(guidance)
     return Tensor(shape: cond.shape, data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })
+}
+
+/// edge/sampler.py rescaled_guidance (LTXPipeline's guidance_rescale): each sample of `v`
+/// scaled to the standard deviation of its conditional velocity (over all its values, with
+/// Bessel's correction as torch.std), mixed with `v` by `rescale`, in float64 then float32.
+/// Sums run in order where NumPy's are pairwise: the same to float32 rounding, not bit for bit.
+public func rescaledGuidance(_ v: Tensor, _ cond: Tensor, _ rescale: Double) -> Tensor {
+    func besselStd(_ values: ArraySlice<Float>) -> Double {
+        let mean = values.reduce(0.0) { $0 + Double($1) } / Double(values.count)
+        let squares = values.reduce(0.0) { let d = Double($1) - mean; return $0 + d * d }
+        return (squares / Double(values.count - 1)).squareRoot()
+    }
+    let n = v.count / v.shape[0]
+    var out = [Float](repeating: 0, count: v.count)
+    for b in 0..<v.shape[0] {
+        let part = b * n..<(b + 1) * n
+        let ratio = besselStd(cond.data[part]) / besselStd(v.data[part])
+        for i in part { out[i] = Float(rescale * (Double(v.data[i]) * ratio) + (1 - rescale) * Double(v.data[i])) }
+    }
+    return Tensor(shape: v.shape, data: out)
 }
 
 /// a * b exactly, as the pair p + e (Dekker's product: each factor split into halves of 26
@@ -371,7 +397,8 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
         trace.mergedCalls += step.merged ? 1 : 0
         // the step count of the schedule being run: `steps` with dynamic guidance, whose
         // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
-        let v = guidedVelocity(cond, uncond, stepGuidance(settings, level: ts[i], steps: ts.count - 1))
+        var v = guidedVelocity(cond, uncond, stepGuidance(settings, level: ts[i], steps: ts.count - 1))
+        if settings.guidanceRescale > 0 { v = rescaledGuidance(v, cond, settings.guidanceRescale) }
         if trace.leapAt == nil && rule.shouldLeap(v, stepsDone: call) {
             trace.leapAt = call
             if settings.leapSteps == 1 {  // the whole remaining time in one step

@@ -25,7 +25,7 @@ import UniformTypeIdentifiers
 
 let usage = """
     usage: edge-sample PACKAGE PROMPT [--negative-prompt TEXT] [--seed N | --latents F.npy]
-                       [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance]
+                       [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance] [--guidance-rescale X]
                        [--leap-after N] [--leap-steps N]
                        [--merge-steps N] [--cache-threshold X] [--budget BYTES]
                        [--decode-timestep X] [--decode-noise-scale X] -o OUT.npy|OUT.gif
@@ -37,7 +37,7 @@ struct Failure: Error, CustomStringConvertible { let description: String }
 struct Options {
     var package = "", prompt: String?, output: String?, bundle: String?, negativePrompt: String?, latents: String?
     var seed: UInt64?, budget: Int?
-    var steps: Int?, guidance: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?
+    var steps: Int?, guidance: Double?, guidanceRescale: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?
     var dynamicGuidance: Bool?   // CogVideoX's dynamic guidance (cogvideox_ddim packages)
     var decodeTimestep: Double?, decodeNoiseScale: Double?   // a timestep-conditioned decoder's (LTX-Video)
 
@@ -72,6 +72,7 @@ struct Options {
             case "--leap-steps": leapSteps = try number(arg, Int.self)
             case "--merge-steps": mergeSteps = try number(arg, Int.self)
             case "--cache-threshold": cacheThreshold = try number(arg, Double.self)
+            case "--guidance-rescale": guidanceRescale = try number(arg, Double.self)
             case "--decode-timestep": decodeTimestep = try number(arg, Double.self)
             case "--decode-noise-scale": decodeNoiseScale = try number(arg, Double.self)
             case "-h", "--help": throw Failure(description: usage)
@@ -92,6 +93,7 @@ struct Options {
                          dynamicGuidance.map { $0 ? "--dynamic-guidance" : "--no-dynamic-guidance" }, leapAfter.map { _ in "--leap-after" },
                          leapSteps.map { _ in "--leap-steps" }, mergeSteps.map { _ in "--merge-steps" },
                          cacheThreshold.map { _ in "--cache-threshold" },
+                         guidanceRescale.map { _ in "--guidance-rescale" },
                          decodeTimestep.map { _ in "--decode-timestep" },
                          decodeNoiseScale.map { _ in "--decode-noise-scale" }].compactMap { $0 }
             if !given.isEmpty {
@@ -120,6 +122,7 @@ struct Options {
         if let leapSteps { s.leap = true; s.leapSteps = leapSteps }
         if let mergeSteps { s.mergeSteps = mergeSteps }
         if let cacheThreshold { s.cacheThreshold = cacheThreshold }
+        if let guidanceRescale { s.guidanceRescale = guidanceRescale }
     }
 }
 
