@@ -293,6 +293,18 @@ REPLAY_UNIPC = """async (runs) => {
 }"""
 
 
+def assert_same_calls_and_trace(run: dict, got: dict) -> None:
+    """A replayed run (REPLAY_UNIPC) made the fixture's calls (index, merged and last flags,
+    the model time in float32) and trace counts."""
+    name, want = run["name"], run["expected"]
+    assert [(c["index"], c["merged"], c["last"]) for c in got["calls"]] == \
+        [(c["index"], c["merged"], c["last"]) for c in want["calls"]], name
+    assert np.array_equal(np.float32([c["t"] for c in got["calls"]]),
+                          np.float32([c["t"] for c in want["calls"]])), name
+    for key in ("calls", "transformer_calls", "merged_calls", "leap_at"):
+        assert got["trace"][key] == want["trace"][key], (name, key)
+
+
 def test_unipc_sample_runs_replay_python(page):
     """Whole sample() runs with guidance, merge_steps, fixed and dynamic leaps (one step and
     re-planned tails): every call's index, model time, merged and last flags and the trace
@@ -303,15 +315,9 @@ def test_unipc_sample_runs_replay_python(page):
     worst = 0.0
     for run, g in zip(runs, got, strict=True):
         name, want = run["name"], run["expected"]
-        assert [(c["index"], c["merged"], c["last"]) for c in g["calls"]] == \
-            [(c["index"], c["merged"], c["last"]) for c in want["calls"]], name
-        assert np.array_equal(np.float32([c["t"] for c in g["calls"]]),
-                              np.float32([c["t"] for c in want["calls"]])), name
-        trace = want["trace"]
-        for key in ("calls", "transformer_calls", "merged_calls", "leap_at"):
-            assert g["trace"][key] == trace[key], (name, key)
-        np.testing.assert_allclose(g["trace"]["cosines"], trace["cosines"], rtol=0, atol=1e-12,
-                                   err_msg=name)
+        assert_same_calls_and_trace(run, g)
+        np.testing.assert_allclose(g["trace"]["cosines"], want["trace"]["cosines"], rtol=0,
+                                   atol=1e-12, err_msg=name)
         latent, expected = np.float64(g["latent"]), np.float64(want["latent"]).ravel()
         assert latent.shape == expected.shape, name
         error = np.abs(latent - expected) / np.maximum(1.0, np.abs(expected))
@@ -529,12 +535,7 @@ def test_dynamic_guidance_runs_replay_python_bit_for_bit(page):
     got = page.evaluate(REPLAY_UNIPC, runs)
     for run, g in zip(runs, got, strict=True):
         name, want = run["name"], run["expected"]
-        assert [(c["index"], c["merged"], c["last"]) for c in g["calls"]] == \
-            [(c["index"], c["merged"], c["last"]) for c in want["calls"]], name
-        assert np.array_equal(np.float32([c["t"] for c in g["calls"]]),
-                              np.float32([c["t"] for c in want["calls"]])), name
-        for key in ("calls", "transformer_calls", "merged_calls", "leap_at"):
-            assert g["trace"][key] == want["trace"][key], (name, key)
+        assert_same_calls_and_trace(run, g)
         np.testing.assert_allclose(g["trace"]["cosines"], want["trace"]["cosines"], rtol=0,
                                    atol=1e-12, err_msg=name)
         assert np.array_equal(np.float32(g["latent"]), np.float32(want["latent"]).ravel()), name
@@ -707,12 +708,7 @@ def test_guidance_rescale_runs_replay_python(page):
     worst = 0.0
     for run, g in zip(runs, got, strict=True):
         name, want = run["name"], run["expected"]
-        assert [(c["index"], c["merged"], c["last"]) for c in g["calls"]] == \
-            [(c["index"], c["merged"], c["last"]) for c in want["calls"]], name
-        assert np.array_equal(np.float32([c["t"] for c in g["calls"]]),
-                              np.float32([c["t"] for c in want["calls"]])), name
-        for key in ("calls", "transformer_calls", "merged_calls", "leap_at"):
-            assert g["trace"][key] == want["trace"][key], (name, key)
+        assert_same_calls_and_trace(run, g)
         off = np.abs(np.float32(g["latent"]) - np.float32(want["latent"]).ravel()).max()
         assert off <= 1e-6, (name, off)
         worst = max(worst, float(off))

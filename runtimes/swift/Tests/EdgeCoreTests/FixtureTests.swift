@@ -57,6 +57,55 @@ func assertClose(_ got: [Double], _ want: [Double], _ tolerance: Double, _ what:
     }
 }
 
+/// A run of a fixture written by tests/swift_fixtures.py replay_runs, replayed through
+/// `sample()`: the recorded (cond, uncond) of call i answer call i.
+struct ReplayedRun {
+    let name: String
+    let settings: SamplerSettings
+    let calls: [(index: Int, t: Float, merged: Bool, last: Bool)]
+    let trace: Trace
+    let x: Tensor
+    let expected: [String: Any]
+
+    init(_ run: [String: Any]) throws {
+        name = run["name"] as! String
+        settings = try Fixtures.settings(run["settings"]!)
+        let cond = (run["cond"] as! [Any]).map(tensor), uncond = (run["uncond"] as! [Any]).map(tensor)
+        let noise = tensor(run["noise"]!)
+        var calls: [(index: Int, t: Float, merged: Bool, last: Bool)] = []
+        var trace = Trace()
+        x = sample(predict: { _, t, step in
+            calls.append((step.index, t, step.merged, step.last))
+            return (cond[step.index].reshaped([1] + cond[step.index].shape),
+                    uncond[step.index].reshaped([1] + uncond[step.index].shape))
+        }, noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
+        self.calls = calls
+        self.trace = trace
+        expected = run["expected"] as! [String: Any]
+    }
+
+    /// Every call's index, flags and model time (float32 for float32: a leap's tail re-plans
+    /// them) and the trace's counts and leap are the recorded ones.
+    func assertCallsAndTrace(file: StaticString = #filePath, line: UInt = #line) {
+        let want = expected["calls"] as! [[String: Any]]
+        XCTAssertEqual(calls.count, want.count, name, file: file, line: line)
+        for (g, w) in zip(calls, want) {
+            XCTAssertEqual(g.index, w["index"] as? Int, name, file: file, line: line)
+            XCTAssertEqual(g.merged, w["merged"] as? Bool, "\(name) call \(g.index)", file: file, line: line)
+            XCTAssertEqual(g.last, w["last"] as? Bool, "\(name) call \(g.index)", file: file, line: line)
+            XCTAssertEqual(g.t, Float(number(w["t"])), "\(name) call \(g.index)", file: file, line: line)
+        }
+        let wantTrace = expected["trace"] as! [String: Any]
+        XCTAssertEqual(trace.calls, wantTrace["calls"] as? Int, name, file: file, line: line)
+        XCTAssertEqual(trace.transformerCalls, wantTrace["transformer_calls"] as? Int, name, file: file, line: line)
+        XCTAssertEqual(trace.mergedCalls, wantTrace["merged_calls"] as? Int, name, file: file, line: line)
+        XCTAssertEqual(trace.leapAt, wantTrace["leap_at"] as? Int, name, file: file, line: line)
+    }
+
+    var wantCosines: [Double] { flatten((expected["trace"] as! [String: Any])["cosines"]!).values }
+    var wantLatent: (shape: [Int], values: [Double]) { flatten(expected["latent"]!) }
+}
+
 final class SamplerFixtureTests: XCTestCase {
     func testLeapFixtures() throws {
         for name in ["leap_straight_dynamic", "leap_curved_dynamic", "leap_fixed", "leap_off",

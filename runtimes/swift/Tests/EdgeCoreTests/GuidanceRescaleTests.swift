@@ -13,33 +13,12 @@ final class GuidanceRescaleTests: XCTestCase {
         let runs = try XCTUnwrap(try Fixtures.object("swift/guidance_rescale.json")["runs"] as? [[String: Any]])
         XCTAssertEqual(runs.count, 4)
         var worst: Float = 0
-        for run in runs {
-            let name = run["name"] as! String
-            let settings = try Fixtures.settings(run["settings"]!)
-            XCTAssertGreaterThan(settings.guidanceRescale, 0, name)
-            let cond = (run["cond"] as! [Any]).map(tensor), uncond = (run["uncond"] as! [Any]).map(tensor)
-            let noise = tensor(run["noise"]!)
-            var calls: [(index: Int, t: Float, merged: Bool, last: Bool)] = []
-            var trace = Trace()
-            let x = sample(predict: { _, t, step in
-                calls.append((step.index, t, step.merged, step.last))
-                return (cond[step.index].reshaped([1] + cond[step.index].shape),
-                        uncond[step.index].reshaped([1] + uncond[step.index].shape))
-            }, noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
-            let expected = run["expected"] as! [String: Any]
-            let want = expected["calls"] as! [[String: Any]]
-            XCTAssertEqual(calls.map(\.index), want.map { $0["index"] as! Int }, name)
-            XCTAssertEqual(calls.map(\.merged), want.map { $0["merged"] as! Bool }, name)
-            XCTAssertEqual(calls.map(\.last), want.map { $0["last"] as! Bool }, name)
-            XCTAssertEqual(calls.map(\.t), want.map { Float(number($0["t"])) }, name)
-            let wantTrace = expected["trace"] as! [String: Any]
-            XCTAssertEqual(trace.calls, wantTrace["calls"] as? Int, name)
-            XCTAssertEqual(trace.mergedCalls, wantTrace["merged_calls"] as? Int, name)
-            XCTAssertEqual(trace.leapAt, wantTrace["leap_at"] as? Int, name)
-            let latent = flatten(expected["latent"]!).values.map { Float($0) }
-            let off = zip(x.data, latent).map { abs($0 - $1) }.max()!
+        for run in try runs.map(ReplayedRun.init) {
+            XCTAssertGreaterThan(run.settings.guidanceRescale, 0, run.name)
+            run.assertCallsAndTrace()
+            let off = zip(run.x.data, run.wantLatent.values).map { abs($0 - Float($1)) }.max()!
             worst = max(worst, off)
-            XCTAssertLessThanOrEqual(off, 1e-6, name)
+            XCTAssertLessThanOrEqual(off, 1e-6, run.name)
         }
         print("guidance rescale runs: worst latent difference \(worst)")
     }

@@ -35,39 +35,15 @@ final class UniPCFixtureTests: XCTestCase {
         let runs = try XCTUnwrap(try fixture()["runs"] as? [[String: Any]])
         XCTAssertEqual(runs.count, 14)
         var worst = 0.0
-        for run in runs {
-            let name = run["name"] as! String
-            let settings = try Fixtures.settings(run["settings"]!)
-            XCTAssertEqual(settings.scheduler, "flow_unipc", name)
-            let cond = (run["cond"] as! [Any]).map(tensor), uncond = (run["uncond"] as! [Any]).map(tensor)
-            let noise = tensor(run["noise"]!)
-            var calls: [(index: Int, t: Float, merged: Bool, last: Bool)] = []
-            var trace = Trace()
-            let x = sample(predict: { _, t, step in
-                calls.append((step.index, t, step.merged, step.last))
-                return (cond[step.index].reshaped([1] + cond[step.index].shape),
-                        uncond[step.index].reshaped([1] + uncond[step.index].shape))
-            }, noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
-            let expected = run["expected"] as! [String: Any]
-            let want = expected["calls"] as! [[String: Any]]
-            XCTAssertEqual(calls.count, want.count, name)
-            for (g, w) in zip(calls, want) {
-                XCTAssertEqual(g.index, w["index"] as? Int, name)
-                XCTAssertEqual(g.merged, w["merged"] as? Bool, "\(name) call \(g.index)")
-                XCTAssertEqual(g.last, w["last"] as? Bool, "\(name) call \(g.index)")
-                // the model time, float32 for float32 (a leap's tail re-plans them)
-                XCTAssertEqual(g.t, Float(number(w["t"])), "\(name) call \(g.index)")
-            }
-            let wantTrace = expected["trace"] as! [String: Any]
-            XCTAssertEqual(trace.calls, wantTrace["calls"] as? Int, name)
-            XCTAssertEqual(trace.transformerCalls, wantTrace["transformer_calls"] as? Int, name)
-            XCTAssertEqual(trace.mergedCalls, wantTrace["merged_calls"] as? Int, name)
-            XCTAssertEqual(trace.leapAt, wantTrace["leap_at"] as? Int, name)
-            assertClose(trace.cosines, flatten(wantTrace["cosines"]!).values, 1e-12, "\(name) cosines")
-            let wantLatent = flatten(expected["latent"]!)
-            XCTAssertEqual(x.shape, [1] + wantLatent.shape, name)
-            assertClose(x.data.map(Double.init), wantLatent.values, Self.latentTolerance, "\(name) latent")
-            for (g, w) in zip(x.data, wantLatent.values) {
+        for run in try runs.map(ReplayedRun.init) {
+            let name = run.name
+            XCTAssertEqual(run.settings.scheduler, "flow_unipc", name)
+            run.assertCallsAndTrace()
+            assertClose(run.trace.cosines, run.wantCosines, 1e-12, "\(name) cosines")
+            let wantLatent = run.wantLatent
+            XCTAssertEqual(run.x.shape, [1] + wantLatent.shape, name)
+            assertClose(run.x.data.map(Double.init), wantLatent.values, Self.latentTolerance, "\(name) latent")
+            for (g, w) in zip(run.x.data, wantLatent.values) {
                 worst = max(worst, abs(Double(g) - w) / max(1, abs(w)))
             }
         }

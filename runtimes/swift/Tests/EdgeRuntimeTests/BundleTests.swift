@@ -24,19 +24,28 @@ final class BundleTests: ScratchTestCase {
         try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("bundles").appendingPathComponent(name))
     }
 
+    /// `b` replayed through the Swift pipeline of `package`: every recorded call made, with
+    /// inputs within 1e-5 of the recording's, the same frames and trace.
+    func replayed(_ b: ConformanceBundle, on package: URL, _ what: String,
+                  file: StaticString = #filePath, line: UInt = #line) throws -> (BundleReplay, BundleReport, EdgePipeline) {
+        let replay = BundleReplay(b)
+        let pipe = try EdgePipeline(package: package, backend: replay)
+        let report = try pipe.run(b)
+        XCTAssertTrue(replay.finished, "\(what): Swift made \(replay.next) of \(b.calls.count) calls", file: file, line: line)
+        XCTAssertEqual(report.frameBytesDiffering, 0, "\(what): frame bytes differ", file: file, line: line)
+        let trace = report.frames!.trace
+        XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls, transformerCalls: trace.transformerCalls,
+                                               mergedCalls: trace.mergedCalls, leapAt: trace.leapAt), b.trace, what,
+                       file: file, line: line)
+        XCTAssertLessThanOrEqual(replay.worstInputDifference, 1e-5, what, file: file, line: line)
+        return (replay, report, pipe)
+    }
+
     func testEveryWanBundleReplaysWithTheSameCallsAndFrames() throws {
         let package = try wanFolder().appendingPathComponent("package")
         for name in ["seed", "negative_merge_leap", "step_cache"] {
             let b = try bundle(name)
-            let replay = BundleReplay(b)
-            let pipe = try EdgePipeline(package: package, backend: replay)
-            let report = try pipe.run(b)
-            XCTAssertTrue(replay.finished, "\(name): Swift made \(replay.next) of \(b.calls.count) calls")
-            XCTAssertEqual(report.frameBytesDiffering, 0, "\(name): frame bytes differ")
-            let trace = report.frames!.trace
-            XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls, transformerCalls: trace.transformerCalls,
-                                                   mergedCalls: trace.mergedCalls, leapAt: trace.leapAt), b.trace, name)
-            XCTAssertLessThanOrEqual(replay.worstInputDifference, 1e-5, name)
+            let (replay, report, _) = try replayed(b, on: package, name)
             // recorded from a seed: the Swift pipeline drew that seed's noise (TorchNoise),
             // the recorded latents within 1e-5
             XCTAssertNotNil(b.seed, name)
@@ -62,7 +71,7 @@ final class BundleTests: ScratchTestCase {
     /// and the seed's second draw, as the Python side fed them.
     func testCogVideoXAndLTXBundlesReplayWithTheSameCallsAndFrames() throws {
         let families = try replayFolder().appendingPathComponent("families")
-        var replayed: [String: Int] = [:]
+        var counts: [String: Int] = [:]
         for (family, names) in [("cogvideox", ["seed", "negative_merge_leap", "step_cache"]),
                                 ("ltx", ["seed", "negative_merge_leap"])] {
             let folder = families.appendingPathComponent(family)
@@ -70,22 +79,14 @@ final class BundleTests: ScratchTestCase {
             for name in names {
                 let what = "\(family) \(name)"
                 let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles/\(name)"))
-                let replay = BundleReplay(b)
-                let pipe = try EdgePipeline(package: package, backend: replay)
-                let report = try pipe.run(b)
-                XCTAssertTrue(replay.finished, "\(what): Swift made \(replay.next) of \(b.calls.count) calls")
-                XCTAssertEqual(report.frameBytesDiffering, 0, "\(what): frame bytes differ")
-                let trace = report.frames!.trace
-                XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls, transformerCalls: trace.transformerCalls,
-                                                       mergedCalls: trace.mergedCalls, leapAt: trace.leapAt), b.trace, what)
-                XCTAssertLessThanOrEqual(replay.worstInputDifference, 1e-5, what)
+                let (replay, _, pipe) = try replayed(b, on: package, what)
                 let decoderInputs = Set(b.calls.filter { $0.key.hasPrefix("vae_decoder/") }.flatMap { $0.inputs.keys })
                 XCTAssertEqual(decoderInputs.isSuperset(of: Manifest.decodeInputs), pipe.manifest.decode != nil, what)
-                replayed[family, default: 0] += 1
+                counts[family, default: 0] += 1
                 print("bundle \(family)_\(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
             }
         }
-        XCTAssertEqual(replayed, ["cogvideox": 3, "ltx": 2])
+        XCTAssertEqual(counts, ["cogvideox": 3, "ltx": 2])
     }
 
     /// The decode options: refused by name before any block runs where the package's decoder
