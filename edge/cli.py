@@ -321,6 +321,8 @@ def bench(
     lean: Annotated[bool, typer.Option(
         "--lean", help="Also time 'lean': streamed, with the pinned blocks let go before the "
         "VAE decode and read again on the next generation.")] = False,
+    repeats: Annotated[int, typer.Option(
+        min=1, help="Timed generations per mode; the median is reported.")] = 1,
 ) -> None:
     """Time one generation all-resident, streamed with prefetch under the budget, and naive
     (load on demand, no prefetch), beside a cold sequential read of the weights."""
@@ -332,7 +334,7 @@ def bench(
     modes = (*MODES, "lean") if lean else MODES
     try:
         result = run_bench(package, _budget_option(memory_budget), prompt=prompt, steps=steps,
-                           threads=threads, modes=modes)
+                           threads=threads, modes=modes, repeats=repeats)
     except (PackageError, BudgetError, ValueError) as err:
         fail(str(err))
     if as_json:

@@ -171,6 +171,25 @@ def test_manifest_json_is_documented():
         assert f"`{field}`" in doc
 
 
+def test_bench_repeats_report_the_median_generation(package):
+    """`--repeats 3`: three timed generations per mode; the mode's wall is their median and
+    its peaks the largest of them; 0 repeats are refused."""
+    import json
+
+    root, _ = package
+    res = runner.invoke(app, ["bench", str(root), "--memory-budget", "64MB", "--json",
+                              "--steps", "1", "--repeats", "3"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.output.strip().splitlines()[-1])
+    assert result["repeats"] == 3
+    for mode in ("resident", "streamed", "naive"):
+        walls = result[mode]["wall_s_runs"]
+        assert len(walls) == 3 and result[mode]["wall_s"] == sorted(walls)[1]
+    refused = runner.invoke(app, ["bench", str(root), "--memory-budget", "64MB",
+                                  "--repeats", "0"])
+    assert refused.exit_code != 0 and "--repeats" in refused.output
+
+
 def test_cli_bench_json_has_every_mode(package):
     import json
 

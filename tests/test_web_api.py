@@ -156,10 +156,12 @@ def test_latents_negative_prompt_and_guidance_mean_what_they_mean_in_python(mini
 BAD_OPTIONS = [
     ("{ stpes: 2 }", "unknown generate option(s): stpes; known: cache_threshold, "
                      "decode_noise, decode_noise_scale, decode_timestep, dynamic_guidance, "
-                     "guidance, latents, leap, …"),
+                     "guidance, guidance_rescale, latents, leap, …"),
     ("{ steps: 0 }", "sampler setting steps=0: must be at least 1"),
     ("{ steps: 2.5 }", "sampler setting steps=2.5: must be an integer"),
     ("{ guidance: NaN }", "sampler setting guidance=NaN: must be a finite number"),
+    ("{ guidance_rescale: 1.5 }", "sampler setting guidance_rescale=1.5: must be a number "
+                                  "from 0 (off) to 1 (the guided velocity wholly rescaled)"),
     ("{ guidance: '5' }", 'sampler setting guidance="5": must be a finite number'),
     ("{ leap: 'yes' }", 'sampler setting leap="yes": must be true or false'),
     ("{ dynamic_guidance: 1 }", "sampler setting dynamic_guidance=1: must be true or false"),
