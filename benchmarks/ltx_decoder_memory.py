@@ -8,7 +8,7 @@ at a few sizes, each in a fresh process: the peak RSS it adds over the loaded mo
 least-squares line through those peaks in the number of decoded pixels (frames x height x
 width), extrapolated to LTXPipeline's default size and to 512x768x121.
 
-    python benchmarks/ltx_decoder_memory.py [--sizes 128x192x25 256x384x25 256x384x49]
+    python benchmarks/ltx_decoder_memory.py [--sizes 128x192x25 256x384x25 ...] [--threads 2]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-SIZES = ["128x192x25", "256x384x25", "256x384x49"]
+SIZES = ["128x192x25", "256x384x25", "256x384x49", "256x384x97", "512x768x25"]
 EXTRAPOLATE = ["512x704x161", "512x768x121"]   # LTXPipeline's default; LTX's 0.9.5 example
 
 
