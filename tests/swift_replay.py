@@ -214,6 +214,8 @@ FAMILY_BUNDLES = {
         "negative_merge_leap": ("The blue box slides up!", {
             "negative_prompt": "blurry, static", "seed": 3,
             "overrides": {"merge_steps": 2, "leap": True, "leap_after": 2, "leap_steps": 1}}),
+        "step_cache": ("a red circle moving left", {
+            "seed": 5, "overrides": {"steps": 8, "cache_threshold": 0.3}}),
     },
 }
 

@@ -73,7 +73,7 @@ final class BundleTests: ScratchTestCase {
         let families = try replayFolder().appendingPathComponent("families")
         var counts: [String: Int] = [:]
         for (family, names) in [("cogvideox", ["seed", "negative_merge_leap", "step_cache"]),
-                                ("ltx", ["seed", "negative_merge_leap"])] {
+                                ("ltx", ["seed", "negative_merge_leap", "step_cache"])] {
             let folder = families.appendingPathComponent(family)
             let package = folder.appendingPathComponent("package")
             for name in names {
@@ -86,7 +86,17 @@ final class BundleTests: ScratchTestCase {
                 print("bundle \(family)_\(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
             }
         }
-        XCTAssertEqual(counts, ["cogvideox": 3, "ltx": 2])
+        XCTAssertEqual(counts, ["cogvideox": 3, "ltx": 3])
+        // what the settings exercised: merging, a leap, skipped transformer calls
+        for family in ["cogvideox", "ltx"] {
+            func trace(_ name: String) throws -> ConformanceBundle.Trace {
+                try ConformanceBundle(contentsOf: families.appendingPathComponent("\(family)/bundles/\(name)")).trace
+            }
+            XCTAssertGreaterThan(try trace("negative_merge_leap").mergedCalls, 0, family)
+            XCTAssertNotNil(try trace("negative_merge_leap").leapAt, family)
+            let cached = try trace("step_cache")
+            XCTAssertLessThan(cached.transformerCalls, cached.calls, family)
+        }
     }
 
     /// The decode options: refused by name before any block runs where the package's decoder
