@@ -110,6 +110,17 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
         yield torch_block_opener(blocks)
 
 
+def decode_noise_scale(manifest: dict) -> float:
+    """How much decode noise a timestep-conditioned decoder mixes in by the package's
+    defaults (its `decode`: the noise scale, else the timestep); 0 without `decode`. At 0 the
+    runtimes feed zeros, so a bundle then needs no seed's draw."""
+    decode = manifest.get("decode")
+    if decode is None:
+        return 0.0
+    return decode["noise_scale"] if decode.get("noise_scale") is not None \
+        else decode["timestep"]
+
+
 def record(package: Path, prompt: str, dest: Path, seed: int = 0,
            latents: np.ndarray | None = None, negative_prompt: str | None = None,
            overrides: dict | None = None, model_folder: Path | None = None) -> dict:
@@ -142,7 +153,7 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
             check_noise(manifest, str(package / MANIFEST))
         except ValueError as err:
             raise RecordError(str(err)) from None
-    elif "decode" in manifest:
+    elif decode_noise_scale(manifest):
         raise RecordError(f"--latents: {package}'s decoder is conditioned on a timestep and "
                           "its decode noise is the seed's second draw: record from a seed")
     with ExitStack() as stack:
@@ -157,7 +168,7 @@ def record(package: Path, prompt: str, dest: Path, seed: int = 0,
         noise = latents if latents is not None else initial_noise(pipe.latent_shape, [seed])
         recorder = Recorder(pipe)
         extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
-        if "decode" in manifest:  # what the seed's generator draws after the latents
+        if decode_noise_scale(manifest):  # what the seed's generator draws after the latents
             extra["decode_noise"] = torch_randn_draws([tuple(pipe.latent_shape)] * 2,
                                                       seed)[1][None]
         video = pipe.generate(prompt, latents=noise, **extra, **(overrides or {}))

@@ -115,6 +115,29 @@ def test_a_conditioned_decoders_bundle_holds_the_seeds_decode_noise(ltx_iphone_p
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow  # the session's LTX-Video CoreML export
+def test_a_conditioned_decoder_without_decode_noise_records_zeros(ltx_iphone_package,
+                                                                  ltx_folders, tmp_path):
+    """A package whose decode noise scale is 0 mixes no noise in: its decoder is fed zeros
+    (what the runtimes feed then), and given latents are taken."""
+    import os
+
+    from edge.package import write_manifest
+
+    root, manifest = ltx_iphone_package
+    quiet = tmp_path / "pkg"
+    shutil.copytree(root, quiet, copy_function=os.link)
+    (quiet / "manifest.json").unlink()  # a hard link: writing through it would edit `root`
+    write_manifest(quiet, {**manifest, "decode": {"timestep": 0.05, "noise_scale": 0.0}})
+    np.save(tmp_path / "z.npy", initial_noise(tuple(manifest["latent_shape"]), [2]))
+    for i, args in enumerate((["--seed", "4"], ["--latents", tmp_path / "z.npy"])):
+        out = tmp_path / f"bundle-{i}"
+        result = _record(quiet, PROMPT, "--model", ltx_folders["timestep"], *args, "-o", out)
+        assert result.exit_code == 0, result.output
+        head = next(c for c in Bundle(out).calls if c["key"].startswith("vae_decoder/"))
+        assert not Bundle(out).array(head["inputs"]["decode_noise"]).any()
+
+
 def test_an_onnx_bundle_is_the_python_runtimes_run(exported_package, tmp_path):
     from runtimes.python import Pipeline
 
