@@ -83,13 +83,18 @@ def wan_models(wan_folders):
     return {s: load_model(f, steps=12, **WAN_SIZE) for s, f in wan_folders.items()}
 
 
+def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
+    """Each of `models` exported to ONNX under a fresh folder `name`: {key: (root, manifest)}."""
+    from exporters.onnx import export_onnx
+
+    root = tmp_path_factory.mktemp(name)
+    return {k: (root / k, export_onnx(m, root / k)) for k, m in models.items()}
+
+
 @pytest.fixture(scope="session")
 def wan_packages(tmp_path_factory, wan_models):
     """wan_models exported to ONNX once per session: {scheduler: (root, manifest)}."""
-    from exporters.onnx import export_onnx
-
-    root = tmp_path_factory.mktemp("wan-onnx")
-    return {s: (root / s, export_onnx(m, root / s)) for s, m in wan_models.items()}
+    return onnx_packages(tmp_path_factory, "wan-onnx", wan_models)
 
 
 @pytest.fixture(scope="session")
@@ -150,10 +155,7 @@ def cog_models(cog_folders):
 @pytest.fixture(scope="session")
 def cog_packages(tmp_path_factory, cog_models):
     """Both shapes exported to ONNX once per session: {shape: (root, manifest)}."""
-    from exporters.onnx import export_onnx
-
-    root = tmp_path_factory.mktemp("cogvideox-onnx")
-    return {s: (root / s, export_onnx(m, root / s)) for s, m in cog_models.items()}
+    return onnx_packages(tmp_path_factory, "cogvideox-onnx", cog_models)
 
 
 @pytest.fixture(scope="session")
@@ -176,10 +178,7 @@ def ltx_models(ltx_folders):
 @pytest.fixture(scope="session")
 def ltx_packages(tmp_path_factory, ltx_models):
     """Both decoders' packages exported to ONNX once per session: {kind: (root, manifest)}."""
-    from exporters.onnx import export_onnx
-
-    root = tmp_path_factory.mktemp("ltx-onnx")
-    return {k: (root / k, export_onnx(m, root / k)) for k, m in ltx_models.items()}
+    return onnx_packages(tmp_path_factory, "ltx-onnx", ltx_models)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ Layout of the folder `write(...)` fills:
     wan/                with `wan=`: the tiny Wan's iphone package and `edge record` bundles
                         of it (write_wan), which the Swift pipeline replays
     families/<family>/  with `families=`: CogVideoX's and LTX-Video's iphone packages,
-                        bundles of them (write_family), replayed the same way, and their
+                        bundles of them (write_package_bundles), replayed the same way, and their
                         bad_manifests.json
 """
 
@@ -176,24 +176,39 @@ WAN_BAD_MANIFESTS = [
 ]
 
 
-def write_wan(folder: Path, wan_iphone: Path, wan_folder: Path, tiny_sora_iphone: Path
-              ) -> None:
-    """folder/package: the tiny Wan iphone package; folder/bundles/<name>: its bundles
-    (WAN_BUNDLES); folder/tiny_sora_bundle: a bundle of tiny-sora's iphone package (another
-    package: the Swift side refuses it for this one, and replays it on its own package);
-    folder/bad_manifests.json as for tiny-sora."""
+def write_bad_manifests(folder: Path, edits: list | None = None) -> None:
+    """folder/bad_manifests.json: `edits` (default BAD_MANIFESTS) of folder/package's
+    manifest with the Python side's refusals (bad_manifests)."""
+    bad = bad_manifests(folder / "package", folder / "scratch", edits)
+    shutil.rmtree(folder / "scratch")
+    (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
+
+
+def write_package_bundles(folder: Path, iphone_package: Path, model_folder: Path,
+                          bundles: dict[str, tuple[str, dict]], bad_edits: list) -> None:
+    """folder/package: an iphone package (a copy); folder/bundles/<name>: `edge record`
+    bundles of it ({name: (prompt, options)}); folder/bad_manifests.json: `bad_edits`."""
     from edge.record import record
 
     folder.mkdir(parents=True)
-    shutil.copytree(wan_iphone, folder / "package")
-    for name, (prompt, options) in WAN_BUNDLES.items():
-        record(folder / "package", prompt, folder / "bundles" / name, model_folder=wan_folder,
+    shutil.copytree(iphone_package, folder / "package")
+    for name, (prompt, options) in bundles.items():
+        record(folder / "package", prompt, folder / "bundles" / name, model_folder=model_folder,
                **options)
+    write_bad_manifests(folder, bad_edits)
+
+
+def write_wan(folder: Path, wan_iphone: Path, wan_folder: Path, tiny_sora_iphone: Path
+              ) -> None:
+    """The tiny Wan iphone package with its WAN_BUNDLES and WAN_BAD_MANIFESTS
+    (write_package_bundles), and folder/tiny_sora_bundle: a bundle of tiny-sora's iphone
+    package (another package: the Swift side refuses it for this one, and replays it on its
+    own package)."""
+    from edge.record import record
+
+    write_package_bundles(folder, wan_iphone, wan_folder, WAN_BUNDLES, WAN_BAD_MANIFESTS)
     record(tiny_sora_iphone, "a red circle moving left", folder / "tiny_sora_bundle",
            overrides={"steps": 6, "merge_steps": 2})
-    bad = bad_manifests(folder / "package", folder / "scratch", WAN_BAD_MANIFESTS)
-    shutil.rmtree(folder / "scratch")
-    (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
 
 
 # Bundles of the other families' iphone packages: family -> {name: (prompt, options)}.
@@ -231,28 +246,13 @@ FAMILY_BAD_MANIFESTS = {
 }
 
 
-def write_family(folder: Path, family: str, iphone_package: Path, model_folder: Path) -> None:
-    """folder/package: a family's iphone package; folder/bundles/<name>: its FAMILY_BUNDLES;
-    folder/bad_manifests.json: its FAMILY_BAD_MANIFESTS, as for tiny-sora."""
-    from edge.record import record
-
-    folder.mkdir(parents=True)
-    shutil.copytree(iphone_package, folder / "package")
-    for name, (prompt, options) in FAMILY_BUNDLES[family].items():
-        record(folder / "package", prompt, folder / "bundles" / name, model_folder=model_folder,
-               **options)
-    bad = bad_manifests(folder / "package", folder / "scratch", FAMILY_BAD_MANIFESTS[family])
-    shutil.rmtree(folder / "scratch")
-    (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
-
-
 def write(folder: Path, onnx_package: Path, iphone_package: Path,
           wan: tuple[Path, Path] | None = None,
           families: dict[str, tuple[Path, Path]] | None = None) -> Path:
     """Fill `folder` (see the module docstring); returns it. `wan`: (the tiny Wan's iphone
     package, its model folder), written under folder/wan (write_wan); `families`: {family:
     (its iphone package, its model folder)}, each under folder/families/<family> with its
-    FAMILY_BUNDLES (write_family)."""
+    FAMILY_BUNDLES (write_package_bundles)."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(iphone_package, folder / "package")
     replay = folder / "replay"
@@ -261,11 +261,10 @@ def write(folder: Path, onnx_package: Path, iphone_package: Path,
     cases = record_cases(onnx_package, tensors)
     tensors.write(replay / "tensors.bin")
     (replay / "cases.json").write_text(json.dumps(cases))
-    bad = bad_manifests(folder / "package", folder / "scratch")
-    shutil.rmtree(folder / "scratch")
-    (folder / "bad_manifests.json").write_text(json.dumps(bad, indent=1))
+    write_bad_manifests(folder)
     if wan is not None:
         write_wan(folder / "wan", *wan, iphone_package)
     for family, (package, model_folder) in (families or {}).items():
-        write_family(folder / "families" / family, family, package, model_folder)
+        write_package_bundles(folder / "families" / family, package, model_folder,
+                              FAMILY_BUNDLES[family], FAMILY_BAD_MANIFESTS[family])
     return folder
