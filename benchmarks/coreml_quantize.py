@@ -14,7 +14,7 @@ For each setting (and each `--rules` trial: "block pattern=stored form" pairs, t
 matching pattern winning, as a family's own setting words them; the forms are
 exporters.coreml.STORAGES): export the model to a temporary folder (with the exporter's own
 checks; a trial has no floor), then render `--videos` of PROMPTS x SEEDS with the weights read
-back out of the programs (exporters.coreml_check.stored_weights_in_place) and compare each
+back out of the programs (edge.exporters.coreml_check.stored_weights_in_place) and compare each
 video with fp32 PyTorch (PSNR over the uint8 frames; SNR against the video's own spread).
 Prints one row per setting: iOS, the whole package on disk, how much smaller than the fp32
 tensors it stores, each component's share, PSNR (validation prompt, mean, worst) and the
@@ -39,7 +39,7 @@ import numpy as np
 
 from edge.families import FamilyModel, StorageRule, load_model
 from edge.video_metrics import psnr, snr
-from exporters.coreml import (
+from edge.exporters.coreml import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
     QUANTIZE,
@@ -50,8 +50,8 @@ from exporters.coreml import (
     export_coreml,
     from_rule,
 )
-from exporters.coreml_check import end_to_end_check, stored_weights_in_place
-from exporters.coreml_target import package_bytes
+from edge.exporters.coreml_check import end_to_end_check, stored_weights_in_place
+from edge.exporters.coreml_target import package_bytes
 
 PROMPTS = ["a red circle moving left", "a blue square moving up",
            "a green triangle moving right", "a yellow ball moving down"]
@@ -111,9 +111,9 @@ def block_forms(model: FamilyModel, keys: list[str], forms: list[str]) -> None:
     """Each stored form on single blocks, converted alone: the weight file, the weights' SNR
     against fp32 (mean and worst over the compressed tensors), the block's output error on
     its example inputs (max-abs over the output's max-abs) and the conversion time."""
-    from exporters.coreml import WEIGHT_THRESHOLD, convert_module, save_program
-    from exporters.coreml_check import block_numerics
-    from exporters.coreml_weights import read_parameters
+    from edge.exporters.coreml import WEIGHT_THRESHOLD, convert_module, save_program
+    from edge.exporters.coreml_check import block_numerics
+    from edge.exporters.coreml_weights import read_parameters
 
     blocks = {b.key: b for bs in cut_for_device(model).values() for b in bs}
     unknown = [k for k in keys if k not in blocks]

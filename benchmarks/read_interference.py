@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from runtimes.python.loader import BlockWeights, BufferPool, read_file, tensors_from
+from edge.runtimes.python.loader import BlockWeights, BufferPool, read_file, tensors_from
 
 
 def weights_of(root: Path, block: dict) -> BlockWeights:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtimes.python import Pipeline  # noqa: E402
+from edge.runtimes.python import Pipeline  # noqa: E402
 
 PAGE = 4096
 

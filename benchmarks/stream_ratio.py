@@ -14,7 +14,7 @@ import statistics
 import sys
 
 from edge.budget import parse_size
-from runtimes.python.pipeline import Pipeline
+from edge.runtimes.python.pipeline import Pipeline
 
 PROMPT = "a red circle moving left"
 

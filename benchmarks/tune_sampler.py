@@ -19,7 +19,7 @@ from edge.eval.metrics import score, summarize
 from edge.eval.run import load_classifier
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
 from edge.sweep import pooled_psnr
-from runtimes.python import Pipeline
+from edge.runtimes.python import Pipeline
 
 SETTINGS = {
     "baseline": {},

@@ -106,9 +106,9 @@ BENCH = """async ({blocks, runs, warmup}) => {
 
 def write_block(block, compiler, folder: Path) -> dict:
     """Plan, weights, an ONNX graph with the weights as initializers, and inputs."""
-    from exporters.onnx import write_weights
-    from exporters.tvm_plan import web_example
-    from exporters.web import write_plan
+    from edge.exporters.onnx import write_weights
+    from edge.exporters.tvm_plan import web_example
+    from edge.exporters.web import write_plan
 
     folder.mkdir(parents=True)
     write_plan(compiler.compile(block), folder / "plan.json")
@@ -144,8 +144,8 @@ def main() -> None:
 
     from edge.families import load_model
     from edge.serve import make_server
-    from exporters.tvm_plan import BlockCompiler
-    from exporters.web import web_blocks
+    from edge.exporters.tvm_plan import BlockCompiler
+    from edge.exporters.web import web_blocks
 
     blocks = {b.key: b for bs in web_blocks(load_model()).values() for b in bs}
     compiler = BlockCompiler()

@@ -32,8 +32,8 @@ PROMPT = "a red circle moving left"
 
 def packages(work: Path, ort_dist: Path, folder: Path | None, size: dict) -> tuple[Path, Path]:
     from edge.families import load_model
-    from exporters.onnx import export_onnx
-    from exporters.web import export_web
+    from edge.exporters.onnx import export_onnx
+    from edge.exporters.web import export_web
 
     name = "tiny-sora" if folder is None else "-".join(
         [folder.name, *(str(v) for v in size.values() if v is not None)])
@@ -70,7 +70,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from edge.serve import make_server
-    from runtimes.python.pipeline import Pipeline
+    from edge.runtimes.python.pipeline import Pipeline
 
     onnx, web = packages(args.work, args.ort_dist, args.model,
                          size if args.model is not None else {})

@@ -24,7 +24,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from runtimes.python.loader import BlockWeights, read_file, tensors_from
+from edge.runtimes.python.loader import BlockWeights, read_file, tensors_from
 
 
 def main(package: Path, key: str, runs: int) -> None:

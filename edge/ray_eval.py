@@ -121,7 +121,7 @@ _PIPELINES: dict = {}
 def _generate(package: str, regime: str, budget: int, threads: int | None,
               warm_overrides: dict, setting: Setting, chunk: Chunk) -> tuple[np.ndarray, dict]:
     """One task: `setting` on `chunk` with the regime's pipeline of this worker."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     key = (package, regime, budget, threads)
     if key not in _PIPELINES:

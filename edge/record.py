@@ -26,7 +26,7 @@ from edge.noise import check_noise, torch_randn_draws
 from edge.options import with_overrides
 from edge.package import PackageError, atomic_directory, read_package
 from edge.sampler import SamplerSettings, initial_noise
-from runtimes.python.pipeline import Pipeline
+from edge.runtimes.python.pipeline import Pipeline
 
 RECORDED_WITH = {"onnx": "onnxruntime",
                  "iphone": "pytorch (the package's stored weights, fp32)"}
@@ -72,8 +72,8 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
     parameters with others in this process (tiny-sora's text encoder is loaded once)."""
     from edge.families import FamilyError, family_of, load_model
     from edge.plan import READ_UNIT
-    from exporters.coreml import device_blocks
-    from exporters.coreml_check import stored_weights_in_place
+    from edge.exporters.coreml import device_blocks
+    from edge.exporters.coreml_check import stored_weights_in_place
 
     source = model_folder or "the shipped tiny-sora"
     video = manifest.get("video") or {}

@@ -24,7 +24,7 @@ from edge.eval.classifier import AttributeClassifier
 from edge.eval.metrics import score, summarize
 from edge.eval.run import PromptSet
 from edge.sampler import SamplerSettings
-from runtimes.python import Pipeline
+from edge.runtimes.python import Pipeline
 
 # Step cache threshold of the sweep's rows, chosen on held-out prompts (docs/benchmarks.md)
 DEFAULT_CACHE_THRESHOLD = 0.1

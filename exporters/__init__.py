@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-TARGETS = {"onnx": "exporters.onnx_target", "iphone": "exporters.coreml_target",
-           "web": "exporters.web_target"}
+TARGETS = {"onnx": "edge.exporters.onnx_target", "iphone": "edge.exporters.coreml_target",
+           "web": "edge.exporters.web_target"}
 
 
 class ExportValidationError(RuntimeError):

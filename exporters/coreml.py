@@ -34,10 +34,10 @@ cannot merge iOS 17 palettized programs (it re-reads them with iOS 18's
 
 CoreML cannot predict on Linux, so validation here is (1) structural: the saved programs'
 inputs, outputs, shapes and dtypes match the manifest and chain block to block; and (2)
-numeric: each block's weights are read back out of its `.mlpackage` (exporters.coreml_weights)
+numeric: each block's weights are read back out of its `.mlpackage` (edge.exporters.coreml_weights)
 and run in the PyTorch reference block against fp32 (max-abs error), and the whole pipeline
 with those weights renders the validation prompt for a PSNR against fp32 PyTorch
-(exporters.coreml_check); in a multifunction package, function by function. Compiling to
+(edge.exporters.coreml_check); in a multifunction package, function by function. Compiling to
 `.mlmodelc` needs macOS (Xcode or the app at run time); this exporter writes `.mlpackage`
 only, without the ExecuTorch debug-handle map coremltools saves beside a torch.export
 program (`executorch_debug_handle_mapping.json`, no part of the CoreML model).
@@ -63,9 +63,9 @@ from edge.blocks import Block
 from edge.family_model import FamilyModel, StorageRule
 from edge.package import atomic_directory, file_entry, write_manifest
 from edge.plan import READ_UNIT, Partition, partition
-from exporters import ExportValidationError
-from exporters.coreml_weights import MAIN, import_coremltools
-from exporters.package_head import manifest_head
+from edge.exporters import ExportValidationError
+from edge.exporters.coreml_weights import MAIN, import_coremltools
+from edge.exporters.package_head import manifest_head
 
 WEIGHT_THRESHOLD = 2048       # coremltools' default: smaller tensors are not compressed
 OUTPUT_PREFIX = "out_"        # a program may not use one name as input and output
@@ -402,7 +402,7 @@ def program_record(root: Path, relative: str, module: nn.Module, block: Block,
     """The manifest record of one saved program (or one function of it), with its weights
     read back and checked numerically. `tensors`: filled with the distinct tensors the
     program stores (digest -> elements), for the fp32 reference of the package's size."""
-    from exporters.coreml_check import block_numerics
+    from edge.exporters.coreml_check import block_numerics
 
     path = root / relative
     files = package_files(root, path)
@@ -490,7 +490,7 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
 
     Raises ExportValidationError (and writes nothing) if a program's interface does not
     match the manifest or the blocks do not chain."""
-    from exporters.coreml_check import check_structure
+    from edge.exporters.coreml_check import check_structure
 
     setting = compression(quantize, model)  # refuse a bad setting or layout before converting
     deployment_target(setting, min_ios)

@@ -8,7 +8,7 @@ of an earlier block with the same shape and dtype, and the components fit one an
 (caption tokens, latents, frames).
 
 Numeric: each program's weights, read back out of the `.mlpackage` and decompressed
-(exporters.coreml_weights), run in the PyTorch reference block on its example inputs and are
+(edge.exporters.coreml_weights), run in the PyTorch reference block on its example inputs and are
 compared with the fp32 block (max-abs error); end to end, the whole pipeline with those
 weights renders the validation prompt and is compared with fp32 PyTorch (PSNR). This measures
 what weight compression costs. It does not measure fp16 activation arithmetic on the device,
@@ -30,9 +30,9 @@ from edge.blocks import Block
 from edge.family_model import FamilyModel
 from edge.manifest_schema import as_variant
 from edge.video_metrics import psnr, snr
-from exporters import ExportValidationError
-from exporters.coreml import Compression, compression
-from exporters.coreml_weights import (
+from edge.exporters import ExportValidationError
+from edge.exporters.coreml import Compression, compression
+from edge.exporters.coreml_weights import (
     MAIN,
     import_coremltools,
     mil_constants,
@@ -181,7 +181,7 @@ def block_numerics(mlpackage: Path, module: nn.Module, block: Block,
                    tensors: dict[str, int] | None = None) -> dict:
     """The weights stored in the program (its function `function`) run in the PyTorch block
     against fp32 `reference`. `tensors`: updated with the distinct tensors the function
-    stores (exporters.coreml_weights.tensor_sizes)."""
+    stores (edge.exporters.coreml_weights.tensor_sizes)."""
     params = {n: p.detach() for n, p in module.named_parameters()}
     constants = mil_constants(mlpackage, function)
     if tensors is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from edge.budget import format_size
 from edge.family_model import FamilyModel
 from edge.plan import READ_UNIT, plan_lines, plan_residency
-from exporters import (
+from edge.exporters import (
     ExportOptionError,
     ExportOptions,
     Prepared,
@@ -24,7 +24,7 @@ from exporters import (
     refuse_others,
     refuse_out_of_core,
 )
-from exporters.coreml import (
+from edge.exporters.coreml import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
     MACOS_ONLY_NOTE,
@@ -64,7 +64,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     """The device cut (re-cut for a budget, counted in stored bytes): blocks, their static
     input shapes, fp32 bytes and an estimate of the stored bytes at the setting, then with a
     budget the residency plan the Swift loader will follow (the --dry-run table)."""
-    from exporters.coreml import device_blocks, estimated_bytes
+    from edge.exporters.coreml import device_blocks, estimated_bytes
 
     refuse_out_of_core(NAME, model)
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
@@ -103,8 +103,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    from exporters.coreml import export_coreml
-    from exporters.coreml_check import end_to_end_check
+    from edge.exporters.coreml import export_coreml
+    from edge.exporters.coreml_check import end_to_end_check
 
     quantize = options.quantize or "fp16"
     return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),

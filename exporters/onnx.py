@@ -29,8 +29,8 @@ from edge.package import (
     write_manifest,
 )
 from edge.video_metrics import psnr
-from exporters import ExportValidationError
-from exporters.package_head import manifest_head
+from edge.exporters import ExportValidationError
+from edge.exporters.package_head import manifest_head
 
 BLOCK_TOLERANCE = 1e-4     # fp32 max-abs error per block against PyTorch
 
@@ -230,7 +230,7 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
         return None if on_step is None else lambda i, n: on_step(offset + i, 2 * n)
 
     def check(root: Path) -> dict:
-        from runtimes.python import Pipeline
+        from edge.runtimes.python import Pipeline
 
         budget, blocks = memory_budget, components
         streamed = model.out_of_core
@@ -271,7 +271,7 @@ def streamed_reference(root: Path, components: dict[str, list[Block]], budget: i
     """The check's reference for a model larger than memory: the Python runtime's
     generation with each block (and variant) run by its PyTorch module, the loader
     streaming the weights under `budget` as it does for the graphs."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     blocks = {b.key: b for bs in components.values() for b in bs}
     runtime = Pipeline.load(root, memory_budget=budget,

@@ -10,7 +10,7 @@ from pathlib import Path
 from edge.budget import format_size
 from edge.family_model import FamilyModel
 from edge.plan import READ_UNIT, partition, plan_lines, plan_residency
-from exporters import ExportOptions, Prepared, Progress, refuse_others
+from edge.exporters import ExportOptions, Prepared, Progress, refuse_others
 
 NAME = "onnx"
 
@@ -36,7 +36,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    from exporters.onnx import end_to_end_check, export_onnx
+    from edge.exporters.onnx import end_to_end_check, export_onnx
 
     return export_onnx(model, dest, components=prepared.components,
                        on_block=progress.on_block, plan=prepared.manifest_plan,

@@ -29,8 +29,8 @@ from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
 from edge.blocks import Block
-from exporters import ExportValidationError
-from exporters.tvm_passes import fold_constant_calls, int32_take_indices
+from edge.exporters import ExportValidationError
+from edge.exporters.tvm_passes import fold_constant_calls, int32_take_indices
 
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment

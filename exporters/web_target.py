@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge.family_model import FamilyModel
-from exporters import (
+from edge.exporters import (
     ExportOptionError,
     ExportOptions,
     Prepared,
@@ -25,7 +25,7 @@ PAGE_MEMORY_BYTES = 4 * 1024**3
 
 def check(options: ExportOptions) -> None:
     """Refuse a bad --ort-url / --bundle-ort before any work, naming the value or file."""
-    from exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
+    from edge.exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
 
     refuse_others(NAME, options, {"ort_url", "bundle_ort"})
     try:
@@ -47,7 +47,7 @@ def folder_name(model_name: str, options: ExportOptions) -> str:
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     """The blocks at the web's shapes, their bytes and input shapes (the --dry-run table:
     the page holds every block)."""
-    from exporters.web import web_blocks
+    from edge.exporters.web import web_blocks
 
     refuse_out_of_core(NAME, model)
     components = web_blocks(model)
@@ -70,7 +70,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    from exporters.web import export_web
+    from edge.exporters.web import export_web
 
     return export_web(model, dest, components=prepared.components, on_block=progress.on_block,
                       ort_url=options.ort_url, bundle_ort=options.bundle_ort)

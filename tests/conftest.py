@@ -34,7 +34,7 @@ def classifier():
 def exported_package(tmp_path_factory, tiny_sora):
     """tiny-sora exported to ONNX once per test session: (root, manifest). Copy it before
     changing it."""
-    from exporters.onnx import end_to_end_check, export_onnx
+    from edge.exporters.onnx import end_to_end_check, export_onnx
 
     root = tmp_path_factory.mktemp("export") / "tiny-sora-onnx"
     manifest = export_onnx(tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora))
@@ -47,8 +47,8 @@ def coreml_package(tmp_path_factory, tiny_sora):
     (root, manifest). Copy it before changing it."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                         "-e '.[test]'); the CoreML exporter needs it")
-    from exporters.coreml import export_coreml
-    from exporters.coreml_check import end_to_end_check
+    from edge.exporters.coreml import export_coreml
+    from edge.exporters.coreml_check import end_to_end_check
 
     root = tmp_path_factory.mktemp("coreml") / "tiny-sora-iphone"
     manifest = export_coreml(tiny_sora, root, validate_end_to_end=end_to_end_check(
@@ -85,7 +85,7 @@ def wan_models(wan_folders):
 
 def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
     """Each of `models` exported to ONNX under a fresh folder `name`: {key: (root, manifest)}."""
-    from exporters.onnx import export_onnx
+    from edge.exporters.onnx import export_onnx
 
     root = tmp_path_factory.mktemp(name)
     return {k: (root / k, export_onnx(m, root / k)) for k, m in models.items()}
@@ -118,8 +118,8 @@ def iphone_export(model, root):
     diffusers pipeline, those weights swapped in: the manifest."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                         "-e '.[test]'); the CoreML exporter needs it")
-    from exporters.coreml import export_coreml
-    from exporters.coreml_check import end_to_end_check
+    from edge.exporters.coreml import export_coreml
+    from edge.exporters.coreml_check import end_to_end_check
 
     return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
 

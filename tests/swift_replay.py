@@ -40,7 +40,7 @@ from edge.bundle import TensorFile
 from edge.package import MANIFEST, PackageError, read_package, write_manifest
 from edge.record import Recorder
 from edge.sampler import initial_noise
-from runtimes.python.pipeline import Pipeline, check_runnable
+from edge.runtimes.python.pipeline import Pipeline, check_runnable
 
 STEPS = 8
 # (name, prompt, seed, sampler overrides); the Swift tests run them in this order through

@@ -126,7 +126,7 @@ def test_piece_bounds():
 def test_package_reproduces_cogvideox_pipeline(cog_packages, cog_models, shape):
     """The Python runtime given diffusers' prompt, negative prompt, latents (B, F, C, h, w),
     steps and guidance makes CogVideoXPipeline's video; another noise does not."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = cog_packages[shape]
     model = cog_models[shape]
@@ -155,7 +155,7 @@ def test_package_reproduces_cogvideox_pipeline(cog_packages, cog_models, shape):
 
 def test_seeded_generation_is_the_pipelines(cog_packages, cog_models):
     """A seed means diffusers' noise for that generator: latents drawn (F, C, h, w)."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     runtime = Pipeline.load(cog_packages["2b"][0])
     try:
@@ -169,7 +169,7 @@ def test_seeded_generation_is_the_pipelines(cog_packages, cog_models):
 def test_dynamic_guidance_is_the_pipelines_use_dynamic_cfg(cog_packages, cog_models):
     """`dynamic_guidance=True` (a generation setting) makes CogVideoXPipeline's video with
     use_dynamic_cfg, which is another video than the fixed scale's."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     latents = np.random.default_rng(4).standard_normal((1, *cog_models["2b"].latent_shape),
                                                        dtype=np.float32)
@@ -208,7 +208,7 @@ def test_leap_step_cache_and_tdtm_run_on_cogvideox(cog_packages):
     """The techniques on the rotary shape: a leap (for DDIM one jump to the clean sample its
     v-prediction gives), the step cache skipping transformer calls (block 0's modulation
     from the prologue), TDTM's merged blocks for the first steps; each another video."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     runtime = Pipeline.load(cog_packages["5b"][0])
     try:
@@ -233,7 +233,7 @@ def test_leap_step_cache_and_tdtm_run_on_cogvideox(cog_packages):
 def test_streamed_under_a_budget_equals_resident(cog_packages):
     """At the largest block's budget the loader streams every block, the decoder's calls
     included, and makes the resident runtime's video."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = cog_packages["2b"]
     largest = max(f["bytes"] for c in manifest["components"] for b in c["blocks"]
@@ -313,7 +313,7 @@ def test_cli_refuses_a_target_not_built_and_writes_nothing(cog_folders, tmp_path
     from typer.testing import CliRunner
 
     from edge import families
-    from edge.cli import app
+    from edge.commands import app
 
     monkeypatch.setitem(families.TARGETS_BY_FAMILY, "cogvideox", ("onnx",))
     out = tmp_path / "pkg"
@@ -326,7 +326,7 @@ def test_cli_refuses_a_target_not_built_and_writes_nothing(cog_folders, tmp_path
 def test_out_of_core_export_writes_the_in_memory_package(cog_folders, cog_packages, tmp_path):
     """Built on the meta device, each block's weights read from the folder as it is exported
     (edge/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
-    from exporters.onnx import export_onnx
+    from edge.exporters.onnx import export_onnx
 
     model = load_model(cog_folders["5b"], steps=6, out_of_core=True, **SIZE)
     assert model.out_of_core and all(p.is_meta for p in model.pipe.transformer.parameters())

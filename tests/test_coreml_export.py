@@ -20,7 +20,7 @@ pytest.importorskip("coremltools", reason="coremltools is in the test extras (pi
 
 from edge.manifest_schema import PackageError, check_manifest  # noqa: E402
 from edge.package import read_package  # noqa: E402
-from exporters.coreml import (  # noqa: E402
+from edge.exporters.coreml import (  # noqa: E402
     ExportValidationError,
     compression,
     convert_module,
@@ -29,14 +29,14 @@ from exporters.coreml import (  # noqa: E402
     save_functions,
     save_program,
 )
-from exporters.coreml_check import (  # noqa: E402
+from edge.exporters.coreml_check import (  # noqa: E402
     block_numerics,
     check_structure,
     end_to_end_check,
     program_interface,
 )
-from exporters.coreml_target import package_bytes  # noqa: E402
-from exporters.coreml_weights import (  # noqa: E402
+from edge.exporters.coreml_target import package_bytes  # noqa: E402
+from edge.exporters.coreml_weights import (  # noqa: E402
     mil_constants,
     program_functions,
     read_parameters,
@@ -248,7 +248,7 @@ def test_manifest_refuses_a_variant_running_its_blocks_program_in_the_separate_l
 
 
 def test_python_runtime_refuses_an_iphone_package(coreml_package):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     with pytest.raises(PackageError, match="target 'iphone'"):
         Pipeline.load(coreml_package[0])
@@ -312,7 +312,7 @@ def per_input_block(w: np.ndarray, size: int = 32) -> list[np.ndarray]:
 
 def as_setting(form: str):
     """A named setting, or one stored form for every block (a form a family's rule names)."""
-    from exporters.coreml import STORAGES, Compression
+    from edge.exporters.coreml import STORAGES, Compression
 
     return compression(form) if form in ("8", "6") else \
         Compression(form, (("*", STORAGES[form]),), psnr_floor_db=0.0)
@@ -379,7 +379,7 @@ def test_4bit_setting_stores_each_component_as_measured_and_its_weights_6x_small
     stores the weights >= 6x smaller than fp32 (estimated from the parameters; lookup tables
     and scales add < 1%; the whole package, with its specs and tokenizer, is 5.6x smaller:
     docs/benchmarks.md)."""
-    from exporters.coreml import estimated_bytes
+    from edge.exporters.coreml import estimated_bytes
 
     setting = compression("4", tiny_sora)
     blocks = [b for bs in cut_for_device(tiny_sora).values() for b in bs]
@@ -401,7 +401,7 @@ def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sor
     model, for a family without one, or naming a stored form the exporter lacks, the refusal
     says which; the uniform settings need no model."""
     from edge.families import StorageRule
-    from exporters.coreml import STORAGES, UNIFORM
+    from edge.exporters.coreml import STORAGES, UNIFORM
 
     assert compression("8") is UNIFORM["8"] and compression("8", tiny_sora) is UNIFORM["8"]
     with pytest.raises(ValueError, match="--quantize 4 is worded by each family"):
@@ -435,7 +435,7 @@ def test_a_setting_needing_a_later_ios_is_refused_for_an_earlier_one(tiny_sora, 
 def test_cli_refuses_bad_quantize_and_wrong_target():
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     runner = CliRunner()
     result = runner.invoke(app, ["export", "--target", "iphone", "--quantize", "3"])
@@ -489,7 +489,7 @@ def test_swift_fixtures_are_current(coreml_package):
 
 
 def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
-    from exporters.coreml_target import summary
+    from edge.exporters.coreml_target import summary
 
     root, manifest = coreml_package
     text = summary(manifest, root, 12.0)
@@ -508,7 +508,7 @@ def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
 def test_cli_dry_run_shows_the_device_cut():
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     result = CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run",
                                       "--quantize", "8"])
@@ -565,7 +565,7 @@ def test_cli_dry_run_plans_the_budget_in_stored_bytes():
     below the largest stored block is refused naming it."""
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     def dry_run(*args: str):
         return CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run", *args])
@@ -588,8 +588,8 @@ def test_cli_dry_run_plans_the_budget_in_stored_bytes():
 def test_export_for_a_budget_is_recut_validated_recorded_and_leaves_the_model(tmp_path,
                                                                               tiny_sora):
     from edge.record import record
-    from exporters import ExportOptions, Progress
-    from exporters import coreml_target as target
+    from edge.exporters import ExportOptions, Progress
+    from edge.exporters import coreml_target as target
 
     def parameters() -> dict:  # every module the device cut shares, the text encoder too
         modules = {"text_encoder": tiny_sora.pipe.text_encoder.bert,

@@ -184,7 +184,7 @@ def test_edge_generate_takes_it_as_an_option():
     flow_euler refuses it with the settings' message, before any step runs."""
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     result = CliRunner().invoke(app, ["generate", "a red circle", "--dynamic-guidance",
                                       "-o", "/tmp/edge-dynamic-guidance-unused.gif"])

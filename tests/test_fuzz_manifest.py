@@ -194,7 +194,7 @@ def package_copy(exported_package, tmp_path_factory):
 def cached_sessions(monkeypatch):
     """Sessions made once per graph file: only the manifest changes between examples, and
     creating ~20 sessions would dominate each one. The graph checks still run on each."""
-    import runtimes.python.pipeline as pipeline
+    import edge.runtimes.python.pipeline as pipeline
 
     real, cache = pipeline.ort.InferenceSession, {}
 
@@ -231,7 +231,7 @@ def test_mutated_manifest_without_digest_is_refused_or_runs(original, places, pa
                                                              cached_sessions):
     """The digest removed (version 1 makes it optional), so each edit meets the structural,
     file and graph checks: the loader refuses with PackageError, or what it accepted runs."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     tried = Counter()
 

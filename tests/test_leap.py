@@ -237,7 +237,7 @@ def test_a_leap_that_never_happens_leaves_the_last_call_to_the_schedule():
 
 
 def test_any_leap_option_implies_leap_and_no_leap_still_wins():
-    from edge.cli import _sampler_overrides
+    from edge.commands.common import sampler_overrides as _sampler_overrides
 
     assert _sampler_overrides(leap_steps=4) == {"leap_steps": 4, "leap": True}
     assert _sampler_overrides(leap_after=3) == {"leap_after": 3, "leap": True}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edge.budget import BudgetError, parse_size, plan_pins
-from runtimes.python.loader import BlockLoader, BlockWeights
+from edge.runtimes.python.loader import BlockLoader, BlockWeights
 
 PAGE = 4096
 
@@ -86,7 +86,7 @@ def test_pinned_blocks_survive_between_runs(tmp_path):
 
 
 def test_prefetch_overlaps_reads_with_compute(tmp_path, monkeypatch):
-    import runtimes.python.loader as loader_module
+    import edge.runtimes.python.loader as loader_module
 
     real_read = loader_module.read_file
 
@@ -108,7 +108,7 @@ def test_prefetch_overlaps_reads_with_compute(tmp_path, monkeypatch):
 
 
 def test_reads_run_on_a_background_thread(tmp_path, monkeypatch):
-    import runtimes.python.loader as loader_module
+    import edge.runtimes.python.loader as loader_module
 
     threads = set()
     real_read = loader_module.read_file
@@ -159,7 +159,7 @@ def test_streamed_blocks_of_one_size_cycle_through_recycled_buffers(tmp_path):
 
 
 def test_pool_never_keeps_more_than_its_limit_under_concurrent_use():
-    from runtimes.python.loader import BufferPool
+    from edge.runtimes.python.loader import BufferPool
 
     pool = BufferPool(10 * PAGE)
     rng = np.random.default_rng(0)
@@ -188,7 +188,7 @@ def test_pool_never_keeps_more_than_its_limit_under_concurrent_use():
 
 
 def test_a_new_size_waits_for_a_buffer_in_use_rather_than_exceed_the_limit():
-    from runtimes.python.loader import BufferPool
+    from edge.runtimes.python.loader import BufferPool
 
     pool = BufferPool(3 * PAGE)
     first = pool.acquire(2 * PAGE)
@@ -229,7 +229,7 @@ def test_a_view_kept_past_its_block_is_never_overwritten(tmp_path):
 
 
 def test_concurrent_prefetch_reads_ahead_within_budget(tmp_path, monkeypatch):
-    import runtimes.python.loader as loader_module
+    import edge.runtimes.python.loader as loader_module
 
     real_read = loader_module.read_file
     in_flight, most = [0], [0]
@@ -328,7 +328,7 @@ def test_blocks_recurring_in_one_run_are_read_once_where_the_budget_has_room(tmp
 KEPT_AFTER_FREE = """
 import ctypes, ctypes.util, sys
 if sys.argv[1] == "fix":
-    from runtimes.python.pipeline import return_freed_activations_to_the_system
+    from edge.runtimes.python.pipeline import return_freed_activations_to_the_system
     assert return_freed_activations_to_the_system()
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

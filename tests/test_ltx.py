@@ -245,7 +245,7 @@ def test_rope_follows_the_frame_rate(ltx_models):
 
 
 def _run(root, *calls: dict) -> list[np.ndarray]:
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     runtime = Pipeline.load(root)
     try:
@@ -333,7 +333,7 @@ def test_decode_settings_the_runtime_refuses(ltx_packages):
     """Given latents with a decode noise scale need the noise (diffusers draws it from the
     pipeline's generator); a plain decoder takes no decode settings. Refused before any
     block runs."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     for kind, calls in {
             "timestep": [({"latents": _latents(1)}, "pass decode_noise too"),
@@ -361,7 +361,7 @@ def test_a_package_whose_decode_settings_disagree_with_its_decoder_is_refused(
     from manifest_edits import rewrite
 
     from edge.package import PackageError
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     for kind, change, message in (
             ("timestep", lambda m: m.pop("decode"), "has no 'decode' settings"),
@@ -380,7 +380,7 @@ def test_leap_step_cache_and_tdtm_run_on_ltx(ltx_packages):
     """The techniques on the plain package: a leap into a re-planned ltx_flow_euler tail, the
     step cache skipping transformer calls (AdaLN-single's modulation from the prologue),
     TDTM's merged blocks for the first steps; each another video."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     runtime = Pipeline.load(ltx_packages["plain"][0])
     try:
@@ -432,7 +432,7 @@ def test_merged_block_equals_the_block_when_frame_pairs_are_equal(ltx_folders):
 def test_streamed_under_a_budget_equals_resident(ltx_packages):
     """The timestep-conditioned package streamed at its largest block's size gives the
     resident video, the decode inputs fed through the loader's schedule as well."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = ltx_packages["timestep"]
     largest = max(f["bytes"] for c in manifest["components"] for b in c["blocks"]
@@ -554,7 +554,7 @@ def test_cli_passes_ltx_options_to_the_family_only_when_given(ltx_folders, tmp_p
     from typer.testing import CliRunner
 
     import edge.families
-    from edge.cli import app
+    from edge.commands import app
 
     loaded = []
 
@@ -583,7 +583,7 @@ def test_cli_passes_ltx_options_to_the_family_only_when_given(ltx_folders, tmp_p
 def test_cli_ltx_options_are_checked_by_the_family(ltx_folders, tmp_path, args, message):
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     folder = ltx_folders["timestep" if "1.5" in args else "plain"]
     out = tmp_path / "pkg"
@@ -603,7 +603,7 @@ def test_cli_refuses_ltx_options_for_families_that_do_not_take_them(tmp_path, fa
     model_index.json alone, so an index is folder enough."""
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     model = []
     if pipeline is not None:
@@ -622,7 +622,7 @@ def test_cli_refuses_ltx_options_for_families_that_do_not_take_them(tmp_path, fa
 def test_out_of_core_export_writes_the_in_memory_package(ltx_folders, ltx_packages, tmp_path):
     """Built on the meta device, each block's weights read from the folder as it is exported
     (edge/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
-    from exporters.onnx import export_onnx
+    from edge.exporters.onnx import export_onnx
 
     model = load_model(ltx_folders["timestep"], steps=4, out_of_core=True, **SIZE,
                        **OPTIONS["timestep"])

@@ -67,7 +67,7 @@ def test_bad_seeds_are_refused(seed, message):
 
 
 def test_runtime_refuses_bad_seeds_and_a_seed_with_latents(exported_package):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, _ = exported_package
     pipe = Pipeline.load(root)
@@ -85,7 +85,7 @@ def test_runtime_refuses_bad_seeds_and_a_seed_with_latents(exported_package):
 
 def test_package_of_another_noise_refuses_a_seed_but_runs_given_latents(exported_package,
                                                                        tmp_path):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, _ = exported_package
     old = tmp_path / "old"

@@ -5,16 +5,16 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.package import PackageError, read_package
-from exporters.onnx import (
+from edge.exporters.onnx import (
     PSNR_LIMIT_DB,
     ExportValidationError,
     end_to_end_check,
     export_onnx,
     psnr,
 )
-from runtimes.python import BudgetError, Pipeline
+from edge.runtimes.python import BudgetError, Pipeline
 
 runner = CliRunner()
 
@@ -155,7 +155,7 @@ def test_runtime_needs_no_torch(package):
 
     root, _ = package
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from runtimes.python import Pipeline\n"
+            "from edge.runtimes.python import Pipeline\n"
             f"p = Pipeline.load({str(root)!r})\n"
             "v = p.generate('a red circle moving left', steps=2)\n"
             "print(v.shape)")

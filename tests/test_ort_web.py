@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from edge.cli import app
-from exporters.ort_web import (
+from edge.commands import app
+from edge.exporters.ort_web import (
     DEFAULT_ORT_URL,
     ORT_FILES,
     OrtLocationError,

@@ -25,7 +25,7 @@ from edge.video_metrics import psnr, snr
 def out_of_core_export(wan_folders, wan_packages, tmp_path_factory):
     """The unipc folder exported out of core with its end-to-end check, at wan_packages'
     settings; the peak of read weights during the export."""
-    from exporters.onnx import end_to_end_check, export_onnx
+    from edge.exporters.onnx import end_to_end_check, export_onnx
 
     model = load_model(wan_folders["unipc"], steps=12, out_of_core=True, **WAN_SIZE)
     components = model.cut()
@@ -60,7 +60,7 @@ def test_one_block_of_weights_is_read_at_a_time(out_of_core_export):
 def test_the_streamed_reference_is_diffusers_video(out_of_core_export, wan_models):
     """The check's reference computes the video itself (PyTorch blocks, the package's weights
     fed by the loader), not the graphs again: it reproduces WanPipeline."""
-    from exporters.onnx import VALIDATION_PROMPT, streamed_reference
+    from edge.exporters.onnx import VALIDATION_PROMPT, streamed_reference
 
     _, components, root, manifest, _ = out_of_core_export
     largest = max(b["weight_bytes"] for c in manifest["components"] for b in c["blocks"])
@@ -153,9 +153,9 @@ def test_out_of_core_is_chosen_for_a_model_over_half_the_memory(wan_folders, mon
 def test_only_onnx_exports_out_of_core(wan_folders, tmp_path):
     from typer.testing import CliRunner
 
-    from edge.cli import app
-    from exporters import ExportOptionError, ExportOptions
-    from exporters import target as target_module
+    from edge.commands import app
+    from edge.exporters import ExportOptionError, ExportOptions
+    from edge.exporters import target as target_module
 
     runner = CliRunner()
     dest = tmp_path / "pkg"
@@ -176,7 +176,7 @@ def test_tiny_sora_refuses_the_option(tmp_path):
     --out-of-core is refused by name, naming the families that take it, before any work."""
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     result = CliRunner().invoke(app, ["export", "--out-of-core", "-o", str(tmp_path / "pkg")])
     assert result.exit_code != 0

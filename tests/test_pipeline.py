@@ -4,7 +4,7 @@ import json
 import numpy as np
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.eval.run import evaluate
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 

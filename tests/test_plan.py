@@ -5,7 +5,7 @@ import torch
 from typer.testing import CliRunner
 
 from edge.budget import BudgetError
-from edge.cli import app
+from edge.commands import app
 from edge.families.tiny_sora import cut_text_encoder, cut_transformer
 from edge.partition import merge, split
 from edge.plan import block_bytes, partition, plan_residency

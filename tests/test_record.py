@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.bundle import BUNDLE_JSON, TENSORS, Bundle, BundleError
-from edge.cli import app
+from edge.commands import app
 from edge.sampler import initial_noise
 from edge.video_metrics import psnr, snr
 
@@ -139,7 +139,7 @@ def test_a_conditioned_decoder_without_decode_noise_records_zeros(ltx_iphone_pac
 
 
 def test_an_onnx_bundle_is_the_python_runtimes_run(exported_package, tmp_path):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = exported_package
     result = _record(root, PROMPT, "--steps", "4", "--seed", "2", "-o", tmp_path / "b")

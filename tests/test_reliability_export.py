@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.package import FORMAT, MANIFEST, PackageWriteError, atomic_directory
 
 runner = CliRunner()
@@ -165,10 +165,10 @@ def test_read_only_folder_is_a_clear_error(tmp_path):
 def small_export(pipeline, monkeypatch):
     """`edge export` on the shipped model with only one small block (the transformer's
     epilogue) exported and no end to end check: the command's own path, in seconds."""
-    import edge.cli as cli
-    import exporters.onnx as onnx
+    import edge.commands.common as common
+    import edge.exporters.onnx as onnx
 
-    monkeypatch.setattr(cli, "_load_pipeline", lambda weights: pipeline)
+    monkeypatch.setattr(common, "load_reference_pipeline", lambda weights: pipeline)
     real = onnx.export_onnx
 
     def one_block(pipe, dest, components=None, validate_end_to_end=None, **kw):
@@ -180,12 +180,12 @@ def small_export(pipeline, monkeypatch):
 
 
 def test_replacing_a_package_needs_force(exported_package, tmp_path, monkeypatch):
-    import edge.cli as cli
+    import edge.commands.common as common
 
     dest = tmp_path / "pkg"
     shutil.copytree(exported_package[0], dest)
     before = snapshot(dest)
-    monkeypatch.setattr(cli, "_load_pipeline", lambda w: pytest.fail("checked after loading"))
+    monkeypatch.setattr(common, "load_reference_pipeline", lambda w: pytest.fail("checked after loading"))
     res = runner.invoke(app, ["export", "-o", str(dest)])
     assert res.exit_code == 2 and "pass --force to replace it" in res.output
     assert snapshot(dest) == before
@@ -216,7 +216,7 @@ def test_force_replaces_a_package(exported_package, tmp_path, small_export):
 
 def test_full_disk_during_export_is_a_clear_error(exported_package, tmp_path, small_export,
                                                   monkeypatch):
-    import exporters.onnx as onnx
+    import edge.exporters.onnx as onnx
 
     def no_space(block, root):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root / "weights"))
@@ -238,7 +238,7 @@ def test_sigterm_during_a_real_export_keeps_the_old_package(exported_package, tm
     dest = tmp_path / "pkg"
     shutil.copytree(exported_package[0], dest)
     before = snapshot(dest)
-    proc = subprocess.Popen([sys.executable, "-c", "from edge.cli import main; main()",
+    proc = subprocess.Popen([sys.executable, "-c", "from edge.commands import main; main()",
                              "export", "-o", str(dest), "--force"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             cwd=Path(__file__).resolve().parents[1])

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.files import OutputError, atomic_file, check_output_file, printable
 from edge.package import FORMAT, MANIFEST
 
@@ -52,14 +52,14 @@ def snapshot(root: Path) -> dict:
 @pytest.fixture
 def no_work(monkeypatch):
     """Loading a model or a package fails the test: the refusal had to come first."""
-    import edge.cli as cli
+    import edge.commands.common as common
     import edge.families as families
-    import runtimes.python as runtime
+    import edge.runtimes.python as runtime
 
     def never(*a, **k):
         pytest.fail("work started before the refusal")
 
-    monkeypatch.setattr(cli, "_load_pipeline", never)
+    monkeypatch.setattr(common, "load_reference_pipeline", never)
     monkeypatch.setattr(families, "load_model", never)
     monkeypatch.setattr(runtime.Pipeline, "load", never)
 
@@ -260,9 +260,9 @@ def test_read_only_folder_is_refused_before_generating(tmp_path, no_work):
 
 
 def test_plot_destination_is_checked_before_the_sweep(tmp_path, no_work, monkeypatch):
-    import edge.cli as cli
+    import edge.commands.evaluate as evaluate
 
-    monkeypatch.setattr(cli, "_eval_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    monkeypatch.setattr(evaluate, "_eval_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     (tmp_path / "afile").write_text("x")
     refused(["eval", "--sweep", "--plot", str(tmp_path / "afile" / "f.png")],
             f"--plot {tmp_path / 'afile' / 'f.png'}: {tmp_path / 'afile'} is a file, not a "
@@ -419,7 +419,7 @@ def test_bad_budgets_are_refused_by_name_in_every_command(tmp_path, no_work, val
     ("infGB", "memory_budget 'infGB': must be a finite size"),
 ])
 def test_bad_budgets_from_python_name_the_argument(exported_package, value, message):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     with pytest.raises(ValueError, match=re.escape(message)):
         Pipeline.load(exported_package[0], memory_budget=value)
@@ -459,7 +459,7 @@ def test_printable_escapes_controls_and_keeps_text():
 # --- 9. smaller ones --------------------------------------------------------------------------
 
 def test_a_closed_pipeline_says_so(exported_package):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     pipe = Pipeline.load(exported_package[0])
     pipe.close()
@@ -476,7 +476,7 @@ def test_option_errors_print_on_their_own_line(tmp_path):
 
 
 def test_an_error_during_generation_starts_a_new_line(tmp_path, monkeypatch, pipeline):
-    import edge.cli as cli
+    import edge.commands.common as common
 
     class Failing:
         sampler = pipeline.sampler
@@ -485,7 +485,7 @@ def test_an_error_during_generation_starts_a_new_line(tmp_path, monkeypatch, pip
             on_step(1, 3)
             raise ValueError("a block file changed on disk")
 
-    monkeypatch.setattr(cli, "_load_pipeline", lambda w: Failing())
+    monkeypatch.setattr(common, "load_reference_pipeline", lambda w: Failing())
     out = refused(["generate", "x", "--steps", "3", "-o", str(tmp_path / "x.gif")],
                   "a block file changed on disk")
     assert "denoising" in out and "\nerror: a block file changed on disk" in out

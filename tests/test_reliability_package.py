@@ -37,8 +37,8 @@ class NoBlockRuns:
     either."""
 
     def __init__(self, monkeypatch):
-        import runtimes.python.loader as loader
-        import runtimes.python.pipeline as pipeline
+        import edge.runtimes.python.loader as loader
+        import edge.runtimes.python.pipeline as pipeline
 
         self.calls = []
         monkeypatch.setattr(pipeline.Pipeline, "_run_blocks",
@@ -46,7 +46,7 @@ class NoBlockRuns:
         monkeypatch.setattr(loader, "read_file", lambda *a, **k: self.calls.append(("read", a)))
 
     def load(self, root):
-        from runtimes.python import Pipeline
+        from edge.runtimes.python import Pipeline
 
         try:
             Pipeline.load(root)

@@ -19,7 +19,7 @@ STEPS = 1
 
 @pytest.fixture(scope="module")
 def runtime(exported_package):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     pipe = Pipeline.load(exported_package[0])
     yield pipe
@@ -95,7 +95,7 @@ def test_invalid_options_are_refused_by_name_before_any_block_runs(runtime, monk
 
 def test_a_generation_that_goes_non_finite_raises_instead_of_returning_noise(runtime,
                                                                             monkeypatch):
-    import runtimes.python.pipeline as pipeline
+    import edge.runtimes.python.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "sample", lambda predict, x, *a: np.full_like(x, np.nan))
     with pytest.raises(FloatingPointError, match="NaN or infinity"):
@@ -108,7 +108,7 @@ def test_two_generations_at_once_from_threads_are_safe(exported_package):
     """Decision: one pipeline runs one generation at a time (its loader budget, resident
     blocks and run figures belong to one); calls from other threads wait their turn and get
     exactly the video they would get alone."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     pipe = Pipeline.load(exported_package[0], memory_budget="64MB")  # streamed blocks too
     try:
@@ -183,8 +183,8 @@ def _tensor(m, name="spatial.attn.q.weight"):
 ])
 def test_manifest_that_disagrees_with_its_graphs_is_refused_at_load(pkg, monkeypatch, change,
                                                                     message):
-    import runtimes.python.pipeline as pipeline
-    from runtimes.python import Pipeline
+    import edge.runtimes.python.pipeline as pipeline
+    from edge.runtimes.python import Pipeline
 
     ran = []
     monkeypatch.setattr(pipeline.Pipeline, "_run_blocks", lambda *a, **k: ran.append(a))
@@ -220,7 +220,7 @@ def _replace(path):
 
 @pytest.mark.parametrize("how", [_change_in_place, _replace])
 def test_block_file_changed_after_verification_is_refused_when_read(pkg, how):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     pipe = Pipeline.load(pkg, pin=False)  # every block streamed: read at each use
     try:
@@ -234,7 +234,7 @@ def test_block_file_changed_after_verification_is_refused_when_read(pkg, how):
 
 def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypatch):
     from edge import package
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     real = package.verify_files
     graph = pkg / "graphs" / "transformer" / "pair_1.onnx"
@@ -244,7 +244,7 @@ def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypa
         _replace(graph)  # the same bytes in another file: still a graph onnxruntime loads
         return found
 
-    import runtimes.python.pipeline as pipeline
+    import edge.runtimes.python.pipeline as pipeline
 
     monkeypatch.setattr(package, "verify_files", verify_then_change)
     monkeypatch.setattr(pipeline, "read_package", package.read_package)
@@ -255,7 +255,7 @@ def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypa
 def test_cli_generate_names_a_bad_option_combination(exported_package, tmp_path):
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     res = CliRunner().invoke(app, ["generate", str(exported_package[0]), "a red circle",
                                    "-o", str(tmp_path / "v.gif"), "--steps", "2",

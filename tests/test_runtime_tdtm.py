@@ -5,11 +5,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.models.stdit import MergedPair
 from edge.video_metrics import psnr
-from exporters.onnx import PSNR_LIMIT_DB
-from runtimes.python import Pipeline
+from edge.exporters.onnx import PSNR_LIMIT_DB
+from edge.runtimes.python import Pipeline
 
 runner = CliRunner()
 PROMPT = "a green square moving up"

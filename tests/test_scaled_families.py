@@ -15,7 +15,7 @@ from ltx_folder import PLAIN_DECODER, VAE_COMMON
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.families import cogvideox, load_model, ltx
 from edge.models import scaled_families
 

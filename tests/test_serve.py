@@ -180,7 +180,7 @@ def test_missing_folder_is_refused(tmp_path):
 
 
 def test_cli_serves_until_interrupted(tree):
-    proc = subprocess.Popen([sys.executable, "-c", "from edge.cli import main; main()", "serve",
+    proc = subprocess.Popen([sys.executable, "-c", "from edge.commands import main; main()", "serve",
                              str(tree), "--port", "0",
                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.sweep import format_table, pooled_psnr, sweep_settings
 from edge.sweep_plot import worst_accuracy_change
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from edge.cli import app
+from edge.commands import app
 from edge.eval.run import load_classifier, parse_prompt
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
 from edge.sweep import run_sweep

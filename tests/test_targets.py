@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters import TARGETS, ExportOptionError, ExportOptions, target
+from edge.exporters import TARGETS, ExportOptionError, ExportOptions, target
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILY_MODULES = {p.stem for p in (REPO / "edge" / "families").glob("*.py")} - {"__init__"}
@@ -92,8 +92,8 @@ def test_each_target_cuts_at_the_shapes_its_family_gives(name, tiny_sora):
 
 
 def test_one_export_validation_error_for_every_exporter():
-    from exporters import ExportValidationError
+    from edge.exporters import ExportValidationError
 
-    for module in ("exporters.onnx", "exporters.coreml", "exporters.coreml_check",
-                   "exporters.web"):
+    for module in ("edge.exporters.onnx", "edge.exporters.coreml", "edge.exporters.coreml_check",
+                   "edge.exporters.web"):
         assert importlib.import_module(module).ExportValidationError is ExportValidationError

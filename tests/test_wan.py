@@ -76,7 +76,7 @@ def test_rope_tables_are_weights_not_graph_constants(wan_packages):
 
 @pytest.mark.parametrize("scheduler", ["unipc", "euler"])
 def test_package_reproduces_wan_pipeline(wan_packages, wan_models, scheduler):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = wan_packages[scheduler]
     model = wan_models[scheduler]
@@ -111,7 +111,7 @@ def test_a_seed_gives_what_wan_pipeline_gives_for_its_generator(wan_packages, wa
     """`generate(seed=42)` with no latents reproduces WanPipeline given
     `generator=torch.Generator().manual_seed(42)`: the same noise, so the same video (PSNR,
     and SNR against the video's own spread, which another seed's video fails)."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, _ = wan_packages["unipc"]
     model = wan_models["unipc"]
@@ -127,7 +127,7 @@ def test_a_seed_gives_what_wan_pipeline_gives_for_its_generator(wan_packages, wa
 
 
 def test_leap_and_step_cache_run_on_wan(wan_packages):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, _ = wan_packages["unipc"]
     runtime = Pipeline.load(root)
@@ -152,7 +152,7 @@ def test_leap_and_step_cache_run_on_wan(wan_packages):
 
 
 def test_latents_of_the_wrong_shape_are_refused(wan_packages):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     runtime = Pipeline.load(wan_packages["euler"][0])
     try:
@@ -167,7 +167,7 @@ def test_decoder_runs_frame_by_frame_and_keeps_what_fits(wan_packages):
     Under a budget that pins only part of the decoder, the loader keeps what else fits for
     the decode (read once) and streams the rest once per frame, and the video is the one
     decoded with every block resident."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = wan_packages["euler"]
     decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
@@ -204,7 +204,7 @@ def test_decoder_runs_frame_by_frame_and_keeps_what_fits(wan_packages):
 def test_lean_decode_gives_the_pinned_blocks_memory_to_the_decoder(wan_packages):
     """lean_decode: the same video; the pinned blocks outside the decoder are let go before
     each decode and read again on the next generation."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, _ = wan_packages["euler"]
     videos, reads = {}, {}
@@ -241,7 +241,7 @@ def test_chunked_decoder_records_that_cannot_run_are_refused(wan_packages, tmp_p
     from manifest_edits import rewrite
 
     from edge.package import PackageError
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root = tmp_path / "pkg"
     shutil.copytree(wan_packages["euler"][0], root)
@@ -313,7 +313,7 @@ def test_half_precision_checkpoints_are_converted_and_said(wan_folders, tmp_path
 def test_cli_refuses_before_writing(wan_folders, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
     from edge.families import TARGETS_BY_FAMILY
 
     dest = tmp_path / "out"
@@ -330,7 +330,7 @@ def test_cli_refuses_before_writing(wan_folders, tmp_path, monkeypatch):
 
 
 def test_streamed_under_a_budget_equals_resident(wan_packages):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = wan_packages["unipc"]
     largest = max(f["bytes"] for c in manifest["components"] for b in c["blocks"]
@@ -372,7 +372,7 @@ def test_merged_block_equals_the_block_when_frame_pairs_are_equal(wan_models):
 
 
 def test_merge_steps_run_the_merged_variant_on_wan(wan_packages):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = wan_packages["unipc"]
     blocks = manifest["components"][1]["blocks"]
@@ -417,7 +417,7 @@ def test_the_page_sized_wan_is_written_and_loads(tmp_path):
     its transformer's text width and is refused by name before anything is written."""
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
 
     runner = CliRunner()
     out = tmp_path / "small"
@@ -436,8 +436,8 @@ def test_the_page_sized_wan_is_written_and_loads(tmp_path):
 def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
     """An end-to-end check whose two videos are identical (PSNR infinite) writes JSON that
     strict parsers accept: psnr_db null and identical true."""
-    from exporters.onnx import VALIDATION_PROMPT, end_to_end_check
-    from runtimes.python import Pipeline
+    from edge.exporters.onnx import VALIDATION_PROMPT, end_to_end_check
+    from edge.runtimes.python import Pipeline
 
     root, _ = wan_packages["euler"]
     runtime = Pipeline.load(root)

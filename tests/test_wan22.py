@@ -33,7 +33,7 @@ def wan22(wan22_folder):
 
 @pytest.fixture(scope="module")
 def wan22_package(tmp_path_factory, wan22):
-    from exporters.onnx import export_onnx
+    from edge.exporters.onnx import export_onnx
 
     root = tmp_path_factory.mktemp("wan22-onnx") / "pkg"
     return root, export_onnx(wan22, root)
@@ -94,7 +94,7 @@ def test_rewritten_decoder_pieces_equal_diffusers(wan22):
 
 
 def test_package_reproduces_wan_pipeline(wan22_package, wan22):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     root, manifest = wan22_package
     assert manifest["latent_shape"] == [48, 3, 2, 4]
@@ -123,7 +123,7 @@ def test_leap_step_cache_and_tdtm_run_on_wan22(wan22_package):
     """The techniques on 2.2's package: a fixed leap into a re-planned UniPC tail, the step
     cache skipping transformer calls, TDTM's merged blocks for the first steps; each run
     finite and another video than the plain one."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     runtime = Pipeline.load(wan22_package[0])
     try:
@@ -179,8 +179,8 @@ def test_exports_to_the_iphone_and_holds_the_end_to_end_check(wan22, tmp_path):
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                         "-e '.[test]'); the CoreML exporter needs it")
     from edge.package import read_package
-    from exporters.coreml import export_coreml
-    from exporters.coreml_check import end_to_end_check
+    from edge.exporters.coreml import export_coreml
+    from edge.exporters.coreml_check import end_to_end_check
 
     root = tmp_path / "pkg"
     manifest = export_coreml(wan22, root, validate_end_to_end=end_to_end_check(wan22, "fp16"))
@@ -199,7 +199,7 @@ def test_the_page_reproduces_wan_pipeline_on_the_wasm_path(wan22, tmp_path, brow
     pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
     from browser import LOAD_PIPE, ORT_DIST, assert_same_video, page_generate, served_page
 
-    from exporters.web import export_web
+    from edge.exporters.web import export_web
 
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
@@ -225,7 +225,7 @@ def test_scale_model_writes_wan22_shapes(tmp_path, monkeypatch):
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from typer.testing import CliRunner
 
-    from edge.cli import app
+    from edge.commands import app
     from edge.models import scaled_wan
 
     like = scaled_wan.LIKE["wan2.2-ti2v-5b"]

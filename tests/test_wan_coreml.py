@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from edge.blocks import Block
-from edge.cli import app
+from edge.commands import app
 from edge.manifest_schema import PackageError, check_manifest
 from edge.package import read_package
 
@@ -33,8 +33,8 @@ def wan_iphone(wan_iphone_package):
 @pytest.fixture(scope="module")
 def wan_iphone_ios17(tmp_path_factory, wan_model):
     """The tiny Wan exported for iOS 17: each variant a program of its own."""
-    from exporters.coreml import export_coreml
-    from exporters.coreml_check import end_to_end_check
+    from edge.exporters.coreml import export_coreml
+    from edge.exporters.coreml_check import end_to_end_check
 
     root = tmp_path_factory.mktemp("wan-iphone-ios17") / "pkg"
     return root, export_coreml(wan_model, root, min_ios=17,
@@ -77,8 +77,8 @@ def test_the_decoder_is_chunked_with_first_frame_programs(wan_iphone):
 
 def test_the_ios17_layout_exports_and_variants_share_weights_in_the_ios18_one(
         wan_iphone_ios17, wan_iphone):
-    from exporters.coreml_check import check_structure
-    from exporters.coreml_target import package_bytes, summary
+    from edge.exporters.coreml_check import check_structure
+    from edge.exporters.coreml_target import package_bytes, summary
 
     root, manifest = wan_iphone_ios17
     assert read_package(root) == manifest
@@ -132,8 +132,8 @@ class NearestExact(torch.nn.Module):
 
 
 def test_a_block_coreml_cannot_take_is_refused_naming_block_and_op(wan_model, tmp_path):
-    from exporters import ExportValidationError
-    from exporters.coreml import export_coreml
+    from edge.exporters import ExportValidationError
+    from edge.exporters.coreml import export_coreml
 
     block = Block("vae_decoder", "upsample", NearestExact(), ["h"], ["h"],
                   (torch.randn(1, 4, 8, 8),), [False])
@@ -158,7 +158,7 @@ def test_wan_words_its_own_4_bit_setting(wan_model, tmp_path, monkeypatch):
     """Wan's --quantize 4 (edge/families/wan.py STORAGE_4, measured at 1.3B's shapes): the
     text encoder and the transformer at int4 with block scales, the decoder at int8; it needs
     iOS 18, so --min-ios 17 is refused naming the blocks, nothing written."""
-    from exporters.coreml import INT8, STORAGES, compression
+    from edge.exporters.coreml import INT8, STORAGES, compression
 
     int4 = STORAGES["int4-b32"]
 

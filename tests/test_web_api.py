@@ -50,7 +50,7 @@ def minimal_page_html() -> str:
 
 @pytest.fixture(scope="module")
 def web_package(tmp_path_factory, tiny_sora):
-    from exporters.web import export_web
+    from edge.exporters.web import export_web
 
     root = tmp_path_factory.mktemp("web-api") / "tiny-sora-web"
     bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
@@ -90,7 +90,7 @@ def minimal(context):
 
 @pytest.fixture(scope="module")
 def python_pipe(exported_package):
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     pipe = Pipeline.load(exported_package[0])
     yield pipe

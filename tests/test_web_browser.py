@@ -50,7 +50,7 @@ def model_records(manifest: dict) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def web_package(tmp_path_factory, tiny_sora):
-    from exporters.web import export_web
+    from edge.exporters.web import export_web
 
     root = tmp_path_factory.mktemp("web") / "tiny-sora-web"
     # without the TDTM variants: they double the transformer's compile time
@@ -73,7 +73,7 @@ def test_web_package_verifies_like_every_package(web_package):
     page) by size and sha256; shards stay under the limit; the site files are listed."""
     from edge.manifest_schema import PackageError, check_manifest
     from edge.package import read_package
-    from exporters.web import SHARD_BYTES
+    from edge.exporters.web import SHARD_BYTES
 
     root, _ = web_package
     manifest = read_package(root)
@@ -164,8 +164,8 @@ FORCE_CHOICE = """([key, pick]) => {
 def pair_case(tiny_sora):
     """A transformer pair, its example inputs (base64, as RUN_BLOCK takes them) and PyTorch's
     outputs on them."""
-    from exporters.tvm_plan import web_example
-    from exporters.web import web_blocks
+    from edge.exporters.tvm_plan import web_example
+    from edge.exporters.web import web_blocks
 
     block = web_blocks(tiny_sora)["transformer"][1]
     inputs = {n: b64(t.numpy()) for n, t in zip(block.inputs, web_example(block), strict=True)}
@@ -681,7 +681,7 @@ def test_quota_exceeded_runs_from_memory_and_caches_nothing(browser, served, web
 @pytest.fixture(scope="module")
 def python_video(exported_package):
     """The Python runtime's video (T, H, W, 3) for (prompt, seed, steps), each made once."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     pipe = Pipeline.load(exported_package[0])
     made: dict = {}

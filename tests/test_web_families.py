@@ -38,7 +38,7 @@ MODELS = {"cogvideox-5b": ("cog", "5b"), "ltx": ("ltx", "plain"),
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def exported(request, tmp_path_factory):
     """(model, web package root, manifest, the same model's ONNX package root)."""
-    from exporters.web import export_web
+    from edge.exporters.web import export_web
 
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
@@ -50,7 +50,7 @@ def exported(request, tmp_path_factory):
 
 
 def test_export_checks_every_plan_and_graph(exported):
-    from exporters.web import BLOCK_TOLERANCE
+    from edge.exporters.web import BLOCK_TOLERANCE
 
     model, _, manifest, _ = exported
     records = [r for c in manifest["components"] for b in c["blocks"]
@@ -165,7 +165,7 @@ def test_techniques_give_the_python_runtimes_video(exported, browser):
     """Leap, TDTM and the step cache on the page (wasm path) take the Python runtime's
     decisions on the same model's ONNX package and noise: the same video and transformer
     calls, each run skipping calls."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     model, root, _, twin = exported
     latents = np.random.default_rng(8).standard_normal((1, *model.latent_shape),

@@ -10,7 +10,7 @@ pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 
 from edge.blocks import Block  # noqa: E402
 from edge.families.tiny_sora import cut_text_encoder, cut_transformer  # noqa: E402
-from exporters.tvm_plan import BlockCompiler, PlanError, read_plan, web_example  # noqa: E402
+from edge.exporters.tvm_plan import BlockCompiler, PlanError, read_plan, web_example  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,8 @@ def test_export_validation_refuses_a_plan_that_drifts(pipeline, compiler):
 
     import torch
 
-    from exporters.onnx import ExportValidationError
-    from exporters.web import validate
+    from edge.exporters.onnx import ExportValidationError
+    from edge.exporters.web import validate
 
     block = cut_transformer(pipeline)[-1]
     compiled = compiler.compile(block)
@@ -137,8 +137,8 @@ def test_a_kernel_wgsl_cannot_hold_is_refused_naming_the_kernel(compiler):
 
 
 def test_a_refused_block_writes_nothing(tiny_sora, tmp_path):
-    from exporters import ExportValidationError
-    from exporters.web import export_web
+    from edge.exporters import ExportValidationError
+    from edge.exporters.web import export_web
 
     bad = Block("transformer", "block_0", _Erfinv(), ["x"], ["y"], (torch.randn(4, 4),))
     dest = tmp_path / "pkg"

@@ -36,7 +36,7 @@ def wan_model(wan_models):
 
 @pytest.fixture(scope="module")
 def wan_web_package(tmp_path_factory, wan_model):
-    from exporters.web import export_web
+    from edge.exporters.web import export_web
 
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
@@ -79,7 +79,7 @@ def test_export_checks_every_wan_plan_and_graph(wan_web_package):
     """The export replayed each block's launch plan (and the decoder's first-frame variant)
     with TVM's llvm build and ran each wasm graph, all within the limit; the decoder is
     recorded as chunked, frame by frame, its caches carried."""
-    from exporters.web import BLOCK_TOLERANCE
+    from edge.exporters.web import BLOCK_TOLERANCE
 
     _, manifest = wan_web_package
     records = [r for c in manifest["components"] for b in c["blocks"]
@@ -133,7 +133,7 @@ def test_wrong_latents_are_refused_and_the_pipeline_goes_on(wasm, latents, diffu
 def test_techniques_give_the_python_runtimes_video(wasm, wan_packages, latents, technique):
     """Linear Proportional Leap, the step cache and TDTM's merged blocks on the page take the
     same decisions as the Python runtime on the same package's ONNX twin and noise."""
-    from runtimes.python import Pipeline
+    from edge.runtimes.python import Pipeline
 
     options = {"negative_prompt": "blue dog", "guidance": 4.0, **technique}
     runtime = Pipeline.load(wan_packages["unipc"][0])

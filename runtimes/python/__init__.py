@@ -1,7 +1,7 @@
 """Embeddable Python runtime for edge packages (onnxruntime + NumPy, no torch)."""
 
 from edge.budget import BudgetError, parse_size
-from runtimes.python.loader import BlockLoader
-from runtimes.python.pipeline import Pipeline
+from edge.runtimes.python.loader import BlockLoader
+from edge.runtimes.python.pipeline import Pipeline
 
 __all__ = ["BlockLoader", "BudgetError", "Pipeline", "parse_size"]

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from edge.package import read_package
-from runtimes.python.loader import read_file
-from runtimes.python.pipeline import Pipeline
+from edge.runtimes.python.loader import read_file
+from edge.runtimes.python.pipeline import Pipeline
 
 MODES = ("resident", "streamed", "naive")
 ALL_MODES = (*MODES, "lean")

@@ -43,8 +43,8 @@ from edge.sampler import (
     sample,
 )
 from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
-from runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
-from runtimes.python.loader import BlockLoader, BlockWeights
+from edge.runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
+from edge.runtimes.python.loader import BlockLoader, BlockWeights
 
 
 def _io_read_bytes() -> int | None:

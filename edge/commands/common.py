@@ -1,0 +1,141 @@
+"""What several commands share: the sampler options (step leaping, token merging, the step
+cache, guidance), sizes and destinations checked before any work, the loaders of the PyTorch
+reference and of a package, progress bars and table cells. Heavy imports happen inside the
+functions so `edge --help` stays instant and the base install (no torch) runs the package
+commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edge.console import echo, fail
+
+WeightsOption = Annotated[Path | None, typer.Option(
+    "--weights", help="tiny-sora weights folder [default: the one shipped in the package]",
+    exists=True, file_okay=False)]
+
+# Step leaping, token merging and the step cache (edge/sampler.py); None: the model's default
+LeapOption = Annotated[bool | None, typer.Option(
+    "--leap/--no-leap", help="Linear Proportional Leap: after --leap-after steps (or, with "
+    "the dynamic options, once consecutive velocities stop aligning better) finish in "
+    "--leap-steps steps [default: off].")]
+LeapAfterOption = Annotated[int | None, typer.Option(
+    min=1, help="Fixed leap: leap after this many steps (implies --leap) [default: the "
+    "model's; tiny-sora: 6].")]
+LeapMinStepsOption = Annotated[int | None, typer.Option(
+    min=1, help="Dynamic leap (this or --leap-patience/--leap-tol asks for the cosine rule; "
+    "implies --leap): never before this many steps [default: 15].")]
+LeapPatienceOption = Annotated[int | None, typer.Option(
+    min=1, help="Dynamic leap: after this many steps without a better cosine [default: 3].")]
+LeapTolOption = Annotated[float | None, typer.Option(
+    min=0, help="Dynamic leap: a better cosine must gain more than this [default: 1e-3].")]
+LeapStepsOption = Annotated[int | None, typer.Option(
+    min=1, help="Leap (implies --leap): steps from the leap to the end, spaced as the "
+    "schedule spaces its own; 1 is one step straight to the end [default: the model's; "
+    "tiny-sora: 10].")]
+MergeStepsOption = Annotated[int | None, typer.Option(
+    min=0, help="Temporal token merging (TDTM) for the first N steps, e.g. 15 = the first "
+    "half of 30 [default: 0, off].")]
+CacheOption = Annotated[float | None, typer.Option(
+    min=0, help="Step cache: skip the transformer while the first block's input changed "
+    "less than this in total, e.g. 0.1 [default: 0, off].")]
+GuidanceRescaleOption = Annotated[float | None, typer.Option(
+    min=0.0, max=1.0, help="LTXPipeline's guidance_rescale: mix each step's guided velocity "
+    "with itself rescaled to the conditional velocity's spread (0: off) [default: the "
+    "package's].")]
+DynamicGuidanceOption = Annotated[bool | None, typer.Option(
+    "--dynamic-guidance/--no-dynamic-guidance", help="CogVideoX's dynamic classifier-free "
+    "guidance (CogVideoXPipeline's use_dynamic_cfg): each step's scale from its timestep; "
+    "cogvideox_ddim packages only [default: the package's].")]
+
+
+def sampler_overrides(**values) -> dict:
+    """The sampler settings given on the command line (None: not given)."""
+    out = {k: v for k, v in values.items() if v is not None}
+    if {"leap_min_steps", "leap_patience", "leap_tol"} & set(out) and "leap_after" not in out:
+        out["leap_after"] = None  # a dynamic option asks for the dynamic rule
+    if {"leap_after", "leap_steps", "leap_min_steps", "leap_patience", "leap_tol"} & set(out):
+        out.setdefault("leap", True)  # any leap option implies --leap (--no-leap still wins)
+    return out
+
+
+def load_reference_pipeline(weights: Path | None):
+    """tiny-sora's PyTorch pipeline (the [export] extra), from `weights` or the shipped ones."""
+    from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
+
+    return TinySora.load(weights or DEFAULT_WEIGHTS)
+
+
+def load_runtime(package: Path, budget: int | None):
+    """An exported package in the Python runtime (no torch); a bad one ends the command."""
+    from edge.package import PackageError
+    from edge.runtimes.python import BudgetError, Pipeline
+
+    try:
+        # one generation: no next one to keep the pinned blocks for, so the decoder's
+        # activations may take their memory
+        return Pipeline.load(package, memory_budget=budget, lean_decode=budget is not None)
+    except (PackageError, BudgetError, ValueError) as err:
+        fail(str(err))
+
+
+def budget_option(memory_budget: str | None) -> int | None:
+    """--memory-budget in bytes, refused by name before any work."""
+    from edge.budget import parse_size
+
+    try:
+        return parse_size(memory_budget, "--memory-budget")
+    except ValueError as err:
+        fail(str(err))
+
+
+def check_destination(dest: Path, force: bool, identify=None, option: str = "-o") -> None:
+    """Before any work: the folder `dest` can be written, and replaces nothing but a folder
+    edge wrote (a package, unless `identify` says what else), and that only with --force;
+    says what it replaces."""
+    from edge.files import OutputError, check_writable_parent
+    from edge.package import PackageWriteError, check_replaceable, identify_package
+
+    try:
+        check_writable_parent(dest, option)
+        replaced = check_replaceable(dest, force, identify or identify_package)
+    except (OutputError, PackageWriteError) as err:
+        fail(str(err))
+    if replaced:
+        echo(f"replacing {replaced} at {dest} (--force)")
+
+
+def cell(value: float | int | None) -> str:
+    """A table cell: '-' for nothing, three decimals for a float."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def advance(bar, done: int, total: int) -> None:
+    """Move a tqdm bar to `done` of `total` steps; a leap shortens the total on the way."""
+    if bar.total != total:
+        bar.total = total
+        bar.refresh()
+    bar.update(done - bar.n)
+
+
+def print_run_figures(run: dict) -> None:
+    """A package run's figures: walls, bytes read, I/O wait, overlap, peaks."""
+    from edge.budget import format_size
+
+    walls = ", ".join(f"{k} {v:.2f} s" for k, v in run["wall_s"].items())
+    bw = run["read_bandwidth_bytes_per_s"]
+    overlap = run["overlap_efficiency"]  # None unless transformer blocks were streamed
+    echo(
+        f"wall: {walls}\n"
+        f"transformer calls {run['transformer_calls']}, read {format_size(run['bytes_read'])}"
+        f" in {run['reads']} reads ({format_size(int(bw)) + '/s' if bw else 'n/a'}), "
+        f"compute waited {run['io_wait_s']:.2f} s for I/O, "
+        + ("" if overlap is None else
+           f"streamed denoising hid {overlap:.0%} of its read time behind compute, ")
+        + f"peak held {format_size(run['peak_held_bytes'])}, "
+        f"peak RSS {format_size(run['peak_rss_bytes'])}")

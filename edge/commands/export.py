@@ -1,0 +1,177 @@
+"""`edge export`: a model (the default tiny-sora or a diffusers folder) to a target's package."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edge.commands import common
+from edge.console import echo, fail
+
+
+def export(
+    target: Annotated[str, typer.Option(
+        help="onnx, or iphone (CoreML: one .mlpackage per block; compiling them to "
+        ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM and wasm graphs for "
+        "onnxruntime-web, with the demo page: a static site for `edge serve`).")] = "onnx",
+    model: Annotated[Path | None, typer.Option(
+        help="A diffusers pipeline folder (WanPipeline: Wan 2.1, Wan 2.2 TI2V-5B; "
+        "CogVideoXPipeline; LTXPipeline) or a tiny-sora weights folder [default: the shipped "
+        "tiny-sora]. Local files only.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].")] = None,
+    memory_budget: Annotated[str | None, typer.Option(
+        help="Plan residency for this budget, e.g. 64MB (shown with --dry-run).")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
+    quantize: Annotated[str | None, typer.Option(
+        help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized) or 4 "
+        "(mostly 4-bit palettized, the transformer int8) [default: fp16].")] = None,
+    min_ios: Annotated[int | None, typer.Option(
+        help="iphone: the oldest iOS the package runs on. 18: a block and its variants (TDTM, "
+        "the decoder's first pieces) are the functions of one multifunction .mlpackage "
+        "sharing one weight file; 17: each variant is an .mlpackage of its own with a copy "
+        "of the weights [default: 18].")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace a package already at the destination.")] = False,
+    height: Annotated[int | None, typer.Option(
+        help="Video height of a diffusers model's package (static) [default: the family's, "
+        "480 for Wan].")] = None,
+    width: Annotated[int | None, typer.Option(
+        help="Video width [default: the family's, 832 for Wan].")] = None,
+    frames: Annotated[int | None, typer.Option(
+        help="Frame count [default: the family's, 81 for Wan; Wan takes 4k + 1].")] = None,
+    steps: Annotated[int | None, typer.Option(
+        min=1, help="Denoising steps the package defaults to [default: the family's, 50 "
+        "for Wan, CogVideoX and LTX-Video].")] = None,
+    frame_rate: Annotated[float | None, typer.Option(
+        help="LTX-Video: the frames per second the positions are scaled for (LTXPipeline's "
+        "frame_rate) [default: 25].")] = None,
+    decode_timestep: Annotated[float | None, typer.Option(
+        help="LTX-Video with a timestep-conditioned decoder (0.9.5+): the decode timestep "
+        "the package defaults to, in [0, 1] (LTXPipeline's decode_timestep) "
+        "[default: 0].")] = None,
+    decode_noise_scale: Annotated[float | None, typer.Option(
+        help="LTX-Video with a timestep-conditioned decoder: how much decode noise the "
+        "package mixes into the latents by default, in [0, 1] (LTXPipeline's "
+        "decode_noise_scale) [default: the decode timestep].")] = None,
+    out_of_core: Annotated[bool | None, typer.Option(
+        "--out-of-core/--in-memory",
+        help="onnx, diffusers folders: build the models without weights and read each "
+        "block's from the folder's safetensors files only while it is exported, so memory "
+        "holds one block, never the model; the end-to-end check then streams the PyTorch "
+        "blocks under the budget [default: out of core when the float32 weights exceed "
+        "half this machine's memory].")] = None,
+    ort_url: Annotated[str | None, typer.Option(
+        help="web: the https folder URL the page loads onnxruntime-web (its wasm path) from, "
+        "each file checked by sha256 [default: the pinned version on the jsDelivr CDN].")] = None,
+    bundle_ort: Annotated[Path | None, typer.Option(
+        help="web: copy onnxruntime-web from this dist folder into the package, so the page "
+        "works offline.")] = None,
+) -> None:
+    """Export a model to a device package: one graph per block, validated against PyTorch."""
+    from edge.budget import BudgetError
+    from edge.exporters import ExportOptionError, ExportOptions
+    from edge.exporters import target as target_module
+    from edge.families import FamilyError, check_options, check_target, family_of, load_model
+
+    # refused before any work: an unknown folder or target, a target the family lacks,
+    # options the family or the target does not take, a destination edge may not replace
+    size_options = {"height": height, "width": width, "frames": frames, "steps": steps}
+    own_options = {k: v for k, v in {"frame_rate": frame_rate, "decode_timestep": decode_timestep,
+                                     "decode_noise_scale": decode_noise_scale,
+                                     "out_of_core": out_of_core}.items()
+                   if v is not None}
+    try:
+        family = family_of(model)
+        exporter = target_module(target)
+        check_target(family, target)
+        check_options(family, size_options)
+        _check_family_options(family, own_options)
+        if out_of_core and target != "onnx":
+            raise ExportOptionError(f"--out-of-core applies to --target onnx, not {target}")
+        options = ExportOptions(memory_budget=common.budget_option(memory_budget),
+                                quantize=quantize, min_ios=min_ios, ort_url=ort_url,
+                                bundle_ort=bundle_ort)
+        exporter.check(options)
+    except (FamilyError, ExportOptionError) as err:
+        fail(str(err))
+    model_name = model.resolve().name if model else "tiny-sora"
+    dest = output or Path("dist") / exporter.folder_name(model_name, options)
+    if not dry_run:
+        common.check_destination(dest, force)
+    try:
+        family_model = load_model(model, **size_options, **own_options)
+        for note in getattr(family_model, "notes", []):
+            echo(note)
+        prepared = exporter.prepare(family_model, options)
+    except (FamilyError, BudgetError, ExportOptionError) as err:
+        fail(str(err))
+    for note in prepared.notes:
+        echo(note)
+    if dry_run:
+        for line in prepared.plan_lines:
+            echo(line)
+        return
+    _export_with_progress(exporter, family_model, prepared, dest, options, target)
+
+
+def _family_load_options(family: str) -> set[str]:
+    """The options a family's `load` takes: what the family says it takes, by its own
+    signature (edge/families/<family>.py)."""
+    import importlib
+    import inspect
+
+    from edge.families import PIPELINE_FAMILIES
+
+    if family not in PIPELINE_FAMILIES.values():  # tiny-sora: its weights say everything
+        return set()
+    module = importlib.import_module(f"edge.families.{family}")
+    return set(inspect.signature(module.load).parameters)
+
+
+def _check_family_options(family: str, options: dict) -> None:
+    """Refuse, naming the option, an export option of some families' own (e.g. LTX-Video's
+    frame rate) that this family's load does not take."""
+    from edge.families import PIPELINE_FAMILIES, FamilyError
+
+    for name in options:
+        if name not in _family_load_options(family):
+            takers = sorted(f for f in set(PIPELINE_FAMILIES.values())
+                            if name in _family_load_options(f))
+            raise FamilyError(f"--{name.replace('_', '-')}: {family} models do not take it "
+                              f"(an export option of {', '.join(takers)} models)")
+
+
+def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:
+    """Export with a bar over the blocks (and one over an end-to-end check's steps), then
+    print the target's summary; a failed check or write is one line and exit status 2."""
+    from tqdm import tqdm
+
+    from edge.exporters import ExportValidationError, Progress
+    from edge.package import PackageWriteError
+
+    check_bar: list[tqdm] = []  # made at the first step of the end-to-end check
+
+    def on_check_step(done: int, steps: int) -> None:
+        if not check_bar:
+            check_bar.append(tqdm(total=steps, desc="checking end to end", unit="step"))
+        common.advance(check_bar[0], done, steps)
+
+    started = time.perf_counter()
+    try:
+        with tqdm(total=prepared.block_count, desc=f"exporting ({target})", unit="block") as bar:
+            progress = Progress(on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
+                                on_check_step=on_check_step)
+            manifest = exporter.export(model, prepared, dest, options, progress)
+    except ExportValidationError as err:
+        fail(f"validation failed, nothing written to {dest}: {err}")
+    except PackageWriteError as err:  # full disk, unwritable destination
+        fail(str(err))
+    finally:
+        for b in check_bar:
+            b.close()
+    echo(exporter.summary(manifest, dest, time.perf_counter() - started))

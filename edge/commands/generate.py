@@ -1,0 +1,102 @@
+"""`edge generate`: a video from a prompt, with the PyTorch reference pipeline or an
+exported package in the Python runtime (the base install runs the latter)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edge.commands import common
+from edge.console import echo, fail
+from edge.noise import MAX_SEED
+
+
+def generate(
+    first: Annotated[str, typer.Argument(
+        metavar="[PACKAGE] PROMPT",
+        help='An exported package folder (optional), then what to draw, e.g. '
+             '"a red circle moving left". Without a package the PyTorch reference '
+             'pipeline runs.')],
+    prompt: Annotated[str | None, typer.Argument(hidden=True)] = None,
+    output: Annotated[Path, typer.Option(
+        "-o", "--output", help="Video file to write (.gif or .mp4).")] = Path("out.gif"),
+    seed: Annotated[int, typer.Option(
+        min=0, max=MAX_SEED, help="Seed of the initial noise: the noise diffusers draws for "
+        "torch.Generator().manual_seed(SEED).")] = 0,
+    steps: Annotated[int | None, typer.Option(min=1, help="Denoising steps [default: 30].")] = None,
+    guidance: Annotated[float | None, typer.Option(
+        help="Classifier-free guidance scale [default: the model's].")] = None,
+    scale: Annotated[int, typer.Option(min=1, help="Upscale frames by this factor.")] = 4,
+    fps: Annotated[int, typer.Option(min=1)] = 8,
+    weights: common.WeightsOption = None,
+    memory_budget: Annotated[str | None, typer.Option(
+        help="With a package: most bytes of block weights held at once, e.g. 64MB "
+             "[default: no limit, every block resident].")] = None,
+    leap: common.LeapOption = None,
+    leap_after: common.LeapAfterOption = None,
+    leap_min_steps: common.LeapMinStepsOption = None,
+    leap_patience: common.LeapPatienceOption = None,
+    leap_tol: common.LeapTolOption = None,
+    leap_steps: common.LeapStepsOption = None,
+    merge_steps: common.MergeStepsOption = None,
+    cache_threshold: common.CacheOption = None,
+    dynamic_guidance: common.DynamicGuidanceOption = None,
+    guidance_rescale: common.GuidanceRescaleOption = None,
+    negative_prompt: Annotated[str | None, typer.Option(
+        help="With a package: what the unconditional pass is told [default: the package's "
+        "learned null caption or negative prompt].")] = None,
+) -> None:
+    """Generate a video from a prompt, with the PyTorch pipeline or an exported package."""
+    from tqdm import tqdm
+
+    from edge.files import OutputError, check_output_file
+    from edge.options import with_overrides
+    from edge.video import FORMATS, write_video
+
+    # every option and the destination before anything is loaded or computed
+    if output.suffix.lower() not in FORMATS:
+        fail(f"-o {output}: use a {' or '.join(FORMATS)} file name")
+    package, text = (Path(first), prompt) if prompt is not None else (None, first)
+    if package is None and memory_budget:
+        fail("--memory-budget applies to exported packages: give the package folder first")
+    if package is None and negative_prompt is not None:
+        fail("--negative-prompt applies to exported packages: give the package folder first")
+    budget = common.budget_option(memory_budget)
+    try:
+        check_output_file(output, "-o")
+    except OutputError as err:
+        fail(str(err))
+    pipe = (common.load_runtime(package, budget) if package
+            else common.load_reference_pipeline(weights))
+    overrides = common.sampler_overrides(
+        steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
+        leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
+        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
+        dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
+    try:
+        total = with_overrides(pipe.sampler, overrides).steps
+    except ValueError as err:
+        fail(str(err))
+    started = time.perf_counter()
+    with tqdm(total=total, desc="denoising", unit="step") as bar:
+        try:
+            extra = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
+            video = pipe.generate(text, seed=seed, on_step=lambda i, n: common.advance(bar, i, n),
+                                  **extra, **overrides)
+        except (ValueError, FloatingPointError) as err:  # a changed file, NaN
+            fail(str(err))
+    try:
+        path = write_video(output, video[0], fps=fps, scale=scale)
+    except OutputError as err:
+        fail(str(err))
+    echo(f"wrote {path} ({video.shape[1]} frames, {video.shape[2]}x{video.shape[3]} "
+         f"upscaled x{scale}) in {time.perf_counter() - started:.1f} s")
+    trace = pipe.last_run["sampler"] if package else pipe.last_trace.to_dict()
+    leaped = "no leap" if trace["leap_at"] is None else f"leap after step {trace['leap_at']}"
+    echo(f"sampler: {trace['calls']} predictions, {trace['transformer_calls']} with the "
+         f"transformer pairs run, {trace['merged_calls']} merged (TDTM), {leaped}")
+    if package:
+        common.print_run_figures(pipe.last_run)
