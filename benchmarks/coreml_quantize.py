@@ -37,8 +37,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.families import FamilyModel, StorageRule, load_model
-from edge.video_metrics import psnr, snr
 from edge.exporters.coreml import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
@@ -52,6 +50,8 @@ from edge.exporters.coreml import (
 )
 from edge.exporters.coreml_check import end_to_end_check, stored_weights_in_place
 from edge.exporters.coreml_target import package_bytes
+from edge.families import FamilyModel, StorageRule, load_model
+from edge.video_metrics import psnr, snr
 
 PROMPTS = ["a red circle moving left", "a blue square moving up",
            "a green triangle moving right", "a yellow ball moving down"]

@@ -31,7 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.chromium import CHROMIUM, CHROMIUM_ARGS
+# test infrastructure: how the tests start chromium (tests/chromium_launch.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from chromium_launch import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SWIFT_PACKAGE = REPO / "runtimes" / "swift"

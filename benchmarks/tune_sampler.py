@@ -17,8 +17,8 @@ import numpy as np
 from edge.data import TRAIN_COMBINATIONS, TRAIN_TEMPLATES
 from edge.eval.metrics import score, summarize
 from edge.eval.run import load_classifier
+from edge.eval.sweep import pooled_psnr
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
-from edge.sweep import pooled_psnr
 from edge.runtimes.python import Pipeline
 
 SETTINGS = {

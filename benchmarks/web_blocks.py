@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import threading
 import warnings
@@ -27,7 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge.chromium import CHROMIUM, CHROMIUM_ARGS
+# test infrastructure: how the tests start chromium (tests/chromium_launch.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from chromium_launch import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCKS = ["transformer/prologue", "transformer/pair_0", "transformer/epilogue"]
@@ -142,10 +146,10 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from edge.families import load_model
-    from edge.serve import make_server
     from edge.exporters.tvm_plan import BlockCompiler
     from edge.exporters.web import web_blocks
+    from edge.families import load_model
+    from edge.serve import make_server
 
     blocks = {b.key: b for bs in web_blocks(load_model()).values() for b in bs}
     compiler = BlockCompiler()

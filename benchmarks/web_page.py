@@ -20,20 +20,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
 
-from edge.chromium import CHROMIUM, CHROMIUM_ARGS
+# test infrastructure: how the tests start chromium (tests/chromium_launch.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from chromium_launch import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "a red circle moving left"
 
 
 def packages(work: Path, ort_dist: Path, folder: Path | None, size: dict) -> tuple[Path, Path]:
-    from edge.families import load_model
     from edge.exporters.onnx import export_onnx
     from edge.exporters.web import export_web
+    from edge.families import load_model
 
     name = "tiny-sora" if folder is None else "-".join(
         [folder.name, *(str(v) for v in size.values() if v is not None)])
@@ -69,8 +73,8 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from edge.serve import make_server
     from edge.runtimes.python.pipeline import Pipeline
+    from edge.serve import make_server
 
     onnx, web = packages(args.work, args.ort_dist, args.model,
                          size if args.model is not None else {})

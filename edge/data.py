@@ -85,10 +85,6 @@ def caption(a: Attributes, rng: np.random.Generator, templates=TRAIN_TEMPLATES) 
                            direction=pick(DIRECTION_WORDS[a.direction]))
 
 
-def canonical_caption(a: Attributes) -> str:
-    return TRAIN_TEMPLATES[0].format(color=a.color, shape=a.shape, direction=a.direction)
-
-
 def _coverage(shape: str, x: np.ndarray, y: np.ndarray, cx: np.ndarray, cy: np.ndarray,
               r: float) -> np.ndarray:
     """Anti-aliased coverage in [0, 1] from a signed distance with a one-pixel ramp.

@@ -17,6 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+class EdgeNotice(UserWarning):
+    """Something worth saying that stops nothing (files a package does not list, the
+    leftovers of a killed export cleaned up): the command line prints it as a note; a
+    program embedding edge sees a warning."""
+
+
 class OutputError(RuntimeError):
     """A destination edge cannot write, or a write that failed; nothing the user had at the
     destination was changed. The message names the option (where given) and the path."""

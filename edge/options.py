@@ -112,3 +112,15 @@ def with_overrides(settings: SamplerSettings, overrides: dict[str, Any]) -> Samp
     for name, value in overrides.items():  # before replace(): __post_init__ compares values
         _check_value(name, value, next(f.default for f in fields(settings) if f.name == name))
     return check_settings(replace(settings, **overrides))
+
+
+def decode_values(decode: dict | None, timestep: float | None = None,
+                  noise_scale: float | None = None) -> tuple[float, float]:
+    """The decode timestep and noise scale a timestep-conditioned decoder is fed: each
+    given value, else the package's default (the manifest's `decode`); a noise scale of
+    None means the timestep's value, as LTXPipeline's decode_noise_scale=None does. Without
+    `decode` the decoder takes neither and mixes in no noise: (0, 0)."""
+    if decode is None:
+        return 0.0, 0.0
+    t = decode["timestep"] if timestep is None else timestep
+    return t, next(v for v in (noise_scale, decode.get("noise_scale"), t) if v is not None)

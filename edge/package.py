@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import glob
 import hashlib
 import json
@@ -20,12 +21,13 @@ import stat
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from edge.files import give_usual_mode, kind_of
+from edge.files import EdgeNotice, give_usual_mode, kind_of
 from edge.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
     FORMAT,
     FORMAT_VERSION,
@@ -40,9 +42,13 @@ from edge.manifest_schema import (  # noqa: F401  (re-exported: the package's pu
 FILE_ALIGN = 4096          # weight files are whole pages: O_DIRECT needs aligned lengths
 READ_CHUNK = 8 << 20
 MAX_MANIFEST_BYTES = 64 << 20   # far above any real manifest; bounds what a bad one costs
-# Files that operating systems and archivers drop into folders; never listed, never read.
+# Files that operating systems and archivers drop into folders; never listed, never read,
+# and not worth a note when a package is loaded.
 OS_NOISE = (".DS_Store", "Thumbs.db", "desktop.ini", ".directory")
 OS_NOISE_DIRS = ("__MACOSX", ".Spotlight-V100", ".Trashes", ".fseventsd")
+# What `--force` may delete besides the files a package lists: only what no person writes
+# (a desktop's folder cache). __MACOSX/, ._NAME or desktop.ini may hold someone's work.
+DISPOSABLE = (".DS_Store",)
 
 
 def align(n: int, to: int) -> int:
@@ -94,17 +100,6 @@ def write_manifest(root: Path, manifest: dict) -> None:
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def iter_files(manifest: dict) -> Iterator[tuple[str, dict]]:
-    """Every file record in the manifest, with where it sits (for error messages)."""
-    return iter_file_records(manifest)
-
-
-def validate_manifest(manifest: dict) -> None:
-    """Structure and version checks (edge/manifest_schema.py); raises PackageError naming
-    the field."""
-    check_manifest(manifest)
-
-
 @dataclass(frozen=True)
 class FileIdentity:
     """What a file was when it was verified; compared again (fstat) whenever it is read
@@ -125,14 +120,6 @@ def check_unchanged(path: Path, st: os.stat_result, expected: FileIdentity | Non
     if expected is not None and FileIdentity.of(st) != expected:
         raise PackageError(f"{path}: changed on disk since the package was verified (size, "
                            "modification time or inode differ); load the package again")
-
-
-def read_verified(path: Path, expected: FileIdentity | None) -> bytes:
-    """A whole verified file, refused if it changed since verification."""
-    with open(path, "rb") as f:
-        data = f.read()
-        check_unchanged(path, os.fstat(f.fileno()), expected)
-    return data
 
 
 def _listed_file(root: Path, where: str, record: dict) -> tuple[Path, os.stat_result]:
@@ -157,7 +144,7 @@ def verify_files(root: Path, manifest: dict, check_hashes: bool = True
     """Every listed file exists inside the package with the listed size and sha256; returns
     each file's identity at verification."""
     identities: dict[Path, FileIdentity] = {}
-    for where, f in iter_files(manifest):
+    for where, f in iter_file_records(manifest):
         path, st = _listed_file(root, where, f)
         if check_hashes:
             with open(path, "rb") as fh:
@@ -176,21 +163,29 @@ def _is_noise(name: str) -> bool:
     return name in OS_NOISE or name.startswith("._")  # ._*: macOS AppleDouble files
 
 
-def unlisted_files(root: Path, manifest: dict) -> list[str]:
-    """Package-relative paths present in the folder but listed nowhere in the manifest
-    (operating-system noise such as .DS_Store excepted)."""
-    listed = {MANIFEST} | {f["path"] for _, f in iter_files(manifest)}
+def unlisted_files(root: Path, manifest: dict, for_replacing: bool = False) -> list[str]:
+    """Package-relative paths present in the folder but listed nowhere in the manifest.
+    Operating-system noise (.DS_Store, __MACOSX/, ...) is left out when reading; when the
+    folder is to be replaced (`for_replacing`), only what DISPOSABLE names is."""
+    listed = {MANIFEST} | {f["path"] for _, f in iter_file_records(manifest)}
     prefixes = {p.rsplit("/", i)[0] for p in listed for i in range(1, p.count("/") + 1)}
     extra = []
     for folder, dirs, files in os.walk(root):
         rel = Path(folder).relative_to(root).as_posix()
         rel = "" if rel == "." else rel + "/"
-        dirs[:] = [d for d in dirs if d not in OS_NOISE_DIRS]
+        if not for_replacing:
+            dirs[:] = [d for d in dirs if d not in OS_NOISE_DIRS]
         for d in dirs:  # a symlinked folder is not walked into: it must be on a listed path
             if os.path.islink(os.path.join(folder, d)) and rel + d not in prefixes:
                 extra.append(rel + d)
-        extra += [rel + n for n in files if rel + n not in listed and not _is_noise(n)]
+        ignored = (lambda n: n in DISPOSABLE) if for_replacing else _is_noise
+        extra += [rel + n for n in files if rel + n not in listed and not ignored(n)]
     return sorted(extra)
+
+
+def _listing(paths: list[str], most: int) -> str:
+    return ", ".join(paths[:most]) + (f" and {len(paths) - most} more" if len(paths) > most
+                                      else "")
 
 
 def _strict_json(text: str, path: Path):
@@ -242,18 +237,20 @@ def read_manifest(root: Path) -> dict:
 
 def read_package(root: str | Path, check_hashes: bool = True,
                  identities: dict[Path, FileIdentity] | None = None) -> dict:
-    """Load and fully verify a package: the manifest's structure, no unlisted files, every
-    listed file's path, size and sha256. Returns the manifest; fills `identities` (when
-    given) with each verified file's identity, for checks at later reads."""
+    """Load and fully verify a package: the manifest's structure, every listed file's path,
+    size and sha256. Files the manifest does not list are neither checked nor used: they are
+    named in an EdgeNotice (a README someone added does not stop a package). Returns the
+    manifest; fills `identities` (when given) with each verified file's identity, for checks
+    at later reads."""
     root = Path(root)
     manifest = read_manifest(root)
-    for where, f in iter_files(manifest):  # paths that leave the folder first: never opened
+    for where, f in iter_file_records(manifest):  # paths that leave the folder first: never opened
         resolve_inside(root, f["path"], where)
     extra = unlisted_files(root, manifest)
     if extra:
-        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-        raise PackageError(f"{root}: files not listed in {MANIFEST}: {shown}; a package holds "
-                           "exactly what its manifest lists (re-export it, or remove them)")
+        warnings.warn(EdgeNotice(f"{root}: files not listed in {MANIFEST}: "
+                                 f"{_listing(extra, 5)}; they are not checked and not used"),
+                      stacklevel=2)
     found = verify_files(root, manifest, check_hashes)
     if identities is not None:
         identities.update(found)
@@ -267,7 +264,8 @@ class PackageWriteError(RuntimeError):
 
 # errors of the destination rather than of the exporter's own work
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
-                 errno.EFBIG, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EEXIST}
+                 errno.EFBIG, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EEXIST, errno.EBUSY,
+                 errno.EXDEV}
 
 
 def _write_error(dest: Path, err: OSError) -> PackageWriteError:
@@ -295,21 +293,54 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def recover_interrupted(dest: Path) -> None:
-    """Undo what a killed writer left beside `dest`: an earlier package that a crash between
-    the two renames of the fallback commit left at `.NAME.old-PID` goes back to `dest`;
-    temporary folders of writers no longer running are removed."""
+_PARTIAL = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.partial")
+
+
+def _hold_writing(tmp: Path) -> int:
+    """Mark `tmp` as being written: an exclusive lock on its folder, held by the returned
+    descriptor. The system drops it when the writer ends however it ends (SIGKILL, a
+    crash), so a folder nobody holds is stale, whatever process now has the writer's PID."""
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _is_being_written(folder: Path) -> bool:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return True  # not ours to judge: leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the probe's own lock
+    return False
+
+
+def recover_interrupted(dest: Path) -> list[Path]:
+    """Undo what killed writers left in `dest`'s folder: an earlier package that a crash
+    between the two renames of the fallback commit left at `.NAME.old-PID` goes back to
+    `dest`; temporary `.NAME.PID.XXXX.partial` folders that no writer holds any more (of
+    this destination or any other in the folder) are removed. Returns what was removed."""
     name = re.escape(dest.name)
-    for p in dest.parent.glob(f".{glob.escape(dest.name)}.*"):
+    removed = []
+    for p in sorted(dest.parent.glob(".*.partial")):
+        if _PARTIAL.fullmatch(p.name) and p.is_dir() and not p.is_symlink() \
+                and not _is_being_written(p):
+            _remove(p)
+            removed.append(p)
+    for p in dest.parent.glob(f".{glob.escape(dest.name)}.old-*"):
         old = re.fullmatch(rf"\.{name}\.old-(\d+)", p.name)
-        partial = re.fullmatch(rf"\.{name}\.(\d+)\..*\.partial", p.name)
-        pid = int((old or partial).group(1)) if (old or partial) else None
-        if pid is None or _pid_alive(pid):
+        if old is None or _pid_alive(int(old.group(1))):
             continue
-        if old and not dest.exists():
+        if not dest.exists():
             os.rename(p, dest)
         else:
             _remove(p)
+            removed.append(p)
+    return removed
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -407,13 +438,12 @@ def identify_package(dest: Path) -> str:
         raise not_edges(dest, f'its {MANIFEST} is not an edge manifest (no "format": '
                               f'"{FORMAT}")')
     try:
-        extra = unlisted_files(dest, manifest)
+        extra = unlisted_files(dest, manifest, for_replacing=True)
     except (PackageError, TypeError, KeyError, AttributeError) as err:
         raise not_edges(dest, f"its {MANIFEST} says edge but is damaged ({err})") from None
     if extra:
-        shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
         raise not_edges(dest, f"an edge package, but it also holds files its manifest does "
-                              f"not list ({shown})")
+                              f"not list ({_listing(extra, 3)})")
     return (f"the edge package {manifest.get('model', '?')!s:.80} "
             f"({manifest.get('target', '?')!s:.20})")
 
@@ -429,6 +459,13 @@ def check_replaceable(dest: Path, force: bool,
     if dest.is_symlink() or not dest.is_dir():
         raise PackageWriteError(f"{dest}: exists and is {kind_of(dest)}, not a folder edge "
                                 "wrote; choose another destination (nothing was changed)")
+    if os.path.ismount(dest):
+        # a package is written beside its destination and renamed into place, and nothing
+        # can be renamed onto a mount point (EBUSY): say so now, not after the work
+        raise PackageWriteError(f"{dest}: is a mount point; edge writes a package beside its "
+                                "destination and renames it into place, which a mount point "
+                                f"cannot take: write to a folder inside it, e.g. "
+                                f"{dest / 'package'} (nothing was changed)")
     if not any(dest.iterdir()):
         return None
     what = identify(dest)
@@ -454,10 +491,13 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
     check_replaceable(dest, force=True, identify=identify)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        recover_interrupted(dest)
+        for stale in recover_interrupted(dest):
+            warnings.warn(EdgeNotice(f"removed {stale}, left by an earlier write that was "
+                                     "killed before it finished"), stacklevel=3)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".partial",
                                     dir=dest.parent))
         give_usual_mode(tmp)  # mkdtemp's 0700 would keep web servers and other users out
+        held = _hold_writing(tmp)
     except OSError as err:
         raise _write_error(dest, err) from err
     try:
@@ -473,4 +513,6 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
     except BaseException:
         _remove(tmp)
         raise
+    finally:
+        os.close(held)
 

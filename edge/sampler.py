@@ -1,7 +1,12 @@
-"""Rectified-flow Euler sampler with classifier-free guidance, in plain NumPy.
+"""The sampler loop every scheduler runs in, in plain NumPy: classifier-free guidance, step
+leaping, the TDTM step switch and the step cache.
 
-Convention (diffusers' FlowMatchEulerDiscreteScheduler): x_t = (1 - t) * x0 + t * noise, the
-model predicts v = noise - x0, and one Euler step is x_next = x + (t_next - t) * v.
+`sample()` integrates from t = 1 (noise) to t = 0 over the scheduler the settings name
+(`scheduler`, a name of edge/schedulers.py `SCHEDULERS`: flow-match Euler, LTX-Video's
+flow-match Euler, UniPC, CogVideoX's DDIM). The scheduler owns the noise levels, the model
+times and the solver that steps through them; this loop calls the predictor once per step,
+guides what it predicts (a flow's velocity v = noise - x0, DDIM's v-prediction) and hands that
+to the solver; and it decides which transformer calls are made (below).
 
 Guidance is classifier-free, v = v_uncond + g (v_cond - v_uncond), with the fixed scale
 `guidance`, or, with the setting `dynamic_guidance`, CogVideoX's scale of each step's training

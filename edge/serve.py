@@ -16,9 +16,11 @@ import os
 import re
 import stat
 import sys
+import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 DEFAULT_HOST = "127.0.0.1"
@@ -49,7 +51,13 @@ HEADERS = {
     "Cache-Control": "no-cache",
 }
 COPY_CHUNK = 1 << 20
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+# at most 18 digits a position (no file is larger); a longer one is a form not understood
+_RANGE = re.compile(r"bytes=(\d{0,18})-(\d{0,18})")
+# A client that sends nothing (or reads nothing) for this long is dropped, and at most this
+# many are answered at once (others are closed at once): half-open requests cannot hold
+# threads for ever.
+IDLE_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 64
 
 
 def content_type(path: Path) -> str:
@@ -100,23 +108,42 @@ def request_segments(target: str) -> list[str]:
     return segments
 
 
-def resolve_request(root: Path, target: str) -> Path:
-    """The regular file inside `root` (already resolved) that `target` names, or Refused."""
-    path = root.joinpath(*request_segments(target))
+def _contained_file(root: Path, path: Path) -> Path:
+    """`path` resolved (symlinks followed), if it is a regular file inside `root`; else
+    Refused (404)."""
     try:
         real = path.resolve(strict=True)
     except (OSError, RuntimeError):  # missing, unreadable, a symlink loop
         raise Refused(HTTPStatus.NOT_FOUND) from None
     if not real.is_relative_to(root):  # a symlink leading out of the folder
         raise Refused(HTTPStatus.NOT_FOUND)
-    if real.is_dir():
-        real = real / "index.html"  # a folder's own page if it has one; never a listing
     try:
         if not stat.S_ISREG(os.stat(real).st_mode):
             raise Refused(HTTPStatus.NOT_FOUND)
     except OSError:
         raise Refused(HTTPStatus.NOT_FOUND) from None
     return real
+
+
+class Resolved(NamedTuple):
+    file: Path      # the regular file to send, inside the root
+    folder: bool    # the target named a folder, and `file` is its index.html
+
+
+def resolve_request(root: Path, target: str) -> Resolved:
+    """The regular file inside `root` (already resolved) that `target` names, or Refused.
+    A folder's page is its index.html, itself resolved and held inside `root` as any other
+    file (a link named index.html leads nowhere outside); a folder is never listed."""
+    path = root.joinpath(*request_segments(target))
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise Refused(HTTPStatus.NOT_FOUND) from None
+    if not real.is_relative_to(root):
+        raise Refused(HTTPStatus.NOT_FOUND)
+    if real.is_dir():
+        return Resolved(_contained_file(root, real / "index.html"), folder=True)
+    return Resolved(_contained_file(root, real), folder=False)
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -146,6 +173,7 @@ class PackageRequestHandler(BaseHTTPRequestHandler):
 
     server: PackageServer
     server_version = "edge-serve"
+    timeout = IDLE_TIMEOUT_S  # every read and write of the connection
 
     def do_GET(self) -> None:
         self._answer(send_body=True)
@@ -155,9 +183,9 @@ class PackageRequestHandler(BaseHTTPRequestHandler):
 
     def _answer(self, send_body: bool) -> None:
         try:
-            path = resolve_request(self.server.root, self.path)
+            path, folder = resolve_request(self.server.root, self.path)
             where = urlsplit(self.path).path
-            if path.name == "index.html" and not where.endswith(("/", "index.html")):
+            if folder and not where.endswith("/"):
                 # a folder asked for without its slash: relative links in its page need it
                 self._refuse(HTTPStatus.MOVED_PERMANENTLY, {"Location": where + "/"})
                 return
@@ -220,6 +248,7 @@ def _copy(src, dst, length: int) -> None:
 
 class PackageServer(ThreadingHTTPServer):
     daemon_threads = True  # a stuck client never keeps the process alive at exit
+    max_connections = MAX_CONNECTIONS
 
     def __init__(self, root: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  quiet: bool = False) -> None:
@@ -228,7 +257,31 @@ class PackageServer(ThreadingHTTPServer):
             raise NotADirectoryError(f"{root}: not a folder; give an edge package folder")
         self.root = root.resolve()
         self.quiet = quiet
+        self._slots = threading.BoundedSemaphore(self.max_connections)
         super().__init__((host, port), PackageRequestHandler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):  # busy: close rather than queue threads
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (an aborted download, a reset, a timeout) is routine: one
+        line unless quiet, never a traceback. Anything else keeps the default report."""
+        err = sys.exc_info()[1]
+        if isinstance(err, (ConnectionError, TimeoutError)):
+            if not self.quiet:
+                print(f"{client_address[0]}: connection ended early ({type(err).__name__})",
+                      file=sys.stderr)
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:

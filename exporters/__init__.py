@@ -9,12 +9,15 @@ same four questions (`edge export` asks nothing else):
 - `export(model, prepared, dest, options, progress) -> manifest` and
   `summary(manifest, dest, seconds) -> str`.
 
-Modules are imported on use: the iphone target needs coremltools, the web target TVM.
+Modules are imported on use: the iphone target needs coremltools (the [iphone] extra), the
+web target TVM (the [web] extra); `target` refuses a target whose modules are not installed
+before any work, as a ModuleNotFoundError naming the module.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +25,9 @@ from types import ModuleType
 
 TARGETS = {"onnx": "edge.exporters.onnx_target", "iphone": "edge.exporters.coreml_target",
            "web": "edge.exporters.web_target"}
+# what each target's compiler needs beyond the [export] extra (torch, onnx)
+NEEDS = {"onnx": ("torch", "onnx"), "iphone": ("torch", "coremltools"),
+         "web": ("torch", "onnx", "tvm")}
 
 
 class ExportValidationError(RuntimeError):
@@ -77,6 +83,9 @@ def target(name: str) -> ModuleType:
     """The module of target `name`; an unknown name is refused, listing the known ones."""
     if name not in TARGETS:
         raise ExportOptionError(f"unknown --target {name!r}; available: {', '.join(TARGETS)}")
+    for module in NEEDS[name]:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"--target {name} needs {module}", name=module)
     return importlib.import_module(TARGETS[name])
 
 

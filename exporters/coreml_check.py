@@ -27,11 +27,8 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.family_model import FamilyModel
-from edge.manifest_schema import as_variant
-from edge.video_metrics import psnr, snr
 from edge.exporters import ExportValidationError
-from edge.exporters.coreml import Compression, compression
+from edge.exporters.coreml_compression import Compression, compression
 from edge.exporters.coreml_weights import (
     MAIN,
     import_coremltools,
@@ -40,6 +37,9 @@ from edge.exporters.coreml_weights import (
     read_parameters,
     tensor_sizes,
 )
+from edge.family_model import FamilyModel
+from edge.manifest_schema import as_variant
+from edge.video_metrics import psnr, snr
 
 VALIDATION_PROMPT = "a red circle moving left"
 _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType

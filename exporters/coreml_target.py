@@ -13,8 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 from edge.budget import format_size
-from edge.family_model import FamilyModel
-from edge.plan import READ_UNIT, plan_lines, plan_residency
 from edge.exporters import (
     ExportOptionError,
     ExportOptions,
@@ -33,6 +31,8 @@ from edge.exporters.coreml import (
     deployment_target,
     layout,
 )
+from edge.family_model import FamilyModel
+from edge.plan import READ_UNIT, plan_lines, plan_residency
 
 NAME = "iphone"
 

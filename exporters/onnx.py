@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from edge.blocks import Block, torch_block_opener
+from edge.exporters import ExportValidationError
+from edge.exporters.package_head import manifest_head
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
 from edge.package import (
@@ -29,8 +31,6 @@ from edge.package import (
     write_manifest,
 )
 from edge.video_metrics import psnr
-from edge.exporters import ExportValidationError
-from edge.exporters.package_head import manifest_head
 
 BLOCK_TOLERANCE = 1e-4     # fp32 max-abs error per block against PyTorch
 

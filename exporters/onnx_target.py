@@ -8,9 +8,9 @@ import resource
 from pathlib import Path
 
 from edge.budget import format_size
+from edge.exporters import ExportOptions, Prepared, Progress, refuse_others
 from edge.family_model import FamilyModel
 from edge.plan import READ_UNIT, partition, plan_lines, plan_residency
-from edge.exporters import ExportOptions, Prepared, Progress, refuse_others
 
 NAME = "onnx"
 

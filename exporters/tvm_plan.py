@@ -35,7 +35,6 @@ from edge.exporters.tvm_passes import fold_constant_calls, int32_take_indices
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
 MAX_GRID_X = 65535                # WebGPU maxComputeWorkgroupsPerDimension
-WGSL_SCALAR_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32"}
 
 
 class PlanError(ExportValidationError):

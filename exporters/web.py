@@ -35,13 +35,13 @@ import numpy as np
 import torch
 
 from edge.blocks import Block
-from edge.family_model import FamilyModel
-from edge.package import atomic_directory, file_entry, write_manifest
 from edge.exporters import ExportValidationError
 from edge.exporters.onnx import export_graph, validate_block, write_weights
 from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
 from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, web_example
+from edge.family_model import FamilyModel
+from edge.package import atomic_directory, file_entry, write_manifest
 
 BLOCK_TOLERANCE = 1e-4          # fp32 max-abs error of a replayed plan against PyTorch
 SHARD_BYTES = 32 * 1024 * 1024  # largest weights file a browser fetches in one piece

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.family_model import FamilyModel
 from edge.exporters import (
     ExportOptionError,
     ExportOptions,
@@ -16,6 +15,7 @@ from edge.exporters import (
     refuse_others,
     refuse_out_of_core,
 )
+from edge.family_model import FamilyModel
 
 NAME = "web"
 # what one page can hold: the wasm32 heap (4 GiB), where onnxruntime-web's wasm path keeps

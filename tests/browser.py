@@ -1,5 +1,6 @@
 """What the browser tests share: a folder served over local HTTP (edge serve's server) and
-Debian's headless chromium (edge/chromium.py), skipped with the reason where it is missing."""
+Debian's headless chromium (launched as tests/chromium_launch.py says), skipped with the reason
+where it is missing."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chromium_launch import CHROMIUM, CHROMIUM_ARGS
 
-from edge.chromium import CHROMIUM, CHROMIUM_ARGS
 from edge.video_metrics import psnr, snr
 
 # onnxruntime-web's dist, served from the package (--bundle-ort): tests never reach a CDN

@@ -83,6 +83,39 @@ def wan_models(wan_folders):
     return {s: load_model(f, steps=12, **WAN_SIZE) for s, f in wan_folders.items()}
 
 
+# Wan 2.2 TI2V-5B's tests' size: 16x spatial, latents 48 x 3 x 2 x 4
+WAN22_SIZE = {"height": 32, "width": 64, "frames": 9}
+
+
+@pytest.fixture(scope="session")
+def wan22_folder(tmp_path_factory):
+    """A tiny random-weight Wan 2.2 TI2V-5B folder (tests/wan_folder.py version "2.2")."""
+    from wan_folder import make_wan_folder
+
+    return make_wan_folder(tmp_path_factory.mktemp("wan22") / "wan22", version="2.2")
+
+
+@pytest.fixture(scope="session")
+def wan22(wan22_folder):
+    from edge.families import load_model
+
+    return load_model(wan22_folder, steps=8, **WAN22_SIZE)
+
+
+@pytest.fixture(scope="session")
+def wan22_package(tmp_path_factory, wan22):
+    """The tiny Wan 2.2 exported to ONNX once per session: (root, manifest)."""
+    return onnx_packages(tmp_path_factory, "wan22-onnx", {"pkg": wan22})["pkg"]
+
+
+@pytest.fixture(scope="session")
+def wan22_iphone_package(tmp_path_factory, wan22):
+    """The tiny Wan 2.2 exported to CoreML (fp16) with its end-to-end check: (root,
+    manifest). Copy it before changing it."""
+    root = tmp_path_factory.mktemp("wan22-iphone") / "pkg"
+    return root, iphone_export(wan22, root)
+
+
 def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
     """Each of `models` exported to ONNX under a fresh folder `name`: {key: (root, manifest)}."""
     from edge.exporters.onnx import export_onnx
@@ -187,6 +220,14 @@ def cog_iphone_package(tmp_path_factory, cog_models):
     (root, manifest). Copy it before changing it."""
     root = tmp_path_factory.mktemp("cogvideox-iphone") / "pkg"
     return root, iphone_export(cog_models["5b"], root)
+
+
+@pytest.fixture(scope="session")
+def ltx_plain_iphone_package(tmp_path_factory, ltx_models):
+    """The tiny LTX-Video with 0.9.0's plain decoder exported to CoreML (fp16): (root,
+    manifest). Copy it before changing it."""
+    root = tmp_path_factory.mktemp("ltx-plain-iphone") / "pkg"
+    return root, iphone_export(ltx_models["plain"], root)
 
 
 @pytest.fixture(scope="session")

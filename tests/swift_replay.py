@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from edge.bundle import TensorFile
+from edge.commands.record import Recorder
 from edge.package import MANIFEST, PackageError, read_package, write_manifest
-from edge.record import Recorder
-from edge.sampler import initial_noise
 from edge.runtimes.python.pipeline import Pipeline, check_runnable
+from edge.sampler import initial_noise
 
 STEPS = 8
 # (name, prompt, seed, sampler overrides); the Swift tests run them in this order through
@@ -188,7 +188,7 @@ def write_package_bundles(folder: Path, iphone_package: Path, model_folder: Path
                           bundles: dict[str, tuple[str, dict]], bad_edits: list) -> None:
     """folder/package: an iphone package (a copy); folder/bundles/<name>: `edge record`
     bundles of it ({name: (prompt, options)}); folder/bad_manifests.json: `bad_edits`."""
-    from edge.record import record
+    from edge.commands.record import record_bundle as record
 
     folder.mkdir(parents=True)
     shutil.copytree(iphone_package, folder / "package")
@@ -204,7 +204,7 @@ def write_wan(folder: Path, wan_iphone: Path, wan_folder: Path, tiny_sora_iphone
     (write_package_bundles), and folder/tiny_sora_bundle: a bundle of tiny-sora's iphone
     package (another package: the Swift side refuses it for this one, and replays it on its
     own package)."""
-    from edge.record import record
+    from edge.commands.record import record_bundle as record
 
     write_package_bundles(folder, wan_iphone, wan_folder, WAN_BUNDLES, WAN_BAD_MANIFESTS)
     record(tiny_sora_iphone, "a red circle moving left", folder / "tiny_sora_bundle",

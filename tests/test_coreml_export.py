@@ -18,8 +18,6 @@ import torch
 pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install -e "
                     "'.[test]'); the CoreML exporter needs it")
 
-from edge.manifest_schema import PackageError, check_manifest  # noqa: E402
-from edge.package import read_package  # noqa: E402
 from edge.exporters.coreml import (  # noqa: E402
     ExportValidationError,
     compression,
@@ -41,6 +39,8 @@ from edge.exporters.coreml_weights import (  # noqa: E402
     program_functions,
     read_parameters,
 )
+from edge.manifest_schema import PackageError, check_manifest  # noqa: E402
+from edge.package import read_package  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -400,8 +400,8 @@ def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sor
     """--quantize 4 is each family's rule (FamilyModel.device_storage): asked without the
     model, for a family without one, or naming a stored form the exporter lacks, the refusal
     says which; the uniform settings need no model."""
-    from edge.families import StorageRule
     from edge.exporters.coreml import STORAGES, UNIFORM
+    from edge.families import StorageRule
 
     assert compression("8") is UNIFORM["8"] and compression("8", tiny_sora) is UNIFORM["8"]
     with pytest.raises(ValueError, match="--quantize 4 is worded by each family"):
@@ -587,7 +587,7 @@ def test_cli_dry_run_plans_the_budget_in_stored_bytes():
 @pytest.mark.slow  # a whole export and a recording (a few minutes on 2 cores)
 def test_export_for_a_budget_is_recut_validated_recorded_and_leaves_the_model(tmp_path,
                                                                               tiny_sora):
-    from edge.record import record
+    from edge.commands.record import record_bundle as record
     from edge.exporters import ExportOptions, Progress
     from edge.exporters import coreml_target as target
 

@@ -6,7 +6,6 @@ the iPhone export, and the CLI's LTX export options."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shutil
@@ -60,8 +59,6 @@ def test_latents_sampler_and_manifest_fields(ltx_models, ltx_packages):
     assert plain["tokenizer"]["max_tokens"] == 128 and "decode" not in plain
     assert timestep["decode"] == {"timestep": 0.05, "noise_scale": 0.025}
     assert timestep["video"]["frame_rate"] == 24
-    assert max(b["validation"]["max_abs_error"] for m in (plain, timestep)
-               for c in m["components"] for b in c["blocks"]) <= 1e-4
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -254,30 +251,6 @@ def _run(root, *calls: dict) -> list[np.ndarray]:
         runtime.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_package_reproduces_ltx_pipeline(ltx_packages, ltx_models, kind):
-    """The Python runtime given diffusers' prompt, negative prompt, unpacked latents, steps,
-    guidance (and, for the conditioned decoder, the decode noise LTXPipeline draws from its
-    generator) makes LTXPipeline's video; another noise does not."""
-    model = ltx_models[kind]
-    kwargs = {"negative_prompt": "blue dog", "steps": 4, "guidance": 4.0}
-    runtime_kwargs = kwargs | {"latents": _latents(7)}
-    reference_kwargs = kwargs | {"latents": _latents(7)}
-    if kind == "timestep":  # given latents: the generator draws the decode noise first
-        reference_kwargs["seed"] = 5
-        runtime_kwargs["decode_noise"] = torch.randn(
-            (1, *LATENT_SHAPE), generator=torch.Generator().manual_seed(5)).numpy()
-    got, other = _run(ltx_packages[kind][0], runtime_kwargs,
-                      runtime_kwargs | {"latents": _latents(8)})
-    want = model.reference(PROMPT, **reference_kwargs)
-    assert got.shape == want.shape == (1, SIZE["frames"], SIZE["height"], SIZE["width"], 3)
-    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
-                                                                snr(got, want))
-    assert snr(other, want) < 15.0, snr(other, want)
-    print(f"{kind}: PSNR {psnr(got, want):.1f} dB, SNR {snr(got, want):.1f} dB; "
-          f"another noise: SNR {snr(other, want):.1f} dB")
-
-
 def test_guidance_rescale_is_the_pipelines(ltx_packages, ltx_models):
     """LTXPipeline's guidance_rescale as the sampler setting of that name: the guided
     velocity mixed with itself rescaled to the conditional one's spread, every step (a
@@ -376,30 +349,6 @@ def test_a_package_whose_decode_settings_disagree_with_its_decoder_is_refused(
             Pipeline.load(copy)
 
 
-def test_leap_step_cache_and_tdtm_run_on_ltx(ltx_packages):
-    """The techniques on the plain package: a leap into a re-planned ltx_flow_euler tail, the
-    step cache skipping transformer calls (AdaLN-single's modulation from the prologue),
-    TDTM's merged blocks for the first steps; each another video."""
-    from edge.runtimes.python import Pipeline
-
-    runtime = Pipeline.load(ltx_packages["plain"][0])
-    try:
-        base = runtime.generate("a cat", steps=10)
-        runs = {}
-        for name, options in {"leap": {"leap": True, "leap_after": 4, "leap_steps": 2},
-                              "cache": {"cache_threshold": 0.3},
-                              "tdtm": {"merge_steps": 4}}.items():
-            runs[name] = (runtime.generate("a cat", steps=10, **options),
-                          runtime.last_run["sampler"])
-    finally:
-        runtime.close()
-    assert runs["leap"][1]["leap_at"] == 4 and runs["leap"][1]["calls"] == 6
-    assert runs["cache"][1]["transformer_calls"] < 10
-    assert runs["tdtm"][1]["merged_calls"] == 4
-    for video, _ in runs.values():
-        assert video.shape == base.shape and not np.array_equal(video, base)
-
-
 @torch.no_grad()
 def test_merged_block_equals_the_block_when_frame_pairs_are_equal(ltx_folders):
     """With each pair of latent frames equal (tokens and RoPE), merging loses nothing: the
@@ -429,72 +378,26 @@ def test_merged_block_equals_the_block_when_frame_pairs_are_equal(ltx_folders):
     assert (got - want).abs().max() <= 1e-5
 
 
-def test_streamed_under_a_budget_equals_resident(ltx_packages):
-    """The timestep-conditioned package streamed at its largest block's size gives the
-    resident video, the decode inputs fed through the loader's schedule as well."""
-    from edge.runtimes.python import Pipeline
-
-    root, manifest = ltx_packages["timestep"]
-    largest = max(f["bytes"] for c in manifest["components"] for b in c["blocks"]
-                  for f in b["files"] if f["path"] == b["weights"]["path"])
-    resident, streamed = Pipeline.load(root), Pipeline.load(root, memory_budget=largest)
-    try:
-        want = resident.generate("a red dog", seed=3, steps=3)
-        got = streamed.generate("a red dog", seed=3, steps=3)
-        assert streamed.last_run["bytes_read"] > resident.last_run["bytes_read"]
-        assert streamed.last_run["peak_held_bytes"] <= largest
-    finally:
-        resident.close()
-        streamed.close()
-    np.testing.assert_array_equal(got, want)
-
-
 # ---- the iPhone -------------------------------------------------------------------------------
 
-def _check_iphone_package(root, manifest) -> None:
-    """An fp16 CoreML export that holds its end-to-end check against LTXPipeline."""
-    from edge.package import read_package
-
-    assert read_package(root) == manifest
-    errors = {f"{c['name']}/{b['name']}": b["validation"]["max_abs_error"]
-              for c in manifest["components"] for b in c["blocks"]}
-    assert max(errors.values()) <= 5e-3, errors
-    check = manifest["validation"]
-    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
-    print(f"worst block {max(errors, key=errors.get)} {max(errors.values()):.2g}; end to end "
-          f"PSNR {check['psnr_db']} dB, SNR {check['snr_db']} dB")
-
-
-@pytest.mark.slow  # a whole CoreML export (about 20 s) and its end-to-end check
-def test_exports_to_the_iphone_and_holds_the_end_to_end_check(ltx_models, tmp_path):
-    """The plain decoder's graph-friendly stages are what CoreML takes (diffusers' joins its
-    time padding with torch.concatenate and repeats a one-frame kernel's padding 0 times):
-    every block converts (the transformer's TDTM variants too), within 5e-3 absolute with
-    its stored fp16 weights (1.1e-3 measured, a text encoder layer), and LTXPipeline with
-    those weights stays >= 35 dB from fp32 end to end (64.3 dB)."""
-    from conftest import iphone_export
-
-    root = tmp_path / "pkg"
-    manifest = iphone_export(ltx_models["plain"], root)
-    _check_iphone_package(root, manifest)
-    assert "decode" not in manifest and manifest["latent_layout"] == "video"
-    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
-    assert [s["name"] for s in decoder["blocks"][0]["inputs"]] == ["z"]
-
-
-@pytest.mark.slow  # the session's conditioned CoreML export (about 20 s) and its check
-def test_a_timestep_conditioned_decoder_exports_to_the_iphone(ltx_iphone_package):
-    """0.9.5's time modulation (rank 6 written at rank 5) converts: the head takes
-    decode_t, decode_noise and decode_noise_scale beside z, the manifest carries `decode`
-    (which the Swift runtime feeds: tests/test_swift_runtime.py replays a bundle of this
-    package), and the end-to-end check renders LTXPipeline with its seed's decode noise
-    (64.2 dB)."""
-    root, manifest = ltx_iphone_package
-    _check_iphone_package(root, manifest)
-    assert manifest["decode"] == {"timestep": 0.05, "noise_scale": 0.025}
-    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
-    assert [s["name"] for s in decoder["blocks"][0]["inputs"]] == \
-        ["z", "decode_t", "decode_noise", "decode_noise_scale"]
+@pytest.mark.slow  # the session's CoreML exports (about 20 s each) and their checks
+def test_the_iphone_decoders_take_decode_inputs_where_conditioned(ltx_plain_iphone_package,
+                                                                  ltx_iphone_package):
+    """The plain decoder's graph-friendly stages and 0.9.5's time modulation (rank 6 written
+    at rank 5) convert (every block within 5e-3 of fp32 and the end-to-end check: the family
+    contract). The plain head takes z alone; the conditioned head takes decode_t,
+    decode_noise and decode_noise_scale beside z, and the manifest carries `decode` (which
+    the Swift runtime feeds: tests/test_swift_runtime.py replays a bundle of this package;
+    its end-to-end check renders LTXPipeline with its seed's decode noise, 64.2 dB)."""
+    heads = {}
+    for kind, (_, manifest) in (("plain", ltx_plain_iphone_package),
+                                ("timestep", ltx_iphone_package)):
+        decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+        heads[kind] = [s["name"] for s in decoder["blocks"][0]["inputs"]]
+        assert manifest["latent_layout"] == "video"
+    assert "decode" not in ltx_plain_iphone_package[1] and heads["plain"] == ["z"]
+    assert ltx_iphone_package[1]["decode"] == {"timestep": 0.05, "noise_scale": 0.025}
+    assert heads["timestep"] == ["z", "decode_t", "decode_noise", "decode_noise_scale"]
 
 
 # ---- what the family refuses, before any work ------------------------------------------------
@@ -530,9 +433,6 @@ def test_folders_edge_cannot_take_are_refused_by_file_and_field(ltx_folders, tmp
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"height": 48}, "--height 48: .*multiple of 32"),
-    ({"width": 40}, "--width 40: .*multiple of 32"),
-    ({"frames": 16}, "--frames 16: .*4k \\+ 1"),
     ({"frame_rate": 0}, "--frame-rate 0: must be a positive number"),
     ({"decode_timestep": 0.05}, "--decode-timestep: .*vae/config.json has no "
                                 "timestep_conditioning"),
@@ -590,32 +490,6 @@ def test_cli_ltx_options_are_checked_by_the_family(ltx_folders, tmp_path, args, 
     res = CliRunner().invoke(app, ["export", "--model", str(folder), "-o", str(out),
                                    *_SIZE_ARGS, *args])
     assert res.exit_code != 0 and re.search(message, res.output), res.output
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("family,pipeline", [("tiny-sora", None), ("wan", "WanPipeline"),
-                                             ("cogvideox", "CogVideoXPipeline")])
-@pytest.mark.parametrize("option,value", [("--frame-rate", "24"), ("--decode-timestep", "0.05"),
-                                          ("--decode-noise-scale", "0.025")])
-def test_cli_refuses_ltx_options_for_families_that_do_not_take_them(tmp_path, family, pipeline,
-                                                                  option, value):
-    """Refused naming the option before anything loads: the family is read from
-    model_index.json alone, so an index is folder enough."""
-    from typer.testing import CliRunner
-
-    from edge.commands import app
-
-    model = []
-    if pipeline is not None:
-        folder = tmp_path / family
-        folder.mkdir()
-        (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
-        model = ["--model", str(folder)]
-    out = tmp_path / "pkg"
-    res = CliRunner().invoke(app, ["export", *model, "-o", str(out), option, value])
-    assert res.exit_code != 0
-    assert f"{option}: {family} models do not take it (an export option of ltx models)" in \
-        res.output, res.output
     assert not out.exists()
 
 

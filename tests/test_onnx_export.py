@@ -6,7 +6,6 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.package import PackageError, read_package
 from edge.exporters.onnx import (
     PSNR_LIMIT_DB,
     ExportValidationError,
@@ -14,6 +13,7 @@ from edge.exporters.onnx import (
     export_onnx,
     psnr,
 )
+from edge.package import PackageError, read_package
 from edge.runtimes.python import BudgetError, Pipeline
 
 runner = CliRunner()

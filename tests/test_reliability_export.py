@@ -5,6 +5,7 @@ package takes --force."""
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
+from edge.files import EdgeNotice
 from edge.package import FORMAT, MANIFEST, PackageWriteError, atomic_directory
 
 runner = CliRunner()
@@ -180,12 +182,13 @@ def small_export(pipeline, monkeypatch):
 
 
 def test_replacing_a_package_needs_force(exported_package, tmp_path, monkeypatch):
-    import edge.commands.common as common
+    import edge.families as families
 
     dest = tmp_path / "pkg"
     shutil.copytree(exported_package[0], dest)
     before = snapshot(dest)
-    monkeypatch.setattr(common, "load_reference_pipeline", lambda w: pytest.fail("checked after loading"))
+    monkeypatch.setattr(families, "load_model",
+                        lambda *a, **k: pytest.fail("checked after loading"))
     res = runner.invoke(app, ["export", "-o", str(dest)])
     assert res.exit_code == 2 and "pass --force to replace it" in res.output
     assert snapshot(dest) == before
@@ -255,3 +258,70 @@ def test_sigterm_during_a_real_export_keeps_the_old_package(exported_package, tm
         proc.wait()
     assert snapshot(dest) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
+# --- the second probe: what --force may delete, mount points, leftovers of killed writers ----
+
+@pytest.mark.parametrize("name", ["__MACOSX/thesis.txt", ".Trashes/notes.txt",
+                                  "._important.csv", "desktop.ini", "Thumbs.db",
+                                  "weights/.directory"])
+def test_replacing_keeps_every_file_a_person_could_have_written(tmp_path, name):
+    """Files that look like operating-system noise may hold someone's work: a folder holding
+    one is not replaced (the refusal names it); only a .DS_Store may go with the package."""
+    dest = tmp_path / "pkg"
+    old_package(dest)
+    (dest / name).parent.mkdir(parents=True, exist_ok=True)
+    (dest / name).write_text("mine")
+    before = snapshot(dest)
+    with pytest.raises(PackageWriteError, match=re.escape(f"does not list ({name})")):
+        with atomic_directory(dest) as tmp:
+            (tmp / "new.bin").write_bytes(b"new")
+    assert snapshot(dest) == before
+
+
+def test_a_desktop_folder_cache_goes_with_the_package(tmp_path):
+    dest = tmp_path / "pkg"
+    old_package(dest)
+    (dest / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    with atomic_directory(dest) as tmp:
+        (tmp / "new.bin").write_bytes(b"new")
+    assert snapshot(dest) == {"new.bin": b"new"}
+
+
+def test_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Nothing can be renamed onto a mount point (EBUSY): a package is not written there at
+    all, and the refusal says to write into a folder inside it."""
+    dest = tmp_path / "mnt"
+    dest.mkdir()
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == dest or real(p))
+    started = []
+    with pytest.raises(PackageWriteError, match=r"is a mount point.*write to a folder inside "
+                                                r"it, e\.g\. .*mnt/package"):
+        with atomic_directory(dest):
+            started.append(True)
+    assert not started and sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
+
+
+def test_leftovers_of_killed_writers_are_cleaned_and_named(tmp_path):
+    """A writer killed outright leaves its hidden partial folder; the next write anywhere in
+    that folder removes it and says so, even when the dead writer's PID now belongs to a
+    running process (the writer's lock, not its PID, tells)."""
+    alive = run_writer(tmp_path / "busy", "file 0")  # a writer still at work: left alone
+    try:
+        proc = run_writer(tmp_path / "other", "file 0")
+        proc.kill()
+        proc.wait(timeout=30)
+        (left,) = tmp_path.glob(".other.*.partial")
+        reused = left.with_name(f".other.{os.getpid()}.{left.name.split('.')[-2]}.partial")
+        left.rename(reused)  # as if the PID were reused: this very process is alive
+        with pytest.warns(EdgeNotice, match=re.escape(f"removed {reused}, left by an earlier "
+                                                      "write that was killed")):
+            with atomic_directory(tmp_path / "pkg") as tmp:
+                (tmp / "a.bin").write_bytes(b"a")
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert "pkg" in names and reused.name not in names
+        assert any(n.startswith(".busy.") and n.endswith(".partial") for n in names)
+    finally:
+        alive.kill()
+        alive.wait(timeout=30)

@@ -114,11 +114,16 @@ def test_listed_path_that_is_a_folder_is_refused(pkg, monkeypatch):
 
 @pytest.mark.parametrize("extra", ["weights/transformer/pair_9.bin", "notes.txt",
                                    "graphs/new/x.onnx"])
-def test_unlisted_file_is_refused(pkg, monkeypatch, extra):
+def test_unlisted_file_is_named_and_left_alone(pkg, extra):
+    """A file the manifest does not list (a README someone added) is named in a notice and
+    neither checked nor used: the package loads and runs what its manifest lists."""
+    from edge.files import EdgeNotice
+
     (pkg / extra).parent.mkdir(parents=True, exist_ok=True)
     (pkg / extra).write_bytes(b"x")
-    with pytest.raises(PackageError, match=f"files not listed in manifest.json: {extra}"):
-        NoBlockRuns(monkeypatch).load(pkg)
+    with pytest.warns(EdgeNotice, match=f"files not listed in manifest.json: {extra}; they "
+                                        "are not checked and not used"):
+        assert read_package(pkg, check_hashes=False)["target"] == "onnx"
 
 
 def test_operating_system_noise_is_ignored(pkg):

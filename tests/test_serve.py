@@ -180,10 +180,9 @@ def test_missing_folder_is_refused(tmp_path):
 
 
 def test_cli_serves_until_interrupted(tree):
-    proc = subprocess.Popen([sys.executable, "-c", "from edge.commands import main; main()", "serve",
-                             str(tree), "--port", "0",
-                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", "from edge.commands import main; main()",
+                             "serve", str(tree), "--port", "0", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"serving {tree} at http://127.0.0.1:"), line
@@ -198,3 +197,90 @@ def test_cli_serves_until_interrupted(tree):
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- defects of the second probe: an appended index.html, aborted downloads, idle clients ---
+
+@pytest.fixture
+def own_server(tmp_path, monkeypatch):
+    """A server over a folder of the test's own making: start(root) -> the running server."""
+    servers = []
+
+    def start(root, **kwargs):
+        srv = make_server(root, port=0, **kwargs)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_folder_page_linked_outside_is_not_served(tmp_path, own_server):
+    """The index.html a folder's URL appends is held inside the folder like any file: a link
+    named index.html that leads out is refused, through the folder's URL and by name."""
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    (tmp_path / "secret.txt").write_bytes(SECRET)
+    os.symlink(tmp_path / "secret.txt", root / "sub" / "index.html")
+    (root / "ok").mkdir()
+    (root / "ok" / "page.html").write_text("<!doctype html>")
+    os.symlink("page.html", root / "ok" / "index.html")  # a link inside is fine
+    srv = own_server(root, quiet=True)
+    for target in ("/sub/", "/sub", "/sub/index.html"):
+        status, _, body = get(srv, target)
+        assert status == 404 and SECRET not in body, target
+    assert get(srv, "/ok/")[:1] == (200,)
+    assert get(srv, "/ok")[0] == 301
+
+
+def test_aborted_downloads_and_huge_ranges_print_no_traceback(tmp_path, own_server, capfd):
+    import socket
+    import time
+
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "big.bin").write_bytes(os.urandom(16 << 20))
+    srv = own_server(root, quiet=False)
+    host, port = srv.server_address[:2]
+    for _ in range(3):  # ask for 16 MiB, read a little, hang up
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.recv(1024)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")  # RST
+    status, _, body = get(srv, "/big.bin", headers={"Range": "bytes=" + "9" * 5000 + "-"})
+    assert status == 200 and len(body) == 16 << 20  # a form not understood: the whole file
+    time.sleep(1.0)  # the aborted handlers finish writing
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "connection ended early" in err
+
+
+def test_idle_clients_are_dropped_and_connections_bounded(tmp_path, own_server, monkeypatch):
+    import socket
+    import time
+
+    from edge.serve import PackageRequestHandler, PackageServer
+
+    monkeypatch.setattr(PackageRequestHandler, "timeout", 0.5)
+    monkeypatch.setattr(PackageServer, "max_connections", 2)
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "a.json").write_text("{}")
+    srv = own_server(root, quiet=True)
+    host, port = srv.server_address[:2]
+    held = [socket.create_connection((host, port), timeout=5) for _ in range(2)]
+    for s in held:
+        s.sendall(b"GET /a.json HTTP/1.1\r\n")  # half a request, then nothing
+    time.sleep(0.1)
+    with socket.create_connection((host, port), timeout=5) as third:  # over the bound
+        third.sendall(b"GET /a.json HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert third.recv(1024) == b""  # closed at once, never answered
+    started = time.monotonic()
+    for s in held:  # the idle ones are dropped after the timeout, unanswered
+        assert s.recv(1024) == b""
+        s.close()
+    assert 0.3 < time.monotonic() - started + 0.1 < 5
+    time.sleep(0.2)
+    assert get(srv, "/a.json")[0] == 200  # their slots are free again

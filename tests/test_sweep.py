@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.sweep import format_table, pooled_psnr, sweep_settings
-from edge.sweep_plot import worst_accuracy_change
+from edge.eval.sweep import format_table, pooled_psnr, sweep_settings
+from edge.eval.sweep_plot import worst_accuracy_change
 
 runner = CliRunner()
 ROWS = ["baseline", "2 steps", "3 steps", "2 steps, shift 1.5", "LPL dynamic", "LPL fixed at 2",

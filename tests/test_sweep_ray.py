@@ -11,9 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
+from edge.eval.on_ray import run_regimes as ray_regimes
 from edge.eval.run import load_classifier, parse_prompt
+from edge.eval.sweep import run_sweep
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
-from edge.sweep import run_sweep
 
 pytestmark = pytest.mark.slow  # starts a Ray instance
 
@@ -60,7 +61,8 @@ def assert_same_rows(got: dict, want: dict) -> None:
 def test_ray_sweep_gives_the_serial_rows(exported_package, classifier, prompt_set, serial,
                                          local_ray):
     root, _ = exported_package
-    on_ray = run_sweep(root, classifier, prompt_set, steps=4, batch=1, threads=1, ray=True)
+    on_ray = run_sweep(root, classifier, prompt_set, steps=4, batch=1, threads=1,
+                       run_regimes=ray_regimes)
     assert on_ray["ray"] is True and serial["ray"] is False
     assert_same_rows(on_ray, serial)
 
@@ -87,7 +89,8 @@ def test_a_worker_killed_mid_sweep_has_its_task_retried(exported_package, classi
     def sweep():
         try:
             out["result"] = run_sweep(root, classifier, prompt_set, steps=4, batch=1,
-                                      threads=1, ray=True, on_generation=done.append)
+                                      threads=1, run_regimes=ray_regimes,
+                                      on_generation=done.append)
         except Exception as err:  # noqa: BLE001 - reported below
             out["error"] = err
 
@@ -122,7 +125,7 @@ def test_ray_address_nothing_answers_on_is_refused_at_once(exported_package, tmp
 
 def test_a_node_that_reads_another_package_stops_the_sweep(exported_package, local_ray,
                                                            monkeypatch):
-    import edge.ray_eval as ray_eval
+    import edge.eval.on_ray as ray_eval
 
     root, _ = exported_package
     ray_eval.check_package_on_every_node(root)  # every node reads the same manifest
@@ -133,7 +136,7 @@ def test_a_node_that_reads_another_package_stops_the_sweep(exported_package, loc
 
 
 def test_probe_names_why_a_node_cannot_read_the_package(tmp_path, local_ray):
-    from edge.ray_eval import _probe
+    from edge.eval.on_ray import _probe
 
     node, digest, why = _probe(str(tmp_path / "missing"))
     assert digest is None and "manifest.json" in why and node

@@ -1,5 +1,5 @@
 """The targets know no family: every exporter takes a family's model through the same
-interface, and `edge export` reaches each through one registry (exporters.TARGETS)."""
+interface, and `edge export` reaches each through one registry (edge.exporters.TARGETS)."""
 
 from __future__ import annotations
 

@@ -12,31 +12,15 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from wan_folder import diffusers_frames, make_wan_folder
+from conftest import WAN22_SIZE
+from wan_folder import diffusers_frames
 
 from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, load_model
-from edge.video_metrics import psnr, snr
 
-SIZE = {"height": 32, "width": 64, "frames": 9}   # 16x spatial: latents 48 x 3 x 2 x 4
-
-
-@pytest.fixture(scope="module")
-def wan22_folder(tmp_path_factory):
-    return make_wan_folder(tmp_path_factory.mktemp("wan22") / "wan22", version="2.2")
-
-
-@pytest.fixture(scope="module")
-def wan22(wan22_folder):
-    return load_model(wan22_folder, steps=8, **SIZE)
-
-
-@pytest.fixture(scope="module")
-def wan22_package(tmp_path_factory, wan22):
-    from edge.exporters.onnx import export_onnx
-
-    root = tmp_path_factory.mktemp("wan22-onnx") / "pkg"
-    return root, export_onnx(wan22, root)
+SIZE = WAN22_SIZE   # 16x spatial: latents 48 x 3 x 2 x 4
+# wan22_folder, wan22, wan22_package, wan22_iphone_package: conftest.py (the family contract
+# runs its package's checks: tests/test_family_contract.py)
 
 
 @torch.no_grad()
@@ -93,57 +77,6 @@ def test_rewritten_decoder_pieces_equal_diffusers(wan22):
     assert torch.equal(unpatchify(x, 2), theirs_unpatchify(x, 2))
 
 
-def test_package_reproduces_wan_pipeline(wan22_package, wan22):
-    from edge.runtimes.python import Pipeline
-
-    root, manifest = wan22_package
-    assert manifest["latent_shape"] == [48, 3, 2, 4]
-    assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
-               for b in c["blocks"]) <= 1e-4
-    latents = np.random.default_rng(7).standard_normal((1, *wan22.latent_shape),
-                                                       dtype=np.float32)
-    kwargs = {"negative_prompt": "blue dog", "latents": latents, "steps": 6, "guidance": 4.0}
-    runtime = Pipeline.load(root)
-    try:
-        got = runtime.generate("a red circle moving  left", **kwargs)
-        other_noise = runtime.generate("a red circle moving  left", **(kwargs | {
-            "latents": np.random.default_rng(8).standard_normal(latents.shape,
-                                                                dtype=np.float32)}))
-    finally:
-        runtime.close()
-    want = wan22.reference("a red circle moving  left", **kwargs)
-    assert got.shape == want.shape == (1, SIZE["frames"], SIZE["height"], SIZE["width"], 3)
-    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
-                                                                snr(got, want))
-    # the error is small against the video's own spread, and another noise is not
-    assert snr(other_noise, want) < 15.0, snr(other_noise, want)
-
-
-def test_leap_step_cache_and_tdtm_run_on_wan22(wan22_package):
-    """The techniques on 2.2's package: a fixed leap into a re-planned UniPC tail, the step
-    cache skipping transformer calls, TDTM's merged blocks for the first steps; each run
-    finite and another video than the plain one."""
-    from edge.runtimes.python import Pipeline
-
-    runtime = Pipeline.load(wan22_package[0])
-    try:
-        base = runtime.generate("a cat", steps=12)
-        runs = {}
-        for name, options in {"leap": {"leap": True, "leap_after": 4, "leap_steps": 3},
-                              "cache": {"cache_threshold": 0.3},
-                              "tdtm": {"merge_steps": 4}}.items():
-            runs[name] = (runtime.generate("a cat", steps=12, **options),
-                          runtime.last_run["sampler"])
-    finally:
-        runtime.close()
-    # 4 steps, then the tail's 3 (its first on the velocity the leap was decided on)
-    assert runs["leap"][1]["leap_at"] == 4 and runs["leap"][1]["calls"] == 7
-    assert runs["cache"][1]["transformer_calls"] < 12
-    assert runs["tdtm"][1]["merged_calls"] == 4
-    for video, _ in runs.values():
-        assert video.shape == base.shape and not np.array_equal(video, base)
-
-
 def test_a14b_is_refused_by_name(wan22_folder, tmp_path):
     folder = tmp_path / "a14b"
     shutil.copytree(wan22_folder, folder)
@@ -162,33 +95,6 @@ def test_a_patched_vae_must_give_rgb_patches(wan22_folder, tmp_path):
     with pytest.raises(FamilyError, match=r"vae/config.json: out_channels=3 with patch_size=2;"
                                           r" .* = 12 channels"):
         load_model(folder, **SIZE)
-
-
-@pytest.mark.parametrize("size,message", [({"height": 48}, "--height 48: .*multiple of 32"),
-                                          ({"frames": 8}, "--frames 8: .*4k \\+ 1")])
-def test_sizes_wan22_cannot_take_are_refused(wan22_folder, size, message):
-    with pytest.raises(FamilyError, match=message):
-        load_model(wan22_folder, **(SIZE | size))
-
-
-@pytest.mark.slow  # a whole CoreML export (about 40 s)
-def test_exports_to_the_iphone_and_holds_the_end_to_end_check(wan22, tmp_path):
-    """The decoder's rank-5 rewrites are what CoreML takes (diffusers' DupUp3D and unpatchify
-    reshape to rank 8 and 7): every block converts, within 5e-3 with its stored fp16
-    weights, and WanPipeline with those weights stays ≥ 35 dB from fp32 end to end."""
-    pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
-                        "-e '.[test]'); the CoreML exporter needs it")
-    from edge.package import read_package
-    from edge.exporters.coreml import export_coreml
-    from edge.exporters.coreml_check import end_to_end_check
-
-    root = tmp_path / "pkg"
-    manifest = export_coreml(wan22, root, validate_end_to_end=end_to_end_check(wan22, "fp16"))
-    assert read_package(root) == manifest
-    assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
-               for b in c["blocks"]) <= 5e-3
-    check = manifest["validation"]
-    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
 
 
 @pytest.mark.slow  # a web export and headless chromium

@@ -71,9 +71,9 @@ def skip_without_ort(manifest: dict) -> None:
 def test_web_package_verifies_like_every_package(web_package):
     """Same manifest format: read_package checks every file (plans, weight shards, runtime,
     page) by size and sha256; shards stay under the limit; the site files are listed."""
+    from edge.exporters.web import SHARD_BYTES
     from edge.manifest_schema import PackageError, check_manifest
     from edge.package import read_package
-    from edge.exporters.web import SHARD_BYTES
 
     root, _ = web_package
     manifest = read_package(root)

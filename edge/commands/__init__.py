@@ -17,6 +17,7 @@ from edge.commands import (
     serve,
     train,
 )
+from edge.commands.common import notices_as_notes
 from edge.commands.extras import one_line_for_missing_extras
 
 app = typer.Typer(
@@ -27,15 +28,20 @@ train_app = typer.Typer(help="Train a model the project ships, from scratch.",
                         no_args_is_help=True)
 app.add_typer(train_app, name="train")
 
-app.command("generate")(one_line_for_missing_extras("generate", generate.generate))
-app.command("record")(one_line_for_missing_extras("record", record.record))
-app.command("bench")(one_line_for_missing_extras("bench", bench.bench))
-app.command("serve")(one_line_for_missing_extras("serve", serve.serve))
-app.command("export")(one_line_for_missing_extras("export", export.export))
-app.command("eval")(one_line_for_missing_extras("eval", evaluate.evaluate))
-app.command("scale-model")(one_line_for_missing_extras("scale-model", scale_model.scale_model))
-train_app.command("tiny-sora")(one_line_for_missing_extras("train tiny-sora",
-                                                           train.train_tiny_sora))
+
+def command(name: str, function):
+    """A command as the CLI runs it: notices as `note:` lines, a missing extra as one line."""
+    return one_line_for_missing_extras(name, notices_as_notes(function))
+
+
+app.command("generate")(command("generate", generate.generate))
+app.command("record")(command("record", record.record))
+app.command("bench")(command("bench", bench.bench))
+app.command("serve")(command("serve", serve.serve))
+app.command("export")(command("export", export.export))
+app.command("eval")(command("eval", evaluate.evaluate))
+app.command("scale-model")(command("scale-model", scale_model.scale_model))
+train_app.command("tiny-sora")(command("train tiny-sora", train.train_tiny_sora))
 
 
 def main() -> None:

@@ -6,6 +6,9 @@ commands."""
 
 from __future__ import annotations
 
+import functools
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -139,3 +142,27 @@ def print_run_figures(run: dict) -> None:
            f"streamed denoising hid {overlap:.0%} of its read time behind compute, ")
         + f"peak held {format_size(run['peak_held_bytes'])}, "
         f"peak RSS {format_size(run['peak_rss_bytes'])}")
+
+
+def notices_as_notes(function: Callable) -> Callable:
+    """`function` (a command), printing each EdgeNotice raised while it runs as a `note:`
+    line on stderr (a library user sees them as warnings)."""
+
+    @functools.wraps(function)
+    def command_function(*args, **kwargs):
+        from edge.files import EdgeNotice
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", EdgeNotice)
+            shown = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, EdgeNotice):
+                    echo(f"note: {message}", err=True)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            return function(*args, **kwargs)
+
+    return command_function

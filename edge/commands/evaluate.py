@@ -86,7 +86,7 @@ def evaluate(
     with tqdm(total=len(prompt_set), desc="generating", unit="prompt", disable=as_json) as bar:
         if ray or ray_address:
             with _ray_connection(ray_address):
-                from edge.ray_eval import generate_on_ray
+                from edge.eval.on_ray import generate_on_ray
 
                 generate = generate_on_ray(weights, overrides, prompt_set, seed, batch,
                                            on_batch=bar.update)
@@ -120,7 +120,7 @@ def _ray_connection(address: str | None, enabled: bool = True):
         return
     import ray
 
-    from edge.ray_eval import RayError, connect
+    from edge.eval.on_ray import RayError, connect
 
     try:
         connected = connect(address)
@@ -135,20 +135,27 @@ def _ray_connection(address: str | None, enabled: bool = True):
             ray.shutdown()
 
 
+def _ray_regimes():
+    """The sweep's generations as Ray tasks (edge/eval/on_ray.py)."""
+    from edge.eval.on_ray import run_regimes
+
+    return run_regimes
+
+
 def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path | None,
                 ray: bool | str, **options) -> None:
-    """`edge eval --sweep`: edge/sweep.py."""
+    """`edge eval --sweep`: edge/eval/sweep.py."""
     from tqdm import tqdm
 
     from edge.budget import BudgetError
-    from edge.package import PackageError
-    from edge.sweep import (
+    from edge.eval.sweep import (
         DEFAULT_CACHE_THRESHOLD,
         format_table,
         generations,
         package_settings,
         run_sweep,
     )
+    from edge.package import PackageError
 
     if options["cache_threshold"] is None:
         options["cache_threshold"] = DEFAULT_CACHE_THRESHOLD
@@ -163,15 +170,16 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
     with _ray_connection(ray if isinstance(ray, str) else None, enabled=bool(ray)):
         with tqdm(total=total, desc="sweep", unit="run") as bar:  # stderr: JSON stays clean
             try:
-                result = run_sweep(package, classifier, prompt_set, ray=bool(ray), settings=rows,
+                result = run_sweep(package, classifier, prompt_set, settings=rows,
+                                   run_regimes=_ray_regimes() if ray else None,
                                    on_generation=lambda name: (bar.set_postfix_str(name),
                                                                bar.update()), **options)
             except (PackageError, BudgetError, ValueError) as err:  # RayError included
                 fail(str(err))
     result["sweep_wall_s"] = round(time.perf_counter() - started, 1)
     if plot is not None:
+        from edge.eval.sweep_plot import plot_frontier
         from edge.files import OutputError
-        from edge.sweep_plot import plot_frontier
 
         try:
             plot_frontier(result, plot)

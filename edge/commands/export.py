@@ -13,6 +13,7 @@ from edge.console import echo, fail
 
 
 def export(
+    ctx: typer.Context,
     target: Annotated[str, typer.Option(
         help="onnx, or iphone (CoreML: one .mlpackage per block; compiling them to "
         ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM and wasm graphs for "
@@ -76,21 +77,25 @@ def export(
     from edge.budget import BudgetError
     from edge.exporters import ExportOptionError, ExportOptions
     from edge.exporters import target as target_module
-    from edge.families import FamilyError, check_options, check_target, family_of, load_model
+    from edge.families import (
+        FAMILIES,
+        FamilyError,
+        check_options,
+        export_options,
+        family_of,
+        load_model,
+    )
 
-    # refused before any work: an unknown folder or target, a target the family lacks,
-    # options the family or the target does not take, a destination edge may not replace
-    size_options = {"height": height, "width": width, "frames": frames, "steps": steps}
-    own_options = {k: v for k, v in {"frame_rate": frame_rate, "decode_timestep": decode_timestep,
-                                     "decode_noise_scale": decode_noise_scale,
-                                     "out_of_core": out_of_core}.items()
-                   if v is not None}
+    # the export options the families declare are this command's options of the same names;
+    # those given go to the family
+    declared = {name for f in FAMILIES for name in export_options(f)}
+    family_options = {k: v for k, v in ctx.params.items() if k in declared and v is not None}
+    # refused before any work: an unknown folder or target, options the family or the target
+    # does not take, a destination edge may not replace
     try:
         family = family_of(model)
         exporter = target_module(target)
-        check_target(family, target)
-        check_options(family, size_options)
-        _check_family_options(family, own_options)
+        check_options(family, family_options)
         if out_of_core and target != "onnx":
             raise ExportOptionError(f"--out-of-core applies to --target onnx, not {target}")
         options = ExportOptions(memory_budget=common.budget_option(memory_budget),
@@ -104,7 +109,7 @@ def export(
     if not dry_run:
         common.check_destination(dest, force)
     try:
-        family_model = load_model(model, **size_options, **own_options)
+        family_model = load_model(model, **family_options)
         for note in getattr(family_model, "notes", []):
             echo(note)
         prepared = exporter.prepare(family_model, options)
@@ -117,33 +122,6 @@ def export(
             echo(line)
         return
     _export_with_progress(exporter, family_model, prepared, dest, options, target)
-
-
-def _family_load_options(family: str) -> set[str]:
-    """The options a family's `load` takes: what the family says it takes, by its own
-    signature (edge/families/<family>.py)."""
-    import importlib
-    import inspect
-
-    from edge.families import PIPELINE_FAMILIES
-
-    if family not in PIPELINE_FAMILIES.values():  # tiny-sora: its weights say everything
-        return set()
-    module = importlib.import_module(f"edge.families.{family}")
-    return set(inspect.signature(module.load).parameters)
-
-
-def _check_family_options(family: str, options: dict) -> None:
-    """Refuse, naming the option, an export option of some families' own (e.g. LTX-Video's
-    frame rate) that this family's load does not take."""
-    from edge.families import PIPELINE_FAMILIES, FamilyError
-
-    for name in options:
-        if name not in _family_load_options(family):
-            takers = sorted(f for f in set(PIPELINE_FAMILIES.values())
-                            if name in _family_load_options(f))
-            raise FamilyError(f"--{name.replace('_', '-')}: {family} models do not take it "
-                              f"(an export option of {', '.join(takers)} models)")
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

@@ -43,11 +43,12 @@ def scale_model(
     if like is not None:
         from tqdm import tqdm
 
-        from edge.models import scaled_families, scaled_wan
+        from edge.models import scaled_cogvideox_ltx, scaled_wan
 
-        if like not in scaled_wan.LIKE and like not in scaled_families.LIKE:
-            fail(f"--like {like!r}: known: {', '.join([*scaled_wan.LIKE, *scaled_families.LIKE])}")
-        if full_text_encoder and like in scaled_families.LIKE:
+        if like not in scaled_wan.LIKE and like not in scaled_cogvideox_ltx.LIKE:
+            known = [*scaled_wan.LIKE, *scaled_cogvideox_ltx.LIKE]
+            fail(f"--like {like!r}: known: {', '.join(known)}")
+        if full_text_encoder and like in scaled_cogvideox_ltx.LIKE:
             # only Wan's UMT5-XXL shapes are offered; the small T5 already has T5-XXL's width
             fail(f"--full-text-encoder: applies to the Wan presets only, not {like}")
         try:
@@ -56,8 +57,9 @@ def scale_model(
                     bar.set_postfix_str(name)
                     bar.update()
 
-                if like in scaled_families.LIKE:
-                    written = scaled_families.write_family_like(out, like, seed, on_part, force)
+                if like in scaled_cogvideox_ltx.LIKE:
+                    written = scaled_cogvideox_ltx.write_family_like(out, like, seed, on_part,
+                                                                     force)
                 else:
                     written = scaled_wan.write_wan_like(out, like, full_text_encoder, seed,
                                                         on_part, force)

@@ -24,8 +24,21 @@ class FamilyError(ValueError):
 # `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
 PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox",
                      "LTXPipeline": "ltx"}
-TARGETS_BY_FAMILY = {"tiny-sora": ("onnx", "iphone", "web"), "wan": ("onnx", "iphone", "web"),
-                     "cogvideox": ("onnx", "iphone", "web"), "ltx": ("onnx", "iphone", "web")}
+FAMILIES = ("tiny-sora", *PIPELINE_FAMILIES.values())
+# the export options that size a diffusers family's package (tiny-sora's come with its weights)
+SIZE_OPTIONS = ("height", "width", "frames", "steps")
+
+
+def family_module(family: str):
+    import importlib
+
+    return importlib.import_module(f"edge.families.{family.replace('-', '_')}")
+
+
+def export_options(family: str) -> tuple[str, ...]:
+    """The options a family's `load` takes, as the family declares them (its module's
+    EXPORT_OPTIONS); `edge export` takes them as --options of the same names."""
+    return family_module(family).EXPORT_OPTIONS
 
 
 def family_of(folder: Path | None) -> str:
@@ -56,31 +69,37 @@ def family_of(folder: Path | None) -> str:
     return PIPELINE_FAMILIES[class_name]
 
 
-def check_target(family: str, target: str) -> None:
-    if target not in TARGETS_BY_FAMILY[family]:
-        raise FamilyError(f"--target {target} is not built for {family} models yet; "
-                          f"{family} exports to {', '.join(TARGETS_BY_FAMILY[family])} "
-                          "(docs/families.md)")
-
-
 def check_options(family: str, options: dict) -> None:
-    """Refuse export options the family does not take (tiny-sora's video size and sampler come
-    with its weights)."""
-    given = ", ".join(f"--{k}" for k, v in options.items() if v is not None)
-    if family == "tiny-sora" and given:
-        raise FamilyError(f"{given}: for diffusers pipeline folders; tiny-sora's video size "
-                          "and sampler come with its weights")
+    """Refuse, naming the option, an export option given (not None) that the family does not
+    declare: tiny-sora's video size and sampler come with its weights; an option of some
+    families' own (e.g. LTX-Video's frame rate) names the families that take it."""
+    refused = [k for k, v in options.items() if v is not None and k not in export_options(family)]
+    sizes = [k for k in refused if k in SIZE_OPTIONS]
+    if family == "tiny-sora" and sizes:
+        raise FamilyError(f"{', '.join(f'--{k}' for k in sizes)}: for diffusers pipeline "
+                          "folders; tiny-sora's video size and sampler come with its weights")
+    for name in refused:
+        takers = [f for f in sorted(FAMILIES) if name in export_options(f)]
+        raise FamilyError(f"--{name.replace('_', '-')}: {family} models do not take it "
+                          + (f"(an export option of {', '.join(takers)} models)" if takers
+                             else "(no family takes it)"))
+
+
+def exported_options(manifest: dict) -> dict:
+    """The options that load a package's model again at the shapes it was exported at: what
+    the manifest's `video` records of the options its family declares (the size; LTX-Video's
+    frame rate, which its RoPE tables are computed for)."""
+    family = manifest.get("family")
+    video = manifest.get("video") or {}
+    return ({k: v for k, v in video.items() if k in export_options(family)}
+            if family in FAMILIES else {})
 
 
 def load_model(folder: Path | None = None, **options) -> FamilyModel:
     """Load the model in `folder` (None: the shipped tiny-sora) through its family.
-    `options` are the family's export options (e.g. height, width, frames for Wan)."""
+    `options` are the family's export options (`export_options`; None: the family's
+    default)."""
     family = family_of(folder)
     check_options(family, options)
-    if family == "tiny-sora":
-        from edge.families import tiny_sora
-
-        return tiny_sora.load(folder)
-    import importlib
-
-    return importlib.import_module(f"edge.families.{family}").load(folder, **options)
+    given = {k: v for k, v in options.items() if v is not None}
+    return family_module(family).load(folder, **given)

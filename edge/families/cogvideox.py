@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,9 +51,10 @@ from edge.families.folder import (
     train_timesteps,
 )
 from edge.families.pipeline_run import (
-    run_pipeline,
-    target_shapes,
-    tokenizer_fields,
+    PIPELINE_OPTIONS,
+    Accepted,
+    PipelineModel,
+    load_family,
     with_steps,
 )
 from edge.families.t5 import cut_t5_encoder
@@ -63,6 +63,7 @@ from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_toke
 from edge.sampler import SamplerSettings
 
 NAME = "cogvideox"
+EXPORT_OPTIONS = PIPELINE_OPTIONS
 COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 GUIDANCE = 6.0            # CogVideoXPipeline's guidance_scale
 STEPS = 50
@@ -629,7 +630,7 @@ def first_call_frames(latent_frames: int) -> int:
 # ---------------------------------------------------------------- the family's model
 
 @dataclass
-class CogVideoXModel:
+class CogVideoXModel(PipelineModel):
     pipe: object                    # diffusers CogVideoXPipeline, float32
     folder: Path
     height: int
@@ -664,9 +665,6 @@ class CogVideoXModel:
         return self.pipe.tokenizer(prompts, padding="max_length", max_length=self.text_tokens,
                                    truncation=True, add_special_tokens=True,
                                    return_tensors="pt").input_ids
-
-    def shapes(self, target: str) -> Shapes:
-        return target_shapes(target)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
         shapes = shapes or self.shapes("onnx")
@@ -751,47 +749,16 @@ class CogVideoXModel:
             first_x, x = first_out[0], out[0]
         return blocks
 
-    def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
-        return {"tokenizer": tokenizer_fields(root, self.pipe.tokenizer, self.text_tokens,
-                                              clean="none"),
-                "conditioning": {}, "negative_prompt": "",
-                "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
-                "latent_layout": "video",
-                "video": {"height": self.height, "width": self.width, "frames": self.frames}}
-
-    @torch.no_grad()
-    def reference(self, prompt: str, latents: np.ndarray | None = None,
-                  negative_prompt: str = "", steps: int | None = None,
-                  guidance: float | None = None,
-                  on_step: Callable[[int, int], None] | None = None,
-                  seed: int | None = None,
-                  dynamic_guidance: bool | None = None) -> np.ndarray:
-        """diffusers' CogVideoXPipeline itself: uint8 video (B, T, H, W, 3) from these initial
-        latents (B, F, C, h, w), or from those it draws for `seed`. `dynamic_guidance`: its
-        use_dynamic_cfg (default: the sampler's setting)."""
-        if dynamic_guidance is None:
-            dynamic_guidance = self.sampler.dynamic_guidance
-        if (latents is None) == (seed is None):
-            raise ValueError("give the reference either latents or a seed")
-        steps = steps or self.sampler.steps
-        start = ({"latents": torch.from_numpy(latents)} if seed is None
-                 else {"generator": torch.Generator("cpu").manual_seed(seed)})
-
-        return run_pipeline(
-            self.pipe, prompt, steps, on_step, negative_prompt=negative_prompt,
-            height=self.height, width=self.width, num_frames=self.frames,
-            guidance_scale=self.sampler.guidance if guidance is None else guidance,
-            max_sequence_length=self.text_tokens, use_dynamic_cfg=dynamic_guidance, **start)
-
-    def generate(self, prompt: str, seed: int = 0,
-                 on_step: Callable[[int, int], None] | None = None,
-                 steps: int | None = None) -> np.ndarray:
-        return self.reference(prompt, seed=seed, steps=steps, on_step=on_step)
+    def pipeline_options(self, seed: int | None,
+                         dynamic_guidance: bool | None = None) -> dict:
+        """`reference(..., dynamic_guidance=)`: CogVideoXPipeline's use_dynamic_cfg (default:
+        the sampler's setting)."""
+        return {"use_dynamic_cfg": self.sampler.dynamic_guidance if dynamic_guidance is None
+                else dynamic_guidance}
 
 
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
-            frames: int | None = None, steps: int | None = None
-            ) -> tuple[dict[str, int], SamplerSettings]:
+            frames: int | None = None, steps: int | None = None) -> Accepted:
     """What this family takes, from the folder's JSON files alone (nothing loaded): every
     component, the components against each other, the scheduler as edge's sampler, the
     video size (default: the transformer's own) against the model. Refuses anything else
@@ -803,15 +770,11 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
                                                               strict=True)}
     check_video_size(shapes, **size)
     sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json")
-    return size, with_steps(sampler, steps)
+    return Accepted(size, with_steps(sampler, steps))
 
 
-def load(folder: Path, height: int | None = None, width: int | None = None,
-         frames: int | None = None, steps: int | None = None,
-         out_of_core: bool | None = None) -> CogVideoXModel:
-    """`out_of_core`: build the models without weights and read each block's when it is
+def load(folder: Path, out_of_core: bool | None = None, **options) -> CogVideoXModel:
+    """The folder's CogVideoXPipeline as an edge model; `options`: what `accepts` takes.
+    `out_of_core`: build the models without weights and read each block's when it is
     exported (default: when the float32 weights exceed half this machine's memory)."""
-    size, sampler = accepts(folder, height, width, frames, steps)
-    pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
-    return CogVideoXModel(pipe, folder, sampler=sampler, notes=notes,
-                          name=folder.resolve().name, out_of_core=out_of_core, **size)
+    return load_family(folder, accepts, load_pipeline, CogVideoXModel, out_of_core, **options)

@@ -30,7 +30,6 @@ not built yet.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,17 +51,22 @@ from edge.families.folder import (
     train_timesteps,
 )
 from edge.families.pipeline_run import (
-    run_pipeline,
-    target_shapes,
-    tokenizer_fields,
+    PIPELINE_OPTIONS,
+    Accepted,
+    PipelineModel,
+    load_family,
     with_steps,
 )
 from edge.families.t5 import cut_t5_encoder
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
+from edge.options import decode_values
 from edge.sampler import SamplerSettings
 from edge.schedulers import ltx_mu
 
 NAME = "ltx"
+# LTXPipeline's frame_rate (the RoPE positions' time scale) and a timestep-conditioned
+# decoder's defaults (`DecodeSettings`), beside every diffusers family's options
+EXPORT_OPTIONS = (*PIPELINE_OPTIONS, "frame_rate", "decode_timestep", "decode_noise_scale")
 COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 # LTXPipeline.__call__'s defaults
 GUIDANCE = 3.0
@@ -279,6 +283,14 @@ def decode_settings(shapes: LTXShapes, vae_config: Path, timestep: float | None,
 
 def check_folder(folder: Path) -> dict:
     return check_component_folders(folder, COMPONENTS)
+
+
+def load_pipeline(folder: Path, out_of_core: bool | None = None) -> tuple:
+    """The folder's LTXPipeline in float32 from local files only, whole or out of core
+    (`load_family_pipeline`); (pipeline, notes, out_of_core)."""
+    from diffusers import LTXPipeline
+
+    return load_family_pipeline(folder, LTXPipeline, out_of_core)
 
 
 # ---------------------------------------------------------------- transformer blocks
@@ -632,7 +644,7 @@ class LTXDecoderOut(nn.Module):
 # ---------------------------------------------------------------- the family's model
 
 @dataclass
-class LTXModel:
+class LTXModel(PipelineModel):
     pipe: object                    # diffusers LTXPipeline, float32
     folder: Path
     height: int
@@ -664,9 +676,6 @@ class LTXModel:
         return self.pipe.tokenizer(prompts, padding="max_length", max_length=self.text_tokens,
                                    truncation=True, add_special_tokens=True,
                                    return_tensors="pt")
-
-    def shapes(self, target: str) -> Shapes:
-        return target_shapes(target)
 
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
         shapes = shapes or self.shapes("onnx")
@@ -743,66 +752,45 @@ class LTXModel:
         return blocks
 
     def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
-        fields = {"tokenizer": tokenizer_fields(root, self.pipe.tokenizer, self.text_tokens,
-                                                clean="none"),
-                  "conditioning": {}, "negative_prompt": "",
-                  "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
-                  "latent_layout": "video",
-                  "video": {"height": self.height, "width": self.width, "frames": self.frames,
-                            "frame_rate": self.frame_rate}}
+        fields = super().package_fields(root, raw_null_caption)
+        fields["video"]["frame_rate"] = self.frame_rate
         if self.decode is not None:
             fields["decode"] = self.decode.to_dict()
         return fields
 
-    @torch.no_grad()
-    def reference(self, prompt: str, latents: np.ndarray | None = None,
-                  negative_prompt: str = "", steps: int | None = None,
-                  guidance: float | None = None,
-                  on_step: Callable[[int, int], None] | None = None,
-                  seed: int | None = None, decode_timestep: float | None = None,
-                  decode_noise_scale: float | None = None,
-                  guidance_rescale: float = 0.0) -> np.ndarray:
-        """diffusers' LTXPipeline itself: uint8 video (B, T, H, W, 3) from these initial
-        latents (B, C, F, h, w; packed here as LTXPipeline takes them), or from those it
-        draws for `seed`. Given both, the seed's generator draws only the decode noise
-        (LTXPipeline draws it from its generator after the latents, which it was not asked
-        to draw). The decode settings default to the model's; `guidance_rescale` is
-        LTXPipeline's (the sampler setting of the same name)."""
+    def start(self, latents: np.ndarray | None, seed: int | None) -> dict:
+        """Latents (B, C, F, h, w), packed here as LTXPipeline takes them, a seed, or both:
+        then the seed's generator draws only the decode noise (LTXPipeline draws it from its
+        generator after the latents, which it was not asked to draw)."""
         if latents is None and seed is None:
             raise ValueError("give the reference latents, a seed or both")
-        steps = steps or self.sampler.steps
         start = {}
         if latents is not None:
             start["latents"] = self.pipe._pack_latents(torch.from_numpy(latents))
         if seed is not None:
             start["generator"] = torch.Generator("cpu").manual_seed(seed)
+        return start
+
+    def pipeline_options(self, seed: int | None, decode_timestep: float | None = None,
+                         decode_noise_scale: float | None = None,
+                         guidance_rescale: float = 0.0) -> dict:
+        """`reference(..., decode_timestep=, decode_noise_scale=, guidance_rescale=)`: the
+        decode settings (default: the model's), LTXPipeline's guidance_rescale (the sampler
+        setting of the same name); the frame rate the model was exported for."""
+        options = {"frame_rate": self.frame_rate, "guidance_rescale": guidance_rescale}
         if self.decode is not None:
-            t = self.decode.timestep if decode_timestep is None else decode_timestep
-            s = next(v for v in (decode_noise_scale, self.decode.noise_scale, t)
-                     if v is not None)
+            t, s = decode_values(self.decode.to_dict(), decode_timestep, decode_noise_scale)
             if s and seed is None:  # LTXPipeline would draw it from the global generator
                 raise ValueError("a decode noise scale over 0 needs a seed for the decode "
                                  "noise")
-            start |= {"decode_timestep": t, "decode_noise_scale": s}
-
-        return run_pipeline(
-            self.pipe, prompt, steps, on_step, negative_prompt=negative_prompt,
-            height=self.height, width=self.width, num_frames=self.frames,
-            frame_rate=self.frame_rate,
-            guidance_scale=self.sampler.guidance if guidance is None else guidance,
-            guidance_rescale=guidance_rescale, max_sequence_length=self.text_tokens, **start)
-
-    def generate(self, prompt: str, seed: int = 0,
-                 on_step: Callable[[int, int], None] | None = None,
-                 steps: int | None = None) -> np.ndarray:
-        return self.reference(prompt, seed=seed, steps=steps, on_step=on_step)
+            options |= {"decode_timestep": t, "decode_noise_scale": s}
+        return options
 
 
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
             frames: int | None = None, steps: int | None = None,
             frame_rate: float | None = None, decode_timestep: float | None = None,
-            decode_noise_scale: float | None = None
-            ) -> tuple[dict, SamplerSettings, DecodeSettings | None]:
+            decode_noise_scale: float | None = None) -> Accepted:
     """What this family takes, from the folder's JSON files alone (nothing loaded): every
     component, the components against each other, the scheduler as edge's sampler (its
     shift from this size's latent tokens), the video size (default LTXPipeline's 512 x 704,
@@ -819,25 +807,16 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
                              decode_noise_scale)
     sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json",
                                latent_tokens(shapes, **size))
-    sampler = with_steps(sampler, steps)
-    return size | {"frame_rate": rate}, sampler, decode
+    return Accepted(size, with_steps(sampler, steps), {"frame_rate": rate, "decode": decode})
 
 
-def load(folder: Path, height: int | None = None, width: int | None = None,
-         frames: int | None = None, steps: int | None = None,
-         frame_rate: float | None = None, decode_timestep: float | None = None,
-         decode_noise_scale: float | None = None, out_of_core: bool | None = None
-         ) -> LTXModel:
-    """The folder's LTXPipeline as an edge model at this size. `frame_rate`: the frames per
-    second the RoPE positions are scaled for (LTXPipeline's frame_rate); `decode_timestep`,
-    `decode_noise_scale`: the manifest's defaults for a timestep-conditioned decoder
-    (LTXPipeline's: 0 and the timestep's value), which a generation may override;
-    `out_of_core`: build the models without weights and read each block's when it is
-    exported (default: when the float32 weights exceed half this machine's memory)."""
-    size, sampler, decode = accepts(folder, height, width, frames, steps, frame_rate,
-                                    decode_timestep, decode_noise_scale)
-    from diffusers import LTXPipeline
 
-    pipe, notes, out_of_core = load_family_pipeline(folder, LTXPipeline, out_of_core)
-    return LTXModel(pipe, folder, sampler=sampler, decode=decode, notes=notes,
-                    name=folder.resolve().name, out_of_core=out_of_core, **size)
+def load(folder: Path, out_of_core: bool | None = None, **options) -> LTXModel:
+    """The folder's LTXPipeline as an edge model at this size; `options`: what `accepts`
+    takes. `frame_rate`: the frames per second the RoPE positions are scaled for
+    (LTXPipeline's frame_rate); `decode_timestep`, `decode_noise_scale`: the manifest's
+    defaults for a timestep-conditioned decoder (LTXPipeline's: 0 and the timestep's value),
+    which a generation may override; `out_of_core`: build the models without weights and read
+    each block's when it is exported (default: when the float32 weights exceed half this
+    machine's memory)."""
+    return load_family(folder, accepts, load_pipeline, LTXModel, out_of_core, **options)

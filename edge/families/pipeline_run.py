@@ -1,18 +1,27 @@
 """What the diffusers families (Wan, CogVideoX, LTX-Video) do alike around their pipeline:
 the shapes each target runs their blocks at, a `--steps` given at export, the tokenizer
-written into a package, and the pipeline run as the reference video."""
+written into a package, the pipeline run as the reference video, and the closing code of
+every family (`PipelineModel`: package fields, reference, generate; `Accepted`, what
+`accepts` returns; `load_family`). A family fills in small hooks: its prompt cleaner, its
+own manifest fields, how its pipeline starts from latents or a seed, its own pipeline
+options."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar, NamedTuple
 
 import numpy as np
+import torch
 
-from edge.families import FamilyError, Shapes
+from edge.families import SIZE_OPTIONS, FamilyError, Shapes
 from edge.package import file_entry
 from edge.sampler import SamplerSettings
+
+# what every diffusers family's `load` takes (its EXPORT_OPTIONS, beside any of its own)
+PIPELINE_OPTIONS = (*SIZE_OPTIONS, "out_of_core")
 
 
 def target_shapes(target: str) -> Shapes:
@@ -60,3 +69,81 @@ def run_pipeline(pipe, prompt: str, steps: int,
     frames = pipe(prompt, num_inference_steps=steps, output_type="np",
                   callback_on_step_end=callback, **options).frames
     return np.round(np.asarray(frames) * 255).astype(np.uint8)
+
+
+class Accepted(NamedTuple):
+    """What a family's `accepts` makes of a folder and options, the same for every family:
+    the video size (height, width, frames), the sampler, and the family's own settings,
+    keyword arguments of its model (LTX-Video: frame_rate and decode)."""
+
+    size: dict[str, int]
+    sampler: SamplerSettings
+    own: dict = {}
+
+
+class PipelineModel:
+    """The closing code of a diffusers family's model (a base of its dataclass, which has
+    `pipe`, `height`, `width`, `frames`, `sampler` and `text_tokens`). Hooks: `clean`,
+    `start` and `pipeline_options`; a family adds manifest fields by extending
+    `package_fields`."""
+
+    clean: ClassVar[str] = "none"  # the prompt cleaner the runtimes apply (edge/tokenizer.py)
+
+    def shapes(self, target: str) -> Shapes:
+        return target_shapes(target)
+
+    def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
+        return {"tokenizer": tokenizer_fields(root, self.pipe.tokenizer, self.text_tokens,
+                                              clean=self.clean),
+                "conditioning": {}, "negative_prompt": "",
+                "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
+                "latent_layout": "video",
+                "video": {"height": self.height, "width": self.width, "frames": self.frames}}
+
+    def start(self, latents: np.ndarray | None, seed: int | None) -> dict:
+        """The pipeline's start: these initial latents, or what it draws for
+        `generator=torch.Generator().manual_seed(seed)`; exactly one of them."""
+        if (latents is None) == (seed is None):
+            raise ValueError("give the reference either latents or a seed")
+        return ({"latents": torch.from_numpy(latents)} if seed is None
+                else {"generator": torch.Generator("cpu").manual_seed(seed)})
+
+    def pipeline_options(self, seed: int | None) -> dict:
+        """The family's own arguments of its pipeline's call (a family's hook takes its own
+        keywords of `reference`)."""
+        return {}
+
+    @torch.no_grad()
+    def reference(self, prompt: str, latents: np.ndarray | None = None,
+                  negative_prompt: str = "", steps: int | None = None,
+                  guidance: float | None = None,
+                  on_step: Callable[[int, int], None] | None = None,
+                  seed: int | None = None, **options) -> np.ndarray:
+        """diffusers' pipeline itself: uint8 video (B, T, H, W, 3) from these initial latents
+        (the package's layout) or from those it draws for `seed` (`start`); `options`: the
+        family's own (`pipeline_options`)."""
+        start = self.start(latents, seed)
+        return run_pipeline(
+            self.pipe, prompt, steps or self.sampler.steps, on_step,
+            negative_prompt=negative_prompt, height=self.height, width=self.width,
+            num_frames=self.frames,
+            guidance_scale=self.sampler.guidance if guidance is None else guidance,
+            max_sequence_length=self.text_tokens, **start,
+            **self.pipeline_options(seed, **options))
+
+    def generate(self, prompt: str, seed: int = 0,
+                 on_step: Callable[[int, int], None] | None = None,
+                 steps: int | None = None) -> np.ndarray:
+        return self.reference(prompt, seed=seed, steps=steps, on_step=on_step)
+
+
+def load_family(folder: Path, accepts: Callable[..., Accepted], load_pipeline: Callable,
+                model_class: type, out_of_core: bool | None = None, **options):
+    """A family's model of `folder`: what `accepts` makes of the options (from the JSON files,
+    before anything loads), then the pipeline (`load_pipeline(folder, out_of_core)` ->
+    pipeline, notes, out_of_core)."""
+    accepted = accepts(folder, **options)
+    pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
+    return model_class(pipe, folder, sampler=accepted.sampler, notes=notes,
+                       name=folder.resolve().name, out_of_core=out_of_core, **accepted.size,
+                       **accepted.own)

@@ -1,11 +1,15 @@
-"""T5 v1.1 encoders (transformers' T5EncoderModel: CogVideoX, LTX-Video) cut into blocks.
+"""T5-family text encoders cut into blocks: T5 v1.1 (transformers' T5EncoderModel:
+CogVideoX, LTX-Video) and UMT5 (Wan).
 
-Unlike UMT5, whose every layer computes its own relative position bias, T5 computes the bias
-in layer 0 only and hands it to the later layers. So layer 0's block gives the bias as a
-second output and every later layer takes it: (1, heads, L, L), the same for every prompt
-at a length, so it costs one tensor between blocks, not a weight per layer. These families
-run T5 without an attention mask (their pipelines call it on the padded ids alone): the
-blocks take none.
+T5 computes the relative position bias in layer 0 only and hands it to the later layers. So
+layer 0's block gives the bias as a second output and every later layer takes it: (1, heads,
+L, L), the same for every prompt at a length, so it costs one tensor between blocks, not a
+weight per layer. These families run T5 without an attention mask (their pipelines call it
+on the padded ids alone): the blocks take none.
+
+UMT5 computes its bias in every layer, so each layer is a block of its own that takes only
+the hidden states and the mask's additive bias; WanPipeline masks the prompt, and zeroes the
+states past it after the final norm.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.blocks import Block
+from edge.blocks import Block, EncoderLayerBlock
 
 
 class T5Embeddings(nn.Module):
@@ -51,6 +55,8 @@ class T5Layer(nn.Module):
 
 
 class T5Final(nn.Module):
+    """The final norm."""
+
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()
         self.norm = norm
@@ -79,4 +85,46 @@ def cut_t5_encoder(encoder: nn.Module, input_ids: torch.Tensor) -> list[Block]:
         blocks.append(block)
     blocks.append(Block("text_encoder", "final", T5Final(encoder.final_layer_norm).eval(),
                         ["hidden"], ["hidden"], (hidden,), [True]))
+    return blocks
+
+
+# UMT5's additive bias of masked tokens: finite in fp16, where a device computing in fp16
+# turns float32's min (transformers' choice) into -inf and 0 x -inf into NaN; exp(-1e4) is 0
+# in float32 all the same, so the softmax is unchanged
+MASKED_BIAS = -1e4
+
+
+class UMT5Embeddings(T5Embeddings):
+    """input_ids, attention_mask -> token embeddings, additive attention bias (B, 1, 1, L)."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        hidden = super().forward(input_ids)
+        masked = (1.0 - attention_mask.to(hidden.dtype))[:, None, None, :]
+        return hidden, masked * MASKED_BIAS
+
+
+class UMT5Final(T5Final):
+    """The final norm; the states past the prompt zeroed (WanPipeline trims and zero-pads)."""
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return super().forward(hidden) * attention_mask[..., None].to(hidden.dtype)
+
+
+def cut_umt5_encoder(encoder: nn.Module, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor) -> list[Block]:
+    """The blocks of a UMT5EncoderModel's `encoder`, traced on `input_ids` and their mask:
+    embeddings, layer_0 .. layer_{N-1}, final; chained they equal the encoder masked, the
+    states past the prompt zeroed."""
+    blocks = [Block("text_encoder", "embeddings", UMT5Embeddings(encoder.embed_tokens).eval(),
+                    ["input_ids", "attention_mask"], ["hidden", "attention_bias"],
+                    (input_ids, attention_mask), [True, True])]
+    hidden, bias = blocks[0].run(input_ids, attention_mask)
+    for i, layer in enumerate(encoder.block):
+        block = Block("text_encoder", f"layer_{i}", EncoderLayerBlock(layer).eval(),
+                      ["hidden", "attention_bias"], ["hidden"], (hidden, bias), [True, True])
+        blocks.append(block)
+        (hidden,) = block.run(hidden, bias)
+    blocks.append(Block("text_encoder", "final", UMT5Final(encoder.final_layer_norm).eval(),
+                        ["hidden", "attention_mask"], ["hidden"], (hidden, attention_mask),
+                        [True, True]))
     return blocks

@@ -29,6 +29,7 @@ from edge.package import file_entry
 from edge.sampler import SamplerSettings
 
 NAME = "tiny-sora"
+EXPORT_OPTIONS = ()  # its video size and sampler come with its weights
 
 
 class BertEmbeddingsBlock(nn.Module):

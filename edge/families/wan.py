@@ -8,7 +8,7 @@ Cuts (each chained component equals the diffusers component; tests/test_wan.py):
   text_encoder  embeddings (token embedding; the attention mask as an additive bias),
                 layer_0 .. layer_{N-1} (each UMT5 layer computes its own relative position
                 bias inside), final (final norm; states past the prompt zeroed, as
-                WanPipeline does before the transformer sees them)
+                WanPipeline does before the transformer sees them; edge/families/t5.py)
   transformer   prologue (patch embedding, RoPE cos/sin from tables stored as weights,
                 condition embedder: time -> temb and the 6-row modulation, text -> context),
                 block_0 .. block_{N-1} (each with a "tdtm" variant: temporal token merging
@@ -35,12 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.blocks import Block, Chunking, EncoderLayerBlock
+from edge.blocks import Block, Chunking
 from edge.families import FamilyError, Shapes, StorageRule
 from edge.families.folder import (
     check_component_folders,
@@ -54,16 +53,19 @@ from edge.families.folder import (
     train_timesteps,
 )
 from edge.families.pipeline_run import (
-    run_pipeline,
-    target_shapes,
-    tokenizer_fields,
+    PIPELINE_OPTIONS,
+    Accepted,
+    PipelineModel,
+    load_family,
     with_steps,
 )
+from edge.families.t5 import cut_umt5_encoder
 from edge.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
 
 NAME = "wan"
+EXPORT_OPTIONS = PIPELINE_OPTIONS
 COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 DEFAULT_SIZE = {"height": 480, "width": 832, "frames": 81}     # Wan 2.1's own defaults
 TEXT_TOKENS = 512                                             # WanPipeline's max_sequence_length
@@ -238,38 +240,6 @@ def load_pipeline(folder: Path, out_of_core: bool | None = None) -> tuple:
         raise FamilyError(f"{folder / 'transformer'}: image conditioning (added_kv_proj_dim) "
                           "is image-to-video; edge takes text-to-video Wan")
     return pipe, notes, out_of_core
-
-
-# ---------------------------------------------------------------- text encoder blocks
-
-# the additive bias of masked tokens: finite in fp16, where a device computing in fp16 turns
-# float32's min (transformers' choice) into -inf and 0 x -inf into NaN; exp(-1e4) is 0 in
-# float32 all the same, so the softmax is unchanged
-MASKED_BIAS = -1e4
-
-
-class T5EmbeddingsBlock(nn.Module):
-    """input_ids, attention_mask -> token embeddings, additive attention bias (B, 1, 1, L)."""
-
-    def __init__(self, embed_tokens: nn.Module) -> None:
-        super().__init__()
-        self.embed_tokens = embed_tokens
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        hidden = self.embed_tokens(input_ids)
-        masked = (1.0 - attention_mask.to(hidden.dtype))[:, None, None, :]
-        return hidden, masked * MASKED_BIAS
-
-
-class T5FinalBlock(nn.Module):
-    """Final norm; the states past the prompt zeroed (WanPipeline trims and zero-pads)."""
-
-    def __init__(self, norm: nn.Module) -> None:
-        super().__init__()
-        self.norm = norm
-
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.norm(hidden) * attention_mask[..., None].to(hidden.dtype)
 
 
 # ---------------------------------------------------------------- transformer blocks
@@ -647,7 +617,7 @@ STORAGE_4 = StorageRule(
 
 
 @dataclass
-class WanModel:
+class WanModel(PipelineModel):
     pipe: object                    # diffusers WanPipeline, float32
     folder: Path
     height: int
@@ -664,6 +634,7 @@ class WanModel:
                                 first_variant="first")})
     device_storage: dict[str, StorageRule] = field(default_factory=lambda: {"4": STORAGE_4})
     out_of_core: bool = False  # weights read block by block (edge/lazy_weights.py)
+    clean = "wan"  # WanPipeline's prompt_clean
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -681,31 +652,12 @@ class WanModel:
                                   return_tensors="pt")
         return enc.input_ids, enc.attention_mask
 
-    def shapes(self, target: str) -> Shapes:
-        return target_shapes(target)
-
     def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
         shapes = shapes or self.shapes("onnx")
-        return {"text_encoder": self._cut_text_encoder(shapes.prompts),
+        ids, mask = self._ids(["a red circle moving left", "the dog"][:shapes.prompts])
+        return {"text_encoder": cut_umt5_encoder(self.pipe.text_encoder.encoder, ids, mask),
                 "transformer": self._cut_transformer(shapes.guidance_batch),
                 "vae_decoder": self._cut_vae_decoder(shapes.videos)}
-
-    def _cut_text_encoder(self, prompts: int) -> list[Block]:
-        enc = self.pipe.text_encoder.encoder
-        ids, mask = self._ids(["a red circle moving left", "the dog"][:prompts])
-        emb = T5EmbeddingsBlock(enc.embed_tokens).eval()
-        blocks = [Block("text_encoder", "embeddings", emb, ["input_ids", "attention_mask"],
-                        ["hidden", "attention_bias"], (ids, mask), [True, True])]
-        hidden, bias = blocks[0].run(ids, mask)
-        for i, layer in enumerate(enc.block):
-            block = Block("text_encoder", f"layer_{i}", EncoderLayerBlock(layer).eval(),
-                          ["hidden", "attention_bias"], ["hidden"], (hidden, bias), [True, True])
-            blocks.append(block)
-            (hidden,) = block.run(hidden, bias)
-        blocks.append(Block("text_encoder", "final", T5FinalBlock(enc.final_layer_norm).eval(),
-                            ["hidden", "attention_mask"], ["hidden"], (hidden, mask),
-                            [True, True]))
-        return blocks
 
     def _cut_transformer(self, batch: int) -> list[Block]:
         model = self.pipe.transformer
@@ -761,44 +713,8 @@ class WanModel:
             first_x, x = first_out[0], out[0]
         return blocks
 
-    def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
-        return {"tokenizer": tokenizer_fields(root, self.pipe.tokenizer, self.text_tokens,
-                                              clean="wan"),
-                "conditioning": {}, "negative_prompt": "",
-                "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
-                "latent_layout": "video",
-                "video": {"height": self.height, "width": self.width, "frames": self.frames}}
-
-    @torch.no_grad()
-    def reference(self, prompt: str, latents: np.ndarray | None = None,
-                  negative_prompt: str = "", steps: int | None = None,
-                  guidance: float | None = None,
-                  on_step: Callable[[int, int], None] | None = None,
-                  seed: int | None = None) -> np.ndarray:
-        """diffusers' WanPipeline itself: uint8 video (B, T, H, W, 3) from these initial
-        latents (B, C, T, h, w), or from the latents it draws itself for
-        `generator=torch.Generator().manual_seed(seed)`."""
-        if (latents is None) == (seed is None):
-            raise ValueError("give the reference either latents or a seed")
-        steps = steps or self.sampler.steps
-        start = ({"latents": torch.from_numpy(latents)} if seed is None
-                 else {"generator": torch.Generator("cpu").manual_seed(seed)})
-
-        return run_pipeline(
-            self.pipe, prompt, steps, on_step, negative_prompt=negative_prompt,
-            height=self.height, width=self.width, num_frames=self.frames,
-            guidance_scale=self.sampler.guidance if guidance is None else guidance,
-            max_sequence_length=self.text_tokens, **start)
-
-    def generate(self, prompt: str, seed: int = 0,
-                 on_step: Callable[[int, int], None] | None = None,
-                 steps: int | None = None) -> np.ndarray:
-        return self.reference(prompt, seed=seed, steps=steps, on_step=on_step)
-
-
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
-            frames: int | None = None, steps: int | None = None
-            ) -> tuple[dict[str, int], SamplerSettings]:
+            frames: int | None = None, steps: int | None = None) -> Accepted:
     """The one place that says what this family takes, from the folder's JSON files alone
     (nothing loaded, seconds at most): every component, the components against each other,
     the scheduler as edge's sampler, the video size against the model. Returns the size and
@@ -810,16 +726,11 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
     check_video_size(shapes, **size)
     config = folder / "scheduler" / "scheduler_config.json"
     sampler = sampler_settings(config)
-    sampler = with_steps(sampler, steps)
-    return size, sampler
+    return Accepted(size, with_steps(sampler, steps))
 
 
-def load(folder: Path, height: int | None = None, width: int | None = None,
-         frames: int | None = None, steps: int | None = None,
-         out_of_core: bool | None = None) -> WanModel:
-    """`out_of_core`: build the models without weights and read each block's when it is
+def load(folder: Path, out_of_core: bool | None = None, **options) -> WanModel:
+    """The folder's WanPipeline as an edge model; `options`: what `accepts` takes.
+    `out_of_core`: build the models without weights and read each block's when it is
     exported (default: when the float32 weights exceed half this machine's memory)."""
-    size, sampler = accepts(folder, height, width, frames, steps)
-    pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
-    return WanModel(pipe, folder, sampler=sampler, notes=notes, name=folder.resolve().name,
-                    out_of_core=out_of_core, **size)
+    return load_family(folder, accepts, load_pipeline, WanModel, out_of_core, **options)

@@ -18,7 +18,6 @@ from edge.tokenizer import load_tokenizer as load_tokenizer_file
 from edge.tokenizer import tokenize
 
 MAX_TOKENS = 16  # captions are short; longer ones are truncated
-HIDDEN = 384
 
 
 def minilm_dir() -> Path:

@@ -32,7 +32,6 @@ from edge.runtimes.python.loader import read_file
 from edge.runtimes.python.pipeline import Pipeline
 
 MODES = ("resident", "streamed", "naive")
-ALL_MODES = (*MODES, "lean")
 
 
 def cold_sequential_read(paths: list[Path]) -> dict:

@@ -30,9 +30,17 @@ import onnxruntime as ort
 from edge.budget import parse_size
 from edge.manifest_schema import MANIFEST, as_variant, check_chain
 from edge.noise import check_noise, torch_randn_draws
-from edge.options import check_prompts, check_seeds, check_settings, with_overrides
+from edge.options import (
+    check_prompts,
+    check_seeds,
+    check_settings,
+    decode_values,
+    with_overrides,
+)
 from edge.package import PackageError, check_unchanged, read_package, resolve_inside
 from edge.pieces import piece_bounds
+from edge.runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
+from edge.runtimes.python.loader import BlockLoader, BlockWeights
 from edge.sampler import (
     SamplerSettings,
     Step,
@@ -43,8 +51,6 @@ from edge.sampler import (
     sample,
 )
 from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
-from edge.runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
-from edge.runtimes.python.loader import BlockLoader, BlockWeights
 
 
 def _io_read_bytes() -> int | None:
@@ -517,8 +523,7 @@ class Pipeline:
                                       or not isinstance(value, int | float)
                                       or not np.isfinite(value)):
                 raise ValueError(f"{name} {value!r} must be a finite number")
-        t = spec["timestep"] if timestep is None else timestep
-        s = next(v for v in (noise_scale, spec["noise_scale"], t) if v is not None)
+        t, s = decode_values(spec, timestep, noise_scale)
         shape = (b, *self.latent_shape)
         if noise is not None:
             if not isinstance(noise, np.ndarray) or noise.shape != shape \

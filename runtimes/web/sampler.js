@@ -1,4 +1,4 @@
-// The rectified-flow sampler of edge/sampler.py, mirrored line by line (keep the two in step).
+// The sampler loop of edge/sampler.py, mirrored line by line (keep the two in step).
 // The scheduler is an object (schedulers.js, as edge/schedulers.py), looked up by the
 // settings' `scheduler` name: sample() asks it for the schedule, a solver to step through
 // it, a leap's re-planned tail and the one-step jump, and tests no scheduler name itself.

@@ -1,6 +1,6 @@
 import Foundation
 
-// A line-by-line mirror of edge/sampler.py (rectified-flow sampler with classifier-free
+// A line-by-line mirror of edge/sampler.py (the sampler loop of every scheduler: classifier-free
 // guidance, Linear Proportional Leap, TDTM step switch, step cache). It asks the scheduler
 // the settings name (Schedulers.swift, edge/schedulers.py) for the noise levels, model times,
 // solver, a leap's tail and its jump, and tests no scheduler's name. Keep them in step: the

@@ -5,7 +5,7 @@ Plain `edge eval --ray`: each prompt chunk is one task generating with the PyTor
 sees at the same path); the driver scores the videos as `edge eval` does.
 
 The sweep: each (regime, setting, prompt chunk) is one Ray task; the driver scores the
-videos the tasks return chunk by chunk, exactly as the serial sweep does (edge/sweep.py
+videos the tasks return chunk by chunk, exactly as the serial sweep does (edge/eval/sweep.py
 `summarize_rows`), so the rows are the same apart from the timings.
 
 Without an address a local Ray instance is started (and stopped after); with one, the
@@ -34,7 +34,7 @@ import numpy as np
 
 from edge.eval.classifier import AttributeClassifier
 from edge.eval.run import PromptSet
-from edge.sweep import REGIMES, Chunk, Setting, chunks, generate_chunk, summarize_rows, warm_up
+from edge.eval.sweep import REGIMES, Chunk, Setting, chunks, generate_chunk, summarize_rows, warm_up
 
 MAX_RETRIES = 3
 CONNECT_TIMEOUT_S = 5.0

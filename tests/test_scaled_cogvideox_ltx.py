@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from edge.commands import app
 from edge.families import cogvideox, load_model, ltx
-from edge.models import scaled_families
+from edge.models import scaled_cogvideox_ltx
 
 SIZE = {"height": 32, "width": 64, "frames": 17}
-TEXT = scaled_families.T5_SMALL | {"d_model": 32, "d_kv": 8, "num_heads": 2, "d_ff": 32}
+TEXT = scaled_cogvideox_ltx.T5_SMALL | {"d_model": 32, "d_kv": 8, "num_heads": 2, "d_ff": 32}
 # each family's preset at a size the test machine writes and loads in seconds; only the
 # widths and counts differ from the real presets
 SMALL = {
@@ -40,7 +40,7 @@ SMALL = {
 
 @pytest.mark.parametrize("like, billions", [("cogvideox-2b", 1.69), ("ltx-video-2b", 1.92)])
 def test_real_size_transformers(like, billions):
-    shape = scaled_families.LIKE[like]
+    shape = scaled_cogvideox_ltx.LIKE[like]
     with torch.device("meta"):
         transformer = getattr(diffusers, shape.transformer_class)(**shape.transformer)
     assert round(sum(p.numel() for p in transformer.parameters()) / 1e9, 2) == billions
@@ -55,22 +55,22 @@ def test_real_size_configs_are_what_the_families_take(tmp_path, monkeypatch, lik
 
     # no weights written: the transformer's shards, and the text encoder's (scaled_wan's
     # write_text_encoder writes them)
-    monkeypatch.setattr(scaled_families, "write_shards", lambda *args: 0)
+    monkeypatch.setattr(scaled_cogvideox_ltx, "write_shards", lambda *args: 0)
     monkeypatch.setattr(scaled_wan, "write_shards", lambda *args: 0)
     monkeypatch.setattr(diffusers.ModelMixin, "save_pretrained",
                         lambda self, folder, **kw: self.save_config(folder))
     with torch.device("meta"):
-        scaled_families.write_family_like(tmp_path / like, like)
+        scaled_cogvideox_ltx.write_family_like(tmp_path / like, like)
     size = family.accepts(tmp_path / like)[0]
     assert size["frames"] == {"cogvideox-2b": 49, "ltx-video-2b": 161}[like]
 
 
 @pytest.mark.parametrize("like", list(SMALL))
 def test_scale_model_writes_a_folder_the_family_loads(tmp_path, monkeypatch, like):
-    shape = scaled_families.LIKE[like]
+    shape = scaled_cogvideox_ltx.LIKE[like]
     small = replace(shape, transformer=shape.transformer | SMALL[like]["transformer"],
                     vae=SMALL[like]["vae"], text_encoder=TEXT)
-    monkeypatch.setitem(scaled_families.LIKE, like, small)
+    monkeypatch.setitem(scaled_cogvideox_ltx.LIKE, like, small)
     out = tmp_path / like
     res = CliRunner().invoke(app, ["scale-model", "--like", like, "--seed", "3", str(out)])
     assert res.exit_code == 0, res.output

@@ -23,8 +23,8 @@ from edge.budget import parse_size
 from edge.eval.classifier import AttributeClassifier
 from edge.eval.metrics import score, summarize
 from edge.eval.run import PromptSet
-from edge.sampler import SamplerSettings
 from edge.runtimes.python import Pipeline
+from edge.sampler import SamplerSettings
 
 # Step cache threshold of the sweep's rows, chosen on held-out prompts (docs/benchmarks.md)
 DEFAULT_CACHE_THRESHOLD = 0.1
@@ -227,12 +227,14 @@ def run_sweep(package: Path, classifier: AttributeClassifier, prompts: PromptSet
               cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
               regimes: tuple[str, ...] = REGIMES, threads: int | None = None,
               on_generation: Callable[[str], None] | None = None,
-              ray: bool = False, settings: list[Setting] | None = None) -> dict:
+              run_regimes: Callable | None = None,
+              settings: list[Setting] | None = None) -> dict:
     """Both regimes on one prompt set. `memory_budget` is the streamed regime's (default:
     the smallest the package accepts); its reads bypass the page cache. `threads`:
-    onnxruntime's threads per session (1 keeps timings steady on a busy machine). `ray`:
-    run the generations as tasks on the Ray cluster this process is connected to
-    (edge.ray_eval.py). `settings`: the rows, if already read (default: the package's,
+    onnxruntime's threads per session (1 keeps timings steady on a busy machine).
+    `run_regimes`: run the generations elsewhere, e.g. `edge.eval.on_ray.run_regimes` as
+    tasks on the Ray cluster this process is connected to (default: here, one regime after
+    the other). `settings`: the rows, if already read (default: the package's,
     `package_settings`)."""
     unknown = sorted(set(regimes) - set(REGIMES))
     if unknown:
@@ -242,11 +244,9 @@ def run_sweep(package: Path, classifier: AttributeClassifier, prompts: PromptSet
         settings = package_settings(package, steps, cache_threshold)
     result: dict = {"package": str(package), "steps": steps, "seed": seed, "batch": batch,
                     "n_prompts": len(prompts), "cache_threshold": cache_threshold,
-                    "threads": threads, "ray": ray,
+                    "threads": threads, "ray": run_regimes is not None,
                     "streamed_budget_bytes": budget, "regimes": {}}
-    if ray:
-        from edge.ray_eval import run_regimes
-
+    if run_regimes is not None:
         result["regimes"] = run_regimes(package, settings, classifier, prompts, seed, batch,
                                         budget, tuple(regimes), threads, on_generation)
         return result

@@ -1,0 +1,165 @@
+"""The `--quantize` settings of the iphone target: how each block's weights are stored in its
+program (fp16, int8, palettized, int4 blocks), the rules a family words for itself, and the
+end-to-end floor each setting is checked against. The exporter (coreml.py) applies them and
+the check (coreml_check.py) reads them back; neither imports the other for them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from fnmatch import fnmatch
+
+from edge.exporters.coreml_weights import import_coremltools
+from edge.family_model import FamilyModel, StorageRule
+
+WEIGHT_THRESHOLD = 2048       # coremltools' default: smaller tensors are not compressed
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How one block's weights are stored: a coremltools compression (or fp16) and the
+    manifest's record of it."""
+
+    record: dict                      # e.g. {"method": "palettize_kmeans", "nbits": 4, ...}
+    bits: float                       # per weight, for size estimates (scales counted,
+                                      # lookup tables left out: a few KB per tensor)
+    op_config: Callable[[], object] | None = None   # a coremltools OpConfig; None: fp16
+    min_ios: int = 17                 # the iOS whose constexpr ops decompress it
+
+
+@dataclass(frozen=True)
+class Compression:
+    """One `--quantize` setting: the storage of each block (the first rule whose pattern
+    matches the block key, fnmatch-style, e.g. "text_encoder/layer_*"), and the end-to-end
+    check's floor."""
+
+    setting: str
+    rules: tuple[tuple[str, Storage], ...]
+    psnr_floor_db: float
+    note: str = ""                    # why the rules are what they are
+
+    @property
+    def min_ios(self) -> int:
+        """The iOS whose ops decompress every stored form of the setting."""
+        return max(storage.min_ios for _, storage in self.rules)
+
+    def storage(self, block_key: str) -> Storage:
+        return next(s for pattern, s in self.rules if fnmatch(block_key, pattern))
+
+    def optimization_config(self, block_key: str):
+        """The `coremltools.optimize.coreml` config of one block (None for fp16)."""
+        op = self.storage(block_key).op_config
+        if op is None:
+            return None
+        import_coremltools()
+        import coremltools.optimize.coreml as cto
+
+        return cto.OptimizationConfig(global_config=op())
+
+    def record(self) -> dict:
+        """The manifest's coreml.compression."""
+        out = {"setting": self.setting, "weight_threshold": WEIGHT_THRESHOLD}
+        if len(self.rules) == 1:   # one storage for every block
+            out |= self.rules[0][1].record
+        else:
+            out["rules"] = [{"blocks": pattern, **storage.record}
+                            for pattern, storage in self.rules]
+        return out | ({"note": self.note} if self.note else {})
+
+
+def _linear8():
+    import coremltools.optimize.coreml as cto
+
+    return cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8",
+                                       granularity="per_channel",
+                                       weight_threshold=WEIGHT_THRESHOLD)
+
+
+def palettized(nbits: int, group_size: int | None = None) -> Storage:
+    """k-means palettization: one lookup table per tensor (what iOS 17 runs), or with
+    `group_size` one per group of that many output channels (iOS 18)."""
+    granularity = "per_tensor" if group_size is None else "per_grouped_channel"
+
+    def config():
+        import coremltools.optimize.coreml as cto
+
+        return cto.OpPalettizerConfig(mode="kmeans", nbits=nbits, granularity=granularity,
+                                      group_size=group_size or 32,   # ignored per tensor
+                                      weight_threshold=WEIGHT_THRESHOLD)
+
+    record = {"method": "palettize_kmeans", "nbits": nbits, "granularity": granularity}
+    if group_size is not None:
+        record["group_size"] = group_size
+    return Storage(record, nbits, config, min_ios=17 if group_size is None else 18)
+
+
+def linear4(block_size: int) -> Storage:
+    """int4 linear quantization with a scale per block of `block_size` input values (iOS 18)."""
+    def config():
+        import coremltools.optimize.coreml as cto
+
+        return cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4",
+                                           granularity="per_block", block_size=block_size,
+                                           weight_threshold=WEIGHT_THRESHOLD)
+
+    # an fp16 scale per block: 4.5 bits a weight at 32
+    return Storage({"method": "linear_symmetric", "dtype": "int4", "granularity": "per_block",
+                    "block_size": block_size}, 4 + 16 / block_size, config, min_ios=18)
+
+
+FP16 = Storage({"method": "none", "weights": "float16"}, 16)
+INT8 = Storage({"method": "linear_symmetric", "dtype": "int8", "granularity": "per_channel"},
+               8, _linear8)
+# the stored forms a family's own setting may name (edge.families.StorageRule)
+STORAGES = {"fp16": FP16, "int8": INT8, "lut6": palettized(6), "lut4": palettized(4),
+            "lut6-g16": palettized(6, 16), "lut4-g16": palettized(4, 16),
+            "int4-b32": linear4(32)}
+
+# Settings that store every block alike, and the end-to-end check's floor for each: it guards
+# against a broken export (benchmarks/coreml_quantize.py measures what a setting costs).
+UNIFORM = {c.setting: c for c in (
+    Compression("fp16", (("*", FP16),), psnr_floor_db=40.0),
+    Compression("8", (("*", INT8),), psnr_floor_db=30.0),
+    Compression("6", (("*", palettized(6)),), psnr_floor_db=20.0),
+)}
+# Settings each family words itself (FamilyModel.device_storage): where 4 bits cost the video
+# depends on which of its blocks' errors compound and where its bytes are.
+BY_FAMILY = ("4",)
+QUANTIZE = (*UNIFORM, *BY_FAMILY)
+
+
+def check_setting(quantize: str) -> None:
+    """A ValueError naming the known settings if `quantize` is none of them."""
+    if quantize not in QUANTIZE:
+        raise ValueError(f"--quantize {quantize!r} not understood; use one of "
+                         f"{', '.join(QUANTIZE)}")
+
+
+def compression(quantize: str | Compression, model: FamilyModel | None = None) -> Compression:
+    """The setting named `quantize` for `model`'s blocks (a ValueError naming the known
+    settings, or the family without a rule for it); `model` is needed for the settings each
+    family words itself. A Compression is its own setting (benchmarks try rules that are
+    none of the named ones)."""
+    if isinstance(quantize, Compression):
+        return quantize
+    check_setting(quantize)
+    if quantize in UNIFORM:
+        return UNIFORM[quantize]
+    if model is None:
+        raise ValueError(f"--quantize {quantize} is worded by each family: give the model")
+    rule = model.device_storage.get(quantize)
+    if rule is None:
+        raise ValueError(f"--quantize {quantize} has no storage rule for {model.family} models "
+                         f"yet; use one of {', '.join(UNIFORM)}")
+    return from_rule(quantize, rule, f"{model.family}'s --quantize {quantize}")
+
+
+def from_rule(setting: str, rule: StorageRule, who: str) -> Compression:
+    """The setting a rule words by stored-form names (a family's, or a benchmark's trial),
+    or a ValueError saying which name `who` gave that STORAGES lacks."""
+    unknown = [name for _, name in rule.rules if name not in STORAGES]
+    if unknown:
+        raise ValueError(f"{who} names stored form {unknown[0]!r}; the exporter has "
+                         f"{', '.join(STORAGES)}")
+    return Compression(setting, tuple((pattern, STORAGES[name]) for pattern, name
+                                      in rule.rules), rule.psnr_floor_db, rule.note)
