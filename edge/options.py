@@ -23,20 +23,22 @@ MAX_GUIDANCE = 1e4
 REAL_OR_NONE = ("shift_terminal",)
 
 
-def check_prompts(prompts: Any) -> list[str]:
+def check_prompts(prompts: Any, what: str = "prompt") -> list[str]:
     """One prompt or a non-empty list of them, each a string of valid Unicode text. Empty
-    prompts are allowed (they mean "no caption")."""
+    prompts are allowed (they mean "no caption"). `what` names them in errors (e.g.
+    "negative prompt")."""
     items = [prompts] if isinstance(prompts, str) else prompts
     if not isinstance(items, list | tuple) or not items:
-        raise ValueError(f"prompts must be a string or a non-empty list of strings, got "
+        raise ValueError(f"{what}s must be a string or a non-empty list of strings, got "
                          f"{prompts!r:.80}")
     for i, p in enumerate(items):
+        named = what if isinstance(prompts, str) else f"{what} {i}"
         if not isinstance(p, str):
-            raise ValueError(f"prompt {i} must be a string, got {type(p).__name__}")
+            raise ValueError(f"{named} must be a string, got {type(p).__name__}")
         try:
             p.encode("utf-8")
         except UnicodeEncodeError as err:  # lone surrogates, e.g. from a bad decode
-            raise ValueError(f"prompt {i} is not valid Unicode text ({err.reason} at "
+            raise ValueError(f"{named} is not valid Unicode text ({err.reason} at "
                              f"character {err.start})") from None
     return list(items)
 
@@ -51,7 +53,8 @@ def check_seeds(seed: Any, n: int) -> list[int]:
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    """A whole number, NumPy's included (np.int64 seeds come from arrays), but not a bool."""
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
 
 def _check_value(name: str, value: Any, default: Any) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import FAMILY_SIZE, LTX_OPTIONS, WAN22_SIZE, WAN_SIZE
 
+from edge.commands.common import frame_size
 from edge.families import (
     FAMILIES,
     SIZE_OPTIONS,
@@ -210,6 +211,7 @@ def test_package_reproduces_the_pipeline(request, case):
         runtime_kwargs | {"negative_prompt": "green square"})
     want = model.reference(PROMPT, **reference_kwargs)
     assert got.shape == want.shape == (1, model.frames, model.height, model.width, 3)
+    assert frame_size(manifest) == (model.height, model.width)  # what --scale is checked on
     assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
                                                                 snr(got, want))
     assert snr(other_noise, want) < 15.0, snr(other_noise, want)

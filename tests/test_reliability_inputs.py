@@ -500,3 +500,105 @@ def test_web_dry_run_writes_nothing_and_a_web_budget_is_refused(tmp_path, monkey
     assert list(tmp_path.iterdir()) == []  # was: a full export
     refused(["export", "--target", "web", "--memory-budget", "64MB"],
             "--memory-budget is not built for --target web yet")
+
+
+# --- the second probe: options checked before the package is read, text, scale, -o --------
+
+def damaged_copy(exported_package, tmp_path) -> Path:
+    """The exported package with one weight file's bytes changed (its size kept): loading it
+    fails the sha256 check, so any error printed first came before the hashing."""
+    root = tmp_path / "pkg"
+    shutil.copytree(exported_package[0], root)
+    weights = sorted((root / "weights").rglob("*.bin"))[0]
+    data = bytearray(weights.read_bytes())
+    data[0] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    return root
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--guidance", "nan"], "guidance=nan: must be a finite number"),
+    (["--steps", "100000"], "steps=100000: more than"),
+    (["--merge-steps", "5", "--steps", "2"], "merge_steps=5: more than steps=2"),
+    (["--scale", "1000"], "--scale 1000: frames of 32x32 upscaled x1000"),
+])
+def test_options_are_checked_before_the_package_is_hashed(exported_package, tmp_path, options,
+                                                          message):
+    root = damaged_copy(exported_package, tmp_path)
+    refused(["generate", str(root), "a red circle", "-o", str(tmp_path / "x.gif"), *options],
+            message)
+    if "--scale" not in options:  # a bundle has no scale
+        refused(["record", str(root), "a red circle", "-o", str(tmp_path / "b"), *options],
+                message)
+
+
+def test_scale_is_bounded_before_the_reference_generates(tmp_path, monkeypatch, pipeline):
+    import edge.commands.common as common
+
+    class NoGeneration:
+        sampler, frame_size = pipeline.sampler, pipeline.frame_size
+
+        def generate(self, *a, **k):
+            pytest.fail("generated before refusing the scale")
+
+    monkeypatch.setattr(common, "load_reference_pipeline", lambda w: NoGeneration())
+    refused(["generate", "x", "--scale", "1000", "-o", str(tmp_path / "x.gif")],
+            "--scale 1000: frames of 32x32 upscaled x1000 would be 32000x32000; at most x256")
+
+
+@pytest.mark.parametrize("args, what", [
+    (["BAD"], "prompt"), (["PKG", "BAD"], "prompt"),
+    (["PKG", "x", "--negative-prompt", "BAD"], "--negative-prompt")])
+def test_text_that_is_not_valid_unicode_is_refused_up_front(exported_package, args, what,
+                                                            no_work, tmp_path):
+    # "a \udcff" is what Python makes of the byte 0xff in a command-line argument
+    args = [{"PKG": str(exported_package[0]), "BAD": "a \udcff"}.get(a, a) for a in args]
+    refused(["generate", *args, "-o", str(tmp_path / "x.gif")],
+            f"{what} is not valid Unicode text")
+
+
+def test_outputs_inside_the_package_are_refused_before_any_work(exported_package, tmp_path,
+                                                                no_work):
+    root = tmp_path / "pkg"
+    shutil.copytree(exported_package[0], root)
+    before = snapshot(root)
+    refused(["generate", str(root), "x", "-o", str(root / "out.gif")],
+            f"-o {root / 'out.gif'}: inside the package {root}")
+    refused(["record", str(root), "x", "-o", str(root / "b")],
+            f"-o {root / 'b'}: inside the package {root}")
+    os.symlink(root / "weights", tmp_path / "elsewhere")  # inside through a link
+    refused(["generate", str(root), "x", "-o", str(tmp_path / "elsewhere" / "v.gif")],
+            "inside the package")
+    assert snapshot(root) == before
+
+
+def test_the_api_refuses_latents_that_are_not_floats_and_takes_numpy_seeds(exported_package):
+    from edge.runtimes.python import Pipeline
+
+    pipe = Pipeline.load(exported_package[0])
+    shape = (1, *pipe.latent_shape)
+    for latents in (np.zeros(shape, np.int64), np.zeros(shape, bool),
+                    np.zeros(shape, np.complex64), np.full(shape, "x"),
+                    np.zeros(shape, object)):
+        with pytest.raises(ValueError, match=f"latents must hold floating-point numbers .* got "
+                                             f"{latents.dtype}"):
+            pipe.generate("x", latents=latents, steps=1)
+    a = pipe.generate("x", seed=np.int64(3), steps=2)
+    b = pipe.generate("x", seed=3, steps=2)
+    assert np.array_equal(a, b)
+
+
+def test_generate_called_from_its_own_callback_raises_instead_of_hanging(exported_package):
+    from edge.runtimes.python import Pipeline
+
+    pipe = Pipeline.load(exported_package[0])
+    inner = []
+
+    def again(i, n):
+        if not inner:
+            with pytest.raises(RuntimeError, match="called while this thread runs generate"):
+                pipe.generate("y", steps=1)
+            inner.append(i)
+
+    pipe.generate("x", steps=2, on_step=again)
+    assert inner  # the callback ran and the outer generation finished

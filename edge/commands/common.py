@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from edge.console import echo, fail
+from edge.manifest_schema import MANIFEST
 
 WeightsOption = Annotated[Path | None, typer.Option(
     "--weights", help="tiny-sora weights folder [default: the one shipped in the package]",
@@ -83,6 +84,43 @@ def load_runtime(package: Path, budget: int | None):
         return Pipeline.load(package, memory_budget=budget, lean_decode=budget is not None)
     except (PackageError, BudgetError, ValueError) as err:
         fail(str(err))
+
+
+def read_package_manifest(package: Path) -> dict:
+    """The package's manifest, checked in structure only (no file hashed yet): what options
+    are checked against before the package is verified and loaded."""
+    from edge.package import PackageError, read_manifest
+
+    try:
+        return read_manifest(package)
+    except PackageError as err:
+        fail(str(err))
+
+
+def package_sampler(manifest: dict):
+    """The sampler settings a package defaults to."""
+    from edge.options import check_settings
+    from edge.sampler import SamplerSettings
+
+    try:
+        return check_settings(SamplerSettings.from_dict(manifest["sampler"]))
+    except (TypeError, ValueError) as err:
+        fail(f"{MANIFEST}: sampler: {err}")
+
+
+def frame_size(manifest: dict) -> tuple[int, int]:
+    """(height, width) of the frames a package decodes: the last two axes of its last
+    decoder block's output."""
+    last = manifest["components"][-1]["blocks"][-1]["outputs"][0]["shape"]
+    return int(last[-2]), int(last[-1])
+
+
+def check_outside_package(path: Path, package: Path, option: str) -> None:
+    """Refuse, before any work, a destination inside the package (a file there would be one
+    its manifest does not list)."""
+    if path.resolve().is_relative_to(package.resolve()):
+        fail(f"{option} {path}: inside the package {package}; write it elsewhere (a package "
+             "holds only what its manifest lists)")
 
 
 def budget_option(memory_budget: str | None) -> int | None:

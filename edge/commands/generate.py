@@ -53,8 +53,8 @@ def generate(
     from tqdm import tqdm
 
     from edge.files import OutputError, check_output_file
-    from edge.options import with_overrides
-    from edge.video import FORMATS, write_video
+    from edge.options import check_prompts, with_overrides
+    from edge.video import FORMATS, check_scale, write_video
 
     # every option and the destination before anything is loaded or computed
     if output.suffix.lower() not in FORMATS:
@@ -66,20 +66,38 @@ def generate(
         fail("--negative-prompt applies to exported packages: give the package folder first")
     budget = common.budget_option(memory_budget)
     try:
+        check_prompts(text)
+        if negative_prompt is not None:
+            check_prompts(negative_prompt, "--negative-prompt")
         check_output_file(output, "-o")
-    except OutputError as err:
+    except (ValueError, OutputError) as err:
         fail(str(err))
-    pipe = (common.load_runtime(package, budget) if package
-            else common.load_reference_pipeline(weights))
     overrides = common.sampler_overrides(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
         dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
+    if package:  # the manifest alone (no file hashed yet) says what the options must fit
+        manifest = common.read_package_manifest(package)
+        common.check_outside_package(output, package, "-o")
+        defaults, frame = common.package_sampler(manifest), common.frame_size(manifest)
+    else:
+        from edge.models.tiny_sora import DEFAULT_WEIGHTS, load_sampler
+
+        defaults, frame = load_sampler(weights or DEFAULT_WEIGHTS), None
     try:
-        total = with_overrides(pipe.sampler, overrides).steps
+        total = with_overrides(defaults, overrides).steps
+        if frame is not None:
+            check_scale(frame, scale)
     except ValueError as err:
         fail(str(err))
+    pipe = (common.load_runtime(package, budget) if package
+            else common.load_reference_pipeline(weights))
+    if frame is None:
+        try:
+            check_scale(pipe.frame_size, scale)
+        except ValueError as err:
+            fail(str(err))
     started = time.perf_counter()
     with tqdm(total=total, desc="denoising", unit="step") as bar:
         try:

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.text_encoder import TextEncoder
 from edge.models.vae import decode_latents
+from edge.options import check_prompts, check_seeds
 from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "tiny-sora"
@@ -66,6 +67,13 @@ class TinySora:
         c = self.transformer.cfg
         return (c.in_channels, c.frames, c.latent_size, c.latent_size)
 
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(height, width) of the frames it decodes: the VAE upsamples once per level."""
+        side = self.transformer.cfg.latent_size * 2 ** (len(self.vae.config.block_out_channels)
+                                                        - 1)
+        return side, side
+
     @torch.no_grad()
     def generate_latents(self, prompts: list[str], seeds: list[int],
                          on_step: Callable[[int, int], None] | None = None,
@@ -105,8 +113,6 @@ class TinySora:
                  **sampler_overrides) -> np.ndarray:
         """One video per prompt: uint8 (B, T, H, W, 3). A single seed s gives prompt i the
         seed s + i, so a batch is as reproducible as its prompts one by one."""
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        seeds = [seed + i for i in range(len(prompts))] if isinstance(seed, int) else seed
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        prompts = check_prompts(prompts)
+        seeds = check_seeds(seed, len(prompts))
         return self.decode(self.generate_latents(prompts, seeds, on_step, **sampler_overrides))

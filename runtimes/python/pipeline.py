@@ -220,8 +220,17 @@ def _one_at_a_time(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def serialised(self: Pipeline, *args, **kwargs):
+        if self._running_in == threading.get_ident():  # waiting on our own lock: for ever
+            raise RuntimeError(f"Pipeline.{method.__name__} called while this thread runs "
+                               f"{self._running_in_method} on the same pipeline (from an "
+                               "on_step callback?): one generation at a time; call it after "
+                               "the running one returns")
         with self._lock:
-            return method(self, *args, **kwargs)
+            self._running_in, self._running_in_method = threading.get_ident(), method.__name__
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._running_in = self._running_in_method = None
 
     return serialised
 
@@ -259,6 +268,8 @@ class Pipeline:
         self.last_run: dict = {}
         self._compute_s = 0.0
         self._lock = threading.Lock()
+        self._running_in: int | None = None        # the thread inside generate, if any
+        self._running_in_method: str | None = None
         self._closed = False
 
     @classmethod
@@ -404,6 +415,9 @@ class Pipeline:
             got = latents.shape if isinstance(latents, np.ndarray) else type(latents).__name__
             raise ValueError(f"latents must be a NumPy array of shape {want} (batch, channels, "
                              f"frames, height, width; diffusers' layout), got {got}")
+        if latents.dtype.kind != "f":  # ints, bools, complex, strings: no silent cast
+            raise ValueError(f"latents must hold floating-point numbers (float32 or float64), "
+                             f"got {latents.dtype}")
         if not np.isfinite(latents).all():
             raise ValueError("latents hold NaN or infinity")
         return latents.astype(np.float32)
@@ -438,7 +452,7 @@ class Pipeline:
         if negative_prompt is not None:
             if not isinstance(negative_prompt, str):
                 raise ValueError("negative_prompt must be one string")
-            check_prompts(negative_prompt)  # valid Unicode
+            check_prompts(negative_prompt, "negative prompt")  # valid Unicode
         noise = (initial_noise(self.latent_shape, seeds) if latents is None
                  else self._check_latents(latents, len(prompts)))
         conditioning = self._decode_conditioning(seeds if latents is None else None,
@@ -527,8 +541,9 @@ class Pipeline:
         shape = (b, *self.latent_shape)
         if noise is not None:
             if not isinstance(noise, np.ndarray) or noise.shape != shape \
-                    or not np.isfinite(noise).all():
-                raise ValueError(f"decode_noise must be a finite NumPy array of shape {shape}")
+                    or noise.dtype.kind != "f" or not np.isfinite(noise).all():
+                raise ValueError(f"decode_noise must be a finite NumPy array of shape {shape} "
+                                 "holding floating-point numbers")
             noise = noise.astype(np.float32)
         elif s == 0:
             noise = np.zeros(shape, np.float32)  # mixed in with weight 0
