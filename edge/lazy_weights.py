@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edge.files import kind_of
+
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "F64": torch.float64}
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
@@ -52,6 +54,10 @@ class StoredTensor:
 def read_header(path: Path) -> dict[str, StoredTensor]:
     """The tensors a safetensors file holds, checked against its size (a truncated file is
     refused, naming it, before anything is read from it)."""
+    kind = kind_of(path)
+    if kind != "a file":  # a FIFO would block the read for ever
+        raise ShardError(f"{path}: is {kind}, not a safetensors file" if kind != "missing"
+                         else f"{path}: missing")
     try:
         with open(path, "rb") as f:
             head = f.read(8)

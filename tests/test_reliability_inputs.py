@@ -381,6 +381,39 @@ def test_symlink_loops_and_fifos_in_a_model_folder_are_named(wan_source, tmp_pat
             "model_index.json: is a FIFO (named pipe), not a JSON file")
 
 
+@pytest.mark.parametrize("mode", ["--in-memory", "--out-of-core"])
+def test_a_fifo_where_a_shard_should_be_is_named_not_read(wan_source, tmp_path, mode):
+    """Whichever way the model is loaded, a FIFO in a component folder is refused by name
+    before anything opens it (reading it would wait for a writer for ever)."""
+    folder = tmp_path / "wan"
+    shutil.copytree(wan_source, folder)
+    (shard,) = (folder / "transformer").glob("*.safetensors")
+    shard.unlink()
+    os.mkfifo(shard)
+    done = {}
+
+    def run():
+        done["res"] = runner.invoke(app, ["export", "--model", str(folder), mode, "--dry-run"])
+
+    import threading
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=240)
+    assert not worker.is_alive(), "the export hung on the FIFO"
+    res = done["res"]
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"{shard}: is a FIFO (named pipe), not a file" in res.output
+
+
+def test_a_shard_header_is_read_only_from_a_regular_file(tmp_path):
+    from edge.lazy_weights import ShardError, read_header
+
+    os.mkfifo(tmp_path / "x.safetensors")
+    with pytest.raises(ShardError, match="x.safetensors: is a FIFO .*not a safetensors file"):
+        read_header(tmp_path / "x.safetensors")
+
+
 def test_a_fifo_manifest_is_named(tmp_path):
     from edge.package import PackageError, read_package
 

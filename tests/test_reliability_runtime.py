@@ -232,6 +232,59 @@ def test_block_file_changed_after_verification_is_refused_when_read(pkg, how):
         pipe.close()
 
 
+def _delete(path):
+    path.unlink()
+
+
+def _truncate(path):
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _folder(path):
+    path.unlink()
+    path.mkdir()
+
+
+def _fifo(path):
+    path.unlink()
+    os.mkfifo(path)  # opening it for reading would wait for a writer for ever
+
+
+@pytest.mark.parametrize("how, message", [
+    (_delete, "gone since the package was verified (moved or deleted)"),
+    (_truncate, "changed on disk since the package was verified"),
+    (_folder, "is a folder now, not the file the package verified"),
+    (_fifo, "is not a regular file now"),
+])
+def test_a_block_file_moved_cut_or_replaced_while_streaming_is_one_error(pkg, how, message):
+    """What happens to a streamed block's file between verification and its read is one
+    PackageError naming the file and what changed: never a bare OSError, never a hang."""
+    import threading
+
+    from edge.runtimes.python import Pipeline
+
+    pipe = Pipeline.load(pkg, pin=False)
+    outcome = []
+    try:
+        weights = pkg / block_record(pipe.manifest)["weights"]["path"]
+        how(weights)
+
+        def run():
+            try:
+                pipe.generate("a red circle", steps=1)
+            except Exception as err:  # noqa: BLE001  (the test looks at what came out)
+                outcome.append(err)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "generate hung on the changed file"
+        assert len(outcome) == 1 and isinstance(outcome[0], PackageError), outcome
+        assert str(outcome[0]).startswith(f"{weights}: ") and message in str(outcome[0])
+    finally:
+        pipe.close()
+
+
 def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypatch):
     from edge import package
     from edge.runtimes.python import Pipeline

@@ -42,7 +42,19 @@ def check_component_folders(folder: Path, components: tuple[str, ...]) -> dict:
         if kind != "a folder":
             raise FamilyError(f"{folder / name}: {kind if kind == 'missing' else 'is ' + kind}"
                               f" (model_index.json lists {name!r} as a component folder)")
+        check_plain_files(folder / name)
     return index
+
+
+def check_plain_files(component: Path) -> None:
+    """Every entry of a component folder is a file or a folder: diffusers opens whatever
+    weights and configs it finds there, and a FIFO would block that read for ever (a device
+    or a socket is no file either)."""
+    for entry in sorted(component.iterdir()):
+        kind = kind_of(entry)
+        if kind not in ("a file", "a folder"):
+            raise FamilyError(f"{entry}: is {kind}, not a file; a model folder holds files "
+                              "and folders only")
 
 
 def number_field(cfg: dict, key: str, default: float, path: Path) -> float:

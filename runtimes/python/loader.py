@@ -18,8 +18,10 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import threading
 import time
 import weakref
@@ -33,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.budget import check_budget, fill_budget, plan_pins
-from edge.package import FileIdentity, check_unchanged
+from edge.package import FileIdentity, PackageError, check_unchanged
 
 PAGE = 4096
 
@@ -217,24 +219,55 @@ class BufferPool:
             self._cv.notify_all()
 
 
+def _open_verified(path: Path, cold: bool, identity: FileIdentity | None) -> tuple[int, bool]:
+    """An open descriptor of `path` (O_DIRECT where the file system takes it, for a cold
+    read) and whether it is direct, once the file is seen to be the regular file verified:
+    a FIFO would block the read for ever, and a file moved, truncated or replaced since the
+    package was verified is refused (PackageError naming it) before a byte is read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK  # opening a FIFO must not wait for a writer
+    direct = cold and hasattr(os, "O_DIRECT")
+    try:
+        try:
+            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
+        except OSError as err:
+            if not direct or err.errno != errno.EINVAL:
+                raise
+            direct = False  # file system without O_DIRECT (tmpfs): fall back to fadvise
+            fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise PackageError(f"{path}: gone since the package was verified (moved or deleted); "
+                           "load the package again") from None
+    except OSError as err:
+        raise PackageError(f"{path}: cannot be opened any more ({err.strerror}); load the "
+                           "package again") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise PackageError(f"{path}: is {kind} now, not the file the package verified; load "
+                           "the package again")
+    try:
+        check_unchanged(path, st, identity)  # truncated or replaced: before reading
+    except PackageError:
+        os.close(fd)
+        raise
+    os.set_blocking(fd, True)
+    return fd, direct
+
+
 def read_file(path: Path, nbytes: int, cold: bool, into: mmap.mmap | None = None,
               identity: FileIdentity | None = None) -> memoryview:
     """One block file into aligned memory (`into`, else a fresh buffer), in one large read;
     refused (PackageError) if the file is no longer the one verified (`identity`)."""
     buf = memoryview(into if into is not None else _aligned_buffer(nbytes))
-    flags = os.O_RDONLY
-    direct = cold and hasattr(os, "O_DIRECT")
-    try:
-        fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
-    except OSError:  # file system without O_DIRECT (tmpfs): fall back to fadvise
-        direct = False
-        fd = os.open(path, flags)
+    fd, direct = _open_verified(path, cold, identity)
     try:
         done, end = 0, _page_round(nbytes)
         while done < nbytes:
             n = os.readv(fd, [buf[done:end]])
             if n == 0:
-                raise OSError(f"{path}: ended after {done} of {nbytes} bytes")
+                raise PackageError(f"{path}: ended after {done} of {nbytes} bytes (truncated "
+                                   "since the package was verified); load the package again")
             done += n
         if cold and not direct and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
