@@ -57,13 +57,23 @@ def format_size(n: int) -> str:
     return f"{n} B"
 
 
+def format_sizes(*sizes: int) -> list[str]:
+    """Each size as format_size writes it, or in bytes when two different sizes would read
+    the same ("45.5 MiB is smaller than 45.5 MiB" says nothing)."""
+    shown = [format_size(n) for n in sizes]
+    if len(set(shown)) < len(set(sizes)):
+        return [f"{n:,} bytes" for n in sizes]
+    return shown
+
+
 def check_budget(sizes: dict[str, int], budget: int | None) -> None:
     """Refuse, before anything runs, a budget that cannot hold the largest block."""
     key = max(sizes, key=sizes.get)
     if budget is not None and budget < sizes[key]:
+        shown_budget, shown_block = format_sizes(budget, sizes[key])
         raise BudgetError(
-            f"memory budget {format_size(budget)} is smaller than block {key} "
-            f"({format_size(sizes[key])}); the smallest budget that works is "
+            f"memory budget {shown_budget} is smaller than block {key} "
+            f"({shown_block}); the smallest budget that works is "
             f"{format_size(sizes[key])} ({sizes[key]} bytes)")
 
 

@@ -406,6 +406,20 @@ def test_a_fifo_where_a_shard_should_be_is_named_not_read(wan_source, tmp_path, 
     assert f"{shard}: is a FIFO (named pipe), not a file" in res.output
 
 
+@pytest.mark.parametrize("name, data, message", [
+    ("tokenizer/tokenizer_config.json", b'{"x": "\xff"}', "not UTF-8 text (invalid start byte "
+     "at byte 7)"),
+    ("tokenizer/tokenizer_config.json", b"{", "not JSON"),
+    ("transformer/config.json", b"[1]", "must be a JSON object"),
+])
+def test_every_json_file_of_a_component_is_named_when_unreadable(wan_source, tmp_path, name,
+                                                                 data, message, never_loads_wan):
+    folder = tmp_path / "wan"
+    shutil.copytree(wan_source, folder)
+    (folder / name).write_bytes(data)
+    refused(["export", "--model", str(folder), "--dry-run"], f"{folder / name}: {message}")
+
+
 def test_a_shard_header_is_read_only_from_a_regular_file(tmp_path):
     from edge.lazy_weights import ShardError, read_header
 
@@ -635,3 +649,16 @@ def test_generate_called_from_its_own_callback_raises_instead_of_hanging(exporte
 
     pipe.generate("x", steps=2, on_step=again)
     assert inner  # the callback ran and the outer generation finished
+
+
+def test_a_budget_just_below_the_block_shows_the_difference():
+    """Sizes that differ but would print alike are shown in bytes."""
+    from edge.budget import BudgetError, check_budget
+
+    block = int(45.5 * 2**20)
+    with pytest.raises(BudgetError, match=r"memory budget 47,710,207 bytes is smaller than "
+                                          r"block b \(47,710,208 bytes\)"):
+        check_budget({"b": block}, block - 1)
+    with pytest.raises(BudgetError, match=r"memory budget 40\.0 MiB is smaller than block b "
+                                          r"\(45\.5 MiB\)"):
+        check_budget({"b": block}, 40 << 20)

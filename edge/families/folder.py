@@ -23,8 +23,10 @@ def read_json(path: Path) -> dict:
         raise FamilyError(f"{path}: {kind}" if kind == "missing" or kind.startswith("unreadable")
                           else f"{path}: is {kind}, not a JSON file")
     try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise FamilyError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except (json.JSONDecodeError, RecursionError) as err:
         raise FamilyError(f"{path}: not JSON ({err})") from None
     if not isinstance(value, dict):
         raise FamilyError(f"{path}: must be a JSON object")
@@ -42,19 +44,22 @@ def check_component_folders(folder: Path, components: tuple[str, ...]) -> dict:
         if kind != "a folder":
             raise FamilyError(f"{folder / name}: {kind if kind == 'missing' else 'is ' + kind}"
                               f" (model_index.json lists {name!r} as a component folder)")
-        check_plain_files(folder / name)
+        check_component_files(folder / name)
     return index
 
 
-def check_plain_files(component: Path) -> None:
+def check_component_files(component: Path) -> None:
     """Every entry of a component folder is a file or a folder: diffusers opens whatever
     weights and configs it finds there, and a FIFO would block that read for ever (a device
-    or a socket is no file either)."""
+    or a socket is no file either). Its JSON files (configs, tokenizer files) are read here
+    first, so one that is not UTF-8 JSON is named, not reported by a library without it."""
     for entry in sorted(component.iterdir()):
         kind = kind_of(entry)
         if kind not in ("a file", "a folder"):
             raise FamilyError(f"{entry}: is {kind}, not a file; a model folder holds files "
                               "and folders only")
+        if kind == "a file" and entry.suffix == ".json":
+            read_json(entry)
 
 
 def number_field(cfg: dict, key: str, default: float, path: Path) -> float:
