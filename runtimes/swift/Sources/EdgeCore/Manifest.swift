@@ -218,6 +218,11 @@ public enum ManifestReader {
         if let clean = m.tokenizer.clean, !["none", "wan"].contains(clean) {
             throw ManifestError.invalid("manifest.json tokenizer: clean \(clean); known: none, wan")
         }
+        // the latents are allocated from this shape: positive sides, at most 2^31 floats
+        guard m.latentShape.count >= 3, m.latentShape.allSatisfy({ $0 >= 1 }),
+              checkedCount(m.latentShape, width: 4, limit: 1 << 33) != nil else {
+            throw ManifestError.invalid("manifest.json: latent_shape \(m.latentShape) is no latent shape (positive sides, at most 2^31 values)")
+        }
         try checkLayout(m)
         try checkDecode(m)
         for comp in m.components {

@@ -23,6 +23,8 @@ public enum SettingsError: Error, CustomStringConvertible {
 /// The manifest's `sampler` object (fields of SamplerSettings in edge/sampler.py).
 public struct SamplerSettings: Codable, Equatable {
     public var steps = 30
+    public static let maxSteps = 10_000               // edge/options.py MAX_STEPS
+    public static let maxTrainTimesteps = 1_000_000   // edge/options.py MAX_TRAIN_TIMESTEPS
     public var guidance = 5.0
     public var dynamicGuidance = false   // CogVideoX's use_dynamic_cfg (cogvideox_ddim only)
     public var guidanceRescale = 0.0     // LTXPipeline's guidance_rescale, 0 (off) to 1
@@ -91,6 +93,11 @@ public struct SamplerSettings: Codable, Equatable {
         // the registry's refusal (Schedulers.swift), the message SamplerSettings gives
         let named = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
+        // edge/options.py's bounds: a count from a file never sizes an allocation unchecked
+        for (name, value, most) in [("steps", steps, Self.maxSteps), ("leap_steps", leapSteps, Self.maxSteps),
+                                    ("num_train_timesteps", numTrainTimesteps, Self.maxTrainTimesteps)] where value > most {
+            throw bad(name, value, "more than \(most)")
+        }
         if dynamicGuidance && !type(of: named).takesDynamicGuidance {
             let takers = schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name).joined(separator: ", ")
             // "True": the value as Python's repr() writes it, for SamplerSettings' own message

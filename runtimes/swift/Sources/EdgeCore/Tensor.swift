@@ -1,5 +1,21 @@
 import Foundation
 
+/// The values a `shape` holds, each `width` bytes, when that many bytes can be: every
+/// dimension non-negative and the product (in bytes) within `limit`, reached without
+/// overflowing. Shapes read from files (bundles, .npy, manifests) go through this before any
+/// allocation: `[2^40, 2^40, 2^40]` is refused, not a crash.
+public func checkedCount(_ shape: [Int], width: Int = 1, limit: Int = Int.max) -> Int? {
+    var count = 1
+    for dimension in shape {
+        guard dimension >= 0 else { return nil }
+        let (product, overflow) = count.multipliedReportingOverflow(by: dimension)
+        guard !overflow else { return nil }
+        count = product
+    }
+    let (bytes, overflow) = count.multipliedReportingOverflow(by: width)
+    return overflow || bytes > limit ? nil : count
+}
+
 /// A dense float32 array in row-major order: what blocks exchange and the sampler steps.
 public struct Tensor: Equatable {
     public var shape: [Int]

@@ -92,7 +92,8 @@ public struct ConformanceBundle {
         }
         // the arrays: as large as recorded and the same bytes, before any is read
         let entry = try field("tensors", [String: Any].self)
-        let path = folder.appendingPathComponent(entry["path"] as? String ?? "tensors.bin")
+        let path = try PackageFiles.resolve(folder, entry["path"] as? String ?? "tensors.bin",
+                                            "\(json.path): tensors.path", folderKind: "bundle")
         guard let size = (try? FileManager.default.attributesOfItem(atPath: path.path))?[.size] as? Int else {
             throw RuntimeError.package("\(path.path): missing; the bundle's arrays are not there")
         }
@@ -106,10 +107,12 @@ public struct ConformanceBundle {
         let sizes = ["float32": 4, "int32": 4, "uint8": 1]
         func inside(_ r: Ref, _ where: String) throws {
             guard let width = sizes[r.dtype] else { throw bad("\(`where`): dtype \(r.dtype)") }
-            let end = r.offset + r.shape.reduce(1, *) * width
-            guard r.offset >= 0, r.shape.allSatisfy({ $0 >= 0 }), end <= tensors.count else {
-                throw bad("\(`where`): bytes \(r.offset)..\(end) lie outside tensors.bin (\(tensors.count) bytes)")
+            // overflow-safe: a shape's byte count is bounded by the file before any use
+            guard r.offset >= 0, r.offset <= tensors.count,
+                  let count = checkedCount(r.shape, width: width, limit: tensors.count - r.offset) else {
+                throw bad("\(`where`): shape \(r.shape) of \(r.dtype) at byte \(r.offset) lies outside tensors.bin (\(tensors.count) bytes)")
             }
+            _ = count
         }
         try inside(latents, "latents")
         try inside(frames, "frames")

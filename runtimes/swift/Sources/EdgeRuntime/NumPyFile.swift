@@ -45,10 +45,11 @@ public enum NumPyFile {
         }
         let shape = header[open.upperBound..<close].split(separator: ",")
             .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }.compactMap { Int($0) }
-        let count = shape.reduce(1, *), width = descr == "<f4" ? 4 : 8
+        let width = descr == "<f4" ? 4 : 8
         let start = headerStart + length
-        guard bytes.count - start == count * width else {
-            throw bad("\(bytes.count - start) bytes of data for shape \(shape) (\(count * width) expected)")
+        guard let count = checkedCount(shape, width: width, limit: bytes.count - start),
+              bytes.count - start == count * width else {
+            throw bad("\(bytes.count - start) bytes of data do not hold shape \(shape) of \(descr)")
         }
         let values: [Float] = data.withUnsafeBytes { raw in
             (0..<count).map { i in

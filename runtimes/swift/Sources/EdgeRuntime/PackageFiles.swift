@@ -40,13 +40,20 @@ public enum PackageFiles {
     /// Files the operating system leaves in folders; never part of a package.
     static let noise: Set<String> = [".DS_Store", "Thumbs.db", "desktop.ini"]
 
-    /// `root/relative`, refusing absolute paths and `..` (where: the manifest field).
-    public static func resolve(_ root: URL, _ relative: String, _ where: String) throws -> URL {
+    /// `root/relative`, refusing absolute paths, `..` and a path whose symbolic links lead
+    /// out of `root` (where: the field naming it; folderKind: "package" or "bundle").
+    public static func resolve(_ root: URL, _ relative: String, _ where: String,
+                               folderKind: String = "package") throws -> URL {
         let parts = relative.split(separator: "/", omittingEmptySubsequences: false)
-        if relative.isEmpty || relative.hasPrefix("/") || parts.contains("..") {
-            throw RuntimeError.package("\(`where`): file path \(relative) escapes the package folder")
+        let escapes = RuntimeError.package("\(`where`): file path \(relative) escapes the \(folderKind) folder")
+        if relative.isEmpty || relative.hasPrefix("/") || parts.contains("..") || relative.contains("\0") {
+            throw escapes
         }
-        return root.appendingPathComponent(relative)
+        let url = root.appendingPathComponent(relative)
+        let real = url.resolvingSymlinksInPath().standardizedFileURL.path
+        let top = root.resolvingSymlinksInPath().standardizedFileURL.path
+        guard real == top || real.hasPrefix(top.hasSuffix("/") ? top : top + "/") else { throw escapes }
+        return url
     }
 
     /// Verify every listed file; returns each file's identity (by absolute path) at

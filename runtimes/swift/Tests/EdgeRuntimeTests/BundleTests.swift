@@ -274,6 +274,57 @@ final class BundleTests: ScratchTestCase {
         }
     }
 
+    /// Every path a bundle names stays inside it: `tensors.path` leading up and out, an
+    /// absolute one, or a tensors.bin that is a link to a file elsewhere are refused before
+    /// anything is read.
+    func testABundleReadsNoFileOutsideItself() throws {
+        for path in ["../../OTHER/tensors.bin", "/etc/shadow", "../seed/tensors.bin"] {
+            try assertRefused(path, ["tensors.path", path, "escapes the bundle folder"]) {
+                _ = try edited { body in
+                    var entry = body["tensors"] as! [String: Any]
+                    entry["path"] = path
+                    body["tensors"] = entry
+                }
+            }
+        }
+        let copy = try copyOfBundle("seed")
+        let outside = scratch.appendingPathComponent("outside-\(UUID().uuidString).bin")
+        let tensors = copy.appendingPathComponent("tensors.bin")
+        try FileManager.default.moveItem(at: tensors, to: outside)
+        try FileManager.default.createSymbolicLink(at: tensors, withDestinationURL: outside)
+        try assertRefused("a link out", ["tensors.bin", "escapes the bundle folder"]) {
+            _ = try ConformanceBundle(contentsOf: copy)
+        }
+    }
+
+    /// Sizes and counts from bundle.json are bounded, with overflow-safe arithmetic, before
+    /// any allocation: a shape of 2^120 values is refused, not a crash; 10^9 steps are refused
+    /// before a step is planned.
+    func testHugeShapesAndCountsAreRefusedBeforeAnyAllocation() throws {
+        try assertRefused("huge shape", ["latents", "outside tensors.bin"]) {
+            _ = try edited { body in
+                var latents = body["latents"] as! [String: Any]
+                latents["shape"] = [1 << 40, 1 << 40, 1 << 40, 1, 1]
+                body["latents"] = latents
+            }
+        }
+        let package = try wanFolder().appendingPathComponent("package")
+        let many = try edited { body in
+            var settings = body["settings"] as! [String: Any]
+            settings["steps"] = 1_000_000_000
+            body["settings"] = settings
+        }
+        let replay = BundleReplay(many)
+        try assertRefused("steps", ["steps=1000000000", "more than 10000"]) {
+            _ = try EdgePipeline(package: package, backend: replay).run(many)
+        }
+        XCTAssertEqual(replay.next, 0, "no block call before the refusal")
+        XCTAssertNil(checkedCount([1 << 40, 1 << 40, 1 << 40]))
+        XCTAssertNil(checkedCount([3, -1]))
+        XCTAssertEqual(checkedCount([2, 3, 4], width: 4, limit: 96), 24)
+        XCTAssertNil(checkedCount([2, 3, 4], width: 4, limit: 95))
+    }
+
     /// What the Python side refuses of a Wan manifest, the Swift runtime refuses too.
     func testRefusesWhatThePythonSideRefusesOfAWanManifest() throws {
         let cases = try assertRefusesWhatPythonRefuses(wanFolder().appendingPathComponent("bad_manifests.json"))
