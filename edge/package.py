@@ -268,6 +268,22 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ER
                  errno.EXDEV}
 
 
+_ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]|Os \{ code: (\d+)")
+
+
+def os_error_within(err: BaseException) -> OSError | None:
+    """The operating-system error behind `err`: itself when it is one with an errno, else
+    the errno in the text libraries wrap it in (shutil.Error's list of failed copies,
+    safetensors' Rust `Os { code: N }`): a full disk is a full disk whoever writes."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return err
+    found = _ERRNO_IN_TEXT.search(str(err))
+    if found is None:
+        return None
+    code = int(found.group(1) or found.group(2))
+    return OSError(code, os.strerror(code))
+
+
 def _write_error(dest: Path, err: OSError) -> PackageWriteError:
     what = errno.errorcode.get(err.errno or 0, "")
     where = f" ({err.filename})" if err.filename else ""
@@ -505,10 +521,11 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
             yield tmp
             with _signals_deferred():
                 _commit(tmp, dest)
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001  (a library's wrapped OSError too)
         _remove(tmp)
-        if err.errno in _WRITE_ERRNOS:
-            raise _write_error(dest, err) from err
+        cause = os_error_within(err)
+        if cause is not None and cause.errno in _WRITE_ERRNOS:
+            raise _write_error(dest, cause) from err
         raise
     except BaseException:
         _remove(tmp)

@@ -325,3 +325,21 @@ def test_leftovers_of_killed_writers_are_cleaned_and_named(tmp_path):
     finally:
         alive.kill()
         alive.wait(timeout=30)
+
+
+@pytest.mark.parametrize("wrapped", [
+    shutil.Error([("a", "b", "[Errno 28] No space left on device")]),      # copytree (iphone)
+    RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                 'message: "No space left on device" })'),                    # safetensors
+], ids=["shutil", "safetensors"])
+def test_a_full_disk_is_the_clean_error_whichever_library_wrote(tmp_path, wrapped):
+    """Libraries wrap the system's error in their own (a list of failed copies, a Rust io
+    error): a full disk is still named as one, nothing left behind."""
+    dest = tmp_path / "pkg"
+    before = old_package(dest)
+    with pytest.raises(PackageWriteError, match=r"No space left on device \[ENOSPC\]"):
+        with atomic_directory(dest) as tmp:
+            (tmp / "a.bin").write_bytes(b"x")
+            raise wrapped
+    assert snapshot(dest) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
