@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from edge.files import EdgeNotice
+
 
 def load_tokenizer(tokenizer_json: str | Path, max_tokens: int,
                    pad_token: str = "[PAD]") -> Tokenizer:
@@ -37,8 +39,9 @@ def clean_prompt(text: str, kind: str) -> str:
     return text
 
 
-class PromptTruncatedWarning(UserWarning):
-    """A caption longer than the model reads; only its beginning is used."""
+class PromptTruncatedWarning(EdgeNotice):
+    """A caption longer than the model reads; only its beginning is used (the command line
+    prints it as a note)."""
 
 
 def tokenize(tok: Tokenizer, captions: list[str]) -> tuple[np.ndarray, np.ndarray]:

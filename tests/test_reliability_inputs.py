@@ -662,3 +662,15 @@ def test_a_budget_just_below_the_block_shows_the_difference():
     with pytest.raises(BudgetError, match=r"memory budget 40\.0 MiB is smaller than block b "
                                           r"\(45\.5 MiB\)"):
         check_budget({"b": block}, 40 << 20)
+
+
+def test_notes_print_on_lines_of_their_own_above_the_progress_bar(exported_package, tmp_path):
+    """A prompt longer than the model reads is said as a note, on its own line (not inside
+    the progress bar's), and the video is still written."""
+    out = tmp_path / "x.gif"
+    res = runner.invoke(app, ["generate", str(exported_package[0]),
+                              "a red circle moving left " * 6, "--steps", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.output.splitlines() if "note: prompt" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: prompt"), res.output
+    assert "is ignored" in notes[0] and out.is_file()

@@ -7,6 +7,7 @@ commands."""
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Annotated
 import typer
 
 from edge.console import echo, fail
+from edge.files import printable
 from edge.manifest_schema import MANIFEST
 
 WeightsOption = Annotated[Path | None, typer.Option(
@@ -196,7 +198,10 @@ def notices_as_notes(function: Callable) -> Callable:
 
             def show(message, category, filename, lineno, file=None, line=None):
                 if issubclass(category, EdgeNotice):
-                    echo(f"note: {message}", err=True)
+                    from tqdm import tqdm
+
+                    # above a running progress bar, on a line of its own, not inside it
+                    tqdm.write(printable(f"note: {message}"), file=sys.stderr)
                 else:
                     shown(message, category, filename, lineno, file, line)
 
