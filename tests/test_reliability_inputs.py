@@ -526,7 +526,7 @@ def test_an_error_during_generation_starts_a_new_line(tmp_path, monkeypatch, pip
     import edge.commands.common as common
 
     class Failing:
-        sampler = pipeline.sampler
+        sampler, frame_size = pipeline.sampler, pipeline.frame_size
 
         def generate(self, text, on_step, **kw):
             on_step(1, 3)
