@@ -117,6 +117,36 @@ def frame_size(manifest: dict) -> tuple[int, int]:
     return int(last[-2]), int(last[-1])
 
 
+def check_texts(prompt: str, negative_prompt: str | None) -> None:
+    """The prompt and the negative prompt are valid Unicode text, before anything loads."""
+    from edge.options import check_prompts
+
+    try:
+        check_prompts(prompt)
+        if negative_prompt is not None:
+            check_prompts(negative_prompt, "--negative-prompt")
+    except ValueError as err:
+        fail(str(err))
+
+
+def manifest_before_loading(package: Path, output: Path) -> dict:
+    """A package's manifest read for the options to be checked against (structure only, no
+    file hashed), with `-o` refused inside the package."""
+    manifest = read_package_manifest(package)
+    check_outside_package(output, package, "-o")
+    return manifest
+
+
+def checked_settings(defaults, overrides: dict):
+    """`defaults` with the command line's sampler options, each refused by name."""
+    from edge.options import with_overrides
+
+    try:
+        return with_overrides(defaults, overrides)
+    except ValueError as err:
+        fail(str(err))
+
+
 def check_outside_package(path: Path, package: Path, option: str) -> None:
     """Refuse, before any work, a destination inside the package (a file there would be one
     its manifest does not list)."""

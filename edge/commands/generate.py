@@ -53,8 +53,7 @@ def generate(
     from tqdm import tqdm
 
     from edge.files import OutputError, check_output_file
-    from edge.options import check_prompts, with_overrides
-    from edge.video import FORMATS, check_scale, write_video
+    from edge.video import FORMATS, write_video
 
     # every option and the destination before anything is loaded or computed
     if output.suffix.lower() not in FORMATS:
@@ -65,12 +64,10 @@ def generate(
     if package is None and negative_prompt is not None:
         fail("--negative-prompt applies to exported packages: give the package folder first")
     budget = common.budget_option(memory_budget)
+    common.check_texts(text, negative_prompt)
     try:
-        check_prompts(text)
-        if negative_prompt is not None:
-            check_prompts(negative_prompt, "--negative-prompt")
         check_output_file(output, "-o")
-    except (ValueError, OutputError) as err:
+    except OutputError as err:
         fail(str(err))
     overrides = common.sampler_overrides(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
@@ -78,26 +75,19 @@ def generate(
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
         dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
     if package:  # the manifest alone (no file hashed yet) says what the options must fit
-        manifest = common.read_package_manifest(package)
-        common.check_outside_package(output, package, "-o")
+        manifest = common.manifest_before_loading(package, output)
         defaults, frame = common.package_sampler(manifest), common.frame_size(manifest)
     else:
         from edge.models.tiny_sora import DEFAULT_WEIGHTS, load_sampler
 
         defaults, frame = load_sampler(weights or DEFAULT_WEIGHTS), None
-    try:
-        total = with_overrides(defaults, overrides).steps
-        if frame is not None:
-            check_scale(frame, scale)
-    except ValueError as err:
-        fail(str(err))
+    total = common.checked_settings(defaults, overrides).steps
+    if frame is not None:
+        _check_scale(frame, scale)
     pipe = (common.load_runtime(package, budget) if package
             else common.load_reference_pipeline(weights))
-    if frame is None:
-        try:
-            check_scale(pipe.frame_size, scale)
-        except ValueError as err:
-            fail(str(err))
+    if frame is None:  # the reference's frame size is known once it is loaded (cheaply)
+        _check_scale(pipe.frame_size, scale)
     started = time.perf_counter()
     with tqdm(total=total, desc="denoising", unit="step") as bar:
         try:
@@ -118,3 +108,12 @@ def generate(
          f"transformer pairs run, {trace['merged_calls']} merged (TDTM), {leaped}")
     if package:
         common.print_run_figures(pipe.last_run)
+
+
+def _check_scale(frame: tuple[int, int], scale: int) -> None:
+    from edge.video import check_scale
+
+    try:
+        check_scale(frame, scale)
+    except ValueError as err:
+        fail(str(err))

@@ -27,7 +27,7 @@ from edge.commands import common
 from edge.console import echo, fail
 from edge.manifest_schema import MANIFEST
 from edge.noise import MAX_SEED, check_noise, torch_randn_draws
-from edge.options import check_prompts, decode_values, with_overrides
+from edge.options import decode_values, with_overrides
 from edge.package import PackageError, atomic_directory, read_package
 from edge.sampler import SamplerSettings, initial_noise
 
@@ -258,15 +258,9 @@ def record(
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
         dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
     # the manifest alone (no file hashed yet) says what the options must fit
-    manifest = common.read_package_manifest(package)
-    common.check_outside_package(output, package, "-o")
-    try:
-        check_prompts(prompt)
-        if negative_prompt is not None:
-            check_prompts(negative_prompt, "--negative-prompt")
-        with_overrides(common.package_sampler(manifest), overrides)
-    except ValueError as err:
-        fail(str(err))
+    manifest = common.manifest_before_loading(package, output)
+    common.check_texts(prompt, negative_prompt)
+    common.checked_settings(common.package_sampler(manifest), overrides)
     started = time.perf_counter()
     try:
         info = record_bundle(package, prompt, output, seed=seed or 0, latents=noise,
