@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edge import shapes_only
 from edge.files import kind_of
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -219,6 +220,9 @@ def materialized(module: nn.Module) -> Iterator[nn.Module]:
     refers to it. Nested or repeated on parameters already read, it reads nothing."""
     swapped: list[tuple[dict, str, nn.Parameter]] = []
     read: dict[int, nn.Parameter] = {}  # a tied parameter is read once
+    if shapes_only.active():  # a plan: the meta parameters' shapes are all it needs
+        yield module
+        return
     try:
         for sub in module.modules():
             for attr, p in sub._parameters.items():

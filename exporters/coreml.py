@@ -58,6 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from edge.attention import chunked_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's names too)
@@ -199,8 +200,9 @@ def convert_module(module: nn.Module, block: Block, setting: Compression,
     # coremltools draws its own progress bars per conversion pass; the export shows one bar
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        program = drop_aliases(torch.export.export(module.eval(), example)
-                               .run_decompositions({}))
+        with chunked_attention():  # no program holds a whole attention score matrix
+            program = drop_aliases(torch.export.export(module.eval(), example)
+                                   .run_decompositions({}))
         try:
             model = ct.convert(
                 program, convert_to="mlprogram",

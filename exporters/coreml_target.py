@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from edge.attention import score_limit, score_limit_for_budget
 from edge.budget import format_size
 from edge.exporters import (
     ExportOptionError,
@@ -107,10 +108,11 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     from edge.exporters.coreml_check import end_to_end_check
 
     quantize = options.quantize or "fp16"
-    return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
-                         components=prepared.components, on_block=progress.on_block,
-                         validate_end_to_end=end_to_end_check(model, quantize),
-                         plan=prepared.manifest_plan)
+    with score_limit(score_limit_for_budget(options.memory_budget)):
+        return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
+                             components=prepared.components, on_block=progress.on_block,
+                             validate_end_to_end=end_to_end_check(model, quantize),
+                             plan=prepared.manifest_plan)
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:

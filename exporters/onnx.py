@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
+from edge.attention import chunked_attention
 from edge.blocks import Block, torch_block_opener
 from edge.exporters import ExportValidationError
 from edge.exporters.package_head import manifest_head
@@ -70,7 +72,45 @@ class WeightsAsInputs(nn.Module):
         return torch.func.functional_call(self.block, weights, args[:self.n_inputs])
 
 
-def export_graph(block: Block, path: Path) -> None:
+def _multi_head_attention_schema() -> onnx.defs.OpSchema:
+    """The part of onnxruntime's MultiHeadAttention schema edge uses (onnx carries no schema
+    of onnxruntime's own operators, and onnxscript needs one to emit a node)."""
+    from onnx.defs import OpSchema
+
+    tensor = OpSchema.FormalParameter
+    return OpSchema(
+        "MultiHeadAttention", "com.microsoft", 1,
+        inputs=[tensor("query", "T"), tensor("key", "T"), tensor("value", "T")],
+        outputs=[tensor("output", "T")],
+        type_constraints=[("T", ["tensor(float)"], "float")],
+        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "heads"),
+                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "scale")])
+
+
+def _multi_head_attention(q, k, v, heads: int, scale: float):
+    """edge::attention as onnxruntime's MultiHeadAttention (com.microsoft): query, key and
+    value as (batch, tokens, heads × head dim), the layout in which its CPU kernel runs flash
+    attention (measured: 16 384 tokens, 4 heads in a 239 MB peak against 4.5 GB for the
+    written-out softmax). Back to (batch, heads, tokens, head dim) after."""
+    from onnxscript import opset18 as op
+    from onnxscript.values import Op, Opset
+
+    multi_head_attention = Op(Opset("com.microsoft", 1), "MultiHeadAttention",
+                              _multi_head_attention_schema())
+
+    def tokens_first(x):  # (B, H, S, d) -> (B, S, H*d); 0 keeps a (dynamic) dimension
+        return op.Reshape(op.Transpose(x, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
+
+    out = multi_head_attention(tokens_first(q), tokens_first(k), tokens_first(v),
+                               num_heads=heads, scale=scale)
+    out = op.Reshape(out, op.Constant(value_ints=[0, 0, heads, -1]))
+    return op.Transpose(out, perm=[0, 2, 1, 3])
+
+
+def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None:
+    """The block as an ONNX graph, weights as inputs after the activations. Its attention
+    never holds a whole score matrix: onnxruntime's fused MultiHeadAttention where it has no
+    mask (`fused_attention`), query chunks elsewhere (edge/attention.py)."""
     weights = tuple(block.parameters().values())
     batch = torch.export.Dim("batch", min=1)
     shapes = [{0: batch} if d else None for d in block.dynamic_batch] + [None] * len(weights)
@@ -81,11 +121,14 @@ def export_graph(block: Block, path: Path) -> None:
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(WeightsAsInputs(block), block.example + weights, str(path),
-                          input_names=block.inputs + list(block.parameters()),
-                          output_names=[graph_output(n) for n in block.outputs],
-                          dynamic_shapes=(tuple(shapes),),
-                          dynamo=True, external_data=False, verbose=False)
+        with chunked_attention(fused=fused_attention):
+            torch.onnx.export(WeightsAsInputs(block), block.example + weights, str(path),
+                              input_names=block.inputs + list(block.parameters()),
+                              output_names=[graph_output(n) for n in block.outputs],
+                              dynamic_shapes=(tuple(shapes),),
+                              dynamo=True, external_data=False, verbose=False,
+                              custom_translation_table={
+                                  torch.ops.edge.attention.default: _multi_head_attention})
 
 
 def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list[bool]):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
+from edge.attention import score_limit, score_limit_for_budget
 from edge.budget import format_size
 from edge.exporters import ExportOptions, Prepared, Progress, refuse_others
 from edge.family_model import FamilyModel
@@ -38,12 +39,13 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
            progress: Progress) -> dict:
     from edge.exporters.onnx import end_to_end_check, export_onnx
 
-    return export_onnx(model, dest, components=prepared.components,
-                       on_block=progress.on_block, plan=prepared.manifest_plan,
-                       validate_end_to_end=end_to_end_check(
-                           model, on_step=progress.on_check_step,
-                           memory_budget=options.memory_budget,
-                           components=prepared.components))
+    with score_limit(score_limit_for_budget(options.memory_budget)):
+        return export_onnx(model, dest, components=prepared.components,
+                           on_block=progress.on_block, plan=prepared.manifest_plan,
+                           validate_end_to_end=end_to_end_check(
+                               model, on_step=progress.on_check_step,
+                               memory_budget=options.memory_budget,
+                               components=prepared.components))
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:

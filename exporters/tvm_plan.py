@@ -28,6 +28,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
+from edge.attention import chunked_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.tvm_passes import fold_constant_calls, int32_take_indices
@@ -81,7 +82,8 @@ _UNSUPPORTED = re.compile(r"Unsupported function types? \[(.*)\]")
 def import_block(block: Block) -> tvm.IRModule:
     """The block as a relax module `main(*inputs, *weights)` with static shapes; an op the
     relax frontend does not take is refused naming the block and the op."""
-    with plain_attention(), torch.no_grad():
+    # written out first, then chunked: the chunks are written-out attention
+    with plain_attention(), chunked_attention(), torch.no_grad():
         program = torch.export.export(block.module.eval(), web_example(block))
     try:
         mod = from_exported_program(program, keep_params_as_input=True)

@@ -103,7 +103,9 @@ def export_wasm_graph(block: Block, module: torch.nn.Module, root: Path, name: s
     static = replace(block, module=module, example=web_example(block), variants={},
                      dynamic_batch=[False] * len(block.inputs))
     path = root / "graphs" / block.component / f"{name}.onnx"
-    export_graph(static, path)
+    # onnxruntime-web's wasm path is not known to run com.microsoft's fused attention:
+    # its graphs chunk every attention
+    export_graph(static, path, fused_attention=False)
     error = validate_block(static, path, static.run(*static.example))
     if not error <= BLOCK_TOLERANCE:
         raise ExportValidationError(f"block {what}: the wasm path's ONNX graph differs from "

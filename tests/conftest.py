@@ -58,6 +58,18 @@ def coreml_package(tmp_path_factory, tiny_sora):
 
 WAN_SIZE = {"height": 32, "width": 48, "frames": 9}
 
+# The families' shared test exports trace attention in query chunks of 16 rows (2 KiB of
+# scores per video is below every tiny model's rows, so the least rows decide): each
+# family's graphs on every target then hold the chunked attention a real-size export has,
+# and the end-to-end checks against diffusers' pipelines hold for it (edge/attention.py)
+TEST_CHUNK_ROWS = 16
+
+
+def chunked_attention_for_tests():
+    from edge.attention import score_limit
+
+    return score_limit(2048, min_rows=TEST_CHUNK_ROWS)
+
 
 @pytest.fixture(scope="session")
 def wan_folder(tmp_path_factory):
@@ -121,7 +133,8 @@ def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
     from edge.exporters.onnx import export_onnx
 
     root = tmp_path_factory.mktemp(name)
-    return {k: (root / k, export_onnx(m, root / k)) for k, m in models.items()}
+    with chunked_attention_for_tests():
+        return {k: (root / k, export_onnx(m, root / k)) for k, m in models.items()}
 
 
 @pytest.fixture(scope="session")
@@ -154,7 +167,8 @@ def iphone_export(model, root):
     from edge.exporters.coreml import export_coreml
     from edge.exporters.coreml_check import end_to_end_check
 
-    return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
+    with chunked_attention_for_tests():
+        return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
 
 
 # CogVideoX's and LTX-Video's tests' size: 17 frames are 5 latent frames (both VAEs are 4x in

@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import FAMILY_SIZE, LTX_OPTIONS, WAN22_SIZE, WAN_SIZE
+from conftest import FAMILY_SIZE, LTX_OPTIONS, TEST_CHUNK_ROWS, WAN22_SIZE, WAN_SIZE
+from graph_shapes import attention_ops, softmax_rows
 
 from edge.commands.common import frame_size
 from edge.families import (
@@ -183,6 +184,21 @@ def test_package_fields_are_the_models(request, case):
     assert exported_options(manifest) == manifest["video"]
     assert max(b["validation"]["max_abs_error"] for c in manifest["components"]
                for b in c["blocks"]) <= 1e-4
+
+
+@pytest.mark.parametrize("case", DIFFUSERS)
+def test_no_graph_holds_a_whole_attention_score_matrix(request, case):
+    """The shared test exports trace attention in chunks of TEST_CHUNK_ROWS query rows
+    (conftest.py): every softmax of every graph takes at most that many rows, every
+    transformer block attends (fused or chunked), and the package reproduces its pipeline
+    all the same (test_package_reproduces_the_pipeline, on these very packages)."""
+    root, manifest = package_of(request, case)
+    graphs = sorted(root.glob("graphs/**/*.onnx"))
+    rows = [r for g in graphs for r in softmax_rows(g)]
+    assert max(rows, default=0) <= TEST_CHUNK_ROWS, case
+    blocks = [root / b["graph"] for c in manifest["components"] if c["name"] == "transformer"
+              for b in c["blocks"] if b["name"].startswith("block")]
+    assert blocks and all(attention_ops(g) for g in blocks), case
 
 
 # the steps each family's package is checked against its pipeline at

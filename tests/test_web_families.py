@@ -23,6 +23,8 @@ from browser import (  # noqa: E402  (after the skips)
     served_page,
     skip_without_webgpu,
 )
+from conftest import TEST_CHUNK_ROWS, chunked_attention_for_tests  # noqa: E402
+from graph_shapes import softmax_rows  # noqa: E402
 
 pytestmark = pytest.mark.slow  # web exports and headless chromium
 
@@ -46,13 +48,14 @@ def exported(request, tmp_path_factory):
     model = request.getfixturevalue(f"{family}_models")[key]
     twin = request.getfixturevalue(f"{family}_packages")[key][0]
     root = tmp_path_factory.mktemp(request.param) / "web"
-    return model, root, export_web(model, root, bundle_ort=ORT_DIST), twin
+    with chunked_attention_for_tests():
+        return model, root, export_web(model, root, bundle_ort=ORT_DIST), twin
 
 
 def test_export_checks_every_plan_and_graph(exported):
     from edge.exporters.web import BLOCK_TOLERANCE
 
-    model, _, manifest, _ = exported
+    model, root, manifest, _ = exported
     records = [r for c in manifest["components"] for b in c["blocks"]
                for r in (b, *b.get("variants", {}).values())]
     for r in records:
@@ -62,6 +65,9 @@ def test_export_checks_every_plan_and_graph(exported):
     assert all(set(b["variants"]) == {"tdtm"} for b in transformer["blocks"][1:-1])
     decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
     assert ("chunked" in decoder) == ("vae_decoder" in model.chunked)
+    # the wasm path's graphs chunk every attention (conftest.py's rows), none fused
+    wasm_rows = [r for g in root.glob("graphs/**/*.onnx") for r in softmax_rows(g)]
+    assert wasm_rows and max(wasm_rows) <= TEST_CHUNK_ROWS
 
 
 def decode_noise(model, seed: int) -> tuple[np.ndarray | None, dict]:

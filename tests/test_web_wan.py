@@ -21,6 +21,7 @@ from browser import (  # noqa: E402  (after the skips)
     served_page,
     skip_without_webgpu,
 )
+from conftest import chunked_attention_for_tests  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless chromium, a Wan export
 
@@ -41,7 +42,8 @@ def wan_web_package(tmp_path_factory, wan_model):
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
     root = tmp_path_factory.mktemp("wan-web") / "pkg"
-    return root, export_web(wan_model, root, bundle_ort=ORT_DIST)
+    with chunked_attention_for_tests():
+        return root, export_web(wan_model, root, bundle_ort=ORT_DIST)
 
 
 @pytest.fixture(scope="module")

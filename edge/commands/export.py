@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Annotated
@@ -85,6 +86,7 @@ def export(
         family_of,
         load_model,
     )
+    from edge.shapes_only import shapes_only
 
     # the export options the families declare are this command's options of the same names;
     # those given go to the family
@@ -112,7 +114,10 @@ def export(
         family_model = load_model(model, **family_options)
         for note in getattr(family_model, "notes", []):
             echo(note)
-        prepared = exporter.prepare(family_model, options)
+        # a plan needs the blocks' shapes, not their activations: a dry run cuts the model
+        # with shapes only, in seconds at any video size
+        with shapes_only() if dry_run else contextlib.nullcontext():
+            prepared = exporter.prepare(family_model, options)
     except (FamilyError, BudgetError, ExportOptionError) as err:
         fail(str(err))
     for note in prepared.notes:
