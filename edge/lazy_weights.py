@@ -220,9 +220,6 @@ def materialized(module: nn.Module) -> Iterator[nn.Module]:
     refers to it. Nested or repeated on parameters already read, it reads nothing."""
     swapped: list[tuple[dict, str, nn.Parameter]] = []
     read: dict[int, nn.Parameter] = {}  # a tied parameter is read once
-    if shapes_only.active():  # a plan: the meta parameters' shapes are all it needs
-        yield module
-        return
     try:
         for sub in module.modules():
             for attr, p in sub._parameters.items():
@@ -230,8 +227,10 @@ def materialized(module: nn.Module) -> Iterator[nn.Module]:
                 if source is None or not p.is_meta:
                     continue
                 if id(p) not in read:
-                    read[id(p)] = nn.Parameter(source.weights.read(source.name),
-                                               requires_grad=False)
+                    # a plan (shapes only): a CPU tensor of the shape, made fake, read nothing
+                    value = (torch.empty(p.shape, dtype=torch.float32) if shapes_only.active()
+                             else source.weights.read(source.name))
+                    read[id(p)] = nn.Parameter(value, requires_grad=False)
                     RESIDENCY.add(read[id(p)].nbytes)
                 swapped.append((sub._parameters, attr, p))
                 sub._parameters[attr] = read[id(p)]

@@ -23,6 +23,9 @@ def shapes_only() -> Iterator[None]:
     # a private module, but the one torch.export and torch.compile trace with
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    if active():  # one fake mode: tensors of two cannot meet
+        yield
+        return
     token = _ACTIVE.set(True)
     try:
         # real tensors made before (the model's weights) enter as constants

@@ -1,11 +1,16 @@
 """A dry run plans from shapes alone (edge/shapes_only.py): no block computes, so a long
-video's plan takes as long as a short one's, and it prints the blocks at the asked size."""
+video's plan takes as long as a short one's, and it prints the blocks at the asked size and
+the activations each call holds (edge/activation_memory.py)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.nn.functional as F
 from typer.testing import CliRunner
 
+from edge.activation_memory import activation_peak
+from edge.attention import score_limit
 from edge.blocks import Block
 from edge.commands import app
 
@@ -36,3 +41,43 @@ def test_a_dry_run_of_a_long_video_computes_nothing(wan_folder, block_outputs):
     assert result.exit_code == 0, result.output
     assert "[2, 16, 21, 32, 64]" in result.output  # the latents: 21 frames of 32 x 64
     assert block_outputs and set(block_outputs) == {"FakeTensor"}
+    # and the activations each call holds, the transformer's blocks in one row
+    assert "transformer/block_0 .. block_1" in result.output
+    assert "largest activation peak" in result.output
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(dim, hidden), torch.nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.down(self.up(x).relu())
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_the_activation_peak_counts_what_is_alive_at_once():
+    """x -> up -> relu -> down: at its peak the input, `up`'s output and relu's (made while
+    `up`'s is still referenced) are alive, nothing else."""
+    x = torch.randn(2, 1000, 16)
+    block = Block("t", "mlp", _Mlp(16, 64), ["x"], ["y"], (x,), [True])
+    hidden = 2 * 1000 * 64 * 4
+    assert activation_peak(block) == x.nbytes + 2 * hidden
+
+
+def test_chunked_attention_lowers_the_estimated_peak():
+    """One attention of 4 096 tokens x 2 heads: whole, its scores (128 MiB) are in the peak;
+    in chunks of 1 MiB of scores, a few chunks are."""
+    qkv = tuple(torch.randn(1, 2, 4096, 8) for _ in range(3))
+    block = Block("t", "attention", _Attention(), ["q", "k", "v"], ["out"], qkv, [True] * 3)
+    scores = 2 * 4096 * 4096 * 4
+    with score_limit(2**62):
+        whole = activation_peak(block)
+    with score_limit(2**20):
+        chunked = activation_peak(block)
+    assert whole >= 2 * scores  # the scaled scores and their softmax
+    assert chunked < 8 * 2**20 + 4 * qkv[0].nbytes

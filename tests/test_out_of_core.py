@@ -13,7 +13,7 @@ import struct
 
 import pytest
 import torch
-from conftest import WAN_SIZE
+from conftest import WAN_SIZE, chunked_attention_for_tests
 from tiny_parts import package_files
 
 from edge.families import FamilyError, load_model
@@ -31,8 +31,10 @@ def out_of_core_export(wan_folders, wan_packages, tmp_path_factory):
     components = model.cut()
     RESIDENCY.reset()
     root = tmp_path_factory.mktemp("wan-ooc") / "pkg"
-    manifest = export_onnx(model, root, components=components,
-                           validate_end_to_end=end_to_end_check(model, components=components))
+    with chunked_attention_for_tests():  # as wan_packages were
+        manifest = export_onnx(model, root, components=components,
+                               validate_end_to_end=end_to_end_check(model,
+                                                                    components=components))
     return model, components, root, manifest, RESIDENCY.peak
 
 

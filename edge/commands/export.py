@@ -118,15 +118,29 @@ def export(
         # with shapes only, in seconds at any video size
         with shapes_only() if dry_run else contextlib.nullcontext():
             prepared = exporter.prepare(family_model, options)
+            plan = prepared.plan_lines + _activation_lines(prepared, options) if dry_run else []
     except (FamilyError, BudgetError, ExportOptionError) as err:
         fail(str(err))
     for note in prepared.notes:
         echo(note)
     if dry_run:
-        for line in prepared.plan_lines:
+        for line in plan:
             echo(line)
         return
     _export_with_progress(exporter, family_model, prepared, dest, options, target)
+
+
+def _activation_lines(prepared, options) -> list[str]:
+    """The activations each block call holds, from shapes alone, attention chunked as the
+    target's export will trace it (the score limit from the budget)."""
+    from edge.activation_memory import activation_lines
+    from edge.attention import score_limit, score_limit_for_budget
+    from edge.plan import plan_residency
+
+    plan = plan_residency(prepared.components, None)
+    floor = sum(sorted((b["bytes"] for b in plan["blocks"]), reverse=True)[:2])
+    with score_limit(score_limit_for_budget(options.memory_budget)):
+        return activation_lines(prepared.components, floor, options.memory_budget)
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

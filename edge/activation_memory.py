@@ -1,0 +1,145 @@
+"""How much memory a block call's activations take, estimated from shapes alone.
+
+Weights are what the loader streams under a budget (edge/plan.py); the activations a call
+makes come on top, and at real video sizes they are the larger part (Wan 1.3B's block at
+480x832x81 holds ~4.7 GiB of them, its weights 177 MiB). The estimate runs the block on shape-only
+tensors (edge/shapes_only.py), its attention written out in the query chunks the exporters
+trace (edge/attention.py), and counts the bytes of every buffer an operator makes while a
+tensor holds it (PyTorch frees it at its last reference; a view shares its base's), the
+block's inputs included; the peak of the sum is the figure. Weights are not counted. It is
+what eager PyTorch holds, close to what a runtime that frees each buffer after its last use
+holds; onnxruntime's fused attention holds less (no chunk scores at all).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from edge.attention import chunked_attention
+from edge.blocks import Block
+from edge.lazy_weights import materialized
+from edge.shapes_only import shapes_only
+
+
+def _written_out_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                           scale=None, enable_gqa=False):
+    # the scores as a tensor of their own, so the walk counts them (a fake SDPA makes none)
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if attn_mask is not None:
+        scores = (scores + attn_mask if attn_mask.dtype != torch.bool
+                  else scores.masked_fill(~attn_mask, float("-inf")))
+    return scores.softmax(-1) @ v
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the bytes of the storages the operators it sees make while any tensor holds
+    them (a view shares its base's), and their peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holders: dict[int, int] = {}   # storage -> tensors alive on it
+        self.sizes: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key not in self.holders:
+            self.holders[key], self.sizes[key] = 0, storage.nbytes()
+            self.now += self.sizes[key]
+            self.peak = max(self.peak, self.now)
+        self.holders[key] += 1
+        weakref.finalize(tensor, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.holders[key] -= 1
+        if not self.holders[key]:
+            del self.holders[key]
+            self.now -= self.sizes.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(value, torch.Tensor):
+                self.hold(value)
+        return out
+
+
+def activation_peak(block: Block) -> int:
+    """Bytes of activations a call of `block` holds at once, at its example's shapes and
+    batch, attention chunked to the score limit in force (see the module's docstring)."""
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _written_out_attention
+    try:
+        with shapes_only(), chunked_attention(), materialized(block.module), torch.no_grad():
+            inputs = tuple(torch.empty(t.shape, dtype=t.dtype) for t in block.example)
+            counter = _LiveBytes()
+            for t in inputs:
+                counter.hold(t)
+            with counter:
+                out = block.module(*inputs)
+            del out, inputs
+    finally:
+        F.scaled_dot_product_attention = original
+    return counter.peak
+
+
+def _signature(block: Block) -> tuple:
+    params = tuple((n, tuple(p.shape)) for n, p in block.module.named_parameters())
+    inputs = tuple((tuple(t.shape), t.dtype) for t in block.example)
+    return type(block.module), params, inputs
+
+
+def activation_peaks(blocks: list[Block]) -> dict[str, int]:
+    """`activation_peak` of each block by key; blocks alike (the same module type, parameter
+    shapes and inputs: a transformer's repeated blocks) are traced once."""
+    by_signature: dict[tuple, int] = {}
+    out = {}
+    for block in blocks:
+        signature = _signature(block)
+        if signature not in by_signature:
+            by_signature[signature] = activation_peak(block)
+        out[block.key] = by_signature[signature]
+    return out
+
+
+def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
+                     budget: int | None = None) -> list[str]:
+    """The --dry-run table of activations: one row per run of alike blocks, then the largest.
+    `streaming_floor`: the least weight bytes a run holds (the two largest blocks: the one
+    computing and the one read ahead). Given a budget, the calls that cannot fit it even
+    with every block streamed are named, and what it leaves the weights said (the loader's
+    budget counts weights only)."""
+    from edge.budget import format_size
+
+    blocks = [b for bs in components.values() for b in bs]
+    peaks = activation_peaks(blocks)
+    lines = [f"{'activations per call':<34}{'peak':>12}  (estimated from shapes: the dtype "
+             "and batch as traced, attention in chunks)"]
+    rows: list[tuple[str, int]] = []
+    run: list[str] = []
+    for i, block in enumerate(blocks):
+        run.append(block.key)
+        following = blocks[i + 1] if i + 1 < len(blocks) else None
+        if (following is None or following.component != block.component
+                or _signature(following) != _signature(block)):
+            name = run[0] if len(run) == 1 else f"{run[0]} .. {run[-1].rpartition('/')[2]}"
+            rows.append((name, peaks[block.key]))
+            run = []
+    lines += [f"{name:<34}{format_size(peak):>12}" for name, peak in rows]
+    largest = max(peaks, key=peaks.get)
+    lines.append(f"largest activation peak {format_size(peaks[largest])} ({largest}); with "
+                 f"every block streamed ({format_size(streaming_floor)} of weights) a run "
+                 f"needs at least {format_size(streaming_floor + peaks[largest])}")
+    if budget is not None:
+        over = [f"{name} ({format_size(streaming_floor + peak)})" for name, peak in rows
+                if streaming_floor + peak > budget]
+        lines.append(f"cannot fit {format_size(budget)} even streaming every block: "
+                     + ", ".join(over) if over else
+                     f"every call fits {format_size(budget)}, the weights kept to "
+                     f"{format_size(budget - peaks[largest])} (--memory-budget at run time)")
+    return lines
