@@ -88,5 +88,7 @@ def test_cli_eval_names_a_bad_prompt_line(tmp_path):
 def test_missing_weights_folder_says_how_to_make_it(tmp_path):
     import pytest
 
-    with pytest.raises(FileNotFoundError, match="edge train tiny-sora"):
+    from edge.models.tiny_sora_folder import WeightsFolderError
+
+    with pytest.raises(WeightsFolderError, match="edge train tiny-sora"):
         TinySora.load(tmp_path)

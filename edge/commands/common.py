@@ -71,8 +71,23 @@ def sampler_overrides(**values) -> dict:
 def load_reference_pipeline(weights: Path | None):
     """tiny-sora's PyTorch pipeline (the [export] extra), from `weights` or the shipped ones."""
     from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
+    from edge.models.tiny_sora_folder import WeightsFolderError
 
-    return TinySora.load(weights or DEFAULT_WEIGHTS)
+    try:
+        return TinySora.load(weights or DEFAULT_WEIGHTS)
+    except WeightsFolderError as err:
+        fail(str(err))
+
+
+def reference_sampler(weights: Path | None):
+    """The sampler defaults of a tiny-sora weights folder (or the shipped one's)."""
+    from edge.models.tiny_sora import DEFAULT_WEIGHTS, load_sampler
+    from edge.models.tiny_sora_folder import WeightsFolderError
+
+    try:
+        return load_sampler(weights or DEFAULT_WEIGHTS)
+    except WeightsFolderError as err:
+        fail(str(err))
 
 
 def load_runtime(package: Path, budget: int | None):

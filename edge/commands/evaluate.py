@@ -54,7 +54,7 @@ def evaluate(
 
     from edge.eval.run import default_prompts, load_classifier, read_prompts, reference_scores
     from edge.eval.run import evaluate as run_eval
-    from edge.models.tiny_sora import DEFAULT_WEIGHTS, load_sampler
+    from edge.models.tiny_sora import DEFAULT_WEIGHTS
 
     try:
         prompt_set = read_prompts(prompts) if prompts else default_prompts()
@@ -95,7 +95,7 @@ def evaluate(
             pipe = common.load_reference_pipeline(weights)
             result = run_eval(lambda p, s: pipe.generate(p, s, **overrides), classifier,
                               prompt_set, seed=seed, batch=batch, on_batch=bar.update)
-    result["steps"] = steps or load_sampler(weights or DEFAULT_WEIGHTS).steps
+    result["steps"] = steps or common.reference_sampler(weights).steps
     result["ray"] = bool(ray or ray_address)
     result["wall_s"] = round(time.perf_counter() - started, 2)
     result["real_clips"] = reference_scores(classifier, prompt_set, seed)

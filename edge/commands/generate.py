@@ -78,9 +78,7 @@ def generate(
         manifest = common.manifest_before_loading(package, output)
         defaults, frame = common.package_sampler(manifest), common.frame_size(manifest)
     else:
-        from edge.models.tiny_sora import DEFAULT_WEIGHTS, load_sampler
-
-        defaults, frame = load_sampler(weights or DEFAULT_WEIGHTS), None
+        defaults, frame = common.reference_sampler(weights), None
     total = common.checked_settings(defaults, overrides).steps
     if frame is not None:
         _check_scale(frame, scale)

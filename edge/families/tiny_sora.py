@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from edge.blocks import Block, EncoderLayerBlock
-from edge.families import Shapes, StorageRule
+from edge.families import FamilyError, Shapes, StorageRule
 from edge.models.stdit import MergedPair, STDiTPair
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
+from edge.models.tiny_sora_folder import WeightsFolderError
 from edge.package import file_entry
 from edge.sampler import SamplerSettings
 
@@ -260,5 +261,8 @@ class TinySoraModel:
 
 def load(folder: Path | None = None) -> TinySoraModel:
     """tiny-sora from a weights folder (default: the shipped weights)."""
-    return TinySoraModel(TinySora.load(folder or DEFAULT_WEIGHTS),
-                         name=folder.resolve().name if folder else NAME)
+    try:
+        pipe = TinySora.load(folder or DEFAULT_WEIGHTS)
+    except WeightsFolderError as err:
+        raise FamilyError(str(err)) from None
+    return TinySoraModel(pipe, name=folder.resolve().name if folder else NAME)

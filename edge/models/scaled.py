@@ -9,6 +9,7 @@ and to compute, which is what speed and memory figures need.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from edge.budget import format_size
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, check_weights_dir
 from edge.package import atomic_directory, check_replaceable, not_edges
@@ -52,6 +54,20 @@ def identify_scaled_model(dest: Path) -> str:
                           "or model_index.json)")
 
 
+def _check_fits_memory(cfg: STDiTConfig) -> None:
+    """Refuse, before building anything, a model whose float32 weights (held twice while
+    written: the model and the file's buffer) exceed this machine's memory; its parameters
+    are counted on the meta device, which allocates nothing."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in STDiT(cfg).parameters())
+    need = 2 * 4 * params
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > memory:
+        raise ValueError(f"--hidden {cfg.hidden} --pairs {cfg.pairs}: {params:,} parameters "
+                         f"need about {format_size(need)} to write, more than this machine's "
+                         f"{format_size(memory)} of memory")
+
+
 def write_scaled_model(out: str | Path, hidden: int, pairs: int, heads: int,
                        seed: int = 0, force: bool = False) -> dict:
     """Write the model folder atomically; returns its config. An earlier folder at `out` is
@@ -61,6 +77,7 @@ def write_scaled_model(out: str | Path, hidden: int, pairs: int, heads: int,
     cfg = replace(STDiTConfig(**base["transformer"]), hidden=hidden, pairs=pairs, heads=heads)
     if hidden % heads or (hidden // heads) % 2:
         raise ValueError(f"--hidden {hidden} must split into {heads} heads of even size")
+    _check_fits_memory(cfg)
     torch.manual_seed(seed)
     model = STDiT(cfg)
     with torch.no_grad():  # the adaLN-zero init leaves outputs at zero; exercise every path

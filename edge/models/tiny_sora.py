@@ -7,7 +7,6 @@ only composes named components; the sampler is the NumPy one every runtime share
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import AutoencoderKL
-from diffusers.utils import logging as diffusers_logging
-from safetensors.torch import load_file
 
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.text_encoder import TextEncoder
+from edge.models.tiny_sora_folder import WeightsFolderError, load_vae, load_weights, read_config
 from edge.models.vae import decode_latents
 from edge.options import check_prompts, check_seeds
 from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
@@ -32,15 +30,16 @@ REQUIRED_FILES = ("tiny-sora.json", "transformer.safetensors", "vae/config.json"
 def check_weights_dir(path: Path) -> None:
     missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise WeightsFolderError(
             f"tiny-sora weights folder {path} lacks {', '.join(missing)}; "
             "run `edge train tiny-sora` to create it")
 
 
 def load_sampler(path: str | Path = DEFAULT_WEIGHTS) -> SamplerSettings:
     """The sampler defaults a tiny-sora weights folder names (its tiny-sora.json)."""
-    config = json.loads((Path(path) / "tiny-sora.json").read_text())
-    return SamplerSettings.from_dict(config["sampler"])
+    path = Path(path)
+    check_weights_dir(path)
+    return SamplerSettings.from_dict(read_config(path)["sampler"])
 
 
 @dataclass
@@ -55,12 +54,12 @@ class TinySora:
     def load(cls, path: str | Path = DEFAULT_WEIGHTS) -> TinySora:
         path = Path(path)
         check_weights_dir(path)
-        config = json.loads((path / "tiny-sora.json").read_text())
+        config = read_config(path)  # every field checked before a module is built
         transformer = STDiT(STDiTConfig(**config["transformer"]))
-        transformer.load_state_dict(load_file(path / "transformer.safetensors"))
-        diffusers_logging.set_verbosity_error()  # no advice to install `accelerate`
-        vae = AutoencoderKL.from_pretrained(path / "vae", local_files_only=True)
-        return cls(TextEncoder(), transformer.eval(), vae.eval(), load_sampler(path))
+        load_weights(transformer, path / "transformer.safetensors")
+        vae = load_vae(path / "vae")
+        return cls(TextEncoder(), transformer.eval(), vae.eval(),
+                   SamplerSettings.from_dict(config["sampler"]))
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
