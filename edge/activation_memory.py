@@ -43,6 +43,7 @@ class _LiveBytes(TorchDispatchMode):
         super().__init__()
         self.holders: dict[int, int] = {}   # storage -> tensors alive on it
         self.sizes: dict[int, int] = {}
+        self.finalizers: list[weakref.finalize] = []
         self.now = self.peak = 0
 
     def hold(self, tensor: torch.Tensor) -> None:
@@ -53,13 +54,23 @@ class _LiveBytes(TorchDispatchMode):
             self.now += self.sizes[key]
             self.peak = max(self.peak, self.now)
         self.holders[key] += 1
-        weakref.finalize(tensor, self._release, key)
+        self.finalizers.append(weakref.finalize(tensor, self._release, key))
 
     def _release(self, key: int) -> None:
+        if key not in self.holders:  # counted no more (`stop`)
+            return
         self.holders[key] -= 1
         if not self.holders[key]:
             del self.holders[key]
             self.now -= self.sizes.pop(key)
+
+    def stop(self) -> None:
+        """Count nothing more: the finalizers of tensors still alive (kept by a cycle until
+        the garbage collector runs, say) are dropped, so none runs later, elsewhere."""
+        for finalizer in self.finalizers:
+            finalizer.detach()
+        self.finalizers.clear()
+        self.holders.clear()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -78,11 +89,14 @@ def activation_peak(block: Block) -> int:
         with shapes_only(), chunked_attention(), materialized(block.module), torch.no_grad():
             inputs = tuple(torch.empty(t.shape, dtype=t.dtype) for t in block.example)
             counter = _LiveBytes()
-            for t in inputs:
-                counter.hold(t)
-            with counter:
-                out = block.module(*inputs)
-            del out, inputs
+            try:
+                for t in inputs:
+                    counter.hold(t)
+                with counter:
+                    out = block.module(*inputs)
+                del out, inputs
+            finally:
+                counter.stop()
     finally:
         F.scaled_dot_product_attention = original
     return counter.peak
