@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from conftest import chunked_attention_for_tests
 from typer.testing import CliRunner
 
 from edge.blocks import Block
@@ -37,8 +38,9 @@ def wan_iphone_ios17(tmp_path_factory, wan_model):
     from edge.exporters.coreml_check import end_to_end_check
 
     root = tmp_path_factory.mktemp("wan-iphone-ios17") / "pkg"
-    return root, export_coreml(wan_model, root, min_ios=17,
-                               validate_end_to_end=end_to_end_check(wan_model, "fp16"))
+    with chunked_attention_for_tests():  # as the iOS 18 package it is compared with
+        return root, export_coreml(wan_model, root, min_ios=17,
+                                   validate_end_to_end=end_to_end_check(wan_model, "fp16"))
 
 
 def _weight_file(root, model: str) -> int:
