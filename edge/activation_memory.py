@@ -16,23 +16,18 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edge.attention import chunked_attention
+from edge.attention import chunked_attention, replaced_sdpa, written_out_attention
 from edge.blocks import Block
 from edge.lazy_weights import materialized
 from edge.shapes_only import shapes_only
 
 
-def _written_out_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
-                           scale=None, enable_gqa=False):
-    # the scores as a tensor of their own, so the walk counts them (a fake SDPA makes none)
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if attn_mask is not None:
-        scores = (scores + attn_mask if attn_mask.dtype != torch.bool
-                  else scores.masked_fill(~attn_mask, float("-inf")))
-    return scores.softmax(-1) @ v
+def _written_out_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False):
+    # the scores as a tensor of their own, so the count holds them (a fake SDPA makes none)
+    return written_out_attention(q, k, v, attn_mask, scale)
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -83,22 +78,19 @@ class _LiveBytes(TorchDispatchMode):
 def activation_peak(block: Block) -> int:
     """Bytes of activations a call of `block` holds at once, at its example's shapes and
     batch, attention chunked to the score limit in force (see the module's docstring)."""
-    original = F.scaled_dot_product_attention
-    F.scaled_dot_product_attention = _written_out_attention
-    try:
-        with shapes_only(), chunked_attention(), materialized(block.module), torch.no_grad():
-            inputs = tuple(torch.empty(t.shape, dtype=t.dtype) for t in block.example)
-            counter = _LiveBytes()
-            try:
-                for t in inputs:
-                    counter.hold(t)
-                with counter:
-                    out = block.module(*inputs)
-                del out, inputs
-            finally:
-                counter.stop()
-    finally:
-        F.scaled_dot_product_attention = original
+    # written out first, then chunked: the chunks' scores are tensors the count sees
+    with (replaced_sdpa(_written_out_sdpa), shapes_only(), chunked_attention(),
+          materialized(block.module), torch.no_grad()):
+        inputs = tuple(torch.empty(t.shape, dtype=t.dtype) for t in block.example)
+        counter = _LiveBytes()
+        try:
+            for t in inputs:
+                counter.hold(t)
+            with counter:
+                out = block.module(*inputs)
+            del out, inputs
+        finally:
+            counter.stop()
     return counter.peak
 
 

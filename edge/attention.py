@@ -42,15 +42,32 @@ def _(q, k, v, heads, scale):
     return q.new_empty(*q.shape[:-1], v.shape[-1])
 
 
+def written_out_attention(q, k, v, attn_mask=None, scale=None, masked_score=float("-inf")):
+    """softmax(q kᵀ · scale + mask) v as plain operators, the scores a tensor of their own; a
+    boolean mask's excluded scores set to `masked_score`."""
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if attn_mask is not None:
+        scores = (scores + attn_mask if attn_mask.dtype != torch.bool
+                  else scores.masked_fill(~attn_mask, masked_score))
+    return scores.softmax(-1) @ v
+
+
+@contextlib.contextmanager
+def replaced_sdpa(function) -> Iterator[None]:
+    """Within: `function` is `torch.nn.functional.scaled_dot_product_attention`, for every
+    caller that looks it up at call time (the families' blocks, diffusers' modules)."""
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = function
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
 # bytes of one video's attention scores a graph may hold at once when the export is given
 # no memory budget: no chunking at the sizes tiny models run (≤ 64 MiB is ≥ 4 000 tokens at
 # one head), chunks of ~1 000 rows at Wan's 480p with 12 heads
 DEFAULT_SCORE_BYTES = 64 * 2**20
-
-
-def score_bytes(heads: int, queries: int, keys: int, itemsize: int = 4) -> int:
-    """Bytes of one video's full attention score matrix."""
-    return heads * queries * keys * itemsize
 
 
 # fewer rows than this per chunk save little memory and multiply the graph's nodes (a
@@ -95,6 +112,11 @@ def score_limit(limit: int, min_rows: int = MIN_ROWS) -> Iterator[None]:
         _LIMIT.reset(token)
 
 
+def budget_score_limit(budget: int | None) -> contextlib.AbstractContextManager[None]:
+    """`score_limit` for an export under `budget` (`score_limit_for_budget`)."""
+    return score_limit(score_limit_for_budget(budget))
+
+
 def current_score_limit() -> tuple[int, int]:
     """(score bytes per video, least rows per chunk) that `chunked_attention()` uses."""
     return _LIMIT.get()
@@ -137,8 +159,5 @@ def chunked_attention(fused: bool = False) -> Iterator[None]:
                                 dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa))
         return torch.cat(pieces, dim=-2)
 
-    F.scaled_dot_product_attention = chunked
-    try:
+    with replaced_sdpa(chunked):
         yield
-    finally:
-        F.scaled_dot_product_attention = inner

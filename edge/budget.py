@@ -6,11 +6,17 @@ imports neither a runtime nor a model.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 
 # far above any machine's memory: a budget past it is a typo, not a plan
 MAX_SIZE = 1 << 60
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def physical_memory_bytes() -> int:
+    """This machine's memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class BudgetError(ValueError):

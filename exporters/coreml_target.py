@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from edge.attention import score_limit, score_limit_for_budget
+from edge.attention import budget_score_limit
 from edge.budget import format_size
 from edge.exporters import (
     ExportOptionError,
@@ -108,7 +108,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     from edge.exporters.coreml_check import end_to_end_check
 
     quantize = options.quantize or "fp16"
-    with score_limit(score_limit_for_budget(options.memory_budget)):
+    with budget_score_limit(options.memory_budget):
         return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
                              components=prepared.components, on_block=progress.on_block,
                              validate_end_to_end=end_to_end_check(model, quantize),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
-from edge.attention import score_limit, score_limit_for_budget
+from edge.attention import budget_score_limit
 from edge.budget import format_size
 from edge.exporters import ExportOptions, Prepared, Progress, refuse_others
 from edge.family_model import FamilyModel
@@ -39,7 +39,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
            progress: Progress) -> dict:
     from edge.exporters.onnx import end_to_end_check, export_onnx
 
-    with score_limit(score_limit_for_budget(options.memory_budget)):
+    with budget_score_limit(options.memory_budget):
         return export_onnx(model, dest, components=prepared.components,
                            on_block=progress.on_block, plan=prepared.manifest_plan,
                            validate_end_to_end=end_to_end_check(

@@ -17,18 +17,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
-from edge.attention import chunked_attention
+from edge.attention import chunked_attention, replaced_sdpa, written_out_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.tvm_passes import fold_constant_calls, int32_take_indices
@@ -53,21 +51,11 @@ def _plain_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
     guards fully masked rows with int8/bool buffers, which WGSL storage arrays cannot hold."""
     if is_causal or dropout_p:
         raise PlanError("causal or dropout attention has no web lowering")
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if attn_mask is not None:
-        scores = scores + attn_mask if attn_mask.dtype != torch.bool else scores.masked_fill(
-            ~attn_mask, -1e4)
-    return scores.softmax(-1) @ v
+    return written_out_attention(q, k, v, attn_mask, scale, masked_score=-1e4)
 
 
-@contextlib.contextmanager
-def plain_attention() -> Iterator[None]:
-    original = F.scaled_dot_product_attention
-    F.scaled_dot_product_attention = _plain_sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
+def plain_attention() -> contextlib.AbstractContextManager[None]:
+    return replaced_sdpa(_plain_sdpa)
 
 
 def web_example(block: Block) -> tuple[torch.Tensor, ...]:

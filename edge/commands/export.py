@@ -134,12 +134,13 @@ def _activation_lines(prepared, options) -> list[str]:
     """The activations each block call holds, from shapes alone, attention chunked as the
     target's export will trace it (the score limit from the budget)."""
     from edge.activation_memory import activation_lines
-    from edge.attention import score_limit, score_limit_for_budget
-    from edge.plan import plan_residency
+    from edge.attention import budget_score_limit
+    from edge.plan import block_bytes
 
-    plan = plan_residency(prepared.components, None)
-    floor = sum(sorted((b["bytes"] for b in plan["blocks"]), reverse=True)[:2])
-    with score_limit(score_limit_for_budget(options.memory_budget)):
+    sizes = sorted((block_bytes(b) for bs in prepared.components.values() for b in bs),
+                   reverse=True)
+    floor = sum(sizes[:2])  # the block computing and the one read ahead
+    with budget_score_limit(options.memory_budget):
         return activation_lines(prepared.components, floor, options.memory_budget)
 
 

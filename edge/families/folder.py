@@ -7,11 +7,11 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import re
 import warnings
 from pathlib import Path
 
+from edge.budget import physical_memory_bytes
 from edge.families import FamilyError
 from edge.files import kind_of
 from edge.sampler import SamplerSettings
@@ -106,10 +106,6 @@ def int_field(cfg: dict, key: str, least: int = 1) -> int:
         raise FamilyError(f"{cfg['_path']}: {key}={value!r}; must be an integer of at least "
                           f"{least}")
     return value
-
-
-def physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def stored_dtypes(component: Path) -> set[str]:

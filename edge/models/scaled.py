@@ -9,7 +9,6 @@ and to compute, which is what speed and memory figures need.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from edge.budget import format_size
+from edge.budget import format_size, physical_memory_bytes
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, check_weights_dir
 from edge.package import atomic_directory, check_replaceable, not_edges
@@ -61,7 +60,7 @@ def _check_fits_memory(cfg: STDiTConfig) -> None:
     with torch.device("meta"):
         params = sum(p.numel() for p in STDiT(cfg).parameters())
     need = 2 * 4 * params
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = physical_memory_bytes()
     if need > memory:
         raise ValueError(f"--hidden {cfg.hidden} --pairs {cfg.pairs}: {params:,} parameters "
                          f"need about {format_size(need)} to write, more than this machine's "
