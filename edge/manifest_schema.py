@@ -433,6 +433,8 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
     if not _items(tok, "files", f"{MANIFEST} tokenizer"):
         raise PackageError(f"{MANIFEST} tokenizer: field 'files' is empty")
     _count(tok, "max_tokens", f"{MANIFEST} tokenizer", minimum=1)
+    if "embedding_rows" in tok:  # absent in packages from before it was written
+        _count(tok, "embedding_rows", f"{MANIFEST} tokenizer", minimum=1)
     if "latent_shape" in manifest:
         shape = require(manifest, "latent_shape", list, MANIFEST)
         if len(shape) != 4 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0

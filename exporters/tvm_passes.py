@@ -85,3 +85,46 @@ def fold_constant_calls(mod: tvm.IRModule) -> tvm.IRModule:
         return relax.const(value, str(value.dtype))
 
     return _rewrite_calls(mod, rewrite)
+
+
+CONCAT = tvm.ir.Op.get("relax.concat")
+OPAQUE = 8   # TVM's OpPatternKind kOpaque: a kernel FuseOps fuses with nothing
+
+
+def narrow_concats(mod: tvm.IRModule, max_inputs: int) -> tvm.IRModule:
+    """Every concatenation of more than `max_inputs` tensors as a tree of concatenations of at
+    most `max_inputs`, each an opaque kernel.
+
+    A WebGPU kernel binds each tensor it reads or writes as a storage buffer, and adapters
+    need not give a kernel more than 8 (maxStorageBuffersPerShaderStage); chunked attention
+    joins its chunks with one concatenation per call, dozens of inputs at real sizes. Narrow
+    alone is not enough: FuseOps joins a chain of injective kernels back into one, so the
+    tree's nodes are marked opaque (AnnotateTIROpPattern keeps a pattern already set)."""
+    from tvm import topi
+
+    @relax.expr_functor.mutator
+    class Narrower(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.visit_expr_post_order(call)
+            if call.op != CONCAT or not isinstance(call.args[0], relax.Tuple) \
+                    or len(call.args[0].fields) <= max_inputs:
+                return call
+            axis = int(call.attrs.axis)
+            parts = list(call.args[0].fields)
+            while len(parts) > 1:
+                groups = [parts[i:i + max_inputs] for i in range(0, len(parts), max_inputs)]
+                parts = [group[0] if len(group) == 1 else self._join(group, axis)
+                         for group in groups]
+            return parts[0]
+
+        def _join(self, group, axis):
+            joined = self.builder_.call_te(
+                topi.concatenate, group, axis, primfunc_name_hint="concatenate_narrow",
+                primfunc_attrs={"op_pattern": OPAQUE})
+            return self.builder_.emit(joined)
+
+    narrower = Narrower(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            narrower.builder_.update_func(gv, narrower.visit_expr(func))
+    return narrower.builder_.get()

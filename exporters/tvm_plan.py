@@ -29,11 +29,14 @@ from tvm.relax.frontend.torch import from_exported_program
 from edge.attention import chunked_attention, replaced_sdpa, written_out_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
-from edge.exporters.tvm_passes import fold_constant_calls, int32_take_indices
+from edge.exporters.tvm_passes import fold_constant_calls, int32_take_indices, narrow_concats
 
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
 MAX_GRID_X = 65535                # WebGPU maxComputeWorkgroupsPerDimension
+# WebGPU's default maxStorageBuffersPerShaderStage, which every adapter gives: a plan whose
+# kernels bind no more runs on any of them
+MAX_STORAGE_BUFFERS = 8
 
 
 class PlanError(ExportValidationError):
@@ -94,9 +97,11 @@ def lower(mod: tvm.IRModule) -> tvm.IRModule:
     the result's `main` is the call sequence the launch plan is read from."""
     t = relax.transform
     with webgpu_target():
+        # a concatenation kernel binds its inputs and its output
+        narrow = narrow_concats(mod, MAX_STORAGE_BUFFERS - 1)
         legal = tvm.transform.Sequential([
             relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
-            t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant()])(mod)
+            t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant()])(narrow)
         # input-independent integer work (tvm_passes) runs here, not as int64 WGSL
         return tvm.transform.Sequential([
             t.FoldConstant(), t.DeadCodeElimination(), t.FuseOps(),
@@ -357,6 +362,9 @@ def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str]
                 raise PlanError(f"block {key}: kernel {name} binds {var}, which names no "
                                 f"one parameter of {func_name}")
             bindings.append(index)
+        if len(bindings) > MAX_STORAGE_BUFFERS:
+            raise PlanError(f"block {key}: kernel {name} binds {len(bindings)} storage buffers, "
+                            f"more than the {MAX_STORAGE_BUFFERS} every WebGPU adapter gives")
         pod = _POD.search(text)
         fields = [f.split(":")[0].strip() for f in pod.group(1).split(",") if f.strip()] \
             if pod else []

@@ -358,3 +358,25 @@ def test_unreadable_file_is_refused(pkg, monkeypatch):
     weights_path(pkg).chmod(0)
     with pytest.raises(PackageError, match="pair_1.bin"):
         NoBlockRuns(monkeypatch).load(pkg)
+
+
+def test_a_tokenizer_larger_than_the_embedding_table_is_refused_at_load(pkg, monkeypatch):
+    """Probe item 11: a consistent package (every digest right) whose tokenizer gives ids
+    past the text encoder's embedding table failed inside onnxruntime's Gather."""
+    from hashlib import sha256
+
+    from tokenizers import Tokenizer
+
+    m = json.loads((pkg / MANIFEST).read_text())
+    rows = m["tokenizer"]["embedding_rows"]
+    path = pkg / m["tokenizer"]["files"][0]["path"]
+    tok = Tokenizer.from_file(str(path))
+    assert tok.get_vocab_size(with_added_tokens=True) <= rows  # as exported: loads
+    tok.add_tokens([f"extra{i}" for i in range(rows)])
+    tok.save(str(path))
+    data = path.read_bytes()
+    rewrite(pkg, lambda m: m["tokenizer"]["files"][0].update(
+        bytes=len(data), sha256=sha256(data).hexdigest()))
+    with pytest.raises(PackageError, match=rf"tokenizer.json: a vocabulary of \d+ tokens, but "
+                                           rf"the text encoder's embedding table has {rows} rows"):
+        NoBlockRuns(monkeypatch).load(pkg)

@@ -689,6 +689,35 @@ def test_tokenizer_refuses_what_it_cannot_mirror(page):
     assert got[4] is None
 
 
+def test_a_vocabulary_past_the_embedding_table_is_refused(page):
+    """Probe item 11 on the page: the manifest's embedding_rows bounds the ids a tokenizer
+    may give, as the Python runtime checks it; absent (older packages), nothing is checked."""
+    got = page.evaluate("""async () => {
+      const { CaptionTokenizer, vocabularySize } = await import('/runtime/tokenizer.js');
+      const out = {};
+      for (const name of ['tokenizer.json', 'unigram/wan_tiny_tokenizer.json']) {
+        const json = await (await fetch('/fixtures/' + name)).json();
+        const size = vocabularySize(json);
+        const attempt = (rows) => {
+          try {
+            CaptionTokenizer.fromManifest(json, { max_tokens: 8, pad_token: json.model.type
+              === 'Unigram' ? '<pad>' : '[PAD]', embedding_rows: rows });
+            return null;
+          } catch (e) { return e.message; }
+        };
+        out[name] = { size, fits: attempt(size), older: attempt(undefined),
+                      short: attempt(size - 1) };
+      }
+      return out;
+    }""")
+    for name, r in got.items():
+        assert r["size"] > 1 and r["fits"] is None and r["older"] is None, name
+        assert r["short"] == (f"tokenizer.json: a vocabulary of {r['size']} tokens, but the "
+                              f"text encoder's embedding table has {r['size'] - 1} rows "
+                              "(manifest.json tokenizer embedding_rows): ids past it index "
+                              "nothing"), name
+
+
 if __name__ == "__main__":
     TABLES_JS.write_text(render_prompt_clean_tables())
     print(TABLES_JS)

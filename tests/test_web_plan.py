@@ -171,3 +171,29 @@ def test_each_kernel_of_a_split_binds_its_own_output(compiler):
                for k in split["kernels"]]
     assert len(split["kernels"]) == 2
     assert written[0] != written[1] and written[0] | written[1] == set(split["args"][1:])
+
+
+class _ManyChunks(torch.nn.Module):
+    """Attention in 12 query chunks, as chunked_attention traces a long video: the chunks are
+    joined by one concatenation of 12 inputs."""
+
+    def forward(self, q, k, v):
+        chunks = [torch.softmax(c @ k.transpose(-1, -2), dim=-1) @ v
+                  for c in q.split(2, dim=-2)]
+        return torch.cat(chunks, dim=-2).transpose(1, 2)
+
+
+def test_no_kernel_binds_more_storage_buffers_than_every_adapter_gives(compiler):
+    """A wide concatenation becomes a tree of opaque concatenations of at most 7 inputs
+    (FuseOps would join a chain of them back into one): 13 buffers in one kernel failed on an
+    adapter allowing 10, and WebGPU promises 8."""
+    from edge.exporters.tvm_plan import MAX_STORAGE_BUFFERS
+
+    q, k, v = (torch.randn(1, 2, 24, 8) for _ in range(3))
+    block = Block("transformer", "block_0", _ManyChunks(), ["q", "k", "v"], ["y"], (q, k, v))
+    compiled = compiler.compile(block)
+    bound = [len(k["bindings"]) for c in compiled.plan.calls for k in c["kernels"]]
+    assert max(bound) <= MAX_STORAGE_BUFFERS
+    joins = [c for c in compiled.plan.calls if c["func"].startswith("concatenate")]
+    assert len(joins) == 3  # 12 = 7 + 5, then the two joined
+    assert _replay_error(compiled, block) < 1e-5

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from edge.budget import physical_memory_bytes
 from edge.families import FamilyError
+from edge.families.config_check import check_component, component_builder
 from edge.files import kind_of
 from edge.sampler import SamplerSettings
 
@@ -191,21 +192,22 @@ def larger_than_memory(folder: Path) -> bool:
 
 def _empty_model(folder: Path, library: str, class_name: str):
     """The model class model_index.json names for a component, built without weights."""
-    import importlib
-
     from edge.lazy_weights import ShardError, empty_component
 
-    cls = getattr(importlib.import_module(library), class_name)
-    if library == "diffusers":
-        def build():
-            return cls.from_config(cls.load_config(folder))
-    else:  # transformers
-        def build():
-            return cls(cls.config_class.from_pretrained(folder))
+    _, build = component_builder(folder, library, class_name)
     try:
         return empty_component(build, folder)
     except ShardError as err:
         raise FamilyError(str(err)) from None
+
+
+def check_weighted_components(folder: Path, components: tuple[str, ...] = WEIGHTED_COMPONENTS
+                              ) -> None:
+    """Each component's config against its class and its stored weights
+    (edge/families/config_check.py), before either library builds a model from it."""
+    index = read_json(folder / "model_index.json")
+    for name in components:
+        check_component(folder / name, *index[name][:2])
 
 
 def load_storage_free_pipeline(folder: Path, pipeline_class,
@@ -242,6 +244,7 @@ def load_family_pipeline(folder: Path, pipeline_class, out_of_core: bool | None 
     """The folder's pipeline in float32, whole or (`out_of_core`) its models without weights,
     each block's read when it is exported; `out_of_core` None: out of core when the float32
     weights exceed half this machine's memory. (pipeline, notes, out_of_core)."""
+    check_weighted_components(folder)
     if out_of_core is None:
         out_of_core = larger_than_memory(folder)
     load = load_storage_free_pipeline if out_of_core else load_float32_pipeline

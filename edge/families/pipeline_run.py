@@ -46,14 +46,16 @@ def with_steps(sampler: SamplerSettings, steps: int | None) -> SamplerSettings:
         raise FamilyError(f"--steps {steps}: {err}") from None
 
 
-def tokenizer_fields(root: Path, tokenizer, max_tokens: int, clean: str) -> dict:
+def tokenizer_fields(root: Path, tokenizer, max_tokens: int, clean: str,
+                     embedding_rows: int) -> dict:
     """Write the pipeline's fast tokenizer as `tokenizer/tokenizer.json` in the package at
-    `root`; return the manifest's `tokenizer` entry."""
+    `root`; return the manifest's `tokenizer` entry. `embedding_rows`: the text encoder's
+    embedding table, which every id the tokenizer gives must index (the runtimes check)."""
     folder = root / "tokenizer"
     folder.mkdir(parents=True)
     tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"))
     return {"files": [file_entry(root, folder / "tokenizer.json")], "max_tokens": max_tokens,
-            "pad_token": tokenizer.pad_token, "clean": clean}
+            "pad_token": tokenizer.pad_token, "clean": clean, "embedding_rows": embedding_rows}
 
 
 def run_pipeline(pipe, prompt: str, steps: int,
@@ -93,8 +95,9 @@ class PipelineModel:
         return target_shapes(target)
 
     def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
+        rows = self.pipe.text_encoder.get_input_embeddings().num_embeddings
         return {"tokenizer": tokenizer_fields(root, self.pipe.tokenizer, self.text_tokens,
-                                              clean=self.clean),
+                                              clean=self.clean, embedding_rows=rows),
                 "conditioning": {}, "negative_prompt": "",
                 "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
                 "latent_layout": "video",

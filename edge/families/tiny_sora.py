@@ -245,8 +245,9 @@ class TinySoraModel:
             raw = npy.with_suffix(".f32")
             raw.write_bytes(null.tobytes())
             conditioning["null_caption_f32"] = file_entry(root, raw)
+        rows = self.pipe.text_encoder.bert.get_input_embeddings().num_embeddings
         return {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
-                              "max_tokens": MAX_TOKENS},
+                              "max_tokens": MAX_TOKENS, "embedding_rows": rows},
                 "conditioning": conditioning,
                 "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape)}
 

@@ -235,6 +235,18 @@ def _one_at_a_time(method: Callable) -> Callable:
     return serialised
 
 
+def check_vocabulary(tokenizer, manifest_tokenizer: dict, path: Path) -> None:
+    """Every id the tokenizer can give indexes the text encoder's embedding table (the
+    manifest's `embedding_rows`): a larger vocabulary would fail inside onnxruntime's Gather
+    on the first prompt that uses a token past the table."""
+    rows = manifest_tokenizer.get("embedding_rows")
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if rows is not None and vocab > rows:
+        raise PackageError(f"{path}: a vocabulary of {vocab} tokens, but the text encoder's "
+                           f"embedding table has {rows} rows ({MANIFEST} tokenizer "
+                           "embedding_rows): ids past it index nothing")
+
+
 class Pipeline:
     def __init__(self, root: Path, manifest: dict, loader: BlockLoader,
                  components: dict[str, Component], lean_decode: bool = False) -> None:
@@ -248,6 +260,7 @@ class Pipeline:
                                             tok.get("pad_token", "[PAD]"))
         except Exception as err:  # the tokenizers library raises its own exception types
             raise PackageError(f"{tok_path}: not a tokenizer ({str(err)[:200]})") from None
+        check_vocabulary(self.tokenizer, tok, tok_path)
         self.clean = tok.get("clean", "none")
         self.null_caption: np.ndarray | None = None
         if "null_caption" in manifest["conditioning"]:

@@ -75,7 +75,8 @@ export class PlanExecutor {
   }
 
   static async create(adapter) {
-    // kernels may bind more storage buffers than the default limit of 8
+    // the adapter's own limits: buffer sizes past the defaults (kernels bind at most the
+    // default 8 storage buffers, exporters/tvm_plan.py MAX_STORAGE_BUFFERS)
     const limits = {};
     for (const k of ["maxStorageBuffersPerShaderStage", "maxStorageBufferBindingSize",
       "maxBufferSize", "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX"]) {

@@ -30,6 +30,27 @@ class WordPieceCaptionTokenizer {
   }
 }
 
+// Ids the tokenizer can give: its model's vocabulary and added tokens, largest id + 1
+export function vocabularySize(tokenizerJson) {
+  const vocab = tokenizerJson.model?.vocab ?? [];
+  let size = Array.isArray(vocab) ? vocab.length : Math.max(-1, ...Object.values(vocab)) + 1;
+  for (const t of tokenizerJson.added_tokens ?? []) size = Math.max(size, t.id + 1);
+  return size;
+}
+
+// Every id must index the text encoder's embedding table (the manifest's embedding_rows,
+// absent in older packages): a larger vocabulary would fail inside the text encoder's Gather
+// on the first prompt using a token past it. As runtimes/python/pipeline.py checks.
+function checkVocabulary(tokenizerJson, rows) {
+  if (rows === undefined) return;
+  const size = vocabularySize(tokenizerJson);
+  if (size > rows) {
+    throw new Error(`tokenizer.json: a vocabulary of ${size} tokens, but the text encoder's `
+      + `embedding table has ${rows} rows (manifest.json tokenizer embedding_rows): ids past it `
+      + "index nothing");
+  }
+}
+
 export class CaptionTokenizer {
   // options: {padToken, clean} as the manifest's tokenizer.pad_token and tokenizer.clean
   constructor(tokenizerJson, maxTokens, { padToken = "[PAD]", clean = "none" } = {}) {
@@ -42,6 +63,7 @@ export class CaptionTokenizer {
 
   // From the manifest's `tokenizer` object and the parsed tokenizer.json it lists.
   static fromManifest(tokenizerJson, manifestTokenizer) {
+    checkVocabulary(tokenizerJson, manifestTokenizer.embedding_rows);
     return new CaptionTokenizer(tokenizerJson, manifestTokenizer.max_tokens, {
       padToken: manifestTokenizer.pad_token ?? "[PAD]",
       clean: manifestTokenizer.clean ?? "none",
