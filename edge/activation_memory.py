@@ -24,7 +24,7 @@ from edge.lazy_weights import materialized
 from edge.shapes_only import shapes_only
 
 
-def _written_out_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+def written_out_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                       enable_gqa=False):
     # the scores as a tensor of their own, so the count holds them (a fake SDPA makes none)
     return written_out_attention(q, k, v, attn_mask, scale)
@@ -79,7 +79,7 @@ def activation_peak(block: Block) -> int:
     """Bytes of activations a call of `block` holds at once, at its example's shapes and
     batch, attention chunked to the score limit in force (see the module's docstring)."""
     # written out first, then chunked: the chunks' scores are tensors the count sees
-    with (replaced_sdpa(_written_out_sdpa), shapes_only(), chunked_attention(),
+    with (replaced_sdpa(written_out_sdpa), shapes_only(), chunked_attention(),
           materialized(block.module), torch.no_grad()):
         inputs = tuple(torch.empty(t.shape, dtype=t.dtype) for t in block.example)
         counter = _LiveBytes()
@@ -94,7 +94,7 @@ def activation_peak(block: Block) -> int:
     return counter.peak
 
 
-def _signature(block: Block) -> tuple:
+def block_signature(block: Block) -> tuple:
     params = tuple((n, tuple(p.shape)) for n, p in block.module.named_parameters())
     inputs = tuple((tuple(t.shape), t.dtype) for t in block.example)
     return type(block.module), params, inputs
@@ -106,7 +106,7 @@ def activation_peaks(blocks: list[Block]) -> dict[str, int]:
     by_signature: dict[tuple, int] = {}
     out = {}
     for block in blocks:
-        signature = _signature(block)
+        signature = block_signature(block)
         if signature not in by_signature:
             by_signature[signature] = activation_peak(block)
         out[block.key] = by_signature[signature]
@@ -132,7 +132,7 @@ def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
         run.append(block.key)
         following = blocks[i + 1] if i + 1 < len(blocks) else None
         if (following is None or following.component != block.component
-                or _signature(following) != _signature(block)):
+                or block_signature(following) != block_signature(block)):
             name = run[0] if len(run) == 1 else f"{run[0]} .. {run[-1].rpartition('/')[2]}"
             rows.append((name, peaks[block.key]))
             run = []

@@ -48,6 +48,9 @@ class ExportOptions:
     min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
     ort_url: str | None = None         # web: where the page loads onnxruntime-web
     bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
+    # onnx: the end-to-end check's result from a check run beside the export (`edge export
+    # --check small|blocks`), recorded as the manifest's validation instead of running one
+    end_to_end: dict | None = None
 
 
 @dataclass
@@ -93,7 +96,9 @@ _OWNED = {"quantize": "--quantize applies to --target iphone, not {}",
           "min_ios": "--min-ios applies to --target iphone, not {}",
           "ort_url": "--ort-url and --bundle-ort apply to --target web, not {}",
           "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",
-          "memory_budget": "--memory-budget is not built for --target {} yet"}
+          "memory_budget": "--memory-budget is not built for --target {} yet",
+          "end_to_end": "--check small and --check blocks apply to --target onnx, not {} "
+                        "(its end-to-end check runs at the export's size)"}
 
 
 def refuse_others(target_name: str, options: ExportOptions, takes: set[str]) -> None:

@@ -17,7 +17,7 @@ NAME = "onnx"
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"memory_budget"})
+    refuse_others(NAME, options, {"memory_budget", "end_to_end"})
 
 
 def folder_name(model_name: str, options: ExportOptions) -> str:
@@ -39,13 +39,17 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
            progress: Progress) -> dict:
     from edge.exporters.onnx import end_to_end_check, export_onnx
 
+    if options.end_to_end is not None:  # checked beside the export (edge export --check)
+        def validate(root: Path) -> dict:
+            return options.end_to_end
+    else:
+        validate = end_to_end_check(model, on_step=progress.on_check_step,
+                                    memory_budget=options.memory_budget,
+                                    components=prepared.components)
     with budget_score_limit(options.memory_budget):
         return export_onnx(model, dest, components=prepared.components,
                            on_block=progress.on_block, plan=prepared.manifest_plan,
-                           validate_end_to_end=end_to_end_check(
-                               model, on_step=progress.on_check_step,
-                               memory_budget=options.memory_budget,
-                               components=prepared.components))
+                           validate_end_to_end=validate)
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
@@ -53,9 +57,15 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
               for c in manifest["components"] for b in c["blocks"]]
     worst = max(blocks)
     validation = manifest["validation"]
-    psnr = ("identical videos" if validation.get("identical")
-            else f"{validation['psnr_db']} dB")
+    if validation.get("skipped"):
+        end_to_end = "no end-to-end check (--check blocks)"
+    else:
+        psnr = ("identical videos" if validation.get("identical")
+                else f"{validation['psnr_db']} dB")
+        size = validation.get("size")
+        at = f" at {size['height']}x{size['width']}x{size['frames']}" if size else ""
+        end_to_end = f"end to end PSNR {psnr}{at}"
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, worst block error "
-            f"{worst[0]:.2g} ({worst[1]}), end to end PSNR {psnr}, peak RSS "
+            f"{worst[0]:.2g} ({worst[1]}), {end_to_end}, peak RSS "
             f"{format_size(peak_rss)}")

@@ -1,6 +1,7 @@
 """A dry run plans from shapes alone (edge/shapes_only.py): no block computes, so a long
 video's plan takes as long as a short one's, and it prints the blocks at the asked size and
-the activations each call holds (edge/activation_memory.py)."""
+the activations each call holds (edge/activation_memory.py) and what a generation computes
+(edge/compute_cost.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def test_a_dry_run_of_a_long_video_computes_nothing(wan_folder, block_outputs):
     # and the activations each call holds, the transformer's blocks in one row
     assert "transformer/block_0 .. block_1" in result.output
     assert "largest activation peak" in result.output
+    # and what a generation computes, the steps of the transformer (Wan's 50) counted
+    assert "compute per generation: " in result.output and "(50 steps of " in result.output
+    assert "at this machine's float32 matrix-product rate" in result.output
 
 
 class _Mlp(torch.nn.Module):

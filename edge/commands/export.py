@@ -73,6 +73,11 @@ def export(
     bundle_ort: Annotated[Path | None, typer.Option(
         help="web: copy onnxruntime-web from this dist folder into the package, so the page "
         "works offline.")] = None,
+    check: Annotated[str, typer.Option(
+        help="onnx: the end-to-end check. full: a generation by the package against the "
+        "family's reference at the export's size; small: at the family's small size, "
+        "exported alongside through the same code; blocks: each block only; auto: full "
+        "when its estimate here is under 10 minutes, else small.")] = "auto",
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
     from edge.budget import BudgetError
@@ -96,6 +101,7 @@ def export(
     # does not take, a destination edge may not replace
     try:
         family = family_of(model)
+        _check_option(check, target, family)
         exporter = target_module(target)
         check_options(family, family_options)
         if out_of_core and target != "onnx":
@@ -119,15 +125,52 @@ def export(
         with shapes_only() if dry_run else contextlib.nullcontext():
             prepared = exporter.prepare(family_model, options)
             plan = prepared.plan_lines + _activation_lines(prepared, options) if dry_run else []
+            cost = _generation_cost(family_model, prepared) if dry_run else None
     except (FamilyError, BudgetError, ExportOptionError) as err:
         fail(str(err))
     for note in prepared.notes:
         echo(note)
     if dry_run:
-        for line in plan:
+        from edge.compute_cost import cost_lines, matmul_rate
+
+        for line in plan + cost_lines(cost, matmul_rate()):  # the rate of real products
             echo(line)
         return
+    try:
+        options = _with_end_to_end(check, target, family, model, family_options, family_model,
+                                   prepared, exporter, options)
+    except (FamilyError, BudgetError, ExportOptionError) as err:
+        fail(str(err))
     _export_with_progress(exporter, family_model, prepared, dest, options, target)
+
+
+def _check_option(check: str, target: str, family: str) -> None:
+    from edge.commands.export_check import LEVELS
+    from edge.exporters import ExportOptionError
+
+    if check not in LEVELS:
+        raise ExportOptionError(f"--check {check!r}: one of {', '.join(LEVELS)}")
+    if check in ("small", "blocks") and target != "onnx":
+        raise ExportOptionError(f"--check {check} applies to --target onnx, not {target} "
+                                "(its end-to-end check runs at the export's size)")
+    if check == "small" and family == "tiny-sora":
+        raise ExportOptionError("--check small: tiny-sora's size is fixed, and its full "
+                                "check takes seconds")
+
+
+def _with_end_to_end(check, target, family, folder, family_options, model, prepared,
+                     exporter, options):
+    """`options` with the end-to-end check's result where --check (or its estimate, for
+    auto) has it run beside the export rather than by it (edge/commands/export_check.py)."""
+    from dataclasses import replace
+
+    from edge.commands.export_check import check_level, end_to_end_result
+
+    if target != "onnx":
+        return options
+    level = check_level(check, family, folder, model, prepared)
+    result = end_to_end_result(level, family, folder, family_options, exporter, options)
+    return options if result is None else replace(options, end_to_end=result)
 
 
 def _activation_lines(prepared, options) -> list[str]:
@@ -142,6 +185,14 @@ def _activation_lines(prepared, options) -> list[str]:
     floor = sum(sizes[:2])  # the block computing and the one read ahead
     with budget_score_limit(options.memory_budget):
         return activation_lines(prepared.components, floor, options.memory_budget)
+
+
+def _generation_cost(model, prepared):
+    """What a generation computes, from the shapes of the blocks as cut."""
+    from edge.compute_cost import generation_cost
+
+    return generation_cost(prepared.components, model.chunked, tuple(model.latent_shape),
+                           model.sampler.steps)
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

@@ -41,6 +41,14 @@ def export_options(family: str) -> tuple[str, ...]:
     return family_module(family).EXPORT_OPTIONS
 
 
+def check_size(family: str, folder: Path | None) -> dict[str, int] | None:
+    """The small video size the family's exports may be checked end to end at (`edge export
+    --check small`), from the folder's JSON files; None where the family's size is fixed
+    (tiny-sora)."""
+    small = getattr(family_module(family), "check_size", None)
+    return None if small is None else small(folder)
+
+
 def family_of(folder: Path | None) -> str:
     """The family name of a model folder (None: the shipped tiny-sora), refused with a
     message naming the folder or value when edge cannot take it."""

@@ -757,6 +757,14 @@ class CogVideoXModel(PipelineModel):
                 else dynamic_guidance}
 
 
+def check_size(folder: Path) -> dict[str, int]:
+    """The small size an export's end-to-end check may run at (`--check small`): a few
+    latent frames, two patches a side."""
+    shapes = check_components(folder)
+    side = 2 * shapes.spatial * shapes.patch
+    return {"height": side, "width": side, "frames": 2 * shapes.temporal + 1}
+
+
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
             frames: int | None = None, steps: int | None = None) -> Accepted:
     """What this family takes, from the folder's JSON files alone (nothing loaded): every

@@ -787,6 +787,14 @@ class LTXModel(PipelineModel):
         return options
 
 
+def check_size(folder: Path) -> dict[str, int]:
+    """The small size an export's end-to-end check may run at (`--check small`): a few
+    latent frames, two patches a side."""
+    shapes = check_components(folder)
+    side = 2 * video_multiple(shapes)
+    return {"height": side, "width": side, "frames": shapes.temporal + 1}
+
+
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
             frames: int | None = None, steps: int | None = None,
             frame_rate: float | None = None, decode_timestep: float | None = None,

@@ -713,6 +713,14 @@ class WanModel(PipelineModel):
             first_x, x = first_out[0], out[0]
         return blocks
 
+def check_size(folder: Path) -> dict[str, int]:
+    """The small size an export's end-to-end check may run at (`--check small`): two latent
+    frames, two patches a side."""
+    shapes = check_components(folder)
+    return {"height": 2 * shapes.spatial * shapes.patch[1],
+            "width": 2 * shapes.spatial * shapes.patch[2], "frames": shapes.temporal + 1}
+
+
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
             frames: int | None = None, steps: int | None = None) -> Accepted:
     """The one place that says what this family takes, from the folder's JSON files alone

@@ -1,0 +1,81 @@
+"""How much of an export's end-to-end check runs (`edge export --check`).
+
+The check generates a video twice, with the package and with the family's reference, and
+compares them. At toy sizes that is seconds; at Wan 1.3B's 480x832x17 one step is tens of
+TFLOP, about ten minutes of this machine each way, and at 480x832x81 hours. The levels:
+
+- full: both generations at the export's own size (what every export did before);
+- small: both at the family's small size (`edge.families.check_size`), through the same
+  family code and the same exporter into a temporary package, before the real export, whose
+  blocks are then each validated at their own size as always; the manifest records the size;
+- blocks: each block against PyTorch, no generation;
+- auto (the default): full when its estimate (edge/compute_cost.py: the FLOPs of two
+  generations over this machine's measured rate) is under CHECK_SECONDS, otherwise small
+  where the family has a small size, saying so.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from edge.console import echo
+
+LEVELS = ("auto", "full", "small", "blocks")
+CHECK_SECONDS = 600.0  # the most `auto` lets a full check take by its estimate
+
+
+def check_level(level: str, family: str, folder: Path | None, model, prepared) -> str:
+    """The level to run: `level` itself, or for `auto` the one its estimate allows (said in a
+    note). The estimate counts the blocks as cut, from their shapes."""
+    from edge.compute_cost import format_seconds, generation_cost, matmul_rate
+    from edge.families import check_size
+
+    if level != "auto":
+        return level
+    cost = generation_cost(prepared.components, model.chunked, tuple(model.latent_shape),
+                           model.sampler.steps)
+    seconds = 2 * cost.total / matmul_rate()
+    if seconds <= CHECK_SECONDS or check_size(family, folder) is None:
+        return "full"
+    echo(f"note: a full end-to-end check at this size takes at least "
+         f"{format_seconds(seconds)} here (two generations of {model.sampler.steps} steps); "
+         "checking end to end at the family's small size instead (--check full to insist)")
+    return "small"
+
+
+def end_to_end_result(level: str, family: str, folder: Path | None, family_options: dict,
+                      exporter, options) -> dict | None:
+    """The manifest's `validation` for `level`, computed before the export (None for full:
+    the export checks itself)."""
+    if level == "full":
+        return None
+    if level == "blocks":
+        return {"skipped": True, "note": "no end-to-end check (--check blocks): each block "
+                "was validated against PyTorch"}
+    return _small_check(family, folder, family_options, exporter, options)
+
+
+def _small_check(family: str, folder: Path | None, family_options: dict, exporter,
+                 options) -> dict:
+    """Export the model at the family's small size into a temporary package, with its full
+    end-to-end check; that check's result, with the size."""
+    from tqdm import tqdm
+
+    from edge.exporters import Progress
+    from edge.families import check_size, load_model
+
+    size = check_size(family, folder)
+    small = load_model(folder, **(family_options | size))
+    prepared = exporter.prepare(small, options)
+    at = f"{size['height']}x{size['width']}x{size['frames']}"
+    with (tempfile.TemporaryDirectory(prefix="edge-check-") as tmp,
+          tqdm(total=prepared.block_count, desc=f"checking end to end at {at}",
+               unit="block") as bar):
+        progress = Progress(on_block=lambda key: bar.update())
+        manifest = exporter.export(small, prepared, Path(tmp) / "package",
+                                   replace(options, end_to_end=None), progress)
+    return manifest["validation"] | {
+        "size": size, "note": f"checked end to end at {at}, the family's small size, "
+        "through the same code; each block validated at the package's own size"}

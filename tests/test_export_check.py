@@ -1,0 +1,80 @@
+"""`edge export --check` (edge/commands/export_check.py): how much of the end-to-end check
+runs, chosen from the estimate of its cost, and recorded in the manifest as it ran."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from edge.commands import app
+from edge.families import check_size
+
+runner = CliRunner()
+SIZE = ["--height", "32", "--width", "48", "--frames", "9", "--steps", "2"]
+
+
+def export(args: list[str]):
+    res = runner.invoke(app, ["export", *args])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+@pytest.mark.slow
+def test_the_small_check_exports_and_generates_at_the_familys_small_size(wan_folder, tmp_path,
+                                                                         monkeypatch):
+    from edge.commands.export_check import end_to_end_result
+    from edge.exporters import ExportOptions, target
+
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its temporary package goes
+    result = end_to_end_result("small", "wan", wan_folder, {"steps": 2}, target("onnx"),
+                               ExportOptions())
+    assert result["size"] == check_size("wan", wan_folder) == {"height": 32, "width": 32,
+                                                                "frames": 5}
+    assert result["prompt"] and (result["identical"] or result["psnr_db"] >= 40)
+    assert "the family's small size" in result["note"]
+    assert list(tmp_path.iterdir()) == []  # the temporary package is gone
+
+
+@pytest.mark.slow
+def test_blocks_only_records_that_no_generation_ran(wan_folder, tmp_path):
+    out = export(["--model", str(wan_folder), *SIZE, "--check", "blocks",
+                  "-o", str(tmp_path / "pkg")])
+    assert "no end-to-end check (--check blocks)" in out
+    validation = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["validation"]
+    assert validation["skipped"] is True
+
+
+def test_auto_checks_in_full_only_where_the_estimate_allows(wan_folder, monkeypatch, capsys):
+    from edge.commands import export_check
+    from edge.families import load_model
+
+    model = load_model(wan_folder, height=32, width=48, frames=9, steps=2)
+    prepared = type("P", (), {"components": model.cut()})()
+    assert export_check.check_level("auto", "wan", wan_folder, model, prepared) == "full"
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(export_check, "CHECK_SECONDS", 0.0)  # any full check costs too much
+    assert export_check.check_level("auto", "wan", wan_folder, model, prepared) == "small"
+    assert re.search(r"note: a full end-to-end check at this size takes at least "
+                     r"(under )?[\d.]+ s here \(two generations of 2 steps\); checking end "
+                     r"to end at the family's small size instead", capsys.readouterr().out)
+    assert export_check.check_level("full", "wan", wan_folder, model, prepared) == "full"
+    # a family without a small size keeps the full check whatever it costs
+    assert export_check.check_level("auto", "tiny-sora", None, model, prepared) == "full"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--check", "some"], "--check 'some': one of auto, full, small, blocks"),
+    (["--check", "small", "--target", "web"], "--check small applies to --target onnx, "
+     "not web"),
+    (["--check", "blocks", "--target", "iphone"], "--check blocks applies to --target onnx"),
+    (["--check", "small"], "--check small: tiny-sora's size is fixed"),
+])
+def test_check_levels_a_target_or_family_cannot_take_are_refused(args, message, tmp_path):
+    res = runner.invoke(app, ["export", *args, "-o", str(tmp_path / "pkg")])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert not (tmp_path / "pkg").exists()
