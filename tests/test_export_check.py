@@ -25,10 +25,10 @@ def export(args: list[str]):
 @pytest.mark.slow
 def test_the_small_check_exports_and_generates_at_the_familys_small_size(wan_folder, tmp_path,
                                                                          monkeypatch):
+    import tempfile
+
     from edge.commands.export_check import end_to_end_result
     from edge.exporters import ExportOptions, target
-
-    import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its temporary package goes
     result = end_to_end_result("small", "wan", wan_folder, {"steps": 2}, target("onnx"),
