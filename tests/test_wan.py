@@ -225,8 +225,8 @@ def test_weights_not_matching_the_config_name_the_tensor(wan_folders, tmp_path):
     config = folder / "transformer" / "config.json"
     config.write_text(json.dumps(json.loads(config.read_text()) | {"ffn_dim": 64}))
     with pytest.raises(FamilyError, match=r"transformer/diffusion_pytorch_model.safetensors: "
-                       r"tensor 'blocks.0.ffn.net.0.proj.bias' has shape \[48\], but .*"
-                       r"transformer/config.json makes it \[64\]"):
+                       r"tensor 'blocks.0.ffn.net.0.proj.weight' has shape \[48, 24\], but .*"
+                       r"transformer/config.json makes it \[64, 24\]"):
         load_model(folder, **SIZE)
 
 

@@ -153,7 +153,7 @@ def check_against_weights(component: Path, cls, module, stored: dict) -> None:
                           "config smaller than the weights?)")
     for name, shape in shapes.items():
         if name in stored and tuple(stored[name].shape) != shape:
-            raise FamilyError(f"{component}: tensor {name!r} is stored with shape "
+            raise FamilyError(f"{stored[name].path}: tensor {name!r} has shape "
                               f"{list(stored[name].shape)}, but {config} makes it "
                               f"{list(shape)}")
 
@@ -171,19 +171,18 @@ def component_builder(component: Path, library: str, class_name: str):
     return cls, build
 
 
-def check_component(component: Path, library: str, class_name: str) -> None:
+def check_component(component: Path, library: str, class_name: str, cfg: dict) -> None:
     """Steps 1 to 3 of the module's docstring for one component folder with safetensors
-    weights (a component stored otherwise is left to its library)."""
+    weights (a component stored otherwise is left to its library); `cfg`: its config.json,
+    read."""
     from accelerate import init_empty_weights
 
-    from edge.families.folder import read_json
     from edge.lazy_weights import FolderWeights, ShardError
 
     if not any(component.glob("*.safetensors")):
         return
     cls, build = component_builder(component, library, class_name)
     config = component / "config.json"
-    cfg = read_json(config)
     check_field_types(config, cfg, cls)
     try:
         stored = FolderWeights(component).tensors

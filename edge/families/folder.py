@@ -207,7 +207,8 @@ def check_weighted_components(folder: Path, components: tuple[str, ...] = WEIGHT
     (edge/families/config_check.py), before either library builds a model from it."""
     index = read_json(folder / "model_index.json")
     for name in components:
-        check_component(folder / name, *index[name][:2])
+        check_component(folder / name, *index[name][:2],
+                        read_json(folder / name / "config.json"))
 
 
 def load_storage_free_pipeline(folder: Path, pipeline_class,
