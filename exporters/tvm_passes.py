@@ -128,3 +128,55 @@ def narrow_concats(mod: tvm.IRModule, max_inputs: int) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             narrower.builder_.update_func(gv, narrower.visit_expr(func))
     return narrower.builder_.get()
+
+
+def _kernel_buffers(func: relax.Function) -> int:
+    """Storage buffers the kernel of a fused function binds: its tensor parameters and its
+    outputs."""
+    ret = func.ret_ty
+    outputs = len(ret.fields) if isinstance(ret, relax.TupleType) else 1
+    return outputs + sum(isinstance(p.ty, relax.TensorType) for p in func.params)
+
+
+def _called_kernels(func: relax.Function) -> list[tuple[tvm.ir.GlobalVar, int]]:
+    """The kernels a fused function calls, each with its count of tensor inputs."""
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op == CALL_TIR:
+            found.append((expr.args[0], len(expr.args[1].fields)))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def fuse_within(mod: tvm.IRModule, max_buffers: int, rounds: int = 32) -> tvm.IRModule:
+    """FuseOps, each fused kernel binding at most `max_buffers` storage buffers.
+
+    TVM's relax FuseOps has no bound on a fused function's arguments, and injective chains
+    over many tensors (Wan 2.2's decoder adds up a stage's duplicated branches) fuse into
+    one kernel binding more buffers than WebGPU promises. So: fuse; where a fused kernel is
+    too wide, its member kernel with the most inputs is made opaque (fused with nothing) in
+    the unfused module, and fusion runs again; a kernel that cannot be narrowed so is left
+    to the plan's check, which names it. The mark is the member's PrimFunc's, so every call
+    of that PrimFunc in the block (an `add` of the same shapes) stops fusing too: coarser
+    than needed, and only in blocks that had a kernel too wide."""
+    for _ in range(rounds):
+        fused = relax.transform.FuseOps()(mod)
+        wide = [f for f in fused.functions.values()
+                if isinstance(f, relax.Function) and f.attrs is not None
+                and "Primitive" in f.attrs and _kernel_buffers(f) > max_buffers]
+        if not wide:
+            return fused
+        marked = False
+        for func in wide:
+            candidates = [(inputs, gv) for gv, inputs in _called_kernels(func)
+                          if int(mod[gv].attrs.get("op_pattern", OPAQUE)) != OPAQUE]
+            if candidates:
+                _, gv = max(candidates, key=lambda c: c[0])
+                mod = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+                mod[gv] = mod[gv].with_attr("op_pattern", OPAQUE)
+                marked = True
+        if not marked:
+            return fused
+    return relax.transform.FuseOps()(mod)

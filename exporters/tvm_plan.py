@@ -29,7 +29,12 @@ from tvm.relax.frontend.torch import from_exported_program
 from edge.attention import chunked_attention, replaced_sdpa, written_out_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
-from edge.exporters.tvm_passes import fold_constant_calls, int32_take_indices, narrow_concats
+from edge.exporters.tvm_passes import (
+    fold_constant_calls,
+    fuse_within,
+    int32_take_indices,
+    narrow_concats,
+)
 
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
@@ -103,12 +108,13 @@ def lower(mod: tvm.IRModule) -> tvm.IRModule:
             relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
             t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant()])(narrow)
         # input-independent integer work (tvm_passes) runs here, not as int64 WGSL
+        folded = tvm.transform.Sequential([t.FoldConstant(), t.DeadCodeElimination()])(
+            fold_constant_calls(legal))
         return tvm.transform.Sequential([
-            t.FoldConstant(), t.DeadCodeElimination(), t.FuseOps(),
             t.FuseTIR(), t.RewriteDataflowReshape(), t.ToNonDataflow(),
             t.RemovePurityChecking(), t.CallTIRRewrite(), t.StaticPlanBlockMemory(),
             t.AttachGlobalSymbol(),
-        ])(fold_constant_calls(legal))
+        ])(fuse_within(folded, MAX_STORAGE_BUFFERS))
 
 
 def prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:

@@ -197,3 +197,28 @@ def test_no_kernel_binds_more_storage_buffers_than_every_adapter_gives(compiler)
     joins = [c for c in compiled.plan.calls if c["func"].startswith("concatenate")]
     assert len(joins) == 3  # 12 = 7 + 5, then the two joined
     assert _replay_error(compiled, block) < 1e-5
+
+
+class _ManyBranches(torch.nn.Module):
+    """Injective work over many inputs summed up, as Wan 2.2's decoder adds its duplicated
+    branches: FuseOps joins it all into one kernel binding every input."""
+
+    def forward(self, *xs):
+        total = xs[0].transpose(0, 1)
+        for x in xs[1:]:
+            total = total + x.transpose(0, 1) * 2.0
+        return total
+
+
+def test_fusion_stops_before_a_kernel_binds_too_many_buffers(compiler):
+    from edge.exporters.tvm_plan import MAX_STORAGE_BUFFERS
+
+    xs = tuple(torch.randn(4, 6) for _ in range(12))
+    block = Block("vae_decoder", "up_2", _ManyBranches(), [f"x{i}" for i in range(12)], ["y"],
+                  xs)
+    compiled = compiler.compile(block)
+    bound = [len(k["bindings"]) for c in compiled.plan.calls for k in c["kernels"]]
+    assert max(bound) <= MAX_STORAGE_BUFFERS
+    # still fused where it fits (each input's transpose with its scaling)
+    assert any(c["func"].startswith("fused_") for c in compiled.plan.calls)
+    assert _replay_error(compiled, block) < 1e-5
