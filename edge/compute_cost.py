@@ -119,7 +119,9 @@ def format_seconds(seconds: float) -> str:
         return "under 0.1 s"
     if seconds < 10:
         return f"{seconds:.1f} s"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def cost_lines(cost: GenerationCost, rate: float) -> list[str]:
