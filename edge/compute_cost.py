@@ -22,7 +22,7 @@ from edge.activation_memory import block_signature, written_out_sdpa
 from edge.attention import replaced_sdpa
 from edge.blocks import Block, Chunking
 from edge.lazy_weights import materialized
-from edge.shapes_only import shapes_only
+from edge.shapes_only import active, shapes_only
 
 
 def block_flops(block: Block) -> int:
@@ -90,12 +90,17 @@ def generation_cost(components: dict[str, list[Block]], chunked: dict[str, Chunk
                           decoder=component("vae_decoder"))
 
 
+def model_generation_cost(model, components: dict[str, list[Block]]) -> GenerationCost:
+    """`generation_cost` of a family's model (edge/family_model.py) cut into `components`,
+    at its sampler's steps."""
+    return generation_cost(components, model.chunked, tuple(model.latent_shape),
+                           model.sampler.steps)
+
+
 def matmul_rate(seconds: float = 0.5, size: int = 1024) -> float:
     """FLOP/s of float32 matrix products of `size` on this machine, with PyTorch's threads:
     the rate a generation's floor is counted at. Outside `shapes_only` (fake products take
     no time)."""
-    from edge.shapes_only import active
-
     if active():
         raise RuntimeError("matmul_rate measures real products: call it outside shapes_only")
     a, b = torch.randn(size, size), torch.randn(size, size)

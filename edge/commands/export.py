@@ -81,6 +81,7 @@ def export(
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
     from edge.budget import BudgetError
+    from edge.compute_cost import model_generation_cost
     from edge.exporters import ExportOptionError, ExportOptions
     from edge.exporters import target as target_module
     from edge.families import (
@@ -125,7 +126,7 @@ def export(
         with shapes_only() if dry_run else contextlib.nullcontext():
             prepared = exporter.prepare(family_model, options)
             plan = prepared.plan_lines + _activation_lines(prepared, options) if dry_run else []
-            cost = _generation_cost(family_model, prepared) if dry_run else None
+            cost = model_generation_cost(family_model, prepared.components) if dry_run else None
     except (FamilyError, BudgetError, ExportOptionError) as err:
         fail(str(err))
     for note in prepared.notes:
@@ -185,14 +186,6 @@ def _activation_lines(prepared, options) -> list[str]:
     floor = sum(sizes[:2])  # the block computing and the one read ahead
     with budget_score_limit(options.memory_budget):
         return activation_lines(prepared.components, floor, options.memory_budget)
-
-
-def _generation_cost(model, prepared):
-    """What a generation computes, from the shapes of the blocks as cut."""
-    from edge.compute_cost import generation_cost
-
-    return generation_cost(prepared.components, model.chunked, tuple(model.latent_shape),
-                           model.sampler.steps)
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

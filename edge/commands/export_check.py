@@ -29,14 +29,13 @@ CHECK_SECONDS = 600.0  # the most `auto` lets a full check take by its estimate
 def check_level(level: str, family: str, folder: Path | None, model, prepared) -> str:
     """The level to run: `level` itself, or for `auto` the one its estimate allows (said in a
     note). The estimate counts the blocks as cut, from their shapes."""
-    from edge.compute_cost import format_seconds, generation_cost, matmul_rate
+    from edge.compute_cost import format_seconds, matmul_rate, model_generation_cost
     from edge.families import check_size
 
     if level != "auto":
         return level
     try:
-        cost = generation_cost(prepared.components, model.chunked, tuple(model.latent_shape),
-                               model.sampler.steps)
+        cost = model_generation_cost(model, prepared.components)
     except Exception as err:  # noqa: BLE001 - an estimate must not stop an export
         echo(f"note: the end-to-end check's cost could not be estimated ({type(err).__name__}:"
              f" {str(err)[:200]}); checking in full")

@@ -45,7 +45,7 @@ def _defaults(cls) -> dict:
 
 def _type_error(value, default, key: str) -> str | None:
     """Why `value` cannot stand where the class's default is `default`, or None."""
-    if default is None or value is None and default is None:
+    if default is None:
         return None
     if isinstance(default, bool):
         return None if isinstance(value, bool) else "must be true or false"
