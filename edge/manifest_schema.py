@@ -306,7 +306,11 @@ COREML_COMPUTE_UNITS = ("all", "cpuOnly", "cpuAndGPU", "cpuAndNeuralEngine")
 # "separate", each variant a program of its own (iOS 17); "multifunction", a block and its
 # variants the functions of one program sharing one weight file (iOS 18: a runtime loads a
 # function by name, MLModelConfiguration.functionName)
-COREML_LAYOUTS = {"separate": 17, "multifunction": 18}   # layout -> the least iOS it needs
+# "coreai", a Core AI model (.aimodel) per block, its variants functions of it (iOS 27)
+COREML_LAYOUTS = {"separate": 17, "multifunction": 18, "coreai": 27}  # layout -> least iOS
+PROGRAM_SUFFIX = {"separate": ".mlpackage", "multifunction": ".mlpackage",
+                  "coreai": ".aimodel"}
+_FUNCTIONS = ("multifunction", "coreai")   # layouts whose programs hold named functions
 _IOS = re.compile(r"iOS(\d+)")
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -321,12 +325,11 @@ def _check_functions(block: dict, variants: dict, layout: str, at: str) -> None:
         if "function" not in record:
             continue
         function = require(record, "function", str, place)
-        if layout != "multifunction":
+        if layout not in _FUNCTIONS:
             raise PackageError(f"{place}: function {function!r} in a {layout!r} layout (only "
                                "a multifunction program has functions to choose from)")
         if not _FUNCTION.fullmatch(function):
-            raise PackageError(f"{place}: function {function!r} is not a CoreML function "
-                               "name")
+            raise PackageError(f"{place}: function {function!r} is not a function name")
     if not variants:
         return
     if layout == "separate":
@@ -337,14 +340,14 @@ def _check_functions(block: dict, variants: dict, layout: str, at: str) -> None:
                                    "is a program of its own")
         return
     if "function" not in block:
-        raise PackageError(f"{at}: a block with variants in the multifunction layout must name "
+        raise PackageError(f"{at}: a block with variants in the {layout} layout must name "
                            "its function of the shared program (field 'function')")
     seen = {block["function"]: "the block"}
     for name, record in variants.items():
         place = f"{at} variant {name}"
         if record["model"] != block["model"]:
             raise PackageError(f"{place}: model {record['model']!r} is not the block's "
-                               f"{block['model']!r}; in the multifunction layout a variant is "
+                               f"{block['model']!r}; in the {layout} layout a variant is "
                                "a function of its block's program")
         if "function" not in record:
             raise PackageError(f"{place}: missing field 'function' (which function of "
@@ -384,8 +387,10 @@ def _check_coreml(manifest: dict) -> None:
             records = [(at, block)] + [(f"{at} variant {n}", v) for n, v in variants.items()]
             for place, record in records:
                 model = require(record, "model", str, place)
-                if not model.endswith(".mlpackage"):
-                    raise PackageError(f"{place}: model {model!r} is not an .mlpackage")
+                suffix = PROGRAM_SUFFIX[layout]
+                if not model.endswith(suffix):
+                    raise PackageError(f"{place}: model {model!r} is not an {suffix} (layout "
+                                       f"{layout!r})")
                 for field in ("graph", "weights"):
                     path = record[field]["path"] if field == "weights" else record[field]
                     if not (path.startswith(model + "/") and path in listed):

@@ -73,6 +73,11 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def folder_bytes(root: Path) -> int:
+    """Bytes of every file under `root` (a package on disk, a program's folder)."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
 def file_entry(root: Path, path: Path) -> dict:
     """The manifest record of one file: package-relative POSIX path, byte size, sha256."""
     return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size,

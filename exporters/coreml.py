@@ -114,9 +114,10 @@ _FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def layout(min_ios: int) -> Layout:
     """The layout of `--min-ios min_ios`, or a ValueError naming the known ones."""
     if min_ios not in LAYOUTS:
-        raise ValueError(f"--min-ios {min_ios!r} not understood; use "
-                         f"{' or '.join(str(k) for k in LAYOUTS)} (18: a block and its variants "
-                         "as one multifunction .mlpackage; 17: one .mlpackage per variant)")
+        raise ValueError(f"--min-ios {min_ios!r} not understood; use 27, "
+                         f"{' or '.join(str(k) for k in LAYOUTS)} (27: a Core AI model per "
+                         "block, executed at export; 18: a block and its variants as one "
+                         "multifunction .mlpackage; 17: one .mlpackage per variant)")
     return LAYOUTS[min_ios]
 
 

@@ -33,17 +33,30 @@ from edge.exporters.coreml import (
     layout,
 )
 from edge.family_model import FamilyModel
+from edge.package import folder_bytes
 from edge.plan import READ_UNIT, plan_lines, plan_residency
 
 NAME = "iphone"
+COREAI_MIN_IOS = 27   # --min-ios 27: the Core AI layout (exporters/coreai_target.py)
 
 
 def _min_ios(options: ExportOptions) -> int:
     return DEFAULT_MIN_IOS if options.min_ios is None else options.min_ios
 
 
+def _coreai(options: ExportOptions):
+    """The Core AI layout's module where `--min-ios 27` asks for it, else None."""
+    if _min_ios(options) != COREAI_MIN_IOS:
+        return None
+    from edge.exporters import coreai_target
+
+    return coreai_target
+
+
 def check(options: ExportOptions) -> None:
     refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget"})
+    if _coreai(options):
+        return _coreai(options).check(options)
     try:
         check_setting(options.quantize or "fp16")
         layout(_min_ios(options))
@@ -57,8 +70,7 @@ def folder_name(model_name: str, options: ExportOptions) -> str:
             + ("" if min_ios == DEFAULT_MIN_IOS else f"-ios{min_ios}"))
 
 
-def package_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+package_bytes = folder_bytes   # the whole package on disk (benchmarks and tests name it so)
 
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
@@ -67,6 +79,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     budget the residency plan the Swift loader will follow (the --dry-run table)."""
     from edge.exporters.coreml import device_blocks, estimated_bytes
 
+    if _coreai(options):
+        return _coreai(options).prepare(model, options)
     refuse_out_of_core(NAME, model)
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
     try:   # the family's own settings ("4") and the iOS they need are known once it is loaded
@@ -107,6 +121,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     from edge.exporters.coreml import export_coreml
     from edge.exporters.coreml_check import end_to_end_check
 
+    if _coreai(options):
+        return _coreai(options).export(model, prepared, dest, options, progress)
     quantize = options.quantize or "fp16"
     with budget_score_limit(options.memory_budget):
         return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
@@ -116,6 +132,10 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
+    if manifest["coreml"].get("layout") == "coreai":
+        from edge.exporters import coreai_target
+
+        return coreai_target.summary(manifest, dest, seconds)
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
     on_disk = package_bytes(dest)

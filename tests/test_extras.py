@@ -55,6 +55,7 @@ def run_without(blocked: tuple[str, ...], args: list[str],
 @pytest.mark.parametrize("blocked, args, extra", [
     (("tvm",), ["export", "--target", "web", "--dry-run"], "web"),
     (("coremltools",), ["export", "--target", "iphone", "--dry-run"], "iphone"),
+    (("coreai",), ["export", "--target", "iphone", "--min-ios", "27", "--dry-run"], "iphone"),
     (("torch",), ["export", "--dry-run"], "export"),
     (("torch",), ["generate", "a red circle moving left", "-o", "x.gif"], "export"),
     (("torch", "diffusers"), ["scale-model", "m"], "export"),

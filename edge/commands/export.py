@@ -31,9 +31,12 @@ def export(
         help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
     quantize: Annotated[str | None, typer.Option(
         help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized) or 4 "
-        "(mostly 4-bit palettized, the transformer int8) [default: fp16].")] = None,
+        "(mostly 4-bit palettized, the transformer int8); with --min-ios 27 fp32 or fp16 "
+        "[default: fp16].")] = None,
     min_ios: Annotated[int | None, typer.Option(
-        help="iphone: the oldest iOS the package runs on. 18: a block and its variants (TDTM, "
+        help="iphone: the oldest iOS the package runs on. 27: a Core AI model (.aimodel) per "
+        "block, its variants as functions sharing its weights, every program executed "
+        "through Core AI at export; 18: a block and its variants (TDTM, "
         "the decoder's first pieces) are the functions of one multifunction .mlpackage "
         "sharing one weight file; 17: each variant is an .mlpackage of its own with a copy "
         "of the weights [default: 18].")] = None,

@@ -24,6 +24,8 @@ EXTRA_OF_MODULE = {
     "accelerate": ("accelerate", "export"),
     "coremltools": ("coremltools", "iphone"),
     "sklearn": ("scikit-learn", "iphone"),
+    "coreai": ("coreai-core", "iphone"),
+    "coreai_torch": ("coreai-torch", "iphone"),
     "tvm": ("apache-tvm", "web"),
     "ray": ("ray", "ray"),
 }

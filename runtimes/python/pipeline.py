@@ -119,6 +119,13 @@ COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
 LATENT_LAYOUTS = ("frames", "video")
 
 
+def is_coreai(manifest: dict) -> bool:
+    """An iphone package in the Core AI layout (`--min-ios 27`): the Python runtime runs its
+    programs through Core AI's runtime (runtimes/python/coreai_session.py)."""
+    return (manifest["target"] == "iphone"
+            and manifest.get("coreml", {}).get("layout") == "coreai")
+
+
 def check_runnable(manifest: dict, any_target: bool = False) -> None:
     """Refuse, before any session exists, a well-formed package this runtime cannot run: another
     target (unless `any_target`: its blocks run some other way), a missing component, blocks
@@ -126,7 +133,8 @@ def check_runnable(manifest: dict, any_target: bool = False) -> None:
     settings it does not know."""
     if manifest["target"] != RUNTIME_TARGET and not any_target:
         raise PackageError(f"{MANIFEST}: target {manifest['target']!r}; the Python runtime "
-                           f"runs {RUNTIME_TARGET!r} packages")
+                           f"runs {RUNTIME_TARGET!r} packages and iphone packages of the "
+                           "Core AI layout (edge export --target iphone --min-ios 27)")
     components = {c["name"]: c["blocks"] for c in manifest["components"]}
     chunking = {c["name"]: c["chunked"] for c in manifest["components"] if "chunked" in c}
     for name, given in COMPONENT_INPUTS.items():
@@ -284,6 +292,7 @@ class Pipeline:
         self._running_in: int | None = None        # the thread inside generate, if any
         self._running_in_method: str | None = None
         self._closed = False
+        self._programs = None   # a Core AI package's models (Pipeline.load opens them)
 
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
@@ -304,6 +313,11 @@ class Pipeline:
         return_freed_activations_to_the_system()
         identities: dict = {}
         manifest = read_package(root, check_hashes=check_hashes, identities=identities)
+        programs = None   # a Core AI package's open models, closed with the pipeline
+        if open_block is None and is_coreai(manifest):
+            from edge.runtimes.python.coreai_session import coreai_opener
+
+            open_block, programs = coreai_opener(root)
         check_runnable(manifest, any_target=open_block is not None)
         options = ort.SessionOptions()
         # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
@@ -332,6 +346,7 @@ class Pipeline:
                              every_step=tuple(components["transformer"].keys()),
                              prefetch=prefetch, cold_reads=cold_reads, pin=pin)
         pipe = cls(root, manifest, loader, components, lean_decode)
+        pipe._programs = programs
         if open_block is None:  # what another runner takes (dtypes, batch) is its business
             check_runtime_feeds(manifest, pipe.null_caption)
         # graphs, tokenizer and null caption were read after verification: still the same?
@@ -640,4 +655,6 @@ class Pipeline:
         """Stop the loader's reader and let the blocks go; a second call does nothing."""
         if not self._closed:
             self.loader.close()
+            if self._programs is not None:
+                self._programs.close()
             self._closed = True

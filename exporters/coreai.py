@@ -1,0 +1,289 @@
+"""`edge export --target iphone --min-ios 27`: one Core AI model (`.aimodel`) per block,
+every program executed at export.
+
+Core AI (iOS 27) is Apple's successor to Core ML. Its Python packages (`coreai-core`,
+`coreai-torch`, pinned in the [iphone] extra: they are beta) convert a `torch.export` graph
+to a Core AI program, and their runtime executes programs on Linux through a bundled
+reference interpreter. So, unlike a Core ML package, every program this exporter writes has
+run before the package exists: each block's graph (and each variant's) is executed on the
+block's example inputs and held to the PyTorch block.
+
+A block and its variants (TDTM, a chunked component's `first` piece) are the functions of one
+`.aimodel` (a folder: `main.mlirb`, MLIR bytecode with the weights inside; `main.hash`, its
+sha256; `metadata.json`): the converter stores a tensor the graphs share once. Inputs and
+outputs are float32 and int32 (Core AI narrows int64 to int32, as Core ML has no int64).
+
+Storage (`--quantize`): "fp32" keeps the graph as PyTorch computes it; "fp16" converts the
+block in half precision (weights and compute) behind float32 inputs and outputs, which on
+Linux the interpreter emulates (slowly: fine at test sizes). Conversion and execution run in
+a child process (exporters/coreai_worker.py): a crash there is an error naming the block,
+and the package is not written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge.attention import chunked_attention
+from edge.blocks import Block
+from edge.exporters import ExportValidationError
+from edge.exporters.coreai_worker import PINNED
+from edge.package import file_entry
+
+MAIN = "main"
+ASSET_FILES = ("main.mlirb", "main.hash", "metadata.json")
+LAYOUT = "coreai"
+MIN_IOS = 27
+WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as an error
+WORKER = Path(__file__).with_name("coreai_worker.py")
+WORKER_PYTHON: str | None = None   # the interpreter the worker runs in (default: this one)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a block's graph is converted: its weights' and compute's dtype, and how near the
+    executed program must come to the fp32 PyTorch block (relative to the output's largest
+    magnitude)."""
+
+    setting: str
+    dtype: torch.dtype
+    tolerance: float
+    record: dict
+
+
+PRECISIONS = {
+    # float rounding in another order of operations
+    "fp32": Precision("fp32", torch.float32, 1e-5, {"method": "none", "weights": "float32"}),
+    # half precision throughout: 2^-11 per rounding, grown through a block's layers
+    "fp16": Precision("fp16", torch.float16, 3e-2, {"method": "none", "weights": "float16",
+                                                    "compute": "float16"}),
+}
+
+
+def check_precision(quantize: str) -> Precision:
+    if quantize not in PRECISIONS:
+        raise ValueError(f"--quantize {quantize!r} with --min-ios {MIN_IOS}: Core AI packages "
+                         f"take {' or '.join(PRECISIONS)} so far (8, 6 and 4 bits are the "
+                         "Core ML layouts', --min-ios 17 or 18)")
+    return PRECISIONS[quantize]
+
+
+def import_coreai() -> None:
+    """Core AI's converter, or a ModuleNotFoundError naming it (the [iphone] extra brings
+    it); checked before any work, as the conversion itself runs in a child process."""
+    with warnings.catch_warnings():   # "validated with torch<=2.13.0; found 2.13.0+cpu"
+        warnings.simplefilter("ignore")
+        import coreai  # noqa: F401
+        import coreai_torch  # noqa: F401
+
+
+class HalfPrecision(nn.Module):
+    """A block computed in float16 behind float32 inputs and outputs (integer inputs, token
+    ids and masks, pass as they are)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.inner = copy.deepcopy(module).half()
+
+    def forward(self, *inputs: torch.Tensor):
+        out = self.inner(*(t.half() if t.is_floating_point() else t for t in inputs))
+        if isinstance(out, tuple):
+            return tuple(o.float() for o in out)
+        return out.float()
+
+
+def _device_input(t: torch.Tensor) -> np.ndarray:
+    # Core AI narrows int64 inputs to int32: token ids and masks travel as int32
+    if t.dtype in (torch.int64, torch.int32):
+        return t.to(torch.int32).numpy()
+    return t.to(torch.float32).contiguous().numpy()
+
+
+def manifest_dtype(t: torch.Tensor) -> str:
+    return "int32" if t.dtype in (torch.int64, torch.int32) else "float32"
+
+
+def signature(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[dict]:
+    return [{"name": n, "dtype": manifest_dtype(t), "shape": list(t.shape)}
+            for n, t in zip(names, tensors, strict=True)]
+
+
+def _save_graph(block: Block, precision: Precision, where: Path) -> dict:
+    """torch.export the block's graph at its example shapes (attention chunked as on every
+    target) and save it with its example inputs for the worker."""
+    module = block.module.eval()
+    if precision.dtype is torch.float16:
+        module = HalfPrecision(module)
+    example = tuple(t.contiguous() for t in block.example)
+    with chunked_attention():
+        program = torch.export.export(module, example)
+    torch.export.save(program, where.with_suffix(".pt2"))
+    np.savez(where.with_suffix(".npz"),
+             **{n: _device_input(t) for n, t in zip(block.inputs, example, strict=True)})
+    return {"program": str(where.with_suffix(".pt2")), "inputs": str(where.with_suffix(".npz")),
+            "input_names": list(block.inputs), "output_names": list(block.outputs)}
+
+
+def _crash_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"ended by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"ended by signal {-code}"
+    return f"exited with status {code}"
+
+
+def run_worker(jobs: list[Path], keys: list[str],
+               on_done: Callable[[int], None] | None = None) -> list[dict]:
+    """Convert and execute the blocks' jobs in order in one child process; the results of
+    each, or an ExportValidationError naming the first block that failed and how (the
+    converter's or runtime's message, or the crash). `on_done(i)`: job i has its results."""
+    # the worker is a script of its own (it imports nothing of the toolkit); -P: its folder
+    # is not put on sys.path, where this module's name would hide Core AI's `coreai`
+    results = [job.with_name("results.json") for job in jobs]
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        child = subprocess.Popen([WORKER_PYTHON or sys.executable, "-P", str(WORKER),
+                                  *map(str, jobs)], stdout=subprocess.DEVNULL, stderr=stderr)
+        reported, started = 0, time.monotonic()
+        while True:
+            try:
+                code = child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                code = None
+            while reported < len(jobs) and results[reported].is_file():
+                if on_done:
+                    on_done(reported)
+                reported += 1
+            if code is not None:
+                break
+            if time.monotonic() - started > WORKER_SECONDS * len(jobs):
+                child.kill()
+                child.wait()
+                raise ExportValidationError(
+                    f"block {keys[reported]}: Core AI's conversion and execution ran past "
+                    f"{WORKER_SECONDS} s a block")
+        stderr.seek(0)
+        tail = " | ".join(stderr.read().strip().splitlines()[-3:])
+    found = []
+    for key, path in zip(keys, results, strict=True):
+        if not path.is_file():
+            raise ExportValidationError(f"block {key}: Core AI's converter or runtime "
+                                        f"{_crash_text(code)} (nothing written): {tail}")
+        done = json.loads(path.read_text())
+        if not done["ok"]:
+            what = "cannot convert it" if done["stage"] == "convert" else "failed to run it"
+            raise ExportValidationError(f"block {key}: Core AI {what}: {done['error']}")
+        found.append(done)
+    return found
+
+
+def executed_error(got: dict[str, np.ndarray], block: Block,
+                   reference: tuple[torch.Tensor, ...], precision: Precision,
+                   seconds: float) -> dict:
+    """The executed program's outputs against the fp32 PyTorch block."""
+    error = scale = relative = 0.0
+    for name, want in zip(block.outputs, reference, strict=True):
+        out = got[name]
+        if out.shape != tuple(want.shape):
+            raise ExportValidationError(f"block {block.key}: Core AI's {name} is "
+                                        f"{list(out.shape)}, the block's {list(want.shape)}")
+        want = want.float().numpy()
+        # each output against its own largest magnitude (a mask's -1e4 is no scale for a
+        # hidden state beside it)
+        err, top = float(np.abs(out.astype(np.float32) - want).max()), float(np.abs(want).max())
+        error, scale = max(error, err), max(scale, top)
+        relative = max(relative, err / max(top, np.finfo(np.float32).tiny))
+    return {"max_abs_error": error, "reference_max_abs": scale,
+            "relative_error": relative, "tolerance": precision.tolerance,
+            "executed": f"Core AI runtime (coreai-core {PINNED['coreai-core']})",
+            "execute_seconds": round(seconds, 4)}
+
+
+def _job(block: Block, root: Path, precision: Precision, scratch: Path) -> Path:
+    """Save a block's graphs (its own as "main", each variant under its name) and the job
+    that converts them into the functions of one .aimodel in `root` and executes them."""
+    scratch.mkdir()
+    graphs = {MAIN: block} | {name: block.variant(name) for name in block.variants}
+    path = root / f"models/{block.component}/{block.name}.aimodel"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    job = {"aimodel": str(path), "results": str(scratch / "results.json"),
+           "functions": [{"name": name} | _save_graph(graph, precision, scratch / name)
+                         for name, graph in graphs.items()]}
+    (scratch / "job.json").write_text(json.dumps(job))
+    return scratch / "job.json"
+
+
+def export_blocks(blocks: list[Block], root: Path, precision: Precision,
+                  on_block: Callable[[str], None] | None = None) -> list[dict]:
+    """Convert each block and its variants as the functions of one .aimodel, execute each
+    function on the block's example inputs and hold it to the PyTorch block; their records.
+    One child process does a list of blocks (its imports cost seconds), one at a time."""
+    with tempfile.TemporaryDirectory(prefix="edge-coreai-") as tmp:
+        jobs = [_job(block, root, precision, Path(tmp) / str(i))
+                for i, block in enumerate(blocks)]
+        found = run_worker(jobs, [b.key for b in blocks],
+                           on_done=None if on_block is None else
+                           lambda i: on_block(blocks[i].key))
+        return [_record(block, root, precision, done) for block, done
+                in zip(blocks, found, strict=True)]
+
+
+def export_block(block: Block, root: Path, precision: Precision) -> dict:
+    return export_blocks([block], root, precision)[0]
+
+
+def _record(block: Block, root: Path, precision: Precision, found: dict) -> dict:
+    """A converted block's manifest record, each function's executed outputs checked."""
+    graphs = {MAIN: block} | {name: block.variant(name) for name in block.variants}
+    relative = f"models/{block.component}/{block.name}.aimodel"
+    path = root / relative
+    records = {}
+    for name, graph in graphs.items():
+        with np.load(found["functions"][name]["outputs"]) as saved:
+            got = {n: saved[n] for n in graph.outputs}
+        reference = graph.run(*graph.example)
+        check = executed_error(got, graph, reference, precision,
+                               found["functions"][name]["seconds"])
+        if not check["relative_error"] <= precision.tolerance:
+            raise ExportValidationError(
+                f"block {block.key}{'' if name == MAIN else f' variant {name}'}: executed "
+                f"by Core AI it differs from PyTorch by {check['max_abs_error']:.3g} "
+                f"({check['relative_error']:.3g} of its largest output "
+                f"{check['reference_max_abs']:.3g}; {precision.setting} allows "
+                f"{precision.tolerance:g})")
+        records[name] = {"validation": check, "reference": reference}
+    files = [file_entry(root, path / name) for name in ASSET_FILES if (path / name).is_file()]
+    program = {"model": relative, "files": files, "graph": f"{relative}/main.mlirb",
+               "weights": {"path": f"{relative}/main.mlirb", "tensors": []},
+               "weight_bytes": (path / "main.mlirb").stat().st_size}
+    record = {"name": block.name, **program, "function": MAIN,
+              "inputs": signature(block.inputs, block.example),
+              "outputs": signature(block.outputs, records[MAIN]["reference"]),
+              "validation": records[MAIN]["validation"],
+              "reference_weight_bytes": 4 * sum(p.numel() for p in
+                                                block.parameters().values())}
+    if block.variants:
+        record["variants"] = {}
+        for name in block.variants:
+            entry = {k: program[k] for k in ("model", "files", "graph", "weights")}
+            entry |= {"function": name, "validation": records[name]["validation"]}
+            if isinstance(block.variants[name], Block):  # its own signature
+                graph = graphs[name]
+                entry["inputs"] = signature(graph.inputs, graph.example)
+                entry["outputs"] = signature(graph.outputs, records[name]["reference"])
+            record["variants"][name] = entry
+    return record

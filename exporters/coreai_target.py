@@ -1,0 +1,169 @@
+"""`edge export --target iphone --min-ios 27`: the iphone target's Core AI layout (the
+iphone target's module, coreml_target.py, hands `--min-ios 27` here). The family's device
+cut, one `.aimodel` per block (exporters/coreai.py), every program executed through Core AI
+at export, then the whole package generated through Core AI by the Python runtime and held
+to the family's reference (diffusers' pipeline for a folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge.budget import format_size
+from edge.exporters import (
+    ExportOptionError,
+    ExportOptions,
+    ExportValidationError,
+    Prepared,
+    Progress,
+    inputs_text,
+    refuse_out_of_core,
+)
+from edge.exporters.coreai import (
+    LAYOUT,
+    MIN_IOS,
+    Precision,
+    check_precision,
+    export_blocks,
+    import_coreai,
+)
+from edge.exporters.coreai_worker import PINNED
+from edge.exporters.package_head import manifest_head
+from edge.family_model import FamilyModel
+from edge.package import atomic_directory, folder_bytes, write_manifest
+from edge.video_metrics import psnr, snr
+
+DEFAULT_QUANTIZE = "fp16"
+# the package's whole generation through Core AI against the family's reference
+PSNR_FLOOR_DB, SNR_FLOOR_DB = 35.0, 20.0
+VALIDATION_PROMPT = "a red circle moving left"
+# the interpreter emulates float16 on Linux (a tiny-sora transformer pair: 12 s against 0.1 s
+# at fp32), so a generation of an fp16 package is not run at export; its blocks are
+FP16_NOTE = ("not run: Core AI's Linux interpreter emulates float16 (about 100x the float32 "
+             "time); every block was executed instead (each block's validation)")
+
+
+def precision(options: ExportOptions) -> Precision:
+    try:
+        return check_precision(options.quantize or DEFAULT_QUANTIZE)
+    except ValueError as err:
+        raise ExportOptionError(str(err)) from None
+
+
+def check(options: ExportOptions) -> None:
+    precision(options)
+    if options.memory_budget is not None:
+        raise ExportOptionError(f"--memory-budget with --min-ios {MIN_IOS}: the Core AI "
+                                "layout is not re-cut for a budget yet (--min-ios 18 is)")
+    import_coreai()
+
+
+def stored_bytes(block, chosen: Precision) -> int:
+    return sum(p.numel() for p in block.parameters().values()) * chosen.dtype.itemsize
+
+
+def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
+    from edge.exporters.coreml import cut_for_device
+
+    refuse_out_of_core("iphone", model)
+    chosen = precision(options)
+    components = cut_for_device(model)
+    lines = [f"{'block':<28}{'fp32 MB':>9}{f'{chosen.setting} MB':>10}  inputs"]
+    total = stored = 0
+    for blocks in components.values():
+        for block in blocks:
+            total += block.weight_bytes()
+            stored += stored_bytes(block, chosen)
+            extra = f" (+{', '.join(block.variants)} function)" if block.variants else ""
+            lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
+                         f"{stored_bytes(block, chosen) / 1e6:>10.2f}  {inputs_text(block)}"
+                         f"{extra}")
+    lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {stored / 1e6:.1f} MB "
+                 f"of Core AI models at {chosen.setting} for iOS {MIN_IOS}: a block and its "
+                 "variants as the functions of one .aimodel, every program executed through "
+                 "Core AI at export")
+    return Prepared(components, plan_lines=lines)
+
+
+def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Progress,
+               seed: int = 0) -> dict:
+    """The package generated through Core AI by the Python runtime against the family's
+    reference on a fixed prompt and seed."""
+    if chosen.dtype.itemsize < 4:
+        return {"prompt": VALIDATION_PROMPT, "seed": seed, "skipped": FP16_NOTE}
+    from edge.runtimes.python import Pipeline
+
+    on_step = progress.on_check_step
+    runtime = Pipeline.load(root)
+    try:
+        got = runtime.generate(VALIDATION_PROMPT, seed=seed,
+                               on_step=None if on_step is None else
+                               lambda i, n: on_step(i, 2 * n))
+    finally:
+        runtime.close()
+    want = model.generate(VALIDATION_PROMPT, seed=seed,
+                          on_step=None if on_step is None else
+                          lambda i, n: on_step(n + i, 2 * n))
+    value, ratio = float(psnr(got, want)), float(snr(got, want))
+    if not (value >= PSNR_FLOOR_DB and ratio >= SNR_FLOOR_DB):
+        raise ExportValidationError(
+            f"end to end: generated through Core AI the package's video differs from the "
+            f"family's reference by PSNR {value:.1f} dB, SNR {ratio:.1f} dB (floors "
+            f"{PSNR_FLOOR_DB:g} and {SNR_FLOOR_DB:g} dB) on {VALIDATION_PROMPT!r}, seed {seed}")
+    identical = value == float("inf")
+    return {"prompt": VALIDATION_PROMPT, "seed": seed, "identical": identical,
+            "psnr_db": None if identical else round(value, 2),
+            "snr_db": None if identical else round(ratio, 2),
+            "psnr_floor_db": PSNR_FLOOR_DB, "snr_floor_db": SNR_FLOOR_DB,
+            "measures": "the package generated through Core AI's runtime"}
+
+
+def coreai_section(chosen: Precision) -> dict:
+    """The manifest's `coreml` settings for the Core AI layout: runtimes that know only the
+    Core ML layouts refuse it by its layout name."""
+    return {"format": "aimodel", "minimum_deployment_target": f"iOS{MIN_IOS}",
+            "layout": LAYOUT, "compute_precision": "float16" if chosen.dtype.itemsize < 4
+            else "float32", "compute_units": "all", "output_prefix": "",
+            "compression": {"setting": chosen.setting, **chosen.record},
+            "compiled": False, "converter": dict(PINNED)}
+
+
+def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
+           progress: Progress) -> dict:
+    chosen = precision(options)
+    with atomic_directory(dest) as root:
+        manifest = manifest_head(model, root, "iphone", model.name, raw_null_caption=True)
+        manifest["coreml"] = coreai_section(chosen)
+        manifest["components"] = []
+        for name, blocks in prepared.components.items():
+            # one child process a component: its graphs wait on disk for it meanwhile
+            component = {"name": name, "blocks": export_blocks(blocks, root, chosen,
+                                                                progress.on_block)}
+            if name in model.chunked:
+                component["chunked"] = model.chunked[name].to_dict(blocks)
+            manifest["components"].append(component)
+        write_manifest(root, manifest)   # the runtime reads the package it checks
+        manifest["validation"] = end_to_end(model, root, chosen, progress)
+        write_manifest(root, manifest)
+    return manifest
+
+
+def summary(manifest: dict, dest: Path, seconds: float) -> str:
+    blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
+              for b in c["blocks"]]
+    programs = sum(1 + len(b.get("variants", {})) for _, b in blocks)
+    worst = max((b["validation"]["relative_error"], key) for key, b in blocks)
+    reference = sum(b["reference_weight_bytes"] for _, b in blocks)
+    on_disk = folder_bytes(dest)
+    setting = manifest["coreml"]["compression"]["setting"]
+    check = manifest["validation"]
+    end = (check["skipped"] if "skipped" in check else
+           f"PSNR {check['psnr_db']} dB, SNR {check['snr_db']} dB against the family's "
+           f"reference on {check['prompt']!r}")
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks as Core AI models "
+            f"(.aimodel, iOS {MIN_IOS}), {format_size(on_disk)} on disk: "
+            f"{on_disk / max(reference, 1):.2f}x the fp32 parameters' "
+            f"{format_size(reference)} (tables the converter folds in included)\n"
+            f"executed through Core AI here: all {programs} programs, worst relative error "
+            f"{worst[0]:.3g} ({worst[1]}) at {setting}\n"
+            f"end to end: {end}")
+

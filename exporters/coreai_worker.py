@@ -1,0 +1,124 @@
+"""The child process that converts a block's graphs to one Core AI model and executes it.
+
+Core AI's converter and runtime are beta native code: a failure inside them can end the
+process (SIGABRT) rather than raise. The exporter therefore never calls them itself; it
+saves each graph of a block (`torch.export.save`) with its example inputs, runs
+`python -P coreai_worker.py JOB...` and reads back what this process wrote: the
+`.aimodel` and, per function, the outputs of executing it on the example inputs through
+Core AI's runtime (on Linux its bundled reference interpreter). A crash here becomes an
+error naming the block in the exporter (exporters/coreai.py).
+
+Each JOB (one per block, done in order) is a JSON file: {"aimodel": path, "results": path,
+"functions": [{"name", "program" (a .pt2), "inputs" (.npz of the example inputs by name),
+"input_names", "output_names"}]}.
+Results: {"ok": true, "functions": {name: {"outputs": .npz path, "seconds": float}}} or
+{"ok": false, "stage": "convert" | "execute", "error": one line}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+PINNED = {"coreai-core": "1.0.0b3", "coreai-torch": "0.4.3"}   # as the [iphone] extra pins them
+
+
+def quiet_imports():
+    """coreai_torch warns that torch 2.13.0+cpu is newer than 2.13.0 (a local version label);
+    coreai_opt prints that torchao's CUDA kernels are absent. Neither matters on a CPU."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        import coreai_torch
+        from coreai.authoring import AIModelAsset, OSVersion
+        from coreai.runtime import NDArray
+    return coreai_torch, AIModelAsset, OSVersion, NDArray
+
+
+def decompositions(coreai_torch) -> dict:
+    """Core AI's table, with `empty_like` made `zeros_like`: torch's own decomposition gives
+    `aten.empty_permuted`, which Core AI has no lowering for (diffusers' Wan RoPE makes its
+    output with `empty_like`); zeros are a valid value for memory about to be overwritten."""
+    import torch
+
+    table = dict(coreai_torch.get_decomp_table())
+
+    def empty_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
+                   memory_format=None):
+        return torch.zeros(x.shape, dtype=dtype or x.dtype, device=x.device)
+
+    table[torch.ops.aten.empty_like.default] = empty_like
+    return table
+
+
+def one_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:400]
+
+
+def convert(job: dict, coreai_torch, OSVersion) -> None:
+    import torch
+
+    table = decompositions(coreai_torch)
+    converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
+    for function in job["functions"]:
+        program = torch.export.load(function["program"]).run_decompositions(table)
+        converter.add_exported_program(program, input_names=function["input_names"],
+                                       output_names=function["output_names"],
+                                       entrypoint_name=function["name"])
+    converter.to_coreai().save_asset(Path(job["aimodel"]), minimum_os=OSVersion.v27)
+
+
+async def execute(job: dict, AIModelAsset, NDArray) -> dict:
+    done = {}
+    async with AIModelAsset.load(Path(job["aimodel"])).executable() as model:
+        for function in job["functions"]:
+            run = model.load_function(function["name"])
+            with np.load(function["inputs"]) as saved:
+                feeds = {n: NDArray(np.ascontiguousarray(saved[n]))
+                         for n in function["input_names"]}
+            started = time.perf_counter()
+            out = await run(feeds)
+            seconds = time.perf_counter() - started
+            path = Path(function["inputs"]).with_suffix(".out.npz")
+            np.savez(path, **{n: np.array(out[n].numpy(), copy=True)
+                              for n in function["output_names"]})
+            done[function["name"]] = {"outputs": str(path), "seconds": seconds}
+    return done
+
+
+def run_job(job: dict, modules) -> dict:
+    coreai_torch, AIModelAsset, OSVersion, NDArray = modules
+    stage = "convert"
+    try:
+        convert(job, coreai_torch, OSVersion)
+        stage = "execute"
+        return {"ok": True, "functions": asyncio.run(execute(job, AIModelAsset, NDArray))}
+    except Exception as err:  # the converter's and runtime's own types: reported, not raised
+        return {"ok": False, "stage": stage, "error": one_line(err)}
+
+
+def main(job_paths: list[str]) -> int:
+    """Each job in turn; the first that fails ends the run (the export stops there)."""
+    modules = quiet_imports()
+    for job_path in job_paths:
+        job = json.loads(Path(job_path).read_text())
+        found = run_job(job, modules)
+        # written whole, then renamed: the exporter watches for the file to count progress
+        partial = Path(job["results"] + ".partial")
+        partial.write_text(json.dumps(found))
+        partial.rename(job["results"])
+        if not found["ok"]:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,103 @@
+"""Blocks of an iphone package in the Core AI layout (`--min-ios 27`), run through Core AI's
+runtime: the operating system's on macOS 27, on Linux the bundled reference interpreter
+(slow: a check of what the phone runs, not a way to generate fast).
+
+Each `.aimodel` is opened once (`AIModelAsset.executable()` lowers it to the runtime's form
+in a temporary folder and maps its weights) and each block or variant is a function of it.
+Core AI's API is asynchronous; the pipeline is not, so one event loop (`asyncio.Runner`)
+serves every call, from whichever thread the pipeline runs in (one generation at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from edge.package import PackageError, resolve_inside
+
+LAYOUT = "coreai"
+DTYPES = {"float32": np.float32, "int32": np.int32}
+INTERPRETER_NOTE = ("Core AI's Linux runtime is a reference interpreter: it checks what the "
+                    "phone runs, slowly (float16 programs about 100x slower than float32)")
+
+
+def _coreai():
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        from coreai.authoring import AIModelAsset
+        from coreai.runtime import NDArray
+    return AIModelAsset, NDArray
+
+
+class CoreAIPrograms:
+    """The package's open Core AI models, by path, on one event loop; `close` lets them go."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.AIModelAsset, self.NDArray = _coreai()
+        self.runner = asyncio.Runner()
+        self.stack = contextlib.AsyncExitStack()
+        self.models: dict[str, object] = {}
+
+    def function(self, record: dict, where: str):
+        relative = record["model"]
+        if relative not in self.models:
+            path = resolve_inside(self.root, relative, where)
+            try:
+                asset = self.AIModelAsset.load(path)
+                self.models[relative] = self.runner.run(
+                    self.stack.enter_async_context(asset.executable()))
+            except Exception as err:  # Core AI's own exception types
+                raise PackageError(f"{path}: not a Core AI model its runtime can load "
+                                   f"({where}): {str(err)[:200]}") from None
+        try:
+            return self.models[relative].load_function(record.get("function", "main"))
+        except KeyError:
+            raise PackageError(f"{self.root / relative}: no function "
+                               f"{record.get('function')!r} ({where})") from None
+
+    def call(self, function, feeds: dict) -> dict:
+        return self.runner.run(function(feeds))
+
+    def close(self) -> None:
+        if self.runner is None:
+            return
+        self.runner.run(self.stack.aclose())
+        self.runner.close()
+        self.runner = None
+
+
+class CoreAIBlockSession:
+    """One block (or variant) as a function of its Core AI model, answering the pipeline's
+    `BlockSession.run`: inputs cast to the manifest's dtypes (token ids travel as int32);
+    the loader's weight feeds are ignored (a Core AI model holds its own weights)."""
+
+    def __init__(self, programs: CoreAIPrograms, record: dict, where: str) -> None:
+        self.programs = programs
+        self.inputs = {s["name"]: DTYPES[s["dtype"]] for s in record["inputs"]}
+        self.function = programs.function(record, where)
+
+    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        wrap = self.programs.NDArray
+        given = {n: wrap(np.ascontiguousarray(feeds[n], dtype=dtype))
+                 for n, dtype in self.inputs.items()}
+        out = self.programs.call(self.function, given)
+        return [np.array(out[n.removeprefix("out:")].numpy(), copy=True)
+                for n in output_names]
+
+
+def coreai_opener(root: Path):
+    """`Pipeline.load`'s `open_block` for a Core AI package, and the programs to close."""
+    programs = CoreAIPrograms(root)
+
+    def open_block(key: str, record: dict) -> CoreAIBlockSession:
+        base, _, variant = key.partition("#")
+        where = f"block {base}" + (f" variant {variant}" if variant else "")
+        return CoreAIBlockSession(programs, record, where)
+
+    return open_block, programs

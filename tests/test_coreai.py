@@ -1,0 +1,211 @@
+"""The iphone target's Core AI layout (`--min-ios 27`): every program executed through Core
+AI's runtime (on Linux its reference interpreter) at export and held to PyTorch, the whole
+package generated through Core AI by the Python runtime against tiny-sora's reference, and
+what it refuses."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("coreai_torch", reason="Core AI's converter (coreai-torch, the [iphone] "
+                    "extra) is not installed")
+
+from edge.blocks import Block  # noqa: E402  (after the skip)
+from edge.exporters import ExportValidationError  # noqa: E402
+from edge.video_metrics import psnr, snr  # noqa: E402
+
+PROMPT = "a red circle moving left"
+
+
+def _export(model, dest: Path, quantize: str = "fp32") -> dict:
+    from edge.exporters import ExportOptions, Progress, target
+
+    options = ExportOptions(quantize=quantize, min_ios=27)
+    module = target("iphone")
+    module.check(options)
+    prepared = module.prepare(model, options)
+    return module.export(model, prepared, dest, options, Progress())
+
+
+@pytest.fixture(scope="module")
+def coreai_package(tmp_path_factory, tiny_sora):
+    """tiny-sora exported --min-ios 27 at fp32 once: (root, manifest)."""
+    root = tmp_path_factory.mktemp("coreai") / "tiny-sora-iphone-qfp32-ios27"
+    return root, _export(tiny_sora, root)
+
+
+def _records(manifest: dict):
+    for comp in manifest["components"]:
+        for block in comp["blocks"]:
+            key = f"{comp['name']}/{block['name']}"
+            yield key, block
+            for name, variant in block.get("variants", {}).items():
+                yield f"{key}#{name}", variant
+
+
+@pytest.mark.slow
+def test_every_program_was_executed_within_float32_rounding(coreai_package):
+    root, manifest = coreai_package
+    assert manifest["coreml"]["layout"] == "coreai"
+    assert manifest["coreml"]["minimum_deployment_target"] == "iOS27"
+    records = dict(_records(manifest))
+    assert len(records) == 17 + 4   # tiny-sora's blocks and the pairs' TDTM functions
+    for key, record in records.items():
+        check = record["validation"]
+        assert check["executed"].startswith("Core AI runtime"), key
+        assert 0 <= check["relative_error"] <= 1e-5, (key, check)
+        assert (root / record["model"] / "main.mlirb").is_file(), key
+    # a variant is a function of its block's model, not a model of its own
+    pair = next(b for k, b in records.items() if k == "transformer/pair_0")
+    assert pair["variants"]["tdtm"]["model"] == pair["model"]
+    assert (pair["function"], pair["variants"]["tdtm"]["function"]) == ("main", "tdtm")
+
+
+@pytest.mark.slow
+def test_a_blocks_functions_share_its_weights(coreai_package, tiny_sora):
+    """Two graphs over the same tensors store them once: the pair's model is about its fp32
+    parameters, not twice them."""
+    root, manifest = coreai_package
+    blocks = {b["name"]: b for c in manifest["components"] for b in c["blocks"]}
+    pair = blocks["pair_0"]
+    params = pair["reference_weight_bytes"]
+    assert params <= pair["weight_bytes"] < 1.2 * params
+
+
+@pytest.mark.slow
+def test_the_package_generates_through_coreai_as_the_reference(coreai_package, tiny_sora):
+    """The export's own check, and the Python runtime on another seed: the video through
+    Core AI against tiny-sora's PyTorch pipeline, closer than another seed's video is."""
+    from edge.runtimes.python import Pipeline
+
+    root, manifest = coreai_package
+    check = manifest["validation"]
+    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    pipe = Pipeline.load(root)
+    try:
+        got = pipe.generate(PROMPT, seed=5, steps=8)
+    finally:
+        pipe.close()
+    want = tiny_sora.generate(PROMPT, seed=5, steps=8)
+    other = tiny_sora.generate(PROMPT, seed=6, steps=8)
+    assert psnr(got, want) >= 35 and snr(got, want) >= 20
+    assert psnr(got, want) > psnr(other, want) + 10   # the check can tell a wrong video
+
+
+@pytest.mark.slow
+def test_edge_generate_runs_a_coreai_package(coreai_package, tmp_path):
+    from typer.testing import CliRunner
+
+    from edge.commands import app
+
+    root, _ = coreai_package
+    out = tmp_path / "v.gif"
+    result = CliRunner().invoke(app, ["generate", str(root), PROMPT, "-o", str(out),
+                                      "--steps", "2", "--scale", "1"])
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_size > 0
+
+
+def _block(module: nn.Module, name: str, *example: torch.Tensor) -> Block:
+    out = module(*example)
+    outputs = ["y"] if isinstance(out, torch.Tensor) else [f"y{i}" for i in range(len(out))]
+    return Block("test", name, module.eval(), [f"x{i}" for i in range(len(example))],
+                 outputs, example)
+
+
+def test_fp16_programs_execute_within_half_precision_at_half_the_bytes(tmp_path, tiny_sora):
+    from edge.exporters.coreai import PRECISIONS, export_block
+    from edge.exporters.coreml import cut_for_device
+
+    blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
+    block = blocks["text_encoder/layer_0"]
+    half = export_block(block, tmp_path / "half", PRECISIONS["fp16"])
+    full = export_block(block, tmp_path / "full", PRECISIONS["fp32"])
+    assert half["validation"]["relative_error"] <= PRECISIONS["fp16"].tolerance
+    # half precision is seen: the executed error is that of float16, not float32's
+    assert half["validation"]["relative_error"] > 100 * full["validation"]["relative_error"]
+    assert 0.45 < half["weight_bytes"] / full["weight_bytes"] < 0.55
+
+
+class _Sorts(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=-1).values
+
+
+def test_a_block_core_ai_cannot_convert_is_named_with_its_operator(tmp_path):
+    from edge.exporters.coreai import PRECISIONS, export_block
+
+    block = _block(_Sorts(), "sorter", torch.randn(2, 8))
+    with pytest.raises(ExportValidationError, match=r"block test/sorter: Core AI cannot "
+                       r"convert it: .*aten\.sort"):
+        export_block(block, tmp_path, PRECISIONS["fp32"])
+
+
+def test_a_crash_in_core_ai_names_the_block_and_writes_nothing(tmp_path, monkeypatch,
+                                                              tiny_sora):
+    """A converter that ends by a signal (as beta native code can) is an error naming the
+    block; the package is not written."""
+    import edge.exporters.coreai as coreai
+
+    crash = tmp_path / "crash.py"
+    crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGABRT)\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {crash}\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(coreai, "WORKER_PYTHON", str(python))
+    dest = tmp_path / "pkg"
+    with pytest.raises(ExportValidationError, match="block text_encoder/embeddings: Core AI's "
+                       "converter or runtime ended by SIGABRT"):
+        _export(tiny_sora, dest)
+    assert not dest.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pkg")]
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from edge.commands import app
+
+    return CliRunner().invoke(app, ["export", "--target", "iphone", "--min-ios", "27", *args])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quantize", "8"], "--quantize '8' with --min-ios 27: Core AI packages take fp32 or "
+                          "fp16"),
+    (["--memory-budget", "64MB"], "--memory-budget with --min-ios 27"),
+])
+def test_options_the_core_ai_layout_does_not_take_are_refused(tmp_path, args, message):
+    result = _cli(*args, "-o", str(tmp_path / "pkg"))
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_the_dry_run_prints_the_blocks_at_the_stored_precision(tmp_path):
+    result = _cli("--dry-run", "-o", str(tmp_path / "pkg"))
+    assert result.exit_code == 0, result.output
+    assert "fp16 MB" in result.output and "transformer/pair_0" in result.output
+    assert "(+tdtm function)" in result.output
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.slow
+def test_a_core_ai_record_must_name_an_aimodel(coreai_package, tmp_path):
+    import shutil
+
+    from manifest_edits import rewrite
+
+    from edge.package import PackageError, read_package
+
+    root, _ = coreai_package
+    bad = tmp_path / "pkg"
+    shutil.copytree(root, bad)
+    rewrite(bad, lambda m: m["components"][0]["blocks"][0].update(
+        model="models/text_encoder/embeddings.mlpackage"))
+    with pytest.raises(PackageError, match="is not an .aimodel"):
+        read_package(bad)
