@@ -238,11 +238,12 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
 
 
 def as_variant(block: dict, variant: str) -> dict:
-    """The block's record as its variant `variant` runs: that graph, and the variant's own
-    inputs and outputs where it declares them."""
+    """The block's record as its variant `variant` runs: that graph (and program and
+    function, in the layouts that have them), and the variant's own inputs and outputs
+    where it declares them."""
     record = block["variants"][variant]
-    return block | {"graph": record["graph"]} | {k: record[k] for k in ("inputs", "outputs")
-                                                  if k in record}
+    return block | {"graph": record["graph"]} | {
+        k: record[k] for k in ("inputs", "outputs", "model", "function") if k in record}
 
 
 def _check_chunked(comp: dict, where: str) -> None:
@@ -356,6 +357,13 @@ def _check_functions(block: dict, variants: dict, layout: str, at: str) -> None:
             raise PackageError(f"{place}: function {record['function']!r} is also "
                                f"{seen[record['function']]}'s")
         seen[record["function"]] = f"variant {name}"
+
+
+def is_coreai(manifest: dict) -> bool:
+    """An iphone package in the Core AI layout (`--min-ios 27`), whose programs the Python
+    runtime runs through Core AI's runtime."""
+    return (manifest.get("target") == "iphone"
+            and manifest.get("coreml", {}).get("layout") == "coreai")
 
 
 def _check_coreml(manifest: dict) -> None:

@@ -9,6 +9,7 @@ import stat
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -209,3 +210,75 @@ def test_a_core_ai_record_must_name_an_aimodel(coreai_package, tmp_path):
         model="models/text_encoder/embeddings.mlpackage"))
     with pytest.raises(PackageError, match="is not an .aimodel"):
         read_package(bad)
+
+
+@pytest.mark.slow
+def test_merged_steps_run_the_blocks_tdtm_functions(coreai_package, exported_package):
+    """With --merge-steps the pairs run their TDTM function (a function of the pair's model,
+    by name): the Core AI video is the ONNX package's merged one, not the unmerged one."""
+    from edge.runtimes.python import Pipeline
+
+    def run(root, **overrides):
+        pipe = Pipeline.load(root)
+        try:
+            return pipe.generate(PROMPT, seed=2, steps=6, **overrides), pipe.last_run
+        finally:
+            pipe.close()
+
+    got, figures = run(coreai_package[0], merge_steps=3)
+    want, _ = run(exported_package[0], merge_steps=3)
+    unmerged, _ = run(exported_package[0])
+    assert figures["sampler"]["merged_calls"] == 3
+    assert psnr(got, want) >= 40 and snr(got, want) >= 25
+    assert psnr(got, want) > psnr(unmerged, want) + 10
+
+
+# case -> (the session's models fixture, its key or None): each family's tiny folder as the
+# other targets' tests load it (tests/conftest.py)
+FAMILIES = {"wan2.1": ("wan_models", "unipc"), "wan2.2": ("wan22", None),
+            "cogvideox-5b": ("cog_models", "5b"), "ltx-timestep": ("ltx_models", "timestep")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FAMILIES)
+def test_each_family_executes_through_core_ai_and_generates_its_pipelines_video(
+        request, tmp_path, case):
+    """Every block and variant of each family (Wan's and CogVideoX's chunked decoders with
+    their first-piece functions, LTX's timestep-conditioned decoder) executed through Core
+    AI within float32 rounding, and the package generated through Core AI against the
+    family's diffusers pipeline."""
+    fixture, key = FAMILIES[case]
+    model = request.getfixturevalue(fixture)
+    model = model[key] if key else model
+    manifest = _export(model, tmp_path / "pkg")
+    for where, record in _records(manifest):
+        assert record["validation"]["relative_error"] <= 1e-5, (where, record["validation"])
+    check = manifest["validation"]
+    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+
+
+@pytest.mark.slow
+def test_edge_record_records_the_executed_programs(coreai_package, tmp_path):
+    """A conformance bundle of a Core AI package holds the calls Core AI's runtime made (no
+    model folder: the programs run themselves), TDTM functions by their variant keys, and
+    the frames the Core AI generation gives."""
+    from edge.bundle import Bundle
+    from edge.commands.record import RECORDED_WITH_CORE_AI, RecordError, record_bundle
+    from edge.runtimes.python import Pipeline
+
+    root, manifest = coreai_package
+    info = record_bundle(root, PROMPT, tmp_path / "b", seed=4, overrides={"steps": 3,
+                                                                          "merge_steps": 1})
+    assert info["recorded_with"] == RECORDED_WITH_CORE_AI
+    bundle = Bundle(tmp_path / "b")
+    keys = [c["key"] for c in bundle.calls]
+    assert sum(k.endswith("#tdtm") for k in keys) == 4     # the 4 pairs' merged first step
+    assert sum(k.startswith("transformer/pair_") for k in keys) == 4 * 3
+    pipe = Pipeline.load(root)
+    try:
+        video = pipe.generate(PROMPT, seed=4, steps=3, merge_steps=1)
+    finally:
+        pipe.close()
+    assert np.array_equal(bundle.frames, video[0])
+    with pytest.raises(RecordError, match="only a CoreML iphone package needs"):
+        record_bundle(root, PROMPT, tmp_path / "c", model_folder=tmp_path)

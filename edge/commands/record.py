@@ -25,7 +25,7 @@ import edge
 from edge.bundle import TensorFile, identify_bundle, write_bundle
 from edge.commands import common
 from edge.console import echo, fail
-from edge.manifest_schema import MANIFEST
+from edge.manifest_schema import MANIFEST, is_coreai
 from edge.noise import MAX_SEED, check_noise, torch_randn_draws
 from edge.options import decode_values, with_overrides
 from edge.package import PackageError, atomic_directory, read_package
@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # torch and onnxruntime load when a recording runs, not with 
 
 RECORDED_WITH = {"onnx": "onnxruntime",
                  "iphone": "pytorch (the package's stored weights, fp32)"}
+# an iphone package of the Core AI layout runs its own programs
+RECORDED_WITH_CORE_AI = "coreai (the package's programs, executed by Core AI's runtime)"
 
 
 class RecordError(ValueError):
@@ -137,9 +139,11 @@ def record_bundle(package: Path, prompt: str, dest: Path, seed: int = 0,
     if target not in RECORDED_WITH:
         raise RecordError(f"{package}: a {target} package; edge record runs "
                           f"{' and '.join(RECORDED_WITH)} packages")
-    if model_folder is not None and target != "iphone":
-        raise RecordError(f"--model {model_folder}: only an iphone package needs the model it "
-                          "was exported from (its blocks run in PyTorch)")
+    coreai = is_coreai(manifest)
+    if model_folder is not None and (target != "iphone" or coreai):
+        raise RecordError(f"--model {model_folder}: only a CoreML iphone package needs the "
+                          "model it was exported from (its blocks run in PyTorch; a Core AI "
+                          "package's programs run themselves)")
     want = (1, *manifest["latent_shape"])
     if latents is not None and (latents.shape != want or latents.dtype.kind != "f"):
         raise RecordError(f"latents {latents.dtype} {tuple(latents.shape)}: {package} takes "
@@ -162,7 +166,7 @@ def record_bundle(package: Path, prompt: str, dest: Path, seed: int = 0,
 
     with ExitStack() as stack:
         open_block = (stack.enter_context(stored_weight_blocks(package, manifest, model_folder))
-                      if target == "iphone" else None)
+                      if target == "iphone" and not coreai else None)
         try:
             pipe = Pipeline.load(package, open_block=open_block)
         except PackageError as err:
@@ -184,7 +188,7 @@ def record_bundle(package: Path, prompt: str, dest: Path, seed: int = 0,
         "producer": f"edge {edge.__version__}",
         "package": {"target": target, "model": manifest.get("model"),
                     "manifest_sha256": manifest["manifest_sha256"]},
-        "recorded_with": RECORDED_WITH[target],
+        "recorded_with": RECORDED_WITH_CORE_AI if coreai else RECORDED_WITH[target],
         "prompt": prompt, "negative_prompt": negative,
         "seed": None if latents is not None else seed, "settings": settings,
         "latents": tensors.ref(np.asarray(noise, np.float32)),

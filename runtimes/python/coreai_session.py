@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -34,6 +36,22 @@ def _coreai():
     return AIModelAsset, NDArray
 
 
+@contextlib.contextmanager
+def native_stderr_quiet():
+    """Core AI's runtime logs every function it loads ("ODIE [default]: Loading function
+    'main'") from native code to the process's stderr, dozens a package: kept out of the
+    command's output for the moment a program opens."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class CoreAIPrograms:
     """The package's open Core AI models, by path, on one event loop; `close` lets them go."""
 
@@ -50,13 +68,15 @@ class CoreAIPrograms:
             path = resolve_inside(self.root, relative, where)
             try:
                 asset = self.AIModelAsset.load(path)
-                self.models[relative] = self.runner.run(
-                    self.stack.enter_async_context(asset.executable()))
+                with native_stderr_quiet():
+                    self.models[relative] = self.runner.run(
+                        self.stack.enter_async_context(asset.executable()))
             except Exception as err:  # Core AI's own exception types
                 raise PackageError(f"{path}: not a Core AI model its runtime can load "
                                    f"({where}): {str(err)[:200]}") from None
         try:
-            return self.models[relative].load_function(record.get("function", "main"))
+            with native_stderr_quiet():
+                return self.models[relative].load_function(record.get("function", "main"))
         except KeyError:
             raise PackageError(f"{self.root / relative}: no function "
                                f"{record.get('function')!r} ({where})") from None

@@ -28,7 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edge.budget import parse_size
-from edge.manifest_schema import MANIFEST, as_variant, check_chain
+from edge.manifest_schema import MANIFEST, as_variant, check_chain, is_coreai
 from edge.noise import check_noise, torch_randn_draws
 from edge.options import (
     check_prompts,
@@ -117,13 +117,6 @@ COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
 # how the VAE decoder takes the latents (B, C, T, h, w): "frames" as B*T images (C, h, w) and
 # gives (B*T, 3, H, W); "video" as they are and gives (B, 3, T', H, W) (a causal video VAE)
 LATENT_LAYOUTS = ("frames", "video")
-
-
-def is_coreai(manifest: dict) -> bool:
-    """An iphone package in the Core AI layout (`--min-ios 27`): the Python runtime runs its
-    programs through Core AI's runtime (runtimes/python/coreai_session.py)."""
-    return (manifest["target"] == "iphone"
-            and manifest.get("coreml", {}).get("layout") == "coreai")
 
 
 def check_runnable(manifest: dict, any_target: bool = False) -> None:
