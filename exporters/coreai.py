@@ -45,7 +45,6 @@ from edge.exporters.coreai_worker import PINNED
 from edge.package import file_entry
 
 MAIN = "main"
-ASSET_FILES = ("main.mlirb", "main.hash", "metadata.json")
 LAYOUT = "coreai"
 MIN_IOS = 27
 WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as an error
@@ -266,7 +265,9 @@ def _record(block: Block, root: Path, precision: Precision, found: dict) -> dict
                 f"{check['reference_max_abs']:.3g}; {precision.setting} allows "
                 f"{precision.tolerance:g})")
         records[name] = {"validation": check, "reference": reference}
-    files = [file_entry(root, path / name) for name in ASSET_FILES if (path / name).is_file()]
+    # everything Core AI wrote into the model's folder (main.mlirb: the program and its
+    # weights; main.hash; metadata.json), so verification covers it all
+    files = [file_entry(root, f) for f in sorted(path.rglob("*")) if f.is_file()]
     program = {"model": relative, "files": files, "graph": f"{relative}/main.mlirb",
                "weights": {"path": f"{relative}/main.mlirb", "tensors": []},
                "weight_bytes": (path / "main.mlirb").stat().st_size}

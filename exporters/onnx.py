@@ -10,6 +10,7 @@ itself at session creation, outside the loader's budget and prefetch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from torch import nn
 from edge.attention import chunked_attention
 from edge.blocks import Block, torch_block_opener
 from edge.exporters import ExportValidationError
+from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember, reusing_graphs
 from edge.exporters.package_head import manifest_head
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
@@ -107,6 +109,20 @@ def _multi_head_attention(q, k, v, heads: int, scale: float):
     return op.Transpose(out, perm=[0, 2, 1, 3])
 
 
+def traced(module: nn.Module, args: tuple, shapes: tuple) -> torch.export.ExportedProgram:
+    """torch.export as torch.onnx.export's own first capture does it (non-strict, sizes 0
+    and 1 not specialised, a batch range narrowed as torch suggests when a guard needs it)."""
+    from torch.fx.experimental import _config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=True):
+        try:
+            return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+        except torch._dynamo.exc.UserError as err:
+            refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(
+                err.msg, shapes)
+            return torch.export.export(module, args, dynamic_shapes=refined, strict=False)
+
+
 def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None:
     """The block as an ONNX graph, weights as inputs after the activations. Its attention
     never holds a whole score matrix: onnxruntime's fused MultiHeadAttention where it has no
@@ -119,16 +135,32 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
     # registry four "torchvision is not installed" lines per graph; keep them quiet
     logging.getLogger("onnxscript").setLevel(logging.ERROR)
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    input_names = block.inputs + list(block.parameters())
+    output_names = [graph_output(n) for n in block.outputs]
+    convert = functools.partial(
+        torch.onnx.export, input_names=input_names, output_names=output_names, dynamo=True,
+        external_data=False, verbose=False,
+        custom_translation_table={torch.ops.edge.attention.default: _multi_head_attention})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with chunked_attention(fused=fused_attention):
-            torch.onnx.export(WeightsAsInputs(block), block.example + weights, str(path),
-                              input_names=block.inputs + list(block.parameters()),
-                              output_names=[graph_output(n) for n in block.outputs],
-                              dynamic_shapes=(tuple(shapes),),
-                              dynamo=True, external_data=False, verbose=False,
-                              custom_translation_table={
-                                  torch.ops.edge.attention.default: _multi_head_attention})
+            # traced once: the program keys the graph (an identical block's is copied,
+            # exporters/graph_reuse.py) and is what onnx converts
+            try:
+                program = traced(WeightsAsInputs(block), block.example + weights,
+                                 (tuple(shapes),))
+            except Exception:  # torch.onnx's capture has strategies this one lacks: its own
+                convert(WeightsAsInputs(block), block.example + weights, str(path),
+                        dynamic_shapes=(tuple(shapes),))
+                return
+        key = graph_key(program, (input_names, output_names, fused_attention, [
+            (str(t.dtype), tuple(t.shape)) for t in block.example + weights],
+            block.dynamic_batch))
+        if copy_of_earlier(key, path):
+            return
+        # the shapes again: onnx then names the dynamic axes "batch", as for a module
+        convert(program, (), str(path), dynamic_shapes=(tuple(shapes),))
+    remember(key, path)
 
 
 def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list[bool]):
@@ -228,7 +260,7 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
     cut); `plan`: how they were cut for a memory budget (edge/plan.py), recorded in the
     manifest."""
     components = components or model.cut()
-    with atomic_directory(dest) as root:
+    with atomic_directory(dest) as root, reusing_graphs():
         manifest = manifest_head(model, root, "onnx", model_name or model.name)
         if plan is not None:
             manifest["plan"] = plan

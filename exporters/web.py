@@ -36,6 +36,7 @@ import torch
 
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
+from edge.exporters.graph_reuse import reusing_graphs
 from edge.exporters.onnx import export_graph, validate_block, write_weights
 from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
@@ -198,7 +199,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     compiler = compiler or BlockCompiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
-    with atomic_directory(dest) as root:
+    with atomic_directory(dest) as root, reusing_graphs():
         manifest = manifest_head(model, root, "web", model_name or model.name)
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
         manifest["web"] = {"guidance_batch": shapes.guidance_batch,

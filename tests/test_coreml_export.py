@@ -270,7 +270,7 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_sora, coreml_package):
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
     with pytest.raises(ValueError, match="--quantize '3'"):
         export_coreml(tiny_sora, tmp_path / "other", quantize="3", components=blocks)
-    with pytest.raises(ValueError, match="--min-ios 16 not understood; use 18 or 17"):
+    with pytest.raises(ValueError, match="--min-ios 16 not understood; use 27, 18 or 17"):
         export_coreml(tiny_sora, tmp_path / "other", min_ios=16, components=blocks)
     assert not (tmp_path / "other").exists()
 

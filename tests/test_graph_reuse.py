@@ -1,0 +1,81 @@
+"""Identical blocks converted to ONNX once per export (exporters/graph_reuse.py): a block
+whose traced program, embedded tensors and interface equal an earlier one's gets a copy of
+its graph; anything that changes the graph's bytes (a literal, a buffer's values, a shape)
+converts again, and every copy is validated with its own weights."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edge.blocks import Block
+from edge.exporters.graph_reuse import reusing_graphs
+
+
+class _Layer(nn.Module):
+    def __init__(self, eps: float = 1e-5, offset: float = 0.0) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8, eps=eps)
+        self.register_buffer("offset", torch.full((8,), offset))
+
+    def forward(self, x):
+        return self.norm(self.linear(x)) + self.offset
+
+
+def _block(name: str, layer: nn.Module) -> Block:
+    return Block("test", name, layer.eval(), ["x"], ["y"], (torch.randn(2, 4, 8),),
+                 dynamic_batch=[True])
+
+
+def _export(blocks: list[Block], root, monkeypatch) -> tuple[int, list[float]]:
+    """Export and validate each block's graph in one `reusing_graphs`; (conversions, errors)."""
+    from edge.exporters.onnx import export_validated_graph
+
+    calls = []
+    convert = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: calls.append(1) or convert(*a, **k))
+    with reusing_graphs():
+        errors = [export_validated_graph(b, root / f"{b.name}.onnx", b.key)[1] for b in blocks]
+    return len(calls), errors
+
+
+def test_blocks_of_one_architecture_are_converted_once(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    blocks = [_block(f"layer_{i}", _Layer()) for i in range(3)]   # other weights each
+    conversions, errors = _export(blocks, tmp_path, monkeypatch)
+    assert conversions == 1
+    assert max(errors) < 1e-5   # each copy run with its own block's weights
+    graphs = {(tmp_path / f"layer_{i}.onnx").read_bytes() for i in range(3)}
+    assert len(graphs) == 1
+
+
+def test_a_literal_or_a_buffer_that_differs_converts_again(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    blocks = [_block("a", _Layer()), _block("eps", _Layer(eps=1e-3)),
+              _block("buffer", _Layer(offset=0.5))]
+    conversions, errors = _export(blocks, tmp_path, monkeypatch)
+    assert conversions == 3 and max(errors) < 1e-5
+
+
+def test_without_reusing_graphs_every_block_converts(tmp_path, monkeypatch):
+    from edge.exporters.onnx import export_graph
+
+    calls = []
+    convert = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: calls.append(1) or convert(*a, **k))
+    for i in range(2):
+        export_graph(_block(f"l{i}", _Layer()), tmp_path / f"l{i}.onnx")
+    assert len(calls) == 2
+
+
+def test_the_packages_identical_blocks_share_their_graph_bytes(exported_package):
+    root, manifest = exported_package
+    blocks = {f"{c['name']}/{b['name']}": b for c in manifest["components"] for b in c["blocks"]}
+    layers = {(root / blocks[f"text_encoder/layer_{i}"]["graph"]).read_bytes() for i in range(6)}
+    pairs = {(root / blocks[f"transformer/pair_{i}"]["graph"]).read_bytes() for i in range(4)}
+    assert len(layers) == 1 and len(pairs) == 1
+    # the weights are each block's own
+    weights = {(root / blocks[f"transformer/pair_{i}"]["weights"]["path"]).read_bytes()
+               for i in range(4)}
+    assert len(weights) == 4
