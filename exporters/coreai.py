@@ -42,9 +42,10 @@ from edge.attention import chunked_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.coreai_worker import PINNED
+from edge.exporters.coreml import manifest_dtype, signature
+from edge.exporters.coreml_weights import MAIN
 from edge.package import file_entry
 
-MAIN = "main"
 LAYOUT = "coreai"
 MIN_IOS = 27
 WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as an error
@@ -106,19 +107,18 @@ class HalfPrecision(nn.Module):
 
 
 def _device_input(t: torch.Tensor) -> np.ndarray:
-    # Core AI narrows int64 inputs to int32: token ids and masks travel as int32
-    if t.dtype in (torch.int64, torch.int32):
-        return t.to(torch.int32).numpy()
-    return t.to(torch.float32).contiguous().numpy()
+    # Core AI narrows int64 inputs to int32, as CoreML has no int64: the manifest's dtypes
+    return t.contiguous().numpy().astype(np.dtype(manifest_dtype(t)), copy=False)
 
 
-def manifest_dtype(t: torch.Tensor) -> str:
-    return "int32" if t.dtype in (torch.int64, torch.int32) else "float32"
+def _functions(block: Block) -> dict[str, Block]:
+    """The graphs of a block's one model: its own ("main") and each variant's, by name."""
+    return {MAIN: block} | {name: block.variant(name) for name in block.variants}
 
 
-def signature(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[dict]:
-    return [{"name": n, "dtype": manifest_dtype(t), "shape": list(t.shape)}
-            for n, t in zip(names, tensors, strict=True)]
+def model_path(block: Block) -> str:
+    """The block's .aimodel folder, relative to the package."""
+    return f"models/{block.component}/{block.name}.aimodel"
 
 
 def _save_graph(block: Block, precision: Precision, where: Path) -> dict:
@@ -216,12 +216,11 @@ def _job(block: Block, root: Path, precision: Precision, scratch: Path) -> Path:
     """Save a block's graphs (its own as "main", each variant under its name) and the job
     that converts them into the functions of one .aimodel in `root` and executes them."""
     scratch.mkdir()
-    graphs = {MAIN: block} | {name: block.variant(name) for name in block.variants}
-    path = root / f"models/{block.component}/{block.name}.aimodel"
+    path = root / model_path(block)
     path.parent.mkdir(parents=True, exist_ok=True)
     job = {"aimodel": str(path), "results": str(scratch / "results.json"),
            "functions": [{"name": name} | _save_graph(graph, precision, scratch / name)
-                         for name, graph in graphs.items()]}
+                         for name, graph in _functions(block).items()]}
     (scratch / "job.json").write_text(json.dumps(job))
     return scratch / "job.json"
 
@@ -247,8 +246,8 @@ def export_block(block: Block, root: Path, precision: Precision) -> dict:
 
 def _record(block: Block, root: Path, precision: Precision, found: dict) -> dict:
     """A converted block's manifest record, each function's executed outputs checked."""
-    graphs = {MAIN: block} | {name: block.variant(name) for name in block.variants}
-    relative = f"models/{block.component}/{block.name}.aimodel"
+    graphs = _functions(block)
+    relative = model_path(block)
     path = root / relative
     records = {}
     for name, graph in graphs.items():

@@ -71,12 +71,11 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     total = stored = 0
     for blocks in components.values():
         for block in blocks:
-            total += block.weight_bytes()
-            stored += stored_bytes(block, chosen)
+            fp32, kept = block.weight_bytes(), stored_bytes(block, chosen)
+            total, stored = total + fp32, stored + kept
             extra = f" (+{', '.join(block.variants)} function)" if block.variants else ""
-            lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
-                         f"{stored_bytes(block, chosen) / 1e6:>10.2f}  {inputs_text(block)}"
-                         f"{extra}")
+            lines.append(f"{block.key:<28}{fp32 / 1e6:>9.2f}{kept / 1e6:>10.2f}  "
+                         f"{inputs_text(block)}{extra}")
     lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {stored / 1e6:.1f} MB "
                  f"of Core AI models at {chosen.setting} for iOS {MIN_IOS}: a block and its "
                  "variants as the functions of one .aimodel, every program executed through "

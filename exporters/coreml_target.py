@@ -33,6 +33,7 @@ from edge.exporters.coreml import (
     layout,
 )
 from edge.family_model import FamilyModel
+from edge.manifest_schema import is_coreai
 from edge.package import folder_bytes
 from edge.plan import READ_UNIT, plan_lines, plan_residency
 
@@ -55,8 +56,8 @@ def _coreai(options: ExportOptions):
 
 def check(options: ExportOptions) -> None:
     refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget"})
-    if _coreai(options):
-        return _coreai(options).check(options)
+    if coreai := _coreai(options):
+        return coreai.check(options)
     try:
         check_setting(options.quantize or "fp16")
         layout(_min_ios(options))
@@ -79,8 +80,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     budget the residency plan the Swift loader will follow (the --dry-run table)."""
     from edge.exporters.coreml import device_blocks, estimated_bytes
 
-    if _coreai(options):
-        return _coreai(options).prepare(model, options)
+    if coreai := _coreai(options):
+        return coreai.prepare(model, options)
     refuse_out_of_core(NAME, model)
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
     try:   # the family's own settings ("4") and the iOS they need are known once it is loaded
@@ -121,8 +122,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     from edge.exporters.coreml import export_coreml
     from edge.exporters.coreml_check import end_to_end_check
 
-    if _coreai(options):
-        return _coreai(options).export(model, prepared, dest, options, progress)
+    if coreai := _coreai(options):
+        return coreai.export(model, prepared, dest, options, progress)
     quantize = options.quantize or "fp16"
     with budget_score_limit(options.memory_budget):
         return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
@@ -132,7 +133,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
-    if manifest["coreml"].get("layout") == "coreai":
+    if is_coreai(manifest):
         from edge.exporters import coreai_target
 
         return coreai_target.summary(manifest, dest, seconds)

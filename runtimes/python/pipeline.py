@@ -311,41 +311,46 @@ class Pipeline:
             from edge.runtimes.python.coreai_session import coreai_opener
 
             open_block, programs = coreai_opener(root)
-        check_runnable(manifest, any_target=open_block is not None)
-        options = ort.SessionOptions()
-        # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
-        # of streamed weights) for the life of the session, outside the loader's budget
-        options.enable_cpu_mem_arena = False
-        if threads:
-            options.intra_op_num_threads = threads
-        components, weights = {}, {}
-        for comp in manifest["components"]:
-            c = Component(comp["name"], comp["blocks"], comp.get("chunked"))
-            for block, key in zip(c.blocks, c.keys(), strict=True):
-                where = f"block {key}"
-                c.sessions[key] = (open_block(key, block) if open_block else
-                                   _session(root, block["graph"], options, where, block))
-                for variant in block.get("variants", {}):
-                    record = as_variant(block, variant)
-                    c.variant_records[key, variant] = record
-                    c.variants[key, variant] = (
-                        open_block(f"{key}#{variant}", record) if open_block else
-                        _session(root, record["graph"], options, f"{where} variant {variant}",
-                                 record))
-                wpath = resolve_inside(root, block["weights"]["path"], where)
-                weights[key] = BlockWeights.of_block(key, wpath, block, identities.get(wpath))
-            components[c.name] = c
-        loader = BlockLoader(weights, budget,
-                             every_step=tuple(components["transformer"].keys()),
-                             prefetch=prefetch, cold_reads=cold_reads, pin=pin)
-        pipe = cls(root, manifest, loader, components, lean_decode)
-        pipe._programs = programs
-        if open_block is None:  # what another runner takes (dtypes, batch) is its business
-            check_runtime_feeds(manifest, pipe.null_caption)
-        # graphs, tokenizer and null caption were read after verification: still the same?
-        for path, identity in identities.items():
-            check_unchanged(path, os.stat(path), identity)
-        return pipe
+        try:
+            check_runnable(manifest, any_target=open_block is not None)
+            options = ort.SessionOptions()
+            # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
+            # of streamed weights) for the life of the session, outside the loader's budget
+            options.enable_cpu_mem_arena = False
+            if threads:
+                options.intra_op_num_threads = threads
+            components, weights = {}, {}
+            for comp in manifest["components"]:
+                c = Component(comp["name"], comp["blocks"], comp.get("chunked"))
+                for block, key in zip(c.blocks, c.keys(), strict=True):
+                    where = f"block {key}"
+                    c.sessions[key] = (open_block(key, block) if open_block else
+                                       _session(root, block["graph"], options, where, block))
+                    for variant in block.get("variants", {}):
+                        record = as_variant(block, variant)
+                        c.variant_records[key, variant] = record
+                        c.variants[key, variant] = (
+                            open_block(f"{key}#{variant}", record) if open_block else
+                            _session(root, record["graph"], options, f"{where} variant {variant}",
+                                     record))
+                    wpath = resolve_inside(root, block["weights"]["path"], where)
+                    weights[key] = BlockWeights.of_block(key, wpath, block, identities.get(wpath))
+                components[c.name] = c
+            loader = BlockLoader(weights, budget,
+                                 every_step=tuple(components["transformer"].keys()),
+                                 prefetch=prefetch, cold_reads=cold_reads, pin=pin)
+            pipe = cls(root, manifest, loader, components, lean_decode)
+            pipe._programs = programs
+            if open_block is None:  # what another runner takes (dtypes, batch) is its business
+                check_runtime_feeds(manifest, pipe.null_caption)
+            # graphs, tokenizer and null caption were read after verification: still the same?
+            for path, identity in identities.items():
+                check_unchanged(path, os.stat(path), identity)
+            return pipe
+        except BaseException:  # refused after its Core AI models were opened
+            if programs is not None:
+                programs.close()
+            raise
 
     def plan(self) -> list[dict]:
         """Per block: bytes and whether it stays resident under the budget."""
