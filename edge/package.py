@@ -268,7 +268,7 @@ class PackageWriteError(RuntimeError):
 
 
 # errors of the destination rather than of the exporter's own work
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
                  errno.EFBIG, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EEXIST, errno.EBUSY,
                  errno.EXDEV}
 
@@ -529,7 +529,7 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
     except Exception as err:  # noqa: BLE001  (a library's wrapped OSError too)
         _remove(tmp)
         cause = os_error_within(err)
-        if cause is not None and cause.errno in _WRITE_ERRNOS:
+        if cause is not None and cause.errno in WRITE_ERRNOS:
             raise _write_error(dest, cause) from err
         raise
     except BaseException:

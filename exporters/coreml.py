@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -80,7 +81,15 @@ from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's n
 from edge.exporters.coreml_weights import MAIN, import_coremltools
 from edge.exporters.package_head import manifest_head
 from edge.family_model import FamilyModel
-from edge.package import atomic_directory, file_entry, write_manifest
+from edge.budget import format_size
+from edge.package import (
+    WRITE_ERRNOS,
+    PackageWriteError,
+    atomic_directory,
+    file_entry,
+    os_error_within,
+    write_manifest,
+)
 from edge.plan import READ_UNIT, Partition, partition
 
 OUTPUT_PREFIX = "out_"        # a program may not use one name as input and output
@@ -190,6 +199,22 @@ def unconvertible(err: Exception) -> str:
     return unsupported or (lines[-1] if lines else type(err).__name__)
 
 
+def temporary_write_failure(err: Exception, key: str) -> PackageWriteError | None:
+    """coremltools writes each converted program's weights under the temporary folder
+    (TMPDIR) before anything reaches the package: a failure to write there (its MIL
+    FileWriter's "Unknown error", or an errno of a full or unwritable disk) is the machine's,
+    not the model's, and is said so."""
+    written = os_error_within(err)
+    if "FileWriter" not in str(err) and (written is None or written.errno not in WRITE_ERRNOS):
+        return None
+    folder = tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    return PackageWriteError(
+        f"{folder}: coremltools could not write block {key}'s temporary model files there "
+        f"({format_size(free)} free; {unconvertible(err)}); free space there or point TMPDIR "
+        "at a folder with room. Nothing was written")
+
+
 def convert_module(module: nn.Module, block: Block, setting: Compression,
                    min_ios: int = DEFAULT_MIN_IOS):
     """torch.export -> ML Program (fp16 compute, the package's iOS) -> compressed; an unsaved
@@ -212,7 +237,10 @@ def convert_module(module: nn.Module, block: Block, setting: Compression,
                 inputs=[ct.TensorType(name=n, shape=tuple(t.shape), dtype=_coreml_dtype(t))
                         for n, t in zip(block.inputs, example, strict=True)],
                 outputs=[ct.TensorType(name=OUTPUT_PREFIX + n) for n in block.outputs])
-        except (NotImplementedError, ValueError, RuntimeError, TypeError) as err:
+        except (NotImplementedError, ValueError, RuntimeError, TypeError, OSError) as err:
+            failed_write = temporary_write_failure(err, block.key)
+            if failed_write is not None:
+                raise failed_write from None
             raise ExportValidationError(f"block {block.key}: CoreML cannot take it: "
                                         f"{unconvertible(err)}") from None
         config = setting.optimization_config(block.key)

@@ -343,3 +343,37 @@ def test_a_full_disk_is_the_clean_error_whichever_library_wrote(tmp_path, wrappe
             raise wrapped
     assert snapshot(dest) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
+@pytest.fixture
+def tiny_temporary_folder(tmp_path):
+    """A 64 KiB tmpfs, as a full TMPDIR; skipped where this process cannot mount one."""
+    folder = tmp_path / "tmpfs"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip("a full temporary folder is made by mounting a 64 KiB tmpfs, which needs "
+                    f"root with CAP_SYS_ADMIN; mount said: {mounted.stderr.strip()[:200]}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_a_full_temporary_folder_is_not_blamed_on_the_model(tiny_temporary_folder, tmp_path,
+                                                             monkeypatch):
+    """coremltools writes each program's weights under TMPDIR first: a full one is named as
+    the folder and its free space, not as "CoreML cannot take" the model; nothing written."""
+    import tempfile
+
+    pytest.importorskip("coremltools", reason="the iphone target's converter (test extras)")
+    monkeypatch.setattr(tempfile, "tempdir", str(tiny_temporary_folder))
+    dest = tmp_path / "pkg"
+    res = CliRunner().invoke(app, ["export", "--target", "iphone", "-o", str(dest)])
+    assert res.exit_code != 0
+    assert (f"{tiny_temporary_folder}: coremltools could not write block text_encoder/"
+            "embeddings's temporary model files there" in res.output), res.output
+    assert "point TMPDIR at a folder with room" in res.output
+    assert "cannot take it" not in res.output
+    assert not dest.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["tmpfs"]

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from manifest_edits import block_record as block
 from manifest_edits import rewrite
@@ -109,6 +110,28 @@ def test_listed_path_that_is_a_folder_is_refused(pkg, monkeypatch):
     path.unlink()
     path.mkdir()
     with pytest.raises(PackageError, match=r"pair_1\.bin: is a folder, not a regular file"):
+        NoBlockRuns(monkeypatch).load(pkg)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_null_caption_that_is_not_finite_is_refused_at_load(pkg, monkeypatch, bad):
+    """A consistent package (sizes and digests rewritten) whose learned null caption holds NaN
+    or infinity: refused at load, not after a generation of NaN frames."""
+    from edge.package import file_entry
+
+    m = json.loads((pkg / MANIFEST).read_text())
+    path = pkg / m["conditioning"]["null_caption"]["path"]
+    null = np.load(path)
+    null[0, 0] = bad
+    np.save(path, null)
+
+    def change(m):
+        entry = file_entry(pkg, path)
+        m["conditioning"]["null_caption"] = entry
+        m["files"] = [entry if f["path"] == entry["path"] else f for f in m.get("files", [])]
+    rewrite(pkg, change)
+    with pytest.raises(PackageError, match=r"conditioning.null_caption: 1 of its \d+ values "
+                                           "are not finite"):
         NoBlockRuns(monkeypatch).load(pkg)
 
 

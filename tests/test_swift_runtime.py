@@ -100,7 +100,21 @@ def check_edge_sample(wan: Path, tmp_path: Path) -> None:
     blocks = run([str(sample), str(wan / "package"), "a cat", "-o", str(tmp_path / "x.npy")],
                  timeout=300)
     assert blocks.returncode == 2 and "needs CoreML" in blocks.stderr, blocks.stderr
+    check_output_refusals(sample, wan, tmp_path)
     check_seed_refusals(sample, wan, tmp_path)
+
+
+def check_output_refusals(sample: Path, wan: Path, tmp_path: Path) -> None:
+    """An -o that cannot be written (a folder, a missing parent folder) is refused in one line
+    before the replay runs, not with Foundation's error after it."""
+    (tmp_path / "taken.npy").mkdir()
+    for out, why in [(tmp_path / "taken.npy", "is a folder"),
+                     (tmp_path / "missing" / "x.npy", f"the folder {tmp_path / 'missing'} "
+                                                       "does not exist")]:
+        refused = run([str(sample), str(wan / "package"), "--bundle",
+                       str(wan / "bundles" / "negative_merge_leap"), "-o", str(out)], timeout=300)
+        assert refused.returncode == 2 and not refused.stdout, refused.stdout + refused.stderr
+        assert refused.stderr.startswith(f"error: -o {out}: {why}"), refused.stderr
 
 
 def check_seed_refusals(sample: Path, wan: Path, tmp_path: Path) -> None:

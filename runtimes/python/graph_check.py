@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from edge.manifest_schema import MANIFEST, PackageError, as_variant
 from edge.pieces import piece_bounds
 
@@ -140,6 +142,11 @@ def check_runtime_feeds(manifest: dict, null_caption: Any) -> None:
             raise PackageError(f"{MANIFEST} conditioning.null_caption: must be a float32 "
                                f"matrix (tokens x width), is {null_caption.dtype} "
                                f"{null_caption.shape}")
+        if not np.isfinite(null_caption).all():  # else every video would come back NaN
+            bad = int((~np.isfinite(null_caption)).sum())
+            raise PackageError(f"{MANIFEST} conditioning.null_caption: {bad} of its "
+                               f"{null_caption.size} values are not finite (NaN or "
+                               "infinity); re-export the package")
         caption = [BATCH, *null_caption.shape]
     else:  # the unconditional caption is encoded like the prompt: as wide as the encoder says
         encoded = {s["name"]: s for comp in manifest["components"]

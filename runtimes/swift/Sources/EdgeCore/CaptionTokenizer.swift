@@ -28,9 +28,19 @@ public enum TokenizerLoadError: Error, CustomStringConvertible, Equatable {
 /// The tokenizer a package's `tokenizer.json` describes, chosen by its `model.type`:
 /// "WordPiece" (tiny-sora's MiniLM) or "Unigram" (T5 / UMT5, Wan 2.1). `padToken` is the
 /// manifest's `tokenizer.pad_token`; absent, "[PAD]" as in the Python runtime.
-public func loadCaptionTokenizer(contentsOf url: URL, maxTokens: Int,
-                                 padToken: String? = nil) throws -> any CaptionTokenizer {
-    let file = try TokenizerFile.decode(Data(contentsOf: url))
+/// `embeddingRows` (the manifest's `tokenizer.embedding_rows`): a vocabulary larger than the
+/// text encoder's embedding table is refused here, as the Python and web runtimes do, not on
+/// the first prompt using a token past the table.
+public func loadCaptionTokenizer(contentsOf url: URL, maxTokens: Int, padToken: String? = nil,
+                                 embeddingRows: Int? = nil) throws -> any CaptionTokenizer {
+    let data = try Data(contentsOf: url)
+    let file = try TokenizerFile.decode(data)
+    if let rows = embeddingRows {
+        let size = try vocabularySize(ofTokenizerJSON: data)
+        if size > rows {
+            throw TokenizerLoadError.invalid("a vocabulary of \(size) tokens, but the text encoder's embedding table has \(rows) rows (manifest.json tokenizer embedding_rows): ids past it index nothing")
+        }
+    }
     let pad = padToken ?? "[PAD]"
     switch file.model.type {
     case "Unigram":
@@ -41,6 +51,26 @@ public func loadCaptionTokenizer(contentsOf url: URL, maxTokens: Int,
         throw TokenizerLoadError.unsupported(
             "model.type \(other) is not supported (supported: Unigram, WordPiece)")
     }
+}
+
+/// How many ids a tokenizer.json can give, as the tokenizers library's
+/// `get_vocab_size(with_added_tokens=True)`: its model's vocabulary (a list for Unigram, a
+/// map of token to id for WordPiece) and its added tokens, by their highest id.
+public func vocabularySize(ofTokenizerJSON data: Data) throws -> Int {
+    guard let body = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+          let model = body["model"] as? [String: Any] else {
+        throw TokenizerLoadError.invalid("not a JSON object with a model")
+    }
+    var size: Int
+    switch model["vocab"] {
+    case let list as [Any]: size = list.count
+    case let map as [String: Any]: size = (map.values.compactMap { ($0 as? NSNumber)?.intValue }.max() ?? -1) + 1
+    default: throw TokenizerLoadError.invalid("model.vocab is neither a list nor a map")
+    }
+    for token in body["added_tokens"] as? [[String: Any]] ?? [] {
+        if let id = (token["id"] as? NSNumber)?.intValue { size = max(size, id + 1) }
+    }
+    return size
 }
 
 // MARK: - prompt cleaning

@@ -85,6 +85,9 @@ public struct Manifest: Decodable {
         public let maxTokens: Int
         public let padToken: String?   // absent: "[PAD]"
         public let clean: String?      // how prompts are cleaned first: "none" (absent) or "wan"
+        /// Rows of the text encoder's embedding table; every token id must index one (absent
+        /// in packages written before the field).
+        public let embeddingRows: Int?
     }
 
     /// The unconditional pass's caption when it is learned (tiny-sora); absent, the package's
@@ -217,6 +220,9 @@ public enum ManifestReader {
         }
         if let clean = m.tokenizer.clean, !["none", "wan"].contains(clean) {
             throw ManifestError.invalid("manifest.json tokenizer: clean \(clean); known: none, wan")
+        }
+        if let rows = m.tokenizer.embeddingRows, rows < 1 {
+            throw ManifestError.invalid("manifest.json tokenizer: embedding_rows \(rows); must be at least 1")
         }
         // the latents are allocated from this shape: positive sides, at most 2^31 floats
         guard m.latentShape.count >= 3, m.latentShape.allSatisfy({ $0 >= 1 }),

@@ -45,8 +45,12 @@ public struct ConformanceBundle {
         guard let raw = FileManager.default.contents(atPath: json.path) else {
             throw RuntimeError.package("\(json.path): missing; not an edge bundle folder (edge record writes one)")
         }
-        guard let body = try? JSONSerialization.jsonObject(with: raw) as? [String: Any],
-              body["format"] as? String == "edge-bundle" else {
+        let parsed: Any
+        do { parsed = try JSONSerialization.jsonObject(with: raw) } catch {
+            throw bad("not valid JSON (\(raw.count) bytes; truncated or altered?)")
+        }
+        guard let body = parsed as? [String: Any] else { throw bad("not a JSON object; not an edge bundle") }
+        guard body["format"] as? String == "edge-bundle" else {
             throw bad("not an edge bundle (no \"format\": \"edge-bundle\")")
         }
         guard (body["format_version"] as? NSNumber)?.intValue == 1 else {

@@ -34,8 +34,9 @@ public struct FileIdentity: Equatable {
 }
 
 /// Checks a package folder against its manifest before anything runs, as the Python runtime's
-/// read_package does: no path leaves the folder, no file is unlisted, every listed file has
-/// the listed size and sha256.
+/// read_package does: no path leaves the folder, every listed file has the listed size and
+/// sha256. A file the manifest does not list (a README someone added) is named in a notice
+/// and neither checked nor used.
 public enum PackageFiles {
     /// Files the operating system leaves in folders; never part of a package.
     static let noise: Set<String> = [".DS_Store", "Thumbs.db", "desktop.ini"]
@@ -56,15 +57,22 @@ public enum PackageFiles {
         return url
     }
 
-    /// Verify every listed file; returns each file's identity (by absolute path) at
-    /// verification, for the loader's checks at later loads.
-    public static func verify(_ manifest: Manifest, root: URL, hashes: Bool = true) throws -> [String: FileIdentity] {
+    /// What `verify` found: each listed file's identity (by absolute path) at verification,
+    /// for the loader's checks at later loads, and what the caller should tell the user.
+    public struct Verified {
+        public let identities: [String: FileIdentity]
+        public let notices: [String]
+    }
+
+    /// Verify every listed file.
+    public static func verify(_ manifest: Manifest, root: URL, hashes: Bool = true) throws -> Verified {
         let records = manifest.allFiles
         let urls = try records.map { try resolve(root, $0.path, "manifest.json") }
+        var notices: [String] = []
         let extra = unlisted(root, listed: Set(records.map(\.path)))
         if !extra.isEmpty {
             let shown = extra.prefix(5).joined(separator: ", ") + (extra.count > 5 ? " and \(extra.count - 5) more" : "")
-            throw RuntimeError.package("\(root.path): files not listed in manifest.json: \(shown); a package holds exactly what its manifest lists")
+            notices.append("\(root.path): files not listed in manifest.json: \(shown); they are not checked and not used")
         }
         var identities: [String: FileIdentity] = [:]
         for (file, url) in zip(records, urls) {
@@ -84,7 +92,7 @@ public enum PackageFiles {
             }
             identities[url.path] = before
         }
-        return identities
+        return Verified(identities: identities, notices: notices)
     }
 
     /// Package-relative paths in the folder that the manifest does not list.

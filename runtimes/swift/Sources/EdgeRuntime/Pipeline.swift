@@ -25,11 +25,14 @@ public final class EdgePipeline {
     public let tokenizer: any CaptionTokenizer
     let cleaner: PromptCleaner
     public let loader: BlockLoader
+    /// What loading found that the user should hear of without it stopping anything (files
+    /// in the folder the manifest does not list).
+    public let notices: [String]
     let nullCaption: Tensor?   // the learned unconditional caption (1, max_tokens, width)
     private let lock = NSLock()
 
-    /// Verify the package (no path escapes, no unlisted file, every listed file's size and
-    /// sha256) before anything runs, then plan the loader for `budget` bytes of loaded
+    /// Verify the package (no path escapes, every listed file's size and sha256; an unlisted
+    /// file is named in `notices`) before anything runs, then plan the loader for `budget` bytes of loaded
     /// blocks (nil: keep every block once loaded; refused if smaller than the largest block).
     public convenience init(package root: URL, backend: BlockBackend, budget: Int? = nil,
                             verify: Bool = true, coldReads: Bool = false) throws {
@@ -47,11 +50,14 @@ public final class EdgePipeline {
             throw RuntimeError.package("\(manifestURL.path): missing; not an edge package folder")
         }
         manifest = try ManifestReader.decode(data)
-        let identities = try PackageFiles.verify(manifest, root: root, hashes: verify)
+        let verified = try PackageFiles.verify(manifest, root: root, hashes: verify)
+        let identities = verified.identities
+        notices = verified.notices
         let tokURL = try PackageFiles.resolve(root, manifest.tokenizer.files[0].path, "tokenizer")
         do {
             tokenizer = try loadCaptionTokenizer(contentsOf: tokURL, maxTokens: manifest.tokenizer.maxTokens,
-                                                 padToken: manifest.tokenizer.padToken)
+                                                 padToken: manifest.tokenizer.padToken,
+                                                 embeddingRows: manifest.tokenizer.embeddingRows)
             cleaner = try PromptCleaner(kind: manifest.tokenizer.clean)
         } catch let error as TokenizerLoadError {
             throw RuntimeError.package("\(manifest.tokenizer.files[0].path): \(error)")
@@ -65,6 +71,10 @@ public final class EdgePipeline {
             }
             // little-endian float32, as every platform Swift runs edge on
             let values = raw.withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
+            let notFinite = values.lazy.filter { !$0.isFinite }.count
+            if notFinite > 0 {   // else every video would come back NaN
+                throw RuntimeError.package("\(record.path): \(notFinite) of its \(values.count) values are not finite (NaN or infinity); re-export the package")
+            }
             nullCaption = Tensor(shape: [1, n, values.count / n], data: values)
         } else {
             nullCaption = nil

@@ -107,11 +107,29 @@ struct Options {
         if let output, !(output.hasSuffix(".npy") || output.hasSuffix(".gif")) {
             throw Failure(description: "-o \(output): write a .npy (uint8 frames T x H x W x 3) or a .gif")
         }
+        if let output { try Self.checkWritable(output) }
         #if !canImport(ImageIO)
         if let output, output.hasSuffix(".gif") {
             throw Failure(description: "-o \(output): writing GIF needs ImageIO (Apple platforms); write .npy here")
         }
         #endif
+    }
+
+    /// Refuse an -o that cannot be written before any work (a folder, or a missing parent
+    /// folder), rather than after the whole generation or replay.
+    static func checkWritable(_ output: String) throws {
+        let url = URL(fileURLWithPath: output)
+        var isFolder: ObjCBool = false
+        if FileManager.default.fileExists(atPath: url.path, isDirectory: &isFolder), isFolder.boolValue {
+            throw Failure(description: "-o \(output): is a folder; name a file to write")
+        }
+        let parent = url.deletingLastPathComponent().path
+        guard FileManager.default.fileExists(atPath: parent, isDirectory: &isFolder), isFolder.boolValue else {
+            throw Failure(description: "-o \(output): the folder \(parent) does not exist")
+        }
+        guard FileManager.default.isWritableFile(atPath: parent) else {
+            throw Failure(description: "-o \(output): the folder \(parent) is not writable")
+        }
     }
 
     func configure(_ s: inout SamplerSettings) {
@@ -153,9 +171,13 @@ func write(_ result: EdgePipeline.Result, to path: String) throws {
 
 func pipeline(_ options: Options, backend: BlockBackend?) throws -> EdgePipeline {
     let root = URL(fileURLWithPath: options.package)
-    if let backend { return try EdgePipeline(package: root, backend: backend, budget: options.budget) }
+    func noticed(_ pipe: EdgePipeline) -> EdgePipeline {
+        for notice in pipe.notices { FileHandle.standardError.write("notice: \(notice)\n".data(using: .utf8)!) }
+        return pipe
+    }
+    if let backend { return noticed(try EdgePipeline(package: root, backend: backend, budget: options.budget)) }
     #if canImport(CoreML)
-    return try EdgePipeline(package: root, budget: options.budget)
+    return noticed(try EdgePipeline(package: root, budget: options.budget))
     #else
     throw Failure(description: "running a package's blocks needs CoreML (Apple platforms); here edge-sample runs a conformance bundle: edge record PACKAGE PROMPT -o BUNDLE, then --bundle BUNDLE")
     #endif

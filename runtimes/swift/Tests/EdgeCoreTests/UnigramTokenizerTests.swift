@@ -69,6 +69,17 @@ final class UnigramTokenizerTests: XCTestCase {
         XCTAssertEqual(PromptCleaner.wan.clean("&amp;lt;&#x41;&notit;\u{3000}x\n\n"), "<A¬it; x")
     }
 
+    /// The ids a tokenizer.json can give, as tokenizers' get_vocab_size(with_added_tokens=True):
+    /// a WordPiece map by its highest id, a Unigram list by its length, added tokens past both.
+    func testVocabularySizeCountsTheModelAndAddedTokens() throws {
+        func size(_ json: String) throws -> Int { try vocabularySize(ofTokenizerJSON: Data(json.utf8)) }
+        XCTAssertEqual(try size(#"{"model": {"type": "WordPiece", "vocab": {"a": 0, "b": 7}}}"#), 8)
+        XCTAssertEqual(try size(#"{"model": {"type": "Unigram", "vocab": [["a", 0.0], ["b", -1.0]]}, "added_tokens": [{"id": 5}]}"#), 6)
+        XCTAssertEqual(try size(#"{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}, "added_tokens": [{"id": 0}]}"#), 1)
+        XCTAssertThrowsError(try size(#"{"model": {"type": "BPE"}}"#))
+        XCTAssertThrowsError(try size("[1]"))
+    }
+
     func testLoaderPicksWordPieceForMiniLM() throws {
         let f = try Fixtures.object("swift/tokens.json")
         let tok = try loadCaptionTokenizer(contentsOf: Fixtures.url("swift/tokenizer.json"),

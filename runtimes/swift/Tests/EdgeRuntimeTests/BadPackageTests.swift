@@ -49,10 +49,75 @@ final class BadPackageTests: ScratchTestCase {
         try assertRefused("altered", [path, "sha256"]) { _ = try open(root) }
     }
 
-    func testRefusesAnUnlistedFile() throws {
+    /// A file the manifest does not list (a README someone added) is named in a notice and
+    /// left alone: the package loads and runs what its manifest lists (as the Python side).
+    func testNamesAnUnlistedFileAndLoads() throws {
         let (root, _) = try copyOfPackage()
         try Data("x".utf8).write(to: root.appendingPathComponent("models/extra.bin"))
-        try assertRefused("unlisted", ["models/extra.bin", "not listed"]) { _ = try open(root) }
+        let pipe = try open(root)
+        XCTAssertEqual(pipe.notices.count, 1)
+        XCTAssertTrue(pipe.notices[0].contains("models/extra.bin") && pipe.notices[0].contains("not checked and not used"),
+                      pipe.notices[0])
+        XCTAssertEqual(try open(try ReplayFixtures.load().package).notices, [], "an untouched package has nothing to say")
+    }
+
+    /// manifest.json edited by `change` and written back.
+    func editManifest(_ root: URL, _ change: (inout [String: Any]) throws -> Void) throws {
+        let url = root.appendingPathComponent("manifest.json")
+        var body = try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as! [String: Any]
+        try change(&body)
+        try JSONSerialization.data(withJSONObject: body).write(to: url)
+    }
+
+    /// A vocabulary larger than the text encoder's embedding table is refused at load, naming
+    /// the tokenizer file and the manifest field; one that fits loads.
+    func testRefusesAVocabularyLargerThanTheEmbeddingTable() throws {
+        let (root, _) = try copyOfPackage()
+        var tokenizerPath = ""
+        try editManifest(root) { body in
+            let tokenizer = body["tokenizer"] as! [String: Any]
+            tokenizerPath = (tokenizer["files"] as! [[String: Any]])[0]["path"] as! String
+        }
+        let size = try vocabularySize(ofTokenizerJSON: Data(contentsOf: root.appendingPathComponent(tokenizerPath)))
+        XCTAssertGreaterThan(size, 1000)
+        for rows in [size, size - 1] {
+            try editManifest(root) { body in
+                var tokenizer = body["tokenizer"] as! [String: Any]
+                tokenizer["embedding_rows"] = rows
+                body["tokenizer"] = tokenizer
+            }
+            if rows == size {
+                XCTAssertNoThrow(try open(root))
+            } else {
+                try assertRefused("vocabulary", [tokenizerPath, "vocabulary of \(size) tokens", "\(rows) rows", "embedding_rows"]) { _ = try open(root) }
+            }
+        }
+    }
+
+    /// A learned null caption holding NaN (a consistent package: size and sha256 rewritten) is
+    /// refused at load, not after a generation of NaN frames.
+    func testRefusesANullCaptionThatIsNotFinite() throws {
+        let (root, _) = try copyOfPackage()
+        var path = ""
+        try editManifest(root) { body in
+            let conditioning = body["conditioning"] as! [String: Any]
+            path = (conditioning["null_caption_f32"] as! [String: Any])["path"] as! String
+        }
+        let url = root.appendingPathComponent(path)
+        var raw = try Data(contentsOf: url)
+        withUnsafeBytes(of: Float.nan.bitPattern.littleEndian) { raw.replaceSubrange(4..<8, with: $0) }
+        try raw.write(to: url)
+        let digest = try PackageFiles.sha256Hex(of: url)
+        func fixed(_ value: Any) -> Any {   // every record of the file gets its new digest
+            if var record = value as? [String: Any] {
+                if record["path"] as? String == path { record["sha256"] = digest; record["bytes"] = raw.count }
+                return record.mapValues(fixed)
+            }
+            if let list = value as? [Any] { return list.map(fixed) }
+            return value
+        }
+        try editManifest(root) { body in body = fixed(body) as! [String: Any] }
+        try assertRefused("NaN null caption", [path, "1 of its", "not finite"]) { _ = try open(root) }
     }
 
     func testRefusesABudgetBelowTheLargestBlock() throws {

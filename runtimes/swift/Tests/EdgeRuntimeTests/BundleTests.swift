@@ -193,7 +193,13 @@ final class BundleTests: ScratchTestCase {
         changed[changed.count - 1] ^= 0x40
         try changed.write(to: tensors)
         try assertRefused("changed", ["tensors.bin", "sha256"]) { _ = try ConformanceBundle(contentsOf: copy) }
-        try FileManager.default.removeItem(at: copy.appendingPathComponent("bundle.json"))
+        let json = copy.appendingPathComponent("bundle.json")
+        let body = try Data(contentsOf: json)
+        try body.prefix(body.count / 2).write(to: json)
+        try assertRefused("truncated bundle.json", ["bundle.json", "not valid JSON", "truncated"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try Data("[1, 2]".utf8).write(to: json)
+        try assertRefused("a list", ["bundle.json", "not a JSON object"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try FileManager.default.removeItem(at: json)
         try assertRefused("no bundle.json", ["bundle.json", "missing"]) { _ = try ConformanceBundle(contentsOf: copy) }
     }
 
