@@ -61,6 +61,7 @@ from torch import nn
 
 from edge.attention import chunked_attention
 from edge.blocks import Block
+from edge.budget import format_size
 from edge.exporters import ExportValidationError
 from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's names too)
     BY_FAMILY,
@@ -81,7 +82,6 @@ from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's n
 from edge.exporters.coreml_weights import MAIN, import_coremltools
 from edge.exporters.package_head import manifest_head
 from edge.family_model import FamilyModel
-from edge.budget import format_size
 from edge.package import (
     WRITE_ERRNOS,
     PackageWriteError,
