@@ -63,32 +63,50 @@ class Precision:
     dtype: torch.dtype
     tolerance: float
     record: dict
+    weights: dict | None = None   # how coreai-opt stores the weights (None: as computed)
+
+    @property
+    def bits(self) -> int:
+        """Bits a weight is stored in (the dry run's estimate; scales come on top)."""
+        if self.weights is not None:
+            return int(self.weights["dtype"].removeprefix("int"))
+        return 8 * self.dtype.itemsize
 
 
+INT8_WEIGHTS = {"method": "linear_symmetric", "dtype": "int8", "granularity": "per_channel"}
 PRECISIONS = {
     # float rounding in another order of operations
     "fp32": Precision("fp32", torch.float32, 1e-5, {"method": "none", "weights": "float32"}),
     # half precision throughout: 2^-11 per rounding, grown through a block's layers
     "fp16": Precision("fp16", torch.float16, 3e-2, {"method": "none", "weights": "float16",
                                                     "compute": "float16"}),
+    # int8 weights (per output channel, symmetric) dequantized for float16 compute
+    "8": Precision("8", torch.float16, 6e-2, INT8_WEIGHTS | {"compute": "float16"},
+                   weights=INT8_WEIGHTS),
 }
 
 
 def check_precision(quantize: str) -> Precision:
     if quantize not in PRECISIONS:
         raise ValueError(f"--quantize {quantize!r} with --min-ios {MIN_IOS}: Core AI packages "
-                         f"take {' or '.join(PRECISIONS)} so far (8, 6 and 4 bits are the "
+                         f"take {', '.join(PRECISIONS)} so far (6 and 4 bits are the "
                          "Core ML layouts', --min-ios 17 or 18)")
     return PRECISIONS[quantize]
 
 
-def import_coreai() -> None:
-    """Core AI's converter, or a ModuleNotFoundError naming it (the [iphone] extra brings
-    it); checked before any work, as the conversion itself runs in a child process."""
+def import_coreai(quantizing: bool = False) -> None:
+    """Core AI's converter (and its quantizer, `quantizing`), or a ModuleNotFoundError naming
+    it (the [iphone] extra brings them); checked before any work, as the conversion itself
+    runs in a child process."""
     with warnings.catch_warnings():   # "validated with torch<=2.13.0; found 2.13.0+cpu"
         warnings.simplefilter("ignore")
         import coreai  # noqa: F401
         import coreai_torch  # noqa: F401
+        if quantizing:
+            import importlib.util
+
+            if importlib.util.find_spec("coreai_opt") is None:
+                raise ModuleNotFoundError("No module named 'coreai_opt'", name="coreai_opt")
 
 
 class HalfPrecision(nn.Module):
@@ -219,6 +237,7 @@ def _job(block: Block, root: Path, precision: Precision, scratch: Path) -> Path:
     path = root / model_path(block)
     path.parent.mkdir(parents=True, exist_ok=True)
     job = {"aimodel": str(path), "results": str(scratch / "results.json"),
+           "weights": precision.weights,
            "functions": [{"name": name} | _save_graph(graph, precision, scratch / name)
                          for name, graph in _functions(block).items()]}
     (scratch / "job.json").write_text(json.dumps(job))

@@ -50,15 +50,15 @@ def precision(options: ExportOptions) -> Precision:
 
 
 def check(options: ExportOptions) -> None:
-    precision(options)
+    chosen = precision(options)
     if options.memory_budget is not None:
         raise ExportOptionError(f"--memory-budget with --min-ios {MIN_IOS}: the Core AI "
                                 "layout is not re-cut for a budget yet (--min-ios 18 is)")
-    import_coreai()
+    import_coreai(quantizing=chosen.weights is not None)
 
 
 def stored_bytes(block, chosen: Precision) -> int:
-    return sum(p.numel() for p in block.parameters().values()) * chosen.dtype.itemsize
+    return sum(p.numel() for p in block.parameters().values()) * chosen.bits // 8
 
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:

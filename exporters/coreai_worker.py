@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-PINNED = {"coreai-core": "1.0.0b3", "coreai-torch": "0.4.3"}   # as the [iphone] extra pins them
+PINNED = {"coreai-core": "1.0.0b3", "coreai-torch": "0.4.3",   # as the [iphone] extra pins them
+          "coreai-opt": "0.4.0"}
 
 
 def quiet_imports():
@@ -73,7 +74,24 @@ def convert(job: dict, coreai_torch, OSVersion) -> None:
         converter.add_exported_program(program, input_names=function["input_names"],
                                        output_names=function["output_names"],
                                        entrypoint_name=function["name"])
-    converter.to_coreai().save_asset(Path(job["aimodel"]), minimum_os=OSVersion.v27)
+    program = converter.to_coreai()
+    if job.get("weights"):
+        program = quantized(program, job["weights"])
+    program.save_asset(Path(job["aimodel"]), minimum_os=OSVersion.v27)
+
+
+def quantized(program, weights: dict):
+    """The program with its weights stored as `weights` says ({"dtype": "int8",
+    "granularity": "per_channel"} or {"dtype": "int4", "granularity": "per_block",
+    "block_size": 32}), symmetric linear quantization by coreai-opt: a dequantizing op
+    before each weight's use (tensors under coreai-opt's threshold of 1024 values keep
+    their dtype)."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        from coreai_opt.coreai_utils import CompressionGranularity, DType, quantize_weights
+    return quantize_weights(program, DType(weights["dtype"]),
+                            granularity=CompressionGranularity(weights["granularity"]),
+                            block_size=weights.get("block_size", 32))
 
 
 async def execute(job: dict, AIModelAsset, NDArray) -> dict:

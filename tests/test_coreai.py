@@ -134,6 +134,26 @@ def test_fp16_programs_execute_within_half_precision_at_half_the_bytes(tmp_path,
     assert 0.45 < half["weight_bytes"] / full["weight_bytes"] < 0.55
 
 
+def test_int8_programs_store_a_byte_a_weight_and_execute_near_the_block(tmp_path, tiny_sora):
+    """--quantize 8: coreai-opt stores every weight matrix in int8 (a float16 scale per output
+    channel) behind float16 compute; the executed program stays within the setting's
+    tolerance, its error is quantization's (above float16's alone), at about a quarter of the
+    float32 bytes."""
+    from edge.exporters.coreai import PRECISIONS, export_block
+    from edge.exporters.coreml import cut_for_device
+
+    blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
+    block = blocks["transformer/pair_0"]   # its tdtm function shares the quantized weights
+    full = export_block(block, tmp_path / "full", PRECISIONS["fp32"])
+    int8 = export_block(block, tmp_path / "int8", PRECISIONS["8"])
+    for name, record in [("main", int8), ("tdtm", int8["variants"]["tdtm"])]:
+        error = record["validation"]["relative_error"]
+        assert 1e-3 < error <= PRECISIONS["8"].tolerance, (name, error)
+    assert 0.24 < int8["weight_bytes"] / full["weight_bytes"] < 0.32
+    program = (tmp_path / "int8" / int8["graph"]).read_bytes()
+    assert b"blockwise_shift_scale" in program   # the dequantizing op before each weight
+
+
 class _Sorts(nn.Module):
     def forward(self, x):
         return torch.sort(x, dim=-1).values
@@ -177,8 +197,8 @@ def _cli(*args: str):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--quantize", "8"], "--quantize '8' with --min-ios 27: Core AI packages take fp32 or "
-                          "fp16"),
+    (["--quantize", "6"], "--quantize '6' with --min-ios 27: Core AI packages take fp32, "
+                          "fp16, 8"),
     (["--memory-budget", "64MB"], "--memory-budget with --min-ios 27"),
 ])
 def test_options_the_core_ai_layout_does_not_take_are_refused(tmp_path, args, message):

@@ -357,8 +357,8 @@ def tiny_temporary_folder(tmp_path):
                     f"root with CAP_SYS_ADMIN; mount said: {mounted.stderr.strip()[:200]}")
     try:
         yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], capture_output=True)
+    finally:  # lazily: coremltools may hold a file there until collected
+        subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 
 
 def test_a_full_temporary_folder_is_not_blamed_on_the_model(tiny_temporary_folder, tmp_path,

@@ -26,6 +26,7 @@ EXTRA_OF_MODULE = {
     "sklearn": ("scikit-learn", "iphone"),
     "coreai": ("coreai-core", "iphone"),
     "coreai_torch": ("coreai-torch", "iphone"),
+    "coreai_opt": ("coreai-opt", "iphone"),
     "tvm": ("apache-tvm", "web"),
     "ray": ("ray", "ray"),
 }
