@@ -268,7 +268,7 @@ class PackageWriteError(RuntimeError):
 
 
 # errors of the destination rather than of the exporter's own work
-WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
                  errno.EFBIG, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EEXIST, errno.EBUSY,
                  errno.EXDEV}
 
@@ -287,6 +287,13 @@ def os_error_within(err: BaseException) -> OSError | None:
         return None
     code = int(found.group(1) or found.group(2))
     return OSError(code, os.strerror(code))
+
+
+def write_error_within(err: BaseException) -> OSError | None:
+    """The operating-system error behind `err` when it is one of writing (a full, read-only
+    or unwritable disk, a destination the rename cannot take), else None."""
+    cause = os_error_within(err)
+    return cause if cause is not None and cause.errno in _WRITE_ERRNOS else None
 
 
 def _write_error(dest: Path, err: OSError) -> PackageWriteError:
@@ -528,8 +535,8 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
                 _commit(tmp, dest)
     except Exception as err:  # noqa: BLE001  (a library's wrapped OSError too)
         _remove(tmp)
-        cause = os_error_within(err)
-        if cause is not None and cause.errno in WRITE_ERRNOS:
+        cause = write_error_within(err)
+        if cause is not None:
             raise _write_error(dest, cause) from err
         raise
     except BaseException:

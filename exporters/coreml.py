@@ -83,11 +83,10 @@ from edge.exporters.coreml_weights import MAIN, import_coremltools
 from edge.exporters.package_head import manifest_head
 from edge.family_model import FamilyModel
 from edge.package import (
-    WRITE_ERRNOS,
     PackageWriteError,
     atomic_directory,
     file_entry,
-    os_error_within,
+    write_error_within,
     write_manifest,
 )
 from edge.plan import READ_UNIT, Partition, partition
@@ -204,8 +203,7 @@ def temporary_write_failure(err: Exception, key: str) -> PackageWriteError | Non
     (TMPDIR) before anything reaches the package: a failure to write there (its MIL
     FileWriter's "Unknown error", or an errno of a full or unwritable disk) is the machine's,
     not the model's, and is said so."""
-    written = os_error_within(err)
-    if "FileWriter" not in str(err) and (written is None or written.errno not in WRITE_ERRNOS):
+    if "FileWriter" not in str(err) and write_error_within(err) is None:
         return None
     folder = tempfile.gettempdir()
     free = shutil.disk_usage(folder).free

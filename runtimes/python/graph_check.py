@@ -142,8 +142,8 @@ def check_runtime_feeds(manifest: dict, null_caption: Any) -> None:
             raise PackageError(f"{MANIFEST} conditioning.null_caption: must be a float32 "
                                f"matrix (tokens x width), is {null_caption.dtype} "
                                f"{null_caption.shape}")
-        if not np.isfinite(null_caption).all():  # else every video would come back NaN
-            bad = int((~np.isfinite(null_caption)).sum())
+        bad = int(null_caption.size - np.isfinite(null_caption).sum())
+        if bad:  # else every video would come back NaN
             raise PackageError(f"{MANIFEST} conditioning.null_caption: {bad} of its "
                                f"{null_caption.size} values are not finite (NaN or "
                                "infinity); re-export the package")
