@@ -1,38 +1,36 @@
-"""Identical blocks converted to ONNX once per export.
+"""Identical blocks converted to ONNX once per process.
 
 An ONNX graph here takes its block's weights as inputs, so blocks of one architecture (Wan
 1.3B's 30 transformer blocks, a text encoder's layers, tiny-sora's pairs and their TDTM
-variants) have byte-identical graphs: converting each again costs seconds to minutes a
-block for nothing. Within `reusing_graphs()`, a graph is keyed by what decides its bytes,
-the traced program (its code, with every literal), the tensors it embeds (buffers and
-lifted constants, by value) and the names and signatures of its inputs and outputs; a block
-whose key was seen gets a copy of the earlier graph. The copy is then validated with the
-block's own weights against the block in PyTorch like any other graph, so a key that missed
-something would fail the export, not ship a wrong graph.
+variants) have byte-identical graphs, and so do two exports of one architecture (the same
+transformer with another scheduler, a package re-exported for another budget): converting
+each again costs seconds to minutes a block for nothing. A graph is keyed by what decides
+its bytes, the traced program (its code, with every literal), the tensors it embeds
+(buffers and lifted constants, by value) and the names and signatures of its inputs and
+outputs; a block whose key was seen gets a copy of the earlier graph. The copy is then
+validated with the block's own weights against the block in PyTorch like any other graph,
+so a key that missed something would fail the export, not ship a wrong graph.
+
+The graphs are kept in memory (they hold no weights: kilobytes to a few megabytes each),
+the least recently used dropped beyond `LIMIT_BYTES`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
-_GRAPHS: ContextVar[dict[str, Path] | None] = ContextVar("edge_graph_reuse", default=None)
+LIMIT_BYTES = 256 << 20
+# a graph larger than this embeds big constants: kept out so it cannot push out the rest
+LARGEST_KEPT = LIMIT_BYTES // 8
 
-
-@contextmanager
-def reusing_graphs() -> Iterator[None]:
-    """Within: `export_graph` copies a graph it has converted before (see the module)."""
-    token = _GRAPHS.set({})
-    try:
-        yield
-    finally:
-        _GRAPHS.reset(token)
+_graphs: OrderedDict[str, bytes] = OrderedDict()
+_kept_bytes = 0
+_lock = threading.Lock()
 
 
 def _tensor_digest(digest, tensor: torch.Tensor) -> None:
@@ -61,17 +59,36 @@ def graph_key(program: torch.export.ExportedProgram, interface: object) -> str:
 
 
 def copy_of_earlier(key: str, path: Path) -> bool:
-    """Copy the graph converted earlier under `key` to `path`; False if there is none (or
-    no `reusing_graphs` is in force)."""
-    graphs = _GRAPHS.get()
-    if graphs is None or key not in graphs:
-        return False
+    """Write the graph converted earlier under `key` to `path`; False if none is kept."""
+    with _lock:
+        graph = _graphs.get(key)
+        if graph is None:
+            return False
+        _graphs.move_to_end(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(graphs[key], path)
+    path.write_bytes(graph)
     return True
 
 
 def remember(key: str, path: Path) -> None:
-    graphs = _GRAPHS.get()
-    if graphs is not None:
-        graphs[key] = path
+    """Keep the graph just converted to `path` for later blocks under `key`."""
+    global _kept_bytes
+    graph = path.read_bytes()
+    if len(graph) > LARGEST_KEPT:
+        return
+    with _lock:
+        if key in _graphs:
+            return
+        _graphs[key] = graph
+        _kept_bytes += len(graph)
+        while _kept_bytes > LIMIT_BYTES:
+            _, dropped = _graphs.popitem(last=False)
+            _kept_bytes -= len(dropped)
+
+
+def forget_graphs() -> None:
+    """Drop every kept graph (the next block of each architecture converts again)."""
+    global _kept_bytes
+    with _lock:
+        _graphs.clear()
+        _kept_bytes = 0

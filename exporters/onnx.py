@@ -24,7 +24,7 @@ from torch import nn
 from edge.attention import chunked_attention
 from edge.blocks import Block, torch_block_opener
 from edge.exporters import ExportValidationError
-from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember, reusing_graphs
+from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
 from edge.exporters.package_head import manifest_head
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
@@ -260,7 +260,7 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
     cut); `plan`: how they were cut for a memory budget (edge/plan.py), recorded in the
     manifest."""
     components = components or model.cut()
-    with atomic_directory(dest) as root, reusing_graphs():
+    with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "onnx", model_name or model.name)
         if plan is not None:
             manifest["plan"] = plan

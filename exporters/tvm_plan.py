@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -535,25 +537,45 @@ class CompiledBlock:
 class BlockCompiler:
     """Compiles blocks for the web target. Blocks of one structure (a model's pairs or
     encoder layers: same code and shapes, other weights) share one compilation, since the
-    weights are parameters of the relax module, not constants in it."""
+    weights are parameters of the relax module, not constants in it. The `limit` most
+    recently used structures are kept (compiled code only, no weights)."""
 
-    def __init__(self) -> None:
-        self._cache: dict[int, CompiledBlock] = {}
+    def __init__(self, limit: int = 64) -> None:
+        self._cache: OrderedDict[int, CompiledBlock] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
 
     def compile(self, block: Block) -> CompiledBlock:
         mod = import_block(block)
         weights = list(dict(block.module.named_parameters()))
         digest = tvm_ffi.structural_hash(mod)
-        cached = self._cache.get(digest)
+        with self._lock:
+            cached = self._cache.get(digest)
+            if cached is not None:
+                self._cache.move_to_end(digest)
         if cached is not None and tvm_ffi.structural_equal(mod, cached.source):
             plan = read_plan(cached.lowered, block.inputs, weights, block.key)
             for call, done in zip(plan.calls, cached.plan.calls, strict=True):
                 call["kernels"] = done["kernels"]
+                if "choices" in done:  # the alternative schedules the page times
+                    call["choices"] = done["choices"]
             return CompiledBlock(mod, cached.lowered, plan, cached.wgsl, cached.built)
         lowered = lower(mod)
         plan = read_plan(lowered, block.inputs, weights, block.key)
         wgsl = build_webgpu(lowered, plan, block.key)
         compiled = CompiledBlock(mod, lowered, plan, wgsl)
-        self._cache[digest] = compiled
+        with self._lock:
+            self._cache[digest] = compiled
+            while len(self._cache) > self._limit:
+                self._cache.popitem(last=False)
         return compiled
+
+
+_shared_compiler = BlockCompiler()
+
+
+def shared_compiler() -> BlockCompiler:
+    """The process's compiler: a later export of a structure compiled before (another
+    scheduler, budget or weights of one architecture) reuses its kernels."""
+    return _shared_compiler
 

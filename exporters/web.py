@@ -36,11 +36,10 @@ import torch
 
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
-from edge.exporters.graph_reuse import reusing_graphs
 from edge.exporters.onnx import export_graph, validate_block, write_weights
 from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
-from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, web_example
+from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, shared_compiler, web_example
 from edge.family_model import FamilyModel
 from edge.package import atomic_directory, file_entry, write_manifest
 
@@ -196,10 +195,10 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     `bundle_ort`: where the page gets onnxruntime-web (exporters/ort_web.py; default: the
     pinned version on the official CDN). `components`: the blocks, if already cut at the
     web's shapes."""
-    compiler = compiler or BlockCompiler()
+    compiler = compiler or shared_compiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
-    with atomic_directory(dest) as root, reusing_graphs():
+    with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "web", model_name or model.name)
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
         manifest["web"] = {"guidance_batch": shapes.guidance_batch,

@@ -1,7 +1,8 @@
-"""Identical blocks converted to ONNX once per export (exporters/graph_reuse.py): a block
+"""Identical blocks converted to ONNX once per process (exporters/graph_reuse.py): a block
 whose traced program, embedded tensors and interface equal an earlier one's gets a copy of
 its graph; anything that changes the graph's bytes (a literal, a buffer's values, a shape)
-converts again, and every copy is validated with its own weights."""
+converts again, every copy is validated with its own weights, and the kept graphs are
+bounded."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.exporters.graph_reuse import reusing_graphs
+from edge.exporters import graph_reuse
 
 
 class _Layer(nn.Module):
@@ -29,15 +30,21 @@ def _block(name: str, layer: nn.Module) -> Block:
 
 
 def _export(blocks: list[Block], root, monkeypatch) -> tuple[int, list[float]]:
-    """Export and validate each block's graph in one `reusing_graphs`; (conversions, errors)."""
+    """Export and validate each block's graph, nothing kept from before; (conversions,
+    errors)."""
     from edge.exporters.onnx import export_validated_graph
 
+    calls = _count_conversions(monkeypatch)
+    graph_reuse.forget_graphs()
+    errors = [export_validated_graph(b, root / f"{b.name}.onnx", b.key)[1] for b in blocks]
+    return len(calls), errors
+
+
+def _count_conversions(monkeypatch) -> list:
     calls = []
     convert = torch.onnx.export
     monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: calls.append(1) or convert(*a, **k))
-    with reusing_graphs():
-        errors = [export_validated_graph(b, root / f"{b.name}.onnx", b.key)[1] for b in blocks]
-    return len(calls), errors
+    return calls
 
 
 def test_blocks_of_one_architecture_are_converted_once(tmp_path, monkeypatch):
@@ -58,15 +65,37 @@ def test_a_literal_or_a_buffer_that_differs_converts_again(tmp_path, monkeypatch
     assert conversions == 3 and max(errors) < 1e-5
 
 
-def test_without_reusing_graphs_every_block_converts(tmp_path, monkeypatch):
+def test_a_later_export_copies_the_graphs_an_earlier_one_converted(tmp_path, monkeypatch):
     from edge.exporters.onnx import export_graph
 
-    calls = []
-    convert = torch.onnx.export
-    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: calls.append(1) or convert(*a, **k))
-    for i in range(2):
-        export_graph(_block(f"l{i}", _Layer()), tmp_path / f"l{i}.onnx")
-    assert len(calls) == 2
+    calls = _count_conversions(monkeypatch)
+    graph_reuse.forget_graphs()
+    export_graph(_block("first", _Layer()), tmp_path / "a" / "first.onnx")
+    export_graph(_block("again", _Layer()), tmp_path / "b" / "again.onnx")
+    assert len(calls) == 1
+    first, again = (tmp_path / "a" / "first.onnx"), (tmp_path / "b" / "again.onnx")
+    assert first.read_bytes() == again.read_bytes()
+
+
+def test_the_kept_graphs_are_bounded_least_recently_used_first(tmp_path, monkeypatch):
+    from edge.exporters.onnx import export_graph
+
+    calls = _count_conversions(monkeypatch)
+    graph_reuse.forget_graphs()
+    eps = (1e-3, 1e-4, 1e-5)
+    for e in eps:
+        export_graph(_block(f"eps{e}", _Layer(eps=e)), tmp_path / f"{e}.onnx")
+    size = (tmp_path / "1e-05.onnx").stat().st_size
+    # room for two graphs: the third pushed out the first
+    monkeypatch.setattr(graph_reuse, "LIMIT_BYTES", 2 * size + size // 2)
+    graph_reuse.forget_graphs()
+    for e in eps:
+        export_graph(_block(f"eps{e}", _Layer(eps=e)), tmp_path / f"{e}.onnx")
+    assert len(calls) == 6
+    export_graph(_block("recent", _Layer(eps=1e-5)), tmp_path / "recent.onnx")
+    assert len(calls) == 6   # still kept
+    export_graph(_block("oldest", _Layer(eps=1e-3)), tmp_path / "oldest.onnx")
+    assert len(calls) == 7   # dropped, converted again
 
 
 def test_the_packages_identical_blocks_share_their_graph_bytes(exported_package):

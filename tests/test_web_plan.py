@@ -51,6 +51,17 @@ def test_layers_of_one_structure_share_one_compilation(pipeline, compiler):
     assert _replay_error(second, layers[1]) < 1e-4
 
 
+def test_a_shared_compilation_offers_the_same_kernel_choices(pipeline, compiler):
+    """Pairs of one structure: the second, compiled from the first's kernels, offers the page
+    the same alternative schedules to time (a compilation kept from an earlier export, too)."""
+    pairs = cut_transformer(pipeline)[1:3]
+    first, second = compiler.compile(pairs[0]), compiler.compile(pairs[1])
+    assert second.lowered is first.lowered
+    assert any("choices" in call for call in first.plan.calls)
+    assert [c.get("choices") for c in second.plan.calls] == [
+        c.get("choices") for c in first.plan.calls]
+
+
 def test_plan_refuses_a_weight_list_that_does_not_match(pipeline, compiler):
     block = cut_transformer(pipeline)[-1]
     compiled = compiler.compile(block)
