@@ -4,7 +4,9 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# two cores at most a process, shared by pytest-xdist's workers (README's test command)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture(scope="session")
@@ -261,3 +263,12 @@ def browser():
 
     with chromium() as b:
         yield b
+
+
+def pytest_collection_modifyitems(items):
+    from worker_groups import assign_worker_groups
+
+    groups = assign_worker_groups(items)
+    if os.environ.get("EDGE_PRINT_WORKER_GROUPS"):
+        for nodeid, group in groups.items():
+            print(f"worker group {group}: {nodeid}")
