@@ -133,7 +133,8 @@ def test_sizes_the_family_cannot_take_are_refused(request, case, size, message):
 # an option some families declare -> (a value on the command line, the families taking it)
 OWN_OPTIONS = {"frame_rate": ("24", "ltx"), "decode_timestep": ("0.05", "ltx"),
                "decode_noise_scale": ("0.025", "ltx"),
-               "out_of_core": (None, "cogvideox, ltx, wan")}
+               "out_of_core": (None, "cogvideox, ltx, wan"),
+               "lora": ("adapter.safetensors", "cogvideox, ltx, wan")}
 PIPELINES = {"tiny-sora": None, "wan": "WanPipeline", "cogvideox": "CogVideoXPipeline",
              "ltx": "LTXPipeline"}
 

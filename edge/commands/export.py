@@ -70,6 +70,11 @@ def export(
         "holds one block, never the model; the end-to-end check then streams the PyTorch "
         "blocks under the budget [default: out of core when the float32 weights exceed "
         "half this machine's memory].")] = None,
+    lora: Annotated[list[str] | None, typer.Option(
+        help="Diffusers folders: a LoRA adapter (a .safetensors file diffusers' "
+        "load_lora_weights reads for the family) fused into the transformer before the "
+        "export, at SCALE if given as FILE:SCALE [default scale: 1]; repeatable. The "
+        "manifest records each file's name, SHA-256 and scale.")] = None,
     ort_url: Annotated[str | None, typer.Option(
         help="web: the https folder URL the page loads onnxruntime-web (its wasm path) from, "
         "each file checked by sha256 [default: the pinned version on the jsDelivr CDN].")] = None,
@@ -100,7 +105,8 @@ def export(
     # the export options the families declare are this command's options of the same names;
     # those given go to the family
     declared = {name for f in FAMILIES for name in export_options(f)}
-    family_options = {k: v for k, v in ctx.params.items() if k in declared and v is not None}
+    family_options = {k: v for k, v in ctx.params.items()
+                      if k in declared and v is not None and v not in ([], ())}
     # refused before any work: an unknown folder or target, options the family or the target
     # does not take, a destination edge may not replace
     try:

@@ -22,6 +22,7 @@ EXTRA_OF_MODULE = {
     "onnx": ("onnx", "export"),
     "onnxscript": ("onnxscript", "export"),
     "accelerate": ("accelerate", "export"),
+    "peft": ("peft", "export"),
     "coremltools": ("coremltools", "iphone"),
     "sklearn": ("scikit-learn", "iphone"),
     "coreai": ("coreai-core", "iphone"),

@@ -21,7 +21,7 @@ from edge.package import file_entry
 from edge.sampler import SamplerSettings
 
 # what every diffusers family's `load` takes (its EXPORT_OPTIONS, beside any of its own)
-PIPELINE_OPTIONS = (*SIZE_OPTIONS, "out_of_core")
+PIPELINE_OPTIONS = (*SIZE_OPTIONS, "out_of_core", "lora")
 
 
 def target_shapes(target: str) -> Shapes:
@@ -90,6 +90,8 @@ class PipelineModel:
     `package_fields`."""
 
     clean: ClassVar[str] = "none"  # the prompt cleaner the runtimes apply (edge/tokenizer.py)
+    # the LoRA adapters fused into the transformer (edge/families/adapters.py): their records
+    adapters: tuple[dict, ...] = ()
 
     def shapes(self, target: str) -> Shapes:
         return target_shapes(target)
@@ -101,7 +103,8 @@ class PipelineModel:
                 "conditioning": {}, "negative_prompt": "",
                 "sampler": self.sampler.to_dict(), "latent_shape": list(self.latent_shape),
                 "latent_layout": "video",
-                "video": {"height": self.height, "width": self.width, "frames": self.frames}}
+                "video": {"height": self.height, "width": self.width, "frames": self.frames},
+                **({"adapters": list(self.adapters)} if self.adapters else {})}
 
     def start(self, latents: np.ndarray | None, seed: int | None) -> dict:
         """The pipeline's start: these initial latents, or what it draws for
@@ -141,12 +144,32 @@ class PipelineModel:
 
 
 def load_family(folder: Path, accepts: Callable[..., Accepted], load_pipeline: Callable,
-                model_class: type, out_of_core: bool | None = None, **options):
+                model_class: type, out_of_core: bool | None = None,
+                lora: list | None = None, **options):
     """A family's model of `folder`: what `accepts` makes of the options (from the JSON files,
     before anything loads), then the pipeline (`load_pipeline(folder, out_of_core)` ->
-    pipeline, notes, out_of_core)."""
+    pipeline, notes, out_of_core), with the `lora` adapters (`FILE[:SCALE]` or `Adapter`s)
+    fused into its transformer."""
+    from edge.families.adapters import Adapter, check_adapter_file, fuse_adapters
+
+    adapters = [Adapter.parse(a) for a in lora or ()]
+    if adapters:
+        from edge.families.folder import larger_than_memory
+
+        if out_of_core or (out_of_core is None and larger_than_memory(folder)):
+            raise FamilyError("--lora: adapters are fused into the weights in memory, and "
+                              "this export is out of core (--out-of-core, or float32 weights "
+                              "over half this machine's memory)")
+        out_of_core = False
+    for adapter in adapters:
+        check_adapter_file(adapter)
     accepted = accepts(folder, **options)
     pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
-    return model_class(pipe, folder, sampler=accepted.sampler, notes=notes,
-                       name=folder.resolve().name, out_of_core=out_of_core, **accepted.size,
-                       **accepted.own)
+    model = model_class(pipe, folder, sampler=accepted.sampler, notes=notes,
+                        name=folder.resolve().name, out_of_core=out_of_core, **accepted.size,
+                        **accepted.own)
+    if adapters:
+        model.adapters = tuple(fuse_adapters(pipe, adapters))
+        model.notes = [*notes, *(f"{a.path}: LoRA fused into the transformer at scale "
+                                 f"{a.scale:g}" for a in adapters)]
+    return model
