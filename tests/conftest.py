@@ -263,12 +263,3 @@ def browser():
 
     with chromium() as b:
         yield b
-
-
-def pytest_collection_modifyitems(items):
-    from worker_groups import assign_worker_groups
-
-    groups = assign_worker_groups(items)
-    if os.environ.get("EDGE_PRINT_WORKER_GROUPS"):
-        for nodeid, group in groups.items():
-            print(f"worker group {group}: {nodeid}")

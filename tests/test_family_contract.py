@@ -53,16 +53,6 @@ SCHEDULERS = {"wan-unipc": "flow_unipc", "wan-euler": "flow_euler", "wan22": "fl
 PROMPT = "a red circle moving  left"  # two spaces: a cleaner (Wan's) must do as diffusers'
 
 
-def fixtures_fetched_by_case(test: str, case: str) -> list[str] | None:
-    """The session fixtures `test` fetches for `case` (tests/worker_groups.py), or None if
-    `case` is not one of this file's cases."""
-    if case not in CASES:
-        return None
-    if test == "test_exports_to_the_iphone_and_holds_the_end_to_end_check":
-        return [IPHONE[case][0]]
-    return [CASES[case][1]]
-
-
 def _fixture(request, name: str, key: str | None):
     value = request.getfixturevalue(name)
     return value if key is None else value[key]

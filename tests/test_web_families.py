@@ -37,11 +37,6 @@ MODELS = {"cogvideox-5b": ("cog", "5b"), "ltx": ("ltx", "plain"),
           "ltx-timestep": ("ltx", "timestep")}
 
 
-def fixtures_fetched_by_case(test: str, case: str) -> list[str] | None:
-    """The session fixtures a test fetches for its `exported` case (tests/worker_groups.py)."""
-    return [f"{MODELS[case][0]}_packages"] if case in MODELS else None
-
-
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def exported(request, tmp_path_factory):
     """(model, web package root, manifest, the same model's ONNX package root)."""
