@@ -15,13 +15,11 @@ B's columns), the first that does not fit named with its file.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from edge.families import FamilyError
+from edge.package import sha256_of
 
 # diffusers' converters turn a bias difference (Wan's `diff_b`) into a `lora_B.bias`
 LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_B.bias")
@@ -48,63 +46,49 @@ class Adapter:
 
     def record(self) -> dict:
         """The manifest's entry: the file's name, its SHA-256 and the scale fused at."""
-        digest = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        return {"file": self.path.name, "sha256": digest.hexdigest(), "scale": self.scale}
+        return {"file": self.path.name, "sha256": sha256_of(self.path), "scale": self.scale}
 
 
 def check_adapter_file(adapter: Adapter) -> None:
-    """The file exists and its safetensors header is whole; refused naming the file."""
-    path = adapter.path
-    if not path.is_file():
-        raise FamilyError(f"--lora {path}: " + ("not a file" if path.exists()
-                                                else "no such file"))
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        length = struct.unpack("<Q", head)[0] if len(head) == 8 else None
-        if length is None or 8 + length > size:
-            raise FamilyError(f"--lora {path}: not a safetensors file, or truncated "
-                              f"({size} bytes)")
-        try:
-            header = json.loads(f.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise FamilyError(f"--lora {path}: its safetensors header is not JSON "
-                              "(truncated or altered?)") from None
-    ends = [entry["data_offsets"][1] for k, entry in header.items() if k != "__metadata__"]
-    if 8 + length + max(ends, default=0) > size:
-        raise FamilyError(f"--lora {path}: {size} bytes, its header lists "
-                          f"{8 + length + max(ends)}: truncated")
-    if not ends:
-        raise FamilyError(f"--lora {path}: holds no tensors")
+    """The file exists and is a whole safetensors file (its header against its size,
+    `lazy_weights.read_header`, as the folders' shards are checked); refused naming it."""
+    from edge.lazy_weights import ShardError, read_header
+
+    if not adapter.path.exists():
+        raise FamilyError(f"--lora {adapter.path}: no such file")
+    try:
+        tensors = read_header(adapter.path)
+    except ShardError as err:
+        raise FamilyError(f"--lora {err}") from None
+    if not tensors:
+        raise FamilyError(f"--lora {adapter.path}: holds no tensors")
 
 
 def _check_fits(adapter: Adapter, state: dict, transformer) -> None:
     """Every adapter tensor against the transformer module it adapts."""
     modules = dict(transformer.named_modules())
-    for key in sorted(state):
+    for key in state:
         if not key.startswith("transformer.") or not key.endswith(LORA_SUFFIXES):
             raise FamilyError(f"--lora {adapter.path}: tensor {key!r} adapts no "
                               "transformer linear layer (a LoRA for another family?)")
-        name = key.removeprefix("transformer.").rsplit(".lora_", 1)[0]
+    layers = sorted({k.removeprefix("transformer.").rsplit(".lora_", 1)[0] for k in state})
+    for name in layers:
         module = modules.get(name)
         if module is None or not hasattr(module, "in_features"):
-            raise FamilyError(f"--lora {adapter.path}: tensor {key!r}: the transformer has "
+            first = min(k for k in state if k.startswith(f"transformer.{name}.lora_"))
+            raise FamilyError(f"--lora {adapter.path}: tensor {first!r}: the transformer has "
                               f"no linear layer {name!r} (a LoRA for another family or "
                               "model?)")
-        down, up = state.get(f"transformer.{name}.lora_A.weight"), \
-            state.get(f"transformer.{name}.lora_B.weight")
-        if down is None or up is None:
+        tensors = {part: state.get(f"transformer.{name}.{part}")
+                   for part in ("lora_A.weight", "lora_B.weight", "lora_B.bias")}
+        down = tensors["lora_A.weight"]
+        if down is None or tensors["lora_B.weight"] is None:
             raise FamilyError(f"--lora {adapter.path}: {name!r} has only one of its "
                               "lora_A and lora_B tensors")
-        bias = state.get(f"transformer.{name}.lora_B.bias")
         want = {"lora_A.weight": (down.shape[0], module.in_features),
                 "lora_B.weight": (module.out_features, down.shape[0]),
                 "lora_B.bias": (module.out_features,)}
-        for part, tensor in (("lora_A.weight", down), ("lora_B.weight", up),
-                             ("lora_B.bias", bias)):
+        for part, tensor in tensors.items():
             if tensor is not None and tuple(tensor.shape) != want[part]:
                 raise FamilyError(
                     f"--lora {adapter.path}: tensor 'transformer.{name}.{part}' has "
