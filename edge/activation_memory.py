@@ -18,10 +18,11 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edge.attention import chunked_attention, replaced_sdpa, written_out_attention
+from edge.attention import replaced_sdpa, written_out_attention
 from edge.blocks import Block
 from edge.lazy_weights import materialized
 from edge.shapes_only import shapes_only
+from edge.token_chunks import token_chunks
 
 
 def written_out_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -75,13 +76,29 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
-def activation_peak(block: Block) -> int:
+# The rows of a dynamic batch the Python runtime gives each call of a component, for one
+# prompt (runtimes/python/pipeline.py, run_in_batch_pieces): the transformer takes the
+# caption and the null half of the guidance batch as two calls, the decoder one video.
+# A device's programs have a static batch and run as traced.
+RUNTIME_BATCH_PIECES = {"transformer": 1, "vae_decoder": 1}
+
+
+def _call_shapes(block: Block, batch: int | None) -> list[tuple[int, ...]]:
+    """The example's shapes, a dynamic batch at `batch` rows (None: as traced)."""
+    dynamic = block.dynamic_batch or [False] * len(block.example)
+    return [(batch, *t.shape[1:]) if batch is not None and d else tuple(t.shape)
+            for t, d in zip(block.example, dynamic, strict=True)]
+
+
+def activation_peak(block: Block, batch: int | None = None) -> int:
     """Bytes of activations a call of `block` holds at once, at its example's shapes and
-    batch, attention chunked to the score limit in force (see the module's docstring)."""
+    batch (a dynamic batch at `batch` rows where given), attention and feed-forwards chunked
+    to the score limit in force (see the module's docstring)."""
     # written out first, then chunked: the chunks' scores are tensors the count sees
-    with (replaced_sdpa(written_out_sdpa), shapes_only(), chunked_attention(),
+    with (replaced_sdpa(written_out_sdpa), shapes_only(), token_chunks(),
           materialized(block.module), torch.no_grad()):
-        inputs = tuple(torch.empty(t.shape, dtype=t.dtype) for t in block.example)
+        inputs = tuple(torch.empty(shape, dtype=t.dtype) for shape, t
+                       in zip(_call_shapes(block, batch), block.example, strict=True))
         counter = _LiveBytes()
         try:
             for t in inputs:
@@ -94,38 +111,46 @@ def activation_peak(block: Block) -> int:
     return counter.peak
 
 
-def block_signature(block: Block) -> tuple:
+def block_signature(block: Block, batch: int | None = None) -> tuple:
     params = tuple((n, tuple(p.shape)) for n, p in block.module.named_parameters())
-    inputs = tuple((tuple(t.shape), t.dtype) for t in block.example)
+    inputs = tuple((shape, t.dtype) for shape, t
+                   in zip(_call_shapes(block, batch), block.example, strict=True))
     return type(block.module), params, inputs
 
 
-def activation_peaks(blocks: list[Block]) -> dict[str, int]:
-    """`activation_peak` of each block by key; blocks alike (the same module type, parameter
-    shapes and inputs: a transformer's repeated blocks) are traced once."""
+def activation_peaks(blocks: list[Block],
+                     pieces: dict[str, int] | None = None) -> dict[str, int]:
+    """`activation_peak` of each block by key, a component's dynamic batch at its `pieces`
+    rows where given; blocks alike (the same module type, parameter shapes and inputs: a
+    transformer's repeated blocks) are traced once."""
     by_signature: dict[tuple, int] = {}
     out = {}
     for block in blocks:
-        signature = block_signature(block)
+        batch = (pieces or {}).get(block.component)
+        signature = block_signature(block, batch)
         if signature not in by_signature:
-            by_signature[signature] = activation_peak(block)
+            by_signature[signature] = activation_peak(block, batch)
         out[block.key] = by_signature[signature]
     return out
 
 
 def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
-                     budget: int | None = None) -> list[str]:
+                     budget: int | None = None,
+                     pieces: dict[str, int] | None = None) -> list[str]:
     """The --dry-run table of activations: one row per run of alike blocks, then the largest.
     `streaming_floor`: the least weight bytes a run holds (the two largest blocks: the one
-    computing and the one read ahead). Given a budget, the calls that cannot fit it even
-    with every block streamed are named, and what it leaves the weights said (the loader's
-    budget counts weights only)."""
+    computing and the one read ahead). `pieces`: the rows of a dynamic batch a runtime
+    gives each call, by component (`RUNTIME_BATCH_PIECES`; None: the batch as traced).
+    Given a budget, the calls that cannot fit it even with every block streamed are named,
+    and what it leaves the weights said (the loader's budget counts weights only)."""
     from edge.budget import format_size
 
     blocks = [b for bs in components.values() for b in bs]
-    peaks = activation_peaks(blocks)
+    peaks = activation_peaks(blocks, pieces)
+    batch = ("the batch as traced" if not pieces else "a call's batch as the runtime runs "
+             "it: " + ", ".join(f"{c} {n}" for c, n in pieces.items()))
     lines = [f"{'activations per call':<34}{'peak':>12}  (estimated from shapes: the dtype "
-             "and batch as traced, attention in chunks)"]
+             f"as traced, {batch}, attention and feed-forwards in chunks)"]
     rows: list[tuple[str, int]] = []
     run: list[str] = []
     for i, block in enumerate(blocks):

@@ -38,13 +38,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.attention import chunked_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml import manifest_dtype, signature
 from edge.exporters.coreml_weights import MAIN
 from edge.package import file_entry
+from edge.token_chunks import token_chunks
 
 LAYOUT = "coreai"
 MIN_IOS = 27
@@ -146,7 +146,7 @@ def _save_graph(block: Block, precision: Precision, where: Path) -> dict:
     if precision.dtype is torch.float16:
         module = HalfPrecision(module)
     example = tuple(t.contiguous() for t in block.example)
-    with chunked_attention():
+    with token_chunks():
         program = torch.export.export(module, example)
     torch.export.save(program, where.with_suffix(".pt2"))
     np.savez(where.with_suffix(".npz"),

@@ -59,7 +59,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.attention import chunked_attention
 from edge.blocks import Block
 from edge.budget import format_size
 from edge.exporters import ExportValidationError
@@ -90,6 +89,7 @@ from edge.package import (
     write_manifest,
 )
 from edge.plan import READ_UNIT, Partition, partition
+from edge.token_chunks import token_chunks
 
 OUTPUT_PREFIX = "out_"        # a program may not use one name as input and output
 COMPUTE_UNITS = "cpuAndNeuralEngine"   # what the Swift runtime asks MLModel for by default
@@ -224,7 +224,7 @@ def convert_module(module: nn.Module, block: Block, setting: Compression,
     # coremltools draws its own progress bars per conversion pass; the export shows one bar
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        with chunked_attention():  # no program holds a whole attention score matrix
+        with token_chunks():  # no program holds a whole score matrix or hidden state
             program = drop_aliases(torch.export.export(module.eval(), example)
                                    .run_decompositions({}))
         try:

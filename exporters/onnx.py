@@ -21,7 +21,6 @@ import onnx
 import torch
 from torch import nn
 
-from edge.attention import chunked_attention
 from edge.blocks import Block, torch_block_opener
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
@@ -34,6 +33,7 @@ from edge.package import (
     weights_layout,
     write_manifest,
 )
+from edge.token_chunks import token_chunks
 from edge.video_metrics import psnr
 
 BLOCK_TOLERANCE = 1e-4     # fp32 max-abs error per block against PyTorch
@@ -143,7 +143,7 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
         custom_translation_table={torch.ops.edge.attention.default: _multi_head_attention})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with chunked_attention(fused=fused_attention):
+        with token_chunks(fused_attention=fused_attention):
             # traced once: the program keys the graph (an identical block's is copied,
             # exporters/graph_reuse.py) and is what onnx converts
             try:

@@ -28,7 +28,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
-from edge.attention import chunked_attention, replaced_sdpa, written_out_attention
+from edge.attention import replaced_sdpa, written_out_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.tvm_passes import (
@@ -37,6 +37,7 @@ from edge.exporters.tvm_passes import (
     int32_take_indices,
     narrow_concats,
 )
+from edge.token_chunks import token_chunks
 
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
@@ -81,7 +82,7 @@ def import_block(block: Block) -> tvm.IRModule:
     """The block as a relax module `main(*inputs, *weights)` with static shapes; an op the
     relax frontend does not take is refused naming the block and the op."""
     # written out first, then chunked: the chunks are written-out attention
-    with plain_attention(), chunked_attention(), torch.no_grad():
+    with plain_attention(), token_chunks(), torch.no_grad():
         program = torch.export.export(block.module.eval(), web_example(block))
     try:
         mod = from_exported_program(program, keep_params_as_input=True)

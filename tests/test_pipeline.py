@@ -71,7 +71,7 @@ def test_cli_eval_json_on_a_prompt_file(tmp_path):
     prompts.write_text("a red circle moving left\nthere is a white box travelling down\n")
     res = runner.invoke(app, ["eval", "--prompts", str(prompts), "--json", "--steps", "3"])
     assert res.exit_code == 0, res.output
-    result = json.loads(res.output.strip().splitlines()[-1])
+    result = json.loads(res.stdout.strip().splitlines()[-1])
     for key in ("color_acc", "shape_acc", "direction_acc", "consistency", "coherence"):
         assert 0.0 <= result[key] <= 1.0
     assert result["n_prompts"] == 2 and result["steps"] == 3

@@ -142,6 +142,57 @@ def test_decoder_runs_frame_by_frame_and_keeps_what_fits(wan_packages):
     np.testing.assert_array_equal(got, want)
 
 
+class _BatchRecorder:
+    """A block session that records the batch of each call (its first input's rows)."""
+
+    def __init__(self, session, key: str, calls: list) -> None:
+        self.session, self.key, self.calls = session, key, calls
+
+    def run(self, names, feeds):
+        self.calls.append((self.key, next(iter(feeds.values())).shape[0]))
+        return self.session.run(names, feeds)
+
+
+def test_guidance_halves_and_videos_run_as_calls_of_their_own(wan_packages, monkeypatch):
+    """A dynamic-batch package runs each transformer block on the caption half and the null
+    half of the guidance batch as two calls (one weight read), and the decoder one video a
+    call: a call's activations are those of one piece. The videos are those of whole-batch
+    calls."""
+    from edge.runtimes.python import Pipeline
+    from edge.runtimes.python import pipeline as runtime_module
+
+    root, _ = wan_packages["unipc"]
+    prompts = ["a red circle moving left", "the dog"]
+    runtime = Pipeline.load(root, memory_budget=236_000)  # blocks streamed every use
+    calls: list = []
+    try:
+        for comp in runtime.components.values():
+            comp.sessions = {k: _BatchRecorder(s, k, calls) for k, s in comp.sessions.items()}
+            comp.variants = {k: _BatchRecorder(s, k[0], calls) for k, s in comp.variants.items()}
+        runtime.generate(prompts, seed=5, steps=2)  # the pinned blocks' first read
+        calls.clear()
+        reads = runtime.loader.stats.bytes_read
+        got = runtime.generate(prompts, seed=5, steps=2)
+        read_split = runtime.loader.stats.bytes_read - reads
+        transformer = [b for k, b in calls if k.startswith("transformer/")]
+        decoder = [b for k, b in calls if k.startswith("vae_decoder/")]
+        assert transformer and set(transformer) == {2}  # 2 prompts: halves of 4 latents
+        assert decoder and set(decoder) == {1}
+        whole = runtime_module.run_in_batch_pieces
+        monkeypatch.setattr(runtime_module, "run_in_batch_pieces",
+                            lambda session, block, inputs, weights, piece:
+                            whole(session, block, inputs, weights, None))
+        calls.clear()
+        reads = runtime.loader.stats.bytes_read
+        want = runtime.generate(prompts, seed=5, steps=2)
+        assert {b for k, b in calls if k.startswith("transformer/")} == {4}
+        # the pieces read each streamed block's weights once, as the whole batch does
+        assert runtime.loader.stats.bytes_read - reads == read_split > 0
+    finally:
+        runtime.close()
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
 def test_lean_decode_gives_the_pinned_blocks_memory_to_the_decoder(wan_packages):
     """lean_decode: the same video; the pinned blocks outside the decoder are let go before
     each decode and read again on the next generation."""

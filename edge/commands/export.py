@@ -134,7 +134,8 @@ def export(
         # with shapes only, in seconds at any video size
         with shapes_only() if dry_run else contextlib.nullcontext():
             prepared = exporter.prepare(family_model, options)
-            plan = prepared.plan_lines + _activation_lines(prepared, options) if dry_run else []
+            plan = (prepared.plan_lines + _activation_lines(prepared, options, target)
+                    if dry_run else [])
             cost = model_generation_cost(family_model, prepared.components) if dry_run else None
     except (FamilyError, BudgetError, ExportOptionError) as err:
         fail(str(err))
@@ -183,10 +184,11 @@ def _with_end_to_end(check, target, family, folder, family_options, model, prepa
     return options if result is None else replace(options, end_to_end=result)
 
 
-def _activation_lines(prepared, options) -> list[str]:
-    """The activations each block call holds, from shapes alone, attention chunked as the
-    target's export will trace it (the score limit from the budget)."""
-    from edge.activation_memory import activation_lines
+def _activation_lines(prepared, options, target: str) -> list[str]:
+    """The activations each block call holds, from shapes alone, attention and feed-forwards
+    chunked as the target's export will trace them (the score limit from the budget), at the
+    batch a call runs at (an ONNX package's dynamic batch in the Python runtime's pieces)."""
+    from edge.activation_memory import RUNTIME_BATCH_PIECES, activation_lines
     from edge.attention import budget_score_limit
     from edge.plan import block_bytes
 
@@ -194,7 +196,8 @@ def _activation_lines(prepared, options) -> list[str]:
                    reverse=True)
     floor = sum(sizes[:2])  # the block computing and the one read ahead
     with budget_score_limit(options.memory_budget):
-        return activation_lines(prepared.components, floor, options.memory_budget)
+        return activation_lines(prepared.components, floor, options.memory_budget,
+                                RUNTIME_BATCH_PIECES if target == "onnx" else None)
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

@@ -215,6 +215,25 @@ def _session(root: Path, graph: str, options: ort.SessionOptions, where: str,
     return session
 
 
+def run_in_batch_pieces(session: BlockSession, block: dict, inputs: dict[str, np.ndarray],
+                        weights: dict[str, np.ndarray], piece: int | None) -> list[np.ndarray]:
+    """The block's outputs, its graph run on `piece` rows of the batch at a time where its
+    batch is dynamic (the signature's "batch"), the pieces' batched outputs joined and an
+    unbatched output taken from the first piece (all compute it alike). A call's
+    activations are then one piece's: the guidance batch's caption and null halves as two
+    calls (as diffusers' Wan pipeline runs them), one video of a batch through the decoder."""
+    names = [f"out:{s['name']}" for s in block["outputs"]]
+    batched = {s["name"] for s in block["inputs"] if s["shape"][0] == "batch"}
+    whole = next((inputs[n].shape[0] for n in batched), 0)
+    if piece is None or whole <= piece:
+        return session.run(names, inputs | weights)
+    runs = [session.run(names, {n: v[start:start + piece] if n in batched else v
+                                for n, v in inputs.items()} | weights)
+            for start in range(0, whole, piece)]
+    return [np.concatenate([r[i] for r in runs]) if s["shape"][0] == "batch" else runs[0][i]
+            for i, s in enumerate(block["outputs"])]
+
+
 def _one_at_a_time(method: Callable) -> Callable:
     """Calls from several threads run one after another: the loader's budget, its resident
     blocks and the run figures belong to one generation at a time."""
@@ -358,35 +377,39 @@ class Pipeline:
                 for k, w in self.loader.blocks.items()]
 
     def _run_blocks(self, comp: Component, runs, feeds: dict[str, np.ndarray],
-                    blocks: list[dict] | None = None, variant: str | None = None) -> dict:
+                    blocks: list[dict] | None = None, variant: str | None = None,
+                    batch_piece: int | None = None) -> dict:
         """Run a component's blocks (default: all) once, in order, taking weights from the
         loader's `runs` and passing each block's outputs on by name. `variant`: run that
-        variant's graph where a block has one (e.g. "tdtm"), the base graph elsewhere."""
+        variant's graph where a block has one (e.g. "tdtm"), the base graph elsewhere.
+        `batch_piece`: a graph with a dynamic batch runs `batch_piece` rows a call
+        (`run_in_batch_pieces`), each block's weights read once for all of them."""
         for block in comp.blocks if blocks is None else blocks:
             key, weights = next(runs)
             block = comp.variant_records.get((key, variant), block)
             inputs = {s["name"]: feeds[s["name"]] for s in block["inputs"]}
             session = comp.variants.get((key, variant)) or comp.sessions[key]
             started = time.perf_counter()
-            outputs = session.run([f"out:{s['name']}" for s in block["outputs"]],
-                                  inputs | weights)
+            outputs = run_in_batch_pieces(session, block, inputs, weights, batch_piece)
             self._compute_s += time.perf_counter() - started
             del weights  # a streamed block's memory is freed once nothing refers to it
             feeds = feeds | dict(zip((s["name"] for s in block["outputs"]), outputs,
                                      strict=True))
         return feeds
 
-    def _run_component(self, name: str, feeds: dict[str, np.ndarray]) -> dict:
+    def _run_component(self, name: str, feeds: dict[str, np.ndarray],
+                       batch_piece: int | None = None) -> dict:
         comp = self.components[name]
         if comp.chunked is not None:
-            return self._run_chunked(comp, feeds)
+            return self._run_chunked(comp, feeds, batch_piece)
         runs = self.loader.run(comp.keys())
         try:
-            return self._run_blocks(comp, runs, feeds)
+            return self._run_blocks(comp, runs, feeds, batch_piece=batch_piece)
         finally:
             runs.close()
 
-    def _run_chunked(self, comp: Component, feeds: dict[str, np.ndarray]) -> dict:
+    def _run_chunked(self, comp: Component, feeds: dict[str, np.ndarray],
+                     batch_piece: int | None = None) -> dict:
         """The component's blocks once per piece of its input, the first piece through the
         first variant, the state handed from each piece to the next; the output's pieces
         joined. One loader schedule covers every piece, so the loader sees the blocks
@@ -404,7 +427,8 @@ class Pipeline:
             for i, (start, stop) in enumerate(bounds):
                 piece = np.take(whole, np.arange(start, stop), axis=axis)
                 out = self._run_blocks(comp, runs, feeds | state | {spec["input"]: piece},
-                                       variant=spec["first_variant"] if i == 0 else None)
+                                       variant=spec["first_variant"] if i == 0 else None,
+                                       batch_piece=batch_piece)
                 pieces.append(out[spec["output"]])
                 state = {n: out[n] for n in spec["state"]}
         finally:
@@ -512,7 +536,8 @@ class Pipeline:
                 feeds = {"latent": np.concatenate([x, x]), "t": np.full(2 * b, t, np.float32),
                          "caption": caption2, "caption_mask": mask2}
                 v = self._run_blocks(transformer, runs, feeds,
-                                     variant="tdtm" if step.merged else None)["velocity"]
+                                     variant="tdtm" if step.merged else None,
+                                     batch_piece=b)["velocity"]
                 return v[:b], v[b:]
 
         loop_start = (self.loader.stats.read_s, self.loader.stats.wait_s, self._compute_s)
@@ -588,8 +613,9 @@ class Pipeline:
         timestep-conditioned decoder's inputs (`_decode_conditioning`)."""
         b, c, t, h, w = latents.shape
         if self.latent_layout == "video":
-            frames = self._run_component("vae_decoder",
-                                         {"z": latents} | (conditioning or {}))["frames"]
+            # one video a call: a decoder's activations at 480p are gigabytes a video
+            frames = self._run_component("vae_decoder", {"z": latents} | (conditioning or {}),
+                                         batch_piece=1)["frames"]
             return frames.transpose(0, 2, 3, 4, 1)
         z = latents.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         frames = self._run_component("vae_decoder", {"z": z})["frames"]
@@ -606,7 +632,7 @@ class Pipeline:
         def part(blocks: list[dict], names: list[str], feeds: dict, variant: str | None):
             runs = self.loader.run(names)
             try:
-                return self._run_blocks(comp, runs, feeds, blocks, variant)
+                return self._run_blocks(comp, runs, feeds, blocks, variant, batch_piece=b)
             finally:
                 runs.close()
 
