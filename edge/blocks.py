@@ -36,6 +36,9 @@ class Block:
     variants: dict[str, nn.Module | Block] = field(default_factory=dict)
     # per output: whether its first axis is the batch (default: every output's is)
     dynamic_outputs: list[bool] | None = None
+    # the height and width of every video-shaped (B, C, T, H, W) input and output are
+    # dynamic where a target allows it (ONNX): a tiled decoder's graph takes any tile
+    dynamic_space: bool = False
     # how the planner may split this block for a memory budget (its family's answer: the
     # blocks that compute it in turn); None: it cannot be split
     splitter: Callable[[Block], list[Block]] | None = None

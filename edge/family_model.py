@@ -26,6 +26,9 @@ class Shapes:
                                        # own piece (all frames, or one for a chunked decoder)
     videos: int = 2                    # videos per decoder call where its input is laid out
                                        # as videos (B, C, T, h, w): 1 on a device
+    tiled_decoder: bool = False        # a family that tiles its decoder (its `tiled`) traces
+                                       # graphs of any tile size giving unclamped frames,
+                                       # clamped by the runtime after blending (ONNX)
 
 
 @dataclass(frozen=True)

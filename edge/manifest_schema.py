@@ -24,6 +24,9 @@ FORMAT_VERSION = 1
 TARGETS = ("onnx", "iphone", "web")
 TENSOR_ALIGN = 64          # tensors start 64-byte aligned in a weights file
 DIGEST_FIELD = "manifest_sha256"
+# the names a signature gives a dynamic axis: a batch, and a tiled decoder's tile height and
+# width (any size the graph takes)
+DYNAMIC_AXES = ("batch", "height", "width")
 # dtypes a weights file or an activation may hold (NumPy names, little-endian on disk)
 DTYPES = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1,
           "bool": 1}
@@ -128,8 +131,10 @@ def _check_signature(items: Any, where: str) -> list[str]:
         if dtype not in DTYPES:
             raise PackageError(f"{at}: unknown dtype {dtype!r}")
         for d in require(s, "shape", list, at):
-            if not (d == "batch" or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)):
-                raise PackageError(f"{at}: shape entry {d!r} must be a size or \"batch\"")
+            if not (d in DYNAMIC_AXES
+                    or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)):
+                raise PackageError(f"{at}: shape entry {d!r} must be a size, \"batch\", "
+                                   "\"height\" or \"width\"")
     if len(set(names)) != len(names):
         raise PackageError(f"{where}: a name appears twice")
     return names
@@ -276,6 +281,23 @@ def _check_chunked(comp: dict, where: str) -> None:
         if gone:
             raise PackageError(f"{at}: {gone[0]!r} is given by none of the blocks on the "
                                f"{label} pieces")
+
+
+def _check_tiles(comp: dict, where: str) -> None:
+    """A component decoded in spatial tiles (edge/tiles.py): a valid tiling, and graphs that
+    take any tile's height and width."""
+    from edge.tiles import Tiling
+
+    spec = require(comp, "tiles", dict, where)
+    try:
+        Tiling.from_dict(spec)
+    except (KeyError, TypeError, ValueError) as err:
+        raise PackageError(f"{where} tiles: {err}") from None
+    fixed = [b["name"] for b in comp["blocks"]
+             if not any(d in ("height", "width") for s in b["inputs"] for d in s["shape"])]
+    if fixed:
+        raise PackageError(f"{where} tiles: block {fixed[0]!r} takes one size, not any tile's "
+                           "height and width")
 
 
 def _check_wasm_graph(record: dict, listed: set[str], where: str) -> None:
@@ -473,6 +495,8 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
             _check_chunked(comp, f"{MANIFEST} component {cname}")
         else:
             check_chain(cname, comp["blocks"])
+        if "tiles" in comp:
+            _check_tiles(comp, f"{MANIFEST} component {cname}")
     if target == "iphone":
         _check_coreml(manifest)
     return files

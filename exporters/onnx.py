@@ -128,8 +128,7 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
     never holds a whole score matrix: onnxruntime's fused MultiHeadAttention where it has no
     mask (`fused_attention`), query chunks elsewhere (edge/attention.py)."""
     weights = tuple(block.parameters().values())
-    batch = torch.export.Dim("batch", min=1)
-    shapes = [{0: batch} if d else None for d in block.dynamic_batch] + [None] * len(weights)
+    shapes = dynamic_axes(block) + [None] * len(weights)
     path.parent.mkdir(parents=True, exist_ok=True)
     # the exporter's constant folder logs harmless "Evaluation failed" notes, and its op
     # registry four "torchvision is not installed" lines per graph; keep them quiet
@@ -163,9 +162,31 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
     remember(key, path)
 
 
-def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list[bool]):
-    return [{"name": n, "dtype": str(t.dtype).removeprefix("torch."),
-             "shape": ["batch" if d else t.shape[0], *t.shape[1:]]}
+def dynamic_axes(block: Block) -> list[dict | None]:
+    """torch.export's dynamic axes of each input: the batch where `dynamic_batch` says, the
+    height and width of a video-shaped input where `dynamic_space` does."""
+    batch = torch.export.Dim("batch", min=1)
+    height, width = torch.export.Dim("height", min=1), torch.export.Dim("width", min=1)
+    axes = []
+    for t, d in zip(block.example, block.dynamic_batch, strict=True):
+        found = ({0: batch} if d else {}) | (
+            {3: height, 4: width} if block.dynamic_space and t.dim() == VIDEO_RANK else {})
+        axes.append(found or None)
+    return axes
+
+
+VIDEO_RANK = 5  # (B, C, T, H, W)
+
+
+def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list[bool],
+              dynamic_space: bool = False):
+    def shape(t: torch.Tensor, d: bool) -> list:
+        dims = ["batch" if d else t.shape[0], *t.shape[1:]]
+        if dynamic_space and t.dim() == VIDEO_RANK:
+            dims[3:] = ["height", "width"]
+        return dims
+
+    return [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": shape(t, d)}
             for n, t, d in zip(names, tensors, dynamic, strict=True)]
 
 
@@ -216,8 +237,9 @@ def export_variants(block: Block, root: Path) -> dict:
 
 def block_signature(block: Block, outputs: tuple[torch.Tensor, ...]) -> dict:
     dynamic_out = block.dynamic_outputs or [True] * len(outputs)
-    return {"inputs": signature(block.inputs, block.example, block.dynamic_batch),
-            "outputs": signature(block.outputs, outputs, dynamic_out)}
+    return {"inputs": signature(block.inputs, block.example, block.dynamic_batch,
+                                block.dynamic_space),
+            "outputs": signature(block.outputs, outputs, dynamic_out, block.dynamic_space)}
 
 
 def export_block(block: Block, root: Path) -> dict:
@@ -274,6 +296,9 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
             record = {"name": name, "blocks": records}
             if name in model.chunked:
                 record["chunked"] = model.chunked[name].to_dict(blocks)
+            tiling = getattr(model, "tiled", {}).get(name)
+            if tiling is not None:  # its graphs take any tile (Block.dynamic_space)
+                record["tiles"] = tiling.to_dict()
             manifest["components"].append(record)
         write_manifest(root, manifest)
         if validate_end_to_end:

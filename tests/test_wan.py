@@ -43,6 +43,8 @@ def test_cut_equals_the_diffusers_components(wan_models):
     want = diffusers_frames(model.pipe.vae, z)
     got = run_chunked(cut["vae_decoder"], model.chunked["vae_decoder"], {"z": z})["frames"]
     assert got.shape == (1, 3, SIZE["frames"], SIZE["height"], SIZE["width"])
+    assert got.min() < 0 or got.max() > 1  # ONNX's decoder tiles: the runtime clamps after
+    got = got.clamp(0, 1)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
@@ -193,6 +195,49 @@ def test_guidance_halves_and_videos_run_as_calls_of_their_own(wan_packages, monk
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
 
 
+def test_the_decoder_in_tiles_decodes_as_diffusers_tiled_vae(wan_packages, wan_models):
+    """The package's decoder graphs take any tile (height and width dynamic) and the
+    manifest says how diffusers' VAE tiles (256 pixels, a stride of 192). Given tiles smaller
+    than the tiny video (24 pixels, stride 16: 2 x 3 tiles of 3, 3 and 2 latents), the
+    runtime decodes each tile's frames and blends them as AutoencoderKLWan's tiled_decode."""
+    from edge.runtimes.python import Pipeline
+    from edge.tiles import Tiling
+
+    root, manifest = wan_packages["unipc"]
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    assert decoder["tiles"] == {"latent_size": [32, 32], "latent_stride": [24, 24], "scale": 8}
+    assert all(b["inputs"][0]["shape"][3:] == ["height", "width"] for b in decoder["blocks"])
+    latents = np.random.default_rng(4).standard_normal((1, *manifest["latent_shape"]),
+                                                       dtype=np.float32)
+    vae = wan_models["unipc"].pipe.vae
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    untiled = (vae.tile_sample_min_height, vae.tile_sample_min_width,
+               vae.tile_sample_stride_height, vae.tile_sample_stride_width)
+    try:
+        vae.enable_tiling(24, 24, 16, 16)
+        with torch.no_grad():
+            want = vae.decode(torch.from_numpy(latents) * std + mean).sample
+    finally:
+        vae.enable_tiling(*untiled)
+    want = ((want + 1) / 2).permute(0, 2, 3, 4, 1).numpy()
+    runtime = Pipeline.load(root)
+    try:
+        runtime.components["vae_decoder"].tiles = Tiling((3, 3), (2, 2), 8)
+        got = runtime._decode(latents)
+        runtime.components["vae_decoder"].tiles = None
+        whole = runtime._decode(latents)
+    finally:
+        runtime.close()
+    assert got.shape == want.shape == whole.shape
+    error = np.abs(got - want)
+    signal = float(np.var(want))
+    assert error.max() < 1e-4, error.max()
+    assert 10 * np.log10(signal / float(np.mean(error ** 2))) > 60  # SNR over its spread
+    # tiles differ from the whole decode near their seams: the test tells them apart
+    assert np.abs(whole - want).max() > 100 * error.max()
+
+
 def test_lean_decode_gives_the_pinned_blocks_memory_to_the_decoder(wan_packages):
     """lean_decode: the same video; the pinned blocks outside the decoder are let go before
     each decode and read again on the next generation."""
@@ -226,7 +271,13 @@ def test_lean_decode_gives_the_pinned_blocks_memory_to_the_decoder(wan_packages)
      r"vae_decoder/up_0: input 'up_0_cache_0' is neither"),
     (lambda c: c["blocks"][1]["variants"]["first"]["outputs"][1]["shape"].__setitem__(2, 3),
      r"vae_decoder/up_0 variant first: output 'out:up_0_cache_0' has shape "
-     r"\['batch', 8, 3, 4, 6\] in manifest.json but \['batch', 8, 2, 4, 6\] in the graph"),
+     r"\['batch', 8, 3, 'height', 'width'\] in manifest.json but "
+     r"\['batch', 8, 2, 'height', 'width'\] in the graph"),
+    (lambda c: c["tiles"].update(latent_stride=[40, 24]),
+     r"component vae_decoder tiles: tiles latent_stride \(40, 24\) is longer than "
+     r"latent_size \(32, 32\)"),
+    (lambda c: c["blocks"][0]["inputs"][0]["shape"].__setitem__(3, "depth"),
+     r"shape entry 'depth' must be a size, \"batch\", \"height\" or \"width\""),
 ])
 def test_chunked_decoder_records_that_cannot_run_are_refused(wan_packages, tmp_path, edit,
                                                               message):
@@ -433,3 +484,20 @@ def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component,
         for name in blocks[-1].outputs:
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
     assert list(merged.parameters())[0].startswith(f"parts.{run[0].name}.")
+
+
+def test_the_dry_run_counts_a_tile_of_the_decoder(wan_models):
+    """Where the latent is larger than a tile, the activation estimate runs each decoder
+    stage at a tile's share of the height and width (a quarter of the pixels here)."""
+    from edge.activation_memory import activation_peaks, tile_shares
+    from edge.tiles import Tiling
+
+    model = wan_models["unipc"]
+    blocks = model.cut()["vae_decoder"]
+    assert tile_shares(model.tiled, model.latent_shape) == {}  # 4 x 6 latents: one tile
+    shares = tile_shares({"vae_decoder": Tiling((2, 3), (1, 2), 8)}, model.latent_shape)
+    assert shares == {"vae_decoder": (0.5, 0.5)}
+    whole, tiled = activation_peaks(blocks), activation_peaks(blocks, shares=shares)
+    largest = max(whole, key=whole.get)
+    assert all(tiled[k] < whole[k] for k in whole)
+    assert 0.2 < tiled[largest] / whole[largest] < 0.35

@@ -30,7 +30,7 @@ def target_shapes(target: str) -> Shapes:
     own piece on every target."""
     if target in ("iphone", "web"):
         return Shapes(prompts=1, guidance_batch=2, videos=1)
-    return Shapes(prompts=2, guidance_batch=2, videos=2)
+    return Shapes(prompts=2, guidance_batch=2, videos=2, tiled_decoder=True)
 
 
 def with_steps(sampler: SamplerSettings, steps: int | None) -> SamplerSettings:

@@ -63,6 +63,7 @@ from edge.families.t5 import cut_umt5_encoder
 from edge.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.sampler import SamplerSettings
+from edge.tiles import Tiling
 
 NAME = "wan"
 EXPORT_OPTIONS = PIPELINE_OPTIONS
@@ -239,6 +240,9 @@ def load_pipeline(folder: Path, out_of_core: bool | None = None) -> tuple:
     if pipe.transformer.config.added_kv_proj_dim is not None:
         raise FamilyError(f"{folder / 'transformer'}: image conditioning (added_kv_proj_dim) "
                           "is image-to-video; edge takes text-to-video Wan")
+    if pipe.vae.config.patch_size is None:
+        # the reference decodes a video larger than a tile as an ONNX package does
+        pipe.vae.enable_tiling()
     return pipe, notes, out_of_core
 
 
@@ -560,9 +564,11 @@ def graph_friendly_up_block(block: nn.Module) -> nn.Module:
     return GraphFriendlyUpBlock(block)
 
 
-def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
+def cut_vae_decoder(vae: nn.Module, first: bool, clamp: bool = True
+                    ) -> list[tuple[str, nn.Module]]:
     """(name, stage) pairs for one chunk of latents (B, C, 1, h, w) as the sampler makes
-    them; `first`: the stages for the first chunk."""
+    them; `first`: the stages for the first chunk. The frames come out in [0, 1], or with
+    `clamp` False as (x + 1) / 2 of the decoder's raw x (a tile, clamped after blending)."""
     dec = vae.decoder
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
@@ -584,7 +590,7 @@ def cut_vae_decoder(vae: nn.Module, first: bool) -> list[tuple[str, nn.Module]]:
 
     def to_unit(parts, x):
         x = x if patch is None else unpatchify(x, patch)
-        return (x.clamp(-1, 1) + 1) / 2
+        return ((x.clamp(-1, 1) if clamp else x) + 1) / 2
 
     stages = [("head", WanDecoderChunk(head, {"post_quant_conv": vae.post_quant_conv,
                                               "conv_in": dec.conv_in,
@@ -637,6 +643,20 @@ class WanModel(PipelineModel):
     clean = "wan"  # WanPipeline's prompt_clean
 
     @property
+    def tiled(self) -> dict[str, Tiling]:
+        """The decoder in spatial tiles, as the pipeline's VAE tiles it (its tile size and
+        stride; diffusers' defaults 256 and 192 pixels, edge/tiles.py). Wan 2.2's decoder
+        (RGB in patches) is not tiled yet."""
+        vae = self.pipe.vae
+        if vae.config.patch_size is not None:
+            return {}
+        scale = vae.spatial_compression_ratio
+        return {"vae_decoder": Tiling(
+            (vae.tile_sample_min_height // scale, vae.tile_sample_min_width // scale),
+            (vae.tile_sample_stride_height // scale, vae.tile_sample_stride_width // scale),
+            scale)}
+
+    @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         vae = self.pipe.vae
         return (vae.config.z_dim, (self.frames - 1) // self.pipe.vae_scale_factor_temporal + 1,
@@ -657,7 +677,8 @@ class WanModel(PipelineModel):
         ids, mask = self._ids(["a red circle moving left", "the dog"][:shapes.prompts])
         return {"text_encoder": cut_umt5_encoder(self.pipe.text_encoder.encoder, ids, mask),
                 "transformer": self._cut_transformer(shapes.guidance_batch),
-                "vae_decoder": self._cut_vae_decoder(shapes.videos)}
+                "vae_decoder": self._cut_vae_decoder(
+                    shapes.videos, tiled=shapes.tiled_decoder and bool(self.tiled))}
 
     def _cut_transformer(self, batch: int) -> list[Block]:
         model = self.pipe.transformer
@@ -685,17 +706,19 @@ class WanModel(PipelineModel):
                             ["x", "temb"], ["velocity"], (x, temb), [True, True]))
         return blocks
 
-    def _cut_vae_decoder(self, videos: int) -> list[Block]:
+    def _cut_vae_decoder(self, videos: int, tiled: bool = False) -> list[Block]:
         """One block per stage, run once per latent frame (`chunked`); its variant "first"
         is the first frame's. `videos`: the batch traced (a dynamic batch traced at 1 would
-        be specialised to 1)."""
+        be specialised to 1). `tiled`: graphs of any tile's height and width, whose frames
+        are left unclamped for the runtime to blend and then clamp (edge/tiles.py)."""
         g = torch.Generator().manual_seed(1)
         z = torch.randn(videos, *self.latent_shape, generator=g)
         # a one-frame video runs only "first"; its later-frame graphs get a stand-in frame
         first_x, x = z[:, :, :1], z[:, :, 1:2] if z.shape[2] > 1 else z[:, :, :1]
-        firsts = dict(cut_vae_decoder(self.pipe.vae, first=True))
+        firsts = dict(cut_vae_decoder(self.pipe.vae, first=True, clamp=not tiled))
         blocks = []
-        for i, (name, stage) in enumerate(cut_vae_decoder(self.pipe.vae, first=False)):
+        for i, (name, stage) in enumerate(cut_vae_decoder(self.pipe.vae, first=False,
+                                                          clamp=not tiled)):
             x_in, x_out = ("z" if i == 0 else "h"), ("frames" if name == "out" else "h")
             with torch.no_grad(), materialized(stage), materialized(firsts[name]):
                 first_out = firsts[name](first_x)
@@ -706,9 +729,9 @@ class WanModel(PipelineModel):
             state = [f"{name}_cache_{k}" for k in range(len(first_out) - 1)]
             dyn = [True] * (1 + len(state))
             first = Block("vae_decoder", name, firsts[name].eval(), [x_in], [x_out, *state],
-                          (first_x,), [True])
+                          (first_x,), [True], dynamic_space=tiled)
             block = Block("vae_decoder", name, stage.eval(), [x_in, *state], [x_out, *state],
-                          (x, *first_out[1:]), dyn, {"first": first})
+                          (x, *first_out[1:]), dyn, {"first": first}, dynamic_space=tiled)
             blocks.append(block)
             first_x, x = first_out[0], out[0]
         return blocks

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.manifest_schema import MANIFEST, PackageError, as_variant
+from edge.manifest_schema import DYNAMIC_AXES, MANIFEST, PackageError, as_variant
 from edge.pieces import piece_bounds
 
 # NumPy dtype names of the manifest -> onnxruntime's type strings
@@ -28,17 +28,17 @@ BATCH = "batch"
 
 
 def _dims_agree(declared: list, actual: Iterable[Any]) -> bool:
-    """A declared shape ("batch" or sizes) agrees with a graph's (sizes, or names/None for
-    dynamic axes): same rank, equal wherever both are sizes, "batch" only where the graph's
-    axis is dynamic."""
+    """A declared shape (sizes, or "batch", "height", "width" for dynamic axes) agrees with
+    a graph's (sizes, or names/None for dynamic axes): same rank, equal wherever both are
+    sizes, a dynamic axis declared only where the graph's axis is dynamic."""
     actual = list(actual)
     if len(declared) != len(actual):
         return False
     for d, a in zip(declared, actual, strict=True):
         fixed = isinstance(a, int)
-        if d == BATCH and fixed:
+        if d in DYNAMIC_AXES and fixed:
             return False
-        if d != BATCH and fixed and d != a:
+        if d not in DYNAMIC_AXES and fixed and d != a:
             return False
     return True
 
@@ -88,10 +88,21 @@ def check_feeds(component: str, blocks: list[dict], given: Mapping[str, tuple[st
             if source is None:
                 continue  # a gap; check_chain refuses it by name
             dtype, shape = source
-            if dtype != s["dtype"] or list(shape) != list(s["shape"]):
+            if dtype != s["dtype"] or not _fed_shape_fits(s["shape"], shape):
                 raise PackageError(f"{where}: input {s['name']!r} is declared {s['dtype']} "
                                    f"{s['shape']}, but what feeds it is {dtype} {list(shape)}")
         available |= {s["name"]: (s["dtype"], s["shape"]) for s in block["outputs"]}
+
+
+# axes a graph takes at any size (a tiled decoder's tiles), whatever size feeds them
+ANY_SIZE = ("height", "width")
+
+
+def _fed_shape_fits(declared: list, fed: list) -> bool:
+    """What feeds an input fits its declared shape: the same dims, where the input's is not
+    one it takes at any size."""
+    return len(declared) == len(fed) and all(
+        d == f or d in ANY_SIZE for d, f in zip(declared, fed, strict=True))
 
 
 def _outputs(blocks: list[dict]) -> dict[str, tuple[str, list]]:

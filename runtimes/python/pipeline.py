@@ -50,6 +50,7 @@ from edge.sampler import (
     run_pairs,
     sample,
 )
+from edge.tiles import Tiling
 from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
 
 
@@ -93,6 +94,7 @@ class Component:
     name: str
     blocks: list[dict]
     chunked: dict | None = None   # run piece by piece, state carried (manifest "chunked")
+    tiles: Tiling | None = None   # decoded in spatial tiles (manifest "tiles")
     sessions: dict[str, ort.InferenceSession] = field(default_factory=dict)
     # (block key, variant name) -> session of that variant's graph; the weights are the
     # base block's (same names), so the loader holds one copy whichever graph runs
@@ -154,6 +156,12 @@ def check_runnable(manifest: dict, any_target: bool = False) -> None:
         raise PackageError(f"{MANIFEST}: the unconditional pass needs "
                            "'conditioning.null_caption' or a 'negative_prompt' string")
     check_decode(manifest, components["vae_decoder"], "vae_decoder" in chunking)
+    tiled = [c["name"] for c in manifest["components"] if "tiles" in c]
+    if tiled and (tiled != ["vae_decoder"] or manifest.get("latent_layout") != "video"
+                  or "decode" in manifest):
+        raise PackageError(f"{MANIFEST} component {tiled[0]} tiles: the Python runtime tiles "
+                           "only a decoder of latents laid out as 'video' without decode "
+                           "conditioning")
     if manifest.get("latent_layout", "frames") not in LATENT_LAYOUTS:
         raise PackageError(f"{MANIFEST}: latent_layout {manifest['latent_layout']!r}; known: "
                            f"{', '.join(LATENT_LAYOUTS)}")
@@ -340,7 +348,8 @@ class Pipeline:
                 options.intra_op_num_threads = threads
             components, weights = {}, {}
             for comp in manifest["components"]:
-                c = Component(comp["name"], comp["blocks"], comp.get("chunked"))
+                c = Component(comp["name"], comp["blocks"], comp.get("chunked"),
+                              Tiling.from_dict(comp["tiles"]) if "tiles" in comp else None)
                 for block, key in zip(c.blocks, c.keys(), strict=True):
                     where = f"block {key}"
                     c.sessions[key] = (open_block(key, block) if open_block else
@@ -612,6 +621,12 @@ class Pipeline:
         """latents (B, C, T, h, w) -> video (B, T', H, W, 3) in [0, 1]; `conditioning`: a
         timestep-conditioned decoder's inputs (`_decode_conditioning`)."""
         b, c, t, h, w = latents.shape
+        tiles = self.components["vae_decoder"].tiles
+        if self.latent_layout == "video" and tiles is not None:
+            # a tiled decoder's frames come unclamped: blended first, as diffusers does
+            frames = (self._decode_tiles(latents, tiles) if tiles.applies(h, w) else
+                      self._run_component("vae_decoder", {"z": latents}, batch_piece=1)["frames"])
+            return np.clip(frames, 0, 1).transpose(0, 2, 3, 4, 1)
         if self.latent_layout == "video":
             # one video a call: a decoder's activations at 480p are gigabytes a video
             frames = self._run_component("vae_decoder", {"z": latents} | (conditioning or {}),
@@ -620,6 +635,15 @@ class Pipeline:
         z = latents.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         frames = self._run_component("vae_decoder", {"z": z})["frames"]
         return frames.reshape(b, t, *frames.shape[1:]).transpose(0, 1, 3, 4, 2)
+
+    def _decode_tiles(self, latents: np.ndarray, tiles: Tiling) -> np.ndarray:
+        """(B, C, T, h, w) latents decoded a spatial tile at a time, each tile every latent
+        frame (its own caches), then blended (edge/tiles.py); (B, 3, T', H, W)."""
+        h, w = latents.shape[-2:]
+        (rows, cols), (th, tw) = tiles.starts(h, w), tiles.latent_size
+        decoded = [[self._run_component("vae_decoder", {"z": latents[..., i:i + th, j:j + tw]},
+                                        batch_piece=1)["frames"] for j in cols] for i in rows]
+        return tiles.blend(decoded, h, w)
 
     def _cached_predictor(self, comp: Component, caption2: np.ndarray, mask2: np.ndarray,
                           b: int):

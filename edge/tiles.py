@@ -1,0 +1,84 @@
+"""A VAE decode in spatial tiles, as diffusers' `AutoencoderKLWan.tiled_decode` does it.
+
+At 480x832 a causal video decoder's full-resolution stages hold gigabytes a latent frame
+(Wan 2.1's `up_3`: 96 channels x 4 frames x 480 x 832 and its caches, ~6 GiB in fp32): no
+phone and no 8 GB budget holds that. Decoded in overlapping tiles of the latent (256 x 256
+pixels, a stride of 192, diffusers' defaults), a call holds one tile's. Each tile runs the
+whole decoder over every latent frame with its own caches; neighbouring tiles are blended
+linearly across their overlap (the one above, then the one to the left, in place, in
+diffusers' order) and each cut to the stride. NumPy only: the runtimes use it.
+
+diffusers blends the decoder's raw output and clamps after; so does edge: a tiled
+decoder's graphs give (x + 1) / 2 unclamped, and the runtime clamps to [0, 1] after blending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tiling:
+    latent_size: tuple[int, int]     # (rows, cols) of latent a tile takes at most
+    latent_stride: tuple[int, int]   # latent rows, cols from one tile to the next
+    scale: int                       # output pixels per latent pixel, each way
+
+    def __post_init__(self) -> None:
+        for name in ("latent_size", "latent_stride"):
+            value = getattr(self, name)
+            if (not isinstance(value, tuple | list) or len(value) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                               for v in value)):
+                raise ValueError(f"tiles {name} must be two positive integers, not {value!r}")
+        if any(s > n for s, n in zip(self.latent_stride, self.latent_size, strict=True)):
+            raise ValueError(f"tiles latent_stride {self.latent_stride} is longer than "
+                             f"latent_size {self.latent_size}: tiles would leave gaps")
+        if not isinstance(self.scale, int) or isinstance(self.scale, bool) or self.scale < 1:
+            raise ValueError(f"tiles scale must be a positive integer, not {self.scale!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Tiling:
+        return cls(tuple(values["latent_size"]), tuple(values["latent_stride"]),
+                   values["scale"])
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def applies(self, height: int, width: int) -> bool:
+        """Whether latents of this size are decoded in tiles (diffusers: larger than one)."""
+        return height > self.latent_size[0] or width > self.latent_size[1]
+
+    def starts(self, height: int, width: int) -> tuple[range, range]:
+        """Each tile's first latent row and column."""
+        return range(0, height, self.latent_stride[0]), range(0, width, self.latent_stride[1])
+
+    def blend(self, tiles: list[list[np.ndarray]], height: int, width: int) -> np.ndarray:
+        """The decoded tiles (rows of (..., H, W) arrays, as `starts` orders them) as one
+        output of the latent `height` x `width`. The tiles are blended in place."""
+        stride = [s * self.scale for s in self.latent_stride]
+        extent = [(n - s) * self.scale for n, s in zip(self.latent_size, self.latent_stride,
+                                                        strict=True)]
+        rows = []
+        for i, row in enumerate(tiles):
+            for j, tile in enumerate(row):
+                if i > 0:
+                    _blend_rows(tiles[i - 1][j], tile, extent[0])
+                if j > 0:
+                    _blend_cols(row[j - 1], tile, extent[1])
+            rows.append(np.concatenate([t[..., :stride[0], :stride[1]] for t in row], axis=-1))
+        return np.concatenate(rows, axis=-2)[..., :height * self.scale, :width * self.scale]
+
+
+def _blend_rows(above: np.ndarray, tile: np.ndarray, extent: int) -> None:
+    # row y of the overlap: (1 - y/e) of the tile above's row, y/e of this tile's
+    e = min(above.shape[-2], tile.shape[-2], extent)
+    for y in range(e):
+        tile[..., y, :] = above[..., y - e, :] * (1 - y / e) + tile[..., y, :] * (y / e)
+
+
+def _blend_cols(left: np.ndarray, tile: np.ndarray, extent: int) -> None:
+    e = min(left.shape[-1], tile.shape[-1], extent)
+    for x in range(e):
+        tile[..., x] = left[..., x - e] * (1 - x / e) + tile[..., x] * (x / e)
