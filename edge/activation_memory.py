@@ -83,34 +83,23 @@ class _LiveBytes(TorchDispatchMode):
 RUNTIME_BATCH_PIECES = {"transformer": 1, "vae_decoder": 1}
 
 
-# A call's share of the traced height and width: a tiled decoder's (tile / latent) each way
-Share = tuple[float, float] | None
-
-
-def _call_shapes(block: Block, batch: int | None, share: Share = None
-                 ) -> list[tuple[int, ...]]:
-    """The example's shapes, a dynamic batch at `batch` rows (None: as traced), and the
-    height and width of a tiled decoder's videos at their `share` (None: as traced)."""
+def _call_shapes(block: Block, batch: int | None) -> list[tuple[int, ...]]:
+    """The example's shapes, a dynamic batch at `batch` rows (None: as traced). A tiled
+    decoder's example is one tile already (its family traces it so)."""
     dynamic = block.dynamic_batch or [False] * len(block.example)
-    shapes = []
-    for t, d in zip(block.example, dynamic, strict=True):
-        shape = [batch if batch is not None and d else t.shape[0], *t.shape[1:]]
-        if share is not None and block.dynamic_space and t.dim() == 5:
-            shape[3:] = [max(1, round(n * s)) for n, s in zip(shape[3:], share, strict=True)]
-        shapes.append(tuple(shape))
-    return shapes
+    return [(batch, *t.shape[1:]) if batch is not None and d else tuple(t.shape)
+            for t, d in zip(block.example, dynamic, strict=True)]
 
 
-def activation_peak(block: Block, batch: int | None = None, share: Share = None) -> int:
+def activation_peak(block: Block, batch: int | None = None) -> int:
     """Bytes of activations a call of `block` holds at once, at its example's shapes and
-    batch (a dynamic batch at `batch` rows where given; a tiled decoder's videos at their
-    `share` of height and width), attention and feed-forwards chunked to the score limit
-    in force (see the module's docstring)."""
+    batch (a dynamic batch at `batch` rows where given), attention and feed-forwards chunked
+    to the score limit in force (see the module's docstring)."""
     # written out first, then chunked: the chunks' scores are tensors the count sees
     with (replaced_sdpa(written_out_sdpa), shapes_only(), token_chunks(),
           materialized(block.module), torch.no_grad()):
         inputs = tuple(torch.empty(shape, dtype=t.dtype) for shape, t
-                       in zip(_call_shapes(block, batch, share), block.example, strict=True))
+                       in zip(_call_shapes(block, batch), block.example, strict=True))
         counter = _LiveBytes()
         try:
             for t in inputs:
@@ -123,57 +112,45 @@ def activation_peak(block: Block, batch: int | None = None, share: Share = None)
     return counter.peak
 
 
-def block_signature(block: Block, batch: int | None = None, share: Share = None) -> tuple:
+def block_signature(block: Block, batch: int | None = None) -> tuple:
     params = tuple((n, tuple(p.shape)) for n, p in block.module.named_parameters())
     inputs = tuple((shape, t.dtype) for shape, t
-                   in zip(_call_shapes(block, batch, share), block.example, strict=True))
+                   in zip(_call_shapes(block, batch), block.example, strict=True))
     return type(block.module), params, inputs
 
 
-def tile_shares(tiled: dict, latent_shape: tuple[int, ...]) -> dict[str, tuple[float, float]]:
-    """Each tiled component's call share of height and width (its `Tiling` against the
-    latent's last two dims), where the latent is larger than a tile."""
-    h, w = latent_shape[-2:]
-    return {name: (min(t.latent_size[0], h) / h, min(t.latent_size[1], w) / w)
-            for name, t in tiled.items() if t.applies(h, w)}
-
-
-def activation_peaks(blocks: list[Block], pieces: dict[str, int] | None = None,
-                     shares: dict[str, tuple[float, float]] | None = None) -> dict[str, int]:
+def activation_peaks(blocks: list[Block],
+                     pieces: dict[str, int] | None = None) -> dict[str, int]:
     """`activation_peak` of each block by key, a component's dynamic batch at its `pieces`
-    rows and a tiled one's videos at its `shares` where given; blocks alike (the same module
-    type, parameter shapes and inputs: a transformer's repeated blocks) are traced once."""
+    rows where given; blocks alike (the same module type, parameter shapes and inputs: a
+    transformer's repeated blocks) are traced once."""
     by_signature: dict[tuple, int] = {}
     out = {}
     for block in blocks:
         batch = (pieces or {}).get(block.component)
-        share = (shares or {}).get(block.component)
-        signature = block_signature(block, batch, share)
+        signature = block_signature(block, batch)
         if signature not in by_signature:
-            by_signature[signature] = activation_peak(block, batch, share)
+            by_signature[signature] = activation_peak(block, batch)
         out[block.key] = by_signature[signature]
     return out
 
 
 def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
-                     budget: int | None = None, pieces: dict[str, int] | None = None,
-                     shares: dict[str, tuple[float, float]] | None = None) -> list[str]:
+                     budget: int | None = None,
+                     pieces: dict[str, int] | None = None) -> list[str]:
     """The --dry-run table of activations: one row per run of alike blocks, then the largest.
     `streaming_floor`: the least weight bytes a run holds (the two largest blocks: the one
     computing and the one read ahead). `pieces`: the rows of a dynamic batch a runtime
-    gives each call, by component (`RUNTIME_BATCH_PIECES`; None: the batch as traced);
-    `shares`: a tiled component's share of height and width a call (`tile_shares`).
+    gives each call, by component (`RUNTIME_BATCH_PIECES`; None: the batch as traced). A
+    tiled decoder is traced at one tile, so its rows are a tile's calls.
     Given a budget, the calls that cannot fit it even with every block streamed are named,
     and what it leaves the weights said (the loader's budget counts weights only)."""
     from edge.budget import format_size
 
     blocks = [b for bs in components.values() for b in bs]
-    peaks = activation_peaks(blocks, pieces, shares)
+    peaks = activation_peaks(blocks, pieces)
     batch = ("the batch as traced" if not pieces else "a call's batch as the runtime runs "
              "it: " + ", ".join(f"{c} {n}" for c, n in pieces.items()))
-    if shares:
-        batch += ", " + ", ".join(f"{c} a tile ({h:.0%} x {w:.0%} of the height and width)"
-                                  for c, (h, w) in shares.items())
     lines = [f"{'activations per call':<34}{'peak':>12}  (estimated from shapes: the dtype "
              f"as traced, {batch}, attention and feed-forwards in chunks)"]
     rows: list[tuple[str, int]] = []

@@ -486,18 +486,24 @@ def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component,
     assert list(merged.parameters())[0].startswith(f"parts.{run[0].name}.")
 
 
-def test_the_dry_run_counts_a_tile_of_the_decoder(wan_models):
-    """Where the latent is larger than a tile, the activation estimate runs each decoder
-    stage at a tile's share of the height and width (a quarter of the pixels here)."""
-    from edge.activation_memory import activation_peaks, tile_shares
-    from edge.tiles import Tiling
+def test_a_tiled_decoder_is_traced_and_estimated_at_one_tile(wan_models):
+    """Where the latent is larger than a tile, the ONNX cut traces the decoder at one tile
+    (what a call runs: its graphs take any tile), so the dry run's estimate is a tile's."""
+    from edge.activation_memory import activation_peaks
 
     model = wan_models["unipc"]
-    blocks = model.cut()["vae_decoder"]
-    assert tile_shares(model.tiled, model.latent_shape) == {}  # 4 x 6 latents: one tile
-    shares = tile_shares({"vae_decoder": Tiling((2, 3), (1, 2), 8)}, model.latent_shape)
-    assert shares == {"vae_decoder": (0.5, 0.5)}
-    whole, tiled = activation_peaks(blocks), activation_peaks(blocks, shares=shares)
-    largest = max(whole, key=whole.get)
-    assert all(tiled[k] < whole[k] for k in whole)
-    assert 0.2 < tiled[largest] / whole[largest] < 0.35
+    vae = model.pipe.vae
+    whole = model.cut()["vae_decoder"]
+    assert whole[0].example[0].shape[-2:] == (4, 6)  # 4 x 6 latents: within one tile
+    untiled = (vae.tile_sample_min_height, vae.tile_sample_min_width,
+               vae.tile_sample_stride_height, vae.tile_sample_stride_width)
+    try:
+        vae.enable_tiling(16, 24, 8, 16)  # tiles of 2 x 3 latents
+        tiled = model.cut()["vae_decoder"]
+    finally:
+        vae.enable_tiling(*untiled)
+    assert tiled[0].example[0].shape[-2:] == (2, 3)
+    assert all(b.dynamic_space for b in tiled)
+    whole_peaks, tile_peaks = activation_peaks(whole), activation_peaks(tiled)
+    largest = max(whole_peaks, key=whole_peaks.get)
+    assert 0.2 < tile_peaks[largest] / whole_peaks[largest] < 0.35  # a quarter of the pixels

@@ -134,8 +134,7 @@ def export(
         # with shapes only, in seconds at any video size
         with shapes_only() if dry_run else contextlib.nullcontext():
             prepared = exporter.prepare(family_model, options)
-            plan = (prepared.plan_lines
-                    + _activation_lines(prepared, options, target, family_model)
+            plan = (prepared.plan_lines + _activation_lines(prepared, options, target)
                     if dry_run else [])
             cost = model_generation_cost(family_model, prepared.components) if dry_run else None
     except (FamilyError, BudgetError, ExportOptionError) as err:
@@ -185,12 +184,12 @@ def _with_end_to_end(check, target, family, folder, family_options, model, prepa
     return options if result is None else replace(options, end_to_end=result)
 
 
-def _activation_lines(prepared, options, target: str, model) -> list[str]:
+def _activation_lines(prepared, options, target: str) -> list[str]:
     """The activations each block call holds, from shapes alone, attention and feed-forwards
     chunked as the target's export will trace them (the score limit from the budget), at the
     batch a call runs at (an ONNX package's dynamic batch in the Python runtime's pieces, a
     tiled decoder a tile a call)."""
-    from edge.activation_memory import RUNTIME_BATCH_PIECES, activation_lines, tile_shares
+    from edge.activation_memory import RUNTIME_BATCH_PIECES, activation_lines
     from edge.attention import budget_score_limit
     from edge.plan import block_bytes
 
@@ -198,10 +197,8 @@ def _activation_lines(prepared, options, target: str, model) -> list[str]:
                    reverse=True)
     floor = sum(sizes[:2])  # the block computing and the one read ahead
     with budget_score_limit(options.memory_budget):
-        onnx = target == "onnx"
-        shares = tile_shares(getattr(model, "tiled", {}), model.latent_shape) if onnx else None
         return activation_lines(prepared.components, floor, options.memory_budget,
-                                RUNTIME_BATCH_PIECES if onnx else None, shares)
+                                RUNTIME_BATCH_PIECES if target == "onnx" else None)
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

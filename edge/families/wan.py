@@ -710,9 +710,13 @@ class WanModel(PipelineModel):
         """One block per stage, run once per latent frame (`chunked`); its variant "first"
         is the first frame's. `videos`: the batch traced (a dynamic batch traced at 1 would
         be specialised to 1). `tiled`: graphs of any tile's height and width, whose frames
-        are left unclamped for the runtime to blend and then clamp (edge/tiles.py)."""
+        are left unclamped for the runtime to blend and then clamp (edge/tiles.py), traced,
+        validated and estimated at one tile: what a call runs."""
         g = torch.Generator().manual_seed(1)
         z = torch.randn(videos, *self.latent_shape, generator=g)
+        if tiled:
+            rows, cols = self.tiled["vae_decoder"].latent_size
+            z = z[..., :rows, :cols]
         # a one-frame video runs only "first"; its later-frame graphs get a stand-in frame
         first_x, x = z[:, :, :1], z[:, :, 1:2] if z.shape[2] > 1 else z[:, :, :1]
         firsts = dict(cut_vae_decoder(self.pipe.vae, first=True, clamp=not tiled))
