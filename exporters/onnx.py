@@ -162,6 +162,9 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
     remember(key, path)
 
 
+VIDEO_RANK = 5  # (B, C, T, H, W): the inputs whose height and width `dynamic_space` frees
+
+
 def dynamic_axes(block: Block) -> list[dict | None]:
     """torch.export's dynamic axes of each input: the batch where `dynamic_batch` says, the
     height and width of a video-shaped input where `dynamic_space` does."""
@@ -173,9 +176,6 @@ def dynamic_axes(block: Block) -> list[dict | None]:
             {3: height, 4: width} if block.dynamic_space and t.dim() == VIDEO_RANK else {})
         axes.append(found or None)
     return axes
-
-
-VIDEO_RANK = 5  # (B, C, T, H, W)
 
 
 def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list[bool],

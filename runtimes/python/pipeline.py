@@ -231,14 +231,14 @@ def run_in_batch_pieces(session: BlockSession, block: dict, inputs: dict[str, np
     activations are then one piece's: the guidance batch's caption and null halves as two
     calls (as diffusers' Wan pipeline runs them), one video of a batch through the decoder."""
     names = [f"out:{s['name']}" for s in block["outputs"]]
-    batched = {s["name"] for s in block["inputs"] if s["shape"][0] == "batch"}
+    batched = {s["name"] for s in block["inputs"] if s["shape"][0] == BATCH}
     whole = next((inputs[n].shape[0] for n in batched), 0)
     if piece is None or whole <= piece:
         return session.run(names, inputs | weights)
     runs = [session.run(names, {n: v[start:start + piece] if n in batched else v
                                 for n, v in inputs.items()} | weights)
             for start in range(0, whole, piece)]
-    return [np.concatenate([r[i] for r in runs]) if s["shape"][0] == "batch" else runs[0][i]
+    return [np.concatenate([r[i] for r in runs]) if s["shape"][0] == BATCH else runs[0][i]
             for i, s in enumerate(block["outputs"])]
 
 

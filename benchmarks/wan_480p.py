@@ -1,0 +1,120 @@
+"""One generation of a Wan package at its own size against diffusers' WanPipeline on the same
+CPU: wall time, peak resident memory and the video's agreement.
+
+    python benchmarks/wan_480p.py edge PACKAGE BUDGET [STEPS]   # the edge runtime
+    python benchmarks/wan_480p.py diffusers FOLDER PACKAGE [STEPS]  # diffusers, the same size
+    python benchmarks/wan_480p.py compare OUT_DIR                 # the two videos
+
+Each mode runs in a process of its own (run them one after the other: peak RSS is the
+process's VmHWM, and the two must not share the cores) and writes `<mode>.json` and
+`<mode>.npy` (the uint8 video) into the folder named by $EDGE_BENCH_OUT (default
+/tmp/edge-bench/wan480). The edge runtime reads blocks cold (page cache bypassed) under the
+budget; diffusers runs in float32 with the VAE tiled as the package tiles
+(edge.families.load_model sets it). Seeds mean diffusers' noise in both, so the videos are
+the same video where the export is right. The compare mode prints PSNR and the error's SNR
+over the reference video's own variance, and the matrix-product floor of the edge run
+(FLOPs from `edge export --dry-run` given as $EDGE_BENCH_FLOPS, divided by this machine's
+float32 matmul rate measured now).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT = "a red circle moving left"
+SEED = 0
+
+
+def out_dir() -> Path:
+    path = Path(os.environ.get("EDGE_BENCH_OUT", "/tmp/edge-bench/wan480"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def peak_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def save(mode: str, video: np.ndarray, figures: dict) -> None:
+    np.save(out_dir() / f"{mode}.npy", video)
+    figures["peak_rss_bytes"] = peak_rss_bytes()
+    (out_dir() / f"{mode}.json").write_text(json.dumps(figures, indent=1))
+    print(json.dumps(figures, indent=1))
+
+
+def run_edge(package: str, budget: str, steps: int) -> None:
+    from edge.runtimes.python import Pipeline
+
+    pipe = Pipeline.load(package, memory_budget=budget, cold_reads=True)
+    started = time.perf_counter()
+    video = pipe.generate(PROMPT, seed=SEED, steps=steps)
+    wall = time.perf_counter() - started
+    run = pipe.last_run
+    save("edge", video, {"wall_s": wall, "steps": steps, "budget": budget,
+                         "by_component_s": run["wall_s"],
+                         "bytes_read": run.get("loader", {}).get("bytes_read")})
+
+
+def run_diffusers(folder: str, package: str, steps: int) -> None:
+    import torch
+
+    from edge.families import load_model
+
+    manifest = json.loads((Path(package) / "manifest.json").read_text())
+    _, frames, h, w = manifest["latent_shape"]
+    size = {"height": h * 8, "width": w * 8, "frames": (frames - 1) * 4 + 1}
+    model = load_model(Path(folder), steps=steps, **size)
+    pipe = model.pipe
+    started = time.perf_counter()
+    with torch.no_grad():
+        video = pipe(PROMPT, negative_prompt="", height=size["height"], width=size["width"],
+                     num_frames=size["frames"], num_inference_steps=steps,
+                     guidance_scale=model.sampler.guidance,
+                     generator=torch.Generator().manual_seed(SEED), output_type="np").frames
+    wall = time.perf_counter() - started
+    save("diffusers", np.round(np.asarray(video) * 255).astype(np.uint8),
+         {"wall_s": wall, "steps": steps, **size})
+
+
+def compare() -> None:
+    from edge.compute_cost import matmul_rate
+
+    edge, ref = (np.load(out_dir() / f"{m}.npy").astype(np.float64) for m in ("edge", "diffusers"))
+    mse = float(np.mean((edge - ref) ** 2))
+    figures = {m: json.loads((out_dir() / f"{m}.json").read_text())
+               for m in ("edge", "diffusers")}
+    result = {"psnr_db": 10 * np.log10(255.0 ** 2 / mse) if mse else float("inf"),
+              "snr_db": 10 * np.log10(float(np.var(ref)) / mse) if mse else float("inf"),
+              "edge_wall_s": figures["edge"]["wall_s"],
+              "diffusers_wall_s": figures["diffusers"]["wall_s"],
+              "wall_ratio": figures["edge"]["wall_s"] / figures["diffusers"]["wall_s"],
+              "edge_peak_rss_gib": figures["edge"]["peak_rss_bytes"] / 2**30,
+              "diffusers_peak_rss_gib": figures["diffusers"]["peak_rss_bytes"] / 2**30}
+    flops = os.environ.get("EDGE_BENCH_FLOPS")
+    if flops:
+        rate = matmul_rate()
+        result |= {"matmul_rate_gflops": rate / 1e9,
+                   "floor_s": float(flops) / rate,
+                   "edge_over_floor": figures["edge"]["wall_s"] / (float(flops) / rate)}
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "edge":
+        run_edge(args[0], args[1], int(args[2]) if len(args) > 2 else 1)
+    elif mode == "diffusers":
+        run_diffusers(args[0], args[1], int(args[2]) if len(args) > 2 else 1)
+    elif mode == "compare":
+        compare()
+    else:
+        sys.exit(__doc__)
