@@ -54,6 +54,7 @@ from edge.families.pipeline_run import (
     PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
+    cutting,
     load_family,
     with_steps,
 )
@@ -698,7 +699,7 @@ class CogVideoXModel(PipelineModel):
         blocks = [pro]
         block_in = ["x", "context", "temb"] + pro_out[4:]
         frames = self.latent_shape[0]
-        for i, b in enumerate(model.transformer_blocks):
+        for i, b in enumerate(cutting(model.transformer_blocks)):
             merged = MergedCogVideoXBlock(b, frames, self.text_tokens,
                                           feeds["x"].shape[1] // frames)
             variants = {"tdtm": merged.eval()} if frames > 1 else {}

@@ -54,6 +54,7 @@ from edge.families.pipeline_run import (
     PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
+    cutting,
     load_family,
     with_steps,
 )
@@ -714,7 +715,7 @@ class LTXModel(PipelineModel):
         blocks = [pro]
         block_in = ["x", "context", "t_mod", "caption_bias", "rope_cos", "rope_sin"]
         frames = self.latent_shape[1]
-        for i, b in enumerate(model.transformer_blocks):
+        for i, b in enumerate(cutting(model.transformer_blocks)):
             variants = {"tdtm": MergedLTXBlock(b, frames).eval()} if frames > 1 else {}
             block = Block("transformer", f"block_{i}", LTXBlockCut(b).eval(), block_in, ["x"],
                           tuple(feeds[n] for n in block_in), [True] * 4 + [False] * 2,

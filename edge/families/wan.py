@@ -56,6 +56,7 @@ from edge.families.pipeline_run import (
     PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
+    cutting,
     load_family,
     with_steps,
 )
@@ -694,7 +695,7 @@ class WanModel(PipelineModel):
         x, t_mod, temb, context, cos, sin = pro.run(*pro.example)
         blocks = [pro]
         frames = self.latent_shape[1] // model.config.patch_size[0]
-        for i, b in enumerate(model.blocks):
+        for i, b in enumerate(cutting(model.blocks)):
             variants = {"tdtm": MergedWanBlock(b, frames).eval()} if frames > 1 else {}
             block = Block("transformer", f"block_{i}", WanBlock(b).eval(),
                           ["x", "t_mod", "context", "rope_cos", "rope_sin"], ["x"],
