@@ -76,9 +76,10 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
-# The rows of a dynamic batch the Python runtime gives each call of a component, for one
-# prompt (runtimes/python/pipeline.py, run_in_batch_pieces): the transformer takes the
-# caption and the null half of the guidance batch as two calls, the decoder one video.
+# The rows of a dynamic batch the Python runtime gives each call of a component under a
+# memory budget, for one prompt (runtimes/python/pipeline.py, run_in_batch_pieces): the
+# transformer takes the caption and the null half of the guidance batch as two calls, the
+# decoder one video.
 # A device's programs have a static batch and run as traced.
 RUNTIME_BATCH_PIECES = {"transformer": 1, "vae_decoder": 1}
 
@@ -176,3 +177,26 @@ def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
                      f"every call fits {format_size(budget)}, the weights kept to "
                      f"{format_size(budget - peaks[largest])} (--memory-budget at run time)")
     return lines
+
+
+def check_calls_fit(components: dict[str, list[Block]], budget: int, size: str,
+                    pieces: dict[str, int] | None = None) -> None:
+    """Refuse (BudgetError) a budget that no call of the largest activations fits even with
+    every other block streamed out: the call's activation peak beside its own block's
+    weights. Named: the block, the size and both figures. Run on a shapes-only cut, before
+    any work (seconds at any size)."""
+    from edge.budget import BudgetError, format_size
+    from edge.plan import block_bytes
+
+    blocks = [b for bs in components.values() for b in bs]
+    peaks = activation_peaks(blocks, pieces)
+    need = {b.key: peaks[b.key] + block_bytes(b) for b in blocks}
+    worst = max(need, key=need.get)
+    if need[worst] > budget:
+        raise BudgetError(
+            f"{worst} at {size} holds ~{format_size(peaks[worst])} of activations a call "
+            f"(estimated from shapes, attention and feed-forwards in chunks) beside its "
+            f"{format_size(need[worst] - peaks[worst])} of weights: more than --memory-budget "
+            f"{format_size(budget)} even with every other block streamed; give a budget of at "
+            f"least {format_size(need[worst])} or a smaller --height, --width or --frames "
+            "(edge export --dry-run lists every call's figure)")

@@ -5,6 +5,8 @@ the activations each call holds (edge/activation_memory.py) and what a generatio
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,6 +51,22 @@ def test_a_dry_run_of_a_long_video_computes_nothing(wan_folder, block_outputs):
     assert "compute per generation: " in result.output and "(50 steps of " in result.output
     assert "at this machine's float32 matrix-product rate" in result.output
 
+
+
+def test_a_budget_no_call_fits_is_refused_before_any_work(wan_folder, block_outputs, tmp_path):
+    """The tiny Wan at 256x512x81 under 2 MB: its blocks' weights fit, but its calls hold
+    tens of MB of activations. The export is refused at once, naming the call, the size and
+    both figures; no block computed, nothing written."""
+    dest = tmp_path / "wan-onnx"
+    result = CliRunner().invoke(app, [
+        "export", "--model", str(wan_folder), "--memory-budget", "2MB", "-o", str(dest),
+        "--height", "256", "--width", "512", "--frames", "81"])
+    assert result.exit_code == 2, result.output
+    assert re.search(r"error: (text_encoder|transformer|vae_decoder)/\w+ at 256x512x81 "
+                     r"\(height x width x frames\) holds ~[\d.]+ MiB of activations a call",
+                     result.output), result.output
+    assert "--memory-budget 2.0 MiB" in result.output and "at least" in result.output
+    assert set(block_outputs) <= {"FakeTensor"} and not dest.exists()
 
 class _Mlp(torch.nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:

@@ -127,8 +127,13 @@ def package_sampler(manifest: dict):
 
 def frame_size(manifest: dict) -> tuple[int, int]:
     """(height, width) of the frames a package decodes: the last two axes of its last
-    decoder block's output."""
-    last = manifest["components"][-1]["blocks"][-1]["outputs"][0]["shape"]
+    decoder block's output, or for a tiled decoder (whose graphs take any tile) the latent's
+    scaled by its tiles' scale."""
+    decoder = manifest["components"][-1]
+    last = decoder["blocks"][-1]["outputs"][0]["shape"]
+    if "tiles" in decoder:
+        scale = decoder["tiles"]["scale"]
+        return manifest["latent_shape"][-2] * scale, manifest["latent_shape"][-1] * scale
     return int(last[-2]), int(last[-1])
 
 

@@ -130,6 +130,8 @@ def export(
         family_model = load_model(model, **family_options)
         for note in getattr(family_model, "notes", []):
             echo(note)
+        if options.memory_budget is not None and not dry_run:
+            _check_calls_fit(exporter, family_model, options, target)
         # a plan needs the blocks' shapes, not their activations: a dry run cuts the model
         # with shapes only, in seconds at any video size
         with shapes_only() if dry_run else contextlib.nullcontext():
@@ -197,8 +199,26 @@ def _activation_lines(prepared, options, target: str) -> list[str]:
                    reverse=True)
     floor = sum(sizes[:2])  # the block computing and the one read ahead
     with budget_score_limit(options.memory_budget):
-        return activation_lines(prepared.components, floor, options.memory_budget,
-                                RUNTIME_BATCH_PIECES if target == "onnx" else None)
+        # the Python runtime splits a call's batch under a budget (Pipeline.split_batches)
+        pieces = (RUNTIME_BATCH_PIECES if target == "onnx" and options.memory_budget
+                  is not None else None)
+        return activation_lines(prepared.components, floor, options.memory_budget, pieces)
+
+
+def _check_calls_fit(exporter, model, options, target: str) -> None:
+    """Before any work: a budget no call fits, even with every other block streamed, is
+    refused naming the call (a cut on shapes alone, seconds at any size)."""
+    from edge.activation_memory import RUNTIME_BATCH_PIECES, check_calls_fit
+    from edge.attention import budget_score_limit
+    from edge.shapes_only import shapes_only
+
+    dims = [getattr(model, k, None) for k in ("height", "width", "frames")]
+    size = (f"{dims[0]}x{dims[1]}x{dims[2]} (height x width x frames)" if None not in dims
+            else f"latents {tuple(model.latent_shape)}")
+    with shapes_only(), budget_score_limit(options.memory_budget):
+        components = exporter.prepare(model, options).components
+        check_calls_fit(components, options.memory_budget, size,
+                        RUNTIME_BATCH_PIECES if target == "onnx" else None)
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:

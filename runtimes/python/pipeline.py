@@ -313,6 +313,9 @@ class Pipeline:
         self._running_in_method: str | None = None
         self._closed = False
         self._programs = None   # a Core AI package's models (Pipeline.load opens them)
+        # run a dynamic batch in pieces (`run_in_batch_pieces`): the guidance halves, one
+        # video a decoder call; Pipeline.load sets it where a memory budget is given
+        self.split_batches = False
 
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
@@ -368,6 +371,8 @@ class Pipeline:
                                  every_step=tuple(components["transformer"].keys()),
                                  prefetch=prefetch, cold_reads=cold_reads, pin=pin)
             pipe = cls(root, manifest, loader, components, lean_decode)
+            # under a budget, memory before speed: each call's batch in pieces
+            pipe.split_batches = budget is not None
             pipe._programs = programs
             if open_block is None:  # what another runner takes (dtypes, batch) is its business
                 check_runtime_feeds(manifest, pipe.null_caption)
@@ -546,7 +551,7 @@ class Pipeline:
                          "caption": caption2, "caption_mask": mask2}
                 v = self._run_blocks(transformer, runs, feeds,
                                      variant="tdtm" if step.merged else None,
-                                     batch_piece=b)["velocity"]
+                                     batch_piece=self._piece(b))["velocity"]
                 return v[:b], v[b:]
 
         loop_start = (self.loader.stats.read_s, self.loader.stats.wait_s, self._compute_s)
@@ -625,16 +630,21 @@ class Pipeline:
         if self.latent_layout == "video" and tiles is not None:
             # a tiled decoder's frames come unclamped: blended first, as diffusers does
             frames = (self._decode_tiles(latents, tiles) if tiles.applies(h, w) else
-                      self._run_component("vae_decoder", {"z": latents}, batch_piece=1)["frames"])
+                      self._run_component("vae_decoder", {"z": latents},
+                                          batch_piece=self._piece(1))["frames"])
             return np.clip(frames, 0, 1).transpose(0, 2, 3, 4, 1)
         if self.latent_layout == "video":
-            # one video a call: a decoder's activations at 480p are gigabytes a video
+            # under a budget one video a call: a 480p decoder's activations are gigabytes
             frames = self._run_component("vae_decoder", {"z": latents} | (conditioning or {}),
-                                         batch_piece=1)["frames"]
+                                         batch_piece=self._piece(1))["frames"]
             return frames.transpose(0, 2, 3, 4, 1)
         z = latents.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         frames = self._run_component("vae_decoder", {"z": z})["frames"]
         return frames.reshape(b, t, *frames.shape[1:]).transpose(0, 1, 3, 4, 2)
+
+    def _piece(self, rows: int) -> int | None:
+        """The rows of a dynamic batch a call takes: `rows` under a budget, else all."""
+        return rows if self.split_batches else None
 
     def _decode_tiles(self, latents: np.ndarray, tiles: Tiling) -> np.ndarray:
         """(B, C, T, h, w) latents decoded a spatial tile at a time, each tile every latent
@@ -642,7 +652,8 @@ class Pipeline:
         h, w = latents.shape[-2:]
         (rows, cols), (th, tw) = tiles.starts(h, w), tiles.latent_size
         decoded = [[self._run_component("vae_decoder", {"z": latents[..., i:i + th, j:j + tw]},
-                                        batch_piece=1)["frames"] for j in cols] for i in rows]
+                                        batch_piece=self._piece(1))["frames"]
+                     for j in cols] for i in rows]
         return tiles.blend(decoded, h, w)
 
     def _cached_predictor(self, comp: Component, caption2: np.ndarray, mask2: np.ndarray,
@@ -656,7 +667,8 @@ class Pipeline:
         def part(blocks: list[dict], names: list[str], feeds: dict, variant: str | None):
             runs = self.loader.run(names)
             try:
-                return self._run_blocks(comp, runs, feeds, blocks, variant, batch_piece=b)
+                return self._run_blocks(comp, runs, feeds, blocks, variant,
+                                        batch_piece=self._piece(b))
             finally:
                 runs.close()
 
