@@ -25,8 +25,9 @@ TARGETS = ("onnx", "iphone", "web")
 TENSOR_ALIGN = 64          # tensors start 64-byte aligned in a weights file
 DIGEST_FIELD = "manifest_sha256"
 # the names a signature gives a dynamic axis: a batch, and a tiled decoder's tile height and
-# width (any size the graph takes)
-DYNAMIC_AXES = ("batch", "height", "width")
+# width (any size the graph takes, whatever size feeds them)
+TILE_AXES = ("height", "width")
+DYNAMIC_AXES = ("batch", *TILE_AXES)
 # dtypes a weights file or an activation may hold (NumPy names, little-endian on disk)
 DTYPES = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1,
           "bool": 1}
@@ -294,7 +295,7 @@ def _check_tiles(comp: dict, where: str) -> None:
     except (KeyError, TypeError, ValueError) as err:
         raise PackageError(f"{where} tiles: {err}") from None
     fixed = [b["name"] for b in comp["blocks"]
-             if not any(d in ("height", "width") for s in b["inputs"] for d in s["shape"])]
+             if not any(d in TILE_AXES for s in b["inputs"] for d in s["shape"])]
     if fixed:
         raise PackageError(f"{where} tiles: block {fixed[0]!r} takes one size, not any tile's "
                            "height and width")

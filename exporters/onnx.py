@@ -27,6 +27,7 @@ from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
 from edge.exporters.package_head import manifest_head
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
+from edge.manifest_schema import TILE_AXES
 from edge.package import (
     atomic_directory,
     file_entry,
@@ -169,7 +170,7 @@ def dynamic_axes(block: Block) -> list[dict | None]:
     """torch.export's dynamic axes of each input: the batch where `dynamic_batch` says, the
     height and width of a video-shaped input where `dynamic_space` does."""
     batch = torch.export.Dim("batch", min=1)
-    height, width = torch.export.Dim("height", min=1), torch.export.Dim("width", min=1)
+    height, width = (torch.export.Dim(name, min=1) for name in TILE_AXES)
     axes = []
     for t, d in zip(block.example, block.dynamic_batch, strict=True):
         found = ({0: batch} if d else {}) | (
@@ -183,7 +184,7 @@ def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list
     def shape(t: torch.Tensor, d: bool) -> list:
         dims = ["batch" if d else t.shape[0], *t.shape[1:]]
         if dynamic_space and t.dim() == VIDEO_RANK:
-            dims[3:] = ["height", "width"]
+            dims[3:] = list(TILE_AXES)
         return dims
 
     return [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": shape(t, d)}

@@ -6,6 +6,7 @@ tests/test_family_contract.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 
@@ -195,6 +196,19 @@ def test_guidance_halves_and_videos_run_as_calls_of_their_own(wan_packages, monk
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
 
 
+@contextlib.contextmanager
+def vae_tiles(vae, *tiling: int):
+    """Within: diffusers' VAE tiles as `enable_tiling(*tiling)` says (tile height, width,
+    stride down, across, in pixels); its own tiling after, the session's models shared."""
+    own = (vae.tile_sample_min_height, vae.tile_sample_min_width,
+           vae.tile_sample_stride_height, vae.tile_sample_stride_width)
+    try:
+        vae.enable_tiling(*tiling)
+        yield
+    finally:
+        vae.enable_tiling(*own)
+
+
 def test_the_decoder_in_tiles_decodes_as_diffusers_tiled_vae(wan_packages, wan_models):
     """The package's decoder graphs take any tile (height and width dynamic) and the
     manifest says how diffusers' VAE tiles (256 pixels, a stride of 192). Given tiles smaller
@@ -212,14 +226,8 @@ def test_the_decoder_in_tiles_decodes_as_diffusers_tiled_vae(wan_packages, wan_m
     vae = wan_models["unipc"].pipe.vae
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-    untiled = (vae.tile_sample_min_height, vae.tile_sample_min_width,
-               vae.tile_sample_stride_height, vae.tile_sample_stride_width)
-    try:
-        vae.enable_tiling(24, 24, 16, 16)
-        with torch.no_grad():
-            want = vae.decode(torch.from_numpy(latents) * std + mean).sample
-    finally:
-        vae.enable_tiling(*untiled)
+    with vae_tiles(vae, 24, 24, 16, 16), torch.no_grad():
+        want = vae.decode(torch.from_numpy(latents) * std + mean).sample
     want = ((want + 1) / 2).permute(0, 2, 3, 4, 1).numpy()
     runtime = Pipeline.load(root)
     try:
@@ -495,13 +503,8 @@ def test_a_tiled_decoder_is_traced_and_estimated_at_one_tile(wan_models):
     vae = model.pipe.vae
     whole = model.cut()["vae_decoder"]
     assert whole[0].example[0].shape[-2:] == (4, 6)  # 4 x 6 latents: within one tile
-    untiled = (vae.tile_sample_min_height, vae.tile_sample_min_width,
-               vae.tile_sample_stride_height, vae.tile_sample_stride_width)
-    try:
-        vae.enable_tiling(16, 24, 8, 16)  # tiles of 2 x 3 latents
+    with vae_tiles(vae, 16, 24, 8, 16):  # tiles of 2 x 3 latents
         tiled = model.cut()["vae_decoder"]
-    finally:
-        vae.enable_tiling(*untiled)
     assert tiled[0].example[0].shape[-2:] == (2, 3)
     assert all(b.dynamic_space for b in tiled)
     whole_peaks, tile_peaks = activation_peaks(whole), activation_peaks(tiled)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.manifest_schema import DYNAMIC_AXES, MANIFEST, PackageError, as_variant
+from edge.manifest_schema import DYNAMIC_AXES, MANIFEST, TILE_AXES, PackageError, as_variant
 from edge.pieces import piece_bounds
 
 # NumPy dtype names of the manifest -> onnxruntime's type strings
@@ -94,15 +94,11 @@ def check_feeds(component: str, blocks: list[dict], given: Mapping[str, tuple[st
         available |= {s["name"]: (s["dtype"], s["shape"]) for s in block["outputs"]}
 
 
-# axes a graph takes at any size (a tiled decoder's tiles), whatever size feeds them
-ANY_SIZE = ("height", "width")
-
-
 def _fed_shape_fits(declared: list, fed: list) -> bool:
     """What feeds an input fits its declared shape: the same dims, where the input's is not
     one it takes at any size."""
     return len(declared) == len(fed) and all(
-        d == f or d in ANY_SIZE for d, f in zip(declared, fed, strict=True))
+        d == f or d in TILE_AXES for d, f in zip(declared, fed, strict=True))
 
 
 def _outputs(blocks: list[dict]) -> dict[str, tuple[str, list]]:

@@ -627,16 +627,16 @@ class Pipeline:
         timestep-conditioned decoder's inputs (`_decode_conditioning`)."""
         b, c, t, h, w = latents.shape
         tiles = self.components["vae_decoder"].tiles
-        if self.latent_layout == "video" and tiles is not None:
-            # a tiled decoder's frames come unclamped: blended first, as diffusers does
-            frames = (self._decode_tiles(latents, tiles) if tiles.applies(h, w) else
-                      self._run_component("vae_decoder", {"z": latents},
-                                          batch_piece=self._piece(1))["frames"])
-            return np.clip(frames, 0, 1).transpose(0, 2, 3, 4, 1)
         if self.latent_layout == "video":
-            # under a budget one video a call: a 480p decoder's activations are gigabytes
-            frames = self._run_component("vae_decoder", {"z": latents} | (conditioning or {}),
-                                         batch_piece=self._piece(1))["frames"]
+            if tiles is not None and tiles.applies(h, w):
+                frames = self._decode_tiles(latents, tiles)
+            else:
+                # under a budget one video a call: a 480p decoder's activations are gigabytes
+                frames = self._run_component("vae_decoder",
+                                             {"z": latents} | (conditioning or {}),
+                                             batch_piece=self._piece(1))["frames"]
+            if tiles is not None:  # a tiled decoder's frames come unclamped, as diffusers'
+                frames = np.clip(frames, 0, 1)
             return frames.transpose(0, 2, 3, 4, 1)
         z = latents.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         frames = self._run_component("vae_decoder", {"z": z})["frames"]
