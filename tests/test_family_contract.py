@@ -306,6 +306,10 @@ def test_streamed_under_a_budget_equals_resident(request, case, kwargs):
                   for f in b["files"] if f["path"] == b["weights"]["path"])
     resident, streamed = Pipeline.load(root), Pipeline.load(root, memory_budget=largest)
     try:
+        whole_batch = resident.generate("a red dog", **kwargs)
+        # under a budget the runtime runs the guidance halves as calls of their own; the
+        # resident runtime does the same here, so any difference would be the streaming's
+        resident.split_batches = True
         want = resident.generate("a red dog", **kwargs)
         got = streamed.generate("a red dog", **kwargs)
         assert streamed.last_run["bytes_read"] > resident.last_run["bytes_read"]
@@ -314,6 +318,11 @@ def test_streamed_under_a_budget_equals_resident(request, case, kwargs):
         resident.close()
         streamed.close()
     np.testing.assert_array_equal(got, want)
+    # a batch of one and of two round differently in onnxruntime's kernels (float32 last
+    # bits): a pixel may move by one level, no more, and the videos are the same video
+    assert np.abs(got.astype(int) - whole_batch.astype(int)).max() <= 1
+    error = ((got.astype(float) - whole_batch) ** 2).mean()
+    assert 10 * np.log10(whole_batch.astype(float).var() / max(error, 1e-12)) > 40
 
 
 # ---- the iPhone -------------------------------------------------------------------------------
