@@ -263,3 +263,47 @@ def browser():
 
     with chromium() as b:
         yield b
+
+
+# ---- the workers ------------------------------------------------------------------------------
+# pytest-xdist hands tests to its workers one by one, so the tests of a module-scoped export
+# (test_web_wan.py's Wan web package, test_web_families.py's per family) landed on both
+# workers and each built it: minutes of the suite twice. Such tests are one xdist group
+# (`--dist loadgroup`, pyproject's addopts), one group per parameter of a parametrized one.
+# tryfirst: xdist's own hook reads the groups off the items after this one has set them.
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = sorted(name for name, defs in info.name2fixturedefs.items()
+                        if defs and defs[-1].scope == "module"
+                        and defs[-1].baseid.split("::")[0] == item.nodeid.split("::")[0])
+        if not shared:
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        group = "-".join([item.module.__name__, *(str(params[n]) for n in shared if n in params)])
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Where suite time goes, fixture by fixture and worker by worker: with $EDGE_FIXTURE_TIMES set,
+# every session- or module-scoped fixture that took over 5 s appends a line there (worker,
+# seconds, scope, name) — an export built on both workers shows twice.
+_FIXTURE_TIMES = os.environ.get("EDGE_FIXTURE_TIMES")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    import time
+
+    start = time.perf_counter()
+    yield
+    took = time.perf_counter() - start
+    if _FIXTURE_TIMES and fixturedef.scope in ("session", "module") and took > 5:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        param = getattr(request, "param", "")
+        with open(_FIXTURE_TIMES, "a") as out:
+            out.write(f"{worker}\t{took:.1f}\t{fixturedef.scope}\t{fixturedef.argname}"
+                      f"{f'[{param}]' if param != '' else ''}\t{request.node.nodeid}\n")
