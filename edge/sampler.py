@@ -12,7 +12,10 @@ Guidance is classifier-free, v = v_uncond + g (v_cond - v_uncond), with the fixe
 `guidance`, or, with the setting `dynamic_guidance`, CogVideoX's scale of each step's training
 timestep (CogVideoXPipeline's use_dynamic_cfg; `step_guidance`); `guidance_rescale` then
 pulls the guided velocity's spread back towards the conditional one's (LTXPipeline's
-guidance_rescale; `rescaled_guidance`).
+guidance_rescale; `rescaled_guidance`). A call is guided only with a scale over 1 (diffusers'
+do_classifier_free_guidance: at or below 1 it runs no unconditional pass) and, with
+`guidance_steps` K, only among the first K calls (the guidance cutoff); an unguided call
+predicts the conditional velocity alone, a batch of one (`Step.guided`, `guided_call`).
 
 Three ways to make fewer or cheaper transformer calls, all decided here (see
 docs/techniques-in-edge.md):
@@ -73,6 +76,9 @@ class SamplerSettings:
     merge_steps: int = 0
     # step cache: 0 is off; larger skips more transformer calls
     cache_threshold: float = 0.0
+    # guidance cutoff: classifier-free guidance for the first guidance_steps calls, then the
+    # conditional prediction alone (half the transformer work); None: every call
+    guidance_steps: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -119,6 +125,11 @@ class SamplerSettings:
             raise bad("merge_steps", "must not be negative")
         if self.cache_threshold < 0:
             raise bad("cache_threshold", "must not be negative")
+        k = self.guidance_steps
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int)
+                              or not 0 <= k <= self.steps):
+            raise bad("guidance_steps", f"must be a whole number from 0 to steps "
+                                        f"({self.steps}), or None to guide every call")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -156,6 +167,13 @@ def max_calls(settings: SamplerSettings) -> int:
     if not settings.leap:
         return settings.steps
     return max(settings.steps, settings.steps - 2 + settings.leap_steps)
+
+
+def guided_call(settings: SamplerSettings, call: int) -> bool:
+    """Whether transformer call `call` (0-based) is guided: a scale over 1, as diffusers'
+    do_classifier_free_guidance, and the call before the cutoff (`guidance_steps`)."""
+    return settings.guidance > 1 and (settings.guidance_steps is None
+                                      or call < settings.guidance_steps)
 
 
 def guided_velocity(v_cond: np.ndarray, v_uncond: np.ndarray, guidance: float) -> np.ndarray:
@@ -306,6 +324,9 @@ class Step:
     cache: StepCache | None       # None: step cache off
     last: bool                    # the last call of this generation, as far as known now
     computed: bool = True         # set by run_pairs: False when the cache stood in
+    # predict the unconditional velocity too (classifier-free guidance); False: the
+    # conditional one alone, and the predictor returns None for the other
+    guided: bool = True
 
 
 def run_pairs(step: Step, x: np.ndarray, t_mod: np.ndarray,
@@ -331,13 +352,15 @@ class Trace:
     leap_at: int | None = None               # steps done before the leap; None: no leap
     cosines: list[float] = field(default_factory=list)  # of consecutive guided velocities
     merged_calls: int = 0
+    guided_calls: int = 0                    # with the unconditional half (guidance) run
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-# predict(latents, t, step) -> (v_cond, v_uncond); latents (B, ...) float32, t in [0, 1]
-Predictor = Callable[[np.ndarray, float, Step], tuple[np.ndarray, np.ndarray]]
+# predict(latents, t, step) -> (v_cond, v_uncond); latents (B, ...) float32, t in [0, 1];
+# v_uncond None where the step is not guided (step.guided)
+Predictor = Callable[[np.ndarray, float, Step], tuple[np.ndarray, np.ndarray | None]]
 
 
 def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
@@ -361,17 +384,21 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
     total = settings.steps     # calls this generation makes, as far as known now
     call = i = 0               # call: transformer calls so far; i: index into ts
     while i < len(ts) - 1:
-        step = Step(call, call < settings.merge_steps, cache, call == last_call)
+        step = Step(call, call < settings.merge_steps, cache, call == last_call,
+                    guided=guided_call(settings, call))
         v_cond, v_uncond = predict(x, float(model_ts[i]), step)
         trace.calls += 1
         trace.transformer_calls += step.computed
         trace.merged_calls += step.merged
-        # the step count of the schedule being run: `steps` with dynamic guidance, whose
-        # scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
-        g = step_guidance(settings, ts[i], len(ts) - 1)
-        v = guided_velocity(v_cond, v_uncond, g)
-        if settings.guidance_rescale > 0:
-            v = rescaled_guidance(v, v_cond, settings.guidance_rescale)
+        trace.guided_calls += step.guided
+        v = v_cond
+        if step.guided:
+            # the step count of the schedule being run: `steps` with dynamic guidance, whose
+            # scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
+            g = step_guidance(settings, ts[i], len(ts) - 1)
+            v = guided_velocity(v_cond, v_uncond, g)
+            if settings.guidance_rescale > 0:
+                v = rescaled_guidance(v, v_cond, settings.guidance_rescale)
         if trace.leap_at is None and rule.should_leap(v, call):
             trace.leap_at = call
             if settings.leap_steps == 1:   # the whole remaining time in one step

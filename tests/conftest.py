@@ -290,20 +290,31 @@ def pytest_collection_modifyitems(config, items):
 
 # Where suite time goes, fixture by fixture and worker by worker: with $EDGE_FIXTURE_TIMES set,
 # every session- or module-scoped fixture that took over 5 s appends a line there (worker,
-# seconds, scope, name) — an export built on both workers shows twice.
-_FIXTURE_TIMES = os.environ.get("EDGE_FIXTURE_TIMES")
+# seconds, scope, name, the test that asked) — an export built on both workers shows twice.
+# A plugin of its own: a conftest's hook is not called for the session's fixtures (pytest
+# calls it through the session node, which lies above this folder).
+
+class _FixtureTimes:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        import time
+
+        start = time.perf_counter()
+        yield
+        took = time.perf_counter() - start
+        if fixturedef.scope in ("session", "module") and took > 5:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            param = getattr(request, "param", "")
+            name = fixturedef.argname + (f"[{param}]" if param != "" else "")
+            with open(self.path, "a") as out:
+                out.write(f"{worker}\t{took:.1f}\t{fixturedef.scope}\t{name}\t"
+                          f"{request.node.nodeid}\n")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    import time
-
-    start = time.perf_counter()
-    yield
-    took = time.perf_counter() - start
-    if _FIXTURE_TIMES and fixturedef.scope in ("session", "module") and took > 5:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        param = getattr(request, "param", "")
-        with open(_FIXTURE_TIMES, "a") as out:
-            out.write(f"{worker}\t{took:.1f}\t{fixturedef.scope}\t{fixturedef.argname}"
-                      f"{f'[{param}]' if param != '' else ''}\t{request.node.nodeid}\n")
+def pytest_configure(config):
+    if os.environ.get("EDGE_FIXTURE_TIMES"):
+        config.pluginmanager.register(_FixtureTimes(os.environ["EDGE_FIXTURE_TIMES"]),
+                                      "edge-fixture-times")

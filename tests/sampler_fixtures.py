@@ -5,7 +5,9 @@ tests/test_leap.py checks that they still match this implementation.
 
 Leap fixtures: the predictor ignores its input and returns velocities[i] at call i (cond =
 uncond, so guidance changes nothing); expected are the calls, the leap step, the cosines,
-the time each call was told (a leap's tail re-plans them) and the final latent. Cache
+the time each call was told (a leap's tail re-plans them) and the final latent. Guidance
+fixtures (`uncond_velocities` given): the unconditional prediction differs, so guidance
+counts; expected also says which calls were guided (the guidance cutoff). Cache
 fixtures: indicators[i] is the first block's modulated input at call i; expected is, per
 call, whether the pairs are computed.
 """
@@ -39,15 +41,19 @@ def curving_then_straight(steps: int = 12, bend_until: int = 8, tol: float = 1e-
     return rotating_velocities(list(angles))
 
 
-def replay_leap(settings: SamplerSettings, velocities: np.ndarray, noise: np.ndarray):
-    trace, times = Trace(), []
+def replay_leap(settings: SamplerSettings, velocities: np.ndarray, noise: np.ndarray,
+                uncond: np.ndarray | None = None):
+    trace, times, guided = Trace(), [], []
+    uncond = velocities if uncond is None else uncond
 
     def predict(x, t, step):
         times.append(t)
-        return velocities[step.index][None], velocities[step.index][None]
+        guided.append(step.guided)
+        return velocities[step.index][None], (uncond[step.index][None] if step.guided
+                                              else None)
 
     out = sample(predict, noise[None], settings, trace=trace)
-    trace.times = times  # not a Trace field: the fixtures' own record
+    trace.times, trace.guided = times, guided  # not Trace fields: the fixtures' own record
     return out[0], trace
 
 
@@ -78,6 +84,21 @@ def leap_cases() -> dict[str, tuple[SamplerSettings, np.ndarray]]:
     }
 
 
+def guidance_cases() -> dict[str, tuple[SamplerSettings, np.ndarray, np.ndarray]]:
+    """The unconditional velocities point elsewhere, so each guided call moves the latent."""
+    cond, uncond = curving_then_straight(), straight() * np.float32(0.5)
+    return {
+        "guidance_cutoff": (SamplerSettings(steps=8, guidance=5.0, guidance_steps=3),
+                            cond, uncond),
+        # diffusers guides only above 1: at 0.5 no call is guided
+        "guidance_below_one": (SamplerSettings(steps=6, guidance=0.5), cond, uncond),
+        # the cutoff falls inside a fixed leap's tail; the calls go on counting there
+        "guidance_cutoff_leap": (SamplerSettings(steps=12, guidance=3.0, guidance_steps=5,
+                                                 leap=True, leap_after=3, leap_steps=4),
+                                 cond, uncond),
+    }
+
+
 def cache_indicators() -> np.ndarray:
     # relative L1 changes of 0.05, 0.05, 0.2, 0.01 x 4, 0.3, ...: a ramp of scales
     scales = np.cumprod([1.0, 1.05, 1.05, 1.2, 1.01, 1.01, 1.01, 1.01, 1.3, 1.02, 1.02])
@@ -93,6 +114,14 @@ def build() -> dict[str, dict]:
                      "velocities": velocities.tolist(),
                      "expected": {"calls": trace.calls, "leap_at": trace.leap_at,
                                   "cosines": trace.cosines, "times": trace.times,
+                                  "latent": x.tolist()}}
+    for name, (settings, velocities, uncond) in guidance_cases().items():
+        x, trace = replay_leap(settings, velocities, noise, uncond)
+        out[name] = {"settings": settings.to_dict(), "noise": noise.tolist(),
+                     "velocities": velocities.tolist(), "uncond_velocities": uncond.tolist(),
+                     "expected": {"calls": trace.calls, "leap_at": trace.leap_at,
+                                  "cosines": trace.cosines, "times": trace.times,
+                                  "guided": trace.guided, "guided_calls": trace.guided_calls,
                                   "latent": x.tolist()}}
     indicators = cache_indicators()
     out["cache"] = {"threshold": 0.12, "indicators": indicators.tolist(),

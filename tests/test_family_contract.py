@@ -238,6 +238,34 @@ def test_package_reproduces_the_pipeline(request, case):
           f"noise: SNR {snr(other_noise, want):.1f} dB")
 
 
+@pytest.mark.parametrize("case", ["wan-unipc", "cogvideox-2b", "ltx-timestep"])
+def test_guidance_one_is_the_pipelines_unguided_video(request, case):
+    """At a guidance scale of 1 diffusers runs no unconditional pass (its
+    do_classifier_free_guidance is a scale over 1), and neither does the runtime: every
+    transformer call is the caption's half alone, and the video is the pipeline's."""
+    model = model_of(request, case)
+    root, manifest = package_of(request, case)
+    kwargs = {"steps": STEPS[case], "guidance": 1.0}
+    runtime_kwargs = kwargs | {"latents": _latents(model, 7)}
+    reference_kwargs = dict(runtime_kwargs)
+    if "decode" in manifest:  # given latents: the generator draws the decode noise first
+        reference_kwargs["seed"] = 5
+        runtime_kwargs["decode_noise"] = torch.randn(
+            (1, *model.latent_shape), generator=torch.Generator().manual_seed(5)).numpy()
+    from edge.runtimes.python import Pipeline
+
+    runtime = Pipeline.load(root)
+    try:
+        got = runtime.generate(PROMPT, **runtime_kwargs)
+        assert runtime.last_run["sampler"]["guided_calls"] == 0
+        assert runtime.last_run["unguided_batch"] == 1
+    finally:
+        runtime.close()
+    want = model.reference(PROMPT, **reference_kwargs)
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
+                                                                snr(got, want))
+
+
 @pytest.mark.parametrize("case,seed,steps", [("wan-unipc", 42, 8), ("cogvideox-2b", 11, 4)])
 def test_a_seed_gives_the_pipelines_video_for_its_generator(request, case, seed, steps):
     """`generate(seed=s)` with no latents reproduces the pipeline given

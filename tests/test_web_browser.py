@@ -221,15 +221,18 @@ def test_sampler_fixtures_replay_in_the_browser(page):
           continue;
         }
         const vel = f.velocities.map(v => Float32Array.from(v.flat(Infinity)));
-        const trace = {}, times = [];
+        const unc = (f.uncond_velocities ?? f.velocities)
+          .map(v => Float32Array.from(v.flat(Infinity)));
+        const trace = {}, times = [], guided = [];
         const predict = async (x, t, step) => {
           times.push(t);
-          return [vel[step.index], vel[step.index]];
+          guided.push(step.guided);
+          return [vel[step.index], step.guided ? unc[step.index] : null];
         };
         const x = await s.sample(predict,
           Float32Array.from(f.noise.flat(Infinity)), s.checkSettings(f.settings), null, trace);
         out[name] = { calls: trace.calls, leap_at: trace.leap_at, cosines: trace.cosines,
-                      times, latent: [...x] };
+                      times, guided, guided_calls: trace.guided_calls, latent: [...x] };
       }
       return out;
     }""", fixtures)
@@ -240,6 +243,9 @@ def test_sampler_fixtures_replay_in_the_browser(page):
             continue
         assert got[name]["calls"] == expected["calls"], name
         assert got[name]["leap_at"] == expected["leap_at"], name
+        if "guided" in expected:  # the guidance fixtures: which calls ran the null half
+            assert got[name]["guided"] == expected["guided"], name
+            assert got[name]["guided_calls"] == expected["guided_calls"], name
         np.testing.assert_allclose(got[name]["cosines"], expected["cosines"], rtol=0, atol=1e-12)
         assert np.array_equal(np.float32(got[name]["times"]), np.float32(expected["times"])), name
         assert np.array_equal(np.float32(got[name]["latent"]),

@@ -48,6 +48,10 @@ MergeStepsOption = Annotated[int | None, typer.Option(
 CacheOption = Annotated[float | None, typer.Option(
     min=0, help="Step cache: skip the transformer while the first block's input changed "
     "less than this in total, e.g. 0.1 [default: 0, off].")]
+GuidanceStepsOption = Annotated[int | None, typer.Option(
+    min=0, help="Guidance cutoff: classifier-free guidance for the first K steps, then the "
+    "conditional prediction alone (a batch of one: half the transformer work a step) "
+    "[default: every step; none at --guidance 1 or below].")]
 GuidanceRescaleOption = Annotated[float | None, typer.Option(
     min=0.0, max=1.0, help="LTXPipeline's guidance_rescale: mix each step's guided velocity "
     "with itself rescaled to the conditional velocity's spread (0: off) [default: the "

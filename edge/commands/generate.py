@@ -43,6 +43,7 @@ def generate(
     leap_steps: common.LeapStepsOption = None,
     merge_steps: common.MergeStepsOption = None,
     cache_threshold: common.CacheOption = None,
+    guidance_steps: common.GuidanceStepsOption = None,
     dynamic_guidance: common.DynamicGuidanceOption = None,
     guidance_rescale: common.GuidanceRescaleOption = None,
     negative_prompt: Annotated[str | None, typer.Option(
@@ -73,6 +74,7 @@ def generate(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
+        guidance_steps=guidance_steps,
         dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
     if package:  # the manifest alone (no file hashed yet) says what the options must fit
         manifest = common.manifest_before_loading(package, output)
@@ -103,7 +105,8 @@ def generate(
     trace = pipe.last_run["sampler"] if package else pipe.last_trace.to_dict()
     leaped = "no leap" if trace["leap_at"] is None else f"leap after step {trace['leap_at']}"
     echo(f"sampler: {trace['calls']} predictions, {trace['transformer_calls']} with the "
-         f"transformer pairs run, {trace['merged_calls']} merged (TDTM), {leaped}")
+         f"transformer pairs run, {trace['merged_calls']} merged (TDTM), {trace['guided_calls']} "
+         f"guided, {leaped}")
     if package:
         common.print_run_figures(pipe.last_run)
 

@@ -84,10 +84,12 @@ class TinySora:
 
         model = self.transformer
 
-        def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray]:
-            x2 = torch.from_numpy(np.concatenate([x, x]))
-            tokens, t_mod, c, y, y_bias = model.prologue(x2, torch.full((len(x2),), t),
-                                                         caption2, mask2)
+        def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray | None]:
+            # a guided call runs the caption and null halves together, else the caption alone
+            rows = 2 * len(x) if step.guided else len(x)
+            x2 = torch.from_numpy(np.concatenate([x, x])[:rows])
+            tokens, t_mod, c, y, y_bias = model.prologue(x2, torch.full((rows,), t),
+                                                         caption2[:rows], mask2[:rows])
 
             def pairs(h: np.ndarray) -> np.ndarray:
                 return model.run_pairs(torch.from_numpy(h), t_mod, y, y_bias,
@@ -95,7 +97,7 @@ class TinySora:
 
             tokens, _ = run_pairs(step, tokens.numpy(), t_mod.numpy(), pairs)
             v = model.epilogue(torch.from_numpy(tokens), c).numpy()
-            return v[: len(x)], v[len(x):]
+            return v[: len(x)], (v[len(x):] if step.guided else None)
 
         self.last_trace = Trace()
         return sample(predict, initial_noise(self.latent_shape, seeds), settings, on_step,

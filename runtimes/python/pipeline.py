@@ -19,6 +19,7 @@ import os
 import resource
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from edge.sampler import (
     SamplerSettings,
     Step,
     Trace,
+    guided_call,
     initial_noise,
     max_calls,
     run_pairs,
@@ -530,7 +532,11 @@ class Pipeline:
         started = time.perf_counter()
 
         b = len(prompts)
-        caption2, mask2 = self._guidance_captions(prompts, negative_prompt)
+        rows = self._guided_rows(settings, b)
+        if guided_call(settings, 0) or rows(False) == 2 * b:
+            caption2, mask2 = self._guidance_captions(prompts, negative_prompt)
+        else:  # no call is guided: no unconditional caption to encode
+            caption2, mask2 = self.encode_prompts(prompts)
         t1 = time.perf_counter()
         figures["wall_s"]["text_encoder"] = t1 - started
 
@@ -540,19 +546,21 @@ class Pipeline:
                              "'tdtm' transformer variants; export it again with this edge")
         trace = Trace()
         if settings.cache_threshold > 0:
-            predict, runs = self._cached_predictor(transformer, caption2, mask2, b), None
+            predict, runs = self._cached_predictor(transformer, caption2, mask2, b, rows), None
         else:
             # One schedule of steps x blocks, so the loader prefetches across step boundaries
             # too; a leap ends it early (closing it gives back what was read ahead).
             runs = self.loader.run(transformer.keys() * max_calls(settings))
 
-            def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray]:
-                feeds = {"latent": np.concatenate([x, x]), "t": np.full(2 * b, t, np.float32),
-                         "caption": caption2, "caption_mask": mask2}
+            def predict(x: np.ndarray, t: float, step: Step
+                        ) -> tuple[np.ndarray, np.ndarray | None]:
+                n = rows(step.guided)
+                feeds = {"latent": np.concatenate([x, x])[:n], "t": np.full(n, t, np.float32),
+                         "caption": caption2[:n], "caption_mask": mask2[:n]}
                 v = self._run_blocks(transformer, runs, feeds,
                                      variant="tdtm" if step.merged else None,
                                      batch_piece=self._piece(b))["velocity"]
-                return v[:b], v[b:]
+                return v[:b], (v[b:] if step.guided else None)
 
         loop_start = (self.loader.stats.read_s, self.loader.stats.wait_s, self._compute_s)
         try:
@@ -579,6 +587,7 @@ class Pipeline:
         figures["wall_s"]["vae_decoder"] = t3 - t2
         figures["wall_s"]["total"] = t3 - started
         figures["transformer_calls"] = trace.transformer_calls
+        figures["unguided_batch"] = rows(False) // b   # 1: the caption's half alone
         figures["sampler"] = trace.to_dict()
         self.last_run = self._loader_figures(figures, stats_before, io_before, denoise)
         return np.round(video * 255).astype(np.uint8)
@@ -656,8 +665,23 @@ class Pipeline:
                      for j in cols] for i in rows]
         return tiles.blend(decoded, h, w)
 
+    def _guided_rows(self, settings: SamplerSettings, b: int) -> Callable[[bool], int]:
+        """The transformer's batch for a guided call (the caption and null halves, 2b) and
+        an unguided one: b where the transformer takes any batch; where it takes a fixed
+        one (a device package's programs), 2b, the null half run and dropped, and said."""
+        transformer = self.components["transformer"]
+        latent = next(s for s in transformer.blocks[0]["inputs"] if s["name"] == "latent")
+        alone = b if latent["shape"][0] == BATCH else 2 * b
+        if alone != b and not all(guided_call(settings, i) for i in range(settings.steps)):
+            warnings.warn(f"package {self.root}: its transformer takes a fixed batch of "
+                          f"{latent['shape'][0]}, so the unguided steps (guidance "
+                          f"{settings.guidance}, guidance_steps {settings.guidance_steps}) "
+                          "run the null caption's half too and save no work; an ONNX "
+                          "package runs them at a batch of one", stacklevel=3)
+        return lambda guided: 2 * b if guided else alone
+
     def _cached_predictor(self, comp: Component, caption2: np.ndarray, mask2: np.ndarray,
-                          b: int):
+                          b: int, rows: Callable[[bool], int]):
         """A predictor with the step cache: the prologue runs, the sampler's cache decides
         whether the pairs run, the epilogue runs. Each part is its own loader schedule,
         because whether the pairs are needed is known only after the prologue ran."""
@@ -672,16 +696,16 @@ class Pipeline:
             finally:
                 runs.close()
 
-        def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray]:
-            variant = "tdtm" if step.merged else None
+        def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray | None]:
+            variant, n = ("tdtm" if step.merged else None), rows(step.guided)
             feeds = part([prologue], keys[:1], {
-                "latent": np.concatenate([x, x]), "t": np.full(2 * b, t, np.float32),
-                "caption": caption2, "caption_mask": mask2}, variant)
+                "latent": np.concatenate([x, x])[:n], "t": np.full(n, t, np.float32),
+                "caption": caption2[:n], "caption_mask": mask2[:n]}, variant)
             feeds["x"], _ = run_pairs(
                 step, feeds["x"], feeds["t_mod"],
                 lambda h: part(pairs, keys[1:-1], feeds | {"x": h}, variant)["x"])
             v = part([epilogue], keys[-1:], feeds, variant)["velocity"]
-            return v[:b], v[b:]
+            return v[:b], (v[b:] if step.guided else None)
 
         return predict
 

@@ -42,7 +42,7 @@ function checkSettingKind(name, value) {
   const bad = (kind) => new Error(`sampler setting ${name}=${show(value)}: must be ${kind}`);
   if (BOOLEAN_SETTINGS.includes(name) && typeof value !== "boolean") throw bad("true or false");
   if (INTEGER_SETTINGS.includes(name) && !Number.isInteger(value)) throw bad("an integer");
-  if (name === "leap_after" && value !== null && !Number.isInteger(value)) throw bad("an integer or null");
+  if ((name === "leap_after" || name === "guidance_steps") && value !== null && !Number.isInteger(value)) throw bad("an integer or null");
   if (REAL_SETTINGS.includes(name) && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number");
   // null: no terminal stretch (Python's None)
   if (name === "shift_terminal" && value !== null && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number or null");

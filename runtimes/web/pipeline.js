@@ -417,7 +417,9 @@ export class WebPipeline {
       feeds = await this.runBlocks([epilogue], feeds, variant, temp);
       const v = await this.read(feeds.velocity, velocityShape);
       for (const b of temp) b.destroy();
-      return [v.subarray(0, n), v.subarray(n, 2 * n)];
+      // the page's programs take the guidance batch whole: an unguided step runs it and
+      // keeps the caption's half (the Python runtime runs an ONNX package's at a batch of one)
+      return [v.subarray(0, n), step.guided ? v.subarray(n, 2 * n) : null];
     };
     const trace = {};
     let latents;

@@ -18,7 +18,7 @@ export const DEFAULT_SETTINGS = {
   steps: 30, guidance: 5.0, dynamic_guidance: false, guidance_rescale: 0.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
   shift_terminal: null,
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
-  leap_steps: 1, merge_steps: 0, cache_threshold: 0.0,
+  leap_steps: 1, merge_steps: 0, cache_threshold: 0.0, guidance_steps: null,
 };
 
 export function checkSettings(values) {
@@ -61,6 +61,10 @@ export function checkSettings(values) {
   }
   if (!Number.isInteger(s.merge_steps) || s.merge_steps < 0) throw bad("merge_steps", "must not be negative");
   if (!(s.cache_threshold >= 0)) throw bad("cache_threshold", "must not be negative");
+  const k = s.guidance_steps;
+  if (k !== null && !(Number.isInteger(k) && k >= 0 && k <= s.steps)) {
+    throw bad("guidance_steps", `must be a whole number from 0 to steps (${s.steps}), or None to guide every call`);
+  }
   if (!Number.isFinite(s.guidance)) throw bad("guidance", "must be a finite number");
   return s;
 }
@@ -142,6 +146,12 @@ export function dynamicGuidance(guidance, timestep, steps) {
 // edge/sampler.py step_guidance: `guidance`, or CogVideoX's scale at the step's level (a
 // training timestep) with dynamic_guidance and a guidance over 1 (diffusers runs no guidance
 // at or below 1)
+// edge/sampler.py guided_call: whether call `call` (0-based) is guided: a scale over 1 (as
+// diffusers' do_classifier_free_guidance) and the call before the cutoff (guidance_steps)
+export function guidedCall(settings, call) {
+  return settings.guidance > 1 && (settings.guidance_steps === null || call < settings.guidance_steps);
+}
+
 export function stepGuidance(settings, level, steps) {
   if (settings.dynamic_guidance && settings.guidance > 1) {
     return dynamicGuidance(settings.guidance, Math.trunc(level), steps);
@@ -260,7 +270,7 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
   let { sigmas: ts, modelTimes: modelTs } = scheduler.schedule(settings.steps);
   let solver = scheduler.solver(ts);
   let x = Float32Array.from(noise);
-  Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0 });
+  Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0, guided_calls: 0 });
   const rule = new LeapRule(settings);
   const cache = settings.cache_threshold > 0 ? new StepCache(settings.cache_threshold) : null;
   // a fixed leap is known in advance, so the cache can treat its tail's end as the last call
@@ -269,15 +279,19 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
   let total = settings.steps; // calls this generation makes, as far as known now
   let call = 0, i = 0;        // call: transformer calls so far; i: index into ts
   while (i < ts.length - 1) {
-    const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true };
-    const [vCond, vUncond] = await predict(x, modelTs[i], step);
+    const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true, guided: guidedCall(settings, call) };
+    const [vCond, vUncond] = await predict(x, modelTs[i], step); // vUncond null if unguided
     trace.calls += 1;
     trace.transformer_calls += step.computed ? 1 : 0;
     trace.merged_calls += step.merged ? 1 : 0;
-    // the step count of the schedule being run: `steps` with dynamic guidance, whose
-    // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
-    let v = guidedVelocity(vCond, vUncond, stepGuidance(settings, ts[i], ts.length - 1));
-    if (settings.guidance_rescale > 0) v = rescaledGuidance(v, vCond, settings.guidance_rescale);
+    trace.guided_calls += step.guided ? 1 : 0;
+    let v = vCond;
+    if (step.guided) {
+      // the step count of the schedule being run: `steps` with dynamic guidance, whose
+      // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
+      v = guidedVelocity(vCond, vUncond, stepGuidance(settings, ts[i], ts.length - 1));
+      if (settings.guidance_rescale > 0) v = rescaledGuidance(v, vCond, settings.guidance_rescale);
+    }
     if (trace.leap_at === null && rule.shouldLeap(v, call)) {
       trace.leap_at = call;
       if (settings.leap_steps === 1) { // the whole remaining time in one step

@@ -40,6 +40,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var leapSteps = 1              // steps from the leap to t = 0 (1: straight there)
     public var mergeSteps = 0
     public var cacheThreshold = 0.0
+    public var guidanceSteps: Int? = nil  // guidance cutoff: the first K calls guided; nil: all
 
     public init() {}
 
@@ -47,7 +48,7 @@ public struct SamplerSettings: Codable, Equatable {
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
         case steps, guidance, dynamicGuidance, guidanceRescale, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
-        case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold
+        case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold, guidanceSteps
     }
 
     private struct AnyKey: CodingKey {
@@ -83,6 +84,8 @@ public struct SamplerSettings: Codable, Equatable {
         leapSteps = try c.decodeIfPresent(Int.self, forKey: .leapSteps) ?? leapSteps
         mergeSteps = try c.decodeIfPresent(Int.self, forKey: .mergeSteps) ?? mergeSteps
         cacheThreshold = try c.decodeIfPresent(Double.self, forKey: .cacheThreshold) ?? cacheThreshold
+        // absent (packages before it) or null: every call guided
+        guidanceSteps = try c.decodeIfPresent(Int.self, forKey: .guidanceSteps)
         try validate()
     }
 
@@ -126,6 +129,9 @@ public struct SamplerSettings: Codable, Equatable {
         }
         if mergeSteps < 0 { throw bad("merge_steps", mergeSteps, "must not be negative") }
         if cacheThreshold < 0 { throw bad("cache_threshold", cacheThreshold, "must not be negative") }
+        if let k = guidanceSteps, !(0...steps).contains(k) {
+            throw bad("guidance_steps", k, "must be a whole number from 0 to steps (\(steps)), or None to guide every call")
+        }
     }
 }
 
@@ -233,6 +239,12 @@ public func dynamicGuidance(_ guidance: Double, timestep: Int, steps: Int) -> Do
 /// `guidance`, or CogVideoX's scale at the step's level (a training timestep) with
 /// dynamicGuidance and a guidance over 1 (diffusers runs no guidance at or below 1):
 /// step_guidance in edge/sampler.py.
+/// edge/sampler.py guided_call: whether call `call` (0-based) is guided: a scale over 1 (as
+/// diffusers' do_classifier_free_guidance) and the call before the cutoff (guidanceSteps).
+public func guidedCall(_ settings: SamplerSettings, _ call: Int) -> Bool {
+    settings.guidance > 1 && (settings.guidanceSteps.map { call < $0 } ?? true)
+}
+
 public func stepGuidance(_ settings: SamplerSettings, level: Float, steps: Int) -> Double {
     if settings.dynamicGuidance && settings.guidance > 1 {
         return dynamicGuidance(settings.guidance, timestep: Int(level), steps: steps)
@@ -345,9 +357,12 @@ public final class Step {
     public let cache: StepCache?
     public let last: Bool
     public var computed = true   // set by runPairs: false when the cache stood in
+    // predict the unconditional velocity too (guidance); false: the conditional one alone
+    public let guided: Bool
 
-    public init(index: Int, merged: Bool, cache: StepCache?, last: Bool) {
+    public init(index: Int, merged: Bool, cache: StepCache?, last: Bool, guided: Bool = true) {
         self.index = index; self.merged = merged; self.cache = cache; self.last = last
+        self.guided = guided
     }
 }
 
@@ -372,12 +387,13 @@ public struct Trace: Equatable {
     public var leapAt: Int? = nil
     public var cosines: [Double] = []
     public var mergedCalls = 0
+    public var guidedCalls = 0   // with the unconditional half (guidance) run
 
     public init() {}
 }
 
-/// predict(latents, t, step) -> (v_cond, v_uncond)
-public typealias Predictor = (Tensor, Float, Step) throws -> (Tensor, Tensor)
+/// predict(latents, t, step) -> (v_cond, v_uncond); v_uncond nil where the step is unguided
+public typealias Predictor = (Tensor, Float, Step) throws -> (Tensor, Tensor?)
 
 /// Integrate from t = 1 (noise) to t = 0; returns the final latents. The predictor is told
 /// the model time of each step (the schedule's). After a leap the loop goes on over the
@@ -397,15 +413,21 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
     var total = settings.steps
     var call = 0, i = 0
     while i < ts.count - 1 {
-        let step = Step(index: call, merged: call < settings.mergeSteps, cache: cache, last: call == lastCall)
+        let step = Step(index: call, merged: call < settings.mergeSteps, cache: cache, last: call == lastCall,
+                        guided: guidedCall(settings, call))
         let (cond, uncond) = try predict(x, modelTs[i], step)
         trace.calls += 1
         trace.transformerCalls += step.computed ? 1 : 0
         trace.mergedCalls += step.merged ? 1 : 0
-        // the step count of the schedule being run: `steps` with dynamic guidance, whose
-        // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
-        var v = guidedVelocity(cond, uncond, stepGuidance(settings, level: ts[i], steps: ts.count - 1))
-        if settings.guidanceRescale > 0 { v = rescaledGuidance(v, cond, settings.guidanceRescale) }
+        trace.guidedCalls += step.guided ? 1 : 0
+        var v = cond
+        if step.guided {
+            guard let uncond else { preconditionFailure("call \(call) is guided, and its predictor gave no unconditional velocity") }
+            // the step count of the schedule being run: `steps` with dynamic guidance, whose
+            // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
+            v = guidedVelocity(cond, uncond, stepGuidance(settings, level: ts[i], steps: ts.count - 1))
+            if settings.guidanceRescale > 0 { v = rescaledGuidance(v, cond, settings.guidanceRescale) }
+        }
         if trace.leapAt == nil && rule.shouldLeap(v, stepsDone: call) {
             trace.leapAt = call
             if settings.leapSteps == 1 {  // the whole remaining time in one step

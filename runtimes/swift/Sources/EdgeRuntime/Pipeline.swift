@@ -250,7 +250,9 @@ public final class EdgePipeline {
             guard let v = try run("transformer", [epilogue], feeds, variant: variant, prefetchAfter: next)["velocity"] else {
                 throw RuntimeError.block("transformer/\(epilogue.name): gave no velocity")
             }
-            return (v.item(0), v.item(1))
+            // a device program takes the guidance batch whole: an unguided step runs it and
+            // keeps the caption's half
+            return (v.item(0), step.guided ? v.item(1) : nil)
         }
         var trace = Trace()
         let denoised = try sample(predict: predict, noise: noise, settings: settings, onStep: onStep, trace: &trace)

@@ -27,7 +27,7 @@ let usage = """
     usage: edge-sample PACKAGE PROMPT [--negative-prompt TEXT] [--seed N | --latents F.npy]
                        [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance] [--guidance-rescale X]
                        [--leap-after N] [--leap-steps N]
-                       [--merge-steps N] [--cache-threshold X] [--budget BYTES]
+                       [--merge-steps N] [--cache-threshold X] [--guidance-steps K] [--budget BYTES]
                        [--decode-timestep X] [--decode-noise-scale X] -o OUT.npy|OUT.gif
            edge-sample PACKAGE --bundle BUNDLE [--budget BYTES] [-o OUT.npy]
     """
@@ -37,7 +37,7 @@ struct Failure: Error, CustomStringConvertible { let description: String }
 struct Options {
     var package = "", prompt: String?, output: String?, bundle: String?, negativePrompt: String?, latents: String?
     var seed: UInt64?, budget: Int?
-    var steps: Int?, guidance: Double?, guidanceRescale: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?
+    var steps: Int?, guidance: Double?, guidanceRescale: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?, guidanceSteps: Int?
     var dynamicGuidance: Bool?   // CogVideoX's dynamic guidance (cogvideox_ddim packages)
     var decodeTimestep: Double?, decodeNoiseScale: Double?   // a timestep-conditioned decoder's (LTX-Video)
 
@@ -72,6 +72,7 @@ struct Options {
             case "--leap-steps": leapSteps = try number(arg, Int.self)
             case "--merge-steps": mergeSteps = try number(arg, Int.self)
             case "--cache-threshold": cacheThreshold = try number(arg, Double.self)
+            case "--guidance-steps": guidanceSteps = try number(arg, Int.self)
             case "--guidance-rescale": guidanceRescale = try number(arg, Double.self)
             case "--decode-timestep": decodeTimestep = try number(arg, Double.self)
             case "--decode-noise-scale": decodeNoiseScale = try number(arg, Double.self)
@@ -93,6 +94,7 @@ struct Options {
                          dynamicGuidance.map { $0 ? "--dynamic-guidance" : "--no-dynamic-guidance" }, leapAfter.map { _ in "--leap-after" },
                          leapSteps.map { _ in "--leap-steps" }, mergeSteps.map { _ in "--merge-steps" },
                          cacheThreshold.map { _ in "--cache-threshold" },
+                         guidanceSteps.map { _ in "--guidance-steps" },
                          guidanceRescale.map { _ in "--guidance-rescale" },
                          decodeTimestep.map { _ in "--decode-timestep" },
                          decodeNoiseScale.map { _ in "--decode-noise-scale" }].compactMap { $0 }
@@ -140,6 +142,7 @@ struct Options {
         if let leapSteps { s.leap = true; s.leapSteps = leapSteps }
         if let mergeSteps { s.mergeSteps = mergeSteps }
         if let cacheThreshold { s.cacheThreshold = cacheThreshold }
+        if let guidanceSteps { s.guidanceSteps = guidanceSteps }
         if let guidanceRescale { s.guidanceRescale = guidanceRescale }
     }
 }

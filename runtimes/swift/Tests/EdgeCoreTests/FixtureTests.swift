@@ -108,20 +108,30 @@ struct ReplayedRun {
 
 final class SamplerFixtureTests: XCTestCase {
     func testLeapFixtures() throws {
+        // the guidance fixtures' unconditional velocities differ (guidance and its cutoff count)
         for name in ["leap_straight_dynamic", "leap_curved_dynamic", "leap_fixed", "leap_off",
-                     "leap_fixed_tail", "leap_dynamic_tail"] {
+                     "leap_fixed_tail", "leap_dynamic_tail", "guidance_cutoff",
+                     "guidance_below_one", "guidance_cutoff_leap"] {
             let f = try Fixtures.object("sampler/\(name).json")
             let settings = try Fixtures.settings(f["settings"]!)
             let velocities = (f["velocities"] as! [Any]).map(tensor)
+            let uncond = ((f["uncond_velocities"] ?? f["velocities"]) as! [Any]).map(tensor)
             let noise = tensor(f["noise"]!)
             var trace = Trace()
             var times = [Float]()
+            var guided = [Bool]()
             let x = sample(predict: { _, t, step in
                 times.append(t)
+                guided.append(step.guided)
                 let v = velocities[step.index].reshaped([1] + velocities[step.index].shape)
-                return (v, v)
+                let u = uncond[step.index].reshaped([1] + uncond[step.index].shape)
+                return (v, step.guided ? u : nil)
             }, noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
             let expected = f["expected"] as! [String: Any]
+            if let want = expected["guided"] as? [Bool] {
+                XCTAssertEqual(guided, want, name)
+                XCTAssertEqual(trace.guidedCalls, expected["guided_calls"] as? Int, name)
+            }
             XCTAssertEqual(trace.calls, expected["calls"] as? Int, name)
             XCTAssertEqual(trace.leapAt, expected["leap_at"] as? Int, name)
             assertClose(trace.cosines, flatten(expected["cosines"]!).values, 1e-12, "\(name) cosines")

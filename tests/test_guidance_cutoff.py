@@ -1,0 +1,150 @@
+"""Guidance-free steps and the guidance cutoff: a call is guided only with a scale over 1
+(as diffusers) and among the first `guidance_steps` calls; an unguided call runs the
+transformer on the caption's half alone (a batch of one) where the package's graphs take
+any batch, and encodes no unconditional caption where no call is guided."""
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import edge.runtimes.python.pipeline as runtime_module
+from edge.commands import app
+from edge.options import with_overrides
+from edge.runtimes.python import Pipeline
+from edge.sampler import SamplerSettings, Trace, guided_call, sample
+from edge.video_metrics import psnr, snr
+
+PROMPT, SEED, STEPS = "a green square moving up", 11, 6
+
+
+def test_a_call_is_guided_above_one_and_before_the_cutoff():
+    assert [guided_call(SamplerSettings(guidance=5.0, guidance_steps=2), i)
+            for i in range(4)] == [True, True, False, False]
+    assert guided_call(SamplerSettings(guidance=5.0), 29)           # no cutoff: every call
+    for scale in (1.0, 0.5, -2.0):                                   # diffusers: only over 1
+        assert not guided_call(SamplerSettings(guidance=scale), 0)
+    assert not guided_call(SamplerSettings(guidance=5.0, guidance_steps=0), 0)
+
+
+def test_unguided_calls_get_no_unconditional_prediction_and_take_the_conditional_one():
+    cond = np.array([[1.0, 2.0]], np.float32)
+    uncond = np.array([[-3.0, 0.5]], np.float32)
+    asked = []
+
+    def predict(x, t, step):
+        asked.append(step.guided)
+        return cond, (uncond if step.guided else None)
+
+    trace = Trace()
+    guided = sample(predict, np.zeros((1, 2), np.float32),
+                    SamplerSettings(steps=4, guidance=3.0, guidance_steps=1), trace=trace)
+    assert asked == [True, False, False, False] and trace.guided_calls == 1
+    plain = sample(lambda x, t, s: (cond, None), np.zeros((1, 2), np.float32),
+                   SamplerSettings(steps=4, guidance=1.0))
+    # the guided first step moved the latent elsewhere than the conditional velocity would
+    assert not np.allclose(guided, plain)
+
+
+@pytest.mark.parametrize("overrides,named", [
+    ({"guidance_steps": 7}, "from 0 to steps (6)"),
+    ({"guidance_steps": -1}, "from 0 to steps"),
+    ({"guidance_steps": 2.5}, "must be an integer or None"),
+    ({"guidance_steps": True}, "must be an integer or None"),
+])
+def test_a_cutoff_outside_the_steps_is_refused_by_name(overrides, named):
+    with pytest.raises(ValueError, match=r"guidance_steps=.*" + named.replace("(", r"\(")
+                       .replace(")", r"\)")):
+        with_overrides(SamplerSettings(steps=6), overrides)
+
+
+def test_cli_names_a_cutoff_beyond_the_steps(exported_package, tmp_path):
+    root, _ = exported_package
+    result = CliRunner().invoke(app, ["generate", str(root), PROMPT, "--steps", "4",
+                                      "--guidance-steps", "5", "-o", str(tmp_path / "v.gif")])
+    assert result.exit_code != 0
+    assert "guidance_steps=5" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "v.gif").exists()
+
+
+@pytest.fixture
+def rows_fed(monkeypatch):
+    """The batch each text-encoder and transformer-prologue call is fed: [(what, rows)]."""
+    fed = []
+    run = runtime_module.run_in_batch_pieces
+
+    def counting(session, block, inputs, weights, piece):
+        for name in ("input_ids", "latent"):
+            if name in inputs:
+                fed.append((name, inputs[name].shape[0]))
+        return run(session, block, inputs, weights, piece)
+
+    monkeypatch.setattr(runtime_module, "run_in_batch_pieces", counting)
+    return fed
+
+
+@pytest.fixture(scope="module")
+def runtime(exported_package):
+    pipe = Pipeline.load(exported_package[0])
+    yield pipe
+    pipe.close()
+
+
+def test_cutoff_runs_the_unguided_steps_at_a_batch_of_one_and_is_the_references_video(
+        runtime, pipeline, rows_fed):
+    got = runtime.generate(PROMPT, seed=SEED, steps=STEPS, guidance_steps=2)
+    assert [r for what, r in rows_fed if what == "latent"] == [2, 2, 1, 1, 1, 1]
+    assert [r for what, r in rows_fed if what == "input_ids"] == [1]  # null caption: learned
+    run = runtime.last_run
+    assert run["sampler"]["guided_calls"] == 2 and run["unguided_batch"] == 1
+    want = pipeline.generate(PROMPT, seed=SEED, steps=STEPS, guidance_steps=2)
+    assert pipeline.last_trace.guided_calls == 2
+    assert psnr(got, want) >= 40 and snr(got, want) >= 25
+    # and it is not the fully guided video: the cutoff changed what was computed
+    guided = pipeline.generate(PROMPT, seed=SEED, steps=STEPS)
+    assert snr(got, guided) < snr(got, want) - 10
+
+
+def test_guidance_one_runs_no_unconditional_pass_at_all(runtime, pipeline, rows_fed):
+    got = runtime.generate(PROMPT, seed=SEED, steps=STEPS, guidance=1.0)
+    assert [r for what, r in rows_fed if what == "latent"] == [1] * STEPS
+    assert runtime.last_run["sampler"]["guided_calls"] == 0
+    want = pipeline.generate(PROMPT, seed=SEED, steps=STEPS, guidance=1.0)
+    assert psnr(got, want) >= 40 and snr(got, want) >= 25
+    # a cutoff of 0 is the same computation: no call guided, whatever the scale
+    again = runtime.generate(PROMPT, seed=SEED, steps=STEPS, guidance_steps=0)
+    np.testing.assert_array_equal(again, got)
+
+
+def test_a_package_with_a_fixed_batch_runs_the_pair_says_so_and_makes_the_same_video(
+        exported_package, runtime, tmp_path, rows_fed):
+    """Device programs take the guidance batch whole: the null half runs and is dropped."""
+    from manifest_edits import rewrite
+
+    root = tmp_path / "fixed"
+    shutil.copytree(exported_package[0], root)
+
+    def fixed_batch(m):
+        for comp in m["components"]:
+            if comp["name"] == "transformer":
+                for block in comp["blocks"]:
+                    for s in block["inputs"] + block["outputs"]:
+                        if s["shape"] and s["shape"][0] == "batch":
+                            s["shape"][0] = 2
+    rewrite(root, fixed_batch)
+
+    def open_block(key, record):  # as a device package's programs open: by another runner
+        import onnxruntime as ort
+        return ort.InferenceSession(str(root / record["graph"]),
+                                    providers=["CPUExecutionProvider"])
+
+    fixed = Pipeline.load(root, open_block=open_block)
+    try:
+        with pytest.warns(UserWarning, match=r"fixed batch of 2.*guidance_steps 2"):
+            got = fixed.generate(PROMPT, seed=SEED, steps=STEPS, guidance_steps=2)
+        assert fixed.last_run["unguided_batch"] == 2
+    finally:
+        fixed.close()
+    assert [r for what, r in rows_fed if what == "latent"] == [2] * STEPS
+    want = runtime.generate(PROMPT, seed=SEED, steps=STEPS, guidance_steps=2)
+    assert psnr(got, want) >= 40 and snr(got, want) >= 25
