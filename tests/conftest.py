@@ -269,8 +269,12 @@ def browser():
 # pytest-xdist hands tests to its workers one by one, so the tests of a module-scoped export
 # (test_web_wan.py's Wan web package, test_web_families.py's per family) landed on both
 # workers and each built it: minutes of the suite twice. Such tests are one xdist group
-# (`--dist loadgroup`, pyproject's addopts), one group per parameter of a parametrized one.
-# tryfirst: xdist's own hook reads the groups off the items after this one has set them.
+# (`--dist loadgroup`, pyproject's addopts). Where a test's module fixtures are all
+# parametrized (test_web_families.py: one export per family) each parameter is a group of its
+# own, so the families' exports still share out over the workers; a module fixture without
+# parameters (test_web_browser.py's package, under its parametrized pages) keeps the module
+# one group, or it would be built once per group. tryfirst: xdist's own hook reads the groups
+# off the items after this one has set them.
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
@@ -278,13 +282,16 @@ def pytest_collection_modifyitems(config, items):
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue
+        here = item.nodeid.split("::")[0]
         shared = sorted(name for name, defs in info.name2fixturedefs.items()
                         if defs and defs[-1].scope == "module"
-                        and defs[-1].baseid.split("::")[0] == item.nodeid.split("::")[0])
+                        and defs[-1].baseid.split("::")[0] == here)
         if not shared:
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
-        group = "-".join([item.module.__name__, *(str(params[n]) for n in shared if n in params)])
+        group = item.module.__name__
+        if all(name in params for name in shared):
+            group = "-".join([group, *(str(params[name]) for name in shared)])
         item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -156,7 +156,7 @@ def test_latents_negative_prompt_and_guidance_mean_what_they_mean_in_python(mini
 BAD_OPTIONS = [
     ("{ stpes: 2 }", "unknown generate option(s): stpes; known: cache_threshold, "
                      "decode_noise, decode_noise_scale, decode_timestep, dynamic_guidance, "
-                     "guidance, guidance_rescale, latents, leap, …"),
+                     "guidance, guidance_rescale, guidance_steps, latents, leap, …"),
     ("{ steps: 0 }", "sampler setting steps=0: must be at least 1"),
     ("{ steps: 2.5 }", "sampler setting steps=2.5: must be an integer"),
     ("{ guidance: NaN }", "sampler setting guidance=NaN: must be a finite number"),
