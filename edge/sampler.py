@@ -299,7 +299,7 @@ class StepCache:
     def should_compute(self, indicator: np.ndarray, force: bool = False) -> bool:
         change = np.inf if self.previous is None else relative_l1(indicator, self.previous)
         self.previous = indicator
-        if force or self.residual is None or self.residual.shape[0] != indicator.shape[0]:
+        if force or self.residual is None:
             self.accumulated = 0.0
             return True
         self.accumulated += change
@@ -312,7 +312,9 @@ class StepCache:
         self.residual = after - before
 
     def reuse(self, before: np.ndarray) -> np.ndarray:
-        return (before + self.residual).astype(before.dtype)
+        # after the guidance cutoff the batch is the caption's half alone: the first rows of
+        # a residual stored on a guided call are that half's
+        return (before + self.residual[:before.shape[0]]).astype(before.dtype)
 
 
 @dataclass
@@ -327,15 +329,23 @@ class Step:
     # predict the unconditional velocity too (classifier-free guidance); False: the
     # conditional one alone, and the predictor returns None for the other
     guided: bool = True
+    videos: int = 0               # the videos generated: the first rows of a call's batch
 
 
 def run_pairs(step: Step, x: np.ndarray, t_mod: np.ndarray,
               pairs: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, bool]:
     """Run the transformer pairs on tokens x, or reuse the cached residual. Returns the
-    tokens after the pairs and whether the pairs ran."""
+    tokens after the pairs and whether the pairs ran. The indicator is the caption half's
+    (the first `step.videos` rows; the null half's rows are the same, the modulated input
+    being the latent's and the time's), so a guided call and an unguided one, a batch of two
+    or of one, measure the same change."""
     if step.cache is None:
         return pairs(x), True
-    if step.cache.should_compute(modulated_input(x, t_mod), force=step.index == 0 or step.last):
+    videos = step.videos or x.shape[0]
+    residual = step.cache.residual
+    short = residual is not None and residual.shape[0] < x.shape[0]  # cannot stand in
+    if step.cache.should_compute(modulated_input(x[:videos], t_mod[:videos]),
+                                 force=step.index == 0 or step.last or short):
         out = pairs(x)
         step.cache.store(x, out)
         return out, True
@@ -385,7 +395,7 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
     call = i = 0               # call: transformer calls so far; i: index into ts
     while i < len(ts) - 1:
         step = Step(call, call < settings.merge_steps, cache, call == last_call,
-                    guided=guided_call(settings, call))
+                    guided=guided_call(settings, call), videos=x.shape[0])
         v_cond, v_uncond = predict(x, float(model_ts[i]), step)
         trace.calls += 1
         trace.transformer_calls += step.computed

@@ -148,3 +148,17 @@ def test_a_package_with_a_fixed_batch_runs_the_pair_says_so_and_makes_the_same_v
     assert [r for what, r in rows_fed if what == "latent"] == [2] * STEPS
     want = runtime.generate(PROMPT, seed=SEED, steps=STEPS, guidance_steps=2)
     assert psnr(got, want) >= 40 and snr(got, want) >= 25
+
+
+def test_the_step_cache_goes_on_across_the_cutoff(runtime, pipeline):
+    """The cache's indicator is the caption half's, so the batch of two before the cutoff and
+    of one after it measure the same change, and a residual stored on a guided call stands in
+    for an unguided one (its caption half): the runtime and the PyTorch pipeline skip the
+    same calls and make the same video."""
+    options = {"steps": 12, "guidance_steps": 4, "cache_threshold": 0.3}
+    got = runtime.generate(PROMPT, seed=SEED, **options)
+    made = runtime.last_run["sampler"]
+    want = pipeline.generate(PROMPT, seed=SEED, **options)
+    assert made["transformer_calls"] == pipeline.last_trace.transformer_calls < 12
+    assert made["guided_calls"] == 4
+    assert psnr(got, want) >= 40 and snr(got, want) >= 25

@@ -130,11 +130,14 @@ def test_wrong_latents_are_refused_and_the_pipeline_goes_on(wasm, latents, diffu
 @pytest.mark.parametrize("technique", [{"leap": True, "leap_after": 4, "leap_steps": 2,
                                         "steps": 8},
                                        {"cache_threshold": 0.3, "steps": 12},
-                                       {"merge_steps": 2, "steps": 4}],
-                         ids=["leap", "step-cache", "tdtm"])
+                                       {"merge_steps": 2, "steps": 4},
+                                       {"guidance_steps": 3, "cache_threshold": 0.3,
+                                        "steps": 12}],
+                         ids=["leap", "step-cache", "tdtm", "guidance-cutoff"])
 def test_techniques_give_the_python_runtimes_video(wasm, wan_packages, latents, technique):
-    """Linear Proportional Leap, the step cache and TDTM's merged blocks on the page take the
-    same decisions as the Python runtime on the same package's ONNX twin and noise."""
+    """Linear Proportional Leap, the step cache, TDTM's merged blocks and the guidance cutoff
+    (with the step cache across it) on the page take the same decisions as the Python runtime
+    on the same package's ONNX twin and noise."""
     from edge.runtimes.python import Pipeline
 
     options = {"negative_prompt": "blue dog", "guidance": 4.0, **technique}
@@ -142,6 +145,7 @@ def test_techniques_give_the_python_runtimes_video(wasm, wan_packages, latents, 
     try:
         want = runtime.generate(PROMPT, latents=latents, **options)[0]
         calls = runtime.last_run["sampler"]["transformer_calls"]
+        guided, predictions = (runtime.last_run["sampler"][k] for k in ("guided_calls", "calls"))
     finally:
         runtime.close()
     if "merge_steps" not in technique:
@@ -150,3 +154,6 @@ def test_techniques_give_the_python_runtimes_video(wasm, wan_packages, latents, 
     assert not isinstance(got, str), got
     assert_same_video(got, want)
     assert wasm.evaluate("() => window.pipes.wasm.lastRun.transformer_calls") == calls
+    # the page's programs run the guidance batch whole: the same guided calls all the same
+    assert wasm.evaluate("() => window.pipes.wasm.lastRun.sampler.guided_calls") == guided
+    assert guided == technique.get("guidance_steps", predictions)

@@ -228,7 +228,7 @@ export class StepCache {
   shouldCompute(indicator, force = false) {
     const change = this.previous === null ? Infinity : relativeL1(indicator, this.previous);
     this.previous = indicator;
-    if (force || this.residual === null || this.residual.length !== indicator.length) {
+    if (force || this.residual === null) {
       this.accumulated = 0.0;
       return true;
     }
@@ -253,7 +253,13 @@ export class StepCache {
 // runPairs(step, x, tMod, pairs, batch, dim) -> [tokens after the pairs, whether they ran]
 export async function runPairs(step, x, tMod, pairs, batch, dim) {
   if (step.cache === null) return [await pairs(x), true];
-  if (step.cache.shouldCompute(modulatedInput(x, tMod, batch, dim), step.index === 0 || step.last)) {
+  // the indicator of the caption half: the first step.videos rows of the batch
+  const rows = Math.min(step.videos ?? batch, batch);
+  const indicator = modulatedInput(x.subarray(0, (x.length / batch) * rows),
+                                   tMod.subarray(0, (tMod.length / batch) * rows), rows, dim);
+  // a residual of fewer rows than the call's batch cannot stand in (edge/sampler.py)
+  const short = step.cache.residual !== null && step.cache.residual.length < x.length;
+  if (step.cache.shouldCompute(indicator, step.index === 0 || step.last || short)) {
     const out = await pairs(x);
     step.cache.store(x, out);
     return [out, true];
@@ -279,7 +285,7 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
   let total = settings.steps; // calls this generation makes, as far as known now
   let call = 0, i = 0;        // call: transformer calls so far; i: index into ts
   while (i < ts.length - 1) {
-    const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true, guided: guidedCall(settings, call) };
+    const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true, guided: guidedCall(settings, call), videos: 1 }; // the page makes one video
     const [vCond, vUncond] = await predict(x, modelTs[i], step); // vUncond null if unguided
     trace.calls += 1;
     trace.transformer_calls += step.computed ? 1 : 0;

@@ -330,7 +330,8 @@ public final class StepCache {
     public func shouldCompute(_ indicator: [Double], batch: Int, force: Bool = false) -> Bool {
         let change = previous.map { relativeL1(indicator, $0) } ?? .infinity
         previous = indicator
-        if force || residual == nil || residualBatch != batch {
+        // a residual of fewer rows than the call's batch cannot stand in (edge/sampler.py)
+        if force || residual == nil || (residualBatch ?? 0) < batch {
             accumulated = 0
             return true
         }
@@ -359,10 +360,11 @@ public final class Step {
     public var computed = true   // set by runPairs: false when the cache stood in
     // predict the unconditional velocity too (guidance); false: the conditional one alone
     public let guided: Bool
+    public let videos: Int       // the videos generated: the first rows of a call's batch (0: all)
 
-    public init(index: Int, merged: Bool, cache: StepCache?, last: Bool, guided: Bool = true) {
+    public init(index: Int, merged: Bool, cache: StepCache?, last: Bool, guided: Bool = true, videos: Int = 0) {
         self.index = index; self.merged = merged; self.cache = cache; self.last = last
-        self.guided = guided
+        self.guided = guided; self.videos = videos
     }
 }
 
@@ -370,7 +372,9 @@ public final class Step {
 public func runPairs(_ step: Step, x: Tensor, tMod: Tensor,
                      pairs: (Tensor) throws -> Tensor) rethrows -> (Tensor, Bool) {
     guard let cache = step.cache else { return (try pairs(x), true) }
-    let indicator = modulatedInput(x, tMod)
+    // the indicator of the caption half: the first `videos` rows (the null half's are the same)
+    let rows = step.videos > 0 ? min(step.videos, x.shape[0]) : x.shape[0]
+    let indicator = modulatedInput(x.slice(axis: 0, 0..<rows), tMod.slice(axis: 0, 0..<rows))
     if cache.shouldCompute(indicator, batch: x.shape[0], force: step.index == 0 || step.last) {
         let out = try pairs(x)
         cache.store(before: x, after: out)
@@ -414,7 +418,7 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
     var call = 0, i = 0
     while i < ts.count - 1 {
         let step = Step(index: call, merged: call < settings.mergeSteps, cache: cache, last: call == lastCall,
-                        guided: guidedCall(settings, call))
+                        guided: guidedCall(settings, call), videos: noise.shape[0])
         let (cond, uncond) = try predict(x, modelTs[i], step)
         trace.calls += 1
         trace.transformerCalls += step.computed ? 1 : 0
