@@ -302,3 +302,22 @@ def test_edge_record_records_the_executed_programs(coreai_package, tmp_path):
     assert np.array_equal(bundle.frames, video[0])
     with pytest.raises(RecordError, match="only a CoreML iphone package needs"):
         record_bundle(root, PROMPT, tmp_path / "c", model_folder=tmp_path)
+
+
+def test_the_runtime_runs_where_an_event_loop_is_running(coreai_package):
+    """Core AI's API is asynchronous and the runtime runs it on an event loop of its own
+    thread, so a caller whose thread runs a loop (a notebook, Playwright's synchronous API)
+    generates as any other: asyncio.Runner refuses to start inside a running loop."""
+    import asyncio
+
+    from edge.runtimes.python import Pipeline
+
+    async def inside_a_running_loop():
+        pipe = Pipeline.load(coreai_package[0])
+        try:
+            return pipe.generate(PROMPT, seed=5, steps=2)
+        finally:
+            pipe.close()
+
+    video = asyncio.run(inside_a_running_loop())
+    assert video.shape[0] == 1 and video.dtype == np.uint8 and video.std() > 0

@@ -5,7 +5,9 @@ runtime: the operating system's on macOS 27, on Linux the bundled reference inte
 Each `.aimodel` is opened once (`AIModelAsset.executable()` lowers it to the runtime's form
 in a temporary folder and maps its weights) and each block or variant is a function of it.
 Core AI's API is asynchronous; the pipeline is not, so one event loop (`asyncio.Runner`)
-serves every call, from whichever thread the pipeline runs in (one generation at a time).
+serves every call, on a thread of its own: `Runner.run` refuses to start where the calling
+thread already runs an event loop (a notebook's, Playwright's synchronous API), and the
+pipeline may be called from such a thread.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import io
 import os
 import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +62,13 @@ class CoreAIPrograms:
         self.root = root
         self.AIModelAsset, self.NDArray = _coreai()
         self.runner = asyncio.Runner()
+        self.loop_thread = ThreadPoolExecutor(1, thread_name_prefix="coreai-loop")
         self.stack = contextlib.AsyncExitStack()
         self.models: dict[str, object] = {}
+
+    def _run(self, coroutine):
+        """Run `coroutine` to its end on the runner's own thread."""
+        return self.loop_thread.submit(self.runner.run, coroutine).result()
 
     def function(self, record: dict, where: str):
         relative = record["model"]
@@ -69,7 +77,7 @@ class CoreAIPrograms:
             try:
                 asset = self.AIModelAsset.load(path)
                 with native_stderr_quiet():
-                    self.models[relative] = self.runner.run(
+                    self.models[relative] = self._run(
                         self.stack.enter_async_context(asset.executable()))
             except Exception as err:  # Core AI's own exception types
                 raise PackageError(f"{path}: not a Core AI model its runtime can load "
@@ -82,14 +90,17 @@ class CoreAIPrograms:
                                f"{record.get('function')!r} ({where})") from None
 
     def call(self, function, feeds: dict) -> dict:
-        return self.runner.run(function(feeds))
+        return self._run(function(feeds))
 
     def close(self) -> None:
         if self.runner is None:
             return
-        self.runner.run(self.stack.aclose())
-        self.runner.close()
-        self.runner = None
+        try:
+            self._run(self.stack.aclose())
+            self.loop_thread.submit(self.runner.close).result()
+        finally:
+            self.loop_thread.shutdown()
+            self.runner = None
 
 
 class CoreAIBlockSession:

@@ -677,7 +677,8 @@ class Pipeline:
                           f"{latent['shape'][0]}, so the unguided steps (guidance "
                           f"{settings.guidance}, guidance_steps {settings.guidance_steps}) "
                           "run the null caption's half too and save no work; an ONNX "
-                          "package runs them at a batch of one", stacklevel=3)
+                          "package runs them at a batch of one",
+                          stacklevel=4)  # past generate and its one-at-a-time wrapper
         return lambda guided: 2 * b if guided else alone
 
     def _cached_predictor(self, comp: Component, caption2: np.ndarray, mask2: np.ndarray,
