@@ -207,6 +207,20 @@ STEPS = {"wan-unipc": 8, "wan-euler": 8, "wan22": 6, "cogvideox-2b": 6, "cogvide
          "ltx-plain": 4, "ltx-timestep": 4}
 
 
+def _given_latents(model, manifest: dict, kwargs: dict) -> tuple[dict, dict]:
+    """The runtime's and the pipeline's arguments for one video from given latents. A
+    conditioned decoder's noise is what the pipeline draws from its generator: the reference
+    gets a seed, the runtime that seed's draw (given latents, the generator draws the decode
+    noise first)."""
+    runtime_kwargs = kwargs | {"latents": _latents(model, 7)}
+    reference_kwargs = dict(runtime_kwargs)
+    if "decode" in manifest:
+        reference_kwargs["seed"] = 5
+        runtime_kwargs["decode_noise"] = torch.randn(
+            (1, *model.latent_shape), generator=torch.Generator().manual_seed(5)).numpy()
+    return runtime_kwargs, reference_kwargs
+
+
 @pytest.mark.parametrize("case", DIFFUSERS)
 def test_package_reproduces_the_pipeline(request, case):
     """The Python runtime given diffusers' prompt, negative prompt, latents (the package's
@@ -217,12 +231,7 @@ def test_package_reproduces_the_pipeline(request, case):
     model = model_of(request, case)
     root, manifest = package_of(request, case)
     kwargs = {"negative_prompt": "blue dog", "steps": STEPS[case], "guidance": 4.0}
-    runtime_kwargs = kwargs | {"latents": _latents(model, 7)}
-    reference_kwargs = dict(runtime_kwargs)
-    if "decode" in manifest:  # given latents: the generator draws the decode noise first
-        reference_kwargs["seed"] = 5
-        runtime_kwargs["decode_noise"] = torch.randn(
-            (1, *model.latent_shape), generator=torch.Generator().manual_seed(5)).numpy()
+    runtime_kwargs, reference_kwargs = _given_latents(model, manifest, kwargs)
     got, other_noise, other_negative = _run(
         root, runtime_kwargs, runtime_kwargs | {"latents": _latents(model, 8)},
         runtime_kwargs | {"negative_prompt": "green square"})
@@ -246,12 +255,7 @@ def test_guidance_one_is_the_pipelines_unguided_video(request, case):
     model = model_of(request, case)
     root, manifest = package_of(request, case)
     kwargs = {"steps": STEPS[case], "guidance": 1.0}
-    runtime_kwargs = kwargs | {"latents": _latents(model, 7)}
-    reference_kwargs = dict(runtime_kwargs)
-    if "decode" in manifest:  # given latents: the generator draws the decode noise first
-        reference_kwargs["seed"] = 5
-        runtime_kwargs["decode_noise"] = torch.randn(
-            (1, *model.latent_shape), generator=torch.Generator().manual_seed(5)).numpy()
+    runtime_kwargs, reference_kwargs = _given_latents(model, manifest, kwargs)
     from edge.runtimes.python import Pipeline
 
     runtime = Pipeline.load(root)

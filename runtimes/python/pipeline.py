@@ -544,9 +544,16 @@ class Pipeline:
         if settings.merge_steps and not any(v == "tdtm" for _, v in transformer.variants):
             raise ValueError(f"merge_steps={settings.merge_steps}: package {self.root} has no "
                              "'tdtm' transformer variants; export it again with this edge")
+
+        def inputs(x: np.ndarray, t: float, guided: bool) -> dict[str, np.ndarray]:
+            """The transformer's inputs of a call: the guidance batch, or the caption's half."""
+            n = rows(guided)
+            return {"latent": np.concatenate([x, x])[:n], "t": np.full(n, t, np.float32),
+                    "caption": caption2[:n], "caption_mask": mask2[:n]}
+
         trace = Trace()
         if settings.cache_threshold > 0:
-            predict, runs = self._cached_predictor(transformer, caption2, mask2, b, rows), None
+            predict, runs = self._cached_predictor(transformer, inputs, b), None
         else:
             # One schedule of steps x blocks, so the loader prefetches across step boundaries
             # too; a leap ends it early (closing it gives back what was read ahead).
@@ -554,10 +561,7 @@ class Pipeline:
 
             def predict(x: np.ndarray, t: float, step: Step
                         ) -> tuple[np.ndarray, np.ndarray | None]:
-                n = rows(step.guided)
-                feeds = {"latent": np.concatenate([x, x])[:n], "t": np.full(n, t, np.float32),
-                         "caption": caption2[:n], "caption_mask": mask2[:n]}
-                v = self._run_blocks(transformer, runs, feeds,
+                v = self._run_blocks(transformer, runs, inputs(x, t, step.guided),
                                      variant="tdtm" if step.merged else None,
                                      batch_piece=self._piece(b))["velocity"]
                 return v[:b], (v[b:] if step.guided else None)
@@ -681,9 +685,10 @@ class Pipeline:
                           stacklevel=4)  # past generate and its one-at-a-time wrapper
         return lambda guided: 2 * b if guided else alone
 
-    def _cached_predictor(self, comp: Component, caption2: np.ndarray, mask2: np.ndarray,
-                          b: int, rows: Callable[[bool], int]):
-        """A predictor with the step cache: the prologue runs, the sampler's cache decides
+    def _cached_predictor(self, comp: Component,
+                          inputs: Callable[[np.ndarray, float, bool], dict], b: int):
+        """A predictor with the step cache (`inputs(x, t, guided)`: the transformer's inputs
+        of a call, for `b` videos): the prologue runs, the sampler's cache decides
         whether the pairs run, the epilogue runs. Each part is its own loader schedule,
         because whether the pairs are needed is known only after the prologue ran."""
         prologue, *pairs, epilogue = comp.blocks
@@ -698,10 +703,8 @@ class Pipeline:
                 runs.close()
 
         def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray | None]:
-            variant, n = ("tdtm" if step.merged else None), rows(step.guided)
-            feeds = part([prologue], keys[:1], {
-                "latent": np.concatenate([x, x])[:n], "t": np.full(n, t, np.float32),
-                "caption": caption2[:n], "caption_mask": mask2[:n]}, variant)
+            variant = "tdtm" if step.merged else None
+            feeds = part([prologue], keys[:1], inputs(x, t, step.guided), variant)
             feeds["x"], _ = run_pairs(
                 step, feeds["x"], feeds["t_mod"],
                 lambda h: part(pairs, keys[1:-1], feeds | {"x": h}, variant)["x"])
