@@ -311,9 +311,20 @@ def _check_wasm_graph(record: dict, listed: set[str], where: str) -> None:
         raise PackageError(f"{where}: wasm graph {graph!r} is not one of the block's files")
 
 
+def _check_numbers(values: list, what: str) -> None:
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PackageError(f"{what}: value {i} must be a number, got {_json_type(value)}")
+        if not math.isfinite(value):
+            raise PackageError(f"{what}: value {i} is {value}, must be finite")
+
+
 def _check_sampler(sampler: dict) -> None:
     where = f"{MANIFEST} sampler"
     for key, value in sampler.items():
+        if key == "sigmas" and isinstance(value, list):  # given levels: numbers, each checked
+            _check_numbers(value, f"{where}: field 'sigmas'")
+            continue
         if not isinstance(value, bool | int | float | str | type(None)):
             raise PackageError(f"{where}: field {key!r} must be a number, got "
                                f"{_json_type(value)}")

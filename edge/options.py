@@ -60,7 +60,9 @@ def _is_int(x: Any) -> bool:
 def _check_value(name: str, value: Any, default: Any) -> None:
     """A setting's value has the kind of its default (bool, int, real number); reals are
     finite."""
-    if isinstance(default, bool):
+    if name == "sigmas":  # a list whose values SamplerSettings checks
+        ok = value is None or isinstance(value, list | tuple)
+    elif isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, int) or (default is None and name.endswith(("steps", "after"))):
         ok = _is_int(value) or (default is None and value is None)
@@ -70,7 +72,8 @@ def _check_value(name: str, value: Any, default: Any) -> None:
     else:
         ok = True
     if not ok:
-        kind = {bool: "true or false", int: "an integer", float: "a finite number"}.get(
+        kind = "a list of numbers or None" if name == "sigmas" else {
+            bool: "true or false", int: "an integer", float: "a finite number"}.get(
             type(default), "a finite number or None" if name in REAL_OR_NONE
             else "an integer or None")
         raise ValueError(f"sampler setting {name}={value!r}: must be {kind}")
@@ -114,6 +117,14 @@ def with_overrides(settings: SamplerSettings, overrides: dict[str, Any]) -> Samp
                          f"{', '.join(sorted(known))}")
     for name, value in overrides.items():  # before replace(): __post_init__ compares values
         _check_value(name, value, next(f.default for f in fields(settings) if f.name == name))
+    overrides = dict(overrides)
+    if overrides.get("sigmas") is not None:  # given levels say how many steps there are
+        overrides.setdefault("steps", len(overrides["sigmas"]))
+    elif "steps" in overrides and "sigmas" not in overrides and settings.sigmas is not None \
+            and overrides["steps"] != len(settings.sigmas):
+        raise ValueError(f"sampler setting steps={overrides['steps']}: these settings give "
+                         f"{len(settings.sigmas)} noise levels of their own (sigmas); give "
+                         "sigmas as well, or sigmas=None for the schedule's own spacing")
     return check_settings(replace(settings, **overrides))
 
 

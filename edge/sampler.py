@@ -79,10 +79,18 @@ class SamplerSettings:
     # guidance cutoff: classifier-free guidance for the first guidance_steps calls, then the
     # conditional prediction alone (half the transformer work); None: every call
     guidance_steps: int | None = None
+    # given levels: the `steps` noise levels a distilled model was trained for, falling in
+    # (0, 1], in place of the schedule's own spacing, taken as diffusers' set_timesteps(
+    # sigmas=...) takes them (shifted as the schedule shifts its own; edge/schedulers.py);
+    # None: the schedule's own
+    sigmas: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"sampler setting {name}={getattr(self, name)!r}: {why}")
+
+        if isinstance(self.sigmas, list):  # from a manifest's JSON: kept as a tuple (frozen)
+            object.__setattr__(self, "sigmas", tuple(self.sigmas))
 
         if self.scheduler not in SCHEDULERS:
             raise bad("scheduler", f"known: {', '.join(SCHEDULERS)}")
@@ -130,9 +138,36 @@ class SamplerSettings:
                               or not 0 <= k <= self.steps):
             raise bad("guidance_steps", f"must be a whole number from 0 to steps "
                                         f"({self.steps}), or None to guide every call")
+        if self.sigmas is not None:
+            self._check_sigmas(bad)
+
+    def _check_sigmas(self, bad: Callable[[str, str], ValueError]) -> None:
+        levels = self.sigmas
+        if not SCHEDULERS[self.scheduler].takes_sigmas:
+            takers = ", ".join(n for n, c in SCHEDULERS.items() if c.takes_sigmas)
+            raise bad("sigmas", f"{self.scheduler} takes no given levels (its diffusers "
+                                f"scheduler takes none either; {takers} do)")
+        if not isinstance(levels, tuple) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                for v in levels):
+            raise bad("sigmas", "must be a list of finite numbers, or None for the "
+                                "schedule's own levels")
+        if len(levels) != self.steps:
+            raise bad("sigmas", f"{len(levels)} levels for steps={self.steps} (one level a "
+                                "step)")
+        outside = next((v for v in levels if not 0 < v <= 1), None)
+        if outside is not None:
+            raise bad("sigmas", f"{outside!r} is outside the schedule's range (0, 1]")
+        rise = next((i for i in range(1, len(levels)) if levels[i] >= levels[i - 1]), None)
+        if rise is not None:
+            raise bad("sigmas", f"does not fall: level {rise} ({levels[rise]!r}) is not below "
+                                f"level {rise - 1} ({levels[rise - 1]!r})")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        values = asdict(self)
+        if self.sigmas is not None:  # a manifest's JSON list
+            values["sigmas"] = list(self.sigmas)
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> SamplerSettings:
@@ -152,13 +187,13 @@ def scheduler_of(settings: SamplerSettings) -> Scheduler:
 def timesteps(settings: SamplerSettings) -> np.ndarray:
     """The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 the sampler integrates over, float32
     of length steps + 1, as the settings' diffusers scheduler sets them."""
-    return scheduler_of(settings).schedule(settings.steps)[0]
+    return scheduler_of(settings).schedule(settings.steps, settings.sigmas)[0]
 
 
 def model_times(settings: SamplerSettings) -> np.ndarray:
     """What the transformer is told the time of each step is (length steps): the sigmas for
     flow-match Euler; UniPC's whole training timesteps as fractions."""
-    return scheduler_of(settings).schedule(settings.steps)[1]
+    return scheduler_of(settings).schedule(settings.steps, settings.sigmas)[1]
 
 
 def max_calls(settings: SamplerSettings) -> int:
@@ -380,7 +415,7 @@ def sample(predict: Predictor, noise: np.ndarray, settings: SamplerSettings,
     goes on over the leap's tail (its own noise levels and model times, a fresh solver)
     until t = 0."""
     scheduler = scheduler_of(settings)
-    ts, model_ts = scheduler.schedule(settings.steps)
+    ts, model_ts = scheduler.schedule(settings.steps, settings.sigmas)
     solver = scheduler.solver(ts)
     x = noise.astype(np.float32)
     trace = trace if trace is not None else Trace()

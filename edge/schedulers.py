@@ -20,6 +20,13 @@ scheduler with the same numbers (tested step by step against it, tests/test_samp
 - `cogvideox_ddim`: CogVideoXDDIMScheduler as CogVideoX ships it (v-prediction, zero terminal
   SNR, trailing timesteps; bit-exact), for the CogVideoX family.
 
+Given levels (`schedule(steps, sigmas)`): a distilled model is run at the levels it was
+trained for, a list that replaces the schedule's own even spacing. The three flows take it as
+their diffusers twin's `set_timesteps(sigmas=...)` does (`takes_sigmas`): the list is shifted
+as the schedule shifts its own (the static shift, exp(mu), UniPC's flow_shift), stretched to
+the terminal level where there is one, then 0 appended. CogVideoX's DDIM takes none, as
+CogVideoXDDIMScheduler takes none.
+
 The flows take the model's velocity v = noise - x0 (x_t = (1 - t) x0 + t noise), DDIM its
 v-prediction. A scheduler's `model_times` are what the transformer is told the time is, in
 [0, 1]; UniPC rounds its timesteps down to whole training steps (diffusers keeps them as
@@ -59,16 +66,19 @@ def ltx_mu(tokens: int, base_seq: int, max_seq: int, base_shift: float,
     return tokens * slope + (base_shift - slope * base_seq)
 
 
-def ltx_sigmas(steps: int, shift: float, shift_terminal: float | None) -> np.ndarray:
+def ltx_sigmas(steps: int, shift: float, shift_terminal: float | None,
+               given: np.ndarray | None = None) -> np.ndarray:
     """FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline calls it, op for op in
-    float32 as diffusers computes on its float32 array: linspace(1, 1/N, N), the exponential
-    time shift e / (e + (1 / s - 1)) with e = exp(mu) = `shift`, then (with a terminal) 1 - s
-    scaled so the last level is `shift_terminal`; a final 0. One step keeps its level 1:
-    there the stretch divides 0 by 0 (diffusers gives NaN)."""
+    float32 as diffusers computes on its float32 array: linspace(1, 1/N, N) (or the `given`
+    levels), the exponential time shift e / (e + (1 / s - 1)) with e = exp(mu) = `shift`, then
+    (with a terminal) 1 - s scaled so the last level is `shift_terminal`; a final 0. A
+    schedule whose last level is 1 (one step) keeps it: there the stretch divides 0 by 0
+    (diffusers gives NaN)."""
     one, e = np.float32(1), np.float32(shift)
-    sigmas = np.linspace(1.0, 1.0 / steps, steps).astype(np.float32)
+    levels = np.linspace(1.0, 1.0 / steps, steps) if given is None else given
+    sigmas = np.asarray(levels, np.float64).astype(np.float32)
     sigmas = e / (e + (one / sigmas - one))
-    if shift_terminal is not None and steps > 1:
+    if shift_terminal is not None and sigmas[-1] != one:
         rest = one - sigmas
         # diffusers: 1 - shift_terminal in float64, then float32 against the array
         scale = rest[-1] / np.float32(1 - shift_terminal)
@@ -82,34 +92,43 @@ def whole_step_times(sigmas: np.ndarray, num_train_timesteps: int) -> np.ndarray
     return (whole / num_train_timesteps).astype(np.float32)
 
 
-def euler_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+def euler_sigmas(steps: int, shift: float, num_train_timesteps: int,
+                 given: np.ndarray | None = None) -> np.ndarray:
     """FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift: a linspace from 1 to
-    the (shifted) smallest training sigma, shifted once more, then a final 0 (float32)."""
-    sigma_min = shift_sigmas(np.float64(1.0 / num_train_timesteps), shift)
-    sigmas = np.linspace(1.0, sigma_min, steps)
-    sigmas = shift_sigmas(sigmas.astype(np.float32), shift)
+    the (shifted) smallest training sigma (or the `given` levels), shifted once more, then a
+    final 0 (float32)."""
+    if given is None:
+        sigma_min = shift_sigmas(np.float64(1.0 / num_train_timesteps), shift)
+        given = np.linspace(1.0, sigma_min, steps)
+    sigmas = shift_sigmas(np.asarray(given, np.float64).astype(np.float32), shift)
     return np.append(sigmas, np.float32(0.0)).astype(np.float32)
 
 
-def _unipc_flow_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+def _unipc_flow_sigmas(steps: int, shift: float, num_train_timesteps: int,
+                       given: np.ndarray | None = None) -> np.ndarray:
     """UniPCMultistepScheduler.set_timesteps with use_flow_sigmas, float64 and without the
-    final 0: linspace(1, 1/N, steps + 1) without its end, shifted, the first nudged below 1."""
-    sigmas = shift_sigmas(np.linspace(1.0, 1.0 / num_train_timesteps, steps + 1)[:-1], shift)
+    final 0: linspace(1, 1/N, steps + 1) without its end (or the `given` levels), shifted,
+    the first nudged below 1."""
+    levels = (np.linspace(1.0, 1.0 / num_train_timesteps, steps + 1)[:-1] if given is None
+              else np.array(given, np.float64))
+    sigmas = shift_sigmas(levels, shift)
     if abs(sigmas[0] - 1.0) < 1e-6:
         sigmas[0] -= 1e-6
     return sigmas
 
 
-def unipc_sigmas(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+def unipc_sigmas(steps: int, shift: float, num_train_timesteps: int,
+                 given: np.ndarray | None = None) -> np.ndarray:
     """UniPC's flow sigmas with a final 0, float32 as diffusers keeps them."""
-    sigmas = _unipc_flow_sigmas(steps, shift, num_train_timesteps)
+    sigmas = _unipc_flow_sigmas(steps, shift, num_train_timesteps, given)
     return np.append(sigmas, 0.0).astype(np.float32)
 
 
-def unipc_model_times(steps: int, shift: float, num_train_timesteps: int) -> np.ndarray:
+def unipc_model_times(steps: int, shift: float, num_train_timesteps: int,
+                      given: np.ndarray | None = None) -> np.ndarray:
     """The timesteps diffusers hands the model, int64(sigma * N) of the float64 sigmas, as
     fractions of N (float32)."""
-    return whole_step_times(_unipc_flow_sigmas(steps, shift, num_train_timesteps),
+    return whole_step_times(_unipc_flow_sigmas(steps, shift, num_train_timesteps, given),
                             num_train_timesteps)
 
 
@@ -227,6 +246,9 @@ class Scheduler:
     # whether its levels are whole training timesteps, which CogVideoX's dynamic guidance
     # formula reads (edge/sampler.py dynamic_guidance; SamplerSettings refuses it otherwise)
     takes_dynamic_guidance = False
+    # whether given levels can replace its own spacing (the module's docstring;
+    # SamplerSettings refuses `sigmas` otherwise)
+    takes_sigmas = False
 
     def __init__(self, shift: float, num_train_timesteps: int,
                  shift_terminal: float | None = None) -> None:
@@ -234,10 +256,12 @@ class Scheduler:
         self.num_train_timesteps = num_train_timesteps
         self.shift_terminal = shift_terminal
 
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def schedule(self, steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
         """The levels of `steps` steps (float32, falling, length steps + 1; a flow's are its
         noise levels 1 > ... > 0) and what the transformer is told the time of each is (length
-        steps, in [0, 1])."""
+        steps, in [0, 1]). `sigmas`: `steps` given levels in place of the schedule's own
+        spacing (only where `takes_sigmas`), as its diffusers twin's set_timesteps(sigmas=)
+        takes them."""
         raise NotImplementedError
 
     def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -260,10 +284,11 @@ class FlowEuler(Scheduler):
     """FlowMatchEulerDiscreteScheduler with a static shift (tiny-sora)."""
 
     name = "flow_euler"
+    takes_sigmas = True
 
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        sigmas = euler_sigmas(steps, self.shift, self.num_train_timesteps)
-        return sigmas, sigmas[:-1]
+    def schedule(self, steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
+        levels = euler_sigmas(steps, self.shift, self.num_train_timesteps, sigmas)
+        return levels, levels[:-1]
 
     def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
         sigmas = leap_tail_sigmas(t_from, t_min, steps, self.shift)
@@ -278,10 +303,11 @@ class FlowUniPC(Scheduler):
     times are whole training steps."""
 
     name = "flow_unipc"
+    takes_sigmas = True
 
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        return (unipc_sigmas(steps, self.shift, self.num_train_timesteps),
-                unipc_model_times(steps, self.shift, self.num_train_timesteps))
+    def schedule(self, steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
+        return (unipc_sigmas(steps, self.shift, self.num_train_timesteps, sigmas),
+                unipc_model_times(steps, self.shift, self.num_train_timesteps, sigmas))
 
     def tail(self, t_from: float, t_min: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
         sigmas = leap_tail_sigmas(t_from, t_min, steps, self.shift)
@@ -303,9 +329,9 @@ class FlowEulerLTX(FlowEuler):
     name = "ltx_flow_euler"
     takes_shift_terminal = True
 
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        sigmas = ltx_sigmas(steps, self.shift, self.shift_terminal)
-        return sigmas, sigmas[:-1]
+    def schedule(self, steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
+        levels = ltx_sigmas(steps, self.shift, self.shift_terminal, sigmas)
+        return levels, levels[:-1]
 
 
 def rescale_zero_terminal_snr(alphas_cumprod: np.ndarray) -> np.ndarray:
@@ -373,7 +399,9 @@ class CogVideoXDDIM(Scheduler):
         n = self.num_train_timesteps
         return np.round(np.arange(n, 0, -n / steps)).astype(np.int64) - 1
 
-    def schedule(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def schedule(self, steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
+        if sigmas is not None:
+            raise ValueError(f"{self.name} takes no given levels")
         t = self.timesteps(steps)
         return (np.append(t, -1).astype(np.float32),
                 (t / self.num_train_timesteps).astype(np.float32))

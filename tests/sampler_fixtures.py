@@ -96,6 +96,14 @@ def guidance_cases() -> dict[str, tuple[SamplerSettings, np.ndarray, np.ndarray]
         "guidance_cutoff_leap": (SamplerSettings(steps=12, guidance=3.0, guidance_steps=5,
                                                  leap=True, leap_after=3, leap_steps=4),
                                  cond, uncond),
+        # given noise levels (a distilled model's) in place of the schedule's spacing
+        "given_sigmas": (SamplerSettings(steps=8, guidance=5.0, sigmas=(
+            1.0, 0.97, 0.9, 0.8, 0.6, 0.45, 0.3, 0.1)), cond, uncond),
+        # shifted given levels, a fixed leap re-planning the rest from them, a cutoff (the
+        # schedules' exact levels with UniPC and LTX's: tests/fixtures/swift/schedulers.json)
+        "given_sigmas_leap": (SamplerSettings(
+            steps=6, guidance=4.0, shift=5.0, leap=True, leap_after=2, leap_steps=3,
+            guidance_steps=4, sigmas=(0.99, 0.9, 0.7, 0.5, 0.3, 0.2)), cond, uncond),
     }
 
 

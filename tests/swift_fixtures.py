@@ -29,8 +29,9 @@ tests/fixtures/swift/ holds:
 - schedulers.json: each scheduler of `edge.schedulers.SCHEDULERS` as an object, by name (the
   JS and Swift runtimes look theirs up the same way): for several (steps, shift, training
   steps, shift_terminal: 0.1 for a scheduler that takes one, else null; ltx_flow_euler also
-  at LTX-Video's shifts exp(mu) and without a terminal), its `schedule` (noise levels, model
-  times), a leap's `tail`, a `solver` stepped through the schedule with given velocities
+  at LTX-Video's shifts exp(mu) and without a terminal; the flows also through `given`
+  noise levels, SamplerSettings.sigmas), its `schedule` (noise levels, model times), a
+  leap's `tail`, a `solver` stepped through the schedule with given velocities
   (the sample after each step) and its `jump`;
 - tokenizer.json + tokens.json: the package's tokenizer file and the ids and masks that
   `edge.tokenizer` makes of a few prompts (punctuation, capitals, accents, unknown words,
@@ -283,21 +284,29 @@ def ltx_shift(tokens: int) -> float:
     return math.exp(ltx_mu(tokens, 1024, 4096, 0.95, 2.05))
 
 
+# given noise levels (SamplerSettings.sigmas) the schedulers that take them are held to
+GIVEN_LEVELS = ((1.0, 0.9937, 0.9875, 0.975, 0.9094, 0.725, 0.4219), (0.95, 0.6, 0.3, 0.1),
+                (0.7,))
+
+
 def scheduler_cases() -> list[dict]:
     """Each scheduler through its interface alone, so a mirror is held to it before any
     sampler logic: schedule, tail, solver steps on fixed velocities, jump."""
     rng = np.random.default_rng(23)
     cases = []
     # (steps, shift, training steps, shift_terminal) beyond the common ones
-    extra = {"ltx_flow_euler": [(20, ltx_shift(7392), 1000, 0.1),
-                                (8, ltx_shift(1024), 1000, None)]}
+    extra = {"ltx_flow_euler": [(20, ltx_shift(7392), 1000, 0.1, None),
+                                (8, ltx_shift(1024), 1000, None, None)]}
     for name, cls in SCHEDULERS.items():
         terminal = 0.1 if cls.takes_shift_terminal else None
-        common = [(steps, shift, n, terminal) for steps, shift, n in (
+        common = [(steps, shift, n, terminal, None) for steps, shift, n in (
             (1, 3.0, 1000), (2, 5.0, 1000), (7, 1.0, 1000), (12, 2.5, 500), (30, 5.0, 1000))]
-        for steps, shift, n, shift_terminal in common + extra.get(name, []):
+        if cls.takes_sigmas:  # given levels: from 1, below 1, one alone
+            common += [(len(g), shift, 1000, terminal, g) for shift, g in (
+                (3.0, GIVEN_LEVELS[0]), (5.0, GIVEN_LEVELS[1]), (1.0, GIVEN_LEVELS[2]))]
+        for steps, shift, n, shift_terminal, given in common + extra.get(name, []):
             scheduler = scheduler_for(name, shift, n, shift_terminal)
-            sigmas, times = scheduler.schedule(steps)
+            sigmas, times = scheduler.schedule(steps, given)
             x = rng.standard_normal((2, 3)).astype(np.float32)
             v = rng.standard_normal((steps, 2, 3)).astype(np.float32)
             solver, xs = scheduler.solver(sigmas), [x]
@@ -312,6 +321,7 @@ def scheduler_cases() -> list[dict]:
                         "sigmas": tail_sigmas.tolist(), "model_times": tail_times.tolist()}
             cases.append({"scheduler": name, "shift": shift, "num_train_timesteps": n,
                           "shift_terminal": shift_terminal, "steps": steps,
+                          "given": None if given is None else list(given),
                           "sigmas": sigmas.tolist(), "model_times": times.tolist(),
                           "x": x.tolist(), "v": v.tolist(), "solver_steps": xs, "tail": tail,
                           "jump": {"sigma": t_from,

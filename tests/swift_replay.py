@@ -231,6 +231,9 @@ FAMILY_BUNDLES = {
             "overrides": {"merge_steps": 2, "leap": True, "leap_after": 2, "leap_steps": 1}}),
         "step_cache": ("a red circle moving left", {
             "seed": 5, "overrides": {"steps": 8, "cache_threshold": 0.3}}),
+        # a distilled model's given noise levels, shifted and stretched as LTX's schedule
+        "given_levels": ("a red circle moving left", {
+            "seed": 7, "overrides": {"sigmas": [1.0, 0.95, 0.8, 0.5]}}),
     },
 }
 

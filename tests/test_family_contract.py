@@ -270,6 +270,37 @@ def test_guidance_one_is_the_pipelines_unguided_video(request, case):
                                                                 snr(got, want))
 
 
+# levels a distilled model might be trained for: most of the way at high noise
+GIVEN_LEVELS = (1.0, 0.96, 0.85, 0.6, 0.3)
+
+
+@pytest.mark.parametrize("case", ["wan-unipc", "wan-euler", "ltx-timestep"])
+def test_given_levels_are_the_pipelines_with_that_list(request, case):
+    """A generation through given noise levels (`sigmas`) is the pipeline's whose scheduler
+    was set to the same list (set_timesteps(sigmas=...)), and not the video of the
+    schedule's own spacing at as many steps."""
+    model = model_of(request, case)
+    root, manifest = package_of(request, case)
+    kwargs = {"guidance": 4.0, "sigmas": list(GIVEN_LEVELS)}
+    runtime_kwargs, reference_kwargs = _given_latents(model, manifest, kwargs)
+    reference_kwargs |= {"steps": len(GIVEN_LEVELS), "sigmas": GIVEN_LEVELS}
+    (got,) = _run(root, runtime_kwargs)
+    want = model.reference(PROMPT, **reference_kwargs)
+    own = model.reference(PROMPT, **(reference_kwargs | {"sigmas": None}))
+    assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0, (psnr(got, want),
+                                                                snr(got, want))
+    assert snr(own, want) < snr(got, want) - 10, (snr(own, want), snr(got, want))
+    print(f"{case}: given levels SNR {snr(got, want):.1f} dB; the own spacing's video "
+          f"{snr(own, want):.1f} dB")
+
+
+def test_a_ddim_package_refuses_given_levels(request):
+    """CogVideoX's DDIM takes no list (neither does CogVideoXDDIMScheduler): refused naming
+    the setting before any block runs."""
+    with pytest.raises(ValueError, match="sigmas=.*cogvideox_ddim takes no given levels"):
+        _run(package_of(request, "cogvideox-2b")[0], {"sigmas": [0.9, 0.5]})
+
+
 @pytest.mark.parametrize("case,seed,steps", [("wan-unipc", 42, 8), ("cogvideox-2b", 11, 4)])
 def test_a_seed_gives_the_pipelines_video_for_its_generator(request, case, seed, steps):
     """`generate(seed=s)` with no latents reproduces the pipeline given

@@ -114,6 +114,18 @@ def test_docs_minimal_page_generates_the_python_video(minimal, web_package, pyth
     assert_same_video(got, python_pipe.generate(PROMPT, seed=SEED, steps=STEPS)[0])
 
 
+def test_given_noise_levels_mean_what_they_mean_in_python(minimal, python_pipe):
+    """`sigmas` on the page: the Python runtime's video through the same levels (the step
+    count is theirs), not the video of the schedule's own spacing at as many steps."""
+    levels = [1.0, 0.9, 0.6]
+    want = python_pipe.generate(PROMPT, seed=SEED, sigmas=levels)[0]
+    own = python_pipe.generate(PROMPT, seed=SEED, steps=len(levels))[0]
+    got = generate(minimal, f"{{ seed: {SEED}, sigmas: {levels} }}")
+    assert "error" not in got, got
+    assert_same_video(read_video(got["video"]), want)
+    assert psnr(own, want) < 40, "the given levels change nothing here"
+
+
 # generate() with the given options (a JavaScript expression), from the minimal page's
 # pipeline: the video, or the error's name and message
 GENERATE = ("""async ([prompt, options]) => {
@@ -168,6 +180,14 @@ BAD_OPTIONS = [
     ("{ dynamic_guidance: true }", "sampler setting dynamic_guidance=True: flow_euler steps "
                                    "through no training timesteps (only cogvideox_ddim does; …"),
     ("{ cache_threshold: -1 }", "sampler setting cache_threshold=-1: must not be negative"),
+    ("{ sigmas: [1, 0.5, 0.7] }", "sampler setting sigmas=[1,0.5,0.7]: does not fall: level 2 "
+                                  "(0.7) is not below level 1 (0.5)"),
+    ("{ sigmas: [0.9, 0.5], steps: 3 }", "sampler setting sigmas=[0.9,0.5]: 2 levels for "
+                                         "steps=3 (one level a step)"),
+    ("{ sigmas: [1.5, 0.5] }", "sampler setting sigmas=[1.5,0.5]: 1.5 is outside the "
+                               "schedule's range (0, 1]"),
+    ("{ sigmas: '1,0.5' }", 'sampler setting sigmas="1,0.5": must be a list of numbers or '
+                            'None'),
     ("{ merge_steps: 1 }", "merge_steps=1: this package has no 'tdtm' transformer variants"),
     ("{ seed: -1 }", "seed -1 is out of range: a seed is a whole number from 0 to 2^63 - 1"),
     ("{ seed: 1.5 }", "seed 1.5 must be a whole number from 0 to 2^63 - 1"),

@@ -121,7 +121,7 @@ REPLAY_SCHEDULERS = """async (cases) => {
   const f32 = (a) => Float32Array.from(a.flat(Infinity));
   return cases.map((c) => {
     const s = m.schedulerFor(c.scheduler, c.shift, c.num_train_timesteps, c.shift_terminal);
-    const { sigmas, modelTimes } = s.schedule(c.steps);
+    const { sigmas, modelTimes } = s.schedule(c.steps, c.given);
     // a scheduler without a re-planned tail (leapTail false) has none in the fixture: tail throws
     let tail = null, tailError = null;
     if (c.tail === null) {
@@ -157,7 +157,7 @@ def test_schedulers_replay_python_through_their_interface(page):
     float32 log and expm1, see LATENT_TOLERANCE)."""
     cases = json.loads((SWIFT_FIXTURES / "schedulers.json").read_text())
     assert sorted({c["scheduler"] for c in cases}) == sorted(SCHEDULERS)
-    assert len(cases) == 22
+    assert len(cases) == 31 and sum(c["given"] is not None for c in cases) == 9
     assert {c["shift_terminal"] for c in cases if c["scheduler"] == "ltx_flow_euler"} == \
         {0.1, None}
     got = page.evaluate(REPLAY_SCHEDULERS, cases)

@@ -62,6 +62,25 @@ DynamicGuidanceOption = Annotated[bool | None, typer.Option(
     "cogvideox_ddim packages only [default: the package's].")]
 
 
+def parse_sigmas(text: str | None) -> tuple[float, ...] | None:
+    """--sigmas as a tuple of numbers (commas between them); what the values must be (falling,
+    in (0, 1], one a step) the sampler settings check, naming the setting."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: give the noise levels as numbers with commas "
+                                 "between them, e.g. 1,0.94,0.75,0.4") from None
+
+
+SigmasOption = Annotated[str | None, typer.Option(
+    callback=parse_sigmas, help="Given noise levels, one a step (sets --steps), falling in "
+    "(0, 1], e.g. a distilled model's 1,0.94,0.75,0.4: the schedule's own spacing replaced as "
+    "diffusers' set_timesteps(sigmas=...) replaces it (shifted as the schedule shifts its "
+    "own); flow schedulers only (not CogVideoX's DDIM) [default: the model's spacing].")]
+
+
 def sampler_overrides(**values) -> dict:
     """The sampler settings given on the command line (None: not given)."""
     out = {k: v for k, v in values.items() if v is not None}

@@ -52,6 +52,7 @@ def export(
     steps: Annotated[int | None, typer.Option(
         min=1, help="Denoising steps the package defaults to [default: the family's, 50 "
         "for Wan, CogVideoX and LTX-Video].")] = None,
+    sigmas: common.SigmasOption = None,
     frame_rate: Annotated[float | None, typer.Option(
         help="LTX-Video: the frames per second the positions are scaled for (LTXPipeline's "
         "frame_rate) [default: 25].")] = None,

@@ -234,6 +234,7 @@ def record(
     merge_steps: common.MergeStepsOption = None,
     cache_threshold: common.CacheOption = None,
     guidance_steps: common.GuidanceStepsOption = None,
+    sigmas: common.SigmasOption = None,
     dynamic_guidance: common.DynamicGuidanceOption = None,
     guidance_rescale: common.GuidanceRescaleOption = None,
     force: Annotated[bool, typer.Option(
@@ -261,7 +262,7 @@ def record(
         steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
         leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
         leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
-        guidance_steps=guidance_steps,
+        guidance_steps=guidance_steps, sigmas=sigmas,
         dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
     # the manifest alone (no file hashed yet) says what the options must fit
     manifest = common.manifest_before_loading(package, output)

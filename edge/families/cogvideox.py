@@ -767,7 +767,8 @@ def check_size(folder: Path) -> dict[str, int]:
 
 
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
-            frames: int | None = None, steps: int | None = None) -> Accepted:
+            frames: int | None = None, steps: int | None = None,
+            sigmas: tuple[float, ...] | None = None) -> Accepted:
     """What this family takes, from the folder's JSON files alone (nothing loaded): every
     component, the components against each other, the scheduler as edge's sampler, the
     video size (default: the transformer's own) against the model. Refuses anything else
@@ -779,7 +780,7 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
                                                               strict=True)}
     check_video_size(shapes, **size)
     sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json")
-    return Accepted(size, with_steps(sampler, steps))
+    return Accepted(size, with_steps(sampler, steps, sigmas))
 
 
 def load(folder: Path, out_of_core: bool | None = None, **options) -> CogVideoXModel:

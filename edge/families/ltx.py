@@ -798,6 +798,7 @@ def check_size(folder: Path) -> dict[str, int]:
 
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
             frames: int | None = None, steps: int | None = None,
+            sigmas: tuple[float, ...] | None = None,
             frame_rate: float | None = None, decode_timestep: float | None = None,
             decode_noise_scale: float | None = None) -> Accepted:
     """What this family takes, from the folder's JSON files alone (nothing loaded): every
@@ -816,7 +817,8 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
                              decode_noise_scale)
     sampler = sampler_settings(folder / "scheduler" / "scheduler_config.json",
                                latent_tokens(shapes, **size))
-    return Accepted(size, with_steps(sampler, steps), {"frame_rate": rate, "decode": decode})
+    return Accepted(size, with_steps(sampler, steps, sigmas),
+                    {"frame_rate": rate, "decode": decode})
 
 
 

@@ -9,6 +9,7 @@ options."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar, NamedTuple
@@ -21,7 +22,7 @@ from edge.package import file_entry
 from edge.sampler import SamplerSettings
 
 # what every diffusers family's `load` takes (its EXPORT_OPTIONS, beside any of its own)
-PIPELINE_OPTIONS = (*SIZE_OPTIONS, "out_of_core", "lora")
+PIPELINE_OPTIONS = (*SIZE_OPTIONS, "sigmas", "out_of_core", "lora")
 
 
 def target_shapes(target: str) -> Shapes:
@@ -42,17 +43,45 @@ def cutting(blocks, what: str = "transformer"):
                 leave=False, disable=None)
 
 
-def with_steps(sampler: SamplerSettings, steps: int | None) -> SamplerSettings:
-    """The folder's sampler at `--steps` (None: its own), a dynamic leap no sooner than half
-    way, checked as the runtimes check it; refused naming the option."""
-    if steps is None:
+def with_steps(sampler: SamplerSettings, steps: int | None,
+               sigmas: tuple[float, ...] | None = None) -> SamplerSettings:
+    """The folder's sampler at `--steps` (None: its own, or as many as `--sigmas` gives) and
+    the given noise levels `--sigmas` (None: the schedule's own), a dynamic leap no sooner
+    than half way, checked as the runtimes check it; refused naming the option."""
+    if steps is None and sigmas is None:
         return sampler
     from edge.options import check_settings
 
+    steps = len(sigmas) if steps is None else steps
     try:
-        return check_settings(replace(sampler, steps=steps, leap_min_steps=max(1, steps // 2)))
+        return check_settings(replace(sampler, steps=steps, leap_min_steps=max(1, steps // 2),
+                                      sigmas=sigmas))
     except ValueError as err:
-        raise FamilyError(f"--steps {steps}: {err}") from None
+        given = f"--sigmas {','.join(map(str, sigmas))}" if sigmas else f"--steps {steps}"
+        raise FamilyError(f"{given}: {err}") from None
+
+
+@contextmanager
+def given_levels(scheduler, sigmas: tuple[float, ...] | None):
+    """For one run, the pipeline's scheduler set to the given noise levels as its
+    set_timesteps(sigmas=...) takes them, whatever spacing the pipeline asks for: WanPipeline
+    and LTXPipeline take no list (WanPipeline calls set_timesteps(steps); LTXPipeline passes
+    its own linspace as sigmas, and its `timesteps` argument collides with those in
+    retrieve_timesteps). A pipeline's `mu` (LTX's shift) is passed on. None: as it is."""
+    if sigmas is None:
+        yield
+        return
+    own = scheduler.set_timesteps
+    levels = np.array(sigmas, np.float64)  # UniPC shifts the array itself: not a list
+
+    def set_given(num_inference_steps=None, device=None, sigmas=None, mu=None, **_):
+        return own(sigmas=levels, device=device, **({} if mu is None else {"mu": mu}))
+
+    scheduler.set_timesteps = set_given  # the instance's attribute hides the method
+    try:
+        yield
+    finally:
+        del scheduler.set_timesteps
 
 
 def tokenizer_fields(root: Path, tokenizer, max_tokens: int, clean: str,
@@ -133,18 +162,23 @@ class PipelineModel:
                   negative_prompt: str = "", steps: int | None = None,
                   guidance: float | None = None,
                   on_step: Callable[[int, int], None] | None = None,
-                  seed: int | None = None, **options) -> np.ndarray:
+                  seed: int | None = None, sigmas: tuple[float, ...] | None = None,
+                  **options) -> np.ndarray:
         """diffusers' pipeline itself: uint8 video (B, T, H, W, 3) from these initial latents
-        (the package's layout) or from those it draws for `seed` (`start`); `options`: the
-        family's own (`pipeline_options`)."""
+        (the package's layout) or from those it draws for `seed` (`start`), through the given
+        noise levels `sigmas` (`given_levels`; without `steps`, the sampler's own steps and
+        levels); `options`: the family's own (`pipeline_options`)."""
         start = self.start(latents, seed)
-        return run_pipeline(
-            self.pipe, prompt, steps or self.sampler.steps, on_step,
-            negative_prompt=negative_prompt, height=self.height, width=self.width,
-            num_frames=self.frames,
-            guidance_scale=self.sampler.guidance if guidance is None else guidance,
-            max_sequence_length=self.text_tokens, **start,
-            **self.pipeline_options(seed, **options))
+        if steps is None:
+            steps, sigmas = self.sampler.steps, self.sampler.sigmas
+        with given_levels(self.pipe.scheduler, sigmas):
+            return run_pipeline(
+                self.pipe, prompt, steps, on_step,
+                negative_prompt=negative_prompt, height=self.height, width=self.width,
+                num_frames=self.frames,
+                guidance_scale=self.sampler.guidance if guidance is None else guidance,
+                max_sequence_length=self.text_tokens, **start,
+                **self.pipeline_options(seed, **options))
 
     def generate(self, prompt: str, seed: int = 0,
                  on_step: Callable[[int, int], None] | None = None,

@@ -750,7 +750,8 @@ def check_size(folder: Path) -> dict[str, int]:
 
 
 def accepts(folder: Path, height: int | None = None, width: int | None = None,
-            frames: int | None = None, steps: int | None = None) -> Accepted:
+            frames: int | None = None, steps: int | None = None,
+            sigmas: tuple[float, ...] | None = None) -> Accepted:
     """The one place that says what this family takes, from the folder's JSON files alone
     (nothing loaded, seconds at most): every component, the components against each other,
     the scheduler as edge's sampler, the video size against the model. Returns the size and
@@ -762,7 +763,7 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
     check_video_size(shapes, **size)
     config = folder / "scheduler" / "scheduler_config.json"
     sampler = sampler_settings(config)
-    return Accepted(size, with_steps(sampler, steps))
+    return Accepted(size, with_steps(sampler, steps, sigmas))
 
 
 def load(folder: Path, out_of_core: bool | None = None, **options) -> WanModel:

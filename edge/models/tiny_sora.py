@@ -8,7 +8,7 @@ only composes named components; the sampler is the NumPy one every runtime share
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.text_encoder import TextEncoder
 from edge.models.tiny_sora_folder import WeightsFolderError, load_vae, load_weights, read_config
 from edge.models.vae import decode_latents
-from edge.options import check_prompts, check_seeds
+from edge.options import check_prompts, check_seeds, with_overrides
 from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "tiny-sora"
@@ -77,7 +77,7 @@ class TinySora:
     def generate_latents(self, prompts: list[str], seeds: list[int],
                          on_step: Callable[[int, int], None] | None = None,
                          **sampler_overrides) -> np.ndarray:
-        settings = replace(self.sampler, **sampler_overrides)
+        settings = with_overrides(self.sampler, sampler_overrides)
         caption, mask = self.text_encoder(prompts)
         null_caption, null_mask = self.transformer.null_condition(len(prompts))
         caption2, mask2 = torch.cat([caption, null_caption]), torch.cat([mask, null_mask])

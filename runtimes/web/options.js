@@ -44,6 +44,7 @@ function checkSettingKind(name, value) {
   if (INTEGER_SETTINGS.includes(name) && !Number.isInteger(value)) throw bad("an integer");
   if ((name === "leap_after" || name === "guidance_steps") && value !== null && !Number.isInteger(value)) throw bad("an integer or null");
   if (REAL_SETTINGS.includes(name) && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number");
+  if (name === "sigmas" && value !== null && !Array.isArray(value)) throw bad("a list of numbers or None");
   // null: no terminal stretch (Python's None)
   if (name === "shift_terminal" && value !== null && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number or null");
 }
@@ -52,6 +53,14 @@ function checkSettingKind(name, value) {
 // with_overrides checks them (kinds, ranges, and the limits of edge/options.py)
 export function settingsWith(packaged, overrides) {
   for (const [name, value] of Object.entries(overrides)) checkSettingKind(name, value);
+  overrides = { ...overrides };
+  // given levels say how many steps there are (Python's with_overrides)
+  if (overrides.sigmas != null) {
+    if (!("steps" in overrides)) overrides.steps = overrides.sigmas.length;
+  } else if ("steps" in overrides && !("sigmas" in overrides) && packaged.sigmas != null
+             && overrides.steps !== packaged.sigmas.length) {
+    throw new Error(`sampler setting steps=${show(overrides.steps)}: these settings give ${packaged.sigmas.length} noise levels of their own (sigmas); give sigmas as well, or sigmas=None for the schedule's own spacing`);
+  }
   const s = checkSettings({ ...packaged, ...overrides });
   const over = (name, most) => new Error(`sampler setting ${name}=${show(s[name])}: more than ${most}`);
   if (!(s.shift > 0)) throw new Error(`sampler setting shift=${show(s.shift)}: must be positive`);

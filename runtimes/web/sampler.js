@@ -18,8 +18,26 @@ export const DEFAULT_SETTINGS = {
   steps: 30, guidance: 5.0, dynamic_guidance: false, guidance_rescale: 0.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
   shift_terminal: null,
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
-  leap_steps: 1, merge_steps: 0, cache_threshold: 0.0, guidance_steps: null,
+  leap_steps: 1, merge_steps: 0, cache_threshold: 0.0, guidance_steps: null, sigmas: null,
 };
+
+// edge/sampler.py SamplerSettings._check_sigmas: given levels, one a step, falling in (0, 1],
+// for a scheduler that takes them
+function checkSigmas(s, bad) {
+  const levels = s.sigmas;
+  if (!SCHEDULERS[s.scheduler].takesSigmas) {
+    const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesSigmas).join(", ");
+    throw bad("sigmas", `${s.scheduler} takes no given levels (its diffusers scheduler takes none either; ${takers} do)`);
+  }
+  if (!Array.isArray(levels) || !levels.every((v) => typeof v === "number" && Number.isFinite(v))) {
+    throw bad("sigmas", "must be a list of finite numbers, or None for the schedule's own levels");
+  }
+  if (levels.length !== s.steps) throw bad("sigmas", `${levels.length} levels for steps=${s.steps} (one level a step)`);
+  const outside = levels.find((v) => !(v > 0 && v <= 1));
+  if (outside !== undefined) throw bad("sigmas", `${outside} is outside the schedule's range (0, 1]`);
+  const rise = levels.findIndex((v, i) => i > 0 && v >= levels[i - 1]);
+  if (rise > 0) throw bad("sigmas", `does not fall: level ${rise} (${levels[rise]}) is not below level ${rise - 1} (${levels[rise - 1]})`);
+}
 
 export function checkSettings(values) {
   const unknown = Object.keys(values).filter((k) => !(k in DEFAULT_SETTINGS));
@@ -65,6 +83,7 @@ export function checkSettings(values) {
   if (k !== null && !(Number.isInteger(k) && k >= 0 && k <= s.steps)) {
     throw bad("guidance_steps", `must be a whole number from 0 to steps (${s.steps}), or None to guide every call`);
   }
+  if (s.sigmas !== null) checkSigmas(s, bad);
   if (!Number.isFinite(s.guidance)) throw bad("guidance", "must be a finite number");
   return s;
 }
@@ -78,13 +97,13 @@ export function schedulerOf(settings) {
 // The noise levels t_0 = 1 > ... > t_N = 0 (Float32Array, steps + 1 values), as the settings'
 // diffusers scheduler sets them.
 export function timesteps(settings) {
-  return schedulerOf(settings).schedule(settings.steps).sigmas;
+  return schedulerOf(settings).schedule(settings.steps, settings.sigmas).sigmas;
 }
 
 // What the transformer is told the time of each step is (steps values): the sigmas for
 // flow-match Euler; UniPC's whole training timesteps as fractions.
 export function modelTimes(settings) {
-  return schedulerOf(settings).schedule(settings.steps).modelTimes;
+  return schedulerOf(settings).schedule(settings.steps, settings.sigmas).modelTimes;
 }
 
 export function guidedVelocity(vCond, vUncond, guidance) {
@@ -273,7 +292,7 @@ export async function runPairs(step, x, tMod, pairs, batch, dim) {
 // (its own noise levels and model times, a fresh solver) until t = 0.
 export async function sample(predict, noise, settings, onStep = null, trace = {}) {
   const scheduler = schedulerOf(settings);
-  let { sigmas: ts, modelTimes: modelTs } = scheduler.schedule(settings.steps);
+  let { sigmas: ts, modelTimes: modelTs } = scheduler.schedule(settings.steps, settings.sigmas);
   let solver = scheduler.solver(ts);
   let x = Float32Array.from(noise);
   Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0, guided_calls: 0 });

@@ -10,9 +10,12 @@
 //     Cls.takesDynamicGuidance (Python's takes_dynamic_guidance: whether its levels are the
 //     training timesteps CogVideoX's dynamic guidance reads, so checkSettings lets
 //     dynamic_guidance be set)
-//   schedule(steps) -> { sigmas, modelTimes }: the levels (Float32Array, falling, steps + 1
-//     values; a flow's are its noise levels 1 > ... > 0, cogvideox_ddim's its training
-//     timesteps then -1) and what the transformer is told the time of each step is (steps)
+//   schedule(steps, given = null) -> { sigmas, modelTimes }: the levels (Float32Array,
+//     falling, steps + 1 values; a flow's are its noise levels 1 > ... > 0, cogvideox_ddim's
+//     its training timesteps then -1) and what the transformer is told the time of each step
+//     is (steps); `given`: `steps` levels in place of the schedule's own spacing, as
+//     diffusers' set_timesteps(sigmas=...) takes them (only where Cls.takesSigmas, Python's
+//     takes_sigmas)
 //   tail(tFrom, tMin, steps) -> { sigmas, modelTimes }: a leap's re-planned rest, `steps`
 //     steps from tFrom down to tMin spaced as the schedule spaces its own, then 0 (throws
 //     where leapTail is false)
@@ -36,15 +39,15 @@ function shiftSigma32(s, shift) {
 }
 
 // edge/schedulers.py euler_sigmas (FlowMatchEulerDiscreteScheduler.set_timesteps with a static
-// shift): a float64 linspace from 1 to the (shifted) smallest training sigma, rounded to
-// float32, shifted once more in float32, then a final 0 (steps + 1 values).
-export function eulerSigmas(steps, shift, numTrainTimesteps) {
+// shift): a float64 linspace from 1 to the (shifted) smallest training sigma (or the `given`
+// levels), rounded to float32, shifted once more in float32, then a final 0 (steps + 1 values).
+export function eulerSigmas(steps, shift, numTrainTimesteps, given = null) {
   const x = 1.0 / numTrainTimesteps; // float64 here, as in NumPy
   const sigmaMin = shift * x / (1 + (shift - 1) * x);
   const out = new Float32Array(steps + 1);
   const step = steps > 1 ? (sigmaMin - 1.0) / (steps - 1) : 0;
   for (let i = 0; i < steps; i++) {
-    const lin = steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0; // np.linspace
+    const lin = given ? given[i] : steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0; // np.linspace
     out[i] = shiftSigma32(f32(lin), shift);
   }
   out[steps] = 0;
@@ -52,19 +55,19 @@ export function eulerSigmas(steps, shift, numTrainTimesteps) {
 }
 
 // edge/schedulers.py ltx_sigmas (FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline
-// calls it): a float64 linspace(1, 1/N, N) rounded to float32, the exponential time shift
-// e / (e + (1 / s - 1)) with e = float32(shift) = exp(mu), then (with a terminal) 1 - s scaled
-// so the last level is shiftTerminal, all float32 op by op; a final 0. One step keeps its
-// level 1 (the stretch would divide 0 by 0).
-export function ltxSigmas(steps, shift, shiftTerminal) {
+// calls it): a float64 linspace(1, 1/N, N) (or the `given` levels) rounded to float32, the
+// exponential time shift e / (e + (1 / s - 1)) with e = float32(shift) = exp(mu), then (with a
+// terminal) 1 - s scaled so the last level is shiftTerminal, all float32 op by op; a final 0.
+// A schedule whose last level is 1 (one step) keeps it (the stretch would divide 0 by 0).
+export function ltxSigmas(steps, shift, shiftTerminal, given = null) {
   const e = f32(shift);
   const out = new Float32Array(steps + 1);
   const step = steps > 1 ? (1.0 / steps - 1.0) / (steps - 1) : 0;
   for (let i = 0; i < steps; i++) {
-    const lin = f32(steps > 1 && i === steps - 1 ? 1.0 / steps : i * step + 1.0); // np.linspace
+    const lin = f32(given ? given[i] : steps > 1 && i === steps - 1 ? 1.0 / steps : i * step + 1.0); // np.linspace
     out[i] = f32(e / f32(e + f32(f32(1 / lin) - 1)));
   }
-  if (shiftTerminal !== null && steps > 1) {
+  if (shiftTerminal !== null && out[steps - 1] !== 1) {
     // 1 - shiftTerminal in float64, then float32 (diffusers' Python float against float32)
     const scale = f32(f32(1 - out[steps - 1]) / f32(1 - shiftTerminal));
     for (let i = 0; i < steps; i++) out[i] = f32(1 - f32(f32(1 - out[i]) / scale));
@@ -112,11 +115,13 @@ export class EulerSolver {
 // false where it builds no re-planned tail (Python's leap_tail); `static takesShiftTerminal`
 // true where its schedule takes a shift_terminal (Python's takes_shift_terminal);
 // `static takesDynamicGuidance` true where its levels are whole training timesteps
-// (Python's takes_dynamic_guidance).
+// (Python's takes_dynamic_guidance); `static takesSigmas` true where given levels can replace
+// its spacing (Python's takes_sigmas).
 export class Scheduler {
   static leapTail = true;
   static takesShiftTerminal = false;
   static takesDynamicGuidance = false;
+  static takesSigmas = false;
 
   constructor(shift, numTrainTimesteps, shiftTerminal = null) {
     this.shift = shift;
@@ -141,9 +146,10 @@ export class Scheduler {
 // sigmas themselves.
 export class FlowEuler extends Scheduler {
   static name = "flow_euler";
+  static takesSigmas = true;
 
-  schedule(steps) {
-    const sigmas = eulerSigmas(steps, this.shift, this.numTrainTimesteps);
+  schedule(steps, given = null) {
+    const sigmas = eulerSigmas(steps, this.shift, this.numTrainTimesteps, given);
     return { sigmas, modelTimes: sigmas.subarray(0, steps) };
   }
 
@@ -161,10 +167,11 @@ export class FlowEuler extends Scheduler {
 // training steps.
 export class FlowUniPC extends Scheduler {
   static name = "flow_unipc";
+  static takesSigmas = true;
 
-  schedule(steps) {
-    return { sigmas: unipcSigmas(steps, this.shift, this.numTrainTimesteps),
-             modelTimes: unipcModelTimes(steps, this.shift, this.numTrainTimesteps) };
+  schedule(steps, given = null) {
+    return { sigmas: unipcSigmas(steps, this.shift, this.numTrainTimesteps, given),
+             modelTimes: unipcModelTimes(steps, this.shift, this.numTrainTimesteps, given) };
   }
 
   tail(tFrom, tMin, steps) {
@@ -185,8 +192,8 @@ export class FlowEulerLTX extends FlowEuler {
   static name = "ltx_flow_euler";
   static takesShiftTerminal = true;
 
-  schedule(steps) {
-    const sigmas = ltxSigmas(steps, this.shift, this.shiftTerminal);
+  schedule(steps, given = null) {
+    const sigmas = ltxSigmas(steps, this.shift, this.shiftTerminal, given);
     return { sigmas, modelTimes: sigmas.subarray(0, steps) };
   }
 }

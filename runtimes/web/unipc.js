@@ -23,24 +23,24 @@ function shiftSigma64(s, shift) {
 // UniPCMultistepScheduler.set_timesteps with use_flow_sigmas, float64, without the final 0:
 // linspace(1, 1/N, steps + 1) without its end (np.linspace: i * step + start), shifted, the
 // first nudged below 1.
-function unipcFlowSigmas(steps, shift, numTrainTimesteps) {
+function unipcFlowSigmas(steps, shift, numTrainTimesteps, given = null) {
   const step = (1.0 / numTrainTimesteps - 1.0) / steps;
   const sigmas = new Float64Array(steps);
-  for (let i = 0; i < steps; i++) sigmas[i] = shiftSigma64(i * step + 1.0, shift);
+  for (let i = 0; i < steps; i++) sigmas[i] = shiftSigma64(given ? given[i] : i * step + 1.0, shift);
   if (Math.abs(sigmas[0] - 1.0) < 1e-6) sigmas[0] -= 1e-6;
   return sigmas;
 }
 
 // UniPC's flow sigmas with a final 0, float32 (steps + 1 values)
-export function unipcSigmas(steps, shift, numTrainTimesteps) {
+export function unipcSigmas(steps, shift, numTrainTimesteps, given = null) {
   const out = new Float32Array(steps + 1);
-  out.set(unipcFlowSigmas(steps, shift, numTrainTimesteps)); // rounds each to float32
+  out.set(unipcFlowSigmas(steps, shift, numTrainTimesteps, given)); // rounds each to float32
   return out;
 }
 
 // What UniPC tells the model the time is: int64(sigma * N) of the float64 sigmas, over N
-export function unipcModelTimes(steps, shift, numTrainTimesteps) {
-  return wholeStepTimes(unipcFlowSigmas(steps, shift, numTrainTimesteps), numTrainTimesteps);
+export function unipcModelTimes(steps, shift, numTrainTimesteps, given = null) {
+  return wholeStepTimes(unipcFlowSigmas(steps, shift, numTrainTimesteps, given), numTrainTimesteps);
 }
 
 // Each sigma (float32 or float64 values) rounded down to a whole training step, as a fraction

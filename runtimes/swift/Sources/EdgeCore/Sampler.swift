@@ -41,6 +41,9 @@ public struct SamplerSettings: Codable, Equatable {
     public var mergeSteps = 0
     public var cacheThreshold = 0.0
     public var guidanceSteps: Int? = nil  // guidance cutoff: the first K calls guided; nil: all
+    /// Given noise levels, one a step, falling in (0, 1], in place of the schedule's own
+    /// spacing (as diffusers' set_timesteps(sigmas=...)); nil: the schedule's own.
+    public var sigmas: [Double]? = nil
 
     public init() {}
 
@@ -48,7 +51,7 @@ public struct SamplerSettings: Codable, Equatable {
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
         case steps, guidance, dynamicGuidance, guidanceRescale, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
-        case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold, guidanceSteps
+        case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold, guidanceSteps, sigmas
     }
 
     private struct AnyKey: CodingKey {
@@ -86,6 +89,8 @@ public struct SamplerSettings: Codable, Equatable {
         cacheThreshold = try c.decodeIfPresent(Double.self, forKey: .cacheThreshold) ?? cacheThreshold
         // absent (packages before it) or null: every call guided
         guidanceSteps = try c.decodeIfPresent(Int.self, forKey: .guidanceSteps)
+        // absent (packages before it) or null: the schedule's own levels
+        sigmas = try c.decodeIfPresent([Double].self, forKey: .sigmas)
         try validate()
     }
 
@@ -132,6 +137,26 @@ public struct SamplerSettings: Codable, Equatable {
         if let k = guidanceSteps, !(0...steps).contains(k) {
             throw bad("guidance_steps", k, "must be a whole number from 0 to steps (\(steps)), or None to guide every call")
         }
+        if let levels = sigmas { try validateSigmas(levels, takes: type(of: named).takesSigmas, bad) }
+    }
+
+    /// Python's SamplerSettings._check_sigmas: one level a step, finite, in (0, 1], falling.
+    private func validateSigmas(_ levels: [Double], takes: Bool,
+                                _ bad: (String, Any, String) -> SettingsError) throws {
+        if !takes {
+            let takers = schedulers.filter { $0.type.takesSigmas }.map(\.name).joined(separator: ", ")
+            throw bad("sigmas", levels, "\(scheduler) takes no given levels (its diffusers scheduler takes none either; \(takers) do)")
+        }
+        if !levels.allSatisfy(\.isFinite) {
+            throw bad("sigmas", levels, "must be a list of finite numbers, or None for the schedule's own levels")
+        }
+        if levels.count != steps { throw bad("sigmas", levels, "\(levels.count) levels for steps=\(steps) (one level a step)") }
+        if let outside = levels.first(where: { !($0 > 0 && $0 <= 1) }) {
+            throw bad("sigmas", levels, "\(outside) is outside the schedule's range (0, 1]")
+        }
+        if let rise = levels.indices.dropFirst().first(where: { levels[$0] >= levels[$0 - 1] }) {
+            throw bad("sigmas", levels, "does not fall: level \(rise) (\(levels[rise])) is not below level \(rise - 1) (\(levels[rise - 1]))")
+        }
     }
 }
 
@@ -170,13 +195,13 @@ public func scheduler(of settings: SamplerSettings) -> any Scheduler {
 /// The noise levels t_0 = 1 > ... > t_{N-1} > t_N = 0 (float32, steps + 1 values), as the
 /// settings' diffusers scheduler sets them.
 public func timesteps(_ settings: SamplerSettings) -> [Float] {
-    scheduler(of: settings).schedule(steps: settings.steps).sigmas
+    scheduler(of: settings).schedule(steps: settings.steps, given: settings.sigmas).sigmas
 }
 
 /// What the transformer is told the time of each step is (steps values): the sigmas for
 /// flow-match Euler; UniPC's whole training timesteps as fractions.
 public func modelTimes(_ settings: SamplerSettings) -> [Float] {
-    scheduler(of: settings).schedule(steps: settings.steps).modelTimes
+    scheduler(of: settings).schedule(steps: settings.steps, given: settings.sigmas).modelTimes
 }
 
 public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
@@ -405,7 +430,7 @@ public typealias Predictor = (Tensor, Float, Step) throws -> (Tensor, Tensor?)
 public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
                    onStep: ((Int, Int) -> Void)? = nil, trace: inout Trace) rethrows -> Tensor {
     let scheduler = EdgeCore.scheduler(of: settings)
-    var (ts, modelTs) = scheduler.schedule(steps: settings.steps)
+    var (ts, modelTs) = scheduler.schedule(steps: settings.steps, given: settings.sigmas)
     var solver = scheduler.solver(sigmas: ts)
     var x = noise
     let rule = LeapRule(settings)

@@ -35,13 +35,16 @@ extension Solver {
 /// takes_shift_terminal; false by default, and settings with one are then refused).
 /// `takesDynamicGuidance`: whether its levels are the whole training timesteps CogVideoX's
 /// dynamic guidance reads (Python's takes_dynamic_guidance; false by default, and settings
-/// with dynamic_guidance are then refused).
+/// with dynamic_guidance are then refused). `takesSigmas`: whether given noise levels can
+/// replace its spacing (Python's takes_sigmas; false by default, and settings with sigmas
+/// are then refused).
 public protocol Scheduler {
     static var name: String { get }
     var name: String { get }
     static var leapTail: Bool { get }
     static var takesShiftTerminal: Bool { get }
     static var takesDynamicGuidance: Bool { get }
+    static var takesSigmas: Bool { get }
     var shift: Double { get }
     var numTrainTimesteps: Int { get }
     /// The last noise level before 0 the schedule is stretched to; nil: no stretch.
@@ -55,8 +58,9 @@ public protocol Scheduler {
 
     /// The levels of `steps` steps (float32, falling, steps + 1 values; a flow's are its noise
     /// levels 1 > ... > 0) and what the transformer is told the time of each is (steps
-    /// values, in [0, 1]).
-    func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float])
+    /// values, in [0, 1]). `given`: `steps` levels in place of the schedule's own spacing, as
+    /// diffusers' set_timesteps(sigmas=...) takes them (only where `takesSigmas`).
+    func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float])
 
     /// A leap's re-planned rest: `steps` steps from tFrom down to tMin spaced as this
     /// schedule spaces its own, then 0 (steps + 1 values); and their model times (steps).
@@ -85,7 +89,14 @@ extension Scheduler {
 
     public static var takesDynamicGuidance: Bool { false }
 
+    public static var takesSigmas: Bool { false }
+
     public var shiftTerminal: Double? { nil }
+
+    /// The schedule's own spacing (no given levels).
+    public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+        schedule(steps: steps, given: nil)
+    }
 
     public init(shift: Double, numTrainTimesteps: Int, shiftTerminal: Double?) {
         self.init(shift: shift, numTrainTimesteps: numTrainTimesteps)
@@ -115,6 +126,7 @@ extension EulerFlow {
 /// sigmas.
 public struct FlowEuler: EulerFlow {
     public static let name = "flow_euler"
+    public static var takesSigmas: Bool { true }
     public let shift: Double
     public let numTrainTimesteps: Int
 
@@ -123,8 +135,8 @@ public struct FlowEuler: EulerFlow {
         self.numTrainTimesteps = numTrainTimesteps
     }
 
-    public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = eulerSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps)
+    public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
+        let sigmas = eulerSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given)
         return (sigmas, Array(sigmas.dropLast()))
     }
 }
@@ -136,6 +148,7 @@ public struct FlowEuler: EulerFlow {
 public struct FlowEulerLTX: EulerFlow {
     public static let name = "ltx_flow_euler"
     public static var takesShiftTerminal: Bool { true }
+    public static var takesSigmas: Bool { true }
     public let shift: Double
     public let numTrainTimesteps: Int
     public let shiftTerminal: Double?
@@ -150,8 +163,8 @@ public struct FlowEulerLTX: EulerFlow {
         self.init(shift: shift, numTrainTimesteps: numTrainTimesteps, shiftTerminal: nil)
     }
 
-    public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = ltxSigmas(steps: steps, shift: shift, shiftTerminal: shiftTerminal)
+    public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
+        let sigmas = ltxSigmas(steps: steps, shift: shift, shiftTerminal: shiftTerminal, given: given)
         return (sigmas, Array(sigmas.dropLast()))
     }
 }
@@ -160,6 +173,7 @@ public struct FlowEulerLTX: EulerFlow {
 /// `flow_shift`, order 2, bh2; UniPC.swift): model times are whole training steps.
 public struct FlowUniPC: Scheduler {
     public static let name = "flow_unipc"
+    public static var takesSigmas: Bool { true }
     public let shift: Double
     public let numTrainTimesteps: Int
 
@@ -168,9 +182,9 @@ public struct FlowUniPC: Scheduler {
         self.numTrainTimesteps = numTrainTimesteps
     }
 
-    public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
-        (unipcSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps),
-         unipcModelTimes(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps))
+    public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
+        (unipcSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given),
+         unipcModelTimes(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given))
     }
 
     public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
@@ -222,7 +236,8 @@ public struct CogVideoXDDIM: Scheduler {
             .map { Int($0.rounded(.toNearestOrEven)) - 1 }
     }
 
-    public func schedule(steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+    public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
+        precondition(given == nil, "\(name) takes no given levels")  // refused by validate()
         let t = timesteps(steps: steps)
         return (t.map { Float($0) } + [-1],
                 t.map { Float(Double($0) / Double(numTrainTimesteps)) })
@@ -359,9 +374,10 @@ func shiftSigma(_ s: Float, _ shift: Double) -> Float {
 }
 
 /// FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift (euler_sigmas): a
-/// linspace from 1 to the (shifted) smallest training sigma, shifted once more in float32,
-/// then a final 0.
-func eulerSigmas(steps n: Int, shift: Double, numTrainTimesteps: Int) -> [Float] {
+/// linspace from 1 to the (shifted) smallest training sigma (or the `given` levels), shifted
+/// once more in float32, then a final 0.
+func eulerSigmas(steps n: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Float] {
+    if let given { return given.map { shiftSigma(Float($0), shift) } + [0] }
     let tiny = 1.0 / Double(numTrainTimesteps)
     let sigmaMin = shift * tiny / (1 + (shift - 1) * tiny)  // float64, as np.float64 input
     var sigmas = [Float]()
@@ -373,14 +389,15 @@ func eulerSigmas(steps n: Int, shift: Double, numTrainTimesteps: Int) -> [Float]
 }
 
 /// FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline calls it (ltx_sigmas): the
-/// float64 linspace(1, 1/N, N) rounded to Float, the exponential time shift e / (e + (1 / s -
-/// 1)) with e = Float(shift) = exp(mu), then (with a terminal) 1 - s scaled so the last level
-/// is shiftTerminal, all in Float as NumPy computes them; a final 0. One step keeps its level
-/// 1 (the stretch would divide 0 by 0).
-func ltxSigmas(steps n: Int, shift: Double, shiftTerminal: Double?) -> [Float] {
+/// float64 linspace(1, 1/N, N) (or the `given` levels) rounded to Float, the exponential time
+/// shift e / (e + (1 / s - 1)) with e = Float(shift) = exp(mu), then (with a terminal) 1 - s
+/// scaled so the last level is shiftTerminal, all in Float as NumPy computes them; a final 0.
+/// A schedule whose last level is 1 (one step) keeps it (the stretch would divide 0 by 0).
+func ltxSigmas(steps n: Int, shift: Double, shiftTerminal: Double?, given: [Double]? = nil) -> [Float] {
     let e = Float(shift)
-    var sigmas = linspace(1.0, 1.0 / Double(n), n).map { s -> Float in e / (e + (1 / Float(s) - 1)) }
-    if let terminal = shiftTerminal, n > 1 {
+    let levels = given ?? linspace(1.0, 1.0 / Double(n), n)
+    var sigmas = levels.map { s -> Float in e / (e + (1 / Float(s) - 1)) }
+    if let terminal = shiftTerminal, sigmas[n - 1] != 1 {
         // 1 - shiftTerminal in float64, then Float (diffusers' Python float against float32)
         let scale = (1 - sigmas[n - 1]) / Float(1 - terminal)
         sigmas = sigmas.map { 1 - (1 - $0) / scale }

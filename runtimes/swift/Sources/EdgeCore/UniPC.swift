@@ -18,23 +18,24 @@ func shiftSigma64(_ s: Double, _ shift: Double) -> Double {
 }
 
 /// UniPCMultistepScheduler.set_timesteps with use_flow_sigmas, float64, without the final 0:
-/// linspace(1, 1/N, steps + 1) without its end, shifted, the first nudged below 1.
-func unipcFlowSigmas(steps: Int, shift: Double, numTrainTimesteps: Int) -> [Double] {
+/// linspace(1, 1/N, steps + 1) without its end (or the `given` levels), shifted, the first
+/// nudged below 1.
+func unipcFlowSigmas(steps: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Double] {
     let stop = 1.0 / Double(numTrainTimesteps)
     let step = (stop - 1.0) / Double(steps)  // np.linspace: i * step + start
-    var sigmas = (0..<steps).map { shiftSigma64(Double($0) * step + 1.0, shift) }
+    var sigmas = (0..<steps).map { shiftSigma64(given?[$0] ?? Double($0) * step + 1.0, shift) }
     if abs(sigmas[0] - 1.0) < 1e-6 { sigmas[0] -= 1e-6 }
     return sigmas
 }
 
 /// UniPC's flow sigmas with a final 0, float32 (steps + 1 values).
-public func unipcSigmas(steps: Int, shift: Double, numTrainTimesteps: Int) -> [Float] {
-    unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps).map(Float.init) + [0]
+public func unipcSigmas(steps: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Float] {
+    unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given).map(Float.init) + [0]
 }
 
 /// What UniPC tells the model the time is: int64(sigma * N) of the float64 sigmas, over N.
-public func unipcModelTimes(steps: Int, shift: Double, numTrainTimesteps: Int) -> [Float] {
-    wholeStepTimes(unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps),
+public func unipcModelTimes(steps: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Float] {
+    wholeStepTimes(unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given),
                    numTrainTimesteps: numTrainTimesteps)
 }
 

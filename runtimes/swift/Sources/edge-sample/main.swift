@@ -27,7 +27,7 @@ let usage = """
     usage: edge-sample PACKAGE PROMPT [--negative-prompt TEXT] [--seed N | --latents F.npy]
                        [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance] [--guidance-rescale X]
                        [--leap-after N] [--leap-steps N]
-                       [--merge-steps N] [--cache-threshold X] [--guidance-steps K] [--budget BYTES]
+                       [--merge-steps N] [--cache-threshold X] [--guidance-steps K] [--sigmas S1,S2,...] [--budget BYTES]
                        [--decode-timestep X] [--decode-noise-scale X] -o OUT.npy|OUT.gif
            edge-sample PACKAGE --bundle BUNDLE [--budget BYTES] [-o OUT.npy]
     """
@@ -39,6 +39,7 @@ struct Options {
     var seed: UInt64?, budget: Int?
     var steps: Int?, guidance: Double?, guidanceRescale: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?, guidanceSteps: Int?
     var dynamicGuidance: Bool?   // CogVideoX's dynamic guidance (cogvideox_ddim packages)
+    var sigmas: [Double]?        // given noise levels, one a step (sets --steps)
     var decodeTimestep: Double?, decodeNoiseScale: Double?   // a timestep-conditioned decoder's (LTX-Video)
 
     init(_ args: [String]) throws {
@@ -73,6 +74,13 @@ struct Options {
             case "--merge-steps": mergeSteps = try number(arg, Int.self)
             case "--cache-threshold": cacheThreshold = try number(arg, Double.self)
             case "--guidance-steps": guidanceSteps = try number(arg, Int.self)
+            case "--sigmas":   // numbers with commas between them, as `edge generate --sigmas`
+                let text = try value(arg)
+                let levels = text.split(separator: ",", omittingEmptySubsequences: false).map { Double($0) }
+                guard !levels.contains(where: { $0 == nil }) else {
+                    throw Failure(description: "--sigmas \(text): give the noise levels as numbers with commas between them, e.g. 1,0.94,0.75,0.4")
+                }
+                sigmas = levels.compactMap { $0 }
             case "--guidance-rescale": guidanceRescale = try number(arg, Double.self)
             case "--decode-timestep": decodeTimestep = try number(arg, Double.self)
             case "--decode-noise-scale": decodeNoiseScale = try number(arg, Double.self)
@@ -94,7 +102,7 @@ struct Options {
                          dynamicGuidance.map { $0 ? "--dynamic-guidance" : "--no-dynamic-guidance" }, leapAfter.map { _ in "--leap-after" },
                          leapSteps.map { _ in "--leap-steps" }, mergeSteps.map { _ in "--merge-steps" },
                          cacheThreshold.map { _ in "--cache-threshold" },
-                         guidanceSteps.map { _ in "--guidance-steps" },
+                         guidanceSteps.map { _ in "--guidance-steps" }, sigmas.map { _ in "--sigmas" },
                          guidanceRescale.map { _ in "--guidance-rescale" },
                          decodeTimestep.map { _ in "--decode-timestep" },
                          decodeNoiseScale.map { _ in "--decode-noise-scale" }].compactMap { $0 }
@@ -143,6 +151,12 @@ struct Options {
         if let mergeSteps { s.mergeSteps = mergeSteps }
         if let cacheThreshold { s.cacheThreshold = cacheThreshold }
         if let guidanceSteps { s.guidanceSteps = guidanceSteps }
+        // given levels say how many steps there are, as Python's with_overrides; a --steps
+        // against a package's own levels is refused by validate(), naming both
+        if let sigmas {
+            s.sigmas = sigmas
+            if steps == nil { s.steps = sigmas.count }
+        }
         if let guidanceRescale { s.guidanceRescale = guidanceRescale }
     }
 }

@@ -111,7 +111,7 @@ final class SamplerFixtureTests: XCTestCase {
         // the guidance fixtures' unconditional velocities differ (guidance and its cutoff count)
         for name in ["leap_straight_dynamic", "leap_curved_dynamic", "leap_fixed", "leap_off",
                      "leap_fixed_tail", "leap_dynamic_tail", "guidance_cutoff",
-                     "guidance_below_one", "guidance_cutoff_leap"] {
+                     "guidance_below_one", "guidance_cutoff_leap", "given_sigmas", "given_sigmas_leap"] {
             let f = try Fixtures.object("sampler/\(name).json")
             let settings = try Fixtures.settings(f["settings"]!)
             let velocities = (f["velocities"] as! [Any]).map(tensor)

@@ -28,7 +28,8 @@ final class SchedulersFixtureTests: XCTestCase {
 
     func testCoversTheRegistry() throws {
         let cases = try cases()
-        XCTAssertEqual(cases.count, 22)
+        XCTAssertEqual(cases.count, 31)
+        XCTAssertEqual(cases.filter { $0["given"] is [Any] }.count, 9)  // the flows through given levels
         // every scheduler the registry knows, in its order, and nothing else
         var names: [String] = []
         for c in cases where !names.contains(c["scheduler"] as! String) { names.append(c["scheduler"] as! String) }
@@ -43,7 +44,8 @@ final class SchedulersFixtureTests: XCTestCase {
             let what = "\(name) steps=\(steps) shift=\(s.shift) N=\(s.numTrainTimesteps) terminal=\(String(describing: s.shiftTerminal))"
             XCTAssertEqual(s.name, name, what)
             XCTAssertEqual(s.shiftTerminal, c["shift_terminal"] is NSNull ? nil : number(c["shift_terminal"]), what)
-            let (sigmas, times) = s.schedule(steps: steps)
+            let given = c["given"] as? [Any]
+            let (sigmas, times) = s.schedule(steps: steps, given: given?.map(number))
             XCTAssertEqual(sigmas, floats(c["sigmas"]), "\(what) sigmas")
             XCTAssertEqual(times, floats(c["model_times"]), "\(what) model times")
             XCTAssertEqual(sigmas.count, steps + 1, what)
@@ -77,7 +79,8 @@ final class SchedulersFixtureTests: XCTestCase {
             var x = tensor(c["x"]!)
             let want = (c["solver_steps"] as! [Any]).map(tensor)
             XCTAssertEqual(want.count, steps)
-            let solver = s.solver(sigmas: s.schedule(steps: steps).sigmas)
+            let given = (c["given"] as? [Any])?.map(number)
+            let solver = s.solver(sigmas: s.schedule(steps: steps, given: given).sigmas)
             for i in 0..<steps {
                 let what = "\(name) steps=\(steps) step \(i)"
                 x = solver.step(v: v.item(i).reshaped(x.shape), i: i, x: x)

@@ -73,7 +73,7 @@ final class BundleTests: ScratchTestCase {
         let families = try replayFolder().appendingPathComponent("families")
         var counts: [String: Int] = [:]
         for (family, names) in [("cogvideox", ["seed", "negative_merge_leap", "step_cache"]),
-                                ("ltx", ["seed", "negative_merge_leap", "step_cache"])] {
+                                ("ltx", ["seed", "negative_merge_leap", "step_cache", "given_levels"])] {
             let folder = families.appendingPathComponent(family)
             let package = folder.appendingPathComponent("package")
             for name in names {
@@ -86,7 +86,14 @@ final class BundleTests: ScratchTestCase {
                 print("bundle \(family)_\(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
             }
         }
-        XCTAssertEqual(counts, ["cogvideox": 3, "ltx": 3])
+        XCTAssertEqual(counts, ["cogvideox": 3, "ltx": 4])
+        // given noise levels: the package's LTX schedule through a distilled model's list
+        let given = try ConformanceBundle(contentsOf: families.appendingPathComponent("ltx/bundles/given_levels"))
+        var settings = SamplerSettings()
+        try given.configure(&settings)
+        XCTAssertEqual(settings.sigmas, [1.0, 0.95, 0.8, 0.5])
+        XCTAssertEqual(settings.steps, 4)
+        XCTAssertEqual(given.trace.calls, 4)
         // what the settings exercised: merging, a leap, skipped transformer calls
         for family in ["cogvideox", "ltx"] {
             func trace(_ name: String) throws -> ConformanceBundle.Trace {
