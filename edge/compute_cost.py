@@ -35,6 +35,17 @@ def block_flops(block: Block) -> int:
     return counter.get_total_flops()
 
 
+def flops_record(block: Block) -> dict:
+    """The manifest's `flops` of a block: the floating-point operations of one call per row
+    of its batch (`per_row`), and the input whose first axis counts the rows (`rows_input`;
+    None for a block without a batch, whose `per_row` is a whole call's). A runtime counts a
+    generation's work as per_row x the rows each call ran."""
+    batched = [i for i, dynamic in enumerate(block.dynamic_batch) if dynamic]
+    rows = int(block.example[batched[0]].shape[0]) if batched else 1
+    return {"per_row": block_flops(block) // max(rows, 1),
+            "rows_input": block.inputs[batched[0]] if batched else None}
+
+
 def blocks_flops(blocks: list[Block]) -> int:
     """The sum of `block_flops` over `blocks`, blocks alike (a transformer's repeated
     layers) counted once each."""

@@ -225,6 +225,7 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
         raise PackageError(f"{where}: a block must have at least one output")
     if "weight_bytes" in block:
         _count(block, "weight_bytes", where)
+    _check_flops(block, where)
     listed = {f["path"] for f in block["files"]}
     _check_wasm_graph(block, listed, where)
     variants = require(block, "variants", dict, where) if "variants" in block else {}
@@ -234,6 +235,7 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
         if vgraph not in listed:  # so it is verified like every other file of the block
             raise PackageError(f"{at}: graph {vgraph!r} is not one of the block's files")
         _check_wasm_graph(record, listed, at)
+        _check_flops(record, at, block["inputs"])
         # a variant may declare a signature of its own (same output names, other shapes)
         if "inputs" in record or "outputs" in record:
             _check_signature(require(record, "inputs", list, at), f"{at} inputs")
@@ -243,13 +245,28 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
                                    f"{[o['name'] for o in block['outputs']]}")
 
 
+def _check_flops(record: dict, where: str, inputs: list | None = None) -> None:
+    """A block's (or variant's) optional `flops`: a count per row of the batch, and the input
+    (one of the block's) whose first axis counts the rows, or null."""
+    if "flops" not in record:
+        return
+    flops = require(record, "flops", dict, where)
+    _count(flops, "per_row", f"{where} flops")
+    rows = flops.get("rows_input")
+    names = [s["name"] for s in record.get("inputs", inputs or record["inputs"])]
+    if rows is not None and rows not in names:
+        raise PackageError(f"{where} flops: rows_input {rows!r} is not one of the inputs "
+                           f"{names}")
+
+
 def as_variant(block: dict, variant: str) -> dict:
     """The block's record as its variant `variant` runs: that graph (and program and
     function, in the layouts that have them), and the variant's own inputs and outputs
     where it declares them."""
     record = block["variants"][variant]
     return block | {"graph": record["graph"]} | {
-        k: record[k] for k in ("inputs", "outputs", "model", "function") if k in record}
+        k: record[k] for k in ("inputs", "outputs", "model", "function", "flops")
+        if k in record}
 
 
 def _check_chunked(comp: dict, where: str) -> None:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block, torch_block_opener
+from edge.compute_cost import flops_record
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
 from edge.exporters.package_head import manifest_head
@@ -230,7 +231,8 @@ def export_variants(block: Block, root: Path) -> dict:
         outputs, error = export_validated_graph(variant, graph, f"{block.key} variant {name}")
         entry = file_entry(root, graph)
         records[name] = {"graph": entry["path"], "files": [entry],
-                         "validation": {"max_abs_error": error}}
+                         "validation": {"max_abs_error": error},
+                         "flops": flops_record(variant)}
         if isinstance(block.variants[name], Block):  # a signature of its own
             records[name] |= block_signature(variant, outputs)
     return records
@@ -267,6 +269,7 @@ def _export_block(block: Block, root: Path) -> dict:
         "weight_bytes": block.weight_bytes(),
         **block_signature(block, outputs),
         "validation": {"max_abs_error": error},
+        "flops": flops_record(block),
     }
     if variants:
         record["variants"] = variants

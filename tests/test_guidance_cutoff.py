@@ -162,3 +162,40 @@ def test_the_step_cache_goes_on_across_the_cutoff(runtime, pipeline):
     assert made["transformer_calls"] == pipeline.last_trace.transformer_calls < 12
     assert made["guided_calls"] == 4
     assert psnr(got, want) >= 40 and snr(got, want) >= 25
+
+
+def test_the_transformer_flops_count_what_the_calls_ran(exported_package, runtime):
+    """Every ONNX block records its FLOPs per batch row, and the runtime counts a run's
+    transformer work from them: a cutoff after 2 of 6 calls computes (2 + 4 / 2) / 6 of the
+    guided run, guidance 1 half of it, a merged call its variant's (less)."""
+    manifest = exported_package[1]
+    transformer = next(c for c in manifest["components"] if c["name"] == "transformer")
+    for block in transformer["blocks"]:
+        rows = block["flops"]["rows_input"]
+        assert block["flops"]["per_row"] > 0 and rows in [s["name"] for s in block["inputs"]]
+    pair = transformer["blocks"][1]
+    assert 0 < pair["variants"]["tdtm"]["flops"]["per_row"] < pair["flops"]["per_row"]
+    per_call = sum(b["flops"]["per_row"] for b in transformer["blocks"])
+    figures = {}
+    for name, options in {"guided": {}, "cutoff": {"guidance_steps": 2},
+                          "unguided": {"guidance": 1.0}, "merged": {"merge_steps": 2}}.items():
+        runtime.generate(PROMPT, seed=SEED, steps=STEPS, **options)
+        figures[name] = runtime.last_run["transformer_flops"]
+    assert figures["guided"] == 2 * STEPS * per_call
+    assert figures["cutoff"] == (2 * 2 + (STEPS - 2)) * per_call
+    assert figures["unguided"] == STEPS * per_call
+    assert figures["merged"] < figures["guided"]
+
+
+def test_a_bad_flops_record_is_refused_naming_the_block(exported_package, tmp_path):
+    from manifest_edits import rewrite
+
+    from edge.package import PackageError
+
+    root = tmp_path / "bad"
+    shutil.copytree(exported_package[0], root)
+    rewrite(root, lambda m: m["components"][1]["blocks"][1]["flops"].update(
+        rows_input="nothing"))
+    with pytest.raises(PackageError, match=r"pair_0.*flops: rows_input 'nothing' is not one "
+                                           r"of the inputs"):
+        Pipeline.load(root)

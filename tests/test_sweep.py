@@ -12,7 +12,8 @@ from edge.eval.sweep_plot import worst_accuracy_change
 runner = CliRunner()
 ROWS = ["baseline", "2 steps", "3 steps", "2 steps, shift 1.5", "LPL dynamic", "LPL fixed at 2",
         "LPL at 1 + 2 steps", "TDTM first 2", "TDTM all steps",
-        "step cache", "LPL + TDTM", "all combined"]
+        "step cache", "guidance cutoff at 1", "LPL + TDTM", "all combined",
+        "all combined + cutoff"]
 
 
 def test_settings_switch_every_technique_explicitly():
@@ -20,10 +21,14 @@ def test_settings_switch_every_technique_explicitly():
                                                         cache_threshold=0.2, shift=3.0)}
     assert list(rows) == ["baseline", "16 steps", "20 steps", "16 steps, shift 1.5",
                           "LPL dynamic", "LPL fixed at 15", "LPL at 6 + 10 steps",
-                          "TDTM first 15", "TDTM all steps", "step cache", "LPL + TDTM",
-                          "all combined"]
+                          "TDTM first 15", "TDTM all steps", "step cache",
+                          "guidance cutoff at 10", "LPL + TDTM", "all combined",
+                          "all combined + cutoff"]
     assert rows["baseline"] == {"steps": 30, "shift": 3.0, "leap": False, "leap_after": None,
-                                "leap_steps": 1, "merge_steps": 0, "cache_threshold": 0.0}
+                                "leap_steps": 1, "merge_steps": 0, "cache_threshold": 0.0,
+                                "guidance_steps": None}
+    assert rows["guidance cutoff at 10"] == rows["baseline"] | {"guidance_steps": 10}
+    assert rows["all combined + cutoff"] == rows["all combined"] | {"guidance_steps": 10}
     assert rows["LPL at 6 + 10 steps"] == rows["baseline"] | {"leap": True, "leap_after": 6,
                                                               "leap_steps": 10}
     # the plain alternatives: fewer uniform steps, a smaller shift, nothing else switched on
@@ -80,6 +85,14 @@ def test_cli_sweep_runs_every_row_in_both_regimes(exported_package, tmp_path):
         assert rows["TDTM all steps"]["merged_calls"] == 4
         assert rows["step cache"]["predictions"] == 4
         assert rows["step cache"]["transformer_calls"] <= 4
+        # the work the calls did: the baseline's 4 guided calls against the cutoff's one
+        # guided and three of half the batch; a merged call computes less than a full one
+        assert base["flops_ratio"] == 1.0 and base["transformer_gflop"] > 0
+        assert rows["guidance cutoff at 1"]["transformer_calls"] == 4
+        assert rows["guidance cutoff at 1"]["flops_ratio"] == pytest.approx(4 / 2.5, rel=1e-6)
+        assert rows["2 steps"]["flops_ratio"] == pytest.approx(2.0, rel=1e-6)
+        assert 1.0 < rows["TDTM all steps"]["flops_ratio"] < 2.0
+        assert rows["all combined + cutoff"]["flops_ratio"] > rows["all combined"]["flops_ratio"]
         for name in ROWS[1:]:
             r = rows[name]
             assert r["wall_s"] > 0 and r["speedup"] > 0

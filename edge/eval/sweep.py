@@ -1,10 +1,12 @@
 """`edge eval --sweep`: what step leaping, token merging and the step cache buy and cost.
 
 Runs an exported package with the Python runtime under one setting per row (baseline, LPL
-dynamic and fixed, TDTM for half or all steps, step cache, LPL + TDTM, all combined) and
-two memory regimes (every block resident; a tight budget that streams the transformer's
-blocks every step, read cold). Per row: transformer calls, wall time and its ratio to the
-baseline, PSNR of the frames against the baseline video of the same prompt and seed, and
+dynamic and fixed, TDTM for half or all steps, step cache, guidance cutoff, LPL + TDTM, all
+combined, all combined with the cutoff) and two memory regimes (every block resident; a
+tight budget that streams the transformer's blocks every step, read cold). Per row:
+transformer calls, the transformer's FLOPs (what the calls computed: a merged call or an
+unguided one computes less than a full one) and their ratios to the baseline, wall time and
+its ratio, PSNR of the frames against the baseline video of the same prompt and seed, and
 the attribute scores of `edge eval`.
 
 Settings are interleaved batch by batch (every setting runs batch 1, then batch 2, ...), so
@@ -60,7 +62,9 @@ def sweep_settings(steps: int, leap_min_steps: int,
         raise ValueError(f"steps={steps}: the sweep needs at least 2 steps to leap or merge")
     half = steps // 2
     off = {"steps": steps, "shift": shift, "leap": False, "leap_after": None,
-           "leap_steps": 1, "merge_steps": 0, "cache_threshold": 0.0}
+           "leap_steps": 1, "merge_steps": 0, "cache_threshold": 0.0, "guidance_steps": None}
+    # the guidance cutoff: guided for the first third, the caption's half alone after
+    cutoff = {"guidance_steps": max(1, steps // 3)}
     fewer, some_fewer = max(1, round(steps * 8 / 15)), max(1, round(steps * 2 / 3))
     baselines = [(f"{fewer} steps", {"steps": fewer}),
                  (f"{some_fewer} steps", {"steps": some_fewer})]
@@ -80,9 +84,12 @@ def sweep_settings(steps: int, leap_min_steps: int,
             (f"TDTM first {half}", {"merge_steps": half}),
             ("TDTM all steps", {"merge_steps": steps}),
             ("step cache", {"cache_threshold": cache_threshold}),
+            (f"guidance cutoff at {cutoff['guidance_steps']}", cutoff),
             ("LPL + TDTM", tail_leap | {"merge_steps": half}),
             ("all combined", tail_leap | {"merge_steps": half,
-                                          "cache_threshold": cache_threshold})]
+                                          "cache_threshold": cache_threshold}),
+            ("all combined + cutoff", tail_leap | cutoff | {
+                "merge_steps": half, "cache_threshold": cache_threshold})]
     return [Setting(name, off | o) for name, o in rows]
 
 
@@ -128,6 +135,8 @@ class _Row:
     generations: int = 0
     bytes_read: int = 0
     io_wait_s: float = 0.0
+    # the transformer's FLOPs; None where the package's blocks record none (older exports)
+    transformer_flops: int | None = 0
 
     def add(self, run: dict) -> None:
         self.wall_s += run["wall_s"]["total"]
@@ -138,6 +147,9 @@ class _Row:
         self.generations += 1
         self.bytes_read += run["bytes_read"]
         self.io_wait_s += run["io_wait_s"]
+        flops = run.get("transformer_flops")
+        self.transformer_flops = (None if flops is None or self.transformer_flops is None
+                                  else self.transformer_flops + flops)
 
 
 @dataclass(frozen=True)
@@ -156,7 +168,7 @@ def chunks(prompts: PromptSet, batch: int, seed: int) -> list[Chunk]:
 
 
 # what a generation's figures the rows need (pipe.last_run has more)
-RUN_FIGURES = ("wall_s", "sampler", "bytes_read", "io_wait_s")
+RUN_FIGURES = ("wall_s", "sampler", "bytes_read", "io_wait_s", "transformer_flops")
 
 
 def generate_chunk(pipe: Pipeline, setting: Setting, chunk: Chunk) -> tuple[np.ndarray, dict]:
@@ -202,9 +214,11 @@ def summarize_rows(settings: list[Setting], classifier: AttributeClassifier,
             for k, v in score(classifier, video, labels).items():
                 per_clip[s.name].setdefault(k, []).append(v)
     base = settings[0].name
+    base_flops = rows[base].transformer_flops
     out = []
     for s in settings:
         r = rows[s.name]
+        flops = r.transformer_flops
         scores = summarize({k: np.concatenate(v) for k, v in per_clip[s.name].items()})
         out.append({
             "setting": s.name, "overrides": s.overrides,
@@ -212,6 +226,9 @@ def summarize_rows(settings: list[Setting], classifier: AttributeClassifier,
             "predictions": r.predictions / r.generations,
             "merged_calls": r.merged_calls / r.generations,
             "calls_ratio": rows[base].transformer_calls / r.transformer_calls,
+            # per video, and the baseline's over this row's: the saving in work
+            "transformer_gflop": None if flops is None else flops / len(videos[s.name]) / 1e9,
+            "flops_ratio": None if flops is None or base_flops is None else base_flops / flops,
             "wall_s": r.wall_s, "speedup": rows[base].wall_s / r.wall_s,
             "transformer_s": r.transformer_s,
             "transformer_speedup": rows[base].transformer_s / r.transformer_s,
@@ -268,7 +285,8 @@ def generations(n_prompts: int, batch: int, settings: int,
     return regimes * settings * -(-n_prompts // batch)
 
 
-COLUMNS = ("setting", "calls", "calls ×", "wall s", "speedup", "DiT speedup", "PSNR dB",
+COLUMNS = ("setting", "calls", "calls ×", "DiT GFLOP", "FLOPs ×", "wall s", "speedup",
+           "DiT speedup", "PSNR dB",
            "colour", "shape", "direction", "consistency", "read MiB", "I/O wait s")
 
 
@@ -277,7 +295,10 @@ def format_table(rows: list[dict]) -> str:
 
     def cells(r: dict) -> list[str]:
         psnr = "—" if r["psnr_db"] is None else f"{r['psnr_db']:.1f}"
+        gflop = "—" if r["transformer_gflop"] is None else f"{r['transformer_gflop']:.1f}"
+        ratio = "—" if r["flops_ratio"] is None else f"{r['flops_ratio']:.2f}"
         return [r["setting"], f"{r['transformer_calls']:.1f}", f"{r['calls_ratio']:.2f}",
+                gflop, ratio,
                 f"{r['wall_s']:.1f}", f"{r['speedup']:.2f}", f"{r['transformer_speedup']:.2f}",
                 psnr, f"{r['color_acc']:.3f}", f"{r['shape_acc']:.3f}",
                 f"{r['direction_acc']:.3f}", f"{r['consistency']:.3f}",

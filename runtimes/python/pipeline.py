@@ -310,6 +310,9 @@ class Pipeline:
         self._text_batch: int | None = batch if isinstance(batch, int) else None
         self.last_run: dict = {}
         self._compute_s = 0.0
+        # component -> floating-point operations this generation ran (the blocks' `flops`
+        # per row x the rows each call ran); None once a block ran that records none
+        self._flops: dict[str, int | None] = {}
         self._lock = threading.Lock()
         self._running_in: int | None = None        # the thread inside generate, if any
         self._running_in_method: str | None = None
@@ -408,10 +411,21 @@ class Pipeline:
             started = time.perf_counter()
             outputs = run_in_batch_pieces(session, block, inputs, weights, batch_piece)
             self._compute_s += time.perf_counter() - started
+            self._count_flops(comp.name, block, inputs)
             del weights  # a streamed block's memory is freed once nothing refers to it
             feeds = feeds | dict(zip((s["name"] for s in block["outputs"]), outputs,
                                      strict=True))
         return feeds
+
+    def _count_flops(self, component: str, block: dict, inputs: dict[str, np.ndarray]) -> None:
+        """Add one block call's work to its component's count (the manifest's `flops`, per
+        row of the batch it ran); a block without the record makes the count unknown."""
+        flops = block.get("flops")
+        if flops is None or self._flops.get(component, 0) is None:
+            self._flops[component] = None
+            return
+        rows = 1 if flops["rows_input"] is None else len(inputs[flops["rows_input"]])
+        self._flops[component] = self._flops.get(component, 0) + flops["per_row"] * rows
 
     def _run_component(self, name: str, feeds: dict[str, np.ndarray],
                        batch_piece: int | None = None) -> dict:
@@ -529,6 +543,7 @@ class Pipeline:
         io_before = _io_read_bytes()
         figures: dict = {"wall_s": {}}
         self._compute_s = 0.0
+        self._flops = {}
         started = time.perf_counter()
 
         b = len(prompts)
@@ -591,6 +606,8 @@ class Pipeline:
         figures["wall_s"]["vae_decoder"] = t3 - t2
         figures["wall_s"]["total"] = t3 - started
         figures["transformer_calls"] = trace.transformer_calls
+        # what the transformer computed (None: a package exported before blocks recorded it)
+        figures["transformer_flops"] = self._flops.get("transformer")
         figures["unguided_batch"] = rows(False) // b   # 1: the caption's half alone
         figures["sampler"] = trace.to_dict()
         self.last_run = self._loader_figures(figures, stats_before, io_before, denoise)
