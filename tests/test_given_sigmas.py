@@ -122,26 +122,23 @@ def test_given_levels_and_steps_agree_or_are_refused():
         SamplerSettings(scheduler="cogvideox_ddim", steps=2, sigmas=(0.9, 0.5))
 
 
-@pytest.mark.slow  # a whole export with its end-to-end check (about 90 s on two cores)
-def test_an_export_carries_given_levels_and_checks_them_end_to_end(wan_folder, tmp_path):
-    """`edge export --sigmas` writes the levels into the package's sampler (the step count
-    is theirs), and the end-to-end check runs the package and WanPipeline through them."""
-    import json
+def test_a_model_loaded_with_given_levels_exports_and_checks_them(wan_folder, tmp_path):
+    """`edge export --sigmas` loads the family's model with them (`accepts`): its sampler,
+    which the manifest writes, carries the levels and their step count, and the export's
+    end-to-end reference (`generate`) runs WanPipeline through them, not its own spacing."""
+    from conftest import WAN_SIZE
 
-    from typer.testing import CliRunner
+    from edge.families import load_model
 
-    from edge.commands import app
-
-    out = tmp_path / "pkg"
-    res = CliRunner().invoke(app, ["export", "--model", str(wan_folder), "--height", "32",
-                                   "--width", "48", "--frames", "9", "--sigmas",
-                                   "1,0.9,0.6", "--check", "full", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["sampler"]["sigmas"] == [1.0, 0.9, 0.6]
-    assert manifest["sampler"]["steps"] == 3
-    check = manifest["validation"]
-    assert check["identical"] or check["psnr_db"] >= 40, check
+    levels = (1.0, 0.9, 0.6)
+    model = load_model(wan_folder, sigmas=levels, **WAN_SIZE)
+    assert model.sampler.sigmas == levels and model.sampler.steps == 3
+    fields = model.package_fields(tmp_path)
+    assert fields["sampler"]["sigmas"] == list(levels) and fields["sampler"]["steps"] == 3
+    checked = model.generate("a red circle moving left", seed=1)
+    given = model.reference("a red circle moving left", seed=1, steps=3, sigmas=levels)
+    own = model.reference("a red circle moving left", seed=1, steps=3)
+    assert np.array_equal(checked, given) and not np.array_equal(checked, own)
 
 
 def test_an_export_refuses_given_levels_its_scheduler_cannot_take(cog_folders, tmp_path):
