@@ -91,6 +91,21 @@ def sampler_overrides(**values) -> dict:
     return out
 
 
+def preset_options(name: str, defaults, manifest: dict | None) -> dict:
+    """--preset NAME as sampler overrides for these package defaults (`manifest`: the
+    package's, for whether it has merged variants; None: the PyTorch reference, which
+    merges); an unknown name ends the command naming the known ones."""
+    from edge.presets import preset_overrides
+
+    merges = manifest is None or any(
+        "tdtm" in b.get("variants", {}) for c in manifest["components"]
+        if c["name"] == "transformer" for b in c["blocks"])
+    try:
+        return preset_overrides(name, defaults, merges)
+    except ValueError as err:
+        fail(str(err))
+
+
 def load_reference_pipeline(weights: Path | None):
     """tiny-sora's PyTorch pipeline (the [export] extra), from `weights` or the shipped ones."""
     from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora

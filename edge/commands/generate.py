@@ -47,6 +47,11 @@ def generate(
     sigmas: common.SigmasOption = None,
     dynamic_guidance: common.DynamicGuidanceOption = None,
     guidance_rescale: common.GuidanceRescaleOption = None,
+    preset: Annotated[str | None, typer.Option(
+        help="A set of the speed-ups, measured on tiny-sora (docs/benchmarks.md): quality "
+        "(the package's sampler), balanced (the leap rule and guidance for the first third "
+        "of the steps), fast (balanced with token merging and the step cache); options given "
+        "beside it win [default: none].")] = None,
     negative_prompt: Annotated[str | None, typer.Option(
         help="With a package: what the unconditional pass is told [default: the package's "
         "learned null caption or negative prompt].")] = None,
@@ -81,7 +86,9 @@ def generate(
         manifest = common.manifest_before_loading(package, output)
         defaults, frame = common.package_sampler(manifest), common.frame_size(manifest)
     else:
-        defaults, frame = common.reference_sampler(weights), None
+        manifest, defaults, frame = None, common.reference_sampler(weights), None
+    if preset is not None:
+        overrides = common.preset_options(preset, defaults, manifest) | overrides
     total = common.checked_settings(defaults, overrides).steps
     if frame is not None:
         _check_scale(frame, scale)

@@ -1,0 +1,46 @@
+"""Named sets of the sampler's speed-ups (`edge generate --preset`), so a user picks a point
+on the cost-quality curve without knowing every option. Each is stated relative to the
+package's own step count, as the sweep's rows are (edge/eval/sweep.py), and measured on
+tiny-sora side by side with the guided baseline (benchmarks/fewer_calls.py; the table is in
+docs/benchmarks.md):
+
+- `quality`: the package's sampler as exported (every step guided, no leap, merge or cache).
+- `balanced`: the leap tail rule (after a fifth of the steps, the rest in a third of them)
+  and guidance for the first third of the calls.
+- `fast`: `balanced` with temporal token merging for the first half of the steps (where the
+  package has the merged variants) and the step cache.
+
+A package whose scheduler builds no re-planned tail (CogVideoX's DDIM) leaps in one step
+only, which loses the video's colour on tiny-sora (docs/benchmarks.md): there the presets
+leave the leap out. Options given beside a preset win over it.
+"""
+
+from __future__ import annotations
+
+from edge.sampler import SamplerSettings
+from edge.schedulers import SCHEDULERS
+
+PRESETS = ("quality", "balanced", "fast")
+# the step cache threshold of the sweep's rows (docs/benchmarks.md: chosen on held-out prompts)
+CACHE_THRESHOLD = 0.1
+
+
+def preset_overrides(name: str, settings: SamplerSettings, merges: bool) -> dict:
+    """The sampler overrides preset `name` stands for on a package with these default
+    `settings`; `merges`: whether the package has the merged (TDTM) transformer variants.
+    An unknown name is refused naming the known ones."""
+    if name not in PRESETS:
+        raise ValueError(f"--preset {name!r}: known: {', '.join(PRESETS)}")
+    steps = settings.steps
+    off = {"leap": False, "leap_after": None, "leap_steps": 1, "merge_steps": 0,
+           "cache_threshold": 0.0, "guidance_steps": None}
+    if name == "quality":
+        return off
+    out = off | {"guidance_steps": max(1, steps // 3)}
+    if SCHEDULERS[settings.scheduler].leap_tail and steps >= 5:
+        out |= {"leap": True, "leap_after": max(1, round(steps / 5)),
+                "leap_steps": max(2, round(steps / 3))}
+    if name == "fast":
+        out |= {"merge_steps": steps // 2 if merges else 0,
+                "cache_threshold": CACHE_THRESHOLD}
+    return out
