@@ -20,10 +20,11 @@ ROOTS = {"edge": REPO / "edge", "edge.exporters": REPO / "exporters",
          "edge.runtimes": REPO / "runtimes"}
 
 # The layers, lowest first; a module may import its own layer and those below it.
-# core: package format, manifest, sampler and schedulers, options, noise, budget, tokenizer,
-# files, video, serving: plain NumPy, no torch.
+# core: package format, manifest, sampler and schedulers, options, presets, noise, budget,
+# tokenizer, files, video, serving: plain NumPy, no torch.
 CORE = {"edge", "edge.budget", "edge.bundle", "edge.console", "edge.files",
         "edge.manifest_schema", "edge.noise", "edge.options", "edge.package", "edge.pieces",
+        "edge.presets",
         "edge.sampler", "edge.schedulers", "edge.serve", "edge.tiles", "edge.tokenizer",
         "edge.video", "edge.video_metrics"}
 LAYERS = [
