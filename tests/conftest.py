@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 import torch
@@ -325,3 +326,11 @@ def pytest_configure(config):
     if os.environ.get("EDGE_FIXTURE_TIMES"):
         config.pluginmanager.register(_FixtureTimes(os.environ["EDGE_FIXTURE_TIMES"]),
                                       "edge-fixture-times")
+
+
+# for subprocess.Popen(preexec_fn=...) where a test interrupts the child
+def sigint_as_at_a_terminal() -> None:
+    """In the child: SIGINT's default action, so Python installs its KeyboardInterrupt
+    handler. A job a shell starts in the background (`&`, nohup) ignores SIGINT, and a child
+    inherits that: the signal these tests send would then do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

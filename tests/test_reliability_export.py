@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sigint_as_at_a_terminal
 from typer.testing import CliRunner
 
 from edge.commands import app
@@ -78,7 +79,8 @@ NEW = {"manifest.json": json.dumps({"generation": "new"}).encode(),
 def run_writer(dest: Path, point: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(dest), point],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=Path(__file__).resolve().parents[1],
+                            preexec_fn=sigint_as_at_a_terminal)
     line = proc.stdout.readline().strip()
     assert line == point, (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc
@@ -244,7 +246,8 @@ def test_sigterm_during_a_real_export_keeps_the_old_package(exported_package, tm
     proc = subprocess.Popen([sys.executable, "-c", "from edge.commands import main; main()",
                              "export", "-o", str(dest), "--force"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=Path(__file__).resolve().parents[1],
+                            preexec_fn=sigint_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 240
         while not list(tmp_path.glob(".pkg.*.partial/graphs/*/*.onnx")):

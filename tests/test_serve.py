@@ -8,6 +8,7 @@ import sys
 import threading
 
 import pytest
+from conftest import sigint_as_at_a_terminal
 
 from edge.serve import make_server, parse_range, request_segments
 
@@ -182,7 +183,8 @@ def test_missing_folder_is_refused(tmp_path):
 def test_cli_serves_until_interrupted(tree):
     proc = subprocess.Popen([sys.executable, "-c", "from edge.commands import main; main()",
                              "serve", str(tree), "--port", "0", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_at_a_terminal)
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"serving {tree} at http://127.0.0.1:"), line
