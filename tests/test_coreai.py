@@ -307,8 +307,11 @@ def test_edge_record_records_the_executed_programs(coreai_package, tmp_path):
 def test_the_runtime_runs_where_an_event_loop_is_running(coreai_package):
     """Core AI's API is asynchronous and the runtime runs it on an event loop of its own
     thread, so a caller whose thread runs a loop (a notebook, Playwright's synchronous API)
-    generates as any other: asyncio.Runner refuses to start inside a running loop."""
+    generates as any other: asyncio.Runner refuses to start inside a running loop. The
+    caller's loop runs on a thread of the test's own (this worker's main thread may already
+    run one: the browser tests' Playwright)."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     from edge.runtimes.python import Pipeline
 
@@ -319,5 +322,6 @@ def test_the_runtime_runs_where_an_event_loop_is_running(coreai_package):
         finally:
             pipe.close()
 
-    video = asyncio.run(inside_a_running_loop())
+    with ThreadPoolExecutor(1) as caller:
+        video = caller.submit(asyncio.run, inside_a_running_loop()).result()
     assert video.shape[0] == 1 and video.dtype == np.uint8 and video.std() > 0

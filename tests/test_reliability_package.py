@@ -363,7 +363,9 @@ def test_runtime_refuses_a_package_without_a_component_it_needs(pkg, monkeypatch
 
 def test_runtime_refuses_a_component_that_needs_inputs_it_does_not_give(pkg, monkeypatch):
     def change(m):
-        m["components"][2]["blocks"][0]["inputs"][0]["name"] = "latents"
+        head = m["components"][2]["blocks"][0]
+        head["inputs"][0]["name"] = "latents"
+        head.get("flops", {})["rows_input"] = "latents"  # consistent within the block
     rewrite(pkg, change)
     with pytest.raises(PackageError, match="vae_decoder/head: input 'latents' is neither"):
         NoBlockRuns(monkeypatch).load(pkg)
