@@ -7,8 +7,7 @@ import re
 
 import numpy as np
 import pytest
-import torch
-from test_sampler import LTX_CONFIG, _diffusers_scheduler
+from test_sampler import LTX_CONFIG, _diffusers_scheduler, assert_steps_match
 
 from edge.options import with_overrides
 from edge.sampler import SamplerSettings, Trace, model_times, sample, timesteps
@@ -43,15 +42,7 @@ def test_given_levels_are_diffusers_set_timesteps_with_sigmas(name, shift, given
     np.testing.assert_allclose(times * 1000, sched.timesteps.numpy(), atol=1e-3)
     if shift == 1.0 and name != "ltx_flow_euler":  # no shift: the levels as given
         np.testing.assert_allclose(sigmas[:-1], levels, rtol=0, atol=1.1e-6)
-    rng = np.random.default_rng(len(levels))
-    x = rng.standard_normal((1, 4, 3, 8, 8), dtype=np.float32)
-    x_ref = torch.from_numpy(x.copy())
-    solver = scheduler.solver(sigmas)
-    for i, t in enumerate(sched.timesteps):
-        v = (0.3 * x + rng.standard_normal(x.shape, dtype=np.float32)).astype(np.float32)
-        x = solver.step(v, i, x)
-        x_ref = sched.step(torch.from_numpy(v), t, x_ref).prev_sample
-        np.testing.assert_allclose(x, x_ref.numpy(), atol=2e-5, rtol=1e-5)
+    assert_steps_match(scheduler.solver(sigmas), sched, seed=len(levels))
 
 
 def test_the_sampler_steps_through_the_given_levels():

@@ -136,10 +136,15 @@ def test_each_scheduler_matches_diffusers_step_by_step(name, steps, shift):
     sigmas, times = scheduler.schedule(steps)
     np.testing.assert_allclose(sigmas, _levels(sched), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(times * 1000, sched.timesteps.numpy(), atol=1e-3)
-    rng = np.random.default_rng(0)
+    assert_steps_match(scheduler.solver(sigmas), sched, seed=0)
+
+
+def assert_steps_match(solver, sched, seed: int) -> None:
+    """Each step of our `solver` against the diffusers scheduler `sched` (set to the same
+    schedule), on a velocity that depends on the sample, as a model's does."""
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((1, 4, 3, 8, 8), dtype=np.float32)
     x_ref = torch.from_numpy(x.copy())
-    solver = scheduler.solver(sigmas)
     for i, t in enumerate(sched.timesteps):
         v = (0.3 * x + rng.standard_normal(x.shape, dtype=np.float32)).astype(np.float32)
         x = solver.step(v, i, x)
