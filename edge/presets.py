@@ -6,9 +6,12 @@ docs/benchmarks.md):
 
 - `quality`: the package's sampler as exported (every step guided, no leap, merge or cache).
 - `balanced`: the leap tail rule (after a fifth of the steps, the rest in a third of them)
-  and guidance for the first third of the calls.
-- `fast`: `balanced` with temporal token merging for the first half of the steps (where the
-  package has the merged variants) and the step cache.
+  with temporal token merging for the first half of the steps (where the package has the
+  merged variants): 2.37x fewer transformer FLOPs on tiny-sora, every accuracy within 0.021.
+- `fast`: `balanced` with the step cache and guidance for the first third of the calls only:
+  4.5x fewer FLOPs, colour and direction right in as many clips as the baseline. (The
+  cutoff with the leap alone lost more shape than with merging and the cache: 0.062 on the
+  held-out prompts.)
 
 A package whose scheduler builds no re-planned tail (CogVideoX's DDIM) leaps in one step
 only, which loses the video's colour on tiny-sora (docs/benchmarks.md): there the presets
@@ -36,11 +39,10 @@ def preset_overrides(name: str, settings: SamplerSettings, merges: bool) -> dict
            "cache_threshold": 0.0, "guidance_steps": None}
     if name == "quality":
         return off
-    out = off | {"guidance_steps": max(1, steps // 3)}
+    out = off | {"merge_steps": steps // 2 if merges else 0}
     if SCHEDULERS[settings.scheduler].leap_tail and steps >= 5:
         out |= {"leap": True, "leap_after": max(1, round(steps / 5)),
                 "leap_steps": max(2, round(steps / 3))}
     if name == "fast":
-        out |= {"merge_steps": steps // 2 if merges else 0,
-                "cache_threshold": CACHE_THRESHOLD}
+        out |= {"cache_threshold": CACHE_THRESHOLD, "guidance_steps": max(1, steps // 3)}
     return out

@@ -17,12 +17,12 @@ def test_presets_scale_with_the_packages_steps():
                        "cache_threshold": 0.0, "guidance_steps": None}
     balanced = preset_overrides("balanced", tiny, merges=True)
     assert balanced == quality | {"leap": True, "leap_after": 6, "leap_steps": 10,
-                                  "guidance_steps": 10}
+                                  "merge_steps": 15}
     assert preset_overrides("fast", tiny, merges=True) == balanced | {
-        "merge_steps": 15, "cache_threshold": 0.1}
+        "cache_threshold": 0.1, "guidance_steps": 10}
     # a package without merged variants merges nothing; Wan's 50 steps scale the rule
     assert preset_overrides("fast", tiny, merges=False)["merge_steps"] == 0
-    wan = preset_overrides("balanced", SamplerSettings(steps=50, scheduler="flow_unipc"), True)
+    wan = preset_overrides("fast", SamplerSettings(steps=50, scheduler="flow_unipc"), True)
     assert (wan["leap_after"], wan["leap_steps"], wan["guidance_steps"]) == (10, 17, 16)
 
 
@@ -50,9 +50,12 @@ def test_cli_preset_runs_fewer_calls_and_given_options_win(exported_package, tmp
     assert calls("--preset", "quality").startswith("sampler: 30 predictions, 30 with the "
                                                   "transformer pairs run, 0 merged (TDTM), "
                                                   "30 guided")
-    assert "16 predictions" in calls("--preset", "balanced") and "10 guided" in calls(
-        "--preset", "balanced")
-    assert "16 guided" in calls("--preset", "balanced", "--guidance-steps", "16")
+    assert calls("--preset", "balanced").startswith(
+        "sampler: 16 predictions, 16 with the transformer pairs run, 15 merged (TDTM), "
+        "16 guided")
+    fast = calls("--preset", "fast")
+    assert "15 merged" in fast and "10 guided" in fast
+    assert "16 guided" in calls("--preset", "fast", "--guidance-steps", "16")
     res = runner.invoke(app, ["generate", str(root), PROMPT, "--preset", "turbo",
                               "-o", str(tmp_path / "x.gif")])
     assert res.exit_code != 0 and "--preset 'turbo': known: quality, balanced, fast" in res.output
