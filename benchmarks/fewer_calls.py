@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 from edge.eval.run import default_prompts, load_classifier
-from edge.eval.sweep import DEFAULT_TAIL_RULE, Setting, package_settings, run_sweep
+from edge.eval.sweep import Setting, package_settings, run_sweep
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
+from edge.presets import guidance_cutoff, tail_leap
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tune_sampler import tuning_prompts  # noqa: E402
@@ -35,12 +36,11 @@ ACCURACIES = ("color_acc", "shape_acc", "direction_acc")
 def extra_settings(base: dict, steps: int) -> list[Setting]:
     """Cutoffs beside the sweep's one (a third of the steps): a sixth and a half; and the
     cutoff at a third with the leap alone."""
-    after, tail, of = DEFAULT_TAIL_RULE
-    leap = {"leap": True, "leap_after": round(steps * after / of),
-            "leap_steps": round(steps * tail / of)}
+    third = guidance_cutoff(steps)
     return [Setting(f"guidance cutoff at {k}", base | {"guidance_steps": k})
             for k in (max(1, steps // 6), steps // 2)] + [
-        Setting(f"leap + cutoff at {steps // 3}", base | leap | {"guidance_steps": steps // 3})]
+        Setting(f"leap + cutoff at {third['guidance_steps']}",
+                base | tail_leap(steps) | third)]
 
 
 def pooled_rows(results: list[dict]) -> list[dict]:

@@ -24,8 +24,25 @@ from edge.sampler import SamplerSettings
 from edge.schedulers import SCHEDULERS
 
 PRESETS = ("quality", "balanced", "fast")
-# the step cache threshold of the sweep's rows (docs/benchmarks.md: chosen on held-out prompts)
+# the step cache threshold of the presets and the sweep's rows (docs/benchmarks.md: chosen on
+# held-out prompts)
 CACHE_THRESHOLD = 0.1
+# the leap tail rule (after, tail steps, of steps): tiny-sora's `--leap`, after 6 of 30 steps
+# the rest in 10, scaled to a run's steps
+TAIL_RULE = (6, 10, 30)
+
+
+def tail_leap(steps: int, rule: tuple[int, int, int] = TAIL_RULE) -> dict:
+    """The sampler overrides of the leap tail `rule` scaled to `steps`."""
+    after, tail, of = rule
+    return {"leap": True, "leap_after": max(1, round(steps * after / of)),
+            "leap_steps": max(2, round(steps * tail / of))}
+
+
+def guidance_cutoff(steps: int) -> dict:
+    """Guidance for the first third of `steps` calls (at least one), the caption's half
+    alone after."""
+    return {"guidance_steps": max(1, steps // 3)}
 
 
 def preset_overrides(name: str, settings: SamplerSettings, merges: bool) -> dict:
@@ -41,8 +58,7 @@ def preset_overrides(name: str, settings: SamplerSettings, merges: bool) -> dict
         return off
     out = off | {"merge_steps": steps // 2 if merges else 0}
     if SCHEDULERS[settings.scheduler].leap_tail and steps >= 5:
-        out |= {"leap": True, "leap_after": max(1, round(steps / 5)),
-                "leap_steps": max(2, round(steps / 3))}
+        out |= tail_leap(steps)
     if name == "fast":
-        out |= {"cache_threshold": CACHE_THRESHOLD, "guidance_steps": max(1, steps // 3)}
+        out |= {"cache_threshold": CACHE_THRESHOLD} | guidance_cutoff(steps)
     return out

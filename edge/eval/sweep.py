@@ -25,11 +25,12 @@ from edge.budget import parse_size
 from edge.eval.classifier import AttributeClassifier
 from edge.eval.metrics import score, summarize
 from edge.eval.run import PromptSet
+from edge.presets import CACHE_THRESHOLD, TAIL_RULE, guidance_cutoff, tail_leap
 from edge.runtimes.python import Pipeline
 from edge.sampler import SamplerSettings
 
 # Step cache threshold of the sweep's rows, chosen on held-out prompts (docs/benchmarks.md)
-DEFAULT_CACHE_THRESHOLD = 0.1
+DEFAULT_CACHE_THRESHOLD = CACHE_THRESHOLD
 REGIMES = ("resident", "streamed")
 
 
@@ -41,7 +42,7 @@ class Setting:
 
 # the tail rule of a package that names no fixed leap: tiny-sora's (after 6 of 30 steps, the
 # rest in 10), scaled to the sweep's steps
-DEFAULT_TAIL_RULE = (6, 10, 30)
+DEFAULT_TAIL_RULE = TAIL_RULE
 
 
 def sweep_settings(steps: int, leap_min_steps: int,
@@ -63,8 +64,7 @@ def sweep_settings(steps: int, leap_min_steps: int,
     half = steps // 2
     off = {"steps": steps, "shift": shift, "leap": False, "leap_after": None,
            "leap_steps": 1, "merge_steps": 0, "cache_threshold": 0.0, "guidance_steps": None}
-    # the guidance cutoff: guided for the first third, the caption's half alone after
-    cutoff = {"guidance_steps": max(1, steps // 3)}
+    cutoff = guidance_cutoff(steps)
     fewer, some_fewer = max(1, round(steps * 8 / 15)), max(1, round(steps * 2 / 3))
     baselines = [(f"{fewer} steps", {"steps": fewer}),
                  (f"{some_fewer} steps", {"steps": some_fewer})]
@@ -73,22 +73,19 @@ def sweep_settings(steps: int, leap_min_steps: int,
                           {"steps": fewer, "shift": shift / 2}))
     # dynamic leap keeps the package's tol and patience; min_steps no later than half
     dynamic = {"leap": True, "leap_min_steps": min(leap_min_steps, half)}
-    rule_after, rule_tail, rule_steps = tail_rule
-    after = max(1, round(steps * rule_after / rule_steps))
-    tail = max(2, round(steps * rule_tail / rule_steps))
-    tail_leap = {"leap": True, "leap_after": after, "leap_steps": tail}
+    leap_rule = tail_leap(steps, tail_rule)
     rows = [("baseline", {}), *baselines,
             ("LPL dynamic", dynamic),
             (f"LPL fixed at {half}", {"leap": True, "leap_after": half}),
-            (f"LPL at {after} + {tail} steps", tail_leap),
+            (f"LPL at {leap_rule['leap_after']} + {leap_rule['leap_steps']} steps", leap_rule),
             (f"TDTM first {half}", {"merge_steps": half}),
             ("TDTM all steps", {"merge_steps": steps}),
             ("step cache", {"cache_threshold": cache_threshold}),
             (f"guidance cutoff at {cutoff['guidance_steps']}", cutoff),
-            ("LPL + TDTM", tail_leap | {"merge_steps": half}),
-            ("all combined", tail_leap | {"merge_steps": half,
+            ("LPL + TDTM", leap_rule | {"merge_steps": half}),
+            ("all combined", leap_rule | {"merge_steps": half,
                                           "cache_threshold": cache_threshold}),
-            ("all combined + cutoff", tail_leap | cutoff | {
+            ("all combined + cutoff", leap_rule | cutoff | {
                 "merge_steps": half, "cache_threshold": cache_threshold})]
     return [Setting(name, off | o) for name, o in rows]
 
