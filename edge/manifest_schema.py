@@ -225,7 +225,7 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
         raise PackageError(f"{where}: a block must have at least one output")
     if "weight_bytes" in block:
         _count(block, "weight_bytes", where)
-    _check_flops(block, where)
+    _check_flops(block, where, block["inputs"])
     listed = {f["path"] for f in block["files"]}
     _check_wasm_graph(block, listed, where)
     variants = require(block, "variants", dict, where) if "variants" in block else {}
@@ -245,15 +245,16 @@ def _check_block(block: dict, files: dict[str, dict], where: str) -> None:
                                    f"{[o['name'] for o in block['outputs']]}")
 
 
-def _check_flops(record: dict, where: str, inputs: list | None = None) -> None:
+def _check_flops(record: dict, where: str, inputs: list) -> None:
     """A block's (or variant's) optional `flops`: a count per row of the batch, and the input
-    (one of the block's) whose first axis counts the rows, or null."""
+    (one of `inputs`, the block's, or the variant's own where it declares them) whose first
+    axis counts the rows, or null."""
     if "flops" not in record:
         return
     flops = require(record, "flops", dict, where)
     _count(flops, "per_row", f"{where} flops")
     rows = flops.get("rows_input")
-    names = [s["name"] for s in record.get("inputs", inputs or record["inputs"])]
+    names = [s["name"] for s in record.get("inputs", inputs)]
     if rows is not None and rows not in names:
         raise PackageError(f"{where} flops: rows_input {rows!r} is not one of the inputs "
                            f"{names}")
