@@ -19,6 +19,11 @@ scheduler with the same numbers (tested step by step against it, tests/test_samp
   last step. An order-2 multistep method: an Euler sampler does not reproduce it.
 - `cogvideox_ddim`: CogVideoXDDIMScheduler as CogVideoX ships it (v-prediction, zero terminal
   SNR, trailing timesteps; bit-exact), for the CogVideoX family.
+- `rflow`: Open-Sora 1.2's RFLOW sampler (not a diffusers scheduler): levels (1 - i/N) for
+  i < N moved by the static ratio r of the video's size (the manifest's `shift`) as
+  r s / (1 + (r - 1) s), then 0, stepped by Euler: FlowMatchEulerDiscreteScheduler with that
+  static shift given those levels (bit-exact), flow_euler's arithmetic with LTX's spacing;
+  within float32 rounding of Open-Sora's own formula (tests/test_opensora.py).
 
 Given levels (`schedule(steps, sigmas)`): a distilled model is run at the levels it was
 trained for, a list that replaces the schedule's own even spacing. The three flows take it as
@@ -334,6 +339,19 @@ class FlowEulerLTX(FlowEuler):
         return levels, levels[:-1]
 
 
+class RFlow(FlowEuler):
+    """Open-Sora 1.2's RFLOW (the module's docstring): `shift` is the size's ratio r; its
+    own levels are (1 - i/N), shifted as given ones are. The opensora family's transformer
+    gives the flows' velocity noise - x0 (Open-Sora's model predicts its negative)."""
+
+    name = "rflow"
+
+    def schedule(self, steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
+        given = np.linspace(1.0, 1.0 / steps, steps) if sigmas is None else sigmas
+        levels = euler_sigmas(steps, self.shift, self.num_train_timesteps, given)
+        return levels, levels[:-1]
+
+
 def rescale_zero_terminal_snr(alphas_cumprod: np.ndarray) -> np.ndarray:
     """Lin et al.'s rescale: the last timestep's signal to zero, the first's kept (diffusers'
     `rescale_zero_terminal_snr` of the DDIM schedulers, float64)."""
@@ -419,7 +437,7 @@ class CogVideoXDDIM(Scheduler):
 
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
-    c.name: c for c in (FlowEuler, FlowUniPC, CogVideoXDDIM, FlowEulerLTX)}
+    c.name: c for c in (FlowEuler, FlowUniPC, CogVideoXDDIM, FlowEulerLTX, RFlow)}
 
 
 def scheduler_for(name: str, shift: float, num_train_timesteps: int,

@@ -121,12 +121,12 @@ def test_sizes_the_family_cannot_take_are_refused(request, case, size, message):
 
 
 # an option some families declare -> (a value on the command line, the families taking it)
-OWN_OPTIONS = {"frame_rate": ("24", "ltx"), "decode_timestep": ("0.05", "ltx"),
+OWN_OPTIONS = {"frame_rate": ("24", "ltx, opensora"), "decode_timestep": ("0.05", "ltx"),
                "decode_noise_scale": ("0.025", "ltx"),
                "out_of_core": (None, "cogvideox, ltx, wan"),
                "lora": ("adapter.safetensors", "cogvideox, ltx, wan")}
 PIPELINES = {"tiny-sora": None, "wan": "WanPipeline", "cogvideox": "CogVideoXPipeline",
-             "ltx": "LTXPipeline"}
+             "ltx": "LTXPipeline", "opensora": None}
 
 
 @pytest.mark.parametrize("family,option", [
@@ -146,6 +146,11 @@ def test_cli_refuses_options_the_family_does_not_take(tmp_path, family, option):
         folder.mkdir()
         (folder / "model_index.json").write_text(json.dumps({"_class_name": PIPELINES[family]}))
         model = ["--model", str(folder)]
+    elif family == "opensora":  # no index: its transformer's config names it
+        folder = tmp_path / family / "transformer"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": "STDiT3"}))
+        model = ["--model", str(folder.parent)]
     flag = f"--{option.replace('_', '-')}"
     value, takers = OWN_OPTIONS.get(option, ("32", None))
     out = tmp_path / "pkg"

@@ -20,7 +20,7 @@ GIVEN = {"from-one": (1.0, 0.9937, 0.9875, 0.975, 0.9094, 0.725, 0.4219),
 
 
 def test_the_flows_take_given_levels_and_ddim_does_not():
-    assert TAKERS == ["flow_euler", "flow_unipc", "ltx_flow_euler"]
+    assert TAKERS == ["flow_euler", "flow_unipc", "ltx_flow_euler", "rflow"]
     assert not SCHEDULERS["cogvideox_ddim"].takes_sigmas
 
 

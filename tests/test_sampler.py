@@ -102,14 +102,18 @@ def _diffusers_scheduler(name: str, shift: float):
                 timestep_spacing="trailing", snr_shift_scale=shift, set_alpha_to_one=True,
                 clip_sample=False),
             "ltx_flow_euler": lambda: FlowMatchEulerDiscreteScheduler(**LTX_CONFIG),
+            # Open-Sora's RFLOW is no diffusers scheduler; this one set to its levels is it
+            "rflow": lambda: FlowMatchEulerDiscreteScheduler(shift=shift),
             }[name]()
 
 
 def _set_timesteps(name: str, sched, steps: int, shift: float) -> None:
     """As each family's pipeline sets its schedule: LTXPipeline gives its own sigmas and the
-    mu whose exp is our shift."""
+    mu whose exp is our shift; RFLOW's levels are given as such."""
     if name == "ltx_flow_euler":
         sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=math.log(shift))
+    elif name == "rflow":  # Open-Sora's (1 - i/N), shifted by the static shift
+        sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps))
     else:
         sched.set_timesteps(steps)
 
@@ -155,9 +159,9 @@ def assert_steps_match(solver, sched, seed: int) -> None:
 def test_a_scheduler_is_looked_up_by_its_manifest_name():
     assert {name: cls.name for name, cls in SCHEDULERS.items()} == {
         "flow_euler": "flow_euler", "flow_unipc": "flow_unipc",
-        "cogvideox_ddim": "cogvideox_ddim", "ltx_flow_euler": "ltx_flow_euler"}
+        "cogvideox_ddim": "cogvideox_ddim", "ltx_flow_euler": "ltx_flow_euler", "rflow": "rflow"}
     with pytest.raises(ValueError, match="scheduler='ddim'.*flow_euler, flow_unipc, "
-                                         "cogvideox_ddim, ltx_flow_euler"):
+                                         "cogvideox_ddim, ltx_flow_euler, rflow"):
         scheduler_for("ddim", 3.0, 1000)
 
 

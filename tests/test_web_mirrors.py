@@ -157,7 +157,7 @@ def test_schedulers_replay_python_through_their_interface(page):
     float32 log and expm1, see LATENT_TOLERANCE)."""
     cases = json.loads((SWIFT_FIXTURES / "schedulers.json").read_text())
     assert sorted({c["scheduler"] for c in cases}) == sorted(SCHEDULERS)
-    assert len(cases) == 31 and sum(c["given"] is not None for c in cases) == 9
+    assert len(cases) == 39 and sum(c["given"] is not None for c in cases) == 12
     assert {c["shift_terminal"] for c in cases if c["scheduler"] == "ltx_flow_euler"} == \
         {0.1, None}
     got = page.evaluate(REPLAY_SCHEDULERS, cases)
@@ -212,11 +212,11 @@ def test_scheduler_names_and_refusals_are_pythons(page):
                terminals: Object.values(m.SCHEDULERS).map((c) => c.takesShiftTerminal), refusals };
     }""", names)
     assert got["keys"] == list(SCHEDULERS) == got["classNames"]
-    assert got["keys"] == ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler"]
+    assert got["keys"] == ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"]
     assert got["leapTails"] == [c.leap_tail for c in SCHEDULERS.values()] == \
-        [True, True, False, True]
+        [True, True, False, True, True]
     assert got["terminals"] == [c.takes_shift_terminal for c in SCHEDULERS.values()] == \
-        [False, False, False, True]
+        [False, False, False, True, False]
     for name, message in zip(names, got["refusals"], strict=True):
         with pytest.raises(ValueError) as err:
             scheduler_for(name, 3.0, 1000)
@@ -347,7 +347,7 @@ def test_an_unknown_scheduler_is_refused_by_name(page):
     for case, message in zip(cases, js_refusals(page, cases), strict=True):
         assert message == python_refusal(case), case
         assert f"{case['scheduler']}" in message
-        assert "known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler" in message
+        assert "known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow" in message
 
 
 PIECES = """(cases) => import('/runtime/chunks.js').then((m) => cases.map(([spec, shape]) => {
@@ -547,7 +547,7 @@ def test_dynamic_guidance_is_refused_as_python_refuses_it(page):
     that is not true or false, as edge/options.py does."""
     bad = [{"scheduler": name, "dynamic_guidance": True}
            for name, cls in SCHEDULERS.items() if not cls.takes_dynamic_guidance]
-    assert len(bad) == 3
+    assert len(bad) == 4
     for case, message in zip(bad, js_refusals(page, bad), strict=True):
         assert message == python_refusal(case), case
     good = [{"scheduler": "cogvideox_ddim", "dynamic_guidance": True},

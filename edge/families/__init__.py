@@ -3,7 +3,8 @@
 `load_model(folder)` reads `folder/model_index.json` (a diffusers pipeline folder), picks the
 family by its `_class_name` and loads the model from local files only; no folder means the
 shipped tiny-sora (a tiny-sora weights folder has no model_index.json: it is recognised by its
-`tiny-sora.json`). One module per family answers the same questions (`FamilyModel`); the
+`tiny-sora.json`; an Open-Sora 1.2 folder of released checkpoints by its transformer's
+config, model_type STDiT3). One module per family answers the same questions (`FamilyModel`); the
 exporters, the package format and the runtimes know no family names.
 """
 
@@ -24,7 +25,7 @@ class FamilyError(ValueError):
 # `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
 PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox",
                      "LTXPipeline": "ltx"}
-FAMILIES = ("tiny-sora", *PIPELINE_FAMILIES.values())
+FAMILIES = ("tiny-sora", *PIPELINE_FAMILIES.values(), "opensora")
 # the export options that size a diffusers family's package (tiny-sora's come with its weights)
 SIZE_OPTIONS = ("height", "width", "frames", "steps")
 
@@ -49,6 +50,18 @@ def check_size(family: str, folder: Path | None) -> dict[str, int] | None:
     return None if small is None else small(folder)
 
 
+def is_opensora_folder(folder: Path) -> bool:
+    """Whether `folder` is laid out as Open-Sora 1.2's released checkpoints (the opensora
+    family): its transformer's config says STDiT3. JSON only, no torch."""
+    config = folder / "transformer" / "config.json"
+    if kind_of(config) != "a file":
+        return False
+    try:
+        return json.loads(config.read_text()).get("model_type") == "STDiT3"
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False
+
+
 def family_of(folder: Path | None) -> str:
     """The family name of a model folder (None: the shipped tiny-sora), refused with a
     message naming the folder or value when edge cannot take it."""
@@ -62,8 +75,11 @@ def family_of(folder: Path | None) -> str:
         raise FamilyError(f"{folder}: is {kind}, not a model folder")
     kind = kind_of(index)
     if kind == "missing":
+        if is_opensora_folder(folder):
+            return "opensora"
         raise FamilyError(f"{folder}: no model_index.json (a diffusers pipeline folder has one; "
-                          "a tiny-sora weights folder has tiny-sora.json)")
+                          "a tiny-sora weights folder has tiny-sora.json; an Open-Sora 1.2 "
+                          "folder has transformer/config.json of model_type STDiT3)")
     if kind != "a file":  # a FIFO would block the read
         raise FamilyError(f"{index}: is {kind}, not a JSON file")
     try:

@@ -198,6 +198,20 @@ export class FlowEulerLTX extends FlowEuler {
   }
 }
 
+// Open-Sora 1.2's RFLOW (edge/schedulers.py RFlow): flow_euler's static shift (the video
+// size's ratio r) on the levels (1 - i/N), np.linspace(1, 1/N, N) in float64.
+export class RFlow extends FlowEuler {
+  static name = "rflow";
+
+  schedule(steps, given = null) {
+    const levels = given ?? Array.from({ length: steps }, (_, i) =>
+      steps === 1 ? 1.0 : i === steps - 1 ? 1.0 / steps
+        : i * ((1.0 / steps - 1.0) / (steps - 1)) + 1.0);
+    const sigmas = eulerSigmas(steps, this.shift, this.numTrainTimesteps, levels);
+    return { sigmas, modelTimes: sigmas.subarray(0, steps) };
+  }
+}
+
 // edge/schedulers.py rescale_zero_terminal_snr (float64): the last timestep's signal to zero,
 // the first's kept.
 export function rescaleZeroTerminalSnr(alphasCumprod) {
@@ -318,7 +332,8 @@ export class CogVideoXDDIM extends Scheduler {
 
 // edge/schedulers.py SCHEDULERS, in its order
 export const SCHEDULERS = { flow_euler: FlowEuler, flow_unipc: FlowUniPC,
-                            cogvideox_ddim: CogVideoXDDIM, ltx_flow_euler: FlowEulerLTX };
+                            cogvideox_ddim: CogVideoXDDIM, ltx_flow_euler: FlowEulerLTX,
+                            rflow: RFlow };
 
 export const isScheduler = (name) => typeof name === "string" && Object.hasOwn(SCHEDULERS, name);
 

@@ -169,6 +169,29 @@ public struct FlowEulerLTX: EulerFlow {
     }
 }
 
+/// Open-Sora 1.2's RFLOW (edge/schedulers.py RFlow): flow_euler's static shift (the video
+/// size's ratio r) on the levels (1 - i/N), np.linspace(1, 1/N, N); model times are the sigmas.
+public struct RFlow: EulerFlow {
+    public static let name = "rflow"
+    public static var takesSigmas: Bool { true }
+    public let shift: Double
+    public let numTrainTimesteps: Int
+
+    public init(shift: Double, numTrainTimesteps: Int) {
+        self.shift = shift
+        self.numTrainTimesteps = numTrainTimesteps
+    }
+
+    public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
+        let n = steps
+        let levels = given ?? (0..<n).map { i in  // np.linspace(1.0, 1 / n, n), the last exact
+            n == 1 ? 1.0 : (i == n - 1 ? 1.0 / Double(n) : Double(i) * ((1.0 / Double(n) - 1.0) / Double(n - 1)) + 1.0)
+        }
+        let sigmas = eulerSigmas(steps: n, shift: shift, numTrainTimesteps: numTrainTimesteps, given: levels)
+        return (sigmas, Array(sigmas.dropLast()))
+    }
+}
+
 /// UniPCMultistepScheduler as Wan 2.1 configures it (flow prediction, flow sigmas with
 /// `flow_shift`, order 2, bh2; UniPC.swift): model times are whole training steps.
 public struct FlowUniPC: Scheduler {
@@ -336,7 +359,8 @@ func arange(_ start: Double, _ stop: Double, _ step: Double) -> [Double] {
 
 /// The schedulers by name, in edge/schedulers.py's SCHEDULERS order.
 public let schedulers: [(name: String, type: any Scheduler.Type)] =
-    ([FlowEuler.self, FlowUniPC.self, CogVideoXDDIM.self, FlowEulerLTX.self] as [any Scheduler.Type])
+    ([FlowEuler.self, FlowUniPC.self, CogVideoXDDIM.self, FlowEulerLTX.self, RFlow.self]
+        as [any Scheduler.Type])
         .map { ($0.name, $0) }
 
 /// The names of `schedulers`, in its order.

@@ -28,8 +28,8 @@ final class SchedulersFixtureTests: XCTestCase {
 
     func testCoversTheRegistry() throws {
         let cases = try cases()
-        XCTAssertEqual(cases.count, 31)
-        XCTAssertEqual(cases.filter { $0["given"] is [Any] }.count, 9)  // the flows through given levels
+        XCTAssertEqual(cases.count, 39)
+        XCTAssertEqual(cases.filter { $0["given"] is [Any] }.count, 12)  // the flows through given levels
         // every scheduler the registry knows, in its order, and nothing else
         var names: [String] = []
         for c in cases where !names.contains(c["scheduler"] as! String) { names.append(c["scheduler"] as! String) }
@@ -103,15 +103,16 @@ final class SchedulersFixtureTests: XCTestCase {
 final class SchedulersTests: XCTestCase {
     func testRegistry() throws {
         // edge/schedulers.py SCHEDULERS, in its order
-        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler"])
-        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler"])
+        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
+        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
         XCTAssertTrue(schedulers[0].type == FlowEuler.self)
         XCTAssertTrue(schedulers[1].type == FlowUniPC.self)
         XCTAssertTrue(schedulers[2].type == CogVideoXDDIM.self)
         XCTAssertTrue(schedulers[3].type == FlowEulerLTX.self)
+        XCTAssertTrue(schedulers[4].type == RFlow.self)
         // Python's class attributes leap_tail and takes_shift_terminal
-        XCTAssertEqual(schedulers.map { $0.type.leapTail }, [true, true, false, true])
-        XCTAssertEqual(schedulers.map { $0.type.takesShiftTerminal }, [false, false, false, true])
+        XCTAssertEqual(schedulers.map { $0.type.leapTail }, [true, true, false, true, true])
+        XCTAssertEqual(schedulers.map { $0.type.takesShiftTerminal }, [false, false, false, true, false])
         for (name, type) in schedulers {
             XCTAssertEqual(type.name, name)
             let s = try scheduler(named: name, shift: 2.5, numTrainTimesteps: 500)
@@ -128,6 +129,8 @@ final class SchedulersTests: XCTestCase {
             .solver(sigmas: [999, -1]) is DDIMSolver)
         XCTAssertTrue(try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000)
             .solver(sigmas: [1, 0]) is EulerSolver)
+        XCTAssertTrue(try scheduler(named: "rflow", shift: 0.5, numTrainTimesteps: 1000)
+            .solver(sigmas: [1, 0]) is EulerSolver)
         // the terminal reaches the scheduler that takes one; nil by default
         XCTAssertEqual(try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000,
                                      shiftTerminal: 0.1).shiftTerminal, 0.1)
@@ -138,11 +141,11 @@ final class SchedulersTests: XCTestCase {
         for name in ["ddim", "flow_euler_x", "", "FLOW_EULER"] {
             XCTAssertThrowsError(try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)) { error in
                 // the message edge/schedulers.py's scheduler_for gives
-                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler")
+                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
             }
         }
         XCTAssertThrowsError(try scheduler(named: "it's", shift: 3, numTrainTimesteps: 1000)) { error in
-            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler")
+            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
         }
     }
 

@@ -78,11 +78,11 @@ final class UniPCTests: XCTestCase {
         for name in ["ddim", "flow_euler_x", ""] {
             XCTAssertThrowsError(try Fixtures.settings(["scheduler": name])) { error in
                 // the message edge/sampler.py's SamplerSettings gives
-                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler")
+                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
             }
         }
         XCTAssertThrowsError(try Fixtures.settings(["scheduler": "it's"])) { error in
-            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler")
+            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
         }
         var s = SamplerSettings()
         s.scheduler = "unipc"

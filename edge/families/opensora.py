@@ -1,0 +1,369 @@
+"""Open-Sora 1.2 text-to-video (STDiT3, its video VAE, RFLOW) from a local folder of its
+released checkpoints, which are not a diffusers pipeline:
+
+    FOLDER/transformer/   hpcai-tech/OpenSora-STDiT-v3 as released (config.json, model_type
+                          STDiT3; model.safetensors)
+    FOLDER/vae/           hpcai-tech/OpenSora-VAE-v1.2 as released (config.json, model_type
+                          VideoAutoencoderPipeline; model.safetensors with the 2D VAE inside)
+    FOLDER/text_encoder/  a T5 v1.1 encoder in transformers' layout (DeepFloyd/t5-v1_1-xxl)
+    FOLDER/tokenizer/     its tokenizer
+
+The model code is edge's (edge/models/opensora_*.py), checked against the original
+implementation's outputs (tests/test_opensora.py). Nothing downloads: the VAE config's
+`vae_2d.from_pretrained` names the 2D VAE's diffusers folder, whose weights are already in
+the checkpoint; its architecture is read from a config of that name beside the VAE's
+config.json when there is one, else it is the SDXL VAE's (what the released config names).
+
+Sizes: whole chunks of `micro_frame_size` (17) frames, sides whole patches of the latent grid
+(multiples of 16). Defaults as Open-Sora's v1.2 inference config: 30 steps, guidance 7,
+24 fps, 51 frames; 240 x 432, the 240p 16:9 size nearest Open-Sora's 240 x 426 that fits the
+patch grid. The prompt is encoded as given (Open-Sora's script appends " aesthetic score:
+6.5.", which `reference(..., aesthetic=True)` does too, never silently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edge.blocks import Chunking
+from edge.families import FamilyError, StorageRule
+from edge.families.folder import check_component_files, read_json
+from edge.families.pipeline_run import Accepted, PipelineModel, with_steps
+from edge.files import kind_of
+from edge.sampler import SamplerSettings
+
+NAME = "opensora"
+# the frame rate is the model's input (LTX-Video's option of the same name is its RoPE's)
+EXPORT_OPTIONS = ("height", "width", "frames", "steps", "frame_rate")
+PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
+DEFAULT_SIZE = {"height": 240, "width": 432, "frames": 51}
+SPATIAL = 8                    # pixels per latent cell (the 2D VAE's)
+NUM_TRAIN_TIMESTEPS = 1000
+# the SDXL VAE's architecture (PixArt-alpha/pixart_sigma_sdxlvae_T5_diffusers, vae/), which
+# the released VAE config names and whose weights the checkpoint holds
+SDXL_VAE = {"in_channels": 3, "out_channels": 3, "latent_channels": 4,
+            "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2,
+            "norm_num_groups": 32, "act_fn": "silu", "sample_size": 1024,
+            "down_block_types": ["DownEncoderBlock2D"] * 4,
+            "up_block_types": ["UpDecoderBlock2D"] * 4,
+            "scaling_factor": 0.13025, "force_upcast": True}
+# the VAE checkpoint's encoding half: stored, not needed to sample
+VAE_ENCODER_KEYS = ("temporal_vae.encoder.", "temporal_vae.quant_conv.",
+                    "spatial_vae.module.encoder.", "spatial_vae.module.quant_conv.")
+
+
+# ---------------------------------------------------------------- the folder and its configs
+
+def check_parts(folder: Path) -> None:
+    for part in PARTS:
+        kind = kind_of(folder / part)
+        if kind != "a folder":
+            raise FamilyError(f"{folder / part}: {kind if kind == 'missing' else 'is ' + kind}"
+                              f"; an Open-Sora folder holds {', '.join(p + '/' for p in PARTS)}")
+        check_component_files(folder / part)
+
+
+def model_type(path: Path, want: str) -> dict:
+    cfg = read_json(path)
+    if cfg.get("model_type") != want:
+        raise FamilyError(f"{path}: model_type {cfg.get('model_type')!r}; the opensora family "
+                          f"takes {want!r} here (Open-Sora 1.2's released checkpoints)")
+    return cfg
+
+
+def dataclass_config(cls, cfg: dict, path: Path, where: str = ""):
+    """`cls` (a config dataclass) from the JSON fields of its names, each checked against the
+    default's type; a missing field keeps the default."""
+    values = {}
+    for f in fields(cls):
+        if f.name not in cfg:
+            continue
+        value, default = cfg[f.name], f.default
+        if isinstance(default, tuple):
+            ok = isinstance(value, list) and all(isinstance(v, type(default[0])) for v in value)
+            value = tuple(value) if ok else value
+        elif isinstance(default, bool | str | int):  # an int field takes no 2.5 (nor true)
+            ok = type(value) is type(default)
+        else:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            raise FamilyError(f"{path}: {where}{f.name}={cfg[f.name]!r}; must be like "
+                              f"{default!r}")
+        values[f.name] = value
+    return cls(**values)
+
+
+def transformer_config(folder: Path):
+    from edge.models.opensora_stdit3 import STDiT3Config
+
+    path = folder / "transformer" / "config.json"
+    cfg = dataclass_config(STDiT3Config, model_type(path, "STDiT3"), path)
+    if len(cfg.patch_size) != 3 or min(cfg.patch_size) < 1:
+        raise FamilyError(f"{path}: patch_size={list(cfg.patch_size)}; must be three positive "
+                          "integers")
+    if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 2:
+        raise FamilyError(f"{path}: hidden_size={cfg.hidden_size} over num_heads="
+                          f"{cfg.num_heads} must give an even head width")
+    return cfg
+
+
+@dataclass(frozen=True)
+class VAEConfigs:
+    temporal: object            # TemporalVAEConfig
+    spatial: dict               # the 2D VAE's diffusers AutoencoderKL config
+    micro_frame_size: int
+
+
+def vae_configs(folder: Path) -> VAEConfigs:
+    from edge.models.opensora_vae import TemporalVAEConfig
+
+    path = folder / "vae" / "config.json"
+    cfg = model_type(path, "VideoAutoencoderPipeline")
+    parts = {k: cfg.get(k) for k in ("vae_temporal", "vae_2d")}
+    for key, kind in (("vae_temporal", "VAE_Temporal"), ("vae_2d", "VideoAutoencoderKL")):
+        if not isinstance(parts[key], dict) or parts[key].get("type") != kind:
+            raise FamilyError(f"{path}: {key} must be an object of type {kind!r}")
+    temporal = dataclass_config(TemporalVAEConfig, parts["vae_temporal"], path, "vae_temporal.")
+    if len(temporal.temporal_downsample) != len(temporal.channel_multipliers) - 1:
+        raise FamilyError(f"{path}: vae_temporal.temporal_downsample needs one entry fewer "
+                          "than channel_multipliers")
+    micro = cfg.get("micro_frame_size")
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise FamilyError(f"{path}: micro_frame_size={micro!r}; must be a positive integer")
+    for key in ("scale", "shift"):
+        if cfg.get(key) is not None and (not isinstance(cfg[key], list)
+                                         or len(cfg[key]) != temporal.embed_dim):
+            raise FamilyError(f"{path}: {key} must list {temporal.embed_dim} numbers")
+    name = parts["vae_2d"].get("from_pretrained")
+    beside = folder / "vae" / name / "config.json" if isinstance(name, str) else None
+    spatial = (read_json(beside) if beside is not None and kind_of(beside) == "a file"
+               else dict(SDXL_VAE))
+    return VAEConfigs(temporal, spatial, micro)
+
+
+def check_text_encoder(folder: Path, caption_channels: int) -> None:
+    path = folder / "text_encoder" / "config.json"
+    cfg = read_json(path)
+    if cfg.get("model_type") != "t5":
+        raise FamilyError(f"{path}: model_type {cfg.get('model_type')!r}; the opensora family "
+                          "takes a T5 v1.1 encoder ('t5')")
+    if cfg.get("d_model") != caption_channels:
+        raise FamilyError(f"{path}: d_model={cfg.get('d_model')!r}, but "
+                          f"{folder / 'transformer' / 'config.json'} has caption_channels="
+                          f"{caption_channels}: the transformer must take the encoder's width")
+
+
+def check_video_size(cfg, vae: VAEConfigs, height: int, width: int, frames: int) -> None:
+    """Whole 17-frame chunks; sides whole patches of latent cells."""
+    for name, value, patch in (("height", height, cfg.patch_size[1]),
+                               ("width", width, cfg.patch_size[2])):
+        multiple = SPATIAL * patch
+        if isinstance(value, bool) or not isinstance(value, int) or value < multiple \
+                or value % multiple:
+            raise FamilyError(f"--{name} {value}: Open-Sora needs a positive multiple of "
+                              f"{multiple} (its VAE's {SPATIAL} x patch {patch})")
+    micro = vae.micro_frame_size
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < micro \
+            or frames % micro:
+        raise FamilyError(f"--frames {frames}: Open-Sora decodes whole chunks of {micro} "
+                          f"frames (e.g. {micro}, {2 * micro}, {3 * micro})")
+
+
+def sampler_settings(height: int, width: int, frames: int) -> SamplerSettings:
+    """RFLOW as Open-Sora's v1.2 inference config sets it (edge's `rflow`): its shift the
+    timestep transform's ratio for this size."""
+    from edge.models.opensora_pipeline import GUIDANCE, STEPS, time_shift
+
+    return SamplerSettings(steps=STEPS, guidance=GUIDANCE, shift=time_shift(height, width, frames),
+                           num_train_timesteps=NUM_TRAIN_TIMESTEPS, scheduler="rflow",
+                           leap_min_steps=STEPS // 2)
+
+
+def check_size(folder: Path) -> dict[str, int]:
+    """The small size an export's end-to-end check may run at (`--check small`): one chunk
+    of frames, two patches a side."""
+    cfg, vae = transformer_config(folder), vae_configs(folder)
+    return {"height": 2 * SPATIAL * cfg.patch_size[1], "width": 2 * SPATIAL * cfg.patch_size[2],
+            "frames": vae.micro_frame_size}
+
+
+def accepts(folder: Path, height: int | None = None, width: int | None = None,
+            frames: int | None = None, steps: int | None = None,
+            frame_rate: float | None = None) -> Accepted:
+    """What this family takes, from the folder's JSON files alone (nothing loaded): the four
+    parts, their configs against each other, the video size against the model. Refuses
+    anything else with a FamilyError naming the file, field or option."""
+    from edge.models.opensora_pipeline import FPS
+
+    check_parts(folder)
+    cfg, vae = transformer_config(folder), vae_configs(folder)
+    check_text_encoder(folder, cfg.caption_channels)
+    given = {"height": height, "width": width, "frames": frames}
+    size = {k: DEFAULT_SIZE[k] if v is None else v for k, v in given.items()}
+    check_video_size(cfg, vae, **size)
+    rate = FPS if frame_rate is None else frame_rate
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1000:
+        raise FamilyError(f"--frame-rate {frame_rate}: must be a number of frames per second "
+                          "in (0, 1000]")
+    return Accepted(size, with_steps(sampler_settings(**size), steps), {"fps": float(rate)})
+
+
+# ---------------------------------------------------------------- loading
+
+def stored_tensors(path: Path) -> dict:
+    from edge.lazy_weights import FolderWeights, ShardError
+
+    try:
+        return FolderWeights(path).tensors
+    except ShardError as err:
+        raise FamilyError(str(err)) from None
+
+
+def check_keys(component: Path, module: torch.nn.Module, stored: dict,
+               skipped: tuple[str, ...] = ()) -> None:
+    """The module's tensors are exactly the stored ones (but `skipped` prefixes), each of the
+    stored shape: the first missing, unexpected or misshapen tensor named."""
+    want = dict(module.state_dict())
+    have = {k: v for k, v in stored.items() if not k.startswith(skipped)}
+    config = component / "config.json"
+    for name in want:
+        if name not in have:
+            raise FamilyError(f"{config}: the model it describes has tensor {name!r}, which "
+                              f"the weights in {component} lack (another size or depth?)")
+    for name in have:
+        if name not in want:
+            raise FamilyError(f"{component}: stored tensor {name!r} is not in the model "
+                              f"{config} describes (another size or depth?)")
+        if tuple(have[name].shape) != tuple(want[name].shape):
+            raise FamilyError(f"{component}: tensor {name!r} has shape "
+                              f"{list(have[name].shape)}, but {config} makes it "
+                              f"{list(want[name].shape)}")
+
+
+def load_weights(component: Path, module: torch.nn.Module,
+                 skipped: tuple[str, ...] = ()) -> None:
+    """Check the keys from the headers, then read the tensors into `module` as float32."""
+    from safetensors.torch import load_file
+
+    check_keys(component, module, stored_tensors(component), skipped)
+    state = {}
+    for path in sorted(component.glob("*.safetensors")):
+        state |= {k: v.float() for k, v in load_file(path).items() if not k.startswith(skipped)}
+    module.load_state_dict(state, strict=True)
+
+
+def load_pipeline(folder: Path):
+    """The folder's components in float32 as an OpenSoraPipeline; notes on weights stored in
+    another dtype."""
+    from diffusers import AutoencoderKL
+    from transformers import AutoTokenizer, T5EncoderModel
+
+    from edge.families.folder import stored_dtypes
+    from edge.models.opensora_pipeline import OpenSoraPipeline
+    from edge.models.opensora_stdit3 import STDiT3
+    from edge.models.opensora_vae import OpenSoraVAE
+
+    cfg, vae_cfg = transformer_config(folder), vae_configs(folder)
+    with torch.device("meta"):
+        transformer = STDiT3(cfg)
+        try:
+            spatial = AutoencoderKL.from_config(vae_cfg.spatial)
+        except (TypeError, ValueError) as err:
+            raise FamilyError(f"{folder / 'vae'}: the 2D VAE's config builds no AutoencoderKL "
+                              f"({err})") from None
+        vae = OpenSoraVAE(vae_cfg.temporal, spatial, vae_cfg.micro_frame_size)
+    check_keys(folder / "transformer", transformer, stored_tensors(folder / "transformer"))
+    check_keys(folder / "vae", vae, stored_tensors(folder / "vae"), VAE_ENCODER_KEYS)
+    transformer, vae = transformer.to_empty(device="cpu"), vae.to_empty(device="cpu")
+    load_weights(folder / "transformer", transformer)
+    load_weights(folder / "vae", vae, VAE_ENCODER_KEYS)
+    try:
+        text_encoder = T5EncoderModel.from_pretrained(folder / "text_encoder",
+                                                      local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer", local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise FamilyError(f"{folder}: the text encoder or tokenizer does not load: "
+                          f"{str(err).strip()[:300]}") from None
+    notes = [f"{folder / name}: weights stored as {', '.join(sorted(kinds))}, converted to "
+             "float32 (packages hold float32)"
+             for name in ("transformer", "vae", "text_encoder")
+             if (kinds := stored_dtypes(folder / name) - {"F32"})]
+    pipe = OpenSoraPipeline(transformer.eval(), vae.eval(), text_encoder.float().eval(),
+                            tokenizer)
+    return pipe, notes
+
+
+# ---------------------------------------------------------------- the family's model
+
+def to_uint8(video: torch.Tensor) -> np.ndarray:
+    """Video (B, 3, T, H, W) about [-1, 1] -> uint8 (B, T, H, W, 3), as the runtimes round
+    their [0, 1] frames."""
+    frames = ((video.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 4, 1).numpy()
+    return np.round(frames * 255).astype(np.uint8)
+
+
+@dataclass
+class OpenSoraModel(PipelineModel):
+    pipe: object                    # OpenSoraPipeline, float32
+    folder: Path
+    height: int
+    width: int
+    frames: int
+    sampler: SamplerSettings
+    notes: list[str]
+    fps: float = 24.0               # the frame rate the model is told (--frame-rate)
+    name: str = NAME
+    family: str = NAME
+    chunked: dict[str, Chunking] = field(default_factory=dict)
+    device_storage: dict[str, StorageRule] = field(default_factory=dict)
+    out_of_core: bool = False
+
+    @property
+    def text_tokens(self) -> int:
+        return self.pipe.text_tokens
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        return (self.pipe.transformer.cfg.in_channels, self.pipe.vae.latent_frames(self.frames),
+                self.height // SPATIAL, self.width // SPATIAL)
+
+    @torch.no_grad()
+    def reference(self, prompt: str, latents: np.ndarray | None = None,
+                  negative_prompt: str | None = None, steps: int | None = None,
+                  guidance: float | None = None,
+                  on_step: Callable[[int, int], None] | None = None,
+                  seed: int | None = None, output_type: str = "np",
+                  aesthetic: bool = False) -> np.ndarray:
+        """Open-Sora's sampling on edge's model: uint8 video (B, T, H, W, 3) (output_type
+        "latent": the denoised latents, float32 (B, C, T, h, w)) from these initial latents or
+        those torch.randn draws for `seed`. `aesthetic`: Open-Sora's script's suffix appended
+        to the prompt. The unconditional half is the learned null caption (a negative prompt
+        is not Open-Sora's guidance: refused)."""
+        if negative_prompt:
+            raise ValueError("negative_prompt: Open-Sora guides against its learned null "
+                             "caption; it takes no negative prompt")
+        start = self.start(latents, seed)
+        if aesthetic:
+            from edge.models.opensora_pipeline import AESTHETIC_SUFFIX
+
+            prompt = prompt + AESTHETIC_SUFFIX
+        out = self.pipe(prompt, self.height, self.width, self.frames,
+                        steps=self.sampler.steps if steps is None else steps,
+                        guidance=self.sampler.guidance if guidance is None else guidance,
+                        fps=self.fps, on_step=on_step,
+                        output_type="latent" if output_type == "latent" else "pt", **start)
+        return out.numpy() if output_type == "latent" else to_uint8(out)
+
+
+def load(folder: Path, **options) -> OpenSoraModel:
+    """The folder's Open-Sora 1.2 as an edge model at this size; `options`: what `accepts`
+    takes."""
+    accepted = accepts(folder, **options)
+    pipe, notes = load_pipeline(folder)
+    return OpenSoraModel(pipe, folder, sampler=accepted.sampler, notes=notes,
+                         name=folder.resolve().name, **accepted.size, **accepted.own)
