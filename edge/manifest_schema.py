@@ -468,6 +468,11 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# how the learned null caption is masked: every token ("all", tiny-sora), or as the prompt
+# of its guidance pair is ("prompt", Open-Sora: its y_embedding under the prompt's mask)
+NULL_CAPTION_MASKS = ("all", "prompt")
+
+
 def check_manifest(manifest: Any) -> dict[str, dict]:
     """Raise PackageError for the first structural problem; returns path -> file record of
     every listed file."""
@@ -500,6 +505,11 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
     _count(tok, "max_tokens", f"{MANIFEST} tokenizer", minimum=1)
     if "embedding_rows" in tok:  # absent in packages from before it was written
         _count(tok, "embedding_rows", f"{MANIFEST} tokenizer", minimum=1)
+    if "null_caption_mask" in manifest:  # absent: the null caption attends to every token
+        mode = require(manifest, "null_caption_mask", str, MANIFEST)
+        if mode not in NULL_CAPTION_MASKS:
+            raise PackageError(f"{MANIFEST}: field 'null_caption_mask' is {mode!r}; known: "
+                               f"{', '.join(NULL_CAPTION_MASKS)}")
     if "latent_shape" in manifest:
         shape = require(manifest, "latent_shape", list, MANIFEST)
         if len(shape) != 4 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0

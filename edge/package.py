@@ -84,6 +84,23 @@ def file_entry(root: Path, path: Path) -> dict:
             "sha256": sha256_of(path)}
 
 
+def write_null_caption(root: Path, null, raw: bool = False) -> dict:
+    """A learned null caption (tokens x width, float32) written as the package's
+    `conditioning/null_caption.npy`, and with `raw` a little-endian float32 copy (`.f32`, which
+    Swift reads without an .npy parser); the manifest's `conditioning` records."""
+    import numpy as np
+
+    null = np.asarray(null, dtype="<f4")
+    npy = root / "conditioning" / "null_caption.npy"
+    npy.parent.mkdir(parents=True)
+    np.save(npy, null)
+    records = {"null_caption": file_entry(root, npy)}
+    if raw:
+        npy.with_suffix(".f32").write_bytes(null.tobytes())
+        records["null_caption_f32"] = file_entry(root, npy.with_suffix(".f32"))
+    return records
+
+
 def resolve_inside(root: Path, relative: str, where: str) -> Path:
     """`root/relative`, refusing absolute paths and any path that escapes `root`."""
     rel = PurePosixPath(relative)

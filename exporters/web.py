@@ -36,7 +36,7 @@ import torch
 
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
-from edge.exporters.onnx import export_graph, validate_block, write_weights
+from edge.exporters.onnx import check_validation, export_graph, validate_block, write_weights
 from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
 from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, shared_compiler, web_example
@@ -106,12 +106,9 @@ def export_wasm_graph(block: Block, module: torch.nn.Module, root: Path, name: s
     # onnxruntime-web's wasm path is not known to run com.microsoft's fused attention:
     # its graphs chunk every attention
     export_graph(static, path, fused_attention=False)
-    error = validate_block(static, path, static.run(*static.example))
-    if not error <= BLOCK_TOLERANCE:
-        raise ExportValidationError(f"block {what}: the wasm path's ONNX graph differs from "
-                                    f"PyTorch by {error:.3g} (max-abs; the limit is "
-                                    f"{BLOCK_TOLERANCE:g})")
-    return {"graph": file_entry(root, path), "validation": {"max_abs_error": error}}
+    validation = validate_block(static, path, static.run(*static.example))
+    check_validation(validation, f"block {what}: the wasm path's ONNX graph")
+    return {"graph": file_entry(root, path), "validation": validation}
 
 
 def export_variant(block: Block, name: str, compiler: BlockCompiler, root: Path,

@@ -113,6 +113,35 @@ def test_from_the_prompt_the_family_gives_the_originals_latents_and_video(model)
     assert np.abs(frames - np.moveaxis(want[0], 0, -1)[None]).max() <= 1.0
 
 
+def test_the_cut_chains_to_the_model(model):
+    """The transformer's blocks chained equal one forward (its velocity: Open-Sora's first
+    output channels negated), TDTM's merged pairs nearly equal the plain ones on a video whose
+    frames come in equal pairs (not exactly: the temporal attention's rotary positions set a
+    pair's second frame one position later), and the decoder's blocks equal the VAE's
+    decode."""
+    from edge.blocks import run_chain
+
+    blocks = model.cut()
+    ref = fixture("reference")
+    z, t = ref["z0"].repeat(2, 1, 1, 1, 1), torch.tensor([0.7, 0.3])
+    caption, mask = ref["y"][:, 0], torch.tensor([[1] * 16, [1] * 6 + [0] * 10])
+    feeds = {"latent": z, "t": t, "caption": caption, "caption_mask": mask}
+    got = run_chain(blocks["transformer"], feeds)["velocity"]
+    with torch.no_grad():
+        want = model.pipe.transformer(z, t * 1000, caption, mask, torch.full((2,), 24.0),
+                                      SIZE["height"], SIZE["width"])[:, :4]
+    close(got, -want)
+    pairs = z.clone()
+    pairs[:, :, 1::2] = pairs[:, :, 0::2]
+    plain = run_chain(blocks["transformer"], feeds | {"latent": pairs})["velocity"]
+    merged = run_chain(blocks["transformer"], feeds | {"latent": pairs}, "tdtm")["velocity"]
+    close(merged, plain, 1e-3)
+    video = run_chain(blocks["vae_decoder"], {"z": ref["samples"]})["frames"]
+    with torch.no_grad():
+        want = (model.pipe.vae.decode(ref["samples"]) / 2 + 0.5).clamp(0, 1)
+    close(video, want)
+
+
 def test_rflow_levels_are_opensoras_timesteps():
     """edge's `rflow` scheduler (all runtimes) steps through Open-Sora's transformed times."""
     from edge.models.opensora_pipeline import rflow_timesteps, time_shift
@@ -131,6 +160,120 @@ def test_the_aesthetic_suffix_is_asked_for_never_added(model):
     again = model.reference(PROMPT, seed=0, output_type="latent")
     suffixed = model.reference(PROMPT, seed=0, output_type="latent", aesthetic=True)
     assert np.array_equal(plain, again) and not np.allclose(plain, suffixed)
+
+
+# ---------------------------------------------------------------- the ONNX package
+
+
+@pytest.fixture(scope="module")
+def package(model, tmp_path_factory):
+    """The fixture's model exported to ONNX at the fixture's size: (root, manifest)."""
+    from conftest import onnx_packages
+
+    return onnx_packages(tmp_path_factory, "opensora-onnx", {"pkg": model})["pkg"]
+
+
+def runtime_of(root, **load):
+    from edge.runtimes.python import Pipeline
+
+    return Pipeline.load(root, **load)
+
+
+def test_the_manifest_says_how_open_sora_samples(model, package):
+    _, manifest = package
+    assert manifest["family"] == "opensora" and manifest["sampler"]["scheduler"] == "rflow"
+    assert manifest["sampler"]["shift"] == pytest.approx(0.484123, abs=1e-6)
+    assert manifest["null_caption_mask"] == "prompt" and "negative_prompt" not in manifest
+    assert manifest["video"] == {**SIZE, "frame_rate": 24.0}
+    assert manifest["latent_shape"] == [4, 10, 8, 12]
+    blocks = {c["name"]: [b["name"] for b in c["blocks"]] for c in manifest["components"]}
+    assert blocks["transformer"] == ["prologue", "pair_0", "pair_1", "epilogue"]
+    assert blocks["vae_decoder"][:2] == ["temporal", "head"]
+
+
+def test_the_package_from_the_prompt_gives_the_originals_latents_and_video(package):
+    """The Python runtime from the prompt and the fixture's initial latents: the original's
+    sampled latents (within 1e-3 of their largest: ten float32 graphs whose random-weight
+    activations reach thousands) and its video (before rounding)."""
+    ref = {k: v.numpy() for k, v in fixture("reference-prompt").items()}
+    runtime = runtime_of(package[0])
+    try:
+        latents = runtime.generate(PROMPT, latents=ref["z0"], output_type="latent")
+        video = runtime.generate(PROMPT, latents=ref["z0"], output_type="float")
+        other = runtime.generate(PROMPT, latents=ref["z0"], output_type="float", steps=3)
+    finally:
+        runtime.close()
+    error = np.abs(latents - ref["samples"]).max() / np.abs(ref["samples"]).max()
+    assert error < 1e-3, error
+    want = pixels(torch.from_numpy(ref["video"])).transpose(0, 2, 3, 4, 1)
+    got = video * 255
+    assert psnr(got, want) >= 40 and snr(got, want) >= 45, (psnr(got, want), snr(got, want))
+    assert snr(other * 255, want) < 35
+
+
+def test_a_seed_gives_the_familys_video(model, package):
+    runtime = runtime_of(package[0])
+    try:
+        got, other = (runtime.generate(PROMPT, seed=s, steps=2) for s in (3, 4))
+    finally:
+        runtime.close()
+    want = model.reference(PROMPT, seed=3)
+    assert psnr(got, want) >= 40, psnr(got, want)
+    assert psnr(other, want) < psnr(got, want) - 10
+
+
+def test_leap_step_cache_and_tdtm_run(package):
+    """LPL, the step cache and TDTM's merged pairs on Open-Sora's package: each a finite
+    video other than the plain one, with the calls the technique saves."""
+    root, manifest = package
+    transformer = next(c for c in manifest["components"] if c["name"] == "transformer")
+    assert all("tdtm" in b["variants"] for b in transformer["blocks"][1:-1])
+    runtime = runtime_of(root)
+    try:
+        base = runtime.generate("a cat", steps=8)
+        runs = {}
+        for name, options in {"leap": {"leap": True, "leap_after": 3, "leap_steps": 2},
+                              # the random weights move block 0's modulated input far more
+                              # from step to step than trained ones: a larger threshold
+                              "cache": {"cache_threshold": 1.0},
+                              "tdtm": {"merge_steps": 3}}.items():
+            runs[name] = (runtime.generate("a cat", steps=8, **options),
+                          runtime.last_run["sampler"])
+    finally:
+        runtime.close()
+    assert runs["leap"][1]["leap_at"] == 3 and runs["leap"][1]["calls"] == 5
+    assert runs["cache"][1]["transformer_calls"] < 8
+    assert runs["tdtm"][1]["merged_calls"] == 3
+    for video, _ in runs.values():
+        assert video.shape == base.shape and not np.array_equal(video, base)
+
+
+def test_streamed_under_a_budget_equals_resident(package):
+    root, manifest = package
+    largest = max(f["bytes"] for c in manifest["components"] for b in c["blocks"]
+                  for f in b["files"] if f["path"] == b["weights"]["path"])
+    resident, streamed = runtime_of(root), runtime_of(root, memory_budget=largest)
+    try:
+        resident.split_batches = True  # as a budget runs the guidance halves
+        want = resident.generate(PROMPT, seed=1, steps=2)
+        got = streamed.generate(PROMPT, seed=1, steps=2)
+        assert streamed.last_run["peak_held_bytes"] <= largest
+    finally:
+        resident.close()
+        streamed.close()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_no_graph_holds_a_whole_attention_score_matrix(package):
+    from conftest import TEST_CHUNK_ROWS
+    from graph_shapes import attention_ops, softmax_rows
+
+    root, manifest = package
+    rows = [r for g in sorted(root.glob("graphs/**/*.onnx")) for r in softmax_rows(g)]
+    assert max(rows, default=0) <= TEST_CHUNK_ROWS
+    pairs = [root / b["graph"] for c in manifest["components"] if c["name"] == "transformer"
+             for b in c["blocks"] if b["name"].startswith("pair")]
+    assert pairs and all(attention_ops(g) for g in pairs)
 
 
 # ---------------------------------------------------------------- bad input

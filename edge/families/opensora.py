@@ -30,11 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge.blocks import Chunking
-from edge.families import FamilyError, StorageRule
+from edge.blocks import Block, Chunking
+from edge.families import FamilyError, Shapes, StorageRule
 from edge.families.folder import check_component_files, read_json
-from edge.families.pipeline_run import Accepted, PipelineModel, with_steps
+from edge.families.pipeline_run import Accepted, PipelineModel, cutting, with_steps
 from edge.files import kind_of
+from edge.package import write_null_caption
 from edge.sampler import SamplerSettings
 
 NAME = "opensora"
@@ -331,6 +332,72 @@ class OpenSoraModel(PipelineModel):
     def latent_shape(self) -> tuple[int, int, int, int]:
         return (self.pipe.transformer.cfg.in_channels, self.pipe.vae.latent_frames(self.frames),
                 self.height // SPATIAL, self.width // SPATIAL)
+
+    def cut(self, shapes: Shapes | None = None) -> dict[str, list[Block]]:
+        from edge.families.t5 import cut_t5_encoder
+
+        shapes = shapes or self.shapes("onnx")
+        ids, mask = self.pipe.tokenize(["a red circle moving left", "the dog"][:shapes.prompts])
+        return {"text_encoder": cut_t5_encoder(self.pipe.text_encoder.encoder, ids, mask),
+                "transformer": self._cut_transformer(shapes.guidance_batch),
+                "vae_decoder": self._cut_vae_decoder(shapes.videos)}
+
+    def _cut_transformer(self, batch: int) -> list[Block]:
+        from edge.models.opensora_blocks import cut_transformer_modules
+
+        model, tokens = self.pipe.transformer, self.text_tokens
+        g = torch.Generator().manual_seed(0)
+        latent = torch.randn(batch, *self.latent_shape, generator=g)
+        t = torch.rand(batch, generator=g)
+        caption = torch.randn(batch, tokens, model.cfg.caption_channels, generator=g)
+        # captions of different lengths, as prompts are
+        mask = (torch.arange(tokens) < torch.arange(1, batch + 1)[:, None] * 5).long()
+        prologue, pairs, epilogue = cut_transformer_modules(model, self.latent_shape,
+                                                            self.height, self.width, self.fps)
+        pro_out = ["x", "temb", "t_mlp", "t_mod", "y", "y_bias"]
+        pro = Block("transformer", "prologue", prologue, ["latent", "t", "caption",
+                                                          "caption_mask"], pro_out,
+                    (latent, t, caption, mask), [True] * 4)
+        feeds = dict(zip(pro_out, pro.run(*pro.example), strict=True))
+        blocks = [pro]
+        pair_in = ["x", "t_mlp", "y", "y_bias"]
+        frames = model.grid(self.latent_shape)[0]
+        for i, (pair, merged) in enumerate(cutting(pairs)):
+            block = Block("transformer", f"pair_{i}", pair, pair_in, ["x"],
+                          tuple(feeds[n] for n in pair_in), [True] * 4,
+                          {"tdtm": merged} if frames > 1 else {})
+            (feeds["x"],) = block.run(*block.example)
+            blocks.append(block)
+        blocks.append(Block("transformer", "epilogue", epilogue, ["x", "temb"], ["velocity"],
+                            (feeds["x"], feeds["temb"]), [True, True]))
+        return blocks
+
+    def _cut_vae_decoder(self, videos: int) -> list[Block]:
+        from edge.models.opensora_blocks import cut_decoder_modules
+
+        x = torch.randn(videos, *self.latent_shape, generator=torch.Generator().manual_seed(1))
+        blocks, name_in = [], "z"
+        stages = cut_decoder_modules(self.pipe.vae)
+        for i, (name, module) in enumerate(stages):
+            name_out = ("latents_2d" if name == "temporal"
+                        else "frames" if i == len(stages) - 1 else "h")
+            block = Block("vae_decoder", name, module, [name_in], [name_out], (x,), [True])
+            (x,) = block.run(x)
+            blocks.append(block)
+            name_in = name_out
+        return blocks
+
+    def package_fields(self, root: Path, raw_null_caption: bool = False) -> dict:
+        """The diffusers families' fields, with the learned null caption in place of a
+        negative prompt, masked as the prompt is (`null_caption_mask`), and the frame rate
+        the model is told."""
+        fields = super().package_fields(root, raw_null_caption)
+        del fields["negative_prompt"]
+        fields["conditioning"] = write_null_caption(
+            root, self.pipe.transformer.y_embedder.y_embedding.numpy(), raw_null_caption)
+        fields["null_caption_mask"] = "prompt"
+        fields["video"]["frame_rate"] = self.fps
+        return fields
 
     @torch.no_grad()
     def reference(self, prompt: str, latents: np.ndarray | None = None,

@@ -26,7 +26,7 @@ from edge.families import FamilyError, Shapes, StorageRule
 from edge.models.stdit import MergedPair, STDiTPair
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 from edge.models.tiny_sora_folder import WeightsFolderError
-from edge.package import file_entry
+from edge.package import file_entry, write_null_caption
 from edge.sampler import SamplerSettings
 
 NAME = "tiny-sora"
@@ -236,15 +236,8 @@ class TinySoraModel:
         tok_dir = root / "tokenizer"
         tok_dir.mkdir(parents=True)
         shutil.copy(minilm_dir() / "tokenizer.json", tok_dir / "tokenizer.json")
-        null = self.pipe.transformer.null_caption.detach().numpy().astype("<f4")
-        npy = root / "conditioning" / "null_caption.npy"
-        npy.parent.mkdir(parents=True)
-        np.save(npy, null)
-        conditioning = {"null_caption": file_entry(root, npy)}
-        if raw_null_caption:
-            raw = npy.with_suffix(".f32")
-            raw.write_bytes(null.tobytes())
-            conditioning["null_caption_f32"] = file_entry(root, raw)
+        conditioning = write_null_caption(
+            root, self.pipe.transformer.null_caption.detach().numpy(), raw_null_caption)
         rows = self.pipe.text_encoder.bert.get_input_embeddings().num_embeddings
         return {"tokenizer": {"files": [file_entry(root, tok_dir / "tokenizer.json")],
                               "max_tokens": MAX_TOKENS, "embedding_rows": rows},

@@ -13,9 +13,15 @@ names: every module below is named as the checkpoint names it.
 
 The model predicts x0 - noise on its first `in_channels` output channels (the rest is the
 learned variance, unused at inference), told the time on Open-Sora's 0..1000 scale. The
-caption's mask turns into a boolean mask on the cross-attention's keys: Open-Sora packs the
-valid tokens of every sample and attends block-diagonally, which is the same attention. (Not a
-finite bias such as -1e4: random or unusual weights give logits past it, and padding leaks.)
+caption's mask turns into an additive bias of -inf on the cross-attention's padding keys:
+Open-Sora packs the valid tokens of every sample and attends block-diagonally, which is the
+same attention. (Not a finite bias such as -1e4: random or unusual weights give logits past
+it, and padding leaks; a caption always has a token, its end mark, so no row is all -inf.)
+
+TDTM (`merged`, On-device Sora's temporal token merging): in each block the self- and
+cross-attention run on the mean of each pair of consecutive latent frames, their outputs
+copied back to both frames before the residual adds; the temporal attention's rotary
+positions are the first frame's of each pair; the MLP stays per frame.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from edge.models.tdtm import merge_token_frames, merged_frames, unmerge_token_frames
 
 
 @dataclass(frozen=True)
@@ -133,12 +141,12 @@ class CrossAttention(nn.Module):
         self.kv_linear = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, y_keep: torch.Tensor) -> torch.Tensor:
-        """x (B, N, C) attends to its own caption y (B, L, C), to the tokens where y_keep
-        (B, L, bool) is true."""
+    def forward(self, x: torch.Tensor, y: torch.Tensor, y_bias: torch.Tensor) -> torch.Tensor:
+        """x (B, N, C) attends to its own caption y (B, L, C); y_bias (B, L): 0 on a caption
+        token, -inf on padding."""
         q = self.q_linear(x).unflatten(-1, (self.heads, -1)).transpose(1, 2)
         k, v = self.kv_linear(y).unflatten(-1, (2, self.heads, -1)).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=y_keep[:, None, None, :])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=y_bias[:, None, None, :])
         return self.proj(out.transpose(1, 2).flatten(2))
 
 
@@ -169,22 +177,36 @@ class STDiT3Block(nn.Module):
         return F.layer_norm(x, x.shape[-1:], eps=self.eps)
 
     def forward(self, x: torch.Tensor, t_mlp: torch.Tensor, y: torch.Tensor,
-                y_keep: torch.Tensor, frames: int,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                y_bias: torch.Tensor, frames: int,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                merged: bool = False) -> torch.Tensor:
+        """`rope`: the temporal attention's tables for all `frames`; `merged`: TDTM (the
+        module's docstring)."""
         b, n, c = x.shape
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             self.scale_shift_table[None] + t_mlp.reshape(b, 6, c)).chunk(6, dim=1)
         h = self.norm(x) * (1 + scale_msa) + shift_msa
+        if merged:
+            h = merge_token_frames(h, frames)
+            rope = None if rope is None else (rope[0][::2], rope[1][::2])
+        h = self.self_attention(h, merged_frames(frames) if merged else frames, rope)
+        x = x + gate_msa * (unmerge_token_frames(h, frames) if merged else h)
+        if merged:
+            x = x + unmerge_token_frames(
+                self.cross_attn(merge_token_frames(x, frames), y, y_bias), frames)
+        else:
+            x = x + self.cross_attn(x, y, y_bias)
+        h = self.norm(x) * (1 + scale_mlp) + shift_mlp
+        return x + gate_mlp * self.mlp(h)
+
+    def self_attention(self, h: torch.Tensor, frames: int,
+                       rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        b, n, c = h.shape
         if self.temporal:  # (B, T*S, C) -> (B*S, T, C)
             h = h.reshape(b, frames, -1, c).transpose(1, 2).reshape(-1, frames, c)
             h = self.attn(h, rope)
-            h = h.reshape(b, -1, frames, c).transpose(1, 2).reshape(b, n, c)
-        else:  # (B, T*S, C) -> (B*T, S, C)
-            h = self.attn(h.reshape(b * frames, -1, c)).reshape(b, n, c)
-        x = x + gate_msa * h
-        x = x + self.cross_attn(x, y, y_keep)
-        h = self.norm(x) * (1 + scale_mlp) + shift_mlp
-        return x + gate_mlp * self.mlp(h)
+            return h.reshape(b, -1, frames, c).transpose(1, 2).reshape(b, n, c)
+        return self.attn(h.reshape(b * frames, -1, c)).reshape(b, n, c)  # (B*T, S, C)
 
 
 class TimestepEmbedder(nn.Module):
@@ -265,8 +287,9 @@ class STDiT3(nn.Module):
     def embed_caption(self, y: torch.Tensor, mask: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """caption (B, L, caption channels), mask (B, L) -> projected caption (B, L, C) and
-        which of its tokens are attended to (B, L, bool)."""
-        return self.y_embedder.y_proj(y), mask != 0
+        its keys' additive bias (B, L): 0 on a token, -inf on padding."""
+        bias = torch.zeros_like(mask, dtype=y.dtype).masked_fill(mask == 0, float("-inf"))
+        return self.y_embedder.y_proj(y), bias
 
     def embed_video(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """latents (B, Cin, T, h, w) -> tokens (B, T*S, C), the frame's position table added."""
@@ -292,9 +315,9 @@ class STDiT3(nn.Module):
                              self.cfg.input_sq_size)
         tokens = self.embed_video(x, pos)
         t, t_mlp = self.embed_time(timestep, fps)
-        y, y_keep = self.embed_caption(y, mask)
+        y, y_bias = self.embed_caption(y, mask)
         rope = rotary_tables(self.rope.freqs, grid[0])
         for spatial, temporal in zip(self.spatial_blocks, self.temporal_blocks, strict=True):
-            tokens = spatial(tokens, t_mlp, y, y_keep, grid[0])
-            tokens = temporal(tokens, t_mlp, y, y_keep, grid[0], rope)
+            tokens = spatial(tokens, t_mlp, y, y_bias, grid[0])
+            tokens = temporal(tokens, t_mlp, y, y_bias, grid[0], rope)
         return self.unpatchify(self.final_layer(tokens, t), grid)

@@ -121,6 +121,8 @@ COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
 # how the VAE decoder takes the latents (B, C, T, h, w): "frames" as B*T images (C, h, w) and
 # gives (B*T, 3, H, W); "video" as they are and gives (B, 3, T', H, W) (a causal video VAE)
 LATENT_LAYOUTS = ("frames", "video")
+# what generate gives back: the video, the video before rounding, the denoised latents
+OUTPUT_TYPES = ("uint8", "float", "latent")
 
 
 def check_runnable(manifest: dict, any_target: bool = False) -> None:
@@ -485,7 +487,10 @@ class Pipeline:
         if negative_prompt is None and self.null_caption is not None:
             caption, mask = self.encode_prompts(prompts)
             null = np.broadcast_to(self.null_caption, (b, *self.null_caption.shape))
-            return np.concatenate([caption, null]), np.concatenate([mask, np.ones_like(mask)])
+            # the manifest's null_caption_mask: as the prompt's (Open-Sora), else every token
+            null_mask = mask if self.manifest.get("null_caption_mask") == "prompt" \
+                else np.ones_like(mask)
+            return np.concatenate([caption, null]), np.concatenate([mask, null_mask])
         text = negative_prompt if negative_prompt is not None else self.negative_prompt
         return self.encode_prompts(prompts + [text] * b)
 
@@ -508,10 +513,13 @@ class Pipeline:
                  negative_prompt: str | None = None, latents: np.ndarray | None = None,
                  decode_timestep: float | None = None,
                  decode_noise_scale: float | None = None,
-                 decode_noise: np.ndarray | None = None,
+                 decode_noise: np.ndarray | None = None, output_type: str = "uint8",
                  **sampler_overrides) -> np.ndarray:
         """uint8 video (B, T, H, W, 3); one prompt gives B = 1. Seeds as in the PyTorch
         pipeline (prompt i gets seed + i), so the two produce the same video.
+        `output_type`: "uint8" (the video), "float" (the video before rounding, float32 in
+        [0, 1]) or "latent" (the denoised latents (B, C, T, h, w) before decoding, as
+        diffusers' output_type="latent": nothing is decoded).
         `negative_prompt`: the unconditional pass's text (default: the package's null caption
         or negative prompt). `latents`: initial noise (B, C, T, h, w) in diffusers' layout,
         instead of the seeds' (refused together with a seed). A seed draws what diffusers
@@ -522,6 +530,8 @@ class Pipeline:
         if self._closed:
             raise ValueError(f"the pipeline of {self.root} is closed (close() was called); "
                              "load the package again to generate")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type {output_type!r}: one of {', '.join(OUTPUT_TYPES)}")
         prompts = check_prompts(prompts)
         if seed is not None and latents is not None:
             raise ValueError("seed and latents given together: the latents are the initial "
@@ -598,10 +608,13 @@ class Pipeline:
         t2 = time.perf_counter()
         figures["wall_s"]["transformer"] = t2 - t1
 
-        if self.lean_decode:  # the decoder's activations get the pinned blocks' memory
-            figures["released_for_decode_bytes"] = self.loader.release_pinned(
-                keep=self.components["vae_decoder"].keys())
-        video = self._decode(latents, conditioning)
+        if output_type == "latent":
+            video = None
+        else:
+            if self.lean_decode:  # the decoder's activations get the pinned blocks' memory
+                figures["released_for_decode_bytes"] = self.loader.release_pinned(
+                    keep=self.components["vae_decoder"].keys())
+            video = self._decode(latents, conditioning)
         t3 = time.perf_counter()
         figures["wall_s"]["vae_decoder"] = t3 - t2
         figures["wall_s"]["total"] = t3 - started
@@ -611,6 +624,10 @@ class Pipeline:
         figures["unguided_batch"] = rows(False) // b   # 1: the caption's half alone
         figures["sampler"] = trace.to_dict()
         self.last_run = self._loader_figures(figures, stats_before, io_before, denoise)
+        if output_type == "latent":
+            return latents
+        if output_type == "float":
+            return video.astype(np.float32)
         return np.round(video * 255).astype(np.uint8)
 
     def _decode_conditioning(self, seeds: list[int] | None, b: int, timestep: float | None,
