@@ -106,6 +106,8 @@ BAD_MANIFESTS = [
     ("bad_leap_steps", lambda m: m["sampler"].update(leap_steps=0), ["leap_steps"]),
     ("bad_scheduler", lambda m: m["sampler"].update(scheduler="ddim"), ["scheduler", "ddim"]),
     ("missing_field", lambda m: m.pop("latent_shape"), ["latent_shape"]),
+    ("null_caption_mask", lambda m: m.update(null_caption_mask="half"),
+     ["null_caption_mask", "half"]),
     # the multifunction layout (iOS 18): which program and function each variant runs
     ("layout", lambda m: m["coreml"].update(layout="fused"), ["layout", "fused"]),
     ("multifunction_on_ios17", lambda m: m["coreml"].update(minimum_deployment_target="iOS17"),

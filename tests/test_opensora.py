@@ -264,6 +264,18 @@ def test_streamed_under_a_budget_equals_resident(package):
     np.testing.assert_array_equal(got, want)
 
 
+def test_an_unknown_null_caption_mask_is_refused(package, tmp_path):
+    from manifest_edits import rewrite
+
+    from edge.package import PackageError, read_package
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(package[0], copy)
+    rewrite(copy, lambda m: m.update(null_caption_mask="half"))
+    with pytest.raises(PackageError, match="null_caption_mask' is 'half'; known: all, prompt"):
+        read_package(copy)
+
+
 def test_no_graph_holds_a_whole_attention_score_matrix(package):
     from conftest import TEST_CHUNK_ROWS
     from graph_shapes import attention_ops, softmax_rows
@@ -274,6 +286,45 @@ def test_no_graph_holds_a_whole_attention_score_matrix(package):
     pairs = [root / b["graph"] for c in manifest["components"] if c["name"] == "transformer"
              for b in c["blocks"] if b["name"].startswith("pair")]
     assert pairs and all(attention_ops(g) for g in pairs)
+
+
+# ---------------------------------------------------------------- edge scale-model
+
+
+def test_scale_model_writes_a_folder_the_family_loads(tmp_path, monkeypatch):
+    """`edge scale-model --like opensora-1.2` in the released layout, here at a small depth
+    and width (the real shapes write 4.5 GB): the family takes it, and it is refused as a
+    destination only when scale-model did not write it."""
+    from typer.testing import CliRunner
+
+    from edge.commands import app
+    from edge.families import opensora
+    from edge.models import scaled_opensora
+
+    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "depth", 1)
+    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "hidden_size", 64)
+    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "num_heads", 4)
+    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "caption_channels", 64)
+    monkeypatch.setattr(scaled_opensora, "T5_SMALL", {
+        "d_model": 64, "d_kv": 16, "num_heads": 4, "d_ff": 64, "num_layers": 1,
+        "feed_forward_proj": "gated-gelu"})
+    small_2d = opensora.SDXL_VAE | {"block_out_channels": [8, 8, 16, 16], "layers_per_block": 1,
+                                    "norm_num_groups": 8}
+    monkeypatch.setattr(opensora, "SDXL_VAE", small_2d)
+    monkeypatch.setitem(scaled_opensora.VAE_V12, "vae_temporal",
+                        scaled_opensora.VAE_V12["vae_temporal"] | {
+                            "filters": 16, "num_res_blocks": 1, "num_groups": 8})
+    out = tmp_path / "opensora"
+    res = CliRunner().invoke(app, ["scale-model", "--like", "opensora-1.2", str(out)])
+    assert res.exit_code == 0, res.output
+    assert family_of(out) == "opensora"
+    model = load_model(out, height=32, width=32, frames=17, steps=2)
+    video = model.reference("a cat", seed=0)
+    assert video.shape == (1, 17, 32, 32, 3)
+    again = CliRunner().invoke(app, ["scale-model", "--like", "opensora-1.2", str(out)])
+    assert again.exit_code != 0 and "--force" in again.output
+    assert CliRunner().invoke(app, ["scale-model", "--like", "opensora-1.2", "--force",
+                                    str(out)]).exit_code == 0
 
 
 # ---------------------------------------------------------------- bad input

@@ -18,8 +18,10 @@ def scale_model(
         "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5), "
         "wan2.2-ti2v-5b (transformer 5.00 B, 20.0 GB fp32; Wan 2.2's 705 M VAE; a small "
         "UMT5), wan2.1-small (Wan's architecture at a size a browser page holds), "
-        "cogvideox-2b (transformer 1.69 B; CogVideoX's VAE; a small T5) or ltx-video-2b "
-        "(LTX-Video 0.9.0: transformer 1.92 B; its VAE; a small T5).")] = None,
+        "cogvideox-2b (transformer 1.69 B; CogVideoX's VAE; a small T5), ltx-video-2b "
+        "(LTX-Video 0.9.0: transformer 1.92 B; its VAE; a small T5) or opensora-1.2 (the "
+        "released STDiT-v3 and VAE-v1.2 checkpoints' shapes in their layout; a small T5).")
+    ] = None,
     full_text_encoder: Annotated[bool, typer.Option(
         help="With a Wan --like: UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32).")] = False,
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
@@ -43,12 +45,12 @@ def scale_model(
     if like is not None:
         from tqdm import tqdm
 
-        from edge.models import scaled_cogvideox_ltx, scaled_wan
+        from edge.models import scaled_cogvideox_ltx, scaled_opensora, scaled_wan
 
-        if like not in scaled_wan.LIKE and like not in scaled_cogvideox_ltx.LIKE:
-            known = [*scaled_wan.LIKE, *scaled_cogvideox_ltx.LIKE]
+        known = [*scaled_wan.LIKE, *scaled_cogvideox_ltx.LIKE, *scaled_opensora.LIKE]
+        if like not in known:
             fail(f"--like {like!r}: known: {', '.join(known)}")
-        if full_text_encoder and like in scaled_cogvideox_ltx.LIKE:
+        if full_text_encoder and like not in scaled_wan.LIKE:
             # only Wan's UMT5-XXL shapes are offered; the small T5 already has T5-XXL's width
             fail(f"--full-text-encoder: applies to the Wan presets only, not {like}")
         try:
@@ -60,6 +62,9 @@ def scale_model(
                 if like in scaled_cogvideox_ltx.LIKE:
                     written = scaled_cogvideox_ltx.write_family_like(out, like, seed, on_part,
                                                                      force)
+                elif like in scaled_opensora.LIKE:
+                    written = scaled_opensora.write_opensora_like(out, like, seed, on_part,
+                                                                  force)
                 else:
                     written = scaled_wan.write_wan_like(out, like, full_text_encoder, seed,
                                                         on_part, force)

@@ -140,8 +140,9 @@ def vae_configs(folder: Path) -> VAEConfigs:
         if cfg.get(key) is not None and (not isinstance(cfg[key], list)
                                          or len(cfg[key]) != temporal.embed_dim):
             raise FamilyError(f"{path}: {key} must list {temporal.embed_dim} numbers")
-    name = parts["vae_2d"].get("from_pretrained")
-    beside = folder / "vae" / name / "config.json" if isinstance(name, str) else None
+    name, sub = parts["vae_2d"].get("from_pretrained"), parts["vae_2d"].get("subfolder")
+    beside = (folder / "vae" / name / (sub if isinstance(sub, str) else "") / "config.json"
+              if isinstance(name, str) else None)
     spatial = (read_json(beside) if beside is not None and kind_of(beside) == "a file"
                else dict(SDXL_VAE))
     return VAEConfigs(temporal, spatial, micro)

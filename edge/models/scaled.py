@@ -27,13 +27,18 @@ from edge.package import atomic_directory, check_replaceable, not_edges
 SCALED_TINY_SORA = {"tiny-sora.json", "transformer.safetensors", "vae"}
 SCALED_DIFFUSERS = {"model_index.json", "tokenizer", "scheduler", "vae", "transformer",
                     "text_encoder"}
+# an Open-Sora folder has no index of its own: the mark is a file beside its parts
+SCALED_OPENSORA = {"edge_random_weights.json", "tokenizer", "vae", "transformer",
+                   "text_encoder"}
 
 
 def identify_scaled_model(dest: Path) -> str:
     """What `edge scale-model` wrote at `dest`; any other folder is refused with the reason
     (PackageWriteError): scale-model replaces only its own random-weight folders."""
     for config, names, mark in (("tiny-sora.json", SCALED_TINY_SORA, "random_weights"),
-                                ("model_index.json", SCALED_DIFFUSERS, "_edge_random_weights")):
+                                ("model_index.json", SCALED_DIFFUSERS, "_edge_random_weights"),
+                                ("edge_random_weights.json", SCALED_OPENSORA,
+                                 "random_weights")):
         path = dest / config
         if not path.is_file():
             continue
@@ -49,8 +54,8 @@ def identify_scaled_model(dest: Path) -> str:
             raise not_edges(dest, f"a random-weight model folder, but it also holds "
                                   f"{', '.join(other[:3])}")
         return f"the random-weight model folder (seed {written.get('seed')})"
-    raise not_edges(dest, "not a model folder that `edge scale-model` wrote (no tiny-sora.json "
-                          "or model_index.json)")
+    raise not_edges(dest, "not a model folder that `edge scale-model` wrote (no tiny-sora.json, "
+                          "model_index.json or edge_random_weights.json)")
 
 
 def _check_fits_memory(cfg: STDiTConfig) -> None:

@@ -48,6 +48,10 @@ export function checkManifest(manifest, url) {
   if ("noise" in manifest && typeof manifest.noise !== "string") {
     throw new PackageError(`${where}: field 'noise' must be a string (the seeds' definition, e.g. "torch.randn/cpu/float32"), got ${JSON.stringify(manifest.noise)}`);
   }
+  // optional: how the null caption is masked (absent: every token; "prompt": Open-Sora's)
+  if ("null_caption_mask" in manifest && !["all", "prompt"].includes(manifest.null_caption_mask)) {
+    throw new PackageError(`${where}: field 'null_caption_mask' is ${JSON.stringify(manifest.null_caption_mask)}; known: all, prompt`);
+  }
   checkDecode(manifest, where);
   for (const r of fileRecords(manifest)) {
     if (typeof r.path !== "string" || r.path.startsWith("/") || r.path.split("/").some((p) => p === ".." || p === "." || p === "")) {

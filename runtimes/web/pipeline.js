@@ -356,6 +356,8 @@ export class WebPipeline {
     const text = negative ?? this.negativePrompt;
     if (text === null) {
       caption2.set(this.nullCaption.data, tokens * dim);
+      // the manifest's null_caption_mask: as the prompt's (Open-Sora), else every token
+      if (this.manifest.null_caption_mask === "prompt") mask2.set(mask, tokens);
     } else {
       const other = await this.encodePrompt(text);
       caption2.set(other.hidden, tokens * dim);

@@ -125,6 +125,9 @@ public struct Manifest: Decodable {
     public let tokenizer: TokenizerSpec
     public let conditioning: Conditioning
     public let negativePrompt: String?
+    /// How the null caption is masked: "all" (absent: every token) or "prompt" (as the
+    /// prompt of its guidance pair: Open-Sora).
+    public let nullCaptionMask: String?
     public let manifestSha256: String
     public let sampler: SamplerSettings
     public let latentShape: [Int]
@@ -214,6 +217,9 @@ public enum ManifestReader {
         let learned = m.conditioning.nullCaption != nil && m.conditioning.nullCaptionF32 != nil
         if !learned && m.negativePrompt == nil {
             throw ManifestError.invalid("manifest.json: the unconditional pass needs 'conditioning.null_caption' (and null_caption_f32) or a 'negative_prompt' string")
+        }
+        if let mode = m.nullCaptionMask, !["all", "prompt"].contains(mode) {
+            throw ManifestError.invalid("manifest.json: field 'null_caption_mask' is '\(mode)'; known: all, prompt")
         }
         if let layout = m.latentLayout, !["frames", "video"].contains(layout) {
             throw ManifestError.invalid("manifest.json: latent_layout \(layout); known: frames, video")

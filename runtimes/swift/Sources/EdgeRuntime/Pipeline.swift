@@ -216,7 +216,9 @@ public final class EdgePipeline {
         if let nullCaption, negativePrompt == nil {
             let (hidden, mask) = try encode(prompt, prefetchAfter: firstStep)
             caption2 = Tensor.concat([hidden, nullCaption])
-            mask2 = Tensor(shape: [2, n], data: mask + [Float](repeating: 1, count: n))
+            // the manifest's null_caption_mask: as the prompt's (Open-Sora), else every token
+            let nullMask = manifest.nullCaptionMask == "prompt" ? mask : [Float](repeating: 1, count: n)
+            mask2 = Tensor(shape: [2, n], data: mask + nullMask)
         } else {
             let text = try manifest.component("text_encoder")
             let (hidden, mask) = try encode(prompt, prefetchAfter: "text_encoder/\(text.blocks[0].name)")
