@@ -6,8 +6,9 @@ transformer/  STDiT3 as hpcai-tech/OpenSora-STDiT-v3's config.json gives it (1.2
               parameters, as released), written one block per safetensors shard
 vae/          VAE-v1.2's config.json: the temporal VAE (filters 128, 4 residual blocks a
               level) and, inside model.safetensors as released, the SDXL 2D VAE: their
-              decoding halves only (215 M parameters; the encoders are not needed to sample) (the config names the SDXL VAE's hub folder, whose shapes the family
-              uses; no folder of that name is written, so nothing is looked up)
+              decoding halves only (215 M parameters; the encoders are not needed to
+              sample). The config names the SDXL VAE's hub folder, whose shapes the family
+              uses; no folder of that name is written, so nothing is looked up
 text_encoder/ a small T5 v1.1 encoder of T5-XXL's width (4096), as the other presets hold
 tokenizer/    a small Unigram T5 tokenizer
 edge_random_weights.json   what wrote the folder (scale-model replaces only its own)
