@@ -43,6 +43,7 @@ from edge.exporters import ExportValidationError
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml import manifest_dtype, signature
 from edge.exporters.coreml_weights import MAIN
+from edge.exporters.validation import largest_finite, worst_difference
 from edge.package import file_entry
 from edge.token_chunks import token_chunks
 
@@ -221,7 +222,7 @@ def executed_error(got: dict[str, np.ndarray], block: Block,
         want = want.float().numpy()
         # each output against its own largest magnitude (a mask's -1e4 is no scale for a
         # hidden state beside it)
-        err, top = float(np.abs(out.astype(np.float32) - want).max()), float(np.abs(want).max())
+        err, top = worst_difference(out.astype(np.float32), want), largest_finite(want)
         error, scale = max(error, err), max(scale, top)
         relative = max(relative, err / max(top, np.finfo(np.float32).tiny))
     return {"max_abs_error": error, "reference_max_abs": scale,

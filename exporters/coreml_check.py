@@ -37,6 +37,7 @@ from edge.exporters.coreml_weights import (
     read_parameters,
     tensor_sizes,
 )
+from edge.exporters.validation import output_error
 from edge.family_model import FamilyModel
 from edge.manifest_schema import as_variant
 from edge.video_metrics import psnr, snr
@@ -191,9 +192,7 @@ def block_numerics(mlpackage: Path, module: nn.Module, block: Block,
                        default=0.0)
     out = torch.func.functional_call(module, stored, block.example)
     out = out if isinstance(out, tuple) else (out,)
-    error = max(float((o - r).abs().max()) for o, r in zip(out, reference, strict=True))
-    scale = max(float(r.abs().max()) for r in reference)
-    return {"max_abs_error": error, "reference_max_abs": scale,
+    return {**output_error([o.numpy() for o in out], reference),
             "weights_max_abs_error": weight_error, "weights_found": how}
 
 

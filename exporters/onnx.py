@@ -26,6 +26,7 @@ from edge.compute_cost import flops_record
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
 from edge.exporters.package_head import manifest_head
+from edge.exporters.validation import output_error
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
 from edge.manifest_schema import TILE_AXES
@@ -195,22 +196,6 @@ def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list
 
     return [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": shape(t, d)}
             for n, t, d in zip(names, tensors, dynamic, strict=True)]
-
-
-def output_error(got: list[np.ndarray], want: tuple[torch.Tensor, ...]) -> dict:
-    """The manifest's `validation` of a graph's outputs against PyTorch's: the max-abs error
-    (equal values count 0, so an attention bias's -inf against -inf is no error) and the
-    largest finite reference magnitude it is judged against."""
-    error = scale = 0.0
-    for g, w in zip(got, want, strict=True):
-        w = w.numpy()
-        with np.errstate(invalid="ignore"):  # inf - inf, where they are equal and count 0
-            diff = np.where(g == w, 0.0, g - w)
-        worst = float(np.abs(diff).max(initial=0.0))
-        error = float("nan") if np.isnan(worst) or np.isnan(error) else max(error, worst)
-        finite = np.abs(w[np.isfinite(w)])
-        scale = max(scale, float(finite.max(initial=0.0)))
-    return {"max_abs_error": error, "reference_max_abs": scale}
 
 
 def check_validation(validation: dict, what: str) -> None:

@@ -288,6 +288,28 @@ def test_no_graph_holds_a_whole_attention_score_matrix(package):
     assert pairs and all(attention_ops(g) for g in pairs)
 
 
+# ---------------------------------------------------------------- the iPhone
+
+
+@pytest.mark.slow  # a CoreML export (about 25 s) and its end-to-end check
+def test_exports_to_the_iphone_and_holds_the_end_to_end_check(model, tmp_path):
+    """Every block converts to CoreML (rank 5 at most: the temporal decoder's reshapes and
+    group norms written for it), within 1e-2 of its largest output with its stored fp16
+    weights, and the pipeline with those weights stays >= 40 dB PSNR from fp32 end to end
+    with the SNR the other families hold (>= 20 dB)."""
+    from conftest import iphone_export
+
+    manifest = iphone_export(model, tmp_path / "pkg")
+    for c in manifest["components"]:
+        for b in c["blocks"]:
+            v = b["validation"]
+            assert v["max_abs_error"] <= 1e-2 * max(1.0, v["reference_max_abs"]), b["name"]
+    assert manifest["null_caption_mask"] == "prompt"
+    assert manifest["conditioning"]["null_caption_f32"]
+    check = manifest["validation"]
+    assert check["psnr_db"] >= 40 and check["snr_db"] >= 20, check
+
+
 # ---------------------------------------------------------------- edge scale-model
 
 

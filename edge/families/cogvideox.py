@@ -61,6 +61,7 @@ from edge.families.pipeline_run import (
 from edge.families.t5 import cut_t5_encoder
 from edge.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
+from edge.models.video_norm import video_group_norm
 from edge.sampler import SamplerSettings
 
 NAME = "cogvideox"
@@ -460,9 +461,8 @@ def nearest_resize(z: torch.Tensor, size: tuple[int, int, int]) -> torch.Tensor:
 
 
 class FlatGroupNorm(nn.Module):
-    """A GroupNorm of (B, C, T, H, W) computed on (B, C, T*H, W): the same statistics over
-    the same memory, so the same numbers (tested), but CoreML's lowering of a group norm adds
-    a rank, and rank 6 is past its limit of 5. Its parameters keep the norm's names."""
+    """diffusers' GroupNorm of (B, C, T, H, W) through rank 4 (edge/models/video_norm.py),
+    its parameters keeping the norm's names."""
 
     def __init__(self, norm: nn.GroupNorm) -> None:
         super().__init__()
@@ -470,10 +470,7 @@ class FlatGroupNorm(nn.Module):
         self.groups, self.eps = norm.num_groups, norm.eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, t, h, w = x.shape
-        flat = F.group_norm(x.reshape(b, c, t * h, w), self.groups, self.weight, self.bias,
-                            self.eps)
-        return flat.reshape(b, c, t, h, w)
+        return video_group_norm(x, self.groups, self.weight, self.bias, self.eps)
 
 
 class GraphFriendlySpatialNorm(nn.Module):

@@ -109,13 +109,14 @@ class TemporalStage(nn.Module):
         self.micro_z, self.micro_frames = vae.micro_z, vae.micro_frame_size
 
     def forward(self, z):
+        # reshapes of rank 5 at most (CoreML's limit): each chunk's frames and pixels as one
+        # axis while the chunks move between the batch and time
         b, c, t, h, w = z.shape
         n = t // self.micro_z
         z = z * self.scale + self.shift
-        chunks = z.reshape(b, c, n, self.micro_z, h, w).transpose(1, 2).reshape(
-            b * n, c, self.micro_z, h, w)
+        chunks = z.reshape(b, c, n, -1).transpose(1, 2).reshape(b * n, c, self.micro_z, h, w)
         x = self.temporal_vae.decode(chunks, self.micro_frames)
-        x = x.reshape(b, n, *x.shape[1:]).transpose(1, 2)
+        x = x.reshape(b, n, x.shape[1], -1).transpose(1, 2)
         return x.reshape(b, x.shape[1], n * self.micro_frames, h, w)
 
 

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.models.video_norm import VideoGroupNorm
+
 SPATIAL_SCALE = 0.18215   # Open-Sora divides by this before the 2D decode, whatever the config
 
 
@@ -57,8 +59,8 @@ class CausalConv3d(nn.Module):
 class ResBlock(nn.Module):
     def __init__(self, cin: int, cout: int, groups: int) -> None:
         super().__init__()
-        self.norm1, self.conv1 = nn.GroupNorm(groups, cin), CausalConv3d(cin, cout, 3, False)
-        self.norm2, self.conv2 = nn.GroupNorm(groups, cout), CausalConv3d(cout, cout, 3, False)
+        self.norm1, self.conv1 = VideoGroupNorm(groups, cin), CausalConv3d(cin, cout, 3, False)
+        self.norm2, self.conv2 = VideoGroupNorm(groups, cout), CausalConv3d(cout, cout, 3, False)
         self.conv3 = CausalConv3d(cin, cout, 1, False) if cin != cout else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +94,7 @@ class TemporalDecoder(nn.Module):
             prev = width
             if i > 0 and cfg.temporal_downsample[i - 1]:
                 self.conv_blocks[i - 1] = CausalConv3d(prev, 2 * prev, 3)
-        self.norm1 = nn.GroupNorm(g, f * mults[0])
+        self.norm1 = VideoGroupNorm(g, f * mults[0])
         self.conv_out = CausalConv3d(f * mults[0], cfg.in_out_channels, 3)
         self.time_up = tuple(i > 0 and bool(cfg.temporal_downsample[i - 1])
                              for i in range(len(mults)))
