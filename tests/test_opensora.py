@@ -379,35 +379,23 @@ def test_a_missing_part_is_named(folder, part):
         load_model(folder, **SIZE)
 
 
-def test_a_config_of_another_model_is_refused(folder):
-    edit_json(folder / "vae" / "config.json", model_type="AutoencoderKL")
-    with pytest.raises(FamilyError, match=r"vae/config.json: model_type 'AutoencoderKL'"):
-        load_model(folder, **SIZE)
-
-
-def test_keys_that_do_not_match_the_config_name_the_first(folder):
-    edit_json(folder / "transformer" / "config.json", depth=3)
-    with pytest.raises(FamilyError, match=r"tensor 'spatial_blocks\.2\.[\w.]+', which the "
-                                          r"weights in .*transformer lack"):
-        load_model(folder, **SIZE)
-
-
-def test_a_stored_tensor_the_config_lacks_is_named(folder):
-    edit_json(folder / "transformer" / "config.json", depth=1)
-    with pytest.raises(FamilyError, match=r"stored tensor '(spatial|temporal)_blocks\.1\."):
-        load_model(folder, **SIZE)
-
-
-def test_a_misshapen_tensor_is_named(folder):
-    edit_json(folder / "transformer" / "config.json", mlp_ratio=2.0)
-    with pytest.raises(FamilyError, match=r"tensor '\w+_blocks\.0\.mlp\.fc1\.\w+' has shape "
-                                          r"\[256.*makes it \[128"):
-        load_model(folder, **SIZE)
-
-
-def test_a_text_encoder_of_another_width_is_refused(folder):
-    edit_json(folder / "text_encoder" / "config.json", d_model=48)
-    with pytest.raises(FamilyError, match="d_model=48, but .* caption_channels=32"):
+@pytest.mark.parametrize(("part", "edits", "message"), [
+    ("vae", {"model_type": "AutoencoderKL"}, r"vae/config.json: model_type 'AutoencoderKL'"),
+    # the first tensor the config's model has and the weights lack
+    ("transformer", {"depth": 3},
+     r"tensor 'spatial_blocks\.2\.[\w.]+', which the weights in .*transformer lack"),
+    # the first stored tensor the config's model lacks
+    ("transformer", {"depth": 1}, r"stored tensor '(spatial|temporal)_blocks\.1\."),
+    ("transformer", {"mlp_ratio": 2.0},
+     r"tensor '\w+_blocks\.0\.mlp\.fc1\.\w+' has shape \[256.*makes it \[128"),
+    ("text_encoder", {"d_model": 48}, "d_model=48, but .* caption_channels=32"),
+    ("transformer", {"depth": 2.5}, r"transformer/config.json: depth=2.5"),
+])
+def test_a_config_the_rest_does_not_match_is_named(folder, part, edits, message):
+    """Another model's config, keys that are not the config's (the first named), a T5 of
+    another width than the caption's, a field of the wrong type: refused naming the file."""
+    edit_json(folder / part / "config.json", **edits)
+    with pytest.raises(FamilyError, match=message):
         load_model(folder, **SIZE)
 
 
@@ -418,9 +406,3 @@ def test_a_text_encoder_of_another_width_is_refused(folder):
 def test_a_size_off_the_chunks_or_the_grid_is_refused(size, field):
     with pytest.raises(FamilyError, match=field):
         load_model(FIXTURE, **(SIZE | size))
-
-
-def test_a_field_of_the_wrong_type_is_named(folder):
-    edit_json(folder / "transformer" / "config.json", depth=2.5)
-    with pytest.raises(FamilyError, match=r"transformer/config.json: depth=2.5"):
-        load_model(folder, **SIZE)
