@@ -211,6 +211,16 @@ def test_the_package_from_the_prompt_gives_the_originals_latents_and_video(packa
     assert snr(other * 255, want) < 35
 
 
+def test_an_unknown_output_type_is_refused_before_any_work(package):
+    runtime = runtime_of(package[0])
+    try:
+        with pytest.raises(ValueError, match="output_type 'png': one of uint8, float, latent"):
+            runtime.generate(PROMPT, output_type="png")
+        assert runtime.last_run == {}  # nothing ran
+    finally:
+        runtime.close()
+
+
 def test_a_seed_gives_the_familys_video(model, package):
     runtime = runtime_of(package[0])
     try:
