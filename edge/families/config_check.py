@@ -171,23 +171,29 @@ def component_builder(component: Path, library: str, class_name: str):
     return cls, build
 
 
+def stored_tensors(component: Path) -> dict:
+    """{name: header} of the tensors a component folder's safetensors files store (one file
+    or shards with their index; headers only); a broken file refused as a FamilyError."""
+    from edge.lazy_weights import FolderWeights, ShardError
+
+    try:
+        return FolderWeights(component).tensors
+    except ShardError as err:
+        raise FamilyError(str(err)) from None
+
+
 def check_component(component: Path, library: str, class_name: str, cfg: dict) -> None:
     """Steps 1 to 3 of the module's docstring for one component folder with safetensors
     weights (a component stored otherwise is left to its library); `cfg`: its config.json,
     read."""
     from accelerate import init_empty_weights
 
-    from edge.lazy_weights import FolderWeights, ShardError
-
     if not any(component.glob("*.safetensors")):
         return
     cls, build = component_builder(component, library, class_name)
     config = component / "config.json"
     check_field_types(config, cfg, cls)
-    try:
-        stored = FolderWeights(component).tensors
-    except ShardError as err:
-        raise FamilyError(str(err)) from None
+    stored = stored_tensors(component)
     check_layer_counts(config, cfg, stored)
     try:
         with init_empty_weights(include_buffers=True):  # no storage, buffers included

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edge.budget import physical_memory_bytes
 from edge.families import FamilyError
-from edge.families.config_check import check_component, component_builder
+from edge.families.config_check import check_component, component_builder, stored_tensors
 from edge.files import kind_of
 from edge.sampler import SamplerSettings
 
@@ -169,16 +169,8 @@ WEIGHTED_COMPONENTS = ("text_encoder", "transformer", "vae")
 
 def weights_bytes_float32(folder: Path) -> int:
     """What the weighted components' tensors take in memory as float32 (headers only)."""
-    from edge.lazy_weights import FolderWeights, ShardError
-
-    total = 0
-    for name in WEIGHTED_COMPONENTS:
-        try:
-            weights = FolderWeights(folder / name)
-        except ShardError as err:
-            raise FamilyError(str(err)) from None
-        total += sum(math.prod(t.shape) * 4 for t in weights.tensors.values())
-    return total
+    return sum(math.prod(t.shape) * 4 for name in WEIGHTED_COMPONENTS
+               for t in stored_tensors(folder / name).values())
 
 
 def larger_than_memory(folder: Path) -> bool:

@@ -32,6 +32,7 @@ import torch
 
 from edge.blocks import Block, Chunking
 from edge.families import FamilyError, Shapes, StorageRule
+from edge.families.config_check import stored_tensors
 from edge.families.folder import check_component_files, read_json
 from edge.families.pipeline_run import Accepted, PipelineModel, cutting, with_steps
 from edge.files import kind_of
@@ -217,15 +218,6 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
 
 # ---------------------------------------------------------------- loading
 
-def stored_tensors(path: Path) -> dict:
-    from edge.lazy_weights import FolderWeights, ShardError
-
-    try:
-        return FolderWeights(path).tensors
-    except ShardError as err:
-        raise FamilyError(str(err)) from None
-
-
 def check_keys(component: Path, module: torch.nn.Module, stored: dict,
                skipped: tuple[str, ...] = ()) -> None:
     """The module's tensors are exactly the stored ones (but `skipped` prefixes), each of the
@@ -248,15 +240,20 @@ def check_keys(component: Path, module: torch.nn.Module, stored: dict,
 
 
 def load_weights(component: Path, module: torch.nn.Module,
-                 skipped: tuple[str, ...] = ()) -> None:
-    """Check the keys from the headers, then read the tensors into `module` as float32."""
+                 skipped: tuple[str, ...] = ()) -> torch.nn.Module:
+    """The tensors of `component` (but `skipped` prefixes) as float32 in place of `module`'s
+    own, a module built on the meta device whose keys `check_keys` found stored: the read
+    tensors become its parameters (no second copy of the weights is allocated)."""
     from safetensors.torch import load_file
 
-    check_keys(component, module, stored_tensors(component), skipped)
     state = {}
     for path in sorted(component.glob("*.safetensors")):
         state |= {k: v.float() for k, v in load_file(path).items() if not k.startswith(skipped)}
-    module.load_state_dict(state, strict=True)
+    module.load_state_dict(state, strict=True, assign=True)
+    left = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if left:  # a tensor outside the state dict (a non-persistent buffer) was never made
+        raise FamilyError(f"{component}: {left[0]} was not loaded")
+    return module
 
 
 def load_pipeline(folder: Path):
@@ -279,11 +276,11 @@ def load_pipeline(folder: Path):
             raise FamilyError(f"{folder / 'vae'}: the 2D VAE's config builds no AutoencoderKL "
                               f"({err})") from None
         vae = OpenSoraVAE(vae_cfg.temporal, spatial, vae_cfg.micro_frame_size)
+    # both checked from the headers before either is read
     check_keys(folder / "transformer", transformer, stored_tensors(folder / "transformer"))
     check_keys(folder / "vae", vae, stored_tensors(folder / "vae"), VAE_ENCODER_KEYS)
-    transformer, vae = transformer.to_empty(device="cpu"), vae.to_empty(device="cpu")
-    load_weights(folder / "transformer", transformer)
-    load_weights(folder / "vae", vae, VAE_ENCODER_KEYS)
+    transformer = load_weights(folder / "transformer", transformer)
+    vae = load_weights(folder / "vae", vae, VAE_ENCODER_KEYS)
     try:
         text_encoder = T5EncoderModel.from_pretrained(folder / "text_encoder",
                                                       local_files_only=True)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.models.opensora_stdit3 import STDiT3, position_table, rotary_tables
+from edge.models.opensora_stdit3 import STDiT3, caption_bias, position_table, rotary_tables
 from edge.models.opensora_vae import SPATIAL_SCALE, OpenSoraVAE
 
 
@@ -51,9 +51,8 @@ class OpenSoraPrologue(nn.Module):
         temb = self.t_embedder(t * 1000) + self.fps_embedder(self.fps.expand(b))
         t_mlp = self.t_block(temb)
         t_mod = self.first_table[None] + t_mlp.reshape(b, 6, -1)
-        bias = torch.zeros_like(caption_mask, dtype=caption.dtype).masked_fill(
-            caption_mask == 0, float("-inf"))
-        return x.flatten(1, 2), temb, t_mlp, t_mod, self.y_proj(caption), bias
+        return (x.flatten(1, 2), temb, t_mlp, t_mod, self.y_proj(caption),
+                caption_bias(caption_mask, caption.dtype))
 
 
 class OpenSoraPair(nn.Module):

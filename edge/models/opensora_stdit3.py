@@ -89,6 +89,12 @@ def position_table(rows: int, cols: int, dim: int, height: float, width: float,
     return torch.cat([sin_cos(c), sin_cos(r)], dim=-1)
 
 
+def caption_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cross-attention's additive bias of a caption mask (B, L): 0 on a token, -inf on
+    padding (the module's docstring says why not a finite value)."""
+    return torch.zeros_like(mask, dtype=dtype).masked_fill(mask == 0, float("-inf"))
+
+
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary positions on interleaved feature pairs (2k, 2k+1) of x (..., n, d), by tables
     (n, d) whose pair entries repeat the angle."""
@@ -288,8 +294,7 @@ class STDiT3(nn.Module):
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """caption (B, L, caption channels), mask (B, L) -> projected caption (B, L, C) and
         its keys' additive bias (B, L): 0 on a token, -inf on padding."""
-        bias = torch.zeros_like(mask, dtype=y.dtype).masked_fill(mask == 0, float("-inf"))
-        return self.y_embedder.y_proj(y), bias
+        return self.y_embedder.y_proj(y), caption_bias(mask, y.dtype)
 
     def embed_video(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """latents (B, Cin, T, h, w) -> tokens (B, T*S, C), the frame's position table added."""
