@@ -70,11 +70,14 @@ def check_parts(folder: Path) -> None:
         check_component_files(folder / part)
 
 
-def model_type(path: Path, want: str) -> dict:
+def model_type(path: Path, want: str,
+               what: str = "{want!r} here (Open-Sora 1.2's released checkpoints)") -> dict:
+    """The config at `path`, refused unless its model_type is `want`; `what` says what the
+    family takes there."""
     cfg = read_json(path)
     if cfg.get("model_type") != want:
         raise FamilyError(f"{path}: model_type {cfg.get('model_type')!r}; the opensora family "
-                          f"takes {want!r} here (Open-Sora 1.2's released checkpoints)")
+                          f"takes {what.format(want=want)}")
     return cfg
 
 
@@ -151,10 +154,7 @@ def vae_configs(folder: Path) -> VAEConfigs:
 
 def check_text_encoder(folder: Path, caption_channels: int) -> None:
     path = folder / "text_encoder" / "config.json"
-    cfg = read_json(path)
-    if cfg.get("model_type") != "t5":
-        raise FamilyError(f"{path}: model_type {cfg.get('model_type')!r}; the opensora family "
-                          "takes a T5 v1.1 encoder ('t5')")
+    cfg = model_type(path, "t5", "a T5 v1.1 encoder ({want!r})")
     if cfg.get("d_model") != caption_channels:
         raise FamilyError(f"{path}: d_model={cfg.get('d_model')!r}, but "
                           f"{folder / 'transformer' / 'config.json'} has caption_channels="
