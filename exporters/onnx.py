@@ -26,6 +26,7 @@ from edge.compute_cost import flops_record
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
 from edge.exporters.package_head import manifest_head
+from edge.exporters.validation import check_validation as check_bound
 from edge.exporters.validation import output_error
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
@@ -199,14 +200,8 @@ def signature(names: list[str], tensors: tuple[torch.Tensor, ...], dynamic: list
 
 
 def check_validation(validation: dict, what: str) -> None:
-    """Refuse a graph whose error exceeds BLOCK_TOLERANCE (times its reference's magnitude
-    where that exceeds 1); NaN is refused too."""
-    limit = BLOCK_TOLERANCE * max(1.0, validation["reference_max_abs"])
-    if not validation["max_abs_error"] <= limit:
-        raise ExportValidationError(
-            f"{what} differs from PyTorch by {validation['max_abs_error']:.3g} (max-abs; the "
-            f"limit is {limit:.3g}: {BLOCK_TOLERANCE:g} of the larger of 1 and its largest "
-            f"output, {validation['reference_max_abs']:.3g})")
+    """`validation.check_validation` at the ONNX bound, BLOCK_TOLERANCE."""
+    check_bound(validation, what, BLOCK_TOLERANCE)
 
 
 def validate_block(block: Block, graph: Path, want: tuple[torch.Tensor, ...]) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 from edge.attention import budget_score_limit
 from edge.budget import format_size
 from edge.exporters import ExportOptions, Prepared, Progress, refuse_others
+from edge.exporters.validation import worst_block
 from edge.family_model import FamilyModel
 from edge.plan import READ_UNIT, partition, plan_lines, plan_residency
 
@@ -53,9 +54,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
-    blocks = [(b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")
-              for c in manifest["components"] for b in c["blocks"]]
-    worst = max(blocks)
+    blocks = [b for c in manifest["components"] for b in c["blocks"]]
+    worst = worst_block(manifest)
     validation = manifest["validation"]
     if validation.get("skipped"):
         end_to_end = "no end-to-end check (--check blocks)"
@@ -67,5 +67,5 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
         end_to_end = f"end to end PSNR {psnr}{at}"
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, worst block error "
-            f"{worst[0]:.2g} ({worst[1]}), {end_to_end}, peak RSS "
+            f"{worst[0]:.2g} of its largest output ({worst[1]}), {end_to_end}, peak RSS "
             f"{format_size(peak_rss)}")

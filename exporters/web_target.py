@@ -15,6 +15,7 @@ from edge.exporters import (
     refuse_others,
     refuse_out_of_core,
 )
+from edge.exporters.validation import worst_block
 from edge.family_model import FamilyModel
 
 NAME = "web"
@@ -79,11 +80,11 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
-    worst = max((b["validation"]["max_abs_error"] or 0.0, key) for key, b in blocks)
+    worst = worst_block(manifest)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {size / 1e6:.1f} MB, "
-            f"worst block error {worst[0]:.2g} ({worst[1]}; launch plans replayed with TVM's "
-            f"llvm build, wasm graphs with onnxruntime)\n"
+            f"worst block error {worst[0]:.2g} of its largest output ({worst[1]}; launch plans "
+            f"replayed with TVM's llvm build, wasm graphs with onnxruntime)\n"
             f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"
             f"serve it with: edge serve {dest}")
 

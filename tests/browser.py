@@ -71,10 +71,13 @@ def chromium():
             browser.close()
 
 
-# a video ({frames, shape}) of the page as base64 bytes, and reading it back here
-VIDEO_B64 = """(v) => { let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
-  t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
-  return { data: btoa(t), shape: v.shape, type: v.frames.constructor.name }; }"""
+# what generate() gave ({frames, shape}, or {latents, shape} for output_type "latent") as
+# base64 of its array's bytes, and reading it back here
+VIDEO_B64 = """(v) => { const a = v.frames ?? v.latents;
+  const u = new Uint8Array(a.buffer, a.byteOffset, a.byteLength); let t = '';
+  for (let j = 0; j < u.length; j += 8192) t += String.fromCharCode(...u.subarray(j, j + 8192));
+  return { data: btoa(t), shape: v.shape, type: a.constructor.name }; }"""
+DTYPES = {"Uint8Array": np.uint8, "Float32Array": np.float32}
 
 
 @contextmanager
@@ -91,9 +94,10 @@ def served_page(browser, root: Path) -> Iterator[tuple]:
             ctx.close()
 
 
-def read_video(got: dict) -> np.ndarray:
-    assert got["type"] == "Uint8Array", got["type"]
-    return from_b64(got["data"], np.uint8, got["shape"])
+def read_video(got: dict, kind: str = "Uint8Array") -> np.ndarray:
+    """The array of VIDEO_B64's record, checked to be of the `kind` asked for."""
+    assert got["type"] == kind, got["type"]
+    return from_b64(got["data"], DTYPES[kind], got["shape"])
 
 
 # On a page of a served package: WebPipeline.load(url, {path}) kept as window.pipes[path]
@@ -120,11 +124,15 @@ def page_generate(pg, path: str, prompt: str, options: dict,
                   latents: np.ndarray | None, decode_noise: np.ndarray | None = None
                   ) -> np.ndarray | str:
     """The video (T, H, W, 3) the page's pipeline of `path` (LOAD_PIPE) generates, or the
-    message of what it threw. `decode_noise`: a conditioned decoder's noise (float32)."""
+    message of what it threw. `decode_noise`: a conditioned decoder's noise (float32).
+    `options["output_type"]` "float" or "latent": a float32 video, or the latents."""
     got = pg.evaluate(GENERATE_ON, [path, prompt, options,
                                     None if latents is None else b64(latents),
                                     None if decode_noise is None else b64(decode_noise)])
-    return got["error"] if "error" in got else read_video(got)
+    if "error" in got:
+        return got["error"]
+    return read_video(got, "Uint8Array" if options.get("output_type", "uint8") == "uint8"
+                      else "Float32Array")
 
 
 def skip_without_webgpu(context, pg) -> None:

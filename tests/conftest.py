@@ -1,5 +1,6 @@
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,6 +161,31 @@ def wan_iphone_package(tmp_path_factory, wan_model):
     diffusers' WanPipeline: (root, manifest). Copy it before changing it."""
     root = tmp_path_factory.mktemp("wan-iphone") / "pkg"
     return root, iphone_export(wan_model, root)
+
+
+# Open-Sora 1.2's tiny checkpoint and the original code's outputs for it (its README says how
+# they were made), and the size they were made at
+OPENSORA_FIXTURE = Path(os.environ.get("EDGE_OPENSORA_FIXTURE", Path(__file__).resolve().parents[2]
+                                       / "shared" / "fixtures" / "opensora-1.2-tiny"))
+OPENSORA_SIZE = {"height": 64, "width": 96, "frames": 34}
+OPENSORA_PROMPT = "a red circle moving left"   # the fixture's prompt case
+
+
+@pytest.fixture(scope="session")
+def opensora_model():
+    """The fixture's checkpoint as the opensora family's model, at its size and 2 steps."""
+    from edge.families import load_model
+
+    if not OPENSORA_FIXTURE.is_dir():
+        pytest.skip(f"the Open-Sora fixture is not at {OPENSORA_FIXTURE} (set "
+                    "EDGE_OPENSORA_FIXTURE)")
+    return load_model(OPENSORA_FIXTURE, **OPENSORA_SIZE, steps=2)
+
+
+@pytest.fixture(scope="session")
+def opensora_package(tmp_path_factory, opensora_model):
+    """opensora_model exported to ONNX once per session: (root, manifest)."""
+    return onnx_packages(tmp_path_factory, "opensora-onnx", {"pkg": opensora_model})["pkg"]
 
 
 def iphone_export(model, root):

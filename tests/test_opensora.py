@@ -14,21 +14,18 @@ there (0.39 off in one forward), so it also holds the mask exact.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import OPENSORA_FIXTURE, OPENSORA_PROMPT, OPENSORA_SIZE
 
 from edge.families import FamilyError, family_of, load_model
 from edge.video_metrics import psnr, snr
 
-FIXTURE = Path(os.environ.get("EDGE_OPENSORA_FIXTURE", Path(__file__).resolve().parents[2]
-                              / "shared" / "fixtures" / "opensora-1.2-tiny"))
-SIZE = {"height": 64, "width": 96, "frames": 34}
-PROMPT = "a red circle moving left"
+FIXTURE, SIZE, PROMPT = OPENSORA_FIXTURE, OPENSORA_SIZE, OPENSORA_PROMPT
 PROMPT_SEED = 5
 
 pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(),
@@ -43,8 +40,8 @@ def fixture(name: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_model(FIXTURE, **SIZE, steps=2)
+def model(opensora_model):
+    return opensora_model
 
 
 def close(got: torch.Tensor, want: torch.Tensor, relative: float = 1e-5) -> float:
@@ -166,11 +163,9 @@ def test_the_aesthetic_suffix_is_asked_for_never_added(model):
 
 
 @pytest.fixture(scope="module")
-def package(model, tmp_path_factory):
+def package(opensora_package):
     """The fixture's model exported to ONNX at the fixture's size: (root, manifest)."""
-    from conftest import onnx_packages
-
-    return onnx_packages(tmp_path_factory, "opensora-onnx", {"pkg": model})["pkg"]
+    return opensora_package
 
 
 def runtime_of(root, **load):

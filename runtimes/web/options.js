@@ -18,7 +18,10 @@ const BOOLEAN_SETTINGS = ["leap", "dynamic_guidance"];
 // generate()'s own options; every other known name is a sampler setting (Python's
 // **sampler_overrides). `noise` is the old name of `latents`, kept for existing callers.
 export const GENERATE_OPTIONS = ["negative_prompt", "seed", "latents", "noise", "onStep", "signal",
-  "decode_timestep", "decode_noise_scale", "decode_noise"];
+  "decode_timestep", "decode_noise_scale", "decode_noise", "output_type"];
+// what generate() hands back (the Python runtime's output_type): the video as bytes, the video
+// before rounding (float32 in [0, 1]), or the denoised latents, nothing decoded
+export const OUTPUT_TYPES = ["uint8", "float", "latent"];
 export const LOAD_OPTIONS = ["budget", "path", "onProgress", "signal", "useCache", "tune", "onCacheFailure"];
 
 // A value as a message shows it: NaN and Infinity as such (JSON.stringify says null)

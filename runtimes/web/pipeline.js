@@ -9,7 +9,7 @@ import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { DEFAULT_SETTINGS, checkSettings, runPairs, sample } from "./sampler.js";
 import {
-  GENERATE_OPTIONS, LOAD_OPTIONS, abortError, abortable, checkLatents, checkSignal, checkText,
+  GENERATE_OPTIONS, LOAD_OPTIONS, OUTPUT_TYPES, abortError, abortable, checkLatents, checkSignal, checkText,
   refuseUnknown, settingsWith, show,
 } from "./options.js";
 import { CaptionTokenizer } from "./tokenizer.js";
@@ -48,6 +48,19 @@ export function parseNpy(buffer, where) {
 function roundHalfEven(x) {
   const r = Math.round(x);
   return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+// A video (T, H, W, 3) of `count` values in the output type's storage, and how a decoded
+// value in [0, 1] is stored there: uint8 as np.round(v * 255) (through a clamped view, so
+// out-of-range values saturate); float as the value clipped to [0, 1] (the Python
+// runtime's float video). Written in place, so a real-size video is held once.
+function videoStore(count, outputType) {
+  if (outputType === "float") return [new Float32Array(count), (v) => Math.min(1, Math.max(0, v))];
+  return [new Uint8ClampedArray(count), (v) => roundHalfEven(Math.fround(v * 255))];
+}
+
+function handBack(video, shape) {
+  return { frames: video instanceof Uint8ClampedArray ? new Uint8Array(video.buffer) : video, shape };
 }
 
 function concatBuffers(buffers) {
@@ -271,7 +284,10 @@ export class WebPipeline {
   // name), not both; negative_prompt (the unconditional pass's text instead of the package's
   // null caption); any sampler setting (steps, guidance, leap, merge_steps, cache_threshold,
   // ...); onStep(done, total); signal (an AbortSignal, checked before each step).
-  // Returns {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}.
+  // output_type: "uint8" (default), "float" or "latent".
+  // Returns {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}; for "float" frames is a
+  // Float32Array in [0, 1] (the video before rounding); for "latent" {latents: Float32Array,
+  // shape: the manifest's latent_shape}, the denoised latents, nothing decoded.
   async generate(prompt, options = {}) {
     const request = this.checkRequest(prompt, options); // refusals: before any work
     if (this.running) throw new Error("generate() is already running on this pipeline: one generation at a time; await it (or abort it through its signal) first");
@@ -289,7 +305,9 @@ export class WebPipeline {
     if (options === null || typeof options !== "object" || Array.isArray(options)) throw new Error(`generate options must be an object, got ${show(options)}`);
     refuseUnknown(options, [...GENERATE_OPTIONS, ...Object.keys(DEFAULT_SETTINGS)], "generate");
     const { negative_prompt = null, seed = null, latents = null, noise = null, onStep = null, signal = null,
-      decode_timestep = null, decode_noise_scale = null, decode_noise = null, ...overrides } = options;
+      decode_timestep = null, decode_noise_scale = null, decode_noise = null, output_type = "uint8",
+      ...overrides } = options;
+    if (!OUTPUT_TYPES.includes(output_type)) throw new Error(`output_type ${show(output_type)}: one of ${OUTPUT_TYPES.join(", ")}`);
     if (latents !== null && noise !== null) throw new Error("latents and noise given together: noise is the old name of latents, so give latents");
     if (seed !== null && latents !== null) throw new Error("seed and latents given together: the latents are the initial noise, so give one");
     if (seed !== null && noise !== null) throw new Error("seed and noise given together: the noise is the initial latents, so give one");
@@ -316,7 +334,7 @@ export class WebPipeline {
     } else if (x0 === null) {
       x0 = torchRandn(n, seedValue);
     }
-    return { x0, settings, negative: negative_prompt, onStep, signal, decode };
+    return { x0, settings, negative: negative_prompt, onStep, signal, decode, outputType: output_type };
   }
 
   // A timestep-conditioned decoder's inputs (the manifest's `decode`; the Python runtime's
@@ -366,7 +384,7 @@ export class WebPipeline {
     return [caption2, mask2, truncated];
   }
 
-  async run(prompt, { x0, settings, negative, onStep, signal, decode }) {
+  async run(prompt, { x0, settings, negative, onStep, signal, decode, outputType }) {
     const n = x0.length;
     // cancellation between steps: the error names where it stopped (err.step: the step that
     // did not run, 1-based; 0 before the text encoder)
@@ -435,7 +453,8 @@ export class WebPipeline {
     const t2 = now();
     figures.wall_s.transformer = t2 - t1;
 
-    const frames = await this.decode(latents, decode);
+    const frames = outputType === "latent" ? { latents, shape: [...this.latentShape] }
+      : await this.decode(latents, decode, outputType);
     const t3 = now();
     figures.wall_s.vae_decoder = t3 - t2;
     figures.wall_s.total = t3 - t0;
@@ -450,28 +469,29 @@ export class WebPipeline {
     return frames;
   }
 
-  // latents (C, T, h, w) -> {frames: Uint8Array (T, H, W, 3), shape: [T, H, W, 3]}, through
-  // the decoder's layout: frames of images (C, h, w) in pieces of the decoder's batch, or a
-  // video (1, C, T, h, w) that a chunked decoder takes piece by piece
+  // latents (C, T, h, w) -> {frames: (T, H, W, 3), shape: [T, H, W, 3]}, frames a Uint8Array
+  // or, for outputType "float", a Float32Array in [0, 1]; through the decoder's layout:
+  // frames of images (C, h, w) in pieces of the decoder's batch, or a video (1, C, T, h, w)
+  // that a chunked decoder takes piece by piece
   // decode: a timestep-conditioned decoder's inputs (decodeSettings), or null
-  async decode(latents, decode = null) {
-    if ((this.manifest.latent_layout || "frames") === "video") return this.decodeVideo(latents, decode);
-    return this.decodeFrames(latents);
+  async decode(latents, decode = null, outputType = "uint8") {
+    if ((this.manifest.latent_layout || "frames") === "video") return this.decodeVideo(latents, decode, outputType);
+    return this.decodeFrames(latents, outputType);
   }
 
-  async decodeVideo(latents, decode) {
+  async decodeVideo(latents, decode, outputType) {
     const extra = decode ? {
       decode_t: new Float32Array([decode.t]), decode_noise_scale: new Float32Array([decode.s]),
       decode_noise: decode.noise } : {};
     const { data, shape } = await this.runComponent("vae_decoder", "z", latents, [1, ...this.latentShape], "frames", extra);
     const [, , t, H, W] = shape; // (1, 3, T, H, W)
-    const video = new Uint8ClampedArray(t * H * W * 3);
+    const [video, store] = videoStore(t * H * W * 3, outputType);
     for (let ch = 0; ch < 3; ch++) {
       for (let f = 0; f < t; f++) {
-        for (let i = 0; i < H * W; i++) video[(f * H * W + i) * 3 + ch] = roundHalfEven(Math.fround(data[(ch * t + f) * H * W + i] * 255));
+        for (let i = 0; i < H * W; i++) video[(f * H * W + i) * 3 + ch] = store(data[(ch * t + f) * H * W + i]);
       }
     }
-    return { frames: new Uint8Array(video.buffer), shape: [t, H, W, 3] };
+    return handBack(video, [t, H, W, 3]);
   }
 
   // A component given one host array `input` (C-ordered, `shape`) -> its output `output` as
@@ -508,13 +528,13 @@ export class WebPipeline {
     return concatAlong(pieces, spec.output_axis ?? spec.axis);
   }
 
-  async decodeFrames(latents) {
+  async decodeFrames(latents, outputType) {
     const [c, t, h, w] = this.latentShape;
     const keys = this.keys("vae_decoder");
     const chunk = this.signature(keys[0], "z", "inputs")[0];
     const outShape = this.signature(keys[keys.length - 1], "frames"); // (chunk, 3, H, W)
     const [, , H, W] = outShape;
-    const video = new Uint8ClampedArray(t * H * W * 3);
+    const [video, store] = videoStore(t * H * W * 3, outputType);
     for (let f0 = 0; f0 < t; f0 += chunk) {
       const z = new Float32Array(chunk * c * h * w); // (frames, C, h, w); past the end: zeros
       for (let f = 0; f < chunk && f0 + f < t; f++) {
@@ -532,14 +552,13 @@ export class WebPipeline {
         for (let y = 0; y < H; y++) {
           for (let x = 0; x < W; x++) {
             for (let ch = 0; ch < 3; ch++) {
-              video[(((f0 + f) * H + y) * W + x) * 3 + ch] = roundHalfEven(Math.fround(frames[((f * 3 + ch) * H + y) * W + x] * 255));
+              video[(((f0 + f) * H + y) * W + x) * 3 + ch] = store(frames[((f * 3 + ch) * H + y) * W + x]);
             }
           }
         }
       }
     }
-    // written through a clamped view (out-of-range values saturate), handed back as plain bytes
-    return { frames: new Uint8Array(video.buffer), shape: [t, H, W, 3] };
+    return handBack(video, [t, H, W, 3]);
   }
 
   destroy() {
