@@ -168,6 +168,43 @@ def test_a_block_core_ai_cannot_convert_is_named_with_its_operator(tmp_path):
         export_block(block, tmp_path, PRECISIONS["fp32"])
 
 
+class _KeepsAFloat32Table(nn.Module):
+    """A plain float32 tensor (not a buffer: .half() leaves it) mixed into a half graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(2, 2, 3)
+        self.table = torch.ones(8)
+
+    def forward(self, x):
+        return self.conv(x * self.table)
+
+
+def test_a_graph_torch_cannot_capture_is_named_without_a_traceback(tmp_path):
+    from edge.exporters.coreai import PRECISIONS, export_block
+
+    block = _block(_KeepsAFloat32Table(), "mixed", torch.randn(1, 2, 8))
+    with pytest.raises(ExportValidationError, match=r"block test/mixed: torch.export cannot "
+                       r"capture its fp16 graph for Core AI: RuntimeError: .*type"):
+        export_block(block, tmp_path, PRECISIONS["fp16"])
+
+
+def test_open_soras_fp16_programs_keep_the_timestep_in_float32(tmp_path, opensora_model):
+    """At fp16 the timestep input stays float32 into its sinusoid (a float16 t*1000 is 0.5
+    apart near 1000: the prologue executed 3.45e-2 from PyTorch, over the tolerance); the
+    temporal decoder's scale and shift follow its input's dtype."""
+    from edge.exporters.coreai import PRECISIONS, export_blocks
+    from edge.exporters.coreml import cut_for_device
+
+    blocks = {b.key: b for bs in cut_for_device(opensora_model).values() for b in bs}
+    chosen = [blocks["transformer/prologue"], blocks["vae_decoder/temporal"]]
+    records = export_blocks(chosen, tmp_path, PRECISIONS["fp16"])
+    errors = {b.key: r["validation"]["relative_error"]
+              for b, r in zip(chosen, records, strict=True)}
+    assert errors["transformer/prologue"] < 5e-3, errors
+    assert errors["vae_decoder/temporal"] < 5e-3, errors
+
+
 def test_a_crash_in_core_ai_names_the_block_and_writes_nothing(tmp_path, monkeypatch,
                                                               tiny_sora):
     """A converter that ends by a signal (as beta native code can) is an error naming the
@@ -253,10 +290,13 @@ def test_merged_steps_run_the_blocks_tdtm_functions(coreai_package, exported_pac
     assert psnr(got, want) > psnr(unmerged, want) + 10
 
 
-# case -> (the session's models fixture, its key or None): each family's tiny folder as the
-# other targets' tests load it (tests/conftest.py)
-FAMILIES = {"wan2.1": ("wan_models", "unipc"), "wan2.2": ("wan22", None),
-            "cogvideox-5b": ("cog_models", "5b"), "ltx-timestep": ("ltx_models", "timestep")}
+# case -> (the session's models fixture, its key or None, the bound on every program's
+# relative error at fp32): each family's tiny folder as the other targets' tests load it
+# (tests/conftest.py); Open-Sora's decoder up blocks measure 2.9e-5
+FAMILIES = {"wan2.1": ("wan_models", "unipc", 1e-5), "wan2.2": ("wan22", None, 1e-5),
+            "cogvideox-5b": ("cog_models", "5b", 1e-5),
+            "ltx-timestep": ("ltx_models", "timestep", 1e-5),
+            "opensora": ("opensora_model", None, 5e-5)}
 
 
 @pytest.mark.slow
@@ -267,12 +307,12 @@ def test_each_family_executes_through_core_ai_and_generates_its_pipelines_video(
     their first-piece functions, LTX's timestep-conditioned decoder) executed through Core
     AI within float32 rounding, and the package generated through Core AI against the
     family's diffusers pipeline."""
-    fixture, key = FAMILIES[case]
+    fixture, key, bound = FAMILIES[case]
     model = request.getfixturevalue(fixture)
     model = model[key] if key else model
     manifest = _export(model, tmp_path / "pkg")
     for where, record in _records(manifest):
-        assert record["validation"]["relative_error"] <= 1e-5, (where, record["validation"])
+        assert record["validation"]["relative_error"] <= bound, (where, record["validation"])
     check = manifest["validation"]
     assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
 

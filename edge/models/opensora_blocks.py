@@ -112,7 +112,9 @@ class TemporalStage(nn.Module):
         # axis while the chunks move between the batch and time
         b, c, t, h, w = z.shape
         n = t // self.micro_z
-        z = z * self.scale + self.shift
+        # scale and shift are plain tensors here (folded into the graph): in z's dtype, so a
+        # half-precision conversion computes in half
+        z = z * self.scale.to(z.dtype) + self.shift.to(z.dtype)
         chunks = z.reshape(b, c, n, -1).transpose(1, 2).reshape(b * n, c, self.micro_z, h, w)
         x = self.temporal_vae.decode(chunks, self.micro_frames)
         x = x.reshape(b, n, x.shape[1], -1).transpose(1, 2)

@@ -223,7 +223,9 @@ class TimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(256, dim), nn.SiLU(), nn.Linear(dim, dim))
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:
-        return self.mlp(sinusoid(values))
+        # the sinusoid in float32 whatever the MLP's dtype (a half-precision t*1000 is 0.5
+        # apart near 1000), then cast to it, as Open-Sora does
+        return self.mlp(sinusoid(values).to(self.mlp[0].weight.dtype))
 
 
 class PatchEmbed(nn.Module):
