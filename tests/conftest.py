@@ -188,6 +188,14 @@ def opensora_package(tmp_path_factory, opensora_model):
     return onnx_packages(tmp_path_factory, "opensora-onnx", {"pkg": opensora_model})["pkg"]
 
 
+@pytest.fixture(scope="session")
+def opensora_iphone_package(tmp_path_factory, opensora_model):
+    """opensora_model exported to CoreML (fp16, end-to-end check) once per session: (root,
+    manifest). Copy it before changing it."""
+    root = tmp_path_factory.mktemp("opensora-iphone") / "pkg"
+    return root, iphone_export(opensora_model, root)
+
+
 def iphone_export(model, root):
     """`model` exported to CoreML (fp16) with the end-to-end check against its family's
     diffusers pipeline, those weights swapped in: the manifest."""

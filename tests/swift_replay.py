@@ -216,7 +216,9 @@ def write_wan(folder: Path, wan_iphone: Path, wan_folder: Path, tiny_sora_iphone
 # Bundles of the other families' iphone packages: family -> {name: (prompt, options)}.
 # CogVideoX: DDIM with v-prediction and dynamic guidance, joint text+video blocks, the decoder
 # by CogVideoX's frame batches; LTX-Video: flow-match Euler with LTX's shift, the decoder
-# conditioned on a timestep (its decode noise the seed's second draw).
+# conditioned on a timestep (its decode noise the seed's second draw); Open-Sora 1.2: RFLOW,
+# the learned null caption under the prompt's mask, STDiT3's spatial-temporal pairs (the step
+# cache's threshold large: the random weights move block 0's input far from step to step).
 FAMILY_BUNDLES = {
     "cogvideox": {
         "seed": ("a red circle moving left", {}),
@@ -237,6 +239,15 @@ FAMILY_BUNDLES = {
         "given_levels": ("a red circle moving left", {
             "seed": 7, "overrides": {"sigmas": [1.0, 0.95, 0.8, 0.5]}}),
     },
+    "opensora": {
+        "seed": ("a red circle moving left", {}),
+        "negative_merge_leap": ("The blue box slides up!", {
+            "negative_prompt": "blurry, static", "seed": 3,
+            "overrides": {"steps": 6, "merge_steps": 2, "leap": True, "leap_after": 3,
+                          "leap_steps": 2}}),
+        "step_cache": ("a red circle moving left", {
+            "seed": 5, "overrides": {"steps": 8, "cache_threshold": 1.0}}),
+    },
 }
 
 
@@ -248,6 +259,8 @@ FAMILY_BAD_MANIFESTS = {
     "ltx": [("no_decode", lambda m: m.pop("decode"), ["decode_t", "'decode'"]),
             ("decode_on_frames", lambda m: m.update(latent_layout="frames"),
              ["decode", "'video'"])],
+    "opensora": [("null_caption_mask", lambda m: m.update(null_caption_mask="half"),
+                  ["null_caption_mask", "half"])],
 }
 
 

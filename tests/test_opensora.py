@@ -297,14 +297,12 @@ def test_no_graph_holds_a_whole_attention_score_matrix(package):
 
 
 @pytest.mark.slow  # a CoreML export (about 25 s) and its end-to-end check
-def test_exports_to_the_iphone_and_holds_the_end_to_end_check(model, tmp_path):
+def test_exports_to_the_iphone_and_holds_the_end_to_end_check(opensora_iphone_package):
     """Every block converts to CoreML (rank 5 at most: the temporal decoder's reshapes and
     group norms written for it), within 1e-2 of its largest output with its stored fp16
     weights, and the pipeline with those weights stays >= 40 dB PSNR from fp32 end to end
     with the SNR the other families hold (>= 20 dB)."""
-    from conftest import iphone_export
-
-    manifest = iphone_export(model, tmp_path / "pkg")
+    _, manifest = opensora_iphone_package
     for c in manifest["components"]:
         for b in c["blocks"]:
             v = b["validation"]

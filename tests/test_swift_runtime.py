@@ -36,16 +36,21 @@ def run(cmd: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def test_swift_package_builds_and_its_tests_pass(tmp_path, exported_package, coreml_package,
-                                                 wan_iphone_package, wan_folder,
-                                                 cog_iphone_package, cog_folders,
+def test_swift_package_builds_and_its_tests_pass(request, tmp_path, exported_package,
+                                                 coreml_package, wan_iphone_package,
+                                                 wan_folder, cog_iphone_package, cog_folders,
                                                  ltx_iphone_package, ltx_folders):
+    from conftest import OPENSORA_FIXTURE
+
     swift = swift_tool()
-    fixtures = swift_replay.write(
-        tmp_path / "replay", exported_package[0], coreml_package[0],
-        wan=(wan_iphone_package[0], wan_folder),
-        families={"cogvideox": (cog_iphone_package[0], cog_folders["5b"]),
-                  "ltx": (ltx_iphone_package[0], ltx_folders["timestep"])})
+    families = {"cogvideox": (cog_iphone_package[0], cog_folders["5b"]),
+                "ltx": (ltx_iphone_package[0], ltx_folders["timestep"])}
+    # Open-Sora's bundles where its fixture is here (BundleTests skips them, saying so, if not)
+    if OPENSORA_FIXTURE.is_dir():
+        families["opensora"] = (request.getfixturevalue("opensora_iphone_package")[0],
+                                OPENSORA_FIXTURE)
+    fixtures = swift_replay.write(tmp_path / "replay", exported_package[0], coreml_package[0],
+                                  wan=(wan_iphone_package[0], wan_folder), families=families)
     build = run([swift, "build", "--build-tests"], timeout=900, cwd=PACKAGE)
     assert build.returncode == 0, (
         f"swift build failed:\n{build.stdout[-6000:]}\n{build.stderr[-3000:]}")

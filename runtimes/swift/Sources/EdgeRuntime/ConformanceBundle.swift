@@ -239,12 +239,14 @@ final class ReplayedBlock: LoadedBlock {
     func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] { try replay.answer(key, inputs) }
 }
 
-/// max |got - want| / max(1, |want|) over the elements (NaN where either holds one).
+/// max |got - want| / max(1, |want|) over the elements where they differ (equal values count
+/// none, so an attention bias's -inf against -inf is no difference); NaN where either holds one.
 public func relativeDifference(_ got: Tensor, _ want: Tensor) -> Double {
     var worst = 0.0
-    for (g, w) in zip(got.data, want.data) {
-        let d = Double(abs(g - w)) / max(1, Double(abs(w)))
-        if d.isNaN { return .nan }
+    for (g, w) in zip(got.data, want.data) where g != w {
+        if g.isNaN || w.isNaN { return .nan }
+        // an infinity against anything else is infinitely off (inf / inf would say NaN)
+        let d = w.isInfinite ? .infinity : Double(abs(g - w)) / max(1, Double(abs(w)))
         worst = max(worst, d)
     }
     return worst

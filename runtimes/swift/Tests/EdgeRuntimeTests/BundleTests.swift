@@ -106,6 +106,41 @@ final class BundleTests: ScratchTestCase {
         }
     }
 
+    /// A caption bias's -inf against the recording's -inf is no difference (Open-Sora's masked
+    /// padding); -inf against a number, or a NaN, still is.
+    func testEqualInfinitiesAreNoDifferenceButNaNIs() {
+        let bias = Tensor(shape: [3], data: [0, -.infinity, -.infinity])
+        XCTAssertEqual(relativeDifference(bias, bias), 0)
+        XCTAssertEqual(relativeDifference(Tensor(shape: [3], data: [0.5, -.infinity, -.infinity]), bias), 0.5)
+        XCTAssertEqual(relativeDifference(Tensor(shape: [3], data: [0, -.infinity, 0]), bias), .infinity)
+        XCTAssertTrue(relativeDifference(Tensor(shape: [3], data: [.nan, -.infinity, -.infinity]), bias).isNaN)
+    }
+
+    /// Open-Sora 1.2 (RFLOW's levels, the learned null caption under the prompt's mask, or a
+    /// negative prompt encoded; STDiT3's spatial-temporal pairs with their TDTM functions, a
+    /// leap and the step cache; the temporal VAE's decoder on the whole video): every block
+    /// call with the recorded inputs, the same frames and trace; its bad manifest refused as
+    /// the Python side refuses it. Skipped where the Python side had no Open-Sora fixture.
+    func testOpenSoraBundlesReplayWithTheSameCallsAndFrames() throws {
+        let folder = try replayFolder().appendingPathComponent("families/opensora")
+        guard FileManager.default.fileExists(atPath: folder.path) else {
+            throw XCTSkip("no Open-Sora bundles: the Python side had no Open-Sora fixture (EDGE_OPENSORA_FIXTURE)")
+        }
+        let package = folder.appendingPathComponent("package")
+        var traces: [String: ConformanceBundle.Trace] = [:]
+        for name in ["seed", "negative_merge_leap", "step_cache"] {
+            let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles/\(name)"))
+            let (replay, _, pipe) = try replayed(b, on: package, "opensora \(name)")
+            XCTAssertEqual(pipe.manifest.nullCaptionMask, "prompt")
+            traces[name] = b.trace
+            print("bundle opensora_\(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+        }
+        XCTAssertGreaterThan(traces["negative_merge_leap"]!.mergedCalls, 0)
+        XCTAssertNotNil(traces["negative_merge_leap"]!.leapAt)
+        XCTAssertLessThan(traces["step_cache"]!.transformerCalls, traces["step_cache"]!.calls)
+        XCTAssertEqual(try assertRefusesWhatPythonRefuses(folder.appendingPathComponent("bad_manifests.json")), 1)
+    }
+
     /// The decode options: refused by name before any block runs where the package's decoder
     /// takes none, for given latents without the decode noise (unless the scale is 0), and
     /// for noise of another shape; a given noise and timestep reach the decoder as given.
