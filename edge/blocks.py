@@ -89,13 +89,15 @@ class Chunking:
     state), each state output fed to the same-named input on the next piece, and the pieces
     of `output` concatenated along `output_axis` (default `axis`). Memory then holds one
     piece's activations, not the whole input's (Wan's causal VAE decoder, frame by frame;
-    CogVideoX's, two latent frames at a time after a first piece of two or three)."""
+    CogVideoX's, two latent frames at a time after a first piece of two or three).
+    `first_variant` None: pieces decoded alone (Open-Sora's temporal VAE, 17-frame chunk by
+    chunk), every piece through the blocks themselves; such blocks carry no state."""
 
     input: str
     output: str
     axis: int
     size: int
-    first_variant: str
+    first_variant: str | None = None
     first_size: int | None = None
     output_axis: int | None = None
 
@@ -111,11 +113,16 @@ class Chunking:
     def to_dict(self, blocks: list[Block]) -> dict:
         # the optional fields are written only where they differ from the default, so
         # packages of decoders cut in equal pieces read as before in every runtime
-        extra = {k: v for k, v in (("first_size", self.first_size),
+        extra = {k: v for k, v in (("first_variant", self.first_variant),
+                                   ("first_size", self.first_size),
                                    ("output_axis", self.output_axis)) if v is not None}
+        state = self.state(blocks)
+        if state and self.first_variant is None:
+            raise ValueError(f"chunked {self.input} -> {self.output}: the blocks carry "
+                             f"{state[0]!r} from piece to piece, so the first piece needs a "
+                             "first_variant that takes none")
         return {"input": self.input, "output": self.output, "axis": self.axis,
-                "size": self.size, "first_variant": self.first_variant, **extra,
-                "state": self.state(blocks)}
+                "size": self.size, **extra, "state": state}
 
 
 @torch.no_grad()

@@ -260,10 +260,12 @@ def _check_flops(record: dict, where: str, inputs: list) -> None:
                            f"{names}")
 
 
-def as_variant(block: dict, variant: str) -> dict:
+def as_variant(block: dict, variant: str | None) -> dict:
     """The block's record as its variant `variant` runs: that graph (and program and
     function, in the layouts that have them), and the variant's own inputs and outputs
-    where it declares them."""
+    where it declares them; None: the block itself."""
+    if variant is None:
+        return block
     record = block["variants"][variant]
     return block | {"graph": record["graph"]} | {
         k: record[k] for k in ("inputs", "outputs", "model", "function", "flops")
@@ -282,12 +284,18 @@ def _check_chunked(comp: dict, where: str) -> None:
     for optional, least in (("first_size", 1), ("output_axis", 0)):
         if optional in spec:
             _count(spec, optional, at, minimum=least)
-    first = require(spec, "first_variant", str, at)
+    first = spec.get("first_variant")
+    if first is not None and not isinstance(first, str):
+        raise PackageError(f"{at}: first_variant must be a variant's name, is {first!r}")
     state = require(spec, "state", list, at)
     if not all(isinstance(n, str) for n in state) or len(set(state)) != len(state):
         raise PackageError(f"{at}: state must be distinct tensor names")
     blocks, name = comp["blocks"], comp["name"]
-    missing = [b["name"] for b in blocks if first not in b.get("variants", {})]
+    if first is None and state:
+        raise PackageError(f"{at}: state {state[0]!r} is carried from piece to piece but "
+                           "there is no first_variant to run the first piece without it")
+    missing = [b["name"] for b in blocks
+               if first is not None and first not in b.get("variants", {})]
     if missing:
         raise PackageError(f"{MANIFEST} block {name}/{missing[0]}: no variant {first!r}, which "
                            f"the chunked component {name!r} runs on its first piece")

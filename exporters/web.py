@@ -207,8 +207,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
         for name, blocks in components.items():
             records = []
             # a chunked component cannot run without its first piece's variant
-            required = frozenset([model.chunked[name].first_variant] if name in model.chunked
-                                 else [])
+            first = model.chunked[name].first_variant if name in model.chunked else None
+            required = frozenset([first] if first is not None else [])
             for block in blocks:
                 records.append(export_block(block, compiler, root, variants, check, required))
                 if on_block:

@@ -175,6 +175,9 @@ WAN_BAD_MANIFESTS = [
     ("clean", lambda m: m["tokenizer"].update(clean="ftfy"), ["clean", "ftfy"]),
     ("first_variant", lambda m: next(c for c in m["components"] if "chunked" in c)["chunked"]
      .update(first_variant="start"), ["start"]),
+    ("state_without_first_variant", lambda m: next(c for c in m["components"]
+                                                   if "chunked" in c)["chunked"]
+     .pop("first_variant"), ["state", "first_variant"]),
 ]
 
 

@@ -186,6 +186,19 @@ def test_the_manifest_says_how_open_sora_samples(model, package):
     assert blocks["vae_decoder"][:2] == ["temporal", "head"]
 
 
+def test_the_decoder_runs_chunk_by_chunk(model, package):
+    """Each 17-frame chunk decoded alone (Open-Sora's temporal VAE): the package's decoder is
+    chunked along the latents' time, 5 latent frames a piece with no state and no first
+    variant, its graphs made for one piece; the video is still the original's (below)."""
+    _, manifest = package
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    assert decoder["chunked"] == {"input": "z", "output": "frames", "axis": 2, "size": 5,
+                                  "state": []}
+    z = decoder["blocks"][0]["inputs"][0]
+    assert z["name"] == "z" and z["shape"][2] == 5 < model.latent_shape[1]
+    assert all("variants" not in b for b in decoder["blocks"])
+
+
 def test_the_package_from_the_prompt_gives_the_originals_latents_and_video(package):
     """The Python runtime from the prompt and the fixture's initial latents: the original's
     sampled latents (within 1e-3 of their largest: ten float32 graphs whose random-weight

@@ -275,6 +275,9 @@ def test_lean_decode_gives_the_pinned_blocks_memory_to_the_decoder(wan_packages)
     (lambda c: c["chunked"]["state"].append("up_9_cache_0"),
      r"'up_9_cache_0' is given by none of the blocks"),
     (lambda c: c["chunked"].update(size=0), r"field 'size' is 0, must be at least 1"),
+    (lambda c: c["chunked"].pop("first_variant"),
+     r"chunked: state 'head_cache_0' is carried from piece to piece but there is no "
+     r"first_variant"),
     (lambda c: c["chunked"]["state"].remove("up_0_cache_0"),
      r"vae_decoder/up_0: input 'up_0_cache_0' is neither"),
     (lambda c: c["blocks"][1]["variants"]["first"]["outputs"][1]["shape"].__setitem__(2, 3),

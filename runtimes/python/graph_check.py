@@ -125,7 +125,7 @@ def check_chunked_feeds(comp: dict, given: Mapping[str, tuple[str, list]]) -> No
     def piece(length: int) -> dict:
         return {spec["input"]: (dtype, [*shape[:axis], length, *shape[axis + 1:]])}
 
-    firsts = [as_variant(b, spec["first_variant"]) for b in comp["blocks"]]
+    firsts = [as_variant(b, spec.get("first_variant")) for b in comp["blocks"]]
     check_feeds(name, firsts, dict(given) | piece(first_size))
     if len(bounds) == 1:  # no later piece runs: its graphs were traced on a stand-in
         return

@@ -459,7 +459,7 @@ class Pipeline:
             for i, (start, stop) in enumerate(bounds):
                 piece = np.take(whole, np.arange(start, stop), axis=axis)
                 out = self._run_blocks(comp, runs, feeds | state | {spec["input"]: piece},
-                                       variant=spec["first_variant"] if i == 0 else None,
+                                       variant=spec.get("first_variant") if i == 0 else None,
                                        batch_piece=batch_piece)
                 pieces.append(out[spec["output"]])
                 state = {n: out[n] for n in spec["state"]}

@@ -508,7 +508,8 @@ export class WebPipeline {
     const given = Object.fromEntries(Object.entries(extra).map(([n, a]) => [n, this.upload(a)]));
     try {
       for (const [i, [start, stop]] of bounds.entries()) {
-        const variant = i === 0 ? spec.first_variant : null;
+        // no first_variant: every piece through the blocks themselves (pieces decoded alone)
+        const variant = i === 0 ? spec.first_variant ?? null : null;
         const temp = [this.upload(sliceAlong(data, shape, spec.axis, start, stop - start))];
         let feeds = null;
         try {

@@ -54,13 +54,14 @@ public struct Manifest: Decodable {
     /// time): `input` split along `axis` into pieces of `size` after a first of `firstSize`
     /// (absent: `size`), the first piece through `firstVariant`, each `state` output fed to
     /// the same-named input of the next piece, the pieces of `output` joined along
-    /// `outputAxis` (absent: `axis`) (edge/blocks.py Chunking).
+    /// `outputAxis` (absent: `axis`) (edge/blocks.py Chunking). No `firstVariant`: every
+    /// piece through the blocks themselves (Open-Sora's 17-frame chunks, decoded alone).
     public struct Chunked: Decodable, Equatable {
         public let input: String
         public let output: String
         public let axis: Int
         public let size: Int
-        public let firstVariant: String
+        public let firstVariant: String?
         public let state: [String]
         public let firstSize: Int?
         public let outputAxis: Int?
@@ -245,8 +246,14 @@ public enum ManifestReader {
             if spec.size < 1 || spec.axis < 0 || (spec.firstSize ?? 1) < 1 || (spec.outputAxis ?? 0) < 0 {
                 throw ManifestError.invalid("manifest.json component \(comp.name) chunked: axis \(spec.axis), size \(spec.size)")
             }
-            for block in comp.blocks where block.variants?[spec.firstVariant] == nil {
-                throw ManifestError.invalid("manifest.json component \(comp.name) block \(block.name): no variant \(spec.firstVariant) for the first piece")
+            guard let first = spec.firstVariant else {
+                if let carried = spec.state.first {
+                    throw ManifestError.invalid("manifest.json component \(comp.name) chunked: state \(carried) is carried from piece to piece but there is no first_variant to run the first piece without it")
+                }
+                continue
+            }
+            for block in comp.blocks where block.variants?[first] == nil {
+                throw ManifestError.invalid("manifest.json component \(comp.name) block \(block.name): no variant \(first) for the first piece")
             }
         }
     }
