@@ -21,7 +21,8 @@ def export(
         "onnxruntime-web, with the demo page: a static site for `edge serve`).")] = "onnx",
     model: Annotated[Path | None, typer.Option(
         help="A diffusers pipeline folder (WanPipeline: Wan 2.1, Wan 2.2 TI2V-5B; "
-        "CogVideoXPipeline; LTXPipeline) or a tiny-sora weights folder [default: the shipped "
+        "CogVideoXPipeline; LTXPipeline), an Open-Sora 1.2 folder (transformer/, vae/, "
+        "text_encoder/, tokenizer/) or a tiny-sora weights folder [default: the shipped "
         "tiny-sora]. Local files only.")] = None,
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].")] = None,
