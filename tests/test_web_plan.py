@@ -81,7 +81,8 @@ def test_export_validation_refuses_a_plan_that_drifts(pipeline, compiler):
 
     block = cut_transformer(pipeline)[-1]
     compiled = compiler.compile(block)
-    assert validate(compiled, block, block.module, block.key) < 1e-4
+    record = validate(compiled, block, block.module, block.key)
+    assert record["max_abs_error"] < 1e-4 * max(1.0, record["reference_max_abs"])
     drifted = copy.deepcopy(block.module)
     with torch.no_grad():
         next(drifted.parameters()).mul_(1.01)
