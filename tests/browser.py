@@ -135,6 +135,19 @@ def page_generate(pg, path: str, prompt: str, options: dict,
                       else "Float32Array")
 
 
+def bundled_web_export(model, root: Path) -> dict:
+    """`model` exported for the web with onnxruntime-web bundled (skipped without its dist)
+    and every attention chunked as the tests chunk it (conftest.py): the manifest."""
+    from conftest import chunked_attention_for_tests
+
+    from edge.exporters.web import export_web
+
+    if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
+        pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
+    with chunked_attention_for_tests():
+        return export_web(model, root, bundle_ort=ORT_DIST)
+
+
 def skip_without_webgpu(context, pg) -> None:
     """Skip (closing `context`) where chromium gives the page no WebGPU adapter."""
     adapter = pg.evaluate("async () => navigator.gpu ? !!(await navigator.gpu.requestAdapter()) "

@@ -17,13 +17,13 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 
 from browser import (  # noqa: E402  (after the skips)
     LOAD_PIPE,
-    ORT_DIST,
     assert_same_video,
+    bundled_web_export,
     page_generate,
     served_page,
     skip_without_webgpu,
 )
-from conftest import TEST_CHUNK_ROWS, chunked_attention_for_tests  # noqa: E402
+from conftest import TEST_CHUNK_ROWS  # noqa: E402
 from graph_shapes import softmax_rows  # noqa: E402
 
 pytestmark = pytest.mark.slow  # web exports and headless chromium
@@ -40,16 +40,11 @@ MODELS = {"cogvideox-5b": ("cog", "5b"), "ltx": ("ltx", "plain"),
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def exported(request, tmp_path_factory):
     """(model, web package root, manifest, the same model's ONNX package root)."""
-    from edge.exporters.web import export_web
-
-    if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
-        pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
     family, key = MODELS[request.param]
     model = request.getfixturevalue(f"{family}_models")[key]
     twin = request.getfixturevalue(f"{family}_packages")[key][0]
     root = tmp_path_factory.mktemp(request.param) / "web"
-    with chunked_attention_for_tests():
-        return model, root, export_web(model, root, bundle_ort=ORT_DIST), twin
+    return model, root, bundled_web_export(model, root), twin
 
 
 def test_export_checks_every_plan_and_graph(exported):

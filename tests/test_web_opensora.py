@@ -18,8 +18,8 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 
 from browser import (  # noqa: E402  (after the skips)
     LOAD_PIPE,
-    ORT_DIST,
     assert_same_video,
+    bundled_web_export,
     page_generate,
     served_page,
     skip_without_webgpu,
@@ -28,7 +28,6 @@ from conftest import (  # noqa: E402
     OPENSORA_FIXTURE,
     OPENSORA_PROMPT,
     TEST_CHUNK_ROWS,
-    chunked_attention_for_tests,
 )
 from graph_shapes import softmax_rows  # noqa: E402
 
@@ -48,13 +47,8 @@ def original():
 
 @pytest.fixture(scope="module")
 def web_package(tmp_path_factory, opensora_model):
-    from edge.exporters.web import export_web
-
-    if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
-        pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
     root = tmp_path_factory.mktemp("opensora-web") / "pkg"
-    with chunked_attention_for_tests():
-        return root, export_web(opensora_model, root, bundle_ort=ORT_DIST)
+    return root, bundled_web_export(opensora_model, root)
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,12 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 
 from browser import (  # noqa: E402  (after the skips)
     LOAD_PIPE,
-    ORT_DIST,
     assert_same_video,
+    bundled_web_export,
     page_generate,
     served_page,
     skip_without_webgpu,
 )
-from conftest import chunked_attention_for_tests  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless chromium, a Wan export
 
@@ -37,13 +36,8 @@ def wan_model(wan_models):
 
 @pytest.fixture(scope="module")
 def wan_web_package(tmp_path_factory, wan_model):
-    from edge.exporters.web import export_web
-
-    if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
-        pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
     root = tmp_path_factory.mktemp("wan-web") / "pkg"
-    with chunked_attention_for_tests():
-        return root, export_web(wan_model, root, bundle_ort=ORT_DIST)
+    return root, bundled_web_export(wan_model, root)
 
 
 @pytest.fixture(scope="module")
