@@ -32,7 +32,7 @@ import torch
 
 from edge.blocks import Block, Chunking
 from edge.families import FamilyError, Shapes, StorageRule
-from edge.families.config_check import stored_tensors
+from edge.families.config_check import check_against_weights, stored_tensors
 from edge.families.folder import check_component_files, read_json
 from edge.families.pipeline_run import Accepted, PipelineModel, cutting, with_steps
 from edge.files import kind_of
@@ -218,31 +218,16 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
 
 # ---------------------------------------------------------------- loading
 
-def check_keys(component: Path, module: torch.nn.Module, stored: dict,
-               skipped: tuple[str, ...] = ()) -> None:
-    """The module's tensors are exactly the stored ones (but `skipped` prefixes), each of the
-    stored shape: the first missing, unexpected or misshapen tensor named."""
-    want = dict(module.state_dict())
-    have = {k: v for k, v in stored.items() if not k.startswith(skipped)}
-    config = component / "config.json"
-    for name in want:
-        if name not in have:
-            raise FamilyError(f"{config}: the model it describes has tensor {name!r}, which "
-                              f"the weights in {component} lack (another size or depth?)")
-    for name in have:
-        if name not in want:
-            raise FamilyError(f"{component}: stored tensor {name!r} is not in the model "
-                              f"{config} describes (another size or depth?)")
-        if tuple(have[name].shape) != tuple(want[name].shape):
-            raise FamilyError(f"{component}: tensor {name!r} has shape "
-                              f"{list(have[name].shape)}, but {config} makes it "
-                              f"{list(want[name].shape)}")
+def stored_except(component: Path, skipped: tuple[str, ...] = ()) -> dict:
+    """{name: header} of the component's stored tensors but those under `skipped` prefixes
+    (the VAE's encoding half, which sampling never reads)."""
+    return {k: v for k, v in stored_tensors(component).items() if not k.startswith(skipped)}
 
 
 def load_weights(component: Path, module: torch.nn.Module,
                  skipped: tuple[str, ...] = ()) -> torch.nn.Module:
     """The tensors of `component` (but `skipped` prefixes) as float32 in place of `module`'s
-    own, a module built on the meta device whose keys `check_keys` found stored: the read
+    own, a module built on the meta device whose keys `check_against_weights` found stored: the read
     tensors become its parameters (no second copy of the weights is allocated)."""
     from safetensors.torch import load_file
 
@@ -277,8 +262,10 @@ def load_pipeline(folder: Path):
                               f"({err})") from None
         vae = OpenSoraVAE(vae_cfg.temporal, spatial, vae_cfg.micro_frame_size)
     # both checked from the headers before either is read
-    check_keys(folder / "transformer", transformer, stored_tensors(folder / "transformer"))
-    check_keys(folder / "vae", vae, stored_tensors(folder / "vae"), VAE_ENCODER_KEYS)
+    check_against_weights(folder / "transformer", STDiT3, transformer,
+                          stored_except(folder / "transformer"))
+    check_against_weights(folder / "vae", OpenSoraVAE, vae,
+                          stored_except(folder / "vae", VAE_ENCODER_KEYS))
     transformer = load_weights(folder / "transformer", transformer)
     vae = load_weights(folder / "vae", vae, VAE_ENCODER_KEYS)
     try:

@@ -1,6 +1,6 @@
 """Open-Sora 1.2 cut into the blocks edge exports, as On-device Sora cut it: the transformer
 into an embedding part, one block per spatial-temporal pair and the final layer; the VAE's
-decoder into the temporal decoder and the 2D decoder's stages. Chained, each component
+decoder into the temporal decoder and the 2D decoder. Chained, each component
 computes what edge/models/opensora_stdit3.py and opensora_vae.py compute (tested).
 
 Transformer (latents in diffusers' layout (B, C, T, h, w), time in [0, 1]):
@@ -15,8 +15,8 @@ Transformer (latents in diffusers' layout (B, C, T, h, w), time in [0, 1]):
 VAE decoder (latents (B, C, T, h, w) -> frames (B, 3, F, H, W) in [0, 1]):
   temporal  z -> the 2D VAE's latents of every frame: each chunk of latent frames decoded
             alone, the chunks as one batch
-  head, up_i, out   the 2D decoder over every frame as one batch, the activations handed on
-            as (B, F, C, h, w): the first axis stays the videos, which a runtime may split
+  spatial   2D latents -> frames: the 2D decoder, one frame after another inside the graph
+            (a call holds one frame's activations)
 """
 
 from __future__ import annotations
@@ -121,72 +121,45 @@ class TemporalStage(nn.Module):
         return x.reshape(b, x.shape[1], n * self.micro_frames, h, w)
 
 
-def per_frame(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """A 2D module over every frame of h (B, F, C, h, w) as one batch; (B, F, C', h', w')."""
-    b, f = h.shape[:2]
-    out = module(h.flatten(0, 1))
-    return out.reshape(b, f, *out.shape[1:])
-
-
-class SpatialHead(nn.Module):
-    """2D latents (B, C, F, h, w) -> the decoder's mid-block output (B, F, C', h, w)."""
+class SpatialDecoder(nn.Module):
+    """The 2D VAE's decoder over 2D latents (B, C, F, h, w) -> frames (B, 3, F, H, W) in
+    [0, 1], one frame after another: a frame's activations at full resolution are freed before
+    the next frame starts, so a call holds one frame's (0.3 GiB at 240 x 432 in float32)
+    instead of the chunk's 17 (5 GiB). The loop is unrolled in the graph (the frames are a
+    fixed count: one chunk); a runtime that frees each tensor after its last use in graph
+    order (onnxruntime does) peaks at one frame. Frames are independent in the 2D VAE, so the
+    video is Open-Sora's, which decodes `micro_batch_size` frames at a time for the same
+    reason."""
 
     def __init__(self, vae: OpenSoraVAE) -> None:
         super().__init__()
         spatial = vae.spatial_vae.module
+        decoder = spatial.decoder
         self.post_quant_conv = spatial.post_quant_conv
-        self.conv_in, self.mid_block = spatial.decoder.conv_in, spatial.decoder.mid_block
+        self.conv_in, self.mid_block = decoder.conv_in, decoder.mid_block
+        self.up_blocks = decoder.up_blocks
+        self.norm, self.act, self.conv = decoder.conv_norm_out, decoder.conv_act, decoder.conv_out
 
-    def decode_start(self, x: torch.Tensor) -> torch.Tensor:
+    def decode_frame(self, x: torch.Tensor) -> torch.Tensor:
+        """One frame's 2D latents (B, C, h, w) -> (B, 3, H, W) in [0, 1]."""
         x = x / SPATIAL_SCALE
         if self.post_quant_conv is not None:
             x = self.post_quant_conv(x)
-        return self.mid_block(self.conv_in(x))
+        h = self.mid_block(self.conv_in(x))
+        for block in self.up_blocks:
+            for resnet in block.resnets:
+                h = resnet(h, None)
+            # the upsampler written out (nearest x2, conv): diffusers' Upsample2D branches on
+            # the batch reaching 64, a guard an export with a dynamic batch cannot keep
+            for upsampler in block.upsamplers or ():
+                h = upsampler.conv(F.interpolate(h, scale_factor=2.0, mode="nearest"))
+        h = self.conv(self.act(self.norm(h)))
+        return (h / 2 + 0.5).clamp(0, 1)
 
     def forward(self, x):
-        return per_frame(self.decode_start, x.transpose(1, 2))
-
-
-class SpatialUp(nn.Module):
-    """An UpDecoderBlock2D over every frame: its resnets, then its upsampler written out
-    (nearest x2, conv): diffusers' Upsample2D branches on the batch reaching 64, a guard on
-    the frames x videos batch that an export with a dynamic batch cannot keep."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.resnets = block.resnets
-        self.upsamplers = block.upsamplers
-
-    def up(self, h: torch.Tensor) -> torch.Tensor:
-        for resnet in self.resnets:
-            h = resnet(h, None)
-        for upsampler in self.upsamplers or ():
-            h = upsampler.conv(F.interpolate(h, scale_factor=2.0, mode="nearest"))
-        return h
-
-    def forward(self, h):
-        return per_frame(self.up, h)
-
-
-class SpatialOut(nn.Module):
-    """(B, F, C, H, W) -> frames (B, 3, F, H, W) in [0, 1]."""
-
-    def __init__(self, vae: OpenSoraVAE) -> None:
-        super().__init__()
-        decoder = vae.spatial_vae.module.decoder
-        self.norm, self.act, self.conv = decoder.conv_norm_out, decoder.conv_act, decoder.conv_out
-
-    def decode_end(self, h: torch.Tensor) -> torch.Tensor:
-        return self.conv(self.act(self.norm(h)))
-
-    def forward(self, h):
-        x = per_frame(self.decode_end, h).transpose(1, 2)
-        return (x / 2 + 0.5).clamp(0, 1)
+        return torch.stack([self.decode_frame(x[:, :, i]) for i in range(x.shape[2])], dim=2)
 
 
 def cut_decoder_modules(vae: OpenSoraVAE) -> list[tuple[str, nn.Module]]:
     """(name, module) of the decoder's blocks in order."""
-    ups = vae.spatial_vae.module.decoder.up_blocks
-    return [("temporal", TemporalStage(vae).eval()), ("head", SpatialHead(vae).eval()),
-            *((f"up_{i}", SpatialUp(u).eval()) for i, u in enumerate(ups)),
-            ("out", SpatialOut(vae).eval())]
+    return [("temporal", TemporalStage(vae).eval()), ("spatial", SpatialDecoder(vae).eval())]
