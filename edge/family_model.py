@@ -44,6 +44,13 @@ class StorageRule:
     rules: tuple[tuple[str, str], ...]
     psnr_floor_db: float    # the export's end-to-end check refuses a package under it
     note: str               # why the rules are what they are, for the manifest
+    # (block key pattern, tensor name pattern, storage name): tensors inside a block stored
+    # in another form than the block's rule gives it, the first match winning (Open-Sora:
+    # the cross-attention kept at int8 in pairs stored as int4). A tensor pattern matches
+    # the parameter's name in the block ("spatial.cross_attn.q_linear.weight") and the
+    # weight's name in the converted program ("p_spatial_cross_attn_q_linear_weight_to_fp16")
+    # alike when written with wildcards around a name part ("*cross_attn*").
+    tensors: tuple[tuple[str, str, str], ...] = ()
 
 
 class FamilyModel(Protocol):

@@ -134,7 +134,8 @@ def deployment_target(setting: Compression, min_ios: int) -> str:
     later one (iOS 17 cannot decompress per-grouped-channel tables or int4 blocks)."""
     need = setting.min_ios
     if need > layout(min_ios).min_ios:
-        needing = sorted({pattern for pattern, s in setting.rules if s.min_ios == need})
+        needing = sorted({pattern for pattern, *_, s in (*setting.rules, *setting.tensor_rules)
+                          if s.min_ios == need})
         others = [k for k, c in UNIFORM.items() if c.min_ios <= min_ios]
         raise ValueError(f"--quantize {setting.setting} stores {', '.join(needing)} in forms "
                          f"iOS {need} decompresses; --min-ios {min_ios} cannot load them: use "
@@ -163,9 +164,9 @@ def estimated_bytes(block, setting: Compression) -> int:
     counted, per-channel scales and lookup tables left out), the rest fp16. Constants the
     converter computes from the weights (a layer's position bias) are not parameters and are
     left out too."""
-    per_weight = setting.storage(block.key).bits
-    bits = sum(p.numel() * (per_weight if p.numel() >= WEIGHT_THRESHOLD else 16)
-               for p in block.parameters().values())
+    bits = sum(p.numel() * (setting.tensor_storage(block.key, name).bits
+                            if p.numel() >= WEIGHT_THRESHOLD else 16)
+               for name, p in block.parameters().items())
     return int(bits // 8)
 
 
@@ -241,15 +242,20 @@ def convert_module(module: nn.Module, block: Block, setting: Compression,
                 raise failed_write from None
             raise ExportValidationError(f"block {block.key}: CoreML cannot take it: "
                                         f"{unconvertible(err)}") from None
-        config = setting.optimization_config(block.key)
-        if config is not None:
-            import coremltools.optimize.coreml as cto
-
-            linear = isinstance(config.global_config, cto.OpLinearQuantizerConfig)
-            compress = cto.linear_quantize_weights if linear else cto.palettize_weights
-            model = compress(model, config)
+        compress = setting.compressor(block.key, weight_names(model, setting))
+        if compress is not None:
+            model = compress(model)
     model.short_description = f"edge block {block.key} ({setting.setting})"
     return model
+
+
+def weight_names(model, setting: Compression) -> list[str]:
+    """The converted program's weight names a tensor rule may pick out (none without one)."""
+    if not setting.tensor_rules:
+        return []
+    import coremltools.optimize.coreml as cto
+
+    return list(cto.get_weights_metadata(model, weight_threshold=WEIGHT_THRESHOLD))
 
 
 def signature(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[dict]:

@@ -37,34 +37,69 @@ class Compression:
     rules: tuple[tuple[str, Storage], ...]
     psnr_floor_db: float
     note: str = ""                    # why the rules are what they are
+    # (block pattern, tensor pattern, storage): tensors a block stores in another form
+    # (StorageRule.tensors)
+    tensor_rules: tuple[tuple[str, str, Storage], ...] = ()
 
     @property
     def min_ios(self) -> int:
         """The iOS whose ops decompress every stored form of the setting."""
-        return max(storage.min_ios for _, storage in self.rules)
+        return max(storage.min_ios for *_, storage in (*self.rules, *self.tensor_rules))
 
     def storage(self, block_key: str) -> Storage:
+        """The block's stored form (but the tensors `tensor_storage` names otherwise)."""
         return next(s for pattern, s in self.rules if fnmatch(block_key, pattern))
 
-    def optimization_config(self, block_key: str):
-        """The `coremltools.optimize.coreml` config of one block (None for fp16)."""
-        op = self.storage(block_key).op_config
-        if op is None:
+    def tensor_storage(self, block_key: str, tensor: str) -> Storage:
+        """The stored form of one tensor of a block, by its name in the block or in the
+        converted program."""
+        return next((s for blocks, tensors, s in self.tensor_rules
+                     if fnmatch(block_key, blocks) and fnmatch(tensor, tensors)),
+                    self.storage(block_key))
+
+    def compressor(self, block_key: str, weights: list[str] = ()):
+        """The `coremltools.optimize.coreml` pass that stores one converted block (a function
+        of its MLModel; None: fp16 throughout): the block's storage for every weight but
+        those of `weights` (the program's weight names) a tensor rule gives another, each set
+        by name. One pass applies it, so the forms a block mixes must be one method (linear
+        quantization or palettization), fp16 aside."""
+        own = self.storage(block_key)
+        others = {name: storage for name in weights
+                  if (storage := self.tensor_storage(block_key, name)) is not own}
+        kinds = {_kind(s) for s in (own, *others.values())} - {"fp16"}
+        if not kinds:
             return None
+        if len(kinds) > 1:
+            raise ValueError(f"--quantize {self.setting}: block {block_key} mixes "
+                             f"{' and '.join(sorted(kinds))} storage; one block takes one "
+                             "method (its tensor rules may change the bits, not the method)")
         import_coremltools()
         import coremltools.optimize.coreml as cto
 
-        return cto.OptimizationConfig(global_config=op())
+        config = cto.OptimizationConfig(
+            global_config=own.op_config() if own.op_config is not None else None)
+        for name, storage in others.items():  # None: this weight stays fp16
+            config.set_op_name(name, storage.op_config() if storage.op_config else None)
+        run = cto.linear_quantize_weights if kinds == {"linear"} else cto.palettize_weights
+        return lambda model: run(model, config)
 
     def record(self) -> dict:
         """The manifest's coreml.compression."""
         out = {"setting": self.setting, "weight_threshold": WEIGHT_THRESHOLD}
-        if len(self.rules) == 1:   # one storage for every block
+        if len(self.rules) == 1 and not self.tensor_rules:   # one storage for every block
             out |= self.rules[0][1].record
         else:
             out["rules"] = [{"blocks": pattern, **storage.record}
                             for pattern, storage in self.rules]
+        if self.tensor_rules:
+            out["tensor_rules"] = [{"blocks": blocks, "tensors": tensors, **storage.record}
+                                   for blocks, tensors, storage in self.tensor_rules]
         return out | ({"note": self.note} if self.note else {})
+
+
+def _kind(storage: Storage) -> str:
+    """The compression pass a stored form needs ("fp16" for none)."""
+    return storage.record["method"].split("_")[0] if storage.op_config else "fp16"
 
 
 def _linear8():
@@ -157,9 +192,11 @@ def compression(quantize: str | Compression, model: FamilyModel | None = None) -
 def from_rule(setting: str, rule: StorageRule, who: str) -> Compression:
     """The setting a rule words by stored-form names (a family's, or a benchmark's trial),
     or a ValueError saying which name `who` gave that STORAGES lacks."""
-    unknown = [name for _, name in rule.rules if name not in STORAGES]
+    unknown = [name for *_, name in (*rule.rules, *rule.tensors) if name not in STORAGES]
     if unknown:
         raise ValueError(f"{who} names stored form {unknown[0]!r}; the exporter has "
                          f"{', '.join(STORAGES)}")
     return Compression(setting, tuple((pattern, STORAGES[name]) for pattern, name
-                                      in rule.rules), rule.psnr_floor_db, rule.note)
+                                      in rule.rules), rule.psnr_floor_db, rule.note,
+                       tuple((blocks, tensors, STORAGES[name])
+                             for blocks, tensors, name in rule.tensors))

@@ -396,6 +396,42 @@ def test_4bit_setting_stores_each_component_as_measured_and_its_weights_6x_small
     assert setting.min_ios == 17
 
 
+def test_a_tensor_rule_stores_the_tensors_it_names_in_its_own_form(tmp_path, pair_block):
+    """A rule by tensor (StorageRule.tensors; Open-Sora keeps its cross-attention at int8 in
+    int4 pairs): the tensors it names are stored per output channel at 8 bits, the rest of
+    the block in int4 blocks; the size estimate counts each at its own bits, and the manifest
+    records the rule."""
+    from edge.exporters.coreml import STORAGES, Compression, estimated_bytes
+
+    setting = Compression("4", (("*", STORAGES["int4-b32"]),), psnr_floor_db=0.0,
+                          tensor_rules=(("transformer/*", "*cross_attn*", STORAGES["int8"]),))
+    path = tmp_path / "mixed.mlpackage"
+    save_program(convert_module(pair_block.module, pair_block, setting), path)
+    params = pair_block.parameters()
+    stored, _ = read_parameters(path, params)
+    big = [n for n, p in params.items() if p.numel() >= 2048]
+    named = [n for n in big if "cross_attn" in n]
+    assert 0 < len(named) < len(big)
+    for name in big:
+        w = stored[name].numpy()
+        in_blocks = max(len(np.unique(r)) for r in per_input_block(w))
+        if name in named:   # int8 per channel: far more than 16 values in a block of 32
+            assert in_blocks > 16 and max(len(np.unique(r)) for r in
+                                          per_output_channel(w)) <= 256, name
+        else:
+            assert in_blocks <= 16, name
+    int4 = estimated_bytes(pair_block, Compression("4", (("*", STORAGES["int4-b32"]),), 0.0))
+    int8 = estimated_bytes(pair_block, Compression("8", (("*", STORAGES["int8"]),), 0.0))
+    assert int4 < estimated_bytes(pair_block, setting) < int8
+    assert setting.record()["tensor_rules"] == [{"blocks": "transformer/*",
+                                                 "tensors": "*cross_attn*",
+                                                 **STORAGES["int8"].record}]
+    palettized = replace(setting, tensor_rules=(("*", "*cross_attn*", STORAGES["lut4"]),))
+    with pytest.raises(ValueError, match=f"block {pair_block.key} mixes linear and "
+                                         "palettize storage"):
+        palettized.compressor(pair_block.key, ["p_spatial_cross_attn_q_weight_to_fp16"])
+
+
 def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sora):
     """--quantize 4 is each family's rule (FamilyModel.device_storage): asked without the
     model, for a family without one, or naming a stored form the exporter lacks, the refusal

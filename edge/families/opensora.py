@@ -293,15 +293,22 @@ def to_uint8(video: torch.Tensor) -> np.ndarray:
     return np.round(frames * 255).astype(np.uint8)
 
 
-# No --quantize 4 for Open-Sora yet (measured, docs/benchmarks.md "Open-Sora's 4"): Wan's rule
-# (the text encoder and the transformer int4 with a scale per 32 inputs, the decoder int8)
-# gives 26.9 dB at the released shapes, under the export's 35 dB floor. With the weights
-# rounded in PyTorch as the programs store them, the loss is on the caption's path: every
-# tensor at int8 gives 42.5 dB, and then the transformer's MLPs at 4 bits (half its bytes)
-# 42.3, its self-attention 41.7, but its cross-attention 33.0; the text encoder alone at 4
-# bits 30.7. A rule by block cannot keep the cross-attention at 8 bits inside a pair: that
-# needs rules by tensor, so --quantize 4 is refused for this family at once, not after an
-# 18-minute export.
+# --quantize 4 for Open-Sora, measured at the released shapes (docs/benchmarks.md "Open-Sora's
+# 4"). Wan's rule (the text encoder and the transformer int4 with a scale per 32 inputs, the
+# decoder int8) gives 26.9 dB, under the 35 dB floor: the loss is on the caption's path.
+# With the weights rounded as the programs store them, every tensor at int8 gives 42.5 dB,
+# then the pairs' MLPs at 4 bits (half the transformer's bytes) 42.3, their self-attention
+# 41.7, but their cross-attention 33.0, and the text encoder alone 30.7. So the pairs take
+# 4 bits but their cross-attention, and the caption's other readers (the text encoder, the
+# prologue's caption projection) and the decoder stay at int8.
+STORAGE_4 = StorageRule(
+    (("transformer/pair_*", "int4-b32"), ("*", "int8")),
+    psnr_floor_db=35.0,
+    note="the transformer's pairs at 4 bits (int4 with a scale per 32 inputs) but their "
+         "cross-attention; the cross-attention, the text encoder, the prologue's caption "
+         "projection and the decoder at int8 (the caption's path loses the video at 4 bits)",
+    tensors=(("transformer/pair_*", "*cross_attn*", "int8"),))
+
 
 @dataclass
 class OpenSoraModel(PipelineModel):
@@ -316,7 +323,7 @@ class OpenSoraModel(PipelineModel):
     name: str = NAME
     family: str = NAME
     chunked: dict[str, Chunking] = field(default_factory=dict)
-    device_storage: dict[str, StorageRule] = field(default_factory=dict)
+    device_storage: dict[str, StorageRule] = field(default_factory=lambda: {"4": STORAGE_4})
     out_of_core: bool = False
 
     @property
