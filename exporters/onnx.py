@@ -25,6 +25,7 @@ from edge.blocks import Block, torch_block_opener
 from edge.compute_cost import flops_record
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
+from edge.exporters.onnx_rewrites import without_quadratic_rules
 from edge.exporters.package_head import manifest_head
 from edge.exporters.validation import check_validation as check_bound
 from edge.exporters.validation import output_error
@@ -155,8 +156,9 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
                 program = traced(WeightsAsInputs(block), block.example + weights,
                                  (tuple(shapes),))
             except Exception:  # torch.onnx's capture has strategies this one lacks: its own
-                convert(WeightsAsInputs(block), block.example + weights, str(path),
-                        dynamic_shapes=(tuple(shapes),))
+                with without_quadratic_rules():
+                    convert(WeightsAsInputs(block), block.example + weights, str(path),
+                            dynamic_shapes=(tuple(shapes),))
                 return
         key = graph_key(program, (input_names, output_names, fused_attention, [
             (str(t.dtype), tuple(t.shape)) for t in block.example + weights],
@@ -164,7 +166,8 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
         if copy_of_earlier(key, path):
             return
         # the shapes again: onnx then names the dynamic axes "batch", as for a module
-        convert(program, (), str(path), dynamic_shapes=(tuple(shapes),))
+        with without_quadratic_rules():
+            convert(program, (), str(path), dynamic_shapes=(tuple(shapes),))
     remember(key, path)
 
 

@@ -1,9 +1,11 @@
+import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
 import torch
+from shared_builds import built_once, package_once
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # two cores at most a process, shared by pytest-xdist's workers (README's test command)
@@ -40,9 +42,8 @@ def exported_package(tmp_path_factory, tiny_sora):
     changing it."""
     from edge.exporters.onnx import end_to_end_check, export_onnx
 
-    root = tmp_path_factory.mktemp("export") / "tiny-sora-onnx"
-    manifest = export_onnx(tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora))
-    return root, manifest
+    return package_once(tmp_path_factory, "tiny-sora-onnx", lambda root: export_onnx(
+        tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora)))
 
 
 @pytest.fixture(scope="session")
@@ -54,10 +55,8 @@ def coreml_package(tmp_path_factory, tiny_sora):
     from edge.exporters.coreml import export_coreml
     from edge.exporters.coreml_check import end_to_end_check
 
-    root = tmp_path_factory.mktemp("coreml") / "tiny-sora-iphone"
-    manifest = export_coreml(tiny_sora, root, validate_end_to_end=end_to_end_check(
-        tiny_sora, "fp16", steps=6))
-    return root, manifest
+    return package_once(tmp_path_factory, "tiny-sora-iphone", lambda root: export_coreml(
+        tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora, "fp16", steps=6)))
 
 
 WAN_SIZE = {"height": 32, "width": 48, "frames": 9}
@@ -80,7 +79,7 @@ def wan_folder(tmp_path_factory):
     """A tiny random-weight WanPipeline folder (tests/wan_folder.py), once per session."""
     from wan_folder import make_wan_folder
 
-    return make_wan_folder(tmp_path_factory.mktemp("wan") / "wan")
+    return built_once(tmp_path_factory, "wan", lambda f: make_wan_folder(f / "wan")) / "wan"
 
 
 @pytest.fixture(scope="session")
@@ -88,8 +87,10 @@ def wan_folders(tmp_path_factory):
     """Tiny WanPipeline folders with each scheduler Wan ships with (the same weights)."""
     from wan_folder import make_wan_folder
 
-    root = tmp_path_factory.mktemp("wan")
-    return {s: make_wan_folder(root / s, scheduler=s) for s in ("unipc", "euler")}
+    schedulers = ("unipc", "euler")
+    root = built_once(tmp_path_factory, "wan-schedulers", lambda f: [
+        make_wan_folder(f / s, scheduler=s) for s in schedulers])
+    return {s: root / s for s in schedulers}
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +109,8 @@ def wan22_folder(tmp_path_factory):
     """A tiny random-weight Wan 2.2 TI2V-5B folder (tests/wan_folder.py version "2.2")."""
     from wan_folder import make_wan_folder
 
-    return make_wan_folder(tmp_path_factory.mktemp("wan22") / "wan22", version="2.2")
+    return built_once(tmp_path_factory, "wan22", lambda f: make_wan_folder(
+        f / "wan22", version="2.2")) / "wan22"
 
 
 @pytest.fixture(scope="session")
@@ -128,17 +130,21 @@ def wan22_package(tmp_path_factory, wan22):
 def wan22_iphone_package(tmp_path_factory, wan22):
     """The tiny Wan 2.2 exported to CoreML (fp16) with its end-to-end check: (root,
     manifest). Copy it before changing it."""
-    root = tmp_path_factory.mktemp("wan22-iphone") / "pkg"
-    return root, iphone_export(wan22, root)
+    return package_once(tmp_path_factory, "wan22-iphone", lambda root: iphone_export(wan22, root))
 
 
 def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
-    """Each of `models` exported to ONNX under a fresh folder `name`: {key: (root, manifest)}."""
+    """Each of `models` exported to ONNX under the run's folder `name`, once a run:
+    {key: (root, manifest)}."""
     from edge.exporters.onnx import export_onnx
 
-    root = tmp_path_factory.mktemp(name)
-    with chunked_attention_for_tests():
-        return {k: (root / k, export_onnx(m, root / k)) for k, m in models.items()}
+    def export(folder):
+        with chunked_attention_for_tests():
+            for k, m in models.items():
+                export_onnx(m, folder / k)
+
+    root = built_once(tmp_path_factory, name, export)
+    return {k: (root / k, json.loads((root / k / "manifest.json").read_text())) for k in models}
 
 
 @pytest.fixture(scope="session")
@@ -159,8 +165,8 @@ def wan_model(wan_folder):
 def wan_iphone_package(tmp_path_factory, wan_model):
     """The tiny Wan exported to CoreML (fp16) once per session, end-to-end check against
     diffusers' WanPipeline: (root, manifest). Copy it before changing it."""
-    root = tmp_path_factory.mktemp("wan-iphone") / "pkg"
-    return root, iphone_export(wan_model, root)
+    return package_once(tmp_path_factory, "wan-iphone", lambda root: iphone_export(wan_model,
+                                                                                    root))
 
 
 # Open-Sora 1.2's tiny checkpoint and the original code's outputs for it (its README says how
@@ -192,8 +198,8 @@ def opensora_package(tmp_path_factory, opensora_model):
 def opensora_iphone_package(tmp_path_factory, opensora_model):
     """opensora_model exported to CoreML (fp16, end-to-end check) once per session: (root,
     manifest). Copy it before changing it."""
-    root = tmp_path_factory.mktemp("opensora-iphone") / "pkg"
-    return root, iphone_export(opensora_model, root)
+    return package_once(tmp_path_factory, "opensora-iphone",
+                        lambda root: iphone_export(opensora_model, root))
 
 
 def iphone_export(model, root):
@@ -225,8 +231,9 @@ def cog_folders(tmp_path_factory):
     """Tiny CogVideoX folders of both shapes: 2B's sin-cos positions, 5B's rotary ones."""
     from cogvideox_folder import make_cogvideox_folder
 
-    root = tmp_path_factory.mktemp("cogvideox")
-    return {s: make_cogvideox_folder(root / s, rotary=s == "5b") for s in COG_SHAPES}
+    root = built_once(tmp_path_factory, "cogvideox", lambda f: [
+        make_cogvideox_folder(f / s, rotary=s == "5b") for s in COG_SHAPES])
+    return {s: root / s for s in COG_SHAPES}
 
 
 @pytest.fixture(scope="session")
@@ -247,8 +254,9 @@ def ltx_folders(tmp_path_factory):
     """Tiny LTX-Video folders: 0.9.0's plain decoder, and a timestep-conditioned one."""
     from ltx_folder import make_ltx_folder
 
-    root = tmp_path_factory.mktemp("ltx")
-    return {k: make_ltx_folder(root / k, timestep_decoder=k == "timestep") for k in LTX_KINDS}
+    root = built_once(tmp_path_factory, "ltx", lambda f: [
+        make_ltx_folder(f / k, timestep_decoder=k == "timestep") for k in LTX_KINDS])
+    return {k: root / k for k in LTX_KINDS}
 
 
 @pytest.fixture(scope="session")
@@ -269,16 +277,16 @@ def ltx_packages(tmp_path_factory, ltx_models):
 def cog_iphone_package(tmp_path_factory, cog_models):
     """The tiny CogVideoX of 5B's shape (rotary positions) exported to CoreML once per session:
     (root, manifest). Copy it before changing it."""
-    root = tmp_path_factory.mktemp("cogvideox-iphone") / "pkg"
-    return root, iphone_export(cog_models["5b"], root)
+    return package_once(tmp_path_factory, "cogvideox-iphone",
+                        lambda root: iphone_export(cog_models["5b"], root))
 
 
 @pytest.fixture(scope="session")
 def ltx_plain_iphone_package(tmp_path_factory, ltx_models):
     """The tiny LTX-Video with 0.9.0's plain decoder exported to CoreML (fp16): (root,
     manifest). Copy it before changing it."""
-    root = tmp_path_factory.mktemp("ltx-plain-iphone") / "pkg"
-    return root, iphone_export(ltx_models["plain"], root)
+    return package_once(tmp_path_factory, "ltx-plain-iphone",
+                        lambda root: iphone_export(ltx_models["plain"], root))
 
 
 @pytest.fixture(scope="session")
@@ -286,8 +294,8 @@ def ltx_iphone_package(tmp_path_factory, ltx_models):
     """The tiny LTX-Video with a timestep-conditioned decoder (0.9.5's shape; LTX's decode
     timestep and noise scale) exported to CoreML once per session: (root, manifest). Copy it
     before changing it."""
-    root = tmp_path_factory.mktemp("ltx-iphone") / "pkg"
-    return root, iphone_export(ltx_models["timestep"], root)
+    return package_once(tmp_path_factory, "ltx-iphone",
+                        lambda root: iphone_export(ltx_models["timestep"], root))
 
 
 @pytest.fixture(scope="session")
@@ -332,7 +340,8 @@ def pytest_collection_modifyitems(config, items):
 
 # Where suite time goes, fixture by fixture and worker by worker: with $EDGE_FIXTURE_TIMES set,
 # every session- or module-scoped fixture that took over 5 s appends a line there (worker,
-# seconds, scope, name, the test that asked) — an export built on both workers shows twice.
+# seconds, scope, name, the test that asked) — an export built on both workers shows twice
+# (one built once a run, tests/shared_builds.py, also shows twice: the other worker waited).
 # A plugin of its own: a conftest's hook is not called for the session's fixtures (pytest
 # calls it through the session node, which lies above this folder).
 

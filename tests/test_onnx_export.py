@@ -254,3 +254,37 @@ def test_end_to_end_check_reports_the_steps_of_both_generations(pipeline, tiny_s
     assert result["psnr_db"] >= PSNR_LIMIT_DB
     assert [d for d, _ in seen] == list(range(1, 2 * steps + 1))  # runtime's, then PyTorch's
     assert {t for _, t in seen} == {2 * steps}
+
+
+def test_exports_leave_out_onnxscripts_quadratic_rewrite_rule(tmp_path):
+    """SlicesSplit pairs Slice nodes to match, which chunked attention's many slices make
+    quadratic (78 s of the tiny Open-Sora's 153 s ONNX export, never firing): the export's
+    optimizer runs every other default rule, and onnxscript's defaults come back after."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from onnxscript import rewriter
+
+    from edge.exporters.onnx_rewrites import without_quadratic_rules
+
+    defaults = rewriter._DEFAULT_REWRITE_RULES
+    names = [r.name for r in defaults]
+    if "SlicesSplit" not in names:
+        pytest.skip("this onnxscript's default rules have no SlicesSplit to leave out")
+
+    class Halves(torch.nn.Module):
+        def forward(self, x):
+            return x.narrow(-1, 0, 4).transpose(0, 1).transpose(0, 1) * 2 + x.narrow(-1, 4, 4)
+
+    x = torch.randn(3, 8)
+    path = tmp_path / "halves.onnx"
+    with without_quadratic_rules():
+        inside = [r.name for r in rewriter._DEFAULT_REWRITE_RULES]
+        torch.onnx.export(Halves(), (x,), str(path), dynamo=True, verbose=False)
+    assert inside == [n for n in names if n != "SlicesSplit"]
+    assert rewriter._DEFAULT_REWRITE_RULES is defaults
+    # the other rules still ran: the transpose pair is gone
+    assert "Transpose" not in [n.op_type for n in onnx.load(path).graph.node]
+    got = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(got, Halves()(x).numpy(), rtol=1e-6)
