@@ -147,7 +147,7 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
         torch.onnx.export, input_names=input_names, output_names=output_names, dynamo=True,
         external_data=False, verbose=False,
         custom_translation_table={torch.ops.edge.attention.default: _multi_head_attention})
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), without_quadratic_rules():
         warnings.simplefilter("ignore")
         with token_chunks(fused_attention=fused_attention):
             # traced once: the program keys the graph (an identical block's is copied,
@@ -156,9 +156,8 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
                 program = traced(WeightsAsInputs(block), block.example + weights,
                                  (tuple(shapes),))
             except Exception:  # torch.onnx's capture has strategies this one lacks: its own
-                with without_quadratic_rules():
-                    convert(WeightsAsInputs(block), block.example + weights, str(path),
-                            dynamic_shapes=(tuple(shapes),))
+                convert(WeightsAsInputs(block), block.example + weights, str(path),
+                        dynamic_shapes=(tuple(shapes),))
                 return
         key = graph_key(program, (input_names, output_names, fused_attention, [
             (str(t.dtype), tuple(t.shape)) for t in block.example + weights],
@@ -166,8 +165,7 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
         if copy_of_earlier(key, path):
             return
         # the shapes again: onnx then names the dynamic axes "batch", as for a module
-        with without_quadratic_rules():
-            convert(program, (), str(path), dynamic_shapes=(tuple(shapes),))
+        convert(program, (), str(path), dynamic_shapes=(tuple(shapes),))
     remember(key, path)
 
 

@@ -1,4 +1,3 @@
-import json
 import os
 import signal
 from pathlib import Path
@@ -137,6 +136,7 @@ def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
     """Each of `models` exported to ONNX under the run's folder `name`, once a run:
     {key: (root, manifest)}."""
     from edge.exporters.onnx import export_onnx
+    from edge.package import read_manifest
 
     def export(folder):
         with chunked_attention_for_tests():
@@ -144,7 +144,7 @@ def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
                 export_onnx(m, folder / k)
 
     root = built_once(tmp_path_factory, name, export)
-    return {k: (root / k, json.loads((root / k / "manifest.json").read_text())) for k in models}
+    return {k: (root / k, read_manifest(root / k)) for k in models}
 
 
 @pytest.fixture(scope="session")
@@ -341,7 +341,8 @@ def pytest_collection_modifyitems(config, items):
 # Where suite time goes, fixture by fixture and worker by worker: with $EDGE_FIXTURE_TIMES set,
 # every session- or module-scoped fixture that took over 5 s appends a line there (worker,
 # seconds, scope, name, the test that asked) — an export built on both workers shows twice
-# (one built once a run, tests/shared_builds.py, also shows twice: the other worker waited).
+# (one built once a run, tests/shared_builds.py, shows a second line only where the other
+# worker waited over 5 s for it).
 # A plugin of its own: a conftest's hook is not called for the session's fixtures (pytest
 # calls it through the session node, which lies above this folder).
 

@@ -10,12 +10,14 @@ what was built. Only what is on disk is shared: each worker still loads its own 
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
+
+from edge.package import read_manifest
 
 DONE = ".built"  # written last: a folder without it is a build that failed part way
 
@@ -23,8 +25,6 @@ DONE = ".built"  # written last: a folder without it is a build that failed part
 def shared_root(tmp_path_factory) -> Path:
     """The temp folder every worker of this run sees: a worker's basetemp is a child of it
     (`popen-gwN`); without xdist the basetemp itself."""
-    import os
-
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
@@ -45,4 +45,4 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> 
 def package_once(tmp_path_factory, name: str, export: Callable[[Path], object]):
     """A package `export(root)` writes, built once a run: (root, manifest as written)."""
     root = built_once(tmp_path_factory, name, lambda folder: export(folder / "pkg")) / "pkg"
-    return root, json.loads((root / "manifest.json").read_text())
+    return root, read_manifest(root)

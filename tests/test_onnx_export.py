@@ -258,7 +258,7 @@ def test_end_to_end_check_reports_the_steps_of_both_generations(pipeline, tiny_s
 
 def test_exports_leave_out_onnxscripts_quadratic_rewrite_rule(tmp_path):
     """SlicesSplit pairs Slice nodes to match, which chunked attention's many slices make
-    quadratic (78 s of the tiny Open-Sora's 153 s ONNX export, never firing): the export's
+    quadratic (70.5 s of the tiny Open-Sora's 143.7 s ONNX export, never firing): the export's
     optimizer runs every other default rule, and onnxscript's defaults come back after."""
     import numpy as np
     import onnx
