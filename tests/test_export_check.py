@@ -29,10 +29,12 @@ def test_the_small_check_exports_and_generates_at_the_familys_small_size(wan_fol
 
     from edge.commands.export_check import end_to_end_result
     from edge.exporters import ExportOptions, target
+    from edge.families import load_model
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its temporary package goes
-    result = end_to_end_result("small", "wan", wan_folder, {"steps": 2}, target("onnx"),
-                               ExportOptions())
+    model = load_model(wan_folder, steps=2, height=32, width=48, frames=9)
+    result = end_to_end_result("small", "wan", wan_folder, {"steps": 2}, model,
+                               target("onnx"), ExportOptions())
     assert result["size"] == check_size("wan", wan_folder) == {"height": 32, "width": 32,
                                                                 "frames": 5}
     assert result["prompt"] and (result["identical"] or result["psnr_db"] >= 40)
@@ -78,3 +80,22 @@ def test_check_levels_a_target_or_family_cannot_take_are_refused(args, message, 
     res = runner.invoke(app, ["export", *args, "-o", str(tmp_path / "pkg")])
     assert res.exit_code == 2 and message in res.output, res.output
     assert not (tmp_path / "pkg").exists()
+
+
+def test_a_model_at_another_size_shares_its_weights_and_is_what_a_load_at_that_size_is(
+        cog_folders):
+    """The small check's model: the export's own at the small size, not a second copy of
+    the weights; its sampler and its size-derived fields (CogVideoX's decoder chunking) as a
+    load at that size makes them."""
+    from edge.families import load_model, model_at_size
+
+    folder = cog_folders["5b"]
+    big = load_model(folder, steps=3, height=64, width=96, frames=13)
+    small_size = check_size("cogvideox", folder)
+    small = model_at_size(big, folder, steps=3, out_of_core=None, **small_size)
+    loaded = load_model(folder, steps=3, **small_size)
+    assert small.pipe is big.pipe
+    assert small.latent_shape == loaded.latent_shape != big.latent_shape
+    assert small.sampler == loaded.sampler
+    assert small.chunked == loaded.chunked != big.chunked
+    assert (big.height, big.width, big.frames) == (64, 96, 13)  # the export's model unchanged

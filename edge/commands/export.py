@@ -184,7 +184,8 @@ def _with_end_to_end(check, target, family, folder, family_options, model, prepa
     if target != "onnx":
         return options
     level = check_level(check, family, folder, model, prepared)
-    result = end_to_end_result(level, family, folder, family_options, exporter, options)
+    result = end_to_end_result(level, family, folder, family_options, model, exporter,
+                               options)
     return options if result is None else replace(options, end_to_end=result)
 
 

@@ -50,7 +50,7 @@ def check_level(level: str, family: str, folder: Path | None, model, prepared) -
 
 
 def end_to_end_result(level: str, family: str, folder: Path | None, family_options: dict,
-                      exporter, options) -> dict | None:
+                      model, exporter, options) -> dict | None:
     """The manifest's `validation` for `level`, computed before the export (None for full:
     the export checks itself)."""
     if level == "full":
@@ -58,20 +58,21 @@ def end_to_end_result(level: str, family: str, folder: Path | None, family_optio
     if level == "blocks":
         return {"skipped": True, "note": "no end-to-end check (--check blocks): each block "
                 "was validated against PyTorch"}
-    return _small_check(family, folder, family_options, exporter, options)
+    return _small_check(family, folder, family_options, model, exporter, options)
 
 
-def _small_check(family: str, folder: Path | None, family_options: dict, exporter,
+def _small_check(family: str, folder: Path | None, family_options: dict, model, exporter,
                  options) -> dict:
-    """Export the model at the family's small size into a temporary package, with its full
-    end-to-end check; that check's result, with the size."""
+    """Export `model` at the family's small size into a temporary package, with its full
+    end-to-end check; that check's result, with the size. The small model shares `model`'s
+    weights, and the check's runtime streams under the export's budget where one is given."""
     from tqdm import tqdm
 
     from edge.exporters import Progress
-    from edge.families import check_size, load_model
+    from edge.families import check_size, model_at_size
 
     size = check_size(family, folder)
-    small = load_model(folder, **(family_options | size))
+    small = model_at_size(model, folder, **(family_options | size))
     prepared = exporter.prepare(small, options)
     at = f"{size['height']}x{size['width']}x{size['frames']}"
     with (tempfile.TemporaryDirectory(prefix="edge-check-") as tmp,

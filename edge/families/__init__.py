@@ -119,6 +119,30 @@ def exported_options(manifest: dict) -> dict:
             if family in FAMILIES else {})
 
 
+# options that say how a model is loaded, not what it is run at: a loaded model keeps them
+LOAD_OPTIONS = ("out_of_core", "lora")
+
+
+def model_at_size(model: FamilyModel, folder: Path, **options) -> FamilyModel:
+    """`model`, loaded from `folder`, at the size and sampler its family's `accepts` makes of
+    `options` (the export options, as `load_model` takes them), sharing its weights rather
+    than reading them again: a check beside a large export must not hold the model twice (a
+    second load of Wan 1.3B is 5.7 GB more). Its adapters come with it, being in the
+    weights."""
+    import dataclasses
+
+    accepts = family_module(family_of(folder)).accepts
+    given = {k: v for k, v in options.items() if v is not None and k not in LOAD_OPTIONS}
+    accepted = accepts(folder, **given)
+    # replace(), not a copy: a model's fields derived from its size (CogVideoX's decoder
+    # chunking) are made again
+    resized = dataclasses.replace(model, sampler=accepted.sampler, **accepted.size,
+                                  **accepted.own)
+    if "adapters" in vars(model):  # set after loading, not a field
+        resized.adapters = model.adapters
+    return resized
+
+
 def load_model(folder: Path | None = None, **options) -> FamilyModel:
     """Load the model in `folder` (None: the shipped tiny-sora) through its family.
     `options` are the family's export options (`export_options`; None: the family's
