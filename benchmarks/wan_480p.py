@@ -61,7 +61,9 @@ def run_edge(package: str, budget: str, steps: int) -> None:
     run = pipe.last_run
     save("edge", video, {"wall_s": wall, "steps": steps, "budget": budget,
                          "by_component_s": run["wall_s"],
-                         "bytes_read": run.get("loader", {}).get("bytes_read")})
+                         **{k: run.get(k) for k in ("bytes_read", "storage_read_bytes",
+                                                    "read_s", "io_wait_s", "compute_s",
+                                                    "overlap_efficiency", "peak_held_bytes")}})
 
 
 def run_diffusers(folder: str, package: str, steps: int) -> None:

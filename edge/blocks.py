@@ -9,7 +9,7 @@ carrying named state from one chunk to the next. How a model is cut is its famil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -42,6 +42,14 @@ class Block:
     # how the planner may split this block for a memory budget (its family's answer: the
     # blocks that compute it in turn); None: it cannot be split
     splitter: Callable[[Block], list[Block]] | None = None
+    # inputs whose example only has the right shape and dtype (the cut ran nothing to make
+    # it: at 480p a transformer's forward pass is many minutes and a gigabyte of activations
+    # per block): `chained` gives them the activations the blocks before compute
+    chained: tuple[str, ...] = ()
+    # the outputs on the example, once computed (`reference`); a copy made by replace()
+    # starts without them
+    _reference: tuple[torch.Tensor, ...] | None = field(default=None, init=False, repr=False,
+                                                        compare=False)
 
     @property
     def key(self) -> str:
@@ -66,6 +74,32 @@ class Block:
         with materialized(self.module):
             out = self.module(*inputs)
         return out if isinstance(out, tuple) else (out,)
+
+    def reference(self) -> tuple[torch.Tensor, ...]:
+        """The PyTorch outputs on the example, computed once: what an exporter validates a
+        block against, and what `chained` feeds the next block."""
+        if self._reference is None:
+            self._reference = self.run(*self.example)
+        return self._reference
+
+
+def chained(blocks: list[Block]) -> Iterator[Block]:
+    """A component's blocks in order, each a copy whose `chained` inputs hold the outputs of
+    those names that the blocks before it computed on their own examples (the first block's
+    stand-ins kept): an exporter validates each block on the activations it will see while
+    memory holds one block's, not every block's. The copy keeps its `reference` outputs, so
+    an exporter that validates against them runs the block's forward pass once."""
+    wanted = {name for block in blocks for name in block.chained}
+    carried: dict[str, torch.Tensor] = {}
+    for block in blocks:
+        example = tuple(carried.get(name, value) if name in block.chained else value
+                        for name, value in zip(block.inputs, block.example, strict=True))
+        current = replace(block, example=example)
+        yield current
+        if wanted & set(current.outputs):
+            carried.update((name, value) for name, value
+                           in zip(current.outputs, current.reference(), strict=True)
+                           if name in wanted)
 
 
 class EncoderLayerBlock(nn.Module):

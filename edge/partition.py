@@ -62,7 +62,10 @@ def _gathered_inputs(blocks: list[Block]) -> tuple[list[str], tuple, list[bool],
 def _chained(blocks: list[Block], outputs: list[str], name: str) -> Block:
     inputs, example, dynamic, _ = _gathered_inputs(blocks)
     module = Chain([(b.name, b.module, b.inputs, b.outputs) for b in blocks], inputs, outputs)
-    return Block(blocks[0].component, name, module, inputs, outputs, example, dynamic)
+    # an input a member takes from outside as a stand-in, the merged block takes as one
+    stand_ins = tuple(n for n in inputs if any(n in b.chained for b in blocks))
+    return Block(blocks[0].component, name, module, inputs, outputs, example, dynamic,
+                 chained=stand_ins)
 
 
 def merge(blocks: list[Block], needed_after: set[str]) -> Block:

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block
+from edge.blocks import Block, chained
 from edge.budget import format_size
 from edge.exporters import ExportValidationError
 from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's names too)
@@ -326,7 +326,7 @@ def export_block(block: Block, root: Path, setting: Compression,
     stores them); check each program's weights numerically. The record's
     `reference_weight_bytes`: the fp32 bytes of the distinct tensors the block's programs
     store (its parameters and the tables the converter computed from them, each once)."""
-    reference = block.run(*block.example)
+    reference = block.reference()
     base = f"models/{block.component}/{block.name}"
     variants = {name: block.variant(name) for name in block.variants}  # own signatures
     refused = [n for n in variants if n == MAIN or not _FUNCTION_NAME.fullmatch(n)]
@@ -407,7 +407,7 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
-            for block in blocks:
+            for block in chained(blocks):
                 records.append(export_block(block, root, setting, min_ios))
                 if on_block:
                     on_block(block.key)

@@ -21,7 +21,7 @@ import onnx
 import torch
 from torch import nn
 
-from edge.blocks import Block, torch_block_opener
+from edge.blocks import Block, chained, torch_block_opener
 from edge.compute_cost import flops_record
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
@@ -220,7 +220,7 @@ def export_validated_graph(block: Block, graph: Path, what: str) -> tuple:
     """Export `block`'s graph and check it against PyTorch; returns (outputs, validation)."""
     with materialized(block.module):
         export_graph(block, graph)
-        outputs = block.run(*block.example)  # the reference, and the signatures' source
+        outputs = block.reference()  # the reference, and the signatures' source
         validation = validate_block(block, graph, outputs)
     check_validation(validation, f"block {what}: ONNX output")
     return outputs, validation
@@ -302,7 +302,7 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
-            for block in blocks:
+            for block in chained(blocks):
                 records.append(export_block(block, root))
                 if on_block:
                     on_block(block.key)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from edge.blocks import Block
+from edge.blocks import Block, chained
 from edge.exporters import ExportValidationError
 from edge.exporters.onnx import export_graph, validate_block, write_weights
 from edge.exporters.ort_web import ort_location
@@ -151,7 +151,7 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
     records = {name: export_variant(block, name, compiler, root, check)
                for name in block.variants if variants or name in required}
     files += [f for r in records.values() for f in r["files"]]
-    outputs = block.run(*block.example)
+    outputs = block.reference()
     record = {"name": block.name, "files": files, "graph": files[0]["path"],
               "weights": {"path": shards[0]["path"], "shards": [f["path"] for f in shards],
                           "tensors": table},
@@ -208,7 +208,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
             # a chunked component cannot run without its first piece's variant
             first = model.chunked[name].first_variant if name in model.chunked else None
             required = frozenset([first] if first is not None else [])
-            for block in blocks:
+            for block in chained(blocks):
                 records.append(export_block(block, compiler, root, variants, check, required))
                 if on_block:
                     on_block(block.key)

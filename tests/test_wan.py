@@ -50,6 +50,33 @@ def test_cut_equals_the_diffusers_components(wan_models):
 
 
 @torch.no_grad()
+def test_the_cut_runs_no_block_and_chained_feeds_each_the_activations_before_it(wan_models):
+    """The transformer's cut makes no block's input by running the ones before (at 480p a
+    forward pass of minutes): each takes the prologue's "x" as a stand-in, and
+    `edge.blocks.chained`, as the exporters run the blocks, gives each block the output of
+    the one before on its own example, computing each block's forward pass once."""
+    from edge.blocks import chained
+
+    blocks = wan_models["unipc"].cut()["transformer"]
+    stand_in = blocks[1].example[0]
+    assert all(b.example[0] is stand_in and b.chained == ("x",) for b in blocks[1:])
+    x = blocks[0].run(*blocks[0].example)[0]
+    calls = []
+    for block in chained(blocks):
+        if block.name != "prologue":
+            torch.testing.assert_close(block.example[0], x, rtol=0, atol=0)
+            assert not torch.equal(block.example[0], stand_in) or block.name == "block_0"
+        forward = block.module.forward
+        block.module.forward = lambda *a, f=forward, n=block.name: calls.append(n) or f(*a)
+        got = block.reference()
+        assert block.reference() is got  # computed once: the exporter's and the chain's
+        del block.module.forward
+        x = got[0]
+    assert calls == [b.name for b in blocks]
+    assert blocks[1].example[0] is stand_in and blocks[1]._reference is None  # copies ran
+
+
+@torch.no_grad()
 def test_graph_friendly_upsamplers_equal_diffusers(wan_models):
     """The decoder's upsamplers, rewritten with ops CoreML takes (nearest, rank <= 5), give
     exactly what diffusers' WanResample gives, frame by frame with the cache carried."""
@@ -478,6 +505,8 @@ def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component,
     merged = merge(run, later)
     assert merged.name == f"{run[0].name}-{run[-1].name.rsplit('_', 1)[1]}"  # e.g. up_0-3
     recut = [*blocks[:first], merged, *blocks[first + count:]]
+    # the transformer's blocks take their "x" as a stand-in (edge.blocks.chained); merged too
+    assert merged.chained == (("x",) if component == "transformer" else ())
     assert set(merged.variants) == {"transformer": {"tdtm"}, "text_encoder": set(),
                                     "vae_decoder": {"first"}}[component]
     if component == "vae_decoder":  # chunked: every piece, the caches carried between them

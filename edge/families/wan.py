@@ -56,7 +56,6 @@ from edge.families.pipeline_run import (
     PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
-    cutting,
     load_family,
     with_steps,
 )
@@ -692,19 +691,22 @@ class WanModel(PipelineModel):
                     ["x", "t_mod", "temb", "context", "rope_cos", "rope_sin"],
                     (latent, t, caption), [True, True, True],
                     dynamic_outputs=[True, True, True, True, False, False])
+        # the prologue's outputs are real; a block's input "x" is the prologue's as a
+        # stand-in of its shape, made real by `edge.blocks.chained` where an exporter runs
+        # the blocks (at 480p the forward pass it saves is ~15 minutes here, and the
+        # examples ~100 MB a block)
         x, t_mod, temb, context, cos, sin = pro.run(*pro.example)
         blocks = [pro]
         frames = self.latent_shape[1] // model.config.patch_size[0]
-        for i, b in enumerate(cutting(model.blocks)):
+        for i, b in enumerate(model.blocks):
             variants = {"tdtm": MergedWanBlock(b, frames).eval()} if frames > 1 else {}
-            block = Block("transformer", f"block_{i}", WanBlock(b).eval(),
-                          ["x", "t_mod", "context", "rope_cos", "rope_sin"], ["x"],
-                          (x, t_mod, context, cos, sin), [True, True, True, False, False],
-                          variants)
-            blocks.append(block)
-            (x,) = block.run(*block.example)
+            blocks.append(Block("transformer", f"block_{i}", WanBlock(b).eval(),
+                                ["x", "t_mod", "context", "rope_cos", "rope_sin"], ["x"],
+                                (x, t_mod, context, cos, sin), [True, True, True, False, False],
+                                variants, chained=("x",)))
         blocks.append(Block("transformer", "epilogue", WanEpilogue(model, self.latent_shape),
-                            ["x", "temb"], ["velocity"], (x, temb), [True, True]))
+                            ["x", "temb"], ["velocity"], (x, temb), [True, True],
+                            chained=("x",)))
         return blocks
 
     def _cut_vae_decoder(self, videos: int, tiled: bool = False) -> list[Block]:
