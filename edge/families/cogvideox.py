@@ -54,7 +54,6 @@ from edge.families.pipeline_run import (
     PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
-    cutting,
     load_family,
     with_steps,
 )
@@ -696,18 +695,20 @@ class CogVideoXModel(PipelineModel):
         blocks = [pro]
         block_in = ["x", "context", "temb"] + pro_out[4:]
         frames = self.latent_shape[0]
-        for i, b in enumerate(cutting(model.transformer_blocks)):
+        # blocks take the prologue's activations as stand-ins (Block.chained), made real
+        # by edge.blocks.chained as the exporters run them: the cut runs no block
+        for i, b in enumerate(model.transformer_blocks):
             merged = MergedCogVideoXBlock(b, frames, self.text_tokens,
                                           feeds["x"].shape[1] // frames)
             variants = {"tdtm": merged.eval()} if frames > 1 else {}
-            block = Block("transformer", f"block_{i}", CogVideoXBlockCut(b).eval(), block_in,
-                          ["x", "context"], tuple(feeds[n] for n in block_in),
-                          [True] * 3 + [False] * (len(block_in) - 3), variants)
-            blocks.append(block)
-            feeds |= dict(zip(block.outputs, block.run(*block.example), strict=True))
+            blocks.append(Block("transformer", f"block_{i}", CogVideoXBlockCut(b).eval(),
+                                block_in, ["x", "context"], tuple(feeds[n] for n in block_in),
+                                [True] * 3 + [False] * (len(block_in) - 3), variants,
+                                chained=("x", "context")))
         blocks.append(Block("transformer", "epilogue",
                             CogVideoXEpilogue(model, self.latent_shape).eval(), ["x", "temb"],
-                            ["velocity"], (feeds["x"], feeds["temb"]), [True, True]))
+                            ["velocity"], (feeds["x"], feeds["temb"]), [True, True],
+                            chained=("x",)))
         return blocks
 
     def _cut_vae_decoder(self, videos: int) -> list[Block]:

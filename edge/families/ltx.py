@@ -54,7 +54,6 @@ from edge.families.pipeline_run import (
     PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
-    cutting,
     load_family,
     with_steps,
 )
@@ -715,16 +714,17 @@ class LTXModel(PipelineModel):
         blocks = [pro]
         block_in = ["x", "context", "t_mod", "caption_bias", "rope_cos", "rope_sin"]
         frames = self.latent_shape[1]
-        for i, b in enumerate(cutting(model.transformer_blocks)):
+        # blocks take the prologue's activations as stand-ins (Block.chained), made real
+        # by edge.blocks.chained as the exporters run them: the cut runs no block
+        for i, b in enumerate(model.transformer_blocks):
             variants = {"tdtm": MergedLTXBlock(b, frames).eval()} if frames > 1 else {}
-            block = Block("transformer", f"block_{i}", LTXBlockCut(b).eval(), block_in, ["x"],
-                          tuple(feeds[n] for n in block_in), [True] * 4 + [False] * 2,
-                          variants)
-            blocks.append(block)
-            (feeds["x"],) = block.run(*block.example)
+            blocks.append(Block("transformer", f"block_{i}", LTXBlockCut(b).eval(), block_in,
+                                ["x"], tuple(feeds[n] for n in block_in),
+                                [True] * 4 + [False] * 2, variants, chained=("x",)))
         blocks.append(Block("transformer", "epilogue",
                             LTXEpilogue(model, self.latent_shape).eval(), ["x", "temb"],
-                            ["velocity"], (feeds["x"], feeds["temb"]), [True, True]))
+                            ["velocity"], (feeds["x"], feeds["temb"]), [True, True],
+                            chained=("x",)))
         return blocks
 
     def _cut_vae_decoder(self, videos: int) -> list[Block]:

@@ -34,7 +34,7 @@ from edge.blocks import Block, Chunking
 from edge.families import FamilyError, Shapes, StorageRule
 from edge.families.config_check import check_against_weights, stored_tensors
 from edge.families.folder import check_component_files, read_json
-from edge.families.pipeline_run import Accepted, PipelineModel, cutting, with_steps
+from edge.families.pipeline_run import Accepted, PipelineModel, with_steps
 from edge.files import kind_of
 from edge.package import write_null_caption
 from edge.sampler import SamplerSettings
@@ -364,14 +364,14 @@ class OpenSoraModel(PipelineModel):
         blocks = [pro]
         pair_in = ["x", "t_mlp", "y", "y_bias"]
         frames = model.grid(self.latent_shape)[0]
-        for i, (pair, merged) in enumerate(cutting(pairs)):
-            block = Block("transformer", f"pair_{i}", pair, pair_in, ["x"],
-                          tuple(feeds[n] for n in pair_in), [True] * 4,
-                          {"tdtm": merged} if frames > 1 else {})
-            (feeds["x"],) = block.run(*block.example)
-            blocks.append(block)
+        # blocks take the prologue's activations as stand-ins (Block.chained), made real
+        # by edge.blocks.chained as the exporters run them: the cut runs no block
+        for i, (pair, merged) in enumerate(pairs):
+            blocks.append(Block("transformer", f"pair_{i}", pair, pair_in, ["x"],
+                                tuple(feeds[n] for n in pair_in), [True] * 4,
+                                {"tdtm": merged} if frames > 1 else {}, chained=("x",)))
         blocks.append(Block("transformer", "epilogue", epilogue, ["x", "temb"], ["velocity"],
-                            (feeds["x"], feeds["temb"]), [True, True]))
+                            (feeds["x"], feeds["temb"]), [True, True], chained=("x",)))
         return blocks
 
     def _cut_vae_decoder(self, videos: int) -> list[Block]:

@@ -34,15 +34,6 @@ def target_shapes(target: str) -> Shapes:
     return Shapes(prompts=2, guidance_batch=2, videos=2, tiled_decoder=True)
 
 
-def cutting(blocks, what: str = "transformer"):
-    """The transformer's blocks as a cut runs each once for its successor's example: with a
-    progress bar at a terminal (at 480p a block call takes seconds, the cut minutes)."""
-    from tqdm import tqdm
-
-    return tqdm(blocks, desc=f"cutting the {what} (each block run once)", unit="block",
-                leave=False, disable=None)
-
-
 def with_steps(sampler: SamplerSettings, steps: int | None,
                sigmas: tuple[float, ...] | None = None) -> SamplerSettings:
     """The folder's sampler at `--steps` (None: its own, or as many as `--sigmas` gives) and
