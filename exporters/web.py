@@ -61,12 +61,11 @@ def signature(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[dict]
             for n, t in zip(names, tensors, strict=True)]
 
 
-def validate(compiled: CompiledBlock, block: Block, module: torch.nn.Module, what: str) -> dict:
-    """The plan replayed on the CPU against the PyTorch module: `output_error`'s record,
-    refused over BLOCK_TOLERANCE of the outputs' magnitude."""
-    with torch.no_grad():
-        want = module(*block.example)
-    want = want if isinstance(want, tuple) else (want,)
+def validate(compiled: CompiledBlock, block: Block, want: tuple[torch.Tensor, ...],
+             what: str) -> dict:
+    """The plan replayed on the CPU against `want`, PyTorch's outputs on the block's example
+    (`Block.reference()`): `output_error`'s record, refused over BLOCK_TOLERANCE of the
+    outputs' magnitude."""
     got = compiled.replay([t.numpy() for t in web_example(block)],
                           [p.detach().numpy() for p in block.parameters().values()])
     validation = output_error(got, want)
@@ -120,7 +119,7 @@ def export_variant(block: Block, name: str, compiler: BlockCompiler, root: Path,
         raise ExportValidationError(f"block {what}: its parameters are not the base block's")
     path = root / "plans" / block.component / f"{block.name}.{name}.json"
     compiled = compiler.compile(variant)
-    validation = (validate(compiled, variant, variant.module, what) if check
+    validation = (validate(compiled, variant, variant.reference(), what) if check
                   else {"max_abs_error": None})
     write_plan(compiled, path)
     wasm = export_wasm_graph(variant, variant.module, root, f"{block.name}.{name}", what)
@@ -130,7 +129,7 @@ def export_variant(block: Block, name: str, compiler: BlockCompiler, root: Path,
               "wasm": {"graph": wasm["graph"]["path"], "validation": wasm["validation"]}}
     if isinstance(block.variants[name], Block):
         record["inputs"] = signature(variant.inputs, web_example(variant))
-        record["outputs"] = signature(variant.outputs, variant.run(*variant.example))
+        record["outputs"] = signature(variant.outputs, variant.reference())
     return record
 
 
@@ -141,7 +140,7 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
     plan_path = root / "plans" / block.component / f"{block.name}.json"
     weights_path = root / "weights" / block.component / f"{block.name}.bin"
     compiled = compiler.compile(block)
-    validation = (validate(compiled, block, block.module, block.key) if check
+    validation = (validate(compiled, block, block.reference(), block.key) if check
                   else {"max_abs_error": None})
     write_plan(compiled, plan_path)
     wasm = export_wasm_graph(block, block.module, root, block.name, block.key)
