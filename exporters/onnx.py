@@ -25,6 +25,7 @@ from edge.blocks import Block, chained, torch_block_opener
 from edge.compute_cost import flops_record
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
+from edge.exporters.onnx_registry import reused_torchlib_registry
 from edge.exporters.onnx_rewrites import without_quadratic_rules
 from edge.exporters.package_head import manifest_head
 from edge.exporters.validation import check_validation as check_bound
@@ -147,7 +148,7 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
         torch.onnx.export, input_names=input_names, output_names=output_names, dynamo=True,
         external_data=False, verbose=False,
         custom_translation_table={torch.ops.edge.attention.default: _multi_head_attention})
-    with warnings.catch_warnings(), without_quadratic_rules():
+    with warnings.catch_warnings(), without_quadratic_rules(), reused_torchlib_registry():
         warnings.simplefilter("ignore")
         with token_chunks(fused_attention=fused_attention):
             # traced once: the program keys the graph (an identical block's is copied,

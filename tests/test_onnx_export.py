@@ -288,3 +288,27 @@ def test_exports_leave_out_onnxscripts_quadratic_rewrite_rule(tmp_path):
     assert "Transpose" not in [n.op_type for n in onnx.load(path).graph.node]
     got = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(got, Halves()(x).numpy(), rtol=1e-6)
+
+
+def test_each_export_gets_its_own_copy_of_one_kept_torchlib_table():
+    import torch
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    from edge.exporters import onnx_registry
+    from edge.exporters.onnx_registry import reused_torchlib_registry
+
+    torchs_own = ONNXRegistry.__dict__["from_torchlib"]
+    kept_before = set(onnx_registry._kept)
+    with reused_torchlib_registry():
+        first = ONNXRegistry().from_torchlib()
+        first.register_op(torch.ops.aten.relu.default, lambda x: x)
+        second = ONNXRegistry.from_torchlib()
+    assert ONNXRegistry.__dict__["from_torchlib"] is torchs_own
+    assert len(set(onnx_registry._kept) - kept_before) <= 1  # built once at most, copied twice
+    assert first is not second and first.functions.keys() == second.functions.keys()
+    # the op registered on the first copy is not in the second's lists, nor in the kept table
+    assert len(first.get_decomps(torch.ops.aten.relu.default)) == (
+        len(second.get_decomps(torch.ops.aten.relu.default)) + 1)
+    fresh = ONNXRegistry.from_torchlib()
+    assert ({k: len(v) for k, v in fresh.functions.items()}
+            == {k: len(v) for k, v in second.functions.items()})
