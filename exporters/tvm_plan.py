@@ -526,13 +526,31 @@ class CompiledBlock:
     lowered: tvm.IRModule
     plan: LaunchPlan
     wgsl: dict[str, str]
-    built: dict = field(default_factory=dict)  # the llvm build, made on the first replay;
+    built: dict = field(default_factory=dict)  # the llvm builds, made on the first replay;
     # shared by blocks of one structure
 
-    def replay(self, inputs: list[np.ndarray], weights: list[np.ndarray]) -> list[np.ndarray]:
-        if "llvm" not in self.built:
-            self.built["llvm"] = tvm.compile(prim_funcs(self.lowered), target="llvm")
-        return replay_llvm(self.lowered, self.plan, inputs, weights, self.built["llvm"])
+    def replay(self, inputs: list[np.ndarray], weights: list[np.ndarray],
+               flops: int = 0) -> list[np.ndarray]:
+        """`flops`: the block's work (edge.compute_cost.block_flops), which picks how hard
+        LLVM optimizes the kernels."""
+        target = replay_target(flops)
+        key = str(target)
+        if key not in self.built:
+            self.built[key] = tvm.compile(prim_funcs(self.lowered), target=target)
+        return replay_llvm(self.lowered, self.plan, inputs, weights, self.built[key])
+
+
+# LLVM's optimizations cost seconds a build and pay off only on real work. Measured on a
+# tiny Wan transformer block (21 MFLOP): build and first run 4.5 s optimized, 1.4 s at
+# opt-level 0, each later run 20-50 ms either way; the unoptimized kernels run ~2.5x slower,
+# so past ~1 GFLOP a block's replay is worth the optimizing build
+OPTIMIZED_REPLAY_FLOPS = 10**9
+
+
+def replay_target(flops: int) -> tvm.target.Target:
+    if flops >= OPTIMIZED_REPLAY_FLOPS:
+        return tvm.target.Target("llvm")
+    return tvm.target.Target({"kind": "llvm", "opt-level": 0})
 
 
 class BlockCompiler:

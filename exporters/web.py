@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from edge.blocks import Block, chained
+from edge.compute_cost import block_flops
 from edge.exporters import ExportValidationError
 from edge.exporters.onnx import export_graph, validate_block, write_weights
 from edge.exporters.ort_web import ort_location
@@ -67,7 +68,8 @@ def validate(compiled: CompiledBlock, block: Block, want: tuple[torch.Tensor, ..
     (`Block.reference()`): `output_error`'s record, refused over BLOCK_TOLERANCE of the
     outputs' magnitude."""
     got = compiled.replay([t.numpy() for t in web_example(block)],
-                          [p.detach().numpy() for p in block.parameters().values()])
+                          [p.detach().numpy() for p in block.parameters().values()],
+                          block_flops(block))
     validation = output_error(got, want)
     check_validation(validation, f"block {what}: the web launch plan", BLOCK_TOLERANCE)
     return validation

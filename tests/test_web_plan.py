@@ -27,6 +27,22 @@ def _replay_error(compiled, block) -> float:
     return max(float(np.abs(o - e).max()) for o, e in zip(outputs, expected, strict=True))
 
 
+def test_the_optimizing_llvm_build_is_kept_for_blocks_with_real_work(pipeline, compiler):
+    from edge.exporters.tvm_plan import OPTIMIZED_REPLAY_FLOPS, replay_target
+
+    assert replay_target(OPTIMIZED_REPLAY_FLOPS - 1).attrs["opt-level"] == 0
+    assert "opt-level" not in replay_target(OPTIMIZED_REPLAY_FLOPS).attrs
+    block = cut_transformer(pipeline)[-1]
+    compiled = compiler.compile(block)
+    inputs = [t.numpy() for t in web_example(block)]
+    weights = [p.numpy() for p in block.parameters().values()]
+    quick = compiled.replay(inputs, weights, flops=0)
+    optimized = compiled.replay(inputs, weights, flops=OPTIMIZED_REPLAY_FLOPS)
+    assert len(compiled.built) == 2  # one build per optimization level, kept for the next
+    for a, b in zip(quick, optimized, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_epilogue_plan_replays_like_pytorch(pipeline, compiler):
     block = cut_transformer(pipeline)[-1]
     compiled = compiler.compile(block)
