@@ -23,6 +23,7 @@ from edge.attention import replaced_sdpa
 from edge.blocks import Block, Chunking
 from edge.lazy_weights import materialized
 from edge.shapes_only import active, shapes_only
+from edge.tiles import Tiling
 
 
 def block_flops(block: Block) -> int:
@@ -74,10 +75,13 @@ class GenerationCost:
 
 
 def generation_cost(components: dict[str, list[Block]], chunked: dict[str, Chunking],
-                    latent_shape: tuple[int, ...], steps: int) -> GenerationCost:
+                    latent_shape: tuple[int, ...], steps: int,
+                    tiled: dict[str, Tiling] | None = None) -> GenerationCost:
     """What a generation of `steps` full steps computes (TDTM and step leaping, which skip
     work, left out: an upper bound). A chunked decoder's blocks run once per piece of the
-    latent's frames; the first piece's variant is counted as a later piece."""
+    latent's frames, the first piece as its variant (`Chunking.first_variant`) where the
+    blocks have one; a decoder in `tiled` runs per tile, its blocks traced at a whole tile
+    (edge/tiles.py: the tiles at the far edges count for the area they cover)."""
     def component(name: str) -> int:
         blocks = components.get(name, [])
         flops = blocks_flops(blocks)
@@ -87,14 +91,18 @@ def generation_cost(components: dict[str, list[Block]], chunked: dict[str, Chunk
         # a decoder taking whole videos (B, *latent_shape) was traced with a batch of them
         # (the onnx target's two); one taking frames (frames, C, h, w) has no batch axis
         batched = z.dim() - len(latent_shape)
-        if batched:
-            flops //= z.shape[0]
+        rows = z.shape[0] if batched else 1
+        tiles = (tiled or {}).get(name)
+        per_tile = (tiles.tiles_of_work(*latent_shape[-2:]) if tiles is not None else 1.0)
         chunking = chunked.get(name)
         if chunking is None:
-            return flops
+            return round(flops // rows * per_tile)
         frames = latent_shape[chunking.axis - batched]
-        first = chunking.first_size or chunking.size
-        return flops * (1 + math.ceil(max(frames - first, 0) / chunking.size))
+        first_size = chunking.first_size or chunking.size
+        later = math.ceil(max(frames - first_size, 0) / chunking.size)
+        first = blocks_flops([b.variant(chunking.first_variant)
+                              if chunking.first_variant in b.variants else b for b in blocks])
+        return round((first + flops * later) // rows * per_tile)
 
     return GenerationCost(text_encoder=component("text_encoder"),
                           step=component("transformer"), steps=steps,
@@ -105,7 +113,7 @@ def model_generation_cost(model, components: dict[str, list[Block]]) -> Generati
     """`generation_cost` of a family's model (edge/family_model.py) cut into `components`,
     at its sampler's steps."""
     return generation_cost(components, model.chunked, tuple(model.latent_shape),
-                           model.sampler.steps)
+                           model.sampler.steps, getattr(model, "tiled", None))
 
 
 def matmul_rate(seconds: float = 0.5, size: int = 1024) -> float:

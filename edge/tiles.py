@@ -54,6 +54,17 @@ class Tiling:
         """Each tile's first latent row and column."""
         return range(0, height, self.latent_stride[0]), range(0, width, self.latent_stride[1])
 
+    def tiles_of_work(self, height: int, width: int) -> float:
+        """How many whole tiles' work a decode of latents `height` x `width` is: each tile's
+        area (those at the far edges are cut short) over a whole tile's; 1 for latents
+        decoded in one piece. A convolutional decoder's work grows with its area."""
+        if not self.applies(height, width):
+            return 1.0
+        rows, cols = self.starts(height, width)
+        area = (sum(min(self.latent_size[0], height - r) for r in rows)
+                * sum(min(self.latent_size[1], width - c) for c in cols))
+        return area / (self.latent_size[0] * self.latent_size[1])
+
     def blend(self, tiles: list[list[np.ndarray]], height: int, width: int) -> np.ndarray:
         """The decoded tiles (rows of (..., H, W) arrays, as `starts` orders them) as one
         output of the latent `height` x `width`. The tiles are blended in place."""

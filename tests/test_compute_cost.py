@@ -66,6 +66,28 @@ def test_a_generation_adds_blocks_as_the_runtime_calls_them():
     assert cost.total == cost.text_encoder + 7 * cost.step + cost.decoder
 
 
+def test_a_tiled_decoder_counts_its_first_piece_and_every_tiles_area():
+    from edge.tiles import Tiling
+
+    # traced at a whole tile (4 x 4 latent), one video; its first piece has a variant
+    # computing half the channels
+    first = Block("vae_decoder", "b", nn.Conv3d(4, 2, 1), ["z"], ["frames"],
+                  (torch.randn(1, 4, 1, 4, 4),))
+    decoder = Block("vae_decoder", "b", nn.Conv3d(4, 4, 1), ["z"], ["frames"],
+                    (torch.randn(1, 4, 1, 4, 4),), variants={"first": first})
+    chunked = {"vae_decoder": Chunking(input="z", output="frames", axis=2, size=1,
+                                       first_variant="first")}
+    tiling = Tiling(latent_size=(4, 4), latent_stride=(3, 3), scale=8)
+    # latents 4 x 7: tiles start at rows 0, 3 (4 and 1 high; diffusers starts a tile at
+    # every stride) and columns 0, 3, 6 (4, 4 and 1 wide)
+    assert tiling.tiles_of_work(4, 7) == (4 + 1) * (4 + 4 + 1) / 16
+    assert tiling.tiles_of_work(4, 4) == 1.0  # one piece: no tiles
+    cost = generation_cost({"vae_decoder": [decoder]}, chunked, (4, 3, 4, 7), steps=1,
+                           tiled={"vae_decoder": tiling})
+    per_tile_frame = 2 * 16 * 4 * 4
+    assert cost.decoder == round((per_tile_frame // 2 + 2 * per_tile_frame) * 45 / 16)
+
+
 def test_the_rate_is_measured_on_real_products_only():
     rate = matmul_rate(seconds=0.05, size=128)
     assert 1e8 < rate < 1e14
