@@ -223,6 +223,51 @@ def test_guidance_halves_and_videos_run_as_calls_of_their_own(wan_packages, monk
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
 
 
+def test_a_chunked_decoder_lets_go_of_each_pieces_activations(wan_packages, monkeypatch):
+    """Decoding a latent frame at a time, a block's outputs of the last piece (its caches,
+    handed on; its activations) are gone by the time the blocks after it run in the next
+    piece: at 480p they are hundreds of MB a block. Sessions keep no memory pattern."""
+    import weakref
+
+    from edge.runtimes.python import Pipeline
+    from edge.runtimes.python import pipeline as runtime_module
+
+    root, manifest = wan_packages["unipc"]
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    order = [b["name"] for b in decoder["blocks"]]
+    runtime = Pipeline.load(root)
+    made: list[tuple[int, int, weakref.ref]] = []  # (piece, block's place, an output)
+    alive_after: list[tuple[int, str, list[int]]] = []
+    piece_now = [-1]
+    whole = runtime_module.run_in_batch_pieces
+
+    def watched(session, block, inputs, weights, piece):
+        if block["name"] not in order:
+            return whole(session, block, inputs, weights, piece)
+        place = order.index(block["name"])
+        piece_now[0] += place == 0
+        # the places of this block's predecessors whose outputs of the last piece live on
+        alive_after.append((piece_now[0], block["name"], [
+            p for n, p, ref in made if n == piece_now[0] - 1 and p < place
+            and ref() is not None]))
+        outputs = whole(session, block, inputs, weights, piece)
+        made.extend((piece_now[0], place, weakref.ref(o)) for o in outputs)
+        return outputs
+
+    try:
+        for session in runtime.components["vae_decoder"].sessions.values():
+            assert session.get_session_options().enable_mem_pattern is False
+        monkeypatch.setattr(runtime_module, "run_in_batch_pieces", watched)
+        latents = np.random.default_rng(0).standard_normal(
+            (1, *runtime.latent_shape), dtype=np.float32)
+        runtime._decode(latents)
+    finally:
+        runtime.close()
+    later = [(p, name, alive) for p, name, alive in alive_after if p > 0]
+    assert later and max(p for p, _, _ in later) >= 1
+    assert all(alive == [] for _, _, alive in later), later
+
+
 @contextlib.contextmanager
 def vae_tiles(vae, *tiling: int):
     """Within: diffusers' VAE tiles as `enable_tiling(*tiling)` says (tile height, width,
