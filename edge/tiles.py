@@ -68,18 +68,54 @@ class Tiling:
     def blend(self, tiles: list[list[np.ndarray]], height: int, width: int) -> np.ndarray:
         """The decoded tiles (rows of (..., H, W) arrays, as `starts` orders them) as one
         output of the latent `height` x `width`. The tiles are blended in place."""
-        stride = [s * self.scale for s in self.latent_stride]
-        extent = [(n - s) * self.scale for n, s in zip(self.latent_size, self.latent_stride,
-                                                        strict=True)]
-        rows = []
+        blended = BlendedTiles(self, height, width)
         for i, row in enumerate(tiles):
             for j, tile in enumerate(row):
-                if i > 0:
-                    _blend_rows(tiles[i - 1][j], tile, extent[0])
-                if j > 0:
-                    _blend_cols(row[j - 1], tile, extent[1])
-            rows.append(np.concatenate([t[..., :stride[0], :stride[1]] for t in row], axis=-1))
-        return np.concatenate(rows, axis=-2)[..., :height * self.scale, :width * self.scale]
+                blended.add(i, j, tile)
+        return blended.output
+
+    def overlap(self) -> tuple[int, int]:
+        """Output rows, columns a tile shares with the next one down, across."""
+        return tuple((n - s) * self.scale for n, s in zip(self.latent_size, self.latent_stride,
+                                                            strict=True))
+
+
+class BlendedTiles:
+    """`Tiling.blend`'s output made as the tiles come, in `starts` order, without holding
+    them: each tile is blended with the bottom rows of the one above and the right columns
+    of the one before it (all a later tile reads of it: those strips are kept, the rest let
+    go) and its part up to the stride written into the output. By their shapes, at
+    480x832x81 the 15 decoded tiles held together are 0.64 GB of float32, the strips 0.08
+    GB (at 17 frames 0.13 GB and 0.02 GB)."""
+
+    def __init__(self, tiling: Tiling, height: int, width: int) -> None:
+        self.tiling = tiling
+        self.size = (height * tiling.scale, width * tiling.scale)
+        self.stride = tuple(s * tiling.scale for s in tiling.latent_stride)
+        self.extent = tiling.overlap()
+        self.columns = len(tiling.starts(height, width)[1])
+        self.output: np.ndarray | None = None
+        self._above: list[np.ndarray | None] = [None] * self.columns  # the row above's
+        self._below: list[np.ndarray | None] = [None] * self.columns  # this row's, so far
+        self._left: np.ndarray | None = None
+
+    def add(self, i: int, j: int, tile: np.ndarray) -> None:
+        """Tile (i, j) of `starts`: row by row, each row's tiles left to right."""
+        if i > 0:
+            _blend_rows(self._above[j], tile, self.extent[0])
+        if j > 0:
+            _blend_cols(self._left, tile, self.extent[1])
+        self._left = tile[..., -self.extent[1]:].copy() if self.extent[1] else tile[..., :0]
+        self._below[j] = tile[..., -self.extent[0]:, :].copy() if self.extent[0] \
+            else tile[..., :0, :]
+        if j == self.columns - 1:
+            self._above, self._below = self._below, [None] * self.columns
+        if self.output is None:
+            self.output = np.empty((*tile.shape[:-2], *self.size), tile.dtype)
+        top, left = i * self.stride[0], j * self.stride[1]
+        rows = min(self.stride[0], tile.shape[-2], self.size[0] - top)
+        cols = min(self.stride[1], tile.shape[-1], self.size[1] - left)
+        self.output[..., top:top + rows, left:left + cols] = tile[..., :rows, :cols]
 
 
 def _blend_rows(above: np.ndarray, tile: np.ndarray, extent: int) -> None:

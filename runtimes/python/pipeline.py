@@ -52,7 +52,7 @@ from edge.sampler import (
     run_pairs,
     sample,
 )
-from edge.tiles import Tiling
+from edge.tiles import BlendedTiles, Tiling
 from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
 
 
@@ -716,10 +716,14 @@ class Pipeline:
         frame (its own caches), then blended (edge/tiles.py); (B, 3, T', H, W)."""
         h, w = latents.shape[-2:]
         (rows, cols), (th, tw) = tiles.starts(h, w), tiles.latent_size
-        decoded = [[self._run_component("vae_decoder", {"z": latents[..., i:i + th, j:j + tw]},
-                                        batch_piece=self._piece(1))["frames"]
-                     for j in cols] for i in rows]
-        return tiles.blend(decoded, h, w)
+        # blended as they come: only the strips later tiles blend with are kept
+        blended = BlendedTiles(tiles, h, w)
+        for a, i in enumerate(rows):
+            for b, j in enumerate(cols):
+                blended.add(a, b, self._run_component(
+                    "vae_decoder", {"z": latents[..., i:i + th, j:j + tw]},
+                    batch_piece=self._piece(1))["frames"])
+        return blended.output
 
     def _guided_rows(self, settings: SamplerSettings, b: int) -> Callable[[bool], int]:
         """The transformer's batch for a guided call (the caption and null halves, 2b) and
