@@ -213,6 +213,21 @@ class BlockSession(Protocol):
 OpenBlock = Callable[[str, dict], BlockSession]
 
 
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    """How the runtime's onnxruntime sessions run a block (`threads`: intra-op threads)."""
+    options = ort.SessionOptions()
+    # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
+    # of streamed weights) for the life of the session, outside the loader's budget
+    options.enable_cpu_mem_arena = False
+    # nor its memory pattern, which after a first run allocates every intermediate of a run
+    # in one block: a 480p decoder tile's up_3 peaked at +1.22 GB with it, +0.84 GB without
+    # it (buffers freed as they die), at the same speed
+    options.enable_mem_pattern = False
+    if threads:
+        options.intra_op_num_threads = threads
+    return options
+
+
 def _session(root: Path, graph: str, options: ort.SessionOptions, where: str,
              block: dict) -> ort.InferenceSession:
     """A session of a verified graph file, refused unless it is a graph whose inputs and
@@ -359,16 +374,7 @@ class Pipeline:
             open_block, programs = coreai_opener(root)
         try:
             check_runnable(manifest, any_target=open_block is not None)
-            options = ort.SessionOptions()
-            # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
-            # of streamed weights) for the life of the session, outside the loader's budget
-            options.enable_cpu_mem_arena = False
-            # nor its memory pattern, which after a first run allocates every intermediate of
-            # a run in one block: a 480p decoder tile's up_3 peaked at +1.22 GB with it, +0.84
-            # GB without it (buffers freed as they die), at the same speed
-            options.enable_mem_pattern = False
-            if threads:
-                options.intra_op_num_threads = threads
+            options = session_options(threads)
             components, weights = {}, {}
             for comp in manifest["components"]:
                 c = Component(comp["name"], comp["blocks"], comp.get("chunked"),
