@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from process_memory import reset_peak_rss, status_bytes  # benchmarks/: run as scripts
+
 WAYS = ("whole", "chunked", "fused")
 
 
@@ -49,20 +51,6 @@ def export(way: str, tokens: int, heads: int, head_dim: int, path: Path) -> None
     torch.save(qkv, path.with_suffix(".pt"))
 
 
-def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    """Linux: reset this process's peak RSS (VmHWM) to its current RSS, which it returns
-    (the imports' own peak is not the attention's)."""
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status_bytes("VmRSS")
-
-
 def run(path: Path) -> dict:
     """In this (fresh) process: the graph on its inputs; peak RSS added, time, error."""
     import numpy as np
@@ -71,13 +59,13 @@ def run(path: Path) -> dict:
 
     q, k, v = torch.load(path.with_suffix(".pt"))
     feeds = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()}
-    before = _reset_peak()
+    before = reset_peak_rss()  # the imports' own peak is not the attention's
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     session.run(None, feeds)
     start = time.perf_counter()
     got = session.run(None, feeds)[0]
     seconds = time.perf_counter() - start
-    peak = _status_bytes("VmHWM")
+    peak = status_bytes("VmHWM")
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v).numpy()  # after the peak
     return {"peak_added": peak - before, "seconds": seconds,
             "error": float(np.abs(got - want).max())}

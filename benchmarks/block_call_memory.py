@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from process_memory import reset_peak_rss, status_bytes  # benchmarks/: run as scripts
+
 
 def export_block(folder: Path, size: dict, key: str, budget: int, out: Path) -> dict:
     """The block's graph and weights under `out`; its signature and estimate."""
@@ -56,29 +58,22 @@ def run_block(out: Path) -> dict:
     import numpy as np
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    session = ort.InferenceSession(str(out / "block.onnx"), options,
+    from edge.runtimes.python.pipeline import session_options
+
+    session = ort.InferenceSession(str(out / "block.onnx"), session_options(),
                                    providers=["CPUExecutionProvider"])
     inputs = dict(np.load(out / "inputs.npz"))
     names = {i.name for i in session.get_inputs()}
     feeds = {k: v for k, v in (inputs | dict(np.load(out / "weights.npz"))).items()
              if k in names}
 
-    def status(field: str) -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError(f"no {field} in /proc/self/status")
-
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here
-    before = status("VmRSS")
+    before = reset_peak_rss()
     started = time.perf_counter()
     outputs = session.run(None, feeds)
     wall = time.perf_counter() - started
-    return {"call_s": wall, "rss_before_bytes": before, "peak_rss_bytes": status("VmHWM"),
-            "call_peak_bytes": status("VmHWM") - before,
+    peak = status_bytes("VmHWM")
+    return {"call_s": wall, "rss_before_bytes": before, "peak_rss_bytes": peak,
+            "call_peak_bytes": peak - before,
             "inputs_bytes": sum(v.nbytes for v in inputs.values()),
             "outputs_bytes": sum(o.nbytes for o in outputs)}
 

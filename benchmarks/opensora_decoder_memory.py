@@ -21,6 +21,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
+from process_memory import reset_peak_rss, status_bytes  # benchmarks/: run as scripts
 from torch import nn
 
 
@@ -54,22 +55,6 @@ def blocks(size: str):
             for name, module in (("frame by frame", spatial), ("batched", Batched(spatial)))}
 
 
-def rss_fields() -> dict[str, int]:
-    """This process's resident set now (VmRSS) and at its peak (VmHWM), in bytes."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
-def reset_peak_rss() -> None:
-    # Linux: writing 5 to clear_refs sets the peak (VmHWM) back to the resident set now, so
-    # the session's loading peak does not hide the call's
-    Path("/proc/self/clear_refs").write_text("5")
-
-
 def run_graph(graph: str, inputs: str, threads: int) -> dict:
     """One call of the graph in this (fresh) process: the peak RSS it adds over the loaded
     session and its inputs."""
@@ -80,12 +65,11 @@ def run_graph(graph: str, inputs: str, threads: int) -> dict:
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
     feeds = dict(np.load(inputs))
-    reset_peak_rss()
-    loaded = rss_fields()["VmRSS"]
+    loaded = reset_peak_rss()  # the session's loading peak does not hide the call's
     started = time.perf_counter()
     (frames,) = session.run(None, feeds)
     seconds = time.perf_counter() - started
-    peak = rss_fields()["VmHWM"]
+    peak = status_bytes("VmHWM")
     np.save(inputs.replace(".npz", ".out.npy"), frames)
     return {"call_peak_bytes": peak - loaded, "seconds": seconds}
 

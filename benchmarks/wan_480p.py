@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from process_memory import status_bytes  # benchmarks/: run as scripts
 
 PROMPT = "a red circle moving left"
 SEED = 0
@@ -37,16 +38,9 @@ def out_dir() -> Path:
     return path
 
 
-def peak_rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def save(mode: str, video: np.ndarray, figures: dict) -> None:
     np.save(out_dir() / f"{mode}.npy", video)
-    figures["peak_rss_bytes"] = peak_rss_bytes()
+    figures["peak_rss_bytes"] = status_bytes("VmHWM")
     (out_dir() / f"{mode}.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps(figures, indent=1))
 
