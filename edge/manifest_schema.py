@@ -178,10 +178,27 @@ def _check_weights(block: dict, files: dict[str, dict], where: str) -> None:
             raise PackageError(f"{at}: tensor {name!r} starts at byte {offset}, not "
                                f"{TENSOR_ALIGN}-byte aligned")
         spans.append((offset, offset + nbytes, name))
+    _check_scales(weights["tensors"], where)
     spans.sort()
     for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
         if start < end:
             raise PackageError(f"{where} weights: tensors {a!r} and {b!r} overlap in {path}")
+
+
+def _check_scales(tensors: list[dict], where: str) -> None:
+    """A tensor stored as int8 with row scales (a web package's `--quantize 8`) names its
+    scales' entry: float32, one per row of its first axis."""
+    by_name = {t["name"]: t for t in tensors}
+    for t in tensors:
+        if "scale" not in t:
+            continue
+        at = f"{where} weights: tensor {t['name']!r}"
+        scale = by_name.get(require(t, "scale", str, at))
+        if t["dtype"] != "int8" or not t["shape"]:
+            raise PackageError(f"{at}: only an int8 tensor of one or more axes has a scale")
+        if scale is None or scale["dtype"] != "float32" or scale["shape"] != t["shape"][:1]:
+            raise PackageError(f"{at}: its scale {t['scale']!r} must be a float32 tensor of "
+                               f"the block of shape {t['shape'][:1]}")
 
 
 def check_chain(name: str, blocks: list[dict], provided: set[str] | None = None) -> None:

@@ -44,7 +44,7 @@ class ExportOptions:
     """What `edge export` was asked besides the model and the destination."""
 
     memory_budget: int | None = None   # bytes
-    quantize: str | None = None        # iphone: fp16, 8, 6, 4
+    quantize: str | None = None        # iphone: fp16, 8, 6, 4; web: fp32, fp16, 8
     min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
     ort_url: str | None = None         # web: where the page loads onnxruntime-web
     bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
@@ -92,7 +92,7 @@ def target(name: str) -> ModuleType:
     return importlib.import_module(TARGETS[name])
 
 
-_OWNED = {"quantize": "--quantize applies to --target iphone, not {}",
+_OWNED = {"quantize": "--quantize applies to --target iphone and web, not {}",
           "min_ios": "--min-ios applies to --target iphone, not {}",
           "ort_url": "--ort-url and --bundle-ort apply to --target web, not {}",
           "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",

@@ -131,18 +131,22 @@ def traced(module: nn.Module, args: tuple, shapes: tuple) -> torch.export.Export
             return torch.export.export(module, args, dynamic_shapes=refined, strict=False)
 
 
-def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None:
+def export_graph(block: Block, path: Path, fused_attention: bool = True,
+                 weight_inputs: tuple[nn.Module, list[str], tuple] | None = None) -> None:
     """The block as an ONNX graph, weights as inputs after the activations. Its attention
     never holds a whole score matrix: onnxruntime's fused MultiHeadAttention where it has no
-    mask (`fused_attention`), query chunks elsewhere (edge/attention.py)."""
-    weights = tuple(block.parameters().values())
+    mask (`fused_attention`), query chunks elsewhere (edge/attention.py). `weight_inputs`:
+    (module, weight input names, their example tensors) where the weights are fed otherwise
+    than as the block's float32 parameters (a web package's stored forms)."""
+    module, weight_names, weights = weight_inputs or (
+        WeightsAsInputs(block), list(block.parameters()), tuple(block.parameters().values()))
     shapes = dynamic_axes(block) + [None] * len(weights)
     path.parent.mkdir(parents=True, exist_ok=True)
     # the exporter's constant folder logs harmless "Evaluation failed" notes, and its op
     # registry four "torchvision is not installed" lines per graph; keep them quiet
     logging.getLogger("onnxscript").setLevel(logging.ERROR)
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    input_names = block.inputs + list(block.parameters())
+    input_names = block.inputs + weight_names
     output_names = [graph_output(n) for n in block.outputs]
     convert = functools.partial(
         torch.onnx.export, input_names=input_names, output_names=output_names, dynamo=True,
@@ -154,10 +158,9 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True) -> None
             # traced once: the program keys the graph (an identical block's is copied,
             # exporters/graph_reuse.py) and is what onnx converts
             try:
-                program = traced(WeightsAsInputs(block), block.example + weights,
-                                 (tuple(shapes),))
+                program = traced(module, block.example + weights, (tuple(shapes),))
             except Exception:  # torch.onnx's capture has strategies this one lacks: its own
-                convert(WeightsAsInputs(block), block.example + weights, str(path),
+                convert(module, block.example + weights, str(path),
                         dynamic_shapes=(tuple(shapes),))
                 return
         key = graph_key(program, (input_names, output_names, fused_attention, [
@@ -206,14 +209,17 @@ def check_validation(validation: dict, what: str) -> None:
     check_bound(validation, what, BLOCK_TOLERANCE)
 
 
-def validate_block(block: Block, graph: Path, want: tuple[torch.Tensor, ...]) -> dict:
+def validate_block(block: Block, graph: Path, want: tuple[torch.Tensor, ...],
+                   weights: dict[str, np.ndarray] | None = None) -> dict:
     """`output_error` of the ONNX graph against the PyTorch block's outputs `want` on its
-    example inputs."""
+    example inputs; `weights`: the graph's weight inputs where they are not the block's
+    parameters (a web package's stored forms)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
     feed = {n: t.numpy() for n, t in zip(block.inputs, block.example, strict=True)}
-    feed |= {n: t.numpy() for n, t in block.parameters().items()}
+    feed |= weights if weights is not None else {
+        n: t.numpy() for n, t in block.parameters().items()}
     return output_error(session.run([graph_output(n) for n in block.outputs], feed), want)
 
 

@@ -36,11 +36,21 @@ import torch
 from edge.blocks import Block, chained
 from edge.compute_cost import block_flops
 from edge.exporters import ExportValidationError
-from edge.exporters.onnx import export_graph, validate_block, write_weights
+from edge.exporters.onnx import export_graph, validate_block
 from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
 from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, shared_compiler, web_example
 from edge.exporters.validation import check_validation, output_error
+from edge.exporters.web_storage import (
+    DEFAULT_FORM,
+    StoredTensor,
+    check_form,
+    graph_weights,
+    run_decoded,
+    storage_record,
+    stored_weights,
+    write_stored,
+)
 from edge.family_model import FamilyModel
 from edge.package import atomic_directory, file_entry, write_manifest
 
@@ -62,14 +72,14 @@ def signature(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[dict]
             for n, t in zip(names, tensors, strict=True)]
 
 
-def validate(compiled: CompiledBlock, block: Block, want: tuple[torch.Tensor, ...],
-             what: str) -> dict:
-    """The plan replayed on the CPU against `want`, PyTorch's outputs on the block's example
-    (`Block.reference()`): `output_error`'s record, refused over BLOCK_TOLERANCE of the
-    outputs' magnitude."""
+def validate(compiled: CompiledBlock, block: Block, stored: list[StoredTensor],
+             want: tuple[torch.Tensor, ...], what: str) -> dict:
+    """The plan replayed on the CPU with the decoded weights (the page decodes them as it
+    uploads them) against `want`, PyTorch's outputs on the block's example with the same
+    weights: `output_error`'s record, refused over BLOCK_TOLERANCE of the outputs'
+    magnitude."""
     got = compiled.replay([t.numpy() for t in web_example(block)],
-                          [p.detach().numpy() for p in block.parameters().values()],
-                          block_flops(block))
+                          [t.decoded for t in stored], block_flops(block))
     validation = output_error(got, want)
     check_validation(validation, f"block {what}: the web launch plan", BLOCK_TOLERANCE)
     return validation
@@ -96,23 +106,27 @@ def split_shards(path: Path, limit: int = SHARD_BYTES) -> list[Path]:
     return shards
 
 
-def export_wasm_graph(block: Block, module: torch.nn.Module, root: Path, name: str,
+def export_wasm_graph(block: Block, module: torch.nn.Module, stored: list[StoredTensor],
+                      want: tuple[torch.Tensor, ...], root: Path, name: str,
                       what: str) -> dict:
     """The block (or a variant's `module`) as the wasm path's ONNX graph: static web shapes,
-    weights as graph inputs after the activations; run by onnxruntime against PyTorch."""
+    weights as graph inputs in their stored forms after the activations, decoded in the
+    graph; run by onnxruntime against `want`, PyTorch's outputs with the decoded weights."""
     static = replace(block, module=module, example=web_example(block), variants={},
                      dynamic_batch=[False] * len(block.inputs))
     path = root / "graphs" / block.component / f"{name}.onnx"
     # onnxruntime-web's wasm path is not known to run com.microsoft's fused attention:
     # its graphs chunk every attention
-    export_graph(static, path, fused_attention=False)
-    validation = validate_block(static, path, static.run(*static.example))
+    export_graph(static, path, fused_attention=False,
+                 weight_inputs=graph_weights(static, stored))
+    feeds = {n: a for t in stored for n, a in t.arrays().items()}
+    validation = validate_block(static, path, want, feeds)
     check_validation(validation, f"block {what}: the wasm path's ONNX graph", BLOCK_TOLERANCE)
     return {"graph": file_entry(root, path), "validation": validation}
 
 
-def export_variant(block: Block, name: str, compiler: BlockCompiler, root: Path,
-                   check: bool) -> dict:
+def export_variant(block: Block, name: str, stored: list[StoredTensor],
+                   compiler: BlockCompiler, root: Path, check: bool) -> dict:
     """A variant's plan and wasm graph; it reads the base block's weights (same names). A
     variant with a signature of its own (a chunked component's "first") records it."""
     variant = block.variant(name)
@@ -121,10 +135,12 @@ def export_variant(block: Block, name: str, compiler: BlockCompiler, root: Path,
         raise ExportValidationError(f"block {what}: its parameters are not the base block's")
     path = root / "plans" / block.component / f"{block.name}.{name}.json"
     compiled = compiler.compile(variant)
-    validation = (validate(compiled, variant, variant.reference(), what) if check
+    want = run_decoded(variant, stored)
+    validation = (validate(compiled, variant, stored, want, what) if check
                   else {"max_abs_error": None})
     write_plan(compiled, path)
-    wasm = export_wasm_graph(variant, variant.module, root, f"{block.name}.{name}", what)
+    wasm = export_wasm_graph(variant, variant.module, stored, want, root,
+                             f"{block.name}.{name}", what)
     entry = file_entry(root, path)
     record = {"graph": entry["path"], "files": [entry, wasm["graph"]],
               "validation": validation,
@@ -137,19 +153,24 @@ def export_variant(block: Block, name: str, compiler: BlockCompiler, root: Path,
 
 def export_block(block: Block, compiler: BlockCompiler, root: Path,
                  variants: bool = True, check: bool = True,
-                 required: frozenset[str] = frozenset()) -> dict:
-    """`variants=False`: only the `required` variants (a chunked component's first)."""
+                 required: frozenset[str] = frozenset(), form: str = DEFAULT_FORM,
+                 shard_bytes: int = SHARD_BYTES) -> dict:
+    """`variants=False`: only the `required` variants (a chunked component's first). `form`:
+    how the weights are stored (exporters/web_storage.py); `shard_bytes`: the largest
+    weights file."""
     plan_path = root / "plans" / block.component / f"{block.name}.json"
     weights_path = root / "weights" / block.component / f"{block.name}.bin"
+    stored = stored_weights(block, form)
+    want = run_decoded(block, stored)
     compiled = compiler.compile(block)
-    validation = (validate(compiled, block, block.reference(), block.key) if check
+    validation = (validate(compiled, block, stored, want, block.key) if check
                   else {"max_abs_error": None})
     write_plan(compiled, plan_path)
-    wasm = export_wasm_graph(block, block.module, root, block.name, block.key)
-    table = write_weights(weights_path, block.parameters())
-    shards = [file_entry(root, p) for p in split_shards(weights_path)]
+    wasm = export_wasm_graph(block, block.module, stored, want, root, block.name, block.key)
+    table = write_stored(weights_path, stored)
+    shards = [file_entry(root, p) for p in split_shards(weights_path, shard_bytes)]
     files = [file_entry(root, plan_path), *shards, wasm["graph"]]
-    records = {name: export_variant(block, name, compiler, root, check)
+    records = {name: export_variant(block, name, stored, compiler, root, check)
                for name in block.variants if variants or name in required}
     files += [f for r in records.values() for f in r["files"]]
     outputs = block.reference()
@@ -160,7 +181,9 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
               "weight_bytes": block.weight_bytes(),
               "inputs": signature(block.inputs, web_example(block)),
               "outputs": signature(block.outputs, outputs),
-              "validation": validation}
+              "validation": validation,
+              # what storing the weights costs: decoded against the trained weights
+              "storage_error": output_error(list(want), outputs)}
     if records:
         record["variants"] = records
     return record
@@ -184,7 +207,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                compiler: BlockCompiler | None = None, variants: bool = True,
                check: bool = True, ort_url: str | None = None,
                bundle_ort: Path | None = None,
-               components: dict[str, list[Block]] | None = None) -> dict:
+               components: dict[str, list[Block]] | None = None,
+               form: str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' optional variants (the TDTM pairs), so `merge_steps` is refused by the
     page; a chunked component's first variant is kept.
@@ -193,7 +217,9 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     wasm graphs are always checked (onnxruntime runs them in a moment). `ort_url` /
     `bundle_ort`: where the page gets onnxruntime-web (exporters/ort_web.py; default: the
     pinned version on the official CDN). `components`: the blocks, if already cut at the
-    web's shapes."""
+    web's shapes. `form`: how the weights are stored (exporters/web_storage.py: fp32, fp16,
+    8); `shard_bytes`: the largest weights file the page fetches in one piece."""
+    check_form(form)
     compiler = compiler or shared_compiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
@@ -202,7 +228,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
         manifest["web"] = {"guidance_batch": shapes.guidance_batch,
                            "vae_frames": shapes.decoder_frames,
-                           "shard_bytes": SHARD_BYTES, "paths": ["webgpu", "wasm"], "ort": ort}
+                           "shard_bytes": shard_bytes, "paths": ["webgpu", "wasm"], "ort": ort,
+                           "storage": storage_record(form)}
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
@@ -210,7 +237,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
             first = model.chunked[name].first_variant if name in model.chunked else None
             required = frozenset([first] if first is not None else [])
             for block in chained(blocks):
-                records.append(export_block(block, compiler, root, variants, check, required))
+                records.append(export_block(block, compiler, root, variants, check, required,
+                                            form, shard_bytes))
                 if on_block:
                     on_block(block.key)
             component = {"name": name, "blocks": records}

@@ -25,11 +25,15 @@ PAGE_MEMORY_BYTES = 4 * 1024**3
 
 
 def check(options: ExportOptions) -> None:
-    """Refuse a bad --ort-url / --bundle-ort before any work, naming the value or file."""
+    """Refuse a bad --ort-url / --bundle-ort / --quantize before any work, naming the value
+    or file."""
     from edge.exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
+    from edge.exporters.web_storage import check_form
 
-    refuse_others(NAME, options, {"ort_url", "bundle_ort"})
+    refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize"})
     try:
+        if options.quantize is not None:
+            check_form(options.quantize)
         if options.ort_url is not None and options.bundle_ort is not None:
             raise OrtLocationError("--ort-url and --bundle-ort: give one (a bundled copy needs "
                                    "no URL)")
@@ -37,7 +41,7 @@ def check(options: ExportOptions) -> None:
             check_ort_url(options.ort_url)
         if options.bundle_ort is not None:
             check_bundle(options.bundle_ort)
-    except OrtLocationError as err:
+    except (OrtLocationError, ValueError) as err:
         raise ExportOptionError(str(err)) from None
 
 
@@ -46,26 +50,29 @@ def folder_name(model_name: str, options: ExportOptions) -> str:
 
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
-    """The blocks at the web's shapes, their bytes and input shapes (the --dry-run table:
-    the page holds every block)."""
+    """The blocks at the web's shapes, their stored bytes and input shapes (the --dry-run
+    table: the page holds every block)."""
     from edge.exporters.web import web_blocks
+    from edge.exporters.web_storage import stored_bytes
 
     refuse_out_of_core(NAME, model)
     components = web_blocks(model)
+    form = stored_form(options)
     lines = [f"{'block':<28}{'weights MB':>11}  inputs"]
     total = 0
     for blocks in components.values():
         for block in blocks:
-            total += block.weight_bytes()
-            shapes = inputs_text(block)
-            lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>11.2f}  {shapes}")
-    lines.append(f"total {total / 1e6:.1f} MB fp32, every block held by the page")
+            size = sum(stored_bytes(t, form) for t in block.parameters().values())
+            total += size
+            lines.append(f"{block.key:<28}{size / 1e6:>11.2f}  {inputs_text(block)}")
+    lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize), every block held "
+                 "by the page")
     notes = []
     if total > PAGE_MEMORY_BYTES:
         notes.append(f"the page holds every block's weights in its memory: {total / 1e9:.1f} GB "
-                     f"fp32 here, past the {PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser gives one "
-                     "page's WebAssembly heap; expect the page to fail to load it (a smaller "
-                     "model, or --target onnx / iphone)")
+                     f"as {form} here, past the {PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser "
+                     "gives one page's WebAssembly heap; expect the page to fail to load it (a "
+                     "smaller model, --quantize 8, or --target onnx / iphone)")
     return Prepared(components, notes=notes, plan_lines=lines)
 
 
@@ -74,7 +81,14 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     from edge.exporters.web import export_web
 
     return export_web(model, dest, components=prepared.components, on_block=progress.on_block,
-                      ort_url=options.ort_url, bundle_ort=options.bundle_ort)
+                      ort_url=options.ort_url, bundle_ort=options.bundle_ort,
+                      form=stored_form(options))
+
+
+def stored_form(options: ExportOptions) -> str:
+    from edge.exporters.web_storage import DEFAULT_FORM
+
+    return options.quantize or DEFAULT_FORM
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
@@ -82,7 +96,8 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
               for b in c["blocks"]]
     worst = worst_block(manifest)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {size / 1e6:.1f} MB, "
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {size / 1e6:.1f} MB "
+            f"(weights stored as {manifest['web']['storage']['quantize']}), "
             f"worst block error {worst[0]:.2g} of its largest output ({worst[1]}; launch plans "
             f"replayed with TVM's llvm build, wasm graphs with onnxruntime)\n"
             f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"

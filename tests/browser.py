@@ -135,9 +135,10 @@ def page_generate(pg, path: str, prompt: str, options: dict,
                       else "Float32Array")
 
 
-def bundled_web_export(model, root: Path) -> dict:
+def bundled_web_export(model, root: Path, **options) -> dict:
     """`model` exported for the web with onnxruntime-web bundled (skipped without its dist)
-    and every attention chunked as the tests chunk it (conftest.py): the manifest."""
+    and every attention chunked as the tests chunk it (conftest.py): the manifest. `options`:
+    export_web's own (form, variants, check)."""
     from conftest import chunked_attention_for_tests
 
     from edge.exporters.web import export_web
@@ -145,7 +146,7 @@ def bundled_web_export(model, root: Path) -> dict:
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
     with chunked_attention_for_tests():
-        return export_web(model, root, bundle_ort=ORT_DIST)
+        return export_web(model, root, bundle_ort=ORT_DIST, **options)
 
 
 def skip_without_webgpu(context, pg) -> None:

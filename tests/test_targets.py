@@ -61,10 +61,13 @@ def test_every_target_answers_the_same_questions(name):
 
 
 @pytest.mark.parametrize("name, options, message", [
-    ("onnx", ExportOptions(quantize="4"), "--quantize applies to --target iphone, not onnx"),
+    ("onnx", ExportOptions(quantize="4"), "--quantize applies to --target iphone and web, "
+     "not onnx"),
     ("web", ExportOptions(memory_budget=1 << 20), "--memory-budget is not built for --target "
      "web yet"),
     ("iphone", ExportOptions(quantize="3"), "--quantize '3' not understood"),
+    ("web", ExportOptions(quantize="4"), "--quantize .4.: the web target stores weights as "
+     "fp32, fp16, 8"),
     ("iphone", ExportOptions(ort_url="https://x/"), "apply to --target web, not iphone"),
 ])
 def test_targets_refuse_options_they_do_not_take(name, options, message):

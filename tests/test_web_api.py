@@ -306,3 +306,26 @@ def test_load_stops_cleanly_when_aborted(context):
     assert out["budget"]["message"].startswith('memory budget "lots": expected e.g. 64MB')
     assert out["after"] in ("wasm", "webgpu"), out["after"]
     assert any(u.endswith("/manifest.json") for u in requested)  # the later loads did fetch
+
+
+TWO_LOADS = """async () => {
+  const { WebPipeline } = await import('/runtime/pipeline.js');
+  const base = new URL('/', location.href).href;
+  const a = await WebPipeline.load(base, { path: 'wasm' });
+  const b = await WebPipeline.load(base, { path: 'wasm' });
+  const same = a.executor.ort === b.executor.ort;
+  a.destroy(); b.destroy();
+  return same; }"""
+
+
+def test_onnxruntime_web_is_imported_once_per_page(context, web_package):
+    """A second load on the page (the same package again, or another naming the same
+    onnxruntime-web files) runs on the module the first one imported."""
+    if not web_package[1]["web"]["ort"]["bundled"]:
+        pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} to bundle: no wasm path to load")
+    pg = context.new_page()
+    pg.goto(context.served + "manifest.json")
+    try:
+        assert pg.evaluate(TWO_LOADS) is True
+    finally:
+        pg.close()

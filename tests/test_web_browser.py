@@ -30,6 +30,7 @@ from browser import (  # noqa: E402  (after the skips)
     skip_without_webgpu,
 )
 
+from edge.exporters.web_storage import DEFAULT_FORM  # noqa: E402
 from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
@@ -38,6 +39,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
 NOISE_FIXTURE = Path(__file__).parent / "fixtures" / "noise" / "torch_randn.json"
 NOISE_TOLERANCE = 1e-5  # torch's SIMD float32 log/sin/cos; measured 2.4e-7 (both of noise.js's
                         # paths; over whole draws 4.8e-7, one float32 ulp at |value| >= 4)
+SMALL_SHARDS = 8 << 20  # the package's weights files split smaller, so the page reads shards
 STEPS = 2             # a short generation keeps SwiftShader's share of the suite small
 
 
@@ -58,7 +60,8 @@ def web_package(tmp_path_factory, tiny_sora):
     # llvm replay of every plan (tests/test_web_plan.py checks replays; here the browser runs
     # the plans against PyTorch)
     bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
-    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle)
+    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle,
+                          shard_bytes=SMALL_SHARDS)
     return root, manifest
 
 
@@ -71,16 +74,16 @@ def skip_without_ort(manifest: dict) -> None:
 def test_web_package_verifies_like_every_package(web_package):
     """Same manifest format: read_package checks every file (plans, weight shards, runtime,
     page) by size and sha256; shards stay under the limit; the site files are listed."""
-    from edge.exporters.web import SHARD_BYTES
     from edge.manifest_schema import PackageError, check_manifest
     from edge.package import read_package
 
     root, _ = web_package
     manifest = read_package(root)
     assert manifest["target"] == "web"
+    assert manifest["web"]["shard_bytes"] == SMALL_SHARDS
     shards = [root / p for c in manifest["components"] for b in c["blocks"]
               for p in b["weights"]["shards"]]
-    assert all(p.stat().st_size <= SHARD_BYTES for p in shards)
+    assert all(p.stat().st_size <= SMALL_SHARDS for p in shards)
     assert len(shards) > sum(len(c["blocks"]) for c in manifest["components"])  # one split
     listed = {f["path"] for f in manifest["files"]}
     assert {"index.html", "app.js", "runtime/pipeline.js", "runtime/executor.js",
@@ -127,10 +130,9 @@ def page(browser, served):
 # uploaded here (not through the page's budgeted loader, whose counts a later test checks)
 RUN_BLOCK = """async ({key, inputs}) => {
   const pipe = window.edgeDemo.pipe, ex = pipe.executor, block = pipe.blocks.get(key);
-  const bytes = pipe.weights.bytesOf(key), weights = {};
-  for (const t of block.record.weights.tensors) {
-    weights[t.name] = ex.upload(new Uint8Array(bytes, t.offset, t.bytes));
-  }
+  const bytes = await pipe.weights.source.get(key);
+  const weights = ex.uploadWeights(bytes, block.record.weights.tensors, key);
+  pipe.weights.source.done(key);
   const given = {};
   for (const [n, text] of Object.entries(inputs)) {
     given[n] = ex.upload(Uint8Array.from(atob(text), c => c.charCodeAt(0)));
@@ -161,15 +163,16 @@ FORCE_CHOICE = """([key, pick]) => {
 }"""
 
 
-def pair_case(tiny_sora):
+def pair_case(tiny_sora, form: str = DEFAULT_FORM):
     """A transformer pair, its example inputs (base64, as RUN_BLOCK takes them) and PyTorch's
-    outputs on them."""
+    outputs on them with the weights as the package stores them (`form`), decoded."""
     from edge.exporters.tvm_plan import web_example
     from edge.exporters.web import web_blocks
+    from edge.exporters.web_storage import run_decoded, stored_weights
 
     block = web_blocks(tiny_sora)["transformer"][1]
     inputs = {n: b64(t.numpy()) for n, t in zip(block.inputs, web_example(block), strict=True)}
-    return block, inputs, [t.numpy() for t in block.run(*block.example)]
+    return block, inputs, [t.numpy() for t in run_decoded(block, stored_weights(block, form))]
 
 
 def test_transformer_pair_on_webgpu_matches_pytorch(page, tiny_sora):
@@ -786,6 +789,43 @@ def test_gpu_residency_follows_the_python_loader(page):
     assert "vae_decoder/head" in error and "700" in error
 
 
+LOAD_UNDER_BUDGET = """async (budget) => {
+  const { WebPipeline } = await import('/runtime/pipeline.js');
+  try { (await WebPipeline.load(new URL('/', location.href).href, { path: 'webgpu', budget }))
+    .destroy(); return null; }
+  catch (err) { return err.message; } }"""
+
+
+def test_a_budget_under_the_largest_block_is_refused_before_the_download(browser, served,
+                                                                         web_package):
+    """The GPU sizes come from the manifest (float32 once decoded), so the page refuses the
+    budget naming the block and the figures before it fetches any weights (the path asked
+    for: no block is fetched to time the paths)."""
+    from edge.exporters.web_storage import SCALE_SUFFIX
+
+    _, manifest = web_package
+    sizes = {f"{c['name']}/{b['name']}": 4 * sum(int(np.prod(t["shape"]))
+                                                 for t in b["weights"]["tensors"]
+                                                 if not t["name"].endswith(SCALE_SUFFIX))
+             for c in manifest["components"] for b in c["blocks"]}
+    largest = max(sizes, key=sizes.get)
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto(served + "manifest.json")
+    skip_without_webgpu(context, pg)
+    requested = []
+    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    try:
+        error = pg.evaluate(LOAD_UNDER_BUDGET, "1MB")
+    finally:
+        context.close()
+    assert error == (f"GPU memory budget {2**20} bytes is smaller than block {largest} "
+                     f"({sizes[largest]} bytes); the smallest budget that works is "
+                     f"{sizes[largest]} bytes"), error
+    assert "manifest.json" in requested
+    assert not [p for p in requested if p.startswith(("weights/", "plans/"))], requested
+
+
 NO_WEBGPU = "delete Navigator.prototype.gpu;"
 WASM_STEPS = 8
 READY = "window.edgeDemo && window.edgeDemo.ready !== undefined"
@@ -833,6 +873,59 @@ def test_page_without_webgpu_generates_through_wasm(wasm_page, python_video, tmp
     run, got = generate_from_the_form(pg, prompt, WASM_STEPS, seed, tmp_path / "wasm.png")
     assert_same_video(got, python_video(prompt, seed, WASM_STEPS))
     assert run["transformer_calls"] == WASM_STEPS
+
+
+WASM_BUDGET = 32 << 20  # tiny-sora at fp16: the transformer and a few decoder blocks kept
+
+
+def test_wasm_path_streams_blocks_from_storage_under_a_page_memory_budget(
+        browser, served, web_package, python_video, tmp_path):
+    """With a budget on the wasm path the page keeps the blocks the Python loader would pin
+    (the transformer first) and reads the others back from the browser's storage at each
+    use, checked, the next one while the current one runs: the same video, the weights held
+    never past the budget, each streamed block read once per use, no weights file fetched
+    from the network after the download; the page says what it holds and streams."""
+    _, manifest = web_package
+    skip_without_ort(manifest)
+    sizes = {f"{c['name']}/{b['name']}": sum(t["bytes"] for t in b["weights"]["tensors"])
+             for c in manifest["components"] for b in c["blocks"]}
+    context = browser.new_context()
+    context.add_init_script(NO_WEBGPU)
+    pg = context.new_page()
+    requested = []
+    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    try:
+        pg.goto(served + f"index.html?budget={WASM_BUDGET >> 20}MB")
+        pg.wait_for_function(READY, timeout=120_000)
+        assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
+        pinned = set(pg.evaluate("window.edgeDemo.pipe.loadFigures.pinned"))
+        kept = set(pg.evaluate("[...window.edgeDemo.pipe.weights.source.kept.keys()]"))
+        where = pg.inner_text("#path")
+        loaded = len(requested)
+        prompt, seed = "a red circle moving left", 3
+        run, got = generate_from_the_form(pg, prompt, STEPS, seed, tmp_path / "streamed.png")
+        shown = pg.inner_text("#timings")
+    finally:
+        context.close()
+    assert kept == pinned and {k for k in sizes if k.startswith("transformer/")} <= pinned
+    streamed = [k for k in sizes if k not in pinned]
+    assert streamed and all(k.startswith(("text_encoder/", "vae_decoder/")) for k in streamed)
+    assert_same_video(got, python_video(prompt, seed, STEPS))
+    weights = run["weights"]
+    assert weights["held_in"] == "page memory" and weights["stored_as"] == "fp16"
+    assert weights["budget"] == WASM_BUDGET
+    assert 0 < weights["peak_held_bytes"] <= WASM_BUDGET
+    uses = {"text_encoder": 1,
+            "vae_decoder": -(-manifest["latent_shape"][1] // manifest["web"]["vae_frames"])}
+    files = {f"{c['name']}/{b['name']}": sum(f["bytes"] for f in b["files"]
+                                             if f["path"] in b["weights"]["shards"])
+             for c in manifest["components"] for b in c["blocks"]}  # read whole, padding too
+    assert weights["streamed_bytes"] == sum(files[k] * uses[k.split("/")[0]] for k in streamed)
+    assert weights["streamed_reads"] == sum(uses[k.split("/")[0]] for k in streamed)
+    assert weights["peak_streamed_bytes"] <= sum(sorted(files[k] for k in streamed)[-2:])
+    assert not [p for p in requested[loaded:] if p.startswith("weights/")]  # storage only
+    assert "streamed from storage" in where and f"{WASM_BUDGET / 1e6:.1f} MB budget" in where
+    assert "streamed" in shown and "fp16" in shown
 
 
 def test_seed_is_refused_before_any_work_where_the_package_means_other_noise(

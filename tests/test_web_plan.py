@@ -94,17 +94,19 @@ def test_export_validation_refuses_a_plan_that_drifts(pipeline, compiler):
 
     from edge.exporters.onnx import ExportValidationError
     from edge.exporters.web import validate
+    from edge.exporters.web_storage import stored_weights
 
     block = cut_transformer(pipeline)[-1]
     compiled = compiler.compile(block)
-    record = validate(compiled, block, block.reference(), block.key)
+    stored = stored_weights(block, "fp32")
+    record = validate(compiled, block, stored, block.reference(), block.key)
     assert record["max_abs_error"] < 1e-4 * max(1.0, record["reference_max_abs"])
     drifted = copy.deepcopy(block.module)
     with torch.no_grad():
         next(drifted.parameters()).mul_(1.01)
         drifted_outputs = (drifted(*block.example),)
     with pytest.raises(ExportValidationError, match="transformer/epilogue.*differs from PyTorch"):
-        validate(compiled, block, drifted_outputs, block.key)
+        validate(compiled, block, stored, drifted_outputs, block.key)
 
 
 @pytest.fixture(scope="module")

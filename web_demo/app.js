@@ -65,7 +65,8 @@ async function load() {
   if (!$("steps").value) $("steps").value = m.sampler.steps;
   const path = state.pipe.path;
   $("path").textContent = `Runs on: ${path.name === "wasm" ? "the CPU (onnxruntime-web, wasm)" : "the GPU (WebGPU)"}, because ${path.why}` +
-    (path.budget_applies ? "" : "; the GPU budget does not apply");
+    `; weights stored as ${m.web?.storage?.quantize ?? "fp32"}, held in ${path.held_in}` +
+    (path.budget === null ? " (no budget: every block kept)" : ` under a ${mb(path.budget)} budget, ${state.pipe.loadFigures.pinned.length} of ${state.pipe.blocks.size} blocks kept, the rest streamed from storage`);
   showWasmMissing(state.pipe);
   if (state.pipe.adapter) {
     const info = adapterInfo(state.pipe.adapter);
@@ -146,10 +147,13 @@ export async function generate(extra = {}) {
     const pathLines = pipe.path.name === "webgpu" ? [
       `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} files from cache), kernels ${lf.compile_s.toFixed(2)} s`,
       `kernel choice: ${lf.kernel_choices.timed} timed now (${lf.kernel_choices.alternative} took the alternative schedule) in ${lf.tune_s.toFixed(2)} s, ${lf.kernel_choices.remembered} remembered for this GPU`,
-      `GPU weights: ${lf.pinned.length} blocks resident, ${f.weight_uploads} uploads this run, peak ${mb(f.peak_gpu_weight_bytes)}`,
     ] : [
       `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} files from cache), ${lf.sessions} onnxruntime sessions ${lf.compile_s.toFixed(2)} s, ${lf.threads} threads`,
     ];
+    const w = f.weights;
+    pathLines.push(`weights (${w.stored_as}) in ${w.held_in}: ${lf.pinned.length} blocks kept, ${f.weight_uploads} placed this run, peak ${mb(w.peak_held_bytes)}` +
+      (w.budget === null ? "" : ` of a ${mb(w.budget)} budget`) +
+      (w.streamed_reads ? `; streamed ${mb(w.streamed_bytes)} from storage in ${w.streamed_reads} reads (${w.read_s.toFixed(2)} s reading, ${w.read_wait_s.toFixed(2)} s waited)` : ""));
     $("timings").textContent = [
       `total ${f.wall_s.total.toFixed(2)} s: text ${f.wall_s.text_encoder.toFixed(2)} s, ` +
       `transformer ${f.wall_s.transformer.toFixed(2)} s (${f.transformer_calls} calls), VAE ${f.wall_s.vae_decoder.toFixed(2)} s`,

@@ -5,6 +5,8 @@
 // buffers of the returned tensors. Value ids say where a tensor lives: `input:NAME`,
 // `weight:NAME`, `const:N`, `storage:N` (intermediate, at a byte offset) or `output:N`.
 
+import { decodedBytes, WeightDecoder } from "./decode.js";
+
 const BYTES = { float32: 4, int32: 4, uint32: 4 };
 const MAX_GRID = 65535; // WebGPU maxComputeWorkgroupsPerDimension
 
@@ -48,6 +50,7 @@ export class PlanExecutor {
   constructor(device, adapterKey = "adapter") {
     this.device = device;
     this.path = "webgpu";
+    this.viewsWeights = false; // uploadWeights copies the bytes to the GPU
     this.pipelines = new Map(); // WGSL text -> compute pipeline (pairs share kernels)
     this.uniforms = new Map(); // packGridDimX -> uniform buffer
     // JIT kernel choice: for calls the exporter gave several schedules, the index of the
@@ -127,6 +130,18 @@ export class PlanExecutor {
     const buf = this.storageBuffer(bytes.byteLength, label);
     this.device.queue.writeBuffer(buf, 0, bytes, 0, bytes.byteLength);
     return buf;
+  }
+
+  // A block's weights from its weights bytes (ArrayBuffer) and manifest table: float32 GPU
+  // buffers by name, stored forms decoded on the GPU (decode.js)
+  uploadWeights(bytes, tensors, label) {
+    this.decoder ||= new WeightDecoder(this.device);
+    return this.decoder.upload(bytes, tensors, label, (view, l) => this.upload(view, l), (n, l) => this.storageBuffer(n, l));
+  }
+
+  // the GPU bytes a block's weights take (what a budget counts)
+  heldBytes(tensors) {
+    return decodedBytes(tensors);
   }
 
   // the file holding a block's (or a variant's) graph on this path: its launch plan

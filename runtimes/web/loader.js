@@ -274,15 +274,34 @@ export class PackageFiles {
     return buffer;
   }
 
-  // Many files at once, with one progress figure over all their bytes. Returns path -> bytes.
-  async fetchAll(records) {
+  // Refuse, before downloading, files the browser's storage cannot hold: streamed blocks are
+  // read back from it at each use. Asks for persistent storage (so the browser does not evict
+  // them under pressure); files already stored count as stored. Nothing to check where the
+  // Cache API is off or missing (streamed blocks are then downloaded at each use).
+  async checkRoomFor(records) {
+    const cache = await this.cache();
+    if (!cache || !navigator.storage?.estimate) return;
+    await navigator.storage.persist?.().catch(() => false);
+    let needed = 0;
+    for (const r of records) if (!(await cache.match(this.url(r.path)))) needed += r.bytes;
+    const { usage = 0, quota = Infinity } = await navigator.storage.estimate();
+    if (needed > quota - usage) {
+      const mb = (n) => `${(n / 1e6).toFixed(1)} MB`;
+      throw new PackageError(`this package streams ${mb(needed)} of block weights from the browser's storage under the memory budget, but the browser lets this site store ${mb(Math.max(0, quota - usage))} more (quota ${mb(quota)}, ${mb(usage)} used); nothing was downloaded: free storage for this site, or load with a budget that holds every block`);
+    }
+  }
+
+  // Many files at once, with one progress figure over all their bytes. Returns path -> bytes
+  // of the files `keep(record)` wants (the others are downloaded, checked and stored only).
+  async fetchAll(records, keep = () => true) {
     const total = records.reduce((n, r) => n + r.bytes, 0);
     const done = new Map(); // path -> bytes of the file in flight (its latest attempt)
     let finished = 0;
     const report = (path) => this.onProgress(finished + [...done.values()].reduce((a, b) => a + b, 0), total, path);
     const out = new Map();
     for (const r of records) {
-      out.set(r.path, await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); }));
+      const bytes = await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); });
+      if (keep(r)) out.set(r.path, bytes);
       done.delete(r.path);
       finished += r.bytes;
       report(r.path);
@@ -319,27 +338,27 @@ export function planPins(sizes, budget, everyStep = []) {
   return pinned;
 }
 
-// Block weights on the GPU. bytesOf(key) -> ArrayBuffer of the block's weights file;
-// tensorsOf(key) -> the manifest's tensor table.
+// Block weights where the executor runs them (GPU buffers on WebGPU, page memory on wasm),
+// under the budget: the pinned blocks stay once placed, the others are placed for each call
+// and freed after. source: a BlockBytes (block_bytes.js), which streams the unpinned blocks'
+// bytes from storage; tensorsOf(key) -> the manifest's tensor table; sizes: what each block
+// holds (executor.heldBytes).
 export class GpuWeights {
-  constructor(executor, sizes, tensorsOf, bytesOf, budget, everyStep) {
+  constructor(executor, sizes, tensorsOf, source, pinned) {
     this.executor = executor;
     this.sizes = sizes;
     this.tensorsOf = tensorsOf;
-    this.bytesOf = bytesOf;
-    this.budget = budget;
-    this.pinned = planPins(sizes, budget, everyStep);
+    this.source = source;
+    this.pinned = pinned;
     this.resident = new Map();
     this.held = 0;
     this.stats = { uploads: 0, uploadedBytes: 0, peakHeldBytes: 0 };
   }
 
-  upload(key) {
-    const bytes = this.bytesOf(key);
-    const weights = {};
-    for (const t of this.tensorsOf(key)) {
-      weights[t.name] = this.executor.upload(new Uint8Array(bytes, t.offset, t.bytes), `${key} ${t.name}`);
-    }
+  async upload(key, next) {
+    const weights = this.executor.uploadWeights(await this.source.get(key, next), this.tensorsOf(key), key);
+    // the GPU holds a copy now; on wasm the weights are views of the bytes until released
+    if (!this.executor.viewsWeights) this.source.done(key);
     this.stats.uploads += 1;
     this.stats.uploadedBytes += this.sizes[key];
     this.held += this.sizes[key];
@@ -347,11 +366,19 @@ export class GpuWeights {
     return weights;
   }
 
-  // The block's weights; call release(key, weights) when its kernels are submitted.
-  acquire(key) {
-    if (this.resident.has(key)) return this.resident.get(key);
-    const w = this.upload(key);
-    if (this.pinned.has(key)) this.resident.set(key, w);
+  // The block's weights; call release(key, weights) when its call is submitted. next: the
+  // block that runs after it, read ahead from storage where it is streamed.
+  async acquire(key, next = null) {
+    if (this.resident.has(key)) {
+      this.source.readAhead(next);
+      return this.resident.get(key);
+    }
+    const w = await this.upload(key, next);
+    if (this.pinned.has(key)) {
+      this.resident.set(key, w);
+      // once on the GPU a pinned block's bytes are not needed in page memory again
+      if (!this.executor.viewsWeights) this.source.kept.delete(key);
+    }
     return w;
   }
 
@@ -359,6 +386,7 @@ export class GpuWeights {
     if (this.resident.has(key)) return;
     for (const b of Object.values(weights)) b.destroy(); // freed once the queued work is done
     this.held -= this.sizes[key];
+    if (this.executor.viewsWeights) this.source.done(key);
   }
 
   destroy() {
@@ -367,5 +395,6 @@ export class GpuWeights {
       this.held -= this.sizes[key];
     }
     this.resident.clear();
+    this.source.clear();
   }
 }

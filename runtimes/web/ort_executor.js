@@ -33,7 +33,8 @@ export function ortFailure() {
 const ENTRY = "ort.wasm.min.mjs";
 const GLUE = "ort-wasm-simd-threaded.mjs";
 const BINARY = "ort-wasm-simd-threaded.wasm";
-const TYPED = { float32: Float32Array, int32: Int32Array };
+// float16 as its bits (onnxruntime-web takes a Uint16Array for it); int8: --quantize 8
+const TYPED = { float32: Float32Array, int32: Int32Array, float16: Uint16Array, int8: Int8Array };
 
 // A tensor in page memory: what upload() gives and run() returns on this path.
 export class HostTensor {
@@ -54,12 +55,25 @@ function typed(data, dtype) {
 // onnxruntime-web from the manifest's location, every file checked first. files: the
 // package's PackageFiles; ortRecord: manifest.web.ort. Throws OrtUnavailable, remembered for
 // ortFailure().
+// onnxruntime-web is imported once per page: a later load of a package naming the same files
+// (by name and SHA-256, wherever they are served from) gets the module imported first, its
+// WebAssembly instance and threads included; a failed import is forgotten, so a later load
+// tries again.
+const imported = new Map();
+
 export async function loadOrt(files, ortRecord) {
+  const key = ortRecord?.files ? JSON.stringify(ortRecord.files.map((f) => [f.name, f.sha256])) : null;
   try {
-    const ort = await fetchAndImport(files, ortRecord);
+    let pending = key && imported.get(key);
+    if (!pending) {
+      pending = fetchAndImport(files, ortRecord);
+      if (key) imported.set(key, pending);
+    }
+    const ort = await pending;
     lastFailure = null;
     return ort;
   } catch (err) {
+    if (key) imported.delete(key);
     if (err instanceof OrtUnavailable) lastFailure = { version: err.version, base: err.base, url: err.url, detail: err.detail };
     throw err;
   }
@@ -102,6 +116,7 @@ export class OrtExecutor {
   constructor(ort) {
     this.ort = ort;
     this.path = "wasm";
+    this.viewsWeights = true; // the weights fed are views of the block's bytes
     this.sessions = [];
   }
 
@@ -128,6 +143,16 @@ export class OrtExecutor {
 
   upload(data) {
     return new HostTensor(data);
+  }
+
+  // A block's weights as stored (the graph decodes them): {tensor name: HostTensor}
+  uploadWeights(bytes, tensors) {
+    return Object.fromEntries(tensors.map((t) => [t.name, new HostTensor(new Uint8Array(bytes, t.offset, t.bytes))]));
+  }
+
+  // the page memory a block's weights take
+  heldBytes(tensors) {
+    return tensors.reduce((n, t) => n + t.bytes, 0);
   }
 
   // inputs: {name: HostTensor}; weights: {tensor name: HostTensor of its bytes}

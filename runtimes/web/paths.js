@@ -130,8 +130,7 @@ export async function timeBlock(executor, prepared, record, weights, runs = 3) {
 // One transformer block's graph and weights on an executor, for timing.
 async function prepareProbe(executor, probe) {
   const prepared = await executor.prepareFrom(probe.graphs[executor.path], probe.key, probe.record);
-  const weights = {};
-  for (const t of probe.record.weights.tensors) weights[t.name] = executor.upload(new Uint8Array(probe.weightBytes, t.offset, t.bytes));
+  const weights = executor.uploadWeights(probe.weightBytes, probe.record.weights.tensors, probe.key);
   return { prepared, weights };
 }
 

@@ -4,7 +4,8 @@
 // provider (ort_executor.js), whichever paths.js picks; weights fetched and verified by
 // loader.js; a seed's initial noise drawn as PyTorch draws it (noise.js).
 import { byteSize } from "./executor.js";
-import { GpuWeights, PackageError, PackageFiles, parseSize } from "./loader.js";
+import { BlockBytes } from "./block_bytes.js";
+import { GpuWeights, PackageError, PackageFiles, parseSize, planPins } from "./loader.js";
 import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { DEFAULT_SETTINGS, checkSettings, runPairs, sample } from "./sampler.js";
@@ -149,8 +150,25 @@ export class WebPipeline {
   static async build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, probeKey }) {
     const m = files.manifest;
     const executor = choice.executor;
+    const onGpu = executor.path === "webgpu";
+    // what each block holds on this path (float32 on the GPU, the stored form in page memory
+    // on wasm), from the manifest: a budget under the largest block is refused here, before
+    // the download, naming the block and the figures
+    const sizes = {};
+    const recordOf = new Map();
+    for (const c of m.components) {
+      for (const b of c.blocks) {
+        sizes[`${c.name}/${b.name}`] = executor.heldBytes(b.weights.tensors);
+        recordOf.set(`${c.name}/${b.name}`, b);
+      }
+    }
+    const transformerKeys = Object.keys(sizes).filter((k) => k.startsWith("transformer/"));
+    const pinned = planPins(sizes, parseSize(budget), transformerKeys);
     const records = pathRecords(m, executor);
-    const bytes = await abortable(files.fetchAll(records), signal, `loading ${base}: the download`);
+    // the streamed blocks' files are downloaded, checked and stored, not kept in memory
+    const streamedFiles = new Set([...recordOf].filter(([k]) => !pinned.has(k)).flatMap(([, b]) => shardsOf(b)));
+    if (streamedFiles.size) await files.checkRoomFor(records.filter((r) => streamedFiles.has(r.path)));
+    const bytes = await abortable(files.fetchAll(records, (r) => !streamedFiles.has(r.path)), signal, `loading ${base}: the download`);
     stopIf("after the download");
     const fetchedAt = now();
     // key -> {record, prepared, variants: {name: prepared}, variantRecords: {name: record}}
@@ -170,16 +188,11 @@ export class WebPipeline {
         blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants, variantRecords });
       }
     }
-    const sizes = {};
-    const weightBytes = new Map();
-    for (const [key, b] of blocks) {
-      weightBytes.set(key, concatBuffers(shardsOf(b.record).map((p) => bytes.get(p))));
-      sizes[key] = b.record.weights.tensors.reduce((n, t) => n + t.bytes, 0);
-    }
-    const transformerKeys = [...blocks.keys()].filter((k) => blocks.get(k).component === "transformer");
-    const onGpu = executor.path === "webgpu";
-    const weights = new GpuWeights(executor, sizes, (k) => blocks.get(k).record.weights.tensors,
-      (k) => weightBytes.get(k), onGpu ? parseSize(budget) : null, transformerKeys);
+    const kept = new Map();
+    for (const key of pinned) kept.set(key, concatBuffers(shardsOf(recordOf.get(key)).map((p) => bytes.get(p))));
+    for (const p of new Set([...pinned].flatMap((k) => shardsOf(recordOf.get(k))))) bytes.delete(p); // joined above
+    const source = new BlockBytes(files, (k) => shardsOf(recordOf.get(k)).map((p) => recordOf.get(k).files.find((f) => f.path === p)), kept);
+    const weights = new GpuWeights(executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
     const compiledAt = now();
     if (tune && onGpu) {
       for (const key of transformerKeys) {
@@ -189,7 +202,7 @@ export class WebPipeline {
           if (!prepared.calls.some((c) => c.key && !executor.choices.has(c.key))) continue;
           const inputs = {};
           for (const s of b.record.inputs) inputs[s.name] = executor.storageBuffer(byteSize(s.shape, s.dtype));
-          const w = weights.acquire(key);
+          const w = await weights.acquire(key);
           await executor.tune(prepared, inputs, w);
           weights.release(key, w);
           for (const buf of Object.values(inputs)) buf.destroy();
@@ -200,7 +213,7 @@ export class WebPipeline {
     stopIf("before timing a block");
     // what one transformer block costs here, for the expected time shown before Generate
     const probe = blocks.get(probeKey);
-    const probeWeights = weights.acquire(probeKey);
+    const probeWeights = await weights.acquire(probeKey);
     const blockMs = choice.timings && choice.timings[`${executor.path}_ms`] !== undefined && choice.timings.block === probeKey
       ? choice.timings[`${executor.path}_ms`] : await timeBlock(executor, probe.prepared, probe.record, probeWeights);
     weights.release(probeKey, probeWeights);
@@ -208,7 +221,7 @@ export class WebPipeline {
     const nullRecord = m.conditioning.null_caption;
     const nullCaption = nullRecord ? parseNpy(bytes.get(nullRecord.path), nullRecord.path) : null;
     const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, gpu.adapter);
-    pipe.path = { name: executor.path, why: choice.why, timings: choice.timings, budget_applies: onGpu };
+    pipe.path = { name: executor.path, why: choice.why, timings: choice.timings, budget: parseSize(budget), held_in: onGpu ? "GPU memory" : "page memory" };
     pipe.loadFigures = {
       fetch_s: fetchedAt - started, compile_s: compiledAt - fetchedAt, tune_s: tunedAt - compiledAt,
       ...executor.figures(), block_ms: { [probeKey]: blockMs },
@@ -236,8 +249,9 @@ export class WebPipeline {
 
   // Run blocks in order; feeds: {name: buffer of the path}. Blocks pass outputs on by name.
   // variant: run that variant where a block has one (e.g. "tdtm"), the block elsewhere.
-  async runBlocks(keys, feeds, variant = null, temp = []) {
-    for (const key of keys) {
+  // then: the block that runs after the last of `keys` (read ahead from storage if streamed).
+  async runBlocks(keys, feeds, variant = null, temp = [], then = null) {
+    for (const [i, key] of keys.entries()) {
       const b = this.blocks.get(key);
       const prepared = (variant && b.variants[variant]) || b.prepared;
       const record = (variant && b.variantRecords[variant]) || b.record;
@@ -246,7 +260,7 @@ export class WebPipeline {
         if (!feeds[s.name]) throw new Error(`block ${key}: input ${s.name} was not computed`);
         inputs[s.name] = feeds[s.name];
       }
-      const w = this.weights.acquire(key);
+      const w = await this.weights.acquire(key, keys[i + 1] ?? then);
       const t0 = now();
       const outs = await this.executor.run(prepared, inputs, w);
       this.computeS += now() - t0;
@@ -395,7 +409,7 @@ export class WebPipeline {
     const stepped = (d, t) => { done = d; total = t; if (onStep) onStep(d, t); };
     stopIf("before the text encoder", 0);
     const tKeys = this.keys("transformer");
-    const figures = { wall_s: {}, uploads_before: this.weights.stats.uploads };
+    const figures = { wall_s: {}, uploads_before: this.weights.stats.uploads, streamed_before: { ...this.weights.source.stats } };
     this.computeS = 0;
     const t0 = now();
     const [caption2, mask2, truncated] = await this.guidanceCaptions(prompt, negative);
@@ -464,7 +478,17 @@ export class WebPipeline {
     figures.prompt_truncated = truncated;
     figures.weight_uploads = this.weights.stats.uploads - figures.uploads_before;
     figures.peak_gpu_weight_bytes = this.weights.stats.peakHeldBytes;
+    // where the weights were held, under what budget, and what was read from storage
+    const streamed = this.weights.source.stats;
+    const before = figures.streamed_before;
+    figures.weights = {
+      held_in: this.path.held_in, budget: this.path.budget, stored_as: this.manifest.web?.storage?.quantize ?? "fp32",
+      peak_held_bytes: this.weights.stats.peakHeldBytes, streamed_reads: streamed.reads - before.reads,
+      streamed_bytes: streamed.bytes - before.bytes, read_s: streamed.read_s - before.read_s,
+      read_wait_s: streamed.wait_s - before.wait_s, peak_streamed_bytes: streamed.peak_streamed_bytes,
+    };
     delete figures.uploads_before;
+    delete figures.streamed_before;
     this.lastRun = figures;
     return frames;
   }
@@ -513,7 +537,8 @@ export class WebPipeline {
         const temp = [this.upload(sliceAlong(data, shape, spec.axis, start, stop - start))];
         let feeds = null;
         try {
-          feeds = await this.runBlocks(keys, { ...state, ...given, [input]: temp[0] }, variant, temp);
+          const then = i + 1 < bounds.length ? keys[0] : null; // the next piece's first block
+          feeds = await this.runBlocks(keys, { ...state, ...given, [input]: temp[0] }, variant, temp, then);
           const outShape = this.signature(keys[keys.length - 1], output, "outputs", variant);
           pieces.push({ data: await this.read(feeds[output], outShape), shape: outShape });
         } finally { // the state goes on to the next piece; every other buffer is freed
