@@ -285,7 +285,7 @@ def as_variant(block: dict, variant: str | None) -> dict:
         return block
     record = block["variants"][variant]
     return block | {"graph": record["graph"]} | {
-        k: record[k] for k in ("inputs", "outputs", "model", "function", "flops")
+        k: record[k] for k in ("inputs", "outputs", "model", "function", "flops", "wasm")
         if k in record}
 
 

@@ -379,3 +379,27 @@ def test_pinned_blocks_let_go_are_read_again_at_their_next_use(tmp_path):
         assert weights["w"][0] == index[key]
     assert loader.stats.bytes_read - first == gone  # each let-go block read once more
     loader.close()
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_a_block_split_in_shards_is_read_back_to_back(tmp_path, cold):
+    """A web package's weights file in pieces (`weights.shards`): one buffer holding the
+    pieces in order, tensors at their offsets in the joined file, every byte counted."""
+    values = np.arange(5 * PAGE, dtype=np.float32)  # 20 KiB: shards of 8, 8 and 4 KiB
+    raw = values.tobytes()
+    cut = [raw[i:i + 2 * PAGE] for i in range(0, len(raw), 2 * PAGE)]
+    paths = []
+    for i, piece in enumerate(cut):
+        paths.append(tmp_path / f"w.{i}.bin")
+        paths[-1].write_bytes(piece)
+    tensor = {"name": "w", "dtype": "float32", "shape": [values.size], "offset": 0,
+              "bytes": len(raw)}
+    block = {"weights": {"path": "w.0.bin", "tensors": [tensor]}}
+    spec = BlockWeights.of_block("tr/p0", paths[0], block,
+                                 shards=tuple((p, p.stat().st_size, None) for p in paths))
+    assert spec.nbytes == len(raw)
+    loader = BlockLoader({"tr/p0": spec}, None, cold_reads=cold)
+    (key, weights), = list(loader.run(["tr/p0"]))
+    assert np.array_equal(weights["w"], values)
+    assert loader.stats.bytes_read == len(raw)
+    loader.close()

@@ -32,6 +32,7 @@ from browser import (  # noqa: E402  (after the skips)
 
 from edge.exporters.web_storage import DEFAULT_FORM  # noqa: E402
 from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402
+from edge.video_metrics import psnr  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
 
@@ -876,6 +877,8 @@ def test_page_without_webgpu_generates_through_wasm(wasm_page, python_video, tmp
 
 
 WASM_BUDGET = 32 << 20  # tiny-sora at fp16: the transformer and a few decoder blocks kept
+SAME_GRAPHS_PSNR_DB = 55.0  # onnxruntime-web and onnxruntime on the same graphs (measured:
+                            # the same frames, byte for byte)
 
 
 def test_wasm_path_streams_blocks_from_storage_under_a_page_memory_budget(
@@ -911,6 +914,19 @@ def test_wasm_path_streams_blocks_from_storage_under_a_page_memory_budget(
     streamed = [k for k in sizes if k not in pinned]
     assert streamed and all(k.startswith(("text_encoder/", "vae_decoder/")) for k in streamed)
     assert_same_video(got, python_video(prompt, seed, STEPS))
+    # the Python runtime on this very package (its wasm graphs, the weights streamed by its
+    # loader under the same budget, split files read back to back): the page's video
+    from edge.runtimes.python import Pipeline
+    from edge.runtimes.python.web_package import wasm_graph_opener
+
+    root = web_package[0]
+    python = Pipeline.load(root, memory_budget=WASM_BUDGET, open_block=wasm_graph_opener(root))
+    try:
+        same = python.generate(prompt, seed=seed, steps=STEPS)[0]
+    finally:
+        python.close()
+    print(f"page against the Python runtime on the package: PSNR {psnr(got, same):.1f} dB")
+    assert psnr(got, same) >= SAME_GRAPHS_PSNR_DB
     weights = run["weights"]
     assert weights["held_in"] == "page memory" and weights["stored_as"] == "fp16"
     assert weights["budget"] == WASM_BUDGET

@@ -253,3 +253,16 @@ def test_fusion_stops_before_a_kernel_binds_too_many_buffers(compiler):
     # still fused where it fits (each input's transpose with its scaling)
     assert any(c["func"].startswith("fused_") for c in compiled.plan.calls)
     assert _replay_error(compiled, block) < 1e-5
+
+
+def test_a_one_token_prologue_is_scheduled_where_the_tiled_matmul_rule_fails(wan_folder,
+                                                                            compiler):
+    """Wan at 1 frame 16 x 16 is one token: dlight's Matmul rule asserts on its matmuls of
+    one row; the rule is then skipped for that kernel (another schedules it), and the plan
+    replays like PyTorch."""
+    from edge.families import load_model
+
+    model = load_model(wan_folder, height=16, width=16, frames=1)
+    prologue = model.cut(model.shapes("web"))["transformer"][0]
+    assert prologue.example[0].shape[-3:] == (1, 2, 2)  # latent 1 x 2 x 2: one 2 x 2 patch
+    assert _replay_error(compiler.compile(prologue), prologue) < 1e-4

@@ -49,14 +49,22 @@ class BlockWeights:
     nbytes: int               # file size (page-padded)
     tensors: tuple[dict, ...]  # {"name", "dtype", "shape", "offset", "bytes"}
     identity: FileIdentity | None = None  # the file as verified; a read of another is refused
+    # a web package's weights file split in pieces (`weights.shards`): each (path, bytes,
+    # identity), read back to back into one buffer (`path` is the first); () for one file
+    shards: tuple[tuple[Path, int, FileIdentity | None], ...] = ()
 
     @classmethod
     def of_block(cls, key: str, path: Path, block: dict,
-                 identity: FileIdentity | None = None) -> BlockWeights:
+                 identity: FileIdentity | None = None,
+                 shards: tuple[tuple[Path, int, FileIdentity | None], ...] = ()
+                 ) -> BlockWeights:
         """The weights a manifest block record lists, in the file at `path` (resolved by the
-        caller inside its package)."""
-        return cls(key, path, path.stat().st_size, tuple(block["weights"]["tensors"]),
-                   identity)
+        caller inside its package), or in `shards` (resolved likewise) where it is split."""
+        size = sum(n for _, n, _ in shards) if shards else path.stat().st_size
+        return cls(key, path, size, tuple(block["weights"]["tensors"]), identity, shards)
+
+    def pieces(self) -> tuple[tuple[Path, int, FileIdentity | None], ...]:
+        return self.shards or ((self.path, self.nbytes, self.identity),)
 
 
 @dataclass
@@ -255,10 +263,12 @@ def _open_verified(path: Path, cold: bool, identity: FileIdentity | None) -> tup
     return fd, direct
 
 
-def read_file(path: Path, nbytes: int, cold: bool, into: mmap.mmap | None = None,
+def read_file(path: Path, nbytes: int, cold: bool,
+              into: mmap.mmap | memoryview | None = None,
               identity: FileIdentity | None = None) -> memoryview:
-    """One block file into aligned memory (`into`, else a fresh buffer), in one large read;
-    refused (PackageError) if the file is no longer the one verified (`identity`)."""
+    """One block file into aligned memory (`into`, else a fresh buffer; a view into a larger
+    one for a shard), in one large read; refused (PackageError) if the file is no longer the
+    one verified (`identity`)."""
     buf = memoryview(into if into is not None else _aligned_buffer(nbytes))
     fd, direct = _open_verified(path, cold, identity)
     try:
@@ -330,8 +340,13 @@ class BlockLoader:
         buffer = self.buffers.acquire(spec.nbytes)
         try:
             started = time.perf_counter()
-            view = read_file(spec.path, spec.nbytes, self.cold_reads, into=buffer,
-                             identity=spec.identity)
+            view = memoryview(buffer)
+            at = 0
+            for path, nbytes, identity in spec.pieces():  # shards end page-aligned but the last
+                with view[at:] as piece:
+                    read_file(path, nbytes, self.cold_reads, into=piece,
+                              identity=identity).release()
+                at += nbytes
             self.stats.read_s += time.perf_counter() - started
             flat, weights = _views(view, spec)
             view.release()

@@ -213,6 +213,16 @@ class BlockSession(Protocol):
 OpenBlock = Callable[[str, dict], BlockSession]
 
 
+def block_weights(root: Path, key: str, block: dict, identities: dict,
+                  where: str) -> BlockWeights:
+    """Where the loader reads a block's weights: its file, or a web package's shards."""
+    path = resolve_inside(root, block["weights"]["path"], where)
+    shards = tuple((p, p.stat().st_size, identities.get(p)) for p in (
+        resolve_inside(root, s, where) for s in block["weights"].get("shards", [])))
+    return BlockWeights.of_block(key, path, block, identities.get(path),
+                                 shards if len(shards) > 1 else ())
+
+
 def session_options(threads: int | None = None) -> ort.SessionOptions:
     """How the runtime's onnxruntime sessions run a block (`threads`: intra-op threads)."""
     options = ort.SessionOptions()
@@ -390,8 +400,7 @@ class Pipeline:
                             open_block(f"{key}#{variant}", record) if open_block else
                             _session(root, record["graph"], options, f"{where} variant {variant}",
                                      record))
-                    wpath = resolve_inside(root, block["weights"]["path"], where)
-                    weights[key] = BlockWeights.of_block(key, wpath, block, identities.get(wpath))
+                    weights[key] = block_weights(root, key, block, identities, where)
                 components[c.name] = c
             loader = BlockLoader(weights, budget,
                                  every_step=tuple(components["transformer"].keys()),
