@@ -30,6 +30,10 @@ def check(options: ExportOptions) -> None:
     from edge.exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
     from edge.exporters.web_storage import check_form
 
+    if options.memory_budget is not None:
+        raise ExportOptionError(
+            "--memory-budget: a web package takes its budget where the page loads it "
+            "(WebPipeline.load(url, {budget}), ?budget= on the demo page), not at export")
     refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize"})
     try:
         if options.quantize is not None:
@@ -65,14 +69,15 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
             size = sum(stored_bytes(t, form) for t in block.parameters().values())
             total += size
             lines.append(f"{block.key:<28}{size / 1e6:>11.2f}  {inputs_text(block)}")
-    lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize), every block held "
-                 "by the page")
+    lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize); the page keeps "
+                 "what its memory budget holds and streams the rest from the browser's storage")
     notes = []
     if total > PAGE_MEMORY_BYTES:
-        notes.append(f"the page holds every block's weights in its memory: {total / 1e9:.1f} GB "
-                     f"as {form} here, past the {PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser "
-                     "gives one page's WebAssembly heap; expect the page to fail to load it (a "
-                     "smaller model, --quantize 8, or --target onnx / iphone)")
+        notes.append(f"without a memory budget the page holds every block's weights: "
+                     f"{total / 1e9:.1f} GB as {form} here, past the "
+                     f"{PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser gives one page's WebAssembly "
+                     "heap; load it with a budget (WebPipeline.load(url, {budget}), ?budget= "
+                     "on the demo page) so blocks stream from the browser's storage")
     return Prepared(components, notes=notes, plan_lines=lines)
 
 

@@ -543,10 +543,11 @@ def test_web_dry_run_writes_nothing_and_a_web_budget_is_refused(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["export", "--target", "web", "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "transformer/pair_0" in res.output and "every block held by the page" in res.output
+    assert "transformer/pair_0" in res.output and "stored as fp16" in res.output
+    assert "streams the rest" in res.output
     assert list(tmp_path.iterdir()) == []  # was: a full export
     refused(["export", "--target", "web", "--memory-budget", "64MB"],
-            "--memory-budget is not built for --target web yet")
+            "--memory-budget: a web package takes its budget where the page loads it")
 
 
 # --- the second probe: options checked before the package is read, text, scale, -o --------

@@ -63,8 +63,8 @@ def test_every_target_answers_the_same_questions(name):
 @pytest.mark.parametrize("name, options, message", [
     ("onnx", ExportOptions(quantize="4"), "--quantize applies to --target iphone and web, "
      "not onnx"),
-    ("web", ExportOptions(memory_budget=1 << 20), "--memory-budget is not built for --target "
-     "web yet"),
+    ("web", ExportOptions(memory_budget=1 << 20), "--memory-budget: a web package takes its "
+     "budget where the page loads it"),
     ("iphone", ExportOptions(quantize="3"), "--quantize '3' not understood"),
     ("web", ExportOptions(quantize="4"), "--quantize .4.: the web target stores weights as "
      "fp32, fp16, 8"),
