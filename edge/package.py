@@ -65,6 +65,19 @@ def weights_layout(sizes: dict[str, int]) -> tuple[dict[str, int], int]:
     return offsets, align(max(offset, 1), FILE_ALIGN)
 
 
+def write_weights_file(path: Path, arrays: dict) -> dict[str, int]:
+    """NumPy arrays (C-ordered) written into one weights file in the flash layout; returns
+    each one's offset."""
+    offsets, size = weights_layout({n: a.nbytes for n, a in arrays.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for name, a in arrays.items():
+            f.write(b"\0" * (offsets[name] - f.tell()))
+            f.write(memoryview(a.reshape(-1)).cast("B"))  # no copy: a block may be GBs
+        f.write(b"\0" * (size - f.tell()))
+    return offsets
+
+
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

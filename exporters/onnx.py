@@ -36,8 +36,8 @@ from edge.manifest_schema import TILE_AXES
 from edge.package import (
     atomic_directory,
     file_entry,
-    weights_layout,
     write_manifest,
+    write_weights_file,
 )
 from edge.token_chunks import token_chunks
 from edge.video_metrics import psnr
@@ -51,13 +51,7 @@ def write_weights(path: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
     """Write fp32 tensors into one file in the package's flash layout; return the table."""
     arrays = {n: t.detach().contiguous().numpy().astype(np.float32, copy=False)
               for n, t in tensors.items()}
-    offsets, size = weights_layout({n: a.nbytes for n, a in arrays.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        for name, a in arrays.items():
-            f.write(b"\0" * (offsets[name] - f.tell()))
-            f.write(memoryview(a.reshape(-1)).cast("B"))  # no copy: a block may be GBs
-        f.write(b"\0" * (size - f.tell()))
+    offsets = write_weights_file(path, arrays)
     return [{"name": n, "dtype": "float32", "shape": list(a.shape), "offset": offsets[n],
              "bytes": a.nbytes} for n, a in arrays.items()]
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.package import weights_layout
+from edge.package import write_weights_file
 
 FORMS = ("fp32", "fp16", "8")
 DEFAULT_FORM = "fp16"
@@ -151,13 +151,7 @@ def write_stored(path: Path, stored: list[StoredTensor]) -> list[dict]:
     tensor `scale`, the name of its row scales' entry."""
     # np.require keeps a 0-d tensor 0-d (np.ascontiguousarray makes it 1-d)
     arrays = {n: np.require(a, requirements="C") for t in stored for n, a in t.arrays().items()}
-    offsets, size = weights_layout({n: a.nbytes for n, a in arrays.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        for name, a in arrays.items():
-            f.write(b"\0" * (offsets[name] - f.tell()))
-            f.write(memoryview(a.reshape(-1)).cast("B"))  # no copy: a block may be GBs
-        f.write(b"\0" * (size - f.tell()))
+    offsets = write_weights_file(path, arrays)
     scaled = {t.name for t in stored if t.scale is not None}
     return [{"name": n, "dtype": str(a.dtype), "shape": list(a.shape), "offset": offsets[n],
              "bytes": a.nbytes} | ({"scale": n + SCALE_SUFFIX} if n in scaled else {})
