@@ -188,9 +188,14 @@ export class WebPipeline {
         blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants, variantRecords });
       }
     }
+    // each pinned block's shards joined, and let go one block at a time, so the page never
+    // holds the pinned weights twice
     const kept = new Map();
-    for (const key of pinned) kept.set(key, concatBuffers(shardsOf(recordOf.get(key)).map((p) => bytes.get(p))));
-    for (const p of new Set([...pinned].flatMap((k) => shardsOf(recordOf.get(k))))) bytes.delete(p); // joined above
+    for (const key of pinned) {
+      const shards = shardsOf(recordOf.get(key));
+      kept.set(key, shards.length === 1 ? bytes.get(shards[0]) : concatBuffers(shards.map((p) => bytes.get(p))));
+      for (const p of shards) bytes.delete(p);
+    }
     const source = new BlockBytes(files, (k) => shardsOf(recordOf.get(k)).map((p) => recordOf.get(k).files.find((f) => f.path === p)), kept);
     const weights = new GpuWeights(executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
     const compiledAt = now();
