@@ -48,6 +48,7 @@ from edge.exporters.web_storage import (
     graph_weights,
     run_decoded,
     storage_record,
+    stored_arrays,
     stored_weights,
     write_stored,
 )
@@ -119,8 +120,7 @@ def export_wasm_graph(block: Block, module: torch.nn.Module, stored: list[Stored
     # its graphs chunk every attention
     export_graph(static, path, fused_attention=False,
                  weight_inputs=graph_weights(static, stored))
-    feeds = {n: a for t in stored for n, a in t.arrays().items()}
-    validation = validate_block(static, path, want, feeds)
+    validation = validate_block(static, path, want, stored_arrays(stored))
     check_validation(validation, f"block {what}: the wasm path's ONNX graph", BLOCK_TOLERANCE)
     return {"graph": file_entry(root, path), "validation": validation}
 

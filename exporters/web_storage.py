@@ -22,6 +22,7 @@ sign-extending `extractBits` and the row scale for int8, no shader extension nee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +49,11 @@ class StoredTensor:
     data: np.ndarray
     scale: np.ndarray | None = None
 
-    @property
+    @cached_property
     def decoded(self) -> np.ndarray:
         """The float32 tensor the block computes with, as the page decodes it: half widened
-        exactly; int8 times its row's scale, one float32 rounding."""
+        exactly; int8 times its row's scale, one float32 rounding. Decoded once: the export
+        checks a block and each of its variants with it."""
         if self.scale is None:
             return self.data.astype(np.float32)
         rows = self.scale.reshape(-1, *([1] * (self.data.ndim - 1)))
@@ -64,11 +66,16 @@ class StoredTensor:
         return {self.name: self.data, self.name + SCALE_SUFFIX: self.scale}
 
 
-def check_form(form: str) -> str:
+def stored_arrays(stored: list[StoredTensor]) -> dict[str, np.ndarray]:
+    """Every array a block's weights file holds, by name, in order: the graph's weight
+    inputs, C-ordered (np.require keeps a 0-d tensor 0-d; np.ascontiguousarray makes it 1-d)."""
+    return {n: np.require(a, requirements="C") for t in stored for n, a in t.arrays().items()}
+
+
+def check_form(form: str) -> None:
     if form not in FORMS:
         raise ValueError(f"--quantize {form!r}: the web target stores weights as "
                          f"{', '.join(FORMS)}")
-    return form
 
 
 def store(name: str, tensor: torch.Tensor, form: str) -> StoredTensor:
@@ -140,17 +147,16 @@ def graph_weights(block: Block, stored: list[StoredTensor]
                   ) -> tuple[nn.Module, list[str], tuple[torch.Tensor, ...]]:
     """What exporters/onnx.export_graph traces for a block with stored weights: the module,
     the weight inputs' names and example tensors (the stored arrays)."""
-    arrays = {n: a for t in stored for n, a in t.arrays().items()}
+    arrays = stored_arrays(stored)
     return (StoredWeightsAsInputs(block, stored), list(arrays),
-            tuple(torch.from_numpy(np.require(a, requirements="C")) for a in arrays.values()))
+            tuple(torch.from_numpy(a) for a in arrays.values()))
 
 
 def write_stored(path: Path, stored: list[StoredTensor]) -> list[dict]:
     """The stored arrays in one weights file in the package's flash layout; the manifest's
     tensor table: each array's name, stored dtype, shape, offset and bytes, and for an int8
     tensor `scale`, the name of its row scales' entry."""
-    # np.require keeps a 0-d tensor 0-d (np.ascontiguousarray makes it 1-d)
-    arrays = {n: np.require(a, requirements="C") for t in stored for n, a in t.arrays().items()}
+    arrays = stored_arrays(stored)
     offsets = write_weights_file(path, arrays)
     scaled = {t.name for t in stored if t.scale is not None}
     return [{"name": n, "dtype": str(a.dtype), "shape": list(a.shape), "offset": offsets[n],

@@ -55,7 +55,7 @@ def folder_name(model_name: str, options: ExportOptions) -> str:
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     """The blocks at the web's shapes, their stored bytes and input shapes (the --dry-run
-    table: the page holds every block)."""
+    table)."""
     from edge.exporters.web import web_blocks
     from edge.exporters.web_storage import stored_bytes
 

@@ -90,7 +90,12 @@ def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form
 
     from edge.blocks import Block
     from edge.exporters.onnx import export_graph, validate_block
-    from edge.exporters.web_storage import graph_weights, run_decoded, stored_weights
+    from edge.exporters.web_storage import (
+        graph_weights,
+        run_decoded,
+        stored_arrays,
+        stored_weights,
+    )
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
@@ -100,7 +105,7 @@ def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form
     stored = stored_weights(block, form)
     path = tmp_path / "mlp.onnx"
     export_graph(block, path, fused_attention=False, weight_inputs=graph_weights(block, stored))
-    feeds = {n: a for t in stored for n, a in t.arrays().items()}
+    feeds = stored_arrays(stored)
     want = run_decoded(block, stored)
     assert validate_block(block, path, want, feeds)["max_abs_error"] < 1e-5
     kinds = {i.name: i.type.tensor_type.elem_type for i in onnx.load(path).graph.input}

@@ -77,6 +77,12 @@ export class BlockBytes {
     if (this.streamed(key)) this.inMemory -= this.shardsOf(key).reduce((n, r) => n + r.bytes, 0);
   }
 
+  // A pinned block's bytes are no longer needed in page memory (its weights stay on the
+  // GPU): a later get() reads them from storage like a streamed block's.
+  forget(key) {
+    this.kept.delete(key);
+  }
+
   // Drop what is read ahead (a load that ends, a pipeline destroyed).
   clear() {
     for (const [key, pending] of this.reading) pending.then(() => this.done(key), () => this.done(key));

@@ -377,7 +377,7 @@ export class GpuWeights {
     if (this.pinned.has(key)) {
       this.resident.set(key, w);
       // once on the GPU a pinned block's bytes are not needed in page memory again
-      if (!this.executor.viewsWeights) this.source.kept.delete(key);
+      if (!this.executor.viewsWeights) this.source.forget(key);
     }
     return w;
   }
