@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from model_options import PROMPTS, SEEDS, add_model_options, model_from  # beside it
 
 from edge.exporters.coreml import (
     DEFAULT_MIN_IOS,
@@ -50,12 +51,8 @@ from edge.exporters.coreml import (
 )
 from edge.exporters.coreml_check import end_to_end_check, stored_weights_in_place
 from edge.exporters.coreml_target import package_bytes
-from edge.families import FamilyModel, StorageRule, load_model
+from edge.families import FamilyModel, StorageRule
 from edge.video_metrics import psnr, snr
-
-PROMPTS = ["a red circle moving left", "a blue square moving up",
-           "a green triangle moving right", "a yellow ball moving down"]
-SEEDS = (0, 1)
 
 
 def trial(spec: str) -> Compression:
@@ -148,9 +145,7 @@ def block_forms(model: FamilyModel, keys: list[str], forms: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, help="a diffusers folder (default: tiny-sora)")
-    for size in ("height", "width", "frames", "steps"):
-        parser.add_argument(f"--{size}", type=int, help="for a diffusers folder")
+    add_model_options(parser)
     parser.add_argument("--settings", nargs="*", default=None, choices=list(QUANTIZE),
                         help="named settings (default: all, or none with --rules)")
     parser.add_argument("--rules", nargs="+", default=[], metavar="SPEC",
@@ -167,9 +162,7 @@ def main() -> None:
                         help="the stored forms --blocks compares (default: all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per row")
     args = parser.parse_args()
-    options = {k: getattr(args, k) for k in ("height", "width", "frames", "steps")
-               if getattr(args, k) is not None}
-    model = load_model(args.model, **options)
+    model = model_from(args)
     if args.blocks:
         block_forms(model, args.blocks, args.forms)
         return
@@ -194,7 +187,7 @@ def main() -> None:
                           f"{row['smaller_than_fp32']:>10.2f}")
         return
     print(f"{min(args.videos, len(PROMPTS) * len(SEEDS))} videos (prompts x seeds), "
-          f"{options.get('steps', model.sampler.steps)} steps, against fp32 PyTorch")
+          f"{args.steps or model.sampler.steps} steps, against fp32 PyTorch")
     print(f"{'iOS':>6}{'package MB':>12}{'x smaller':>10}{'PSNR val':>10}{'mean':>7}"
           f"{'worst':>7}{'SNR worst':>10}  setting")
     with tempfile.TemporaryDirectory() as tmp:

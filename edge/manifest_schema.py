@@ -31,6 +31,8 @@ DYNAMIC_AXES = ("batch", *TILE_AXES)
 # dtypes a weights file or an activation may hold (NumPy names, little-endian on disk)
 DTYPES = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1,
           "bool": 1}
+# a weights file's tables also hold int4 (a web package's `--quantize 4`): two a byte
+WEIGHT_DTYPES = DTYPES | {"int4": 0.5}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -163,13 +165,13 @@ def _check_weights(block: dict, files: dict[str, dict], where: str) -> None:
             raise PackageError(f"{at}: tensor {name!r} appears twice")
         names.add(name)
         dtype = require(t, "dtype", str, at)
-        if dtype not in DTYPES:
+        if dtype not in WEIGHT_DTYPES:
             raise PackageError(f"{at}: unknown dtype {dtype!r}")
         shape = require(t, "shape", list, at)
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise PackageError(f"{at}: shape {shape!r} must be a list of sizes")
         offset, nbytes = _count(t, "offset", at), _count(t, "bytes", at)
-        if nbytes != math.prod(shape) * DTYPES[dtype]:
+        if nbytes != math.prod(shape) * WEIGHT_DTYPES[dtype]:
             raise PackageError(f"{at}: {nbytes} bytes disagree with shape {shape} of {dtype}")
         if offset + nbytes > size:
             raise PackageError(f"{at}: tensor {name!r} ends at byte {offset + nbytes}, beyond "
@@ -185,20 +187,40 @@ def _check_weights(block: dict, files: dict[str, dict], where: str) -> None:
             raise PackageError(f"{where} weights: tensors {a!r} and {b!r} overlap in {path}")
 
 
+def fed_as(tensor: dict) -> tuple[str, list[int]]:
+    """The dtype and shape a weights table's tensor is fed to a graph as: as stored, but an
+    int4 tensor as its packed bytes (uint8, one axis), which the graph unpacks."""
+    if tensor["dtype"] == "int4":
+        return "uint8", [tensor["bytes"]]
+    return tensor["dtype"], tensor["shape"]
+
+
 def _check_scales(tensors: list[dict], where: str) -> None:
-    """A tensor stored as int8 with row scales (a web package's `--quantize 8`) names its
-    scales' entry: float32, one per row of its first axis."""
+    """A tensor stored as int8 or int4 (a web package's `--quantize 8` or `4`) names its
+    scales' entry, float32: an int8 tensor one per row of its first axis, an int4 matrix one
+    per `group` inputs of each row."""
     by_name = {t["name"]: t for t in tensors}
     for t in tensors:
+        at = f"{where} weights: tensor {t['name']!r}"
+        if t["dtype"] == "int4" and "scale" not in t:
+            raise PackageError(f"{at}: an int4 tensor needs its scales (`scale`)")
         if "scale" not in t:
             continue
-        at = f"{where} weights: tensor {t['name']!r}"
         scale = by_name.get(require(t, "scale", str, at))
-        if t["dtype"] != "int8" or not t["shape"]:
-            raise PackageError(f"{at}: only an int8 tensor of one or more axes has a scale")
-        if scale is None or scale["dtype"] != "float32" or scale["shape"] != t["shape"][:1]:
+        if t["dtype"] == "int8" and t["shape"]:
+            want = t["shape"][:1]
+        elif t["dtype"] == "int4" and len(t["shape"]) == 2:
+            group = _count(t, "group", at, minimum=1)
+            if t["shape"][1] % group:
+                raise PackageError(f"{at}: group {group} does not divide its rows of "
+                                   f"{t['shape'][1]}")
+            want = [t["shape"][0], t["shape"][1] // group]
+        else:
+            raise PackageError(f"{at}: only an int8 tensor of one or more axes or an int4 "
+                               "matrix has a scale")
+        if scale is None or scale["dtype"] != "float32" or scale["shape"] != want:
             raise PackageError(f"{at}: its scale {t['scale']!r} must be a float32 tensor of "
-                               f"the block of shape {t['shape'][:1]}")
+                               f"the block of shape {want}")
 
 
 def check_chain(name: str, blocks: list[dict], provided: set[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from edge.exporters.coreai import (
 )
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.package_head import manifest_head
+from edge.exporters.validation import VALIDATION_PROMPT
 from edge.family_model import FamilyModel
 from edge.package import atomic_directory, folder_bytes, write_manifest
 from edge.video_metrics import psnr, snr
@@ -35,7 +36,6 @@ from edge.video_metrics import psnr, snr
 DEFAULT_QUANTIZE = "fp16"
 # the package's whole generation through Core AI against the family's reference
 PSNR_FLOOR_DB, SNR_FLOOR_DB = 35.0, 20.0
-VALIDATION_PROMPT = "a red circle moving left"
 # the interpreter emulates float16 on Linux (a tiny-sora transformer pair: 12 s against 0.1 s
 # at fp32), so a generation of an fp16 package is not run at export; its blocks are
 FP16_NOTE = ("not run: Core AI's Linux interpreter emulates float16 (about 100x the float32 "

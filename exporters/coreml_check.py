@@ -17,9 +17,7 @@ which only a Mac or an iPhone can run.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +35,12 @@ from edge.exporters.coreml_weights import (
     read_parameters,
     tensor_sizes,
 )
-from edge.exporters.validation import output_error
+from edge.exporters.validation import VALIDATION_PROMPT, output_error
+from edge.exporters.weights_in_place import weights_replaced
 from edge.family_model import FamilyModel
 from edge.manifest_schema import as_variant
 from edge.video_metrics import psnr, snr
 
-VALIDATION_PROMPT = "a red circle moving left"
 _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType
 
 
@@ -219,25 +217,10 @@ def load_stored_weights(components: dict[str, list[Block]], root: Path,
                     written.add(id(p))
 
 
-@contextmanager
 def stored_weights_in_place(components: dict[str, list[Block]], root: Path, manifest: dict):
-    """The model with the package's stored weights for the duration of the block; its own
-    weights wait in a scratch file on disk meanwhile (the model is held once: a deep copy
-    would hold it twice, 6 GB more for Wan 1.3B)."""
-    originals = {id(p): p for blocks in components.values() for b in blocks
-                 for p in b.module.parameters()}
-    with tempfile.TemporaryFile(prefix="edge-fp32-weights-") as spill:
-        for p in originals.values():
-            spill.write(p.detach().numpy().tobytes())
-        try:
-            load_stored_weights(components, root, manifest)
-            yield
-        finally:
-            spill.seek(0)
-            with torch.no_grad():
-                for p in originals.values():
-                    data = bytearray(spill.read(p.numel() * p.element_size()))
-                    p.copy_(torch.frombuffer(data, dtype=p.dtype).view_as(p))
+    """The model with the package's stored weights for the duration of the block (its own
+    restored after)."""
+    return weights_replaced(components, lambda c: load_stored_weights(c, root, manifest))
 
 
 def end_to_end_check(model: FamilyModel, quantize: str | Compression, seed: int = 0,

@@ -28,8 +28,8 @@ from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
 from edge.exporters.onnx_registry import reused_torchlib_registry
 from edge.exporters.onnx_rewrites import without_quadratic_rules
 from edge.exporters.package_head import manifest_head
+from edge.exporters.validation import VALIDATION_PROMPT, output_error
 from edge.exporters.validation import check_validation as check_bound
-from edge.exporters.validation import output_error
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
 from edge.manifest_schema import TILE_AXES
@@ -322,7 +322,6 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
 
 
 PSNR_LIMIT_DB = 40.0
-VALIDATION_PROMPT = "a red circle moving left"
 
 
 def end_to_end_check(model: FamilyModel, seed: int = 0,

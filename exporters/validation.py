@@ -10,6 +10,9 @@ import torch
 
 from edge.exporters import ExportValidationError
 
+# the prompt every exporter's end-to-end check renders
+VALIDATION_PROMPT = "a red circle moving left"
+
 
 def worst_difference(got: np.ndarray, want: np.ndarray) -> float:
     """max |got - want| over the entries where they differ; NaN if any is NaN."""

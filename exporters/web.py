@@ -41,15 +41,16 @@ from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
 from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, shared_compiler, web_example
 from edge.exporters.validation import check_validation, output_error
+from edge.exporters.web_check import end_to_end_check
 from edge.exporters.web_storage import (
     DEFAULT_FORM,
     StoredTensor,
-    check_form,
+    WebStorage,
     graph_weights,
     run_decoded,
-    storage_record,
     stored_arrays,
     stored_weights,
+    web_storage,
     write_stored,
 )
 from edge.family_model import FamilyModel
@@ -153,8 +154,8 @@ def export_variant(block: Block, name: str, stored: list[StoredTensor],
 
 def export_block(block: Block, compiler: BlockCompiler, root: Path,
                  variants: bool = True, check: bool = True,
-                 required: frozenset[str] = frozenset(), form: str = DEFAULT_FORM,
-                 shard_bytes: int = SHARD_BYTES) -> dict:
+                 required: frozenset[str] = frozenset(),
+                 form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES) -> dict:
     """`variants=False`: only the `required` variants (a chunked component's first). `form`:
     how the weights are stored (exporters/web_storage.py); `shard_bytes`: the largest
     weights file."""
@@ -208,7 +209,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                check: bool = True, ort_url: str | None = None,
                bundle_ort: Path | None = None,
                components: dict[str, list[Block]] | None = None,
-               form: str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES) -> dict:
+               form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES,
+               validate_end_to_end: bool = False) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' optional variants (the TDTM pairs), so `merge_steps` is refused by the
     page; a chunked component's first variant is kept.
@@ -218,18 +220,22 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     `bundle_ort`: where the page gets onnxruntime-web (exporters/ort_web.py; default: the
     pinned version on the official CDN). `components`: the blocks, if already cut at the
     web's shapes. `form`: how the weights are stored (exporters/web_storage.py: fp32, fp16,
-    8); `shard_bytes`: the largest weights file the page fetches in one piece."""
-    check_form(form)
+    8, or 4 as the family words it); `shard_bytes`: the largest weights file the page fetches
+    in one piece. `validate_end_to_end`: render the model's video with the decoded weights
+    against float32 first (exporters/web_check.py), refusing a form under its floor before
+    anything is written; the result is the manifest's `validation`."""
+    storage = web_storage(form, model)
     compiler = compiler or shared_compiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
+    validation = end_to_end_check(model, components, storage) if validate_end_to_end else None
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "web", model_name or model.name)
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
         manifest["web"] = {"guidance_batch": shapes.guidance_batch,
                            "vae_frames": shapes.decoder_frames,
                            "shard_bytes": shard_bytes, "paths": ["webgpu", "wasm"], "ort": ort,
-                           "storage": storage_record(form)}
+                           "storage": storage.record()}
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
@@ -238,7 +244,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
             required = frozenset([first] if first is not None else [])
             for block in chained(blocks):
                 records.append(export_block(block, compiler, root, variants, check, required,
-                                            form, shard_bytes))
+                                            storage, shard_bytes))
                 if on_block:
                     on_block(block.key)
             component = {"name": name, "blocks": records}
@@ -246,5 +252,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                 component["chunked"] = model.chunked[name].to_dict(blocks)
             manifest["components"].append(component)
         manifest["files"] = copy_site(root) + ort_files
+        if validation is not None:
+            manifest["validation"] = validation
         write_manifest(root, manifest)
     return manifest

@@ -57,16 +57,20 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     """The blocks at the web's shapes, their stored bytes and input shapes (the --dry-run
     table)."""
     from edge.exporters.web import web_blocks
-    from edge.exporters.web_storage import stored_bytes
+    from edge.exporters.web_storage import block_stored_bytes, web_storage
 
     refuse_out_of_core(NAME, model)
-    components = web_blocks(model)
     form = stored_form(options)
+    try:
+        storage = web_storage(form, model)
+    except ValueError as err:
+        raise ExportOptionError(str(err)) from None
+    components = web_blocks(model)
     lines = [f"{'block':<28}{'weights MB':>11}  inputs"]
     total = 0
     for blocks in components.values():
         for block in blocks:
-            size = sum(stored_bytes(t, form) for t in block.parameters().values())
+            size = block_stored_bytes(block, storage)
             total += size
             lines.append(f"{block.key:<28}{size / 1e6:>11.2f}  {inputs_text(block)}")
     lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize); the page keeps "
@@ -87,7 +91,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 
     return export_web(model, dest, components=prepared.components, on_block=progress.on_block,
                       ort_url=options.ort_url, bundle_ort=options.bundle_ort,
-                      form=stored_form(options))
+                      form=stored_form(options), validate_end_to_end=True)
 
 
 def stored_form(options: ExportOptions) -> str:
@@ -96,13 +100,23 @@ def stored_form(options: ExportOptions) -> str:
     return options.quantize or DEFAULT_FORM
 
 
+def _end_to_end(manifest: dict) -> str:
+    check = manifest.get("validation")
+    if not check:
+        return ""
+    if check["identical"]:
+        return ": the video identical to float32's"
+    return (f": video {check['psnr_db']:.1f} dB PSNR, {check['snr_db']:.1f} dB SNR from "
+            f"float32's, floor {check['psnr_floor_db']:g} dB")
+
+
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
     worst = worst_block(manifest)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {size / 1e6:.1f} MB "
-            f"(weights stored as {manifest['web']['storage']['quantize']}), "
+            f"(weights stored as {manifest['web']['storage']['quantize']}{_end_to_end(manifest)}), "
             f"worst block error {worst[0]:.2g} of its largest output ({worst[1]}; launch plans "
             f"replayed with TVM's llvm build, wasm graphs with onnxruntime)\n"
             f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"

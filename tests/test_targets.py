@@ -66,8 +66,8 @@ def test_every_target_answers_the_same_questions(name):
     ("web", ExportOptions(memory_budget=1 << 20), "--memory-budget: a web package takes its "
      "budget where the page loads it"),
     ("iphone", ExportOptions(quantize="3"), "--quantize '3' not understood"),
-    ("web", ExportOptions(quantize="4"), "--quantize .4.: the web target stores weights as "
-     "fp32, fp16, 8"),
+    ("web", ExportOptions(quantize="6"), "--quantize .6.: the web target stores weights as "
+     "fp32, fp16, 8, 4"),
     ("iphone", ExportOptions(ort_url="https://x/"), "apply to --target web, not iphone"),
 ])
 def test_targets_refuse_options_they_do_not_take(name, options, message):

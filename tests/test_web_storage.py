@@ -9,6 +9,7 @@ import torch
 
 from edge.exporters.web_storage import (
     HALF_MAX,
+    INT4_GROUP,
     INT8_MIN_ELEMENTS,
     SCALE_SUFFIX,
     check_form,
@@ -49,10 +50,34 @@ def test_int8_rows_decode_within_half_a_step_of_their_scale():
     assert INT8_MIN_ELEMENTS > 64
 
 
+def test_int4_groups_decode_within_half_a_step_of_their_scale():
+    """A matrix's rows in groups of 32 inputs, each group's values -7..7 times its scale, two
+    a byte (offset by 8, the first in the low nibble); a group of zeros decodes to zeros; what
+    int4 does not fit (a convolution's kernel, rows not splitting into groups) is int8 by row,
+    the small rest half."""
+    from edge.exporters.web_storage import INT4_OFFSET, unpack_nibbles
+
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(96, 128, generator=gen) * torch.linspace(0.01, 10, 128)  # groups of every size
+    w[3, :INT4_GROUP] = 0
+    got = store("w", w, "4")
+    assert got.dtype == "int4" and got.shape == (96, 128) and got.data.dtype == np.uint8
+    assert got.data.shape == (96 * 128 // 2,) and got.scale.shape == (96, 128 // INT4_GROUP)
+    nibbles = unpack_nibbles(got.data).astype(int) - INT4_OFFSET
+    assert nibbles.min() >= -7 and nibbles.max() == 7
+    assert nibbles[0] == np.rint(w[0, 0].item() / got.scale[0, 0])  # the low nibble first
+    error = np.abs(got.decoded - w.numpy()).reshape(96, -1, INT4_GROUP).max(axis=2)
+    assert (error <= got.scale * 0.5 * (1 + 1e-5)).all()
+    assert not got.decoded[3, :INT4_GROUP].any()
+    assert store("conv", torch.randn(64, 16, 3, 3), "4").dtype == "int8"
+    assert store("odd", torch.randn(128, 48), "4").dtype == "int8"  # 48 inputs: no groups of 32
+    assert store("bias", torch.randn(4096), "4").dtype == "float16"
+
+
 def test_dry_run_sizes_match_what_is_stored():
-    for shape in [(4096,), (64, 64), (256, 16, 3), (8, 8)]:
+    for shape in [(4096,), (64, 64), (256, 16, 3), (8, 8), (128, 48)]:
         t = torch.randn(shape)
-        for form in ("fp32", "fp16", "8"):
+        for form in ("fp32", "fp16", "8", "4"):
             stored = store("t", t, form)
             assert stored_bytes(t, form) == sum(a.nbytes for a in stored.arrays().values())
 
@@ -80,13 +105,38 @@ def test_the_weights_table_names_each_int8_tensors_scales(tmp_path):
         _check_weights(block, files, "block x")
 
 
+def test_the_weights_table_gives_an_int4_tensor_its_shape_group_and_scales(tmp_path):
+    from edge.manifest_schema import PackageError, _check_weights, fed_as
+
+    stored = [store("a.weight", torch.randn(64, 96), "4")]
+    table = write_stored(tmp_path / "w.bin", stored)
+    assert table[0] | {"offset": 0} == {"name": "a.weight", "dtype": "int4", "shape": [64, 96],
+                                        "offset": 0, "bytes": 64 * 96 // 2,
+                                        "scale": "a.weight" + SCALE_SUFFIX, "group": INT4_GROUP}
+    assert table[1]["shape"] == [64, 3] and fed_as(table[0]) == ("uint8", [64 * 96 // 2])
+    raw = (tmp_path / "w.bin").read_bytes()
+    block = {"files": [{"path": "w.bin"}], "weights": {"path": "w.bin", "tensors": table}}
+    files = {"w.bin": {"bytes": len(raw)}}
+    _check_weights(block, files, "block x")
+    table[0]["group"] = 64  # 96 inputs do not split into groups of 64
+    with pytest.raises(PackageError, match="'a.weight': group 64 does not divide its rows of 96"):
+        _check_weights(block, files, "block x")
+    table[0]["group"] = 16  # groups that disagree with the scales' shape
+    with pytest.raises(PackageError, match=r"must be a float32 tensor of the block of shape "
+                       r"\[64, 6\]"):
+        _check_weights(block, files, "block x")
+    del table[0]["scale"], table[0]["group"]
+    with pytest.raises(PackageError, match="'a.weight': an int4 tensor needs its scales"):
+        _check_weights(block, files, "block x")
+
+
 def test_an_unknown_form_is_refused_naming_the_known_ones():
-    with pytest.raises(ValueError, match="--quantize '4': the web target stores weights as "
-                       "fp32, fp16, 8"):
-        check_form("4")
+    with pytest.raises(ValueError, match="--quantize '3': the web target stores weights as "
+                       "fp32, fp16, 8, 4"):
+        check_form("3")
 
 
-@pytest.mark.parametrize("form", ["fp16", "8"])
+@pytest.mark.parametrize("form", ["fp16", "8", "4"])
 def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form):
     """The wasm path's ONNX graph of a block fed its stored arrays gives the block's outputs
     with the decoded weights; the graph's weight inputs have the stored dtypes."""
@@ -113,12 +163,14 @@ def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form
     want = run_decoded(block, stored)
     assert validate_block(block, path, want, feeds)["max_abs_error"] < 1e-5
     kinds = {i.name: i.type.tensor_type.elem_type for i in onnx.load(path).graph.input}
-    expect = onnx.TensorProto.INT8 if form == "8" else onnx.TensorProto.FLOAT16
+    expect = {"fp16": onnx.TensorProto.FLOAT16, "8": onnx.TensorProto.INT8,
+              "4": onnx.TensorProto.UINT8}[form]  # int4: its packed bytes
     assert kinds["0.weight"] == expect and kinds["x"] == onnx.TensorProto.FLOAT
-    assert (kinds.get("0.weight" + SCALE_SUFFIX) == onnx.TensorProto.FLOAT) == (form == "8")
-    # storing costs something, but little
+    assert (kinds.get("0.weight" + SCALE_SUFFIX) == onnx.TensorProto.FLOAT) == (form != "fp16")
+    # storing costs something, but little (int4 on random weights: a tenth of the output)
     full = block.run(*block.example)[0]
-    assert 0 < (want[0] - full).abs().max() < 0.05 * full.abs().max()
+    bound = {"fp16": 0.01, "8": 0.05, "4": 0.2}[form]
+    assert 0 < (want[0] - full).abs().max() < bound * full.abs().max()
 
 
 def test_a_scalar_weight_stays_a_scalar(tmp_path):
@@ -131,3 +183,68 @@ def test_a_scalar_weight_stays_a_scalar(tmp_path):
 
     block = Block("transformer", "s", torch.nn.Linear(2, 2), ["x"], ["y"], (torch.ones(1, 2),))
     assert graph_weights(block, stored)[2][0].dim() == 0
+
+
+def test_the_web_4_is_the_familys_rule_with_the_webs_nearest_forms(tiny_sora):
+    """tiny-sora's `--quantize 4` (its iphone rule: a 4-bit palette for the embedding table
+    and the decoder, 6 bits for the text encoder's layers, int8 for the transformer) stores
+    int4 where the phone stores 4 bits and int8 where it stores 6 or 8; a family without a
+    rule is refused by name, as is a rule naming a form the web lacks."""
+    from edge.exporters.web_storage import web_storage
+    from edge.family_model import StorageRule
+
+    storage = web_storage("4", tiny_sora)
+    forms = {k: storage.form(k, "w") for k in ("text_encoder/embeddings", "text_encoder/layer_0",
+                                                "transformer/pair_0", "vae_decoder/up_0")}
+    assert forms == {"text_encoder/embeddings": "4", "text_encoder/layer_0": "8",
+                     "transformer/pair_0": "8", "vae_decoder/up_0": "4"}
+    record = storage.record()
+    assert record["quantize"] == "4" and ["transformer/*", "8"] in record["blocks"]
+    assert web_storage("8", tiny_sora).form("transformer/pair_0", "w") == "8"
+
+    class NoRule:
+        family, device_storage = "ltx-video", {}
+
+    with pytest.raises(ValueError, match="--quantize 4 is worded by each family and ltx-video "
+                       "models have no rule for it yet; use one of fp32, fp16, 8"):
+        web_storage("4", NoRule())
+
+    class OddRule:
+        family = "odd"
+        device_storage = {"4": StorageRule((("*", "lut3"),), 30.0, "")}
+
+    with pytest.raises(ValueError, match="odd's --quantize 4 names stored form 'lut3'"):
+        web_storage("4", OddRule())
+
+
+def test_a_tensor_rule_overrides_its_blocks(tiny_sora):
+    from edge.exporters.web_storage import WebStorage
+    from edge.family_model import StorageRule
+
+    rule = StorageRule((("transformer/*", "lut4"),), 30.0, "",
+                       tensors=(("transformer/*", "*cross*", "int8"),))
+    storage = WebStorage("4", rule)
+    assert storage.form("transformer/pair_0", "a.cross_attn.q.weight") == "8"
+    assert storage.form("transformer/pair_0", "a.self_attn.q.weight") == "4"
+    assert storage.form("vae_decoder/up_0", "w") == "fp16"  # no rule names it
+
+
+def test_a_setting_under_its_floor_is_refused_before_anything_is_written(tmp_path, tiny_sora):
+    """The export's end-to-end check renders with the decoded weights first: a rule whose
+    floor the video misses stops the export with the figures, and no package is left."""
+    from edge.exporters import ExportValidationError
+    from edge.exporters.web import export_web
+    from edge.exporters.web_storage import WebStorage
+    from edge.family_model import StorageRule
+
+    strict = WebStorage("4", StorageRule((("*", "lut4"),), 99.0, "every block at 4 bits"))
+    dest = tmp_path / "pkg"
+    with pytest.raises(ExportValidationError, match=r"end to end: with weights stored as 4 the "
+                       r"video differs from float32 PyTorch by PSNR \d+\.\d dB < 99 dB"):
+        export_web(tiny_sora, dest, form=strict, validate_end_to_end=True)
+    assert not dest.exists() and not list(tmp_path.iterdir())
+    # and the model has its own weights back
+    from edge.exporters.web_check import end_to_end_check
+
+    fine = end_to_end_check(tiny_sora, tiny_sora.cut(tiny_sora.shapes("web")), WebStorage("fp32"))
+    assert fine["identical"] and fine["psnr_db"] is None

@@ -33,8 +33,9 @@ def export(
     quantize: Annotated[str | None, typer.Option(
         help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized) or 4 "
         "(mostly 4-bit palettized, the transformer int8); with --min-ios 27 fp32 or fp16 "
-        "[default: fp16]. web: how weights are stored and downloaded: fp32, fp16 or 8 (int8 "
-        "with a scale per row) [default: fp16].")] = None,
+        "[default: fp16]. web: how weights are stored and downloaded: fp32, fp16, 8 (int8 "
+        "with a scale per row) or 4 (the family's rule: int4 with a scale per 32 inputs "
+        "where its phone rule stores 4 bits, int8 elsewhere) [default: fp16].")] = None,
     min_ios: Annotated[int | None, typer.Option(
         help="iphone: the oldest iOS the package runs on. 27: a Core AI model (.aimodel) per "
         "block, its variants as functions sharing its weights, every program executed "

@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from edge.manifest_schema import DYNAMIC_AXES, MANIFEST, TILE_AXES, PackageError, as_variant
+from edge.manifest_schema import (
+    DYNAMIC_AXES,
+    MANIFEST,
+    TILE_AXES,
+    PackageError,
+    as_variant,
+    fed_as,
+)
 from edge.pieces import piece_bounds
 
 # NumPy dtype names of the manifest -> onnxruntime's type strings
@@ -60,7 +67,7 @@ def _check_args(where: str, what: str, declared: Mapping[str, tuple[str, list]],
 def check_block_graph(where: str, block: dict, session: Any) -> None:
     """The block's weights and inputs are exactly its graph's inputs, and its outputs are
     among the graph's outputs (named `out:<name>`), with the declared dtypes and shapes."""
-    tensors = {t["name"]: (t["dtype"], t["shape"]) for t in block["weights"]["tensors"]}
+    tensors = {t["name"]: fed_as(t) for t in block["weights"]["tensors"]}
     inputs = {s["name"]: (s["dtype"], s["shape"]) for s in block["inputs"]}
     clash = sorted(set(tensors) & set(inputs))
     if clash:

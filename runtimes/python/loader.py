@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.budget import check_budget, fill_budget, plan_pins
+from edge.manifest_schema import fed_as
 from edge.package import FileIdentity, PackageError, check_unchanged
 
 PAGE = 4096
@@ -289,10 +290,14 @@ def read_file(path: Path, nbytes: int, cold: bool,
 
 def _views(buf: memoryview | mmap.mmap, spec: BlockWeights) -> tuple[np.ndarray,
                                                                      dict[str, np.ndarray]]:
-    """One flat array over `buf` and each tensor as a view of it (no copy)."""
+    """One flat array over `buf` and each tensor as a view of it (no copy), as it is fed
+    (an int4 tensor as its packed bytes)."""
     flat = np.frombuffer(buf, np.uint8)
-    return flat, {t["name"]: flat[t["offset"]:t["offset"] + t["bytes"]].view(t["dtype"])
-                  .reshape(t["shape"]) for t in spec.tensors}
+    views = {}
+    for t in spec.tensors:
+        dtype, shape = fed_as(t)
+        views[t["name"]] = flat[t["offset"]:t["offset"] + t["bytes"]].view(dtype).reshape(shape)
+    return flat, views
 
 
 def tensors_from(buf: memoryview | mmap.mmap, spec: BlockWeights) -> dict[str, np.ndarray]:

@@ -4,7 +4,9 @@
 // and need no shader extension:
 // - half (float16): each 32-bit word holds two, widened exactly by unpack2x16float;
 // - int8 with a float32 scale per row: each word holds four, sign-extended by extractBits,
-//   then times its row's scale (one float32 rounding, as the exporter's NumPy decoding).
+//   then times its row's scale (one float32 rounding, as the exporter's NumPy decoding);
+// - int4 with a float32 scale per group of a row's inputs: each word holds eight nibbles
+//   (the first element in the lowest), each the value plus 8, then times its group's scale.
 // The wasm path needs none of this: its ONNX graphs take the stored tensors and decode them.
 
 const WORKGROUP = 256;
@@ -13,7 +15,7 @@ const MAX_GROUPS = 65535; // WebGPU maxComputeWorkgroupsPerDimension
 const HEAD = `
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(2) var<uniform> size: vec4<u32>; // elements, row length, threads per grid row
+@group(0) @binding(2) var<uniform> size: vec4<u32>; // elements, elements a scale covers, threads per grid row
 `;
 
 const KERNELS = {
@@ -39,8 +41,23 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
     dst[e] = f32(extractBits(word, 8u * k, 8u)) * scale[e / size.y];
   }
 }`,
+  int4: `${HEAD}
+@group(0) @binding(3) var<storage, read> scale: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+  let i = id.x + id.y * size.z;
+  if (8u * i >= size.x) { return; }
+  let word = src[i];
+  for (var k = 0u; k < 8u; k++) {
+    let e = 8u * i + k;
+    if (e >= size.x) { return; }
+    dst[e] = f32(i32(extractBits(word, 4u * k, 4u)) - 8) * scale[e / size.y];
+  }
+}`,
 };
-const PER_WORD = { float16: 2, int8: 4 };
+const PER_WORD = { float16: 2, int8: 4, int4: 8 };
+// the stored forms decoded with a scale, and the elements one scale covers
+const SCALED = { int8: (t) => elements(t.shape) / (t.shape[0] || 1), int4: (t) => t.group };
 
 function elements(shape) {
   return shape.reduce((a, b) => a * b, 1);
@@ -88,7 +105,7 @@ export class WeightDecoder {
         continue;
       }
       if (!KERNELS[t.dtype]) throw new Error(`${label}: weight ${t.name} is stored as ${t.dtype}, which this runtime does not decode`);
-      if ((t.dtype === "int8") !== Boolean(t.scale)) throw new Error(`${label}: weight ${t.name} (${t.dtype}) ${t.scale ? "has a scale it should not" : "has no row scales"}`);
+      if (Boolean(SCALED[t.dtype]) !== Boolean(t.scale)) throw new Error(`${label}: weight ${t.name} (${t.dtype}) ${t.scale ? "has a scale it should not" : "has no scales"}`);
       const n = elements(t.shape);
       const src = upload(padded(view(t)), `${label} ${t.name} stored`);
       const dst = storage(4 * n, `${label} ${t.name}`);
@@ -96,7 +113,7 @@ export class WeightDecoder {
       const threads = Math.ceil(n / PER_WORD[t.dtype]);
       const groups = Math.max(1, Math.ceil(threads / WORKGROUP));
       const x = Math.min(groups, MAX_GROUPS);
-      this.device.queue.writeBuffer(size, 0, new Uint32Array([n, n / (t.shape[0] || 1), x * WORKGROUP, 0]));
+      this.device.queue.writeBuffer(size, 0, new Uint32Array([n, t.scale ? SCALED[t.dtype](t) : 0, x * WORKGROUP, 0]));
       const entries = [{ binding: 0, resource: { buffer: src } }, { binding: 1, resource: { buffer: dst } }, { binding: 2, resource: { buffer: size } }];
       temporary.push(src, size);
       if (t.scale) {
@@ -119,7 +136,7 @@ export class WeightDecoder {
   }
 }
 
-// writeBuffer takes whole 32-bit words: an int8 or half tensor of odd length padded
+// writeBuffer takes whole 32-bit words: an int8, int4 or half tensor of odd length padded
 function padded(bytes) {
   if (bytes.byteLength % 4 === 0) return bytes;
   const out = new Uint8Array(Math.ceil(bytes.byteLength / 4) * 4);

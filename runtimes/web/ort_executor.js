@@ -33,8 +33,14 @@ export function ortFailure() {
 const ENTRY = "ort.wasm.min.mjs";
 const GLUE = "ort-wasm-simd-threaded.mjs";
 const BINARY = "ort-wasm-simd-threaded.wasm";
-// float16 as its bits (onnxruntime-web takes a Uint16Array for it); int8: --quantize 8
-const TYPED = { float32: Float32Array, int32: Int32Array, float16: Uint16Array, int8: Int8Array };
+// float16 as its bits (onnxruntime-web takes a Uint16Array for it); int8: --quantize 8;
+// uint8: an int4 tensor's packed bytes (--quantize 4), which the graph unpacks
+const TYPED = { float32: Float32Array, int32: Int32Array, float16: Uint16Array, int8: Int8Array, uint8: Uint8Array };
+
+// The dtype and shape a weights table's tensor is fed as (manifest_schema.fed_as)
+function fedAs(t) {
+  return t.dtype === "int4" ? ["uint8", [t.bytes]] : [t.dtype, t.shape];
+}
 
 // A tensor in page memory: what upload() gives and run() returns on this path.
 export class HostTensor {
@@ -160,7 +166,10 @@ export class OrtExecutor {
     const { ort } = this;
     const feeds = {};
     for (const s of prepared.block.inputs) feeds[s.name] = new ort.Tensor(s.dtype, typed(inputs[s.name].data, s.dtype), s.shape);
-    for (const t of prepared.block.weights.tensors) feeds[t.name] = new ort.Tensor(t.dtype, typed(weights[t.name].data, t.dtype), t.shape);
+    for (const t of prepared.block.weights.tensors) {
+      const [dtype, shape] = fedAs(t);
+      feeds[t.name] = new ort.Tensor(dtype, typed(weights[t.name].data, dtype), shape);
+    }
     const results = await prepared.session.run(feeds);
     return prepared.block.outputs.map((s) => {
       const out = results[`out:${s.name}`];

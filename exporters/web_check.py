@@ -1,0 +1,63 @@
+"""The web export's end-to-end check of its stored form: the family's reference video
+rendered with the weights the page decodes (exporters/web_storage.py) against the same video
+in float32, on a fixed prompt and seed. It runs before any block is exported, so a setting
+that misses its floor writes nothing. The blocks' compiled forms are checked apart, each
+against PyTorch with the decoded weights (exporters/web.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from edge.blocks import Block
+from edge.exporters import ExportValidationError
+from edge.exporters.validation import VALIDATION_PROMPT
+from edge.exporters.web_storage import WebStorage, stored_weights
+from edge.exporters.weights_in_place import weights_replaced
+from edge.family_model import FamilyModel
+from edge.video_metrics import psnr, snr
+
+# the floor of each setting the web stores alike (a family's "4" carries its own, from its
+# rule): it guards against a broken export; benchmarks/web_quantize.py measures the cost
+PSNR_FLOOR_DB = {"fp32": 60.0, "fp16": 40.0, "8": 30.0}
+
+
+def floor_of(storage: WebStorage) -> float:
+    return storage.rule.psnr_floor_db if storage.rule is not None \
+        else PSNR_FLOOR_DB[storage.setting]
+
+
+def decode_in_place(components: dict[str, list[Block]], storage: WebStorage) -> None:
+    """Overwrite the blocks' parameters with their decoded stored forms; a parameter two
+    blocks share is written once (by the first block's form)."""
+    written: set[int] = set()
+    for blocks in components.values():
+        for block in blocks:
+            params = dict(block.module.named_parameters())
+            with torch.no_grad():
+                for t in stored_weights(block, storage):
+                    p = params.get(t.name)
+                    if p is not None and id(p) not in written:
+                        p.copy_(torch.from_numpy(t.decoded))
+                        written.add(id(p))
+
+
+def end_to_end_check(model: FamilyModel, components: dict[str, list[Block]],
+                     storage: WebStorage, seed: int = 0) -> dict:
+    """The manifest's `validation`: PSNR and SNR of the video with the decoded weights
+    against float32; an ExportValidationError under the setting's floor."""
+    floor = floor_of(storage)
+    want = model.generate(VALIDATION_PROMPT, seed=seed)
+    with weights_replaced(components, lambda c: decode_in_place(c, storage)):
+        got = model.generate(VALIDATION_PROMPT, seed=seed)
+    value = psnr(got, want)
+    if not value >= floor:
+        raise ExportValidationError(
+            f"end to end: with weights stored as {storage.setting} the video differs from "
+            f"float32 PyTorch by PSNR {value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, "
+            f"seed {seed}")
+    identical = bool(np.array_equal(got, want))  # JSON holds no infinite PSNR
+    return {"prompt": VALIDATION_PROMPT, "seed": seed, "identical": identical,
+            "psnr_db": None if identical else round(value, 2),
+            "snr_db": None if identical else round(snr(got, want), 2),
+            "psnr_floor_db": floor, "measures": "decoded stored weights in float32 PyTorch"}
