@@ -197,8 +197,8 @@ def fed_as(tensor: dict) -> tuple[str, list[int]]:
 
 def _check_scales(tensors: list[dict], where: str) -> None:
     """A tensor stored as int8 or int4 (a web package's `--quantize 8` or `4`) names its
-    scales' entry, float32: an int8 tensor one per row of its first axis, an int4 matrix one
-    per `group` inputs of each row."""
+    scales' entry: an int8 tensor float32, one per row of its first axis; an int4 matrix
+    float16, one per `group` inputs of each row."""
     by_name = {t["name"]: t for t in tensors}
     for t in tensors:
         at = f"{where} weights: tensor {t['name']!r}"
@@ -208,19 +208,19 @@ def _check_scales(tensors: list[dict], where: str) -> None:
             continue
         scale = by_name.get(require(t, "scale", str, at))
         if t["dtype"] == "int8" and t["shape"]:
-            want = t["shape"][:1]
+            want, want_dtype = t["shape"][:1], "float32"
         elif t["dtype"] == "int4" and len(t["shape"]) == 2:
             group = _count(t, "group", at, minimum=1)
             if t["shape"][1] % group:
                 raise PackageError(f"{at}: group {group} does not divide its rows of "
                                    f"{t['shape'][1]}")
-            want = [t["shape"][0], t["shape"][1] // group]
+            want, want_dtype = [t["shape"][0], t["shape"][1] // group], "float16"
         else:
             raise PackageError(f"{at}: only an int8 tensor of one or more axes or an int4 "
                                "matrix has a scale")
-        if scale is None or scale["dtype"] != "float32" or scale["shape"] != want:
-            raise PackageError(f"{at}: its scale {t['scale']!r} must be a float32 tensor of "
-                               f"the block of shape {want}")
+        if scale is None or scale["dtype"] != want_dtype or scale["shape"] != want:
+            raise PackageError(f"{at}: its scale {t['scale']!r} must be a {want_dtype} tensor "
+                               f"of the block of shape {want}")
 
 
 def check_chain(name: str, blocks: list[dict], provided: set[str] | None = None) -> None:

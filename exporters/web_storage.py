@@ -13,9 +13,10 @@ web stores weights narrower than the float32 the blocks compute in:
   (a 4-bit palette or int4) is stored here as int4, one the phone stores at 6 or 8 bits as
   int8, an fp16 one as fp16 (the web has no palettes). Int4: each matrix whose rows split
   into groups of `INT4_GROUP`, symmetric (-7..7, stored as unsigned nibbles offset by 8, two
-  a byte, the first in the low nibble) with one float32 scale per group of a row; the other
+  a byte, the first in the low nibble) with one half (fp16) scale per group of a row; the other
   large weights (convolutions' kernels) int8 by row, the rest fp16. Groups of 32 inputs are
-  the iphone target's int4 grouping (an outlier costs its group, not its row). Uniform int4
+  the iphone target's int4 grouping (an outlier costs its group, not its row); a half scale
+  makes it 4.5 bits a weight (a float32 one would make it 5). Uniform int4
   costs tiny-sora's video 20-30 dB (docs/web.md), which is why no setting stores it alike.
 
 The page decodes a tensor to the float32 the kernels read, exactly as `StoredTensor.
@@ -58,8 +59,8 @@ SCALE_SUFFIX = ":scale"    # an int8 tensor's row scales: "<name>:scale"
 @dataclass(frozen=True)
 class StoredTensor:
     """One weight as the package stores it: `data` in its stored dtype (an int4 tensor: its
-    packed bytes, one axis), `scale` the float32 scales of an int8 tensor (one per row) or an
-    int4 one (rows × groups; else None), `shape` the tensor's own shape."""
+    packed bytes, one axis), `scale` the scales of an int8 tensor (float32, one per row) or an
+    int4 one (half, rows × groups; else None), `shape` the tensor's own shape."""
 
     name: str
     data: np.ndarray
@@ -86,7 +87,8 @@ class StoredTensor:
             rows, cols = self.int4_shape
             values = unpack_nibbles(self.data).astype(np.float32) - INT4_OFFSET
             groups = values.reshape(rows, cols // INT4_GROUP, INT4_GROUP)
-            return (groups * self.scale[:, :, None]).reshape(rows, cols)
+            scale = self.scale.astype(np.float32)  # a half widens exactly
+            return (groups * scale[:, :, None]).reshape(rows, cols)
         rows = self.scale.reshape(-1, *([1] * (self.data.ndim - 1)))
         return self.data.astype(np.float32) * rows
 
@@ -185,13 +187,19 @@ def _takes_int4(shape: tuple[int, ...], form: str) -> bool:
 def store(name: str, tensor: torch.Tensor, form: str) -> StoredTensor:
     """`tensor` in stored form `form` (one of FORMS)."""
     w = tensor.detach().float().contiguous().numpy()
-    if _takes_int4(w.shape, form):
+    if _takes_int4(w.shape, form) and np.abs(w).max() / 7.0 <= HALF_MAX:
         rows, cols = w.shape
         groups = w.reshape(rows, cols // INT4_GROUP, INT4_GROUP)
-        scale = (np.abs(groups).max(axis=2) / 7.0).astype(np.float32)
-        scale[scale == 0] = 1.0  # an all-zero group: any scale decodes it to zeros
-        q = np.clip(np.rint(groups / scale[:, :, None]), -7, 7).astype(np.int16) + INT4_OFFSET
-        nibbles = q.astype(np.uint8).reshape(-1, 2)
+        # the group's step as a half rounded up (so its largest value stays within 7 steps),
+        # no smaller than half's smallest normal: WGSL may flush a subnormal, and a group
+        # under 7 of those (4.3e-4) is stored to within 3.1e-5
+        step = np.abs(groups).max(axis=2) / 7.0
+        scale = step.astype(np.float16)
+        low = scale.astype(np.float64) < step
+        scale[low] = np.nextafter(scale[low], np.float16(np.inf))
+        scale = np.maximum(scale, HALF_SMALLEST_NORMAL)
+        q = np.clip(np.rint(groups / scale.astype(np.float32)[:, :, None]), -7, 7)
+        nibbles = (q.astype(np.int16) + INT4_OFFSET).astype(np.uint8).reshape(-1, 2)
         return StoredTensor(name, nibbles[:, 0] | (nibbles[:, 1] << 4), scale, (rows, cols))
     if _takes_int8(w.shape, form):
         rows = w.reshape(w.shape[0], -1)
@@ -213,7 +221,7 @@ def stored_bytes(tensor: torch.Tensor, form: str) -> int:
     dry run, which stores nothing."""
     n, shape = tensor.numel(), tuple(tensor.shape)
     if _takes_int4(shape, form):
-        return n // 2 + 4 * n // INT4_GROUP
+        return n // 2 + 2 * n // INT4_GROUP
     if _takes_int8(shape, form):
         return n + 4 * shape[0]
     return n * (4 if form == "fp32" else 2)
@@ -279,7 +287,7 @@ def _int4_decoded(packed: torch.Tensor, scale: torch.Tensor,
     nibbles = torch.stack([low, high], dim=-1) - INT4_OFFSET
     rows, cols = shape
     groups = nibbles.reshape(rows, cols // INT4_GROUP, INT4_GROUP)
-    return (groups * scale.unsqueeze(-1)).reshape(rows, cols)
+    return (groups * scale.float().unsqueeze(-1)).reshape(rows, cols)
 
 
 def graph_weights(block: Block, stored: list[StoredTensor]
@@ -320,6 +328,6 @@ RULE_TEXT = {
          "scale per row (first axis), the rest IEEE half",
     "4": f"the family's rule: in blocks it stores at 4 bits, matrices of >= "
          f"{INT8_MIN_ELEMENTS} elements whose rows split into groups of {INT4_GROUP} int4 with "
-         "a float32 scale per group; other weights of 2+ dimensions and as many elements "
+         "a half scale per group; other weights of 2+ dimensions and as many elements "
          "int8 with a scale per row; the rest IEEE half",
 }

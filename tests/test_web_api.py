@@ -277,8 +277,15 @@ LOADS = """async () => {
   await attempt('early', { signal: early.signal });
   const midway = new AbortController();
   out.progressAfterAbort = 0;
-  await attempt('midway', { signal: midway.signal, onProgress: (got) => {
-    if (midway.signal.aborted) out.progressAfterAbort += 1; else if (got > 0) midway.abort(); } });
+  performance.setResourceTimingBufferSize(100000);
+  let abortedAt = null;
+  // not from the Cache API: every file of this load comes over the network
+  await attempt('midway', { signal: midway.signal, useCache: false, onProgress: (got) => {
+    if (midway.signal.aborted) out.progressAfterAbort += 1;
+    else if (got > 0) { abortedAt = performance.now(); midway.abort(); } } });
+  await new Promise((r) => setTimeout(r, 1500));  // time for a download in the background
+  out.startedAfterAbort = performance.getEntriesByType('resource')
+    .filter((e) => e.startTime >= abortedAt).map((e) => e.name);
   await attempt('typo', { budjet: '64MB' });
   await attempt('budget', { budget: 'lots' });
   await attempt('after', {});
@@ -287,8 +294,9 @@ LOADS = """async () => {
 
 def test_load_stops_cleanly_when_aborted(context):
     """A load with an aborted signal fetches nothing; one aborted while downloading rejects
-    with an AbortError and reports no progress after; unknown options and a bad budget are
-    refused by name; a load afterwards works."""
+    with an AbortError, reports no progress after and fetches no more files in the background
+    (the download in flight is cancelled, no later one starts); unknown options and a bad
+    budget are refused by name; a load afterwards works."""
     pg = context.new_page()
     pg.goto(context.served + "manifest.json")
     requested = []
@@ -302,6 +310,7 @@ def test_load_stops_cleanly_when_aborted(context):
     assert out["midway"]["message"].startswith(f"loading {base}: "), out["midway"]
     assert "cancelled" in out["midway"]["message"], out["midway"]
     assert out["progressAfterAbort"] == 0
+    assert out["startedAfterAbort"] == [], out["startedAfterAbort"]
     assert out["typo"]["message"].startswith("unknown load option(s): budjet; known: budget, ")
     assert out["budget"]["message"].startswith('memory budget "lots": expected e.g. 64MB')
     assert out["after"] in ("wasm", "webgpu"), out["after"]

@@ -63,11 +63,15 @@ def test_int4_groups_decode_within_half_a_step_of_their_scale():
     got = store("w", w, "4")
     assert got.dtype == "int4" and got.shape == (96, 128) and got.data.dtype == np.uint8
     assert got.data.shape == (96 * 128 // 2,) and got.scale.shape == (96, 128 // INT4_GROUP)
+    assert got.scale.dtype == np.float16 and got.scale.min() >= 2.0**-14  # normal halves
     nibbles = unpack_nibbles(got.data).astype(int) - INT4_OFFSET
     assert nibbles.min() >= -7 and nibbles.max() == 7
     assert nibbles[0] == np.rint(w[0, 0].item() / got.scale[0, 0])  # the low nibble first
     error = np.abs(got.decoded - w.numpy()).reshape(96, -1, INT4_GROUP).max(axis=2)
-    assert (error <= got.scale * 0.5 * (1 + 1e-5)).all()
+    assert (error <= got.scale.astype(np.float32) * 0.5 * (1 + 1e-5)).all()
+    # each group's step is its largest value / 7 rounded up to a half: within 0.1% of it
+    step = np.abs(w.numpy()).reshape(96, -1, INT4_GROUP).max(axis=2) / 7
+    assert (got.scale[4:] >= step[4:]).all() and (got.scale[4:] <= step[4:] * 1.001).all()
     assert not got.decoded[3, :INT4_GROUP].any()
     assert store("conv", torch.randn(64, 16, 3, 3), "4").dtype == "int8"
     assert store("odd", torch.randn(128, 48), "4").dtype == "int8"  # 48 inputs: no groups of 32
@@ -122,7 +126,7 @@ def test_the_weights_table_gives_an_int4_tensor_its_shape_group_and_scales(tmp_p
     with pytest.raises(PackageError, match="'a.weight': group 64 does not divide its rows of 96"):
         _check_weights(block, files, "block x")
     table[0]["group"] = 16  # groups that disagree with the scales' shape
-    with pytest.raises(PackageError, match=r"must be a float32 tensor of the block of shape "
+    with pytest.raises(PackageError, match=r"must be a float16 tensor of the block of shape "
                        r"\[64, 6\]"):
         _check_weights(block, files, "block x")
     del table[0]["scale"], table[0]["group"]
@@ -166,7 +170,8 @@ def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form
     expect = {"fp16": onnx.TensorProto.FLOAT16, "8": onnx.TensorProto.INT8,
               "4": onnx.TensorProto.UINT8}[form]  # int4: its packed bytes
     assert kinds["0.weight"] == expect and kinds["x"] == onnx.TensorProto.FLOAT
-    assert (kinds.get("0.weight" + SCALE_SUFFIX) == onnx.TensorProto.FLOAT) == (form != "fp16")
+    scale = {"fp16": None, "8": onnx.TensorProto.FLOAT, "4": onnx.TensorProto.FLOAT16}[form]
+    assert kinds.get("0.weight" + SCALE_SUFFIX) == scale
     # storing costs something, but little (int4 on random weights: a tenth of the output)
     full = block.run(*block.example)[0]
     bound = {"fp16": 0.01, "8": 0.05, "4": 0.2}[form]

@@ -5,8 +5,9 @@
 // - half (float16): each 32-bit word holds two, widened exactly by unpack2x16float;
 // - int8 with a float32 scale per row: each word holds four, sign-extended by extractBits,
 //   then times its row's scale (one float32 rounding, as the exporter's NumPy decoding);
-// - int4 with a float32 scale per group of a row's inputs: each word holds eight nibbles
-//   (the first element in the lowest), each the value plus 8, then times its group's scale.
+// - int4 with a half scale per group of a row's inputs: each word holds eight nibbles (the
+//   first element in the lowest), each the value plus 8, then times its group's scale
+//   (widened exactly from its word of two by unpack2x16float).
 // The wasm path needs none of this: its ONNX graphs take the stored tensors and decode them.
 
 const WORKGROUP = 256;
@@ -42,7 +43,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
   }
 }`,
   int4: `${HEAD}
-@group(0) @binding(3) var<storage, read> scale: array<f32>;
+@group(0) @binding(3) var<storage, read> scale: array<u32>; // halves, two a word
 @compute @workgroup_size(${WORKGROUP})
 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
   let i = id.x + id.y * size.z;
@@ -51,7 +52,8 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
   for (var k = 0u; k < 8u; k++) {
     let e = 8u * i + k;
     if (e >= size.x) { return; }
-    dst[e] = f32(i32(extractBits(word, 4u * k, 4u)) - 8) * scale[e / size.y];
+    let g = e / size.y;
+    dst[e] = f32(i32(extractBits(word, 4u * k, 4u)) - 8) * unpack2x16float(scale[g / 2u])[g % 2u];
   }
 }`,
 };
@@ -117,7 +119,7 @@ export class WeightDecoder {
       const entries = [{ binding: 0, resource: { buffer: src } }, { binding: 1, resource: { buffer: dst } }, { binding: 2, resource: { buffer: size } }];
       temporary.push(src, size);
       if (t.scale) {
-        const scale = upload(view(byName.get(t.scale)), `${label} ${t.scale}`);
+        const scale = upload(padded(view(byName.get(t.scale))), `${label} ${t.scale}`);
         entries.push({ binding: 3, resource: { buffer: scale } });
         temporary.push(scale);
       }

@@ -12,6 +12,8 @@
 // while pinned bytes plus room to stream the two largest remaining blocks fit the budget; the
 // others are uploaded at each use and destroyed right after.
 
+import { abortError } from "./options.js";
+
 export const FORMAT = "edge-package";
 export const FORMAT_VERSION = 1;
 const CACHE_NAME = "edge-web-packages-v1";
@@ -100,12 +102,16 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 export class PackageFiles {
   // base: URL of the package folder (ends with "/"); onProgress(loadedBytes, totalBytes, path);
-  // onCacheFailure(message): the Cache API refused a file (quota): the model runs from memory
-  constructor(base, manifest, { onProgress = () => {}, useCache = true, onCacheFailure = () => {} } = {}) {
+  // onCacheFailure(message): the Cache API refused a file (quota): the model runs from memory;
+  // signal: an AbortSignal that cancels the download in flight and every later one (the
+  // pipeline sets it for its load only: `signal` is null again once the load is done, so the
+  // streamed reads of a generation do not answer to it)
+  constructor(base, manifest, { onProgress = () => {}, useCache = true, onCacheFailure = () => {}, signal = null } = {}) {
     this.base = base;
     this.manifest = manifest;
     this.onProgress = onProgress;
     this.onCacheFailure = onCacheFailure;
+    this.signal = signal;
     this.useCache = useCache && typeof caches !== "undefined";
     this.refetched = [];     // paths whose cached or first copy failed verification
     this.interrupted = [];   // "path: what happened" for each download attempt cut short
@@ -117,8 +123,9 @@ export class PackageFiles {
     const url = new URL("manifest.json", base).href;
     let response;
     try {
-      response = await fetch(url, { cache: "no-cache" });
+      response = await fetch(url, { cache: "no-cache", signal: options.signal || null });
     } catch (err) {
+      if (options.signal?.aborted) throw abortError(`loading ${base}: cancelled while fetching the manifest (the signal was aborted)`);
       throw new PackageError(`${url}: could not be fetched (${err.message}); check the connection and load the page again`);
     }
     if (!response.ok) throw new PackageError(`${url}: HTTP ${response.status}`);
@@ -136,6 +143,11 @@ export class PackageFiles {
     return new URL(path, this.base).href;
   }
 
+  // An AbortError where the signal was aborted (to throw), else null.
+  aborted(path) {
+    return this.signal?.aborted ? abortError(`loading ${this.base}: cancelled while downloading ${path} (the signal was aborted)`) : null;
+  }
+
   async verify(record, buffer) {
     if (buffer.byteLength !== record.bytes) return `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
     const digest = await sha256Hex(buffer);
@@ -148,9 +160,9 @@ export class PackageFiles {
     const resume = partial && partial.got > 0 && partial.got < record.bytes ? partial : null;
     let response;
     try {
-      response = await fetch(this.url(record.path), { cache: "reload", headers: resume ? { Range: `bytes=${resume.got}-` } : {} });
+      response = await fetch(this.url(record.path), { cache: "reload", headers: resume ? { Range: `bytes=${resume.got}-` } : {}, signal: this.signal });
     } catch (err) {
-      throw new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} bytes: no response (${err.message})`, resume);
+      throw this.aborted(record.path) || new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} bytes: no response (${err.message})`, resume);
     }
     if (response.status >= 500) throw new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} bytes: HTTP ${response.status}`, resume);
     if (!response.ok) throw new PackageError(`${record.path}: HTTP ${response.status}`);
@@ -170,7 +182,7 @@ export class PackageFiles {
       try {
         chunk = await reader.read();
       } catch (err) {
-        throw new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`, { out, got });
+        throw this.aborted(record.path) || new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`, { out, got });
       }
       if (chunk.done) break;
       if (got + chunk.value.byteLength > record.bytes) {
@@ -208,6 +220,8 @@ export class PackageFiles {
           }
           partial = err.partial;
           await sleep(RETRY_DELAY_MS * cuts.length);
+          const stop = this.aborted(record.path);
+          if (stop) throw stop;
           continue;
         } else {
           throw err;
@@ -300,6 +314,8 @@ export class PackageFiles {
     const report = (path) => this.onProgress(finished + [...done.values()].reduce((a, b) => a + b, 0), total, path);
     const out = new Map();
     for (const r of records) {
+      const stop = this.aborted(r.path);
+      if (stop) throw stop; // no file is fetched in the background after an abort
       const bytes = await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); });
       if (keep(r)) out.set(r.path, bytes);
       done.delete(r.path);

@@ -102,8 +102,8 @@ export function abortError(message, fields = {}) {
   return Object.assign(new DOMException(message, "AbortError"), fields);
 }
 
-// Rejects as soon as `signal` aborts, without waiting for `promise` (loader.js takes no
-// signal: a file in flight finishes in the background, unused)
+// Rejects as soon as `signal` aborts, without waiting for `promise` (which stops on its own
+// where it can: the loader's downloads take the signal too)
 export function abortable(promise, signal, what) {
   if (!signal) return promise;
   return new Promise((resolve, reject) => {

@@ -119,7 +119,7 @@ export class WebPipeline {
     // a page that aborted hears no more of bytes it no longer wants
     const progress = (...args) => { if (!signal?.aborted) onProgress(...args); };
     stopIf("before anything was fetched");
-    const files = await abortable(PackageFiles.open(base, { onProgress: progress, useCache, onCacheFailure }), signal, `loading ${base}: the manifest`);
+    const files = await abortable(PackageFiles.open(base, { onProgress: progress, useCache, onCacheFailure, signal }), signal, `loading ${base}: the manifest`);
     stopIf("after the manifest");
     const m = files.manifest;
     const transformer = m.components.find((c) => c.name === "transformer");
@@ -138,7 +138,9 @@ export class WebPipeline {
     if (!choice.executor) throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: use a recent Chrome, Edge or Safari, served over https or from localhost.`);
     try {
       stopIf("after choosing the path");
-      return await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, probeKey });
+      const pipe = await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, probeKey });
+      files.signal = null; // loaded: the generations' streamed reads answer to their own signals
+      return pipe;
     } catch (err) {
       choice.executor.destroy(); // a failed or cancelled load keeps no GPU device
       throw err;
