@@ -939,6 +939,8 @@ def test_wasm_path_streams_blocks_from_storage_under_a_page_memory_budget(
     assert weights["streamed_bytes"] == sum(files[k] * uses[k.split("/")[0]] for k in streamed)
     assert weights["streamed_reads"] == sum(uses[k.split("/")[0]] for k in streamed)
     assert weights["peak_streamed_bytes"] <= sum(sorted(files[k] for k in streamed)[-2:])
+    # every streamed read after the first is read ahead, into one of the two reused buffers
+    assert weights["read_ahead"] >= weights["streamed_reads"] - 1 and weights["slot_misses"] == 0
     assert not [p for p in requested[loaded:] if p.startswith("weights/")]  # storage only
     assert "streamed from storage" in where and f"{WASM_BUDGET / 1e6:.1f} MB budget" in where
     assert "streamed" in shown and "fp16" in shown

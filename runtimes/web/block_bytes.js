@@ -1,11 +1,16 @@
 // Where the page gets a block's weights bytes: the blocks the budget pins are kept in page
 // memory from the download on; the others are read again from the browser's storage (the
-// Cache API, where the download stored them, each file checked by size and SHA-256 as it is
-// read: PackageFiles.fetchFile) each time they run and let go after, the Python loader's
-// streaming (runtimes/python/loader.py). The block the pipeline says runs next is read while
-// the current one computes.
+// Cache API, where the download stored them: PackageFiles.readInto, a file's SHA-256 checked
+// the first time it is read on the page, its size every time) into one of two reused buffers
+// each time they run and let go after, the Python loader's streaming
+// (runtimes/python/loader.py). The block the pipeline says runs next is read while the
+// current one computes.
 
 const now = () => performance.now() / 1000;
+// Buffers a streamed block is read into, reused from block to block: the one in use and the
+// one read ahead. A fresh buffer for each read would leave the garbage collector blocks'
+// worth of buffers to free, which it does late (the page then holds several blocks more).
+const SLOTS = 2;
 
 export class BlockBytes {
   // files: PackageFiles; shardsOf(key) -> the manifest records of the block's weights files;
@@ -16,7 +21,9 @@ export class BlockBytes {
     this.kept = kept;
     this.reading = new Map(); // key -> promise of its bytes, read ahead
     this.inMemory = 0; // streamed bytes held now (being read, read ahead or in use)
-    this.stats = { reads: 0, bytes: 0, read_s: 0, wait_s: 0, peak_streamed_bytes: 0, read_ahead: 0 };
+    this.slots = []; // {buffer: ArrayBuffer, key: the block in it, or null when free}
+    this.handedOut = new Map(); // key -> slots (null: a buffer of its own) given by get()
+    this.stats = { reads: 0, bytes: 0, read_s: 0, wait_s: 0, peak_streamed_bytes: 0, read_ahead: 0, slot_misses: 0 };
   }
 
   streamed(key) {
@@ -34,8 +41,11 @@ export class BlockBytes {
     const pending = this.reading.get(key) || this.read(key);
     this.reading.delete(key);
     const t0 = now();
-    const bytes = await pending;
+    const { bytes, slot } = await pending;
     this.stats.wait_s += now() - t0;
+    // the bytes handed out for the key, oldest first: done(key) frees the oldest
+    if (!this.handedOut.has(key)) this.handedOut.set(key, []);
+    this.handedOut.get(key).push(slot);
     if (next !== key) this.readAhead(next);
     return bytes;
   }
@@ -53,28 +63,50 @@ export class BlockBytes {
     const size = records.reduce((n, r) => n + r.bytes, 0);
     this.inMemory += size;
     this.stats.peak_streamed_bytes = Math.max(this.stats.peak_streamed_bytes, this.inMemory);
-    let bytes;
-    if (records.length === 1) {
-      bytes = await this.files.fetchFile(records[0]);
-    } else { // shards: joined, as tensor offsets index their concatenation
-      const out = new Uint8Array(size);
-      let at = 0;
+    // shards joined, as tensor offsets index their concatenation
+    const slot = this.slotFor(key, size);
+    const out = new Uint8Array(slot ? slot.buffer : new ArrayBuffer(size), 0, size);
+    let at = 0;
+    try {
       for (const r of records) {
-        out.set(new Uint8Array(await this.files.fetchFile(r)), at);
+        await this.files.readInto(r, out, at);
         at += r.bytes;
       }
-      bytes = out.buffer;
+    } catch (err) {
+      if (slot) slot.key = null;
+      this.inMemory -= size;
+      throw err;
     }
     this.stats.reads += 1;
     this.stats.bytes += size;
     this.stats.read_s += now() - t0;
-    return bytes;
+    return { bytes: out.buffer, slot }; // tensor offsets index it from 0; a slot may be longer
+  }
+
+  // A free slot for the block (grown where it is too small), or null when every slot is
+  // held (the block gets a buffer of its own: a read never waits for a slot).
+  slotFor(key, size) {
+    let slot = this.slots.find((s) => s.key === null);
+    if (!slot && this.slots.length < SLOTS) {
+      slot = { buffer: null, key: null };
+      this.slots.push(slot);
+    }
+    if (!slot) {
+      this.stats.slot_misses += 1;
+      return null;
+    }
+    if (!slot.buffer || slot.buffer.byteLength < size) slot.buffer = new ArrayBuffer(size);
+    slot.key = key;
+    return slot;
   }
 
   // A streamed block's bytes are no longer used (its weights are on the GPU, or its call
-  // returned): they no longer count.
+  // returned): they no longer count, and its slot is free.
   done(key) {
-    if (this.streamed(key)) this.inMemory -= this.shardsOf(key).reduce((n, r) => n + r.bytes, 0);
+    if (!this.streamed(key)) return;
+    this.inMemory -= this.shardsOf(key).reduce((n, r) => n + r.bytes, 0);
+    const slot = (this.handedOut.get(key) || []).shift();
+    if (slot) slot.key = null;
   }
 
   // A pinned block's bytes are no longer needed in page memory (its weights stay on the
@@ -83,9 +115,12 @@ export class BlockBytes {
     this.kept.delete(key);
   }
 
-  // Drop what is read ahead (a load that ends, a pipeline destroyed).
+  // Drop what is read ahead and the slots (a load that ends, a pipeline destroyed).
   clear() {
-    for (const [key, pending] of this.reading) pending.then(() => this.done(key), () => this.done(key));
+    const size = (key) => this.shardsOf(key).reduce((n, r) => n + r.bytes, 0);
+    for (const [key, pending] of this.reading) pending.then(() => { this.inMemory -= size(key); }, () => {});
     this.reading.clear();
+    this.slots = [];
+    this.handedOut.clear();
   }
 }

@@ -116,6 +116,10 @@ export class PackageFiles {
     this.refetched = [];     // paths whose cached or first copy failed verification
     this.interrupted = [];   // "path: what happened" for each download attempt cut short
     this.fromCache = 0;      // files served by the Cache API
+    // paths whose bytes matched their SHA-256 on this page (downloaded, or read back from
+    // the Cache API once): a later read of one checks its size, not its digest again, as the
+    // Python loader checks a verified file's identity, not its digest, at each streamed read
+    this.verified = new Set();
     this.cacheFailure = null; // message once storing failed; nothing of the package is kept
   }
 
@@ -146,6 +150,40 @@ export class PackageFiles {
   // An AbortError where the signal was aborted (to throw), else null.
   aborted(path) {
     return this.signal?.aborted ? abortError(`loading ${this.base}: cancelled while downloading ${path} (the signal was aborted)`) : null;
+  }
+
+  // verify() the first time a file is read on this page; its size after that
+  async check(record, buffer) {
+    if (this.verified.has(record.path)) return buffer.byteLength === record.bytes ? null : `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
+    const problem = await this.verify(record, buffer);
+    if (!problem) this.verified.add(record.path);
+    return problem;
+  }
+
+  // A stored file's bytes copied into `into` (a Uint8Array) at `at`, read from the Cache API
+  // chunk by chunk (no buffer of the whole file is made): for a file verified on this page
+  // already. Anything else (not verified yet, not stored, the wrong size) goes through
+  // fetchFile and is copied.
+  async readInto(record, into, at) {
+    const cache = this.verified.has(record.path) ? await this.cache() : null;
+    const hit = cache && (await cache.match(this.url(record.path)));
+    if (hit) {
+      const reader = hit.body.getReader();
+      let got = 0;
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        if (got + value.byteLength > record.bytes) { reader.cancel().catch(() => {}); got = -1; break; }
+        into.set(value, at + got);
+        got += value.byteLength;
+      }
+      if (got === record.bytes) {
+        this.fromCache += 1;
+        return;
+      }
+      this.verified.delete(record.path); // changed since: fetchFile reads it again, checked
+    }
+    into.set(new Uint8Array(await this.fetchFile(record)), at);
   }
 
   async verify(record, buffer) {
@@ -268,16 +306,18 @@ export class PackageFiles {
       const hit = await cache.match(url);
       if (hit) {
         const buffer = await hit.arrayBuffer();
-        if (!(await this.verify(record, buffer))) {
+        if (!(await this.check(record, buffer))) {
           this.fromCache += 1;
           progress(record.bytes);
           return buffer;
         }
         await cache.delete(url); // corrupt or stale: drop it and fetch once more
+        this.verified.delete(record.path);
         this.refetched.push(record.path);
       }
     }
     const buffer = await this.downloadVerified(record, progress);
+    this.verified.add(record.path);
     if (cache && !this.cacheFailure) {
       try {
         await cache.put(url, new Response(buffer)); // the Response copies the bytes

@@ -493,6 +493,8 @@ export class WebPipeline {
       peak_held_bytes: this.weights.stats.peakHeldBytes, streamed_reads: streamed.reads - before.reads,
       streamed_bytes: streamed.bytes - before.bytes, read_s: streamed.read_s - before.read_s,
       read_wait_s: streamed.wait_s - before.wait_s, peak_streamed_bytes: streamed.peak_streamed_bytes,
+      // reads started while another block ran; reads that found both reused buffers held
+      read_ahead: streamed.read_ahead - before.read_ahead, slot_misses: streamed.slot_misses - before.slot_misses,
     };
     delete figures.uploads_before;
     delete figures.streamed_before;
