@@ -346,7 +346,7 @@ START_LOAD = """() => {
     WebPipeline.load(new URL('/', location.href).href).then(() => { window.loadDone = true; }));
   }"""
 
-CACHED_THEN_LOAD = """async () => {
+CACHED_THEN_LOAD = """async (budget) => {
   const { WebPipeline } = await import('/runtime/pipeline.js');
   const { fileRecords, sha256Hex } = await import('/runtime/loader.js');
   const base = new URL('/', location.href).href;
@@ -358,10 +358,13 @@ CACHED_THEN_LOAD = """async () => {
     const r = records.get(request.url);
     if (!r) continue;
     const bytes = await (await cache.match(request)).arrayBuffer();
-    cached.push({ path: r.path, intact: bytes.byteLength === r.bytes && (await sha256Hex(bytes)) === r.sha256 });
+    const intact = bytes.byteLength === r.bytes && (await sha256Hex(bytes)) === r.sha256;
+    cached.push({ path: r.path, intact });
   }
-  const pipe = await WebPipeline.load(base);
-  const out = { cached, fromCache: pipe.files.fromCache, path: pipe.path.name };
+  const pipe = await WebPipeline.load(base, { budget });
+  const out = { cached, fromCache: pipe.files.fromCache, path: pipe.path.name,
+                streamed: [...pipe.blocks.keys()].filter((k) => pipe.weights.source.streamed(k))
+                  .length };
   pipe.destroy();
   return out; }"""
 
@@ -370,7 +373,8 @@ def test_a_tab_closed_mid_download_leaves_only_verified_files_and_the_next_visit
         context, web_package):
     """The tab is closed while a weights file is on its way (the server holds that request
     open): the browser's storage then holds only whole files that match the manifest, and the
-    next visit takes them from there and downloads the rest."""
+    next visit takes them from there (the streamed blocks' read into one reused buffer, under
+    a budget) and downloads the rest."""
     root, manifest = web_package
     weights = [f["path"] for c in manifest["components"] for b in c["blocks"]
                for f in b["files"] if f["path"].startswith("weights/")]
@@ -397,10 +401,15 @@ def test_a_tab_closed_mid_download_leaves_only_verified_files_and_the_next_visit
 
     second = context.new_page()
     second.goto(context.served + "manifest.json")
-    out = second.evaluate(CACHED_THEN_LOAD)
+    # twice the largest block's stored bytes: some blocks streamed on either path (WebGPU
+    # counts them as float32, twice their fp16)
+    largest = max(sum(t["bytes"] for t in b["weights"]["tensors"])
+                  for c in manifest["components"] for b in c["blocks"])
+    out = second.evaluate(CACHED_THEN_LOAD, 2 * largest)
     second.close()
     cached_weights = [c for c in out["cached"] if c["path"].startswith("weights/")]
     assert all(c["intact"] for c in out["cached"]), out["cached"]
     assert len(cached_weights) == len(passed)  # every whole file, none of the held one
     # each stored file served from storage (so are onnxruntime-web's, which the records lack)
     assert out["fromCache"] >= len(out["cached"]) and out["path"] in ("wasm", "webgpu")
+    assert out["streamed"] > 0

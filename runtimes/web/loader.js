@@ -168,16 +168,7 @@ export class PackageFiles {
     const cache = this.verified.has(record.path) ? await this.cache() : null;
     const hit = cache && (await cache.match(this.url(record.path)));
     if (hit) {
-      const reader = hit.body.getReader();
-      let got = 0;
-      for (;;) {
-        const { done, value } = await reader.read();
-        if (done) break;
-        if (got + value.byteLength > record.bytes) { reader.cancel().catch(() => {}); got = -1; break; }
-        into.set(value, at + got);
-        got += value.byteLength;
-      }
-      if (got === record.bytes) {
+      if (await copyBody(hit, into, at, record.bytes)) {
         this.fromCache += 1;
         return;
       }
@@ -194,7 +185,7 @@ export class PackageFiles {
 
   // One attempt at the file's bytes. Throws Interrupted when the body is cut short; its
   // `partial` ({out, got}) lets the next attempt ask only for the rest (an HTTP Range).
-  async download(record, progress, partial = null) {
+  async download(record, progress, partial = null, scratch = null) {
     const resume = partial && partial.got > 0 && partial.got < record.bytes ? partial : null;
     let response;
     try {
@@ -211,7 +202,7 @@ export class PackageFiles {
       response.body.cancel().catch(() => {});
       throw new Interrupted(`got 0 of ${record.bytes} bytes: the server answered another range (${response.headers.get("Content-Range")})`);
     }
-    const out = resumed ? resume.out : new Uint8Array(record.bytes);
+    const out = resumed ? resume.out : scratch ? new Uint8Array(scratch, 0, record.bytes) : new Uint8Array(record.bytes);
     let got = resumed ? resume.got : 0;
     progress(got); // a retried file's share of the progress restarts where it stands, never adds
     const reader = response.body.getReader();
@@ -232,19 +223,19 @@ export class PackageFiles {
       progress(got);
     }
     if (got < record.bytes) throw new Interrupted(`got ${got} of ${record.bytes} bytes: the response ended early`, { out, got });
-    return out.buffer;
+    return scratch ? out : out.buffer;
   }
 
   // Downloads until a whole copy matches the manifest: an interrupted download goes on from
   // the bytes it got, up to DOWNLOAD_ATTEMPTS attempts; a whole copy that fails its check is
   // fetched once more from the start (the sha256 covers the joined parts).
-  async downloadVerified(record, progress) {
+  async downloadVerified(record, progress, scratch = null) {
     const cuts = [];
     let partial = null;
     for (;;) {
       let problem;
       try {
-        const buffer = await this.download(record, progress, partial);
+        const buffer = await this.download(record, progress, partial, scratch);
         problem = await this.verify(record, buffer);
         if (!problem) return buffer;
       } catch (err) {
@@ -298,14 +289,18 @@ export class PackageFiles {
     this.onCacheFailure(this.cacheFailure);
   }
 
-  // One file's bytes, verified. progress(bytesOfThisFile) during downloads.
-  async fetchFile(record, progress = () => {}) {
+  // One file's bytes, verified (an ArrayBuffer). progress(bytesOfThisFile) during downloads.
+  // scratch: an ArrayBuffer of at least the file's size to read it into, for a file that is
+  // checked and stored but not kept (then a Uint8Array view of it is returned): the load
+  // makes no buffer per streamed file for the collector to free late.
+  async fetchFile(record, progress = () => {}, scratch = null) {
     const cache = await this.cache();
     const url = this.url(record.path);
     if (cache) {
       const hit = await cache.match(url);
       if (hit) {
-        const buffer = await hit.arrayBuffer();
+        const view = scratch && new Uint8Array(scratch, 0, record.bytes);
+        const buffer = !scratch ? await hit.arrayBuffer() : (await copyBody(hit, view, 0, record.bytes)) ? view : new Uint8Array(0);
         if (!(await this.check(record, buffer))) {
           this.fromCache += 1;
           progress(record.bytes);
@@ -316,7 +311,7 @@ export class PackageFiles {
         this.refetched.push(record.path);
       }
     }
-    const buffer = await this.downloadVerified(record, progress);
+    const buffer = await this.downloadVerified(record, progress, scratch);
     this.verified.add(record.path);
     if (cache && !this.cacheFailure) {
       try {
@@ -353,10 +348,13 @@ export class PackageFiles {
     let finished = 0;
     const report = (path) => this.onProgress(finished + [...done.values()].reduce((a, b) => a + b, 0), total, path);
     const out = new Map();
+    // the files not kept are read into one buffer, reused
+    const largest = Math.max(0, ...records.filter((r) => !keep(r)).map((r) => r.bytes));
+    const scratch = largest ? new ArrayBuffer(largest) : null;
     for (const r of records) {
       const stop = this.aborted(r.path);
       if (stop) throw stop; // no file is fetched in the background after an abort
-      const bytes = await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); });
+      const bytes = await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); }, keep(r) ? null : scratch);
       if (keep(r)) out.set(r.path, bytes);
       done.delete(r.path);
       finished += r.bytes;
@@ -364,6 +362,24 @@ export class PackageFiles {
     }
     return out;
   }
+}
+
+// A stored Response's body copied into `into` at `at` chunk by chunk; false where it is not
+// `bytes` long (changed since it was stored).
+async function copyBody(response, into, at, bytes) {
+  const reader = response.body.getReader();
+  let got = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (got + value.byteLength > bytes) {
+      reader.cancel().catch(() => {});
+      return false;
+    }
+    into.set(value, at + got);
+    got += value.byteLength;
+  }
+  return got === bytes;
 }
 
 export function parseSize(text) {
