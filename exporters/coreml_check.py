@@ -20,12 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.exporters import ExportValidationError
+from edge.exporters import ExportValidationError  # noqa: F401 (what its checks raise)
 from edge.exporters.coreml_compression import Compression, compression
 from edge.exporters.coreml_weights import (
     MAIN,
@@ -35,11 +34,10 @@ from edge.exporters.coreml_weights import (
     read_parameters,
     tensor_sizes,
 )
-from edge.exporters.validation import VALIDATION_PROMPT, output_error
-from edge.exporters.weights_in_place import weights_replaced
+from edge.exporters.validation import output_error
+from edge.exporters.weights_in_place import stored_video_check, weights_replaced
 from edge.family_model import FamilyModel
 from edge.manifest_schema import as_variant
-from edge.video_metrics import psnr, snr
 
 _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType
 
@@ -235,21 +233,9 @@ def end_to_end_check(model: FamilyModel, quantize: str | Compression, seed: int 
     floor = setting.psnr_floor_db
 
     def check(root: Path, manifest: dict, components: dict[str, list[Block]]) -> dict:
-        want = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
-        with stored_weights_in_place(components, root, manifest):
-            got = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
-        value = psnr(got, want)
-        if not value >= floor:
-            raise ExportValidationError(
-                f"end to end: with the package's {setting.setting} weights the video differs from "
-                f"fp32 PyTorch by PSNR {value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, "
-                f"seed {seed}")
-        # identical videos have an infinite PSNR, which JSON cannot hold: null and a flag
-        identical = bool(np.array_equal(got, want))
-        return {"prompt": VALIDATION_PROMPT, "seed": seed,
-                "steps": steps or model.sampler.steps, "identical": identical,
-                "psnr_db": None if identical else round(value, 2),
-                "snr_db": None if identical else round(snr(got, want), 2),
-                "psnr_floor_db": floor, "measures": "stored weights in fp32 PyTorch"}
+        return stored_video_check(
+            model, components, lambda c: load_stored_weights(c, root, manifest), floor,
+            f"the package's {setting.setting} weights", "stored weights in fp32 PyTorch",
+            seed, steps)
 
     return check

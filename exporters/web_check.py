@@ -6,16 +6,12 @@ against PyTorch with the decoded weights (exporters/web.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from edge.blocks import Block
-from edge.exporters import ExportValidationError
-from edge.exporters.validation import VALIDATION_PROMPT
 from edge.exporters.web_storage import WebStorage, stored_weights
-from edge.exporters.weights_in_place import weights_replaced
+from edge.exporters.weights_in_place import stored_video_check
 from edge.family_model import FamilyModel
-from edge.video_metrics import psnr, snr
 
 # the floor of each setting the web stores alike (a family's "4" carries its own, from its
 # rule): it guards against a broken export; benchmarks/web_quantize.py measures the cost
@@ -46,18 +42,6 @@ def end_to_end_check(model: FamilyModel, components: dict[str, list[Block]],
                      storage: WebStorage, seed: int = 0) -> dict:
     """The manifest's `validation`: PSNR and SNR of the video with the decoded weights
     against float32; an ExportValidationError under the setting's floor."""
-    floor = floor_of(storage)
-    want = model.generate(VALIDATION_PROMPT, seed=seed)
-    with weights_replaced(components, lambda c: decode_in_place(c, storage)):
-        got = model.generate(VALIDATION_PROMPT, seed=seed)
-    value = psnr(got, want)
-    if not value >= floor:
-        raise ExportValidationError(
-            f"end to end: with weights stored as {storage.setting} the video differs from "
-            f"float32 PyTorch by PSNR {value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, "
-            f"seed {seed}")
-    identical = bool(np.array_equal(got, want))  # JSON holds no infinite PSNR
-    return {"prompt": VALIDATION_PROMPT, "seed": seed, "identical": identical,
-            "psnr_db": None if identical else round(value, 2),
-            "snr_db": None if identical else round(snr(got, want), 2),
-            "psnr_floor_db": floor, "measures": "decoded stored weights in float32 PyTorch"}
+    return stored_video_check(model, components, lambda c: decode_in_place(c, storage),
+                              floor_of(storage), f"weights stored as {storage.setting}",
+                              "decoded stored weights in float32 PyTorch", seed)

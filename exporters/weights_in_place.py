@@ -9,9 +9,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
 from edge.blocks import Block
+from edge.exporters import ExportValidationError
+from edge.exporters.validation import VALIDATION_PROMPT
+from edge.family_model import FamilyModel
+from edge.video_metrics import psnr, snr
 
 
 @contextmanager
@@ -33,3 +38,28 @@ def weights_replaced(components: dict[str, list[Block]],
                 for p in originals.values():
                     data = bytearray(spill.read(p.numel() * p.element_size()))
                     p.copy_(torch.frombuffer(data, dtype=p.dtype).view_as(p))
+
+
+def stored_video_check(model: FamilyModel, components: dict[str, list[Block]],
+                       replace: Callable[[dict[str, list[Block]]], None], floor: float,
+                       stored_as: str, measures: str, seed: int = 0,
+                       steps: int | None = None) -> dict:
+    """An end-to-end check of stored weights: the family's video on the validation prompt
+    rendered with them (`replace`, as `weights_replaced` takes it) against the same video in
+    fp32; an ExportValidationError naming `stored_as` under `floor` (PSNR, dB), else the
+    manifest's `validation` record (`measures`: what the stored weights were run in)."""
+    want = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
+    with weights_replaced(components, replace):
+        got = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
+    value = psnr(got, want)
+    if not value >= floor:
+        raise ExportValidationError(
+            f"end to end: with {stored_as} the video differs from fp32 PyTorch by PSNR "
+            f"{value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, seed {seed}")
+    # identical videos have an infinite PSNR, which JSON cannot hold: null and a flag
+    identical = bool(np.array_equal(got, want))
+    return {"prompt": VALIDATION_PROMPT, "seed": seed,
+            "steps": steps or model.sampler.steps, "identical": identical,
+            "psnr_db": None if identical else round(value, 2),
+            "snr_db": None if identical else round(snr(got, want), 2),
+            "psnr_floor_db": floor, "measures": measures}

@@ -245,7 +245,7 @@ def test_a_setting_under_its_floor_is_refused_before_anything_is_written(tmp_pat
     strict = WebStorage("4", StorageRule((("*", "lut4"),), 99.0, "every block at 4 bits"))
     dest = tmp_path / "pkg"
     with pytest.raises(ExportValidationError, match=r"end to end: with weights stored as 4 the "
-                       r"video differs from float32 PyTorch by PSNR \d+\.\d dB < 99 dB"):
+                       r"video differs from fp32 PyTorch by PSNR \d+\.\d dB < 99 dB"):
         export_web(tiny_sora, dest, form=strict, validate_end_to_end=True)
     assert not dest.exists() and not list(tmp_path.iterdir())
     # and the model has its own weights back
