@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from edge.runtimes.python.graph_check import ORT_TYPES
 from edge.runtimes.python.pipeline import OpenBlock, _session, session_options
 
-# onnxruntime's input type names -> NumPy's: what a web graph's static inputs take (token ids
-# int32, where the Python runtime makes int64)
-_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
-          "tensor(int32)": np.int32, "tensor(int64)": np.int64, "tensor(int8)": np.int8,
-          "tensor(uint8)": np.uint8}
+# onnxruntime's input type names -> NumPy's (graph_check's table turned round): what a web
+# graph's static inputs take (token ids int32, where the Python runtime makes int64)
+_NUMPY = {ort_type: np.dtype(name) for name, ort_type in ORT_TYPES.items()}
 
 
 class StaticGraphSession:
