@@ -44,7 +44,7 @@ class ExportOptions:
     """What `edge export` was asked besides the model and the destination."""
 
     memory_budget: int | None = None   # bytes
-    quantize: str | None = None        # iphone: fp16, 8, 6, 4; web: fp32, fp16, 8
+    quantize: str | None = None        # iphone: fp16, 8, 6, 4; web: fp32, fp16, 8, 4
     min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
     ort_url: str | None = None         # web: where the page loads onnxruntime-web
     bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in

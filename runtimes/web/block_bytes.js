@@ -30,6 +30,11 @@ export class BlockBytes {
     return !this.kept.has(key);
   }
 
+  // a block's weights bytes: its shards' together
+  size(key) {
+    return this.shardsOf(key).reduce((n, r) => n + r.bytes, 0);
+  }
+
   // The block's bytes (ArrayBuffer); a streamed one is read (or taken from the read ahead),
   // and `next`, the block to run after it, is read ahead. Call done(key) when a streamed
   // block's bytes are no longer needed.
@@ -59,8 +64,7 @@ export class BlockBytes {
 
   async read(key) {
     const t0 = now();
-    const records = this.shardsOf(key);
-    const size = records.reduce((n, r) => n + r.bytes, 0);
+    const size = this.size(key);
     this.inMemory += size;
     this.stats.peak_streamed_bytes = Math.max(this.stats.peak_streamed_bytes, this.inMemory);
     // shards joined, as tensor offsets index their concatenation
@@ -68,7 +72,7 @@ export class BlockBytes {
     const out = new Uint8Array(slot ? slot.buffer : new ArrayBuffer(size), 0, size);
     let at = 0;
     try {
-      for (const r of records) {
+      for (const r of this.shardsOf(key)) {
         await this.files.readInto(r, out, at);
         at += r.bytes;
       }
@@ -104,7 +108,7 @@ export class BlockBytes {
   // returned): they no longer count, and its slot is free.
   done(key) {
     if (!this.streamed(key)) return;
-    this.inMemory -= this.shardsOf(key).reduce((n, r) => n + r.bytes, 0);
+    this.inMemory -= this.size(key);
     const slot = (this.handedOut.get(key) || []).shift();
     if (slot) slot.key = null;
   }
@@ -117,8 +121,7 @@ export class BlockBytes {
 
   // Drop what is read ahead and the slots (a load that ends, a pipeline destroyed).
   clear() {
-    const size = (key) => this.shardsOf(key).reduce((n, r) => n + r.bytes, 0);
-    for (const [key, pending] of this.reading) pending.then(() => { this.inMemory -= size(key); }, () => {});
+    for (const [key, pending] of this.reading) pending.then(() => { this.inMemory -= this.size(key); }, () => {});
     this.reading.clear();
     this.slots = [];
     this.handedOut.clear();

@@ -154,7 +154,7 @@ export class PackageFiles {
 
   // verify() the first time a file is read on this page; its size after that
   async check(record, buffer) {
-    if (this.verified.has(record.path)) return buffer.byteLength === record.bytes ? null : `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
+    if (this.verified.has(record.path)) return sizeProblem(record, buffer);
     const problem = await this.verify(record, buffer);
     if (!problem) this.verified.add(record.path);
     return problem;
@@ -178,7 +178,8 @@ export class PackageFiles {
   }
 
   async verify(record, buffer) {
-    if (buffer.byteLength !== record.bytes) return `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
+    const size = sizeProblem(record, buffer);
+    if (size) return size;
     const digest = await sha256Hex(buffer);
     return digest === record.sha256 ? null : `sha256 ${digest}, the manifest says ${record.sha256}`;
   }
@@ -299,9 +300,8 @@ export class PackageFiles {
     if (cache) {
       const hit = await cache.match(url);
       if (hit) {
-        const view = scratch && new Uint8Array(scratch, 0, record.bytes);
-        const buffer = !scratch ? await hit.arrayBuffer() : (await copyBody(hit, view, 0, record.bytes)) ? view : new Uint8Array(0);
-        if (!(await this.check(record, buffer))) {
+        const buffer = scratch ? await storedInto(hit, scratch, record.bytes) : await hit.arrayBuffer();
+        if (buffer && !(await this.check(record, buffer))) {
           this.fromCache += 1;
           progress(record.bytes);
           return buffer;
@@ -362,6 +362,17 @@ export class PackageFiles {
     }
     return out;
   }
+}
+
+function sizeProblem(record, buffer) {
+  return buffer.byteLength === record.bytes ? null : `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
+}
+
+// A stored Response's body read into the start of `scratch` (an ArrayBuffer): a view of its
+// `bytes`, or null where it is not that long.
+async function storedInto(response, scratch, bytes) {
+  const view = new Uint8Array(scratch, 0, bytes);
+  return (await copyBody(response, view, 0, bytes)) ? view : null;
 }
 
 // A stored Response's body copied into `into` at `at` chunk by chunk; false where it is not
