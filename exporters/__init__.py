@@ -61,6 +61,9 @@ class Prepared:
     notes: list[str] = field(default_factory=list)        # said before exporting too
     plan_lines: list[str] = field(default_factory=list)   # the --dry-run table
     manifest_plan: dict | None = None                     # how they were re-cut, if they were
+    # the bytes a runtime holds of each block's weights, by key, where not float32's (the
+    # web's stored forms, which its wasm path holds)
+    held_bytes: dict[str, int] | None = None
 
     @property
     def block_count(self) -> int:

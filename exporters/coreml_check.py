@@ -222,12 +222,15 @@ def stored_weights_in_place(components: dict[str, list[Block]], root: Path, mani
 
 
 def end_to_end_check(model: FamilyModel, quantize: str | Compression, seed: int = 0,
-                     steps: int | None = None) -> Callable[[Path, dict, dict], dict]:
+                     steps: int | None = None,
+                     on_step: Callable[[int, int], None] | None = None
+                     ) -> Callable[[Path, dict, dict], dict]:
     """A check for `export_coreml`: PSNR of the family's reference video rendered with the
     package's stored weights against the same reference in fp32 (diffusers' own pipeline for
     a diffusers folder), on a fixed prompt and seed; fails under the setting's floor
     (`Compression.psnr_floor_db`). The check is given the exported blocks, which share the model's
-    parameters: the stored weights replace them for the second render, then are undone."""
+    parameters: the stored weights replace them for the second render, then are undone.
+    `on_step(done, total)`: both renders' steps."""
 
     setting = compression(quantize, model)   # a bad setting is refused before any render
     floor = setting.psnr_floor_db
@@ -236,6 +239,6 @@ def end_to_end_check(model: FamilyModel, quantize: str | Compression, seed: int 
         return stored_video_check(
             model, components, lambda c: load_stored_weights(c, root, manifest), floor,
             f"the package's {setting.setting} weights", "stored weights in fp32 PyTorch",
-            seed, steps)
+            seed, steps, on_step)
 
     return check

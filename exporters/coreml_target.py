@@ -128,7 +128,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     with budget_score_limit(options.memory_budget):
         return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
                              components=prepared.components, on_block=progress.on_block,
-                             validate_end_to_end=end_to_end_check(model, quantize),
+                             validate_end_to_end=end_to_end_check(
+                                 model, quantize, on_step=progress.on_check_step),
                              plan=prepared.manifest_plan)
 
 

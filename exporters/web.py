@@ -210,7 +210,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                bundle_ort: Path | None = None,
                components: dict[str, list[Block]] | None = None,
                form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES,
-               validate_end_to_end: bool = False) -> dict:
+               validate_end_to_end: bool = False,
+               on_check_step: Callable[[int, int], None] | None = None) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' optional variants (the TDTM pairs), so `merge_steps` is refused by the
     page; a chunked component's first variant is kept.
@@ -223,12 +224,14 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     8, or 4 as the family words it); `shard_bytes`: the largest weights file the page fetches
     in one piece. `validate_end_to_end`: render the model's video with the decoded weights
     against float32 first (exporters/web_check.py), refusing a form under its floor before
-    anything is written; the result is the manifest's `validation`."""
+    anything is written; the result is the manifest's `validation`; `on_check_step(done,
+    total)` counts its generations' steps."""
     storage = web_storage(form, model)
     compiler = compiler or shared_compiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
-    validation = end_to_end_check(model, components, storage) if validate_end_to_end else None
+    validation = end_to_end_check(model, components, storage, on_step=on_check_step) \
+        if validate_end_to_end else None
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "web", model_name or model.name)
         ort, ort_files = ort_location(root, ort_url, bundle_ort)

@@ -6,6 +6,8 @@ against PyTorch with the decoded weights (exporters/web.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from edge.blocks import Block
@@ -39,9 +41,12 @@ def decode_in_place(components: dict[str, list[Block]], storage: WebStorage) -> 
 
 
 def end_to_end_check(model: FamilyModel, components: dict[str, list[Block]],
-                     storage: WebStorage, seed: int = 0) -> dict:
+                     storage: WebStorage, seed: int = 0,
+                     on_step: Callable[[int, int], None] | None = None) -> dict:
     """The manifest's `validation`: PSNR and SNR of the video with the decoded weights
-    against float32; an ExportValidationError under the setting's floor."""
+    against float32; an ExportValidationError under the setting's floor. `on_step(done,
+    total)`: the two generations' steps."""
     return stored_video_check(model, components, lambda c: decode_in_place(c, storage),
                               floor_of(storage), f"weights stored as {storage.setting}",
-                              "decoded stored weights in float32 PyTorch", seed)
+                              "decoded stored weights in float32 PyTorch", seed,
+                              on_step=on_step)

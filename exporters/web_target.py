@@ -67,12 +67,12 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
         raise ExportOptionError(str(err)) from None
     components = web_blocks(model)
     lines = [f"{'block':<28}{'weights MB':>11}  inputs"]
-    total = 0
+    held = {}
     for blocks in components.values():
         for block in blocks:
-            size = block_stored_bytes(block, storage)
-            total += size
-            lines.append(f"{block.key:<28}{size / 1e6:>11.2f}  {inputs_text(block)}")
+            held[block.key] = block_stored_bytes(block, storage)
+            lines.append(f"{block.key:<28}{held[block.key] / 1e6:>11.2f}  {inputs_text(block)}")
+    total = sum(held.values())
     lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize); the page keeps "
                  "what its memory budget holds and streams the rest from the browser's storage")
     notes = []
@@ -82,7 +82,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                      f"{PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser gives one page's WebAssembly "
                      "heap; load it with a budget (WebPipeline.load(url, {budget}), ?budget= "
                      "on the demo page) so blocks stream from the browser's storage")
-    return Prepared(components, notes=notes, plan_lines=lines)
+    # the wasm path holds the stored form (the WebGPU path float32, decoded on the GPU)
+    return Prepared(components, notes=notes, plan_lines=lines, held_bytes=held)
 
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
@@ -91,7 +92,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 
     return export_web(model, dest, components=prepared.components, on_block=progress.on_block,
                       ort_url=options.ort_url, bundle_ort=options.bundle_ort,
-                      form=stored_form(options), validate_end_to_end=True)
+                      form=stored_form(options), validate_end_to_end=True,
+                      on_check_step=progress.on_check_step)
 
 
 def stored_form(options: ExportOptions) -> str:

@@ -43,14 +43,24 @@ def weights_replaced(components: dict[str, list[Block]],
 def stored_video_check(model: FamilyModel, components: dict[str, list[Block]],
                        replace: Callable[[dict[str, list[Block]]], None], floor: float,
                        stored_as: str, measures: str, seed: int = 0,
-                       steps: int | None = None) -> dict:
+                       steps: int | None = None,
+                       on_step: Callable[[int, int], None] | None = None) -> dict:
     """An end-to-end check of stored weights: the family's video on the validation prompt
     rendered with them (`replace`, as `weights_replaced` takes it) against the same video in
     fp32; an ExportValidationError naming `stored_as` under `floor` (PSNR, dB), else the
-    manifest's `validation` record (`measures`: what the stored weights were run in)."""
-    want = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
+    manifest's `validation` record (`measures`: what the stored weights were run in).
+    `on_step(done, total)` counts the denoising steps of both generations (minutes on a
+    model of real size)."""
+
+    def progress(first: bool) -> Callable[[int, int], None] | None:
+        if on_step is None:
+            return None
+        return lambda i, n: on_step(i if first else n + i, 2 * n)
+
+    want = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps, on_step=progress(True))
     with weights_replaced(components, replace):
-        got = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps)
+        got = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps,
+                             on_step=progress(False))
     value = psnr(got, want)
     if not value >= floor:
         raise ExportValidationError(

@@ -251,5 +251,10 @@ def test_a_setting_under_its_floor_is_refused_before_anything_is_written(tmp_pat
     # and the model has its own weights back
     from edge.exporters.web_check import end_to_end_check
 
-    fine = end_to_end_check(tiny_sora, tiny_sora.cut(tiny_sora.shapes("web")), WebStorage("fp32"))
+    steps = []  # the check's progress: both renders' steps, counted as one run
+    fine = end_to_end_check(tiny_sora, tiny_sora.cut(tiny_sora.shapes("web")), WebStorage("fp32"),
+                            on_step=lambda done, total: steps.append((done, total)))
     assert fine["identical"] and fine["psnr_db"] is None
+    total = 2 * tiny_sora.sampler.steps
+    assert [d for d, _ in steps] == list(range(1, total + 1))
+    assert {t for _, t in steps} == {total}

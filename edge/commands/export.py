@@ -200,8 +200,9 @@ def _activation_lines(prepared, options, target: str) -> list[str]:
     from edge.attention import budget_score_limit
     from edge.plan import block_bytes
 
-    sizes = sorted((block_bytes(b) for bs in prepared.components.values() for b in bs),
-                   reverse=True)
+    held = prepared.held_bytes or {}
+    sizes = sorted((held.get(b.key, block_bytes(b)) for bs in prepared.components.values()
+                    for b in bs), reverse=True)
     floor = sum(sizes[:2])  # the block computing and the one read ahead
     with budget_score_limit(options.memory_budget):
         # the Python runtime splits a call's batch under a budget (Pipeline.split_batches)
