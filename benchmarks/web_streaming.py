@@ -42,6 +42,21 @@ LOAD = """async ([budget, path]) => {
   return { load_s: (performance.now() - t0) / 1000, figures: window.pipe.loadFigures,
            path: window.pipe.path }; }"""
 
+# every WebAssembly memory the page makes (onnxruntime-web's heap), kept so its size can be
+# read after each call: a wasm heap only grows, so its size after a generation is its peak
+WATCH_WASM_MEMORY = """(() => {
+  const Native = WebAssembly.Memory;
+  window.wasmMemories = [];
+  WebAssembly.Memory = function Memory(descriptor) {
+    const memory = new Native(descriptor);
+    window.wasmMemories.push(memory);
+    return memory;
+  };
+  WebAssembly.Memory.prototype = Native.prototype;
+})()"""
+
+WASM_HEAP_BYTES = "() => window.wasmMemories.reduce((n, m) => n + m.buffer.byteLength, 0)"
+
 GENERATE = """async ([prompt, seed, steps]) => {
   const t0 = performance.now();
   await window.pipe.generate(prompt, { seed, steps });
@@ -60,11 +75,21 @@ def parents() -> dict[int, int]:
     return out
 
 
-def chromium_pss_bytes() -> int:
-    """The sum of PSS (each shared page split among its sharers) of every Chromium process
-    this one started (through Playwright's driver): what the browser holds, counting shared
-    memory once."""
-    tree, me, total = parents(), os.getpid(), 0
+def process_kind(pid: int) -> str:
+    """A Chromium process's kind from its command line: "browser", "renderer",
+    "gpu-process", "utility:NetworkService", ... (Chromium rewrites its processes' titles, so
+    the arguments are split on spaces as well as NULs)."""
+    words = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
+    kind = next((w.split("=", 1)[1] for w in words if w.startswith("--type=")), "browser")
+    sub = next((w.split("=", 1)[1] for w in words if w.startswith("--utility-sub-type=")), "")
+    return f"{kind}:{sub.rsplit('.', 1)[-1]}" if sub else kind
+
+
+def chromium_pss_bytes() -> dict[str, int]:
+    """PSS (each shared page split among its sharers) by process kind over every Chromium
+    process this one started (through Playwright's driver): summed, what the browser holds,
+    counting shared memory once."""
+    tree, me, kinds = parents(), os.getpid(), {}
     for pid in tree:
         up = pid
         while up in tree and up != me and up > 1:
@@ -74,36 +99,43 @@ def chromium_pss_bytes() -> int:
         try:
             if "chrom" not in os.path.basename(os.readlink(f"/proc/{pid}/exe")):
                 continue
+            kind = process_kind(pid)
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
+                    kinds[kind] = kinds.get(kind, 0) + int(line.split()[1]) * 1024
         except OSError:  # gone
             continue
-    return total
+    return kinds
 
 
 class Sampler:
     """Samples the browser's PSS, and evicts its profile folder from the page cache, on a
-    thread every SAMPLE_S; `peak()` since the last `reset()`."""
+    thread every SAMPLE_S; `peak()` since the last `reset()`, and `peak_kinds()`, the PSS by
+    process kind at that peak."""
 
     def __init__(self, profile: Path | None) -> None:
         self.profile = profile
-        self._peak = 0
+        self._peak: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(SAMPLE_S):
-            self._peak = max(self._peak, chromium_pss_bytes())
+            kinds = chromium_pss_bytes()
+            if sum(kinds.values()) > self.peak():
+                self._peak = kinds
             if self.profile is not None:
                 evict(self.profile)
 
     def reset(self) -> None:
-        self._peak = 0
+        self._peak = {}
 
     def peak(self) -> int:
-        return self._peak
+        return sum(self._peak.values())
+
+    def peak_kinds(self) -> dict[str, int]:
+        return dict(self._peak)
 
     def stop(self) -> None:
         self._stop.set()
@@ -168,14 +200,21 @@ def browser_side(package: Path, budget: int, path: str | None, steps: int, round
             context = p.chromium.launch_persistent_context(
                 str(profile), executable_path=binary, args=CHROMIUM_ARGS, headless=True)
             page = context.new_page()
+            page.add_init_script(WATCH_WASM_MEMORY)
             page.goto(server.url.rstrip("/") + "/manifest.json")
+            time.sleep(1)
+            out["idle_pss_by_process"] = chromium_pss_bytes()
             loaded = page.evaluate(LOAD, [budget, path])
-            out["load"] = loaded | {"peak_pss_bytes": sampler.peak()}
+            out["load"] = loaded | {"peak_pss_bytes": sampler.peak(),
+                                    "peak_pss_by_process": sampler.peak_kinds(),
+                                    "wasm_heap_bytes": page.evaluate(WASM_HEAP_BYTES)}
             runs = []
             for seed in range(rounds):
                 sampler.reset()
                 got = page.evaluate(GENERATE, [PROMPT, seed, steps])
-                runs.append(got | {"peak_pss_bytes": sampler.peak()})
+                runs.append(got | {"peak_pss_bytes": sampler.peak(),
+                                   "peak_pss_by_process": sampler.peak_kinds(),
+                                   "wasm_heap_bytes": page.evaluate(WASM_HEAP_BYTES)})
                 print(json.dumps({"page": runs[-1]["wall_s"],
                                   "weights": got["run"]["weights"]}), flush=True)
             out["runs"] = runs

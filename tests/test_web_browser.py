@@ -790,6 +790,70 @@ def test_gpu_residency_follows_the_python_loader(page):
     assert "vae_decoder/head" in error and "700" in error
 
 
+def test_bodies_are_read_through_one_reused_buffer(page):
+    """eachChunk reads a byte stream (a Response's body) into a staging buffer it reuses,
+    so a large file leaves no chunk buffers behind; a stream that is not bytes is read as it
+    comes; onChunk returning false stops the read."""
+    got = page.evaluate("""async () => {
+      const { eachChunk } = await import('/runtime/bodies.js');
+      const bytes = new Uint8Array(3_500_000).map((_, i) => (i * 7) % 251);
+      const out = new Uint8Array(bytes.length);
+      let at = 0;
+      const sizes = new Set();
+      const whole = await eachChunk(new Response(bytes).body, (c) => {
+        out.set(c, at); at += c.byteLength; sizes.add(c.buffer.byteLength); return true; });
+      const plain = new ReadableStream({ start(c) {
+        c.enqueue(new Uint8Array([1, 2, 3])); c.enqueue(new Uint8Array([4])); c.close(); } });
+      const items = [];
+      const plainWhole = await eachChunk(plain, (c) => { items.push(...c); return true; });
+      let calls = 0;
+      const stopped = await eachChunk(new Response(bytes).body,
+                                      () => { calls += 1; return false; });
+      return { whole, same: at === bytes.length && out.every((v, i) => v === bytes[i]),
+               staging: [...sizes], plainWhole, items, stopped, calls }; }""")
+    assert got["whole"] and got["same"]
+    assert got["staging"] == [1 << 20]  # every chunk was read into the 1 MiB staging buffer
+    assert got["plainWhole"] and got["items"] == [1, 2, 3, 4]
+    assert got["stopped"] is False and got["calls"] == 1
+
+
+def test_a_blocks_shards_are_read_into_their_places_in_one_buffer(browser, served, web_package):
+    """fetchAll's placeOf: a pinned block's shards go straight into one buffer (no shard
+    buffers joined and left to the collector), from the network on a first visit and from the
+    Cache API on the next, each shard's bytes checked in place."""
+    _, manifest = web_package
+    block = next(b for c in manifest["components"] for b in c["blocks"]
+                 if len(b["weights"]["shards"]) > 1)
+    records = [next(f for f in block["files"] if f["path"] == p)
+               for p in block["weights"]["shards"]]
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto(served + "manifest.json")
+    placed = """async (records) => {
+      const { PackageFiles, sha256Hex } = await import('/runtime/loader.js');
+      const files = await PackageFiles.open(location.origin + '/');
+      const joined = new ArrayBuffer(records.reduce((n, r) => n + r.bytes, 0));
+      const places = new Map();
+      let at = 0;
+      for (const r of records) {
+        places.set(r.path, new Uint8Array(joined, at, r.bytes));
+        at += r.bytes;
+      }
+      const got = await files.fetchAll(records, () => true, (r) => places.get(r.path));
+      const inPlace = records.every((r) => got.get(r.path) === places.get(r.path));
+      const digests = [];
+      for (const r of records) digests.push(await sha256Hex(places.get(r.path)));
+      return { inPlace, digests, fromCache: files.fromCache }; }"""
+    try:
+        for visit, from_cache in (("first", 0), ("second", len(records))):
+            got = pg.evaluate(placed, records)
+            assert got["inPlace"], visit
+            assert got["digests"] == [r["sha256"] for r in records], visit
+            assert got["fromCache"] == from_cache, visit
+    finally:
+        context.close()
+
+
 LOAD_UNDER_BUDGET = """async (budget) => {
   const { WebPipeline } = await import('/runtime/pipeline.js');
   try { (await WebPipeline.load(new URL('/', location.href).href, { path: 'webgpu', budget }))

@@ -12,6 +12,7 @@
 // while pinned bytes plus room to stream the two largest remaining blocks fit the budget; the
 // others are uploaded at each use and destroyed right after.
 
+import { eachChunk, streamOf } from "./bodies.js";
 import { abortError } from "./options.js";
 
 export const FORMAT = "edge-package";
@@ -186,7 +187,7 @@ export class PackageFiles {
 
   // One attempt at the file's bytes. Throws Interrupted when the body is cut short; its
   // `partial` ({out, got}) lets the next attempt ask only for the rest (an HTTP Range).
-  async download(record, progress, partial = null, scratch = null) {
+  async download(record, progress, partial = null, into = null) {
     const resume = partial && partial.got > 0 && partial.got < record.bytes ? partial : null;
     let response;
     try {
@@ -203,40 +204,39 @@ export class PackageFiles {
       response.body.cancel().catch(() => {});
       throw new Interrupted(`got 0 of ${record.bytes} bytes: the server answered another range (${response.headers.get("Content-Range")})`);
     }
-    const out = resumed ? resume.out : scratch ? new Uint8Array(scratch, 0, record.bytes) : new Uint8Array(record.bytes);
+    const out = resumed ? resume.out : into || new Uint8Array(record.bytes);
     let got = resumed ? resume.got : 0;
     progress(got); // a retried file's share of the progress restarts where it stands, never adds
-    const reader = response.body.getReader();
-    for (;;) {
-      let chunk;
-      try {
-        chunk = await reader.read();
-      } catch (err) {
-        throw this.aborted(record.path) || new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`, { out, got });
-      }
-      if (chunk.done) break;
-      if (got + chunk.value.byteLength > record.bytes) {
-        reader.cancel().catch(() => {});
-        throw new Oversized(`more than ${record.bytes} bytes, the manifest says ${record.bytes}`);
-      }
-      out.set(chunk.value, got);
-      got += chunk.value.byteLength;
-      progress(got);
+    let oversized = false;
+    try {
+      await eachChunk(response.body, (chunk) => {
+        if (got + chunk.byteLength > record.bytes) {
+          oversized = true;
+          return false;
+        }
+        out.set(chunk, got);
+        got += chunk.byteLength;
+        progress(got);
+        return true;
+      });
+    } catch (err) {
+      throw this.aborted(record.path) || new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`, { out, got });
     }
+    if (oversized) throw new Oversized(`more than ${record.bytes} bytes, the manifest says ${record.bytes}`);
     if (got < record.bytes) throw new Interrupted(`got ${got} of ${record.bytes} bytes: the response ended early`, { out, got });
-    return scratch ? out : out.buffer;
+    return into ? out : out.buffer;
   }
 
   // Downloads until a whole copy matches the manifest: an interrupted download goes on from
   // the bytes it got, up to DOWNLOAD_ATTEMPTS attempts; a whole copy that fails its check is
   // fetched once more from the start (the sha256 covers the joined parts).
-  async downloadVerified(record, progress, scratch = null) {
+  async downloadVerified(record, progress, into = null) {
     const cuts = [];
     let partial = null;
     for (;;) {
       let problem;
       try {
-        const buffer = await this.download(record, progress, partial, scratch);
+        const buffer = await this.download(record, progress, partial, into);
         problem = await this.verify(record, buffer);
         if (!problem) return buffer;
       } catch (err) {
@@ -291,16 +291,17 @@ export class PackageFiles {
   }
 
   // One file's bytes, verified (an ArrayBuffer). progress(bytesOfThisFile) during downloads.
-  // scratch: an ArrayBuffer of at least the file's size to read it into, for a file that is
-  // checked and stored but not kept (then a Uint8Array view of it is returned): the load
-  // makes no buffer per streamed file for the collector to free late.
-  async fetchFile(record, progress = () => {}, scratch = null) {
+  // into: a Uint8Array of the file's size to read it into (then it is returned): a file
+  // checked and stored but not kept goes into one reused scratch buffer, and a pinned block's
+  // shards into their place in the block's buffer, so the load makes no buffer per file for
+  // the collector to free late.
+  async fetchFile(record, progress = () => {}, into = null) {
     const cache = await this.cache();
     const url = this.url(record.path);
     if (cache) {
       const hit = await cache.match(url);
       if (hit) {
-        const buffer = scratch ? await storedInto(hit, scratch, record.bytes) : await hit.arrayBuffer();
+        const buffer = into ? await storedInto(hit, into) : await hit.arrayBuffer();
         if (buffer && !(await this.check(record, buffer))) {
           this.fromCache += 1;
           progress(record.bytes);
@@ -311,11 +312,11 @@ export class PackageFiles {
         this.refetched.push(record.path);
       }
     }
-    const buffer = await this.downloadVerified(record, progress, scratch);
+    const buffer = await this.downloadVerified(record, progress, into);
     this.verified.add(record.path);
     if (cache && !this.cacheFailure) {
       try {
-        await cache.put(url, new Response(buffer)); // the Response copies the bytes
+        await cache.put(url, new Response(streamOf(buffer)));
       } catch (err) {
         await this.giveUpCache(record.path, err);
       }
@@ -341,8 +342,10 @@ export class PackageFiles {
   }
 
   // Many files at once, with one progress figure over all their bytes. Returns path -> bytes
-  // of the files `keep(record)` wants (the others are downloaded, checked and stored only).
-  async fetchAll(records, keep = () => true) {
+  // of the files `keep(record)` wants (the others are downloaded, checked and stored only);
+  // `placeOf(record)`: where a kept file's bytes go (a Uint8Array of its size), or null for
+  // a buffer of its own.
+  async fetchAll(records, keep = () => true, placeOf = () => null) {
     const total = records.reduce((n, r) => n + r.bytes, 0);
     const done = new Map(); // path -> bytes of the file in flight (its latest attempt)
     let finished = 0;
@@ -354,7 +357,8 @@ export class PackageFiles {
     for (const r of records) {
       const stop = this.aborted(r.path);
       if (stop) throw stop; // no file is fetched in the background after an abort
-      const bytes = await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); }, keep(r) ? null : scratch);
+      const into = keep(r) ? placeOf(r) : new Uint8Array(scratch, 0, r.bytes);
+      const bytes = await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); }, into);
       if (keep(r)) out.set(r.path, bytes);
       done.delete(r.path);
       finished += r.bytes;
@@ -368,29 +372,23 @@ function sizeProblem(record, buffer) {
   return buffer.byteLength === record.bytes ? null : `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
 }
 
-// A stored Response's body read into the start of `scratch` (an ArrayBuffer): a view of its
-// `bytes`, or null where it is not that long.
-async function storedInto(response, scratch, bytes) {
-  const view = new Uint8Array(scratch, 0, bytes);
-  return (await copyBody(response, view, 0, bytes)) ? view : null;
+// A stored Response's body read into `into` (a Uint8Array of the file's size): `into`, or
+// null where the body is not that long.
+async function storedInto(response, into) {
+  return (await copyBody(response, into, 0, into.byteLength)) ? into : null;
 }
 
 // A stored Response's body copied into `into` at `at` chunk by chunk; false where it is not
 // `bytes` long (changed since it was stored).
 async function copyBody(response, into, at, bytes) {
-  const reader = response.body.getReader();
   let got = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (got + value.byteLength > bytes) {
-      reader.cancel().catch(() => {});
-      return false;
-    }
-    into.set(value, at + got);
-    got += value.byteLength;
-  }
-  return got === bytes;
+  const whole = await eachChunk(response.body, (chunk) => {
+    if (got + chunk.byteLength > bytes) return false;
+    into.set(chunk, at + got);
+    got += chunk.byteLength;
+    return true;
+  });
+  return whole && got === bytes;
 }
 
 export function parseSize(text) {

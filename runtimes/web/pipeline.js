@@ -64,12 +64,24 @@ function handBack(video, shape) {
   return { frames: video instanceof Uint8ClampedArray ? new Uint8Array(video.buffer) : video, shape };
 }
 
-function concatBuffers(buffers) {
-  const total = buffers.reduce((n, b) => n + b.byteLength, 0);
-  const out = new Uint8Array(total);
-  let at = 0;
-  for (const b of buffers) { out.set(new Uint8Array(b), at); at += b.byteLength; }
-  return out.buffer;
+// One buffer per block for its weights' shards, joined as tensor offsets index them: each
+// shard is read straight into its place (fetchAll's placeOf), so no shard buffers are joined
+// and left for the collector (that held the pinned weights twice while a page loaded).
+// blocks: [key, manifest record]; -> {buffers: Map key -> ArrayBuffer, placeOf(file record)}
+function blockBuffers(blocks, shardsOf) {
+  const buffers = new Map();
+  const places = new Map();
+  for (const [key, record] of blocks) {
+    const files = shardsOf(record).map((p) => record.files.find((f) => f.path === p));
+    const buffer = new ArrayBuffer(files.reduce((n, f) => n + f.bytes, 0));
+    let at = 0;
+    for (const f of files) {
+      places.set(f.path, new Uint8Array(buffer, at, f.bytes));
+      at += f.bytes;
+    }
+    buffers.set(key, buffer);
+  }
+  return { buffers, placeOf: (r) => places.get(r.path) ?? null };
 }
 
 const now = () => performance.now() / 1000;
@@ -131,8 +143,9 @@ export class WebPipeline {
     const choice = await choosePath({
       files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`,
       getProbe: async () => {
-        const got = await files.fetchAll([...new Set([probeRecord.graph, probeRecord.wasm.graph, ...shardsOf(probeRecord)])].map((p) => probeRecord.files.find((f) => f.path === p)));
-        return { key: probeKey, record: probeRecord, weightBytes: concatBuffers(shardsOf(probeRecord).map((p) => got.get(p))), graphs: { webgpu: got.get(probeRecord.graph), wasm: got.get(probeRecord.wasm.graph) } };
+        const weights = blockBuffers([[probeKey, probeRecord]], shardsOf);
+        const got = await files.fetchAll([...new Set([probeRecord.graph, probeRecord.wasm.graph, ...shardsOf(probeRecord)])].map((p) => probeRecord.files.find((f) => f.path === p)), () => true, weights.placeOf);
+        return { key: probeKey, record: probeRecord, weightBytes: weights.buffers.get(probeKey), graphs: { webgpu: got.get(probeRecord.graph), wasm: got.get(probeRecord.wasm.graph) } };
       },
     });
     if (!choice.executor) throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: use a recent Chrome, Edge or Safari, served over https or from localhost.`);
@@ -170,7 +183,9 @@ export class WebPipeline {
     // the streamed blocks' files are downloaded, checked and stored, not kept in memory
     const streamedFiles = new Set([...recordOf].filter(([k]) => !pinned.has(k)).flatMap(([, b]) => shardsOf(b)));
     if (streamedFiles.size) await files.checkRoomFor(records.filter((r) => streamedFiles.has(r.path)));
-    const bytes = await abortable(files.fetchAll(records, (r) => !streamedFiles.has(r.path)), signal, `loading ${base}: the download`);
+    // the pinned blocks' shards are read straight into one buffer a block
+    const pinnedBytes = blockBuffers([...pinned].map((k) => [k, recordOf.get(k)]), shardsOf);
+    const bytes = await abortable(files.fetchAll(records, (r) => !streamedFiles.has(r.path), pinnedBytes.placeOf), signal, `loading ${base}: the download`);
     stopIf("after the download");
     const fetchedAt = now();
     // key -> {record, prepared, variants: {name: prepared}, variantRecords: {name: record}}
@@ -190,14 +205,8 @@ export class WebPipeline {
         blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants, variantRecords });
       }
     }
-    // each pinned block's shards joined, and let go one block at a time, so the page never
-    // holds the pinned weights twice
-    const kept = new Map();
-    for (const key of pinned) {
-      const shards = shardsOf(recordOf.get(key));
-      kept.set(key, shards.length === 1 ? bytes.get(shards[0]) : concatBuffers(shards.map((p) => bytes.get(p))));
-      for (const p of shards) bytes.delete(p);
-    }
+    const kept = pinnedBytes.buffers;
+    for (const key of pinned) for (const p of shardsOf(recordOf.get(key))) bytes.delete(p);
     const source = new BlockBytes(files, (k) => shardsOf(recordOf.get(k)).map((p) => recordOf.get(k).files.find((f) => f.path === p)), kept);
     const weights = new GpuWeights(executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
     const compiledAt = now();
