@@ -85,32 +85,16 @@ async function intoBufferByob(stream) {
     at += value.byteLength;
   }
 }
+const cacheBody = async (i) =>
+  (await (await caches.open(CACHE)).match(new URL(nameOf(i), location.href).href)).body;
+const opfsFile = async (i) =>
+  (await (await navigator.storage.getDirectory()).getFileHandle(nameOf(i))).getFile();
 const ways = {
-  async cache_api_byob(i) {
-    const cache = await caches.open(CACHE);
-    const hit = await cache.match(new URL(nameOf(i), location.href).href);
-    return intoBufferByob(hit.body);
-  },
-  async opfs_stream_byob(i) {
-    const root = await navigator.storage.getDirectory();
-    const file = await (await root.getFileHandle(nameOf(i))).getFile();
-    return intoBufferByob(file.stream());
-  },
-  async cache_api(i) {
-    const cache = await caches.open(CACHE);
-    const hit = await cache.match(new URL(nameOf(i), location.href).href);
-    return intoBuffer(hit.body);
-  },
-  async opfs_stream(i) {
-    const root = await navigator.storage.getDirectory();
-    const file = await (await root.getFileHandle(nameOf(i))).getFile();
-    return intoBuffer(file.stream());
-  },
-  async opfs_array_buffer(i) {
-    const root = await navigator.storage.getDirectory();
-    const file = await (await root.getFileHandle(nameOf(i))).getFile();
-    return (await file.arrayBuffer()).byteLength;
-  },
+  cache_api: async (i) => intoBuffer(await cacheBody(i)),
+  cache_api_byob: async (i) => intoBufferByob(await cacheBody(i)),
+  opfs_stream: async (i) => intoBuffer((await opfsFile(i)).stream()),
+  opfs_stream_byob: async (i) => intoBufferByob((await opfsFile(i)).stream()),
+  opfs_array_buffer: async (i) => (await (await opfsFile(i)).arrayBuffer()).byteLength,
   async opfs_sync_handle(i) {
     if (!window.worker) {
       // the worker's own buffer, reused as the page's is
