@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from edge.blocks import Block
-from edge.exporters import ExportValidationError  # noqa: F401 (what its checks raise)
 from edge.exporters.coreml_compression import Compression, compression
 from edge.exporters.coreml_weights import (
     MAIN,

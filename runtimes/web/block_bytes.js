@@ -1,8 +1,8 @@
 // Where the page gets a block's weights bytes: the blocks the budget pins are kept in page
 // memory from the download on; the others are read again from the browser's storage (the
-// Cache API, where the download stored them: PackageFiles.readInto, a file's SHA-256 checked
-// the first time it is read on the page, its size every time) into one of two reused buffers
-// each time they run and let go after, the Python loader's streaming
+// Cache API, where the download stored them: PackageFiles.fetchFile, a file's SHA-256
+// checked the first time it is read on the page, its size every time) into one of two
+// reused buffers each time they run and let go after, the Python loader's streaming
 // (runtimes/python/loader.py). The block the pipeline says runs next is read while the
 // current one computes.
 
@@ -73,7 +73,7 @@ export class BlockBytes {
     let at = 0;
     try {
       for (const r of this.shardsOf(key)) {
-        await this.files.readInto(r, out, at);
+        await this.files.fetchFile(r, undefined, out.subarray(at, at + r.bytes));
         at += r.bytes;
       }
     } catch (err) {

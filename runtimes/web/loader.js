@@ -161,23 +161,6 @@ export class PackageFiles {
     return problem;
   }
 
-  // A stored file's bytes copied into `into` (a Uint8Array) at `at`, read from the Cache API
-  // chunk by chunk (no buffer of the whole file is made): for a file verified on this page
-  // already. Anything else (not verified yet, not stored, the wrong size) goes through
-  // fetchFile and is copied.
-  async readInto(record, into, at) {
-    const cache = this.verified.has(record.path) ? await this.cache() : null;
-    const hit = cache && (await cache.match(this.url(record.path)));
-    if (hit) {
-      if (await copyBody(hit, into, at, record.bytes)) {
-        this.fromCache += 1;
-        return;
-      }
-      this.verified.delete(record.path); // changed since: fetchFile reads it again, checked
-    }
-    into.set(new Uint8Array(await this.fetchFile(record)), at);
-  }
-
   async verify(record, buffer) {
     const size = sizeProblem(record, buffer);
     if (size) return size;
@@ -292,9 +275,10 @@ export class PackageFiles {
 
   // One file's bytes, verified (an ArrayBuffer). progress(bytesOfThisFile) during downloads.
   // into: a Uint8Array of the file's size to read it into (then it is returned): a file
-  // checked and stored but not kept goes into one reused scratch buffer, and a pinned block's
-  // shards into their place in the block's buffer, so the load makes no buffer per file for
-  // the collector to free late.
+  // checked and stored but not kept goes into one reused scratch buffer, a pinned block's
+  // shards into their place in the block's buffer, a streamed block's into its slot
+  // (block_bytes.js), so no buffer per file is left for the collector to free late. A file
+  // verified on this page already is checked by its size only (`check`).
   async fetchFile(record, progress = () => {}, into = null) {
     const cache = await this.cache();
     const url = this.url(record.path);
@@ -372,23 +356,17 @@ function sizeProblem(record, buffer) {
   return buffer.byteLength === record.bytes ? null : `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
 }
 
-// A stored Response's body read into `into` (a Uint8Array of the file's size): `into`, or
-// null where the body is not that long.
+// A stored Response's body read into `into` (a Uint8Array of the file's size) chunk by chunk:
+// `into`, or null where the body is not that long (changed since it was stored).
 async function storedInto(response, into) {
-  return (await copyBody(response, into, 0, into.byteLength)) ? into : null;
-}
-
-// A stored Response's body copied into `into` at `at` chunk by chunk; false where it is not
-// `bytes` long (changed since it was stored).
-async function copyBody(response, into, at, bytes) {
   let got = 0;
   const whole = await eachChunk(response.body, (chunk) => {
-    if (got + chunk.byteLength > bytes) return false;
-    into.set(chunk, at + got);
+    if (got + chunk.byteLength > into.byteLength) return false;
+    into.set(chunk, got);
     got += chunk.byteLength;
     return true;
   });
-  return whole && got === bytes;
+  return whole && got === into.byteLength ? into : null;
 }
 
 export function parseSize(text) {

@@ -67,12 +67,13 @@ function handBack(video, shape) {
 // One buffer per block for its weights' shards, joined as tensor offsets index them: each
 // shard is read straight into its place (fetchAll's placeOf), so no shard buffers are joined
 // and left for the collector (that held the pinned weights twice while a page loaded).
-// blocks: [key, manifest record]; -> {buffers: Map key -> ArrayBuffer, placeOf(file record)}
-function blockBuffers(blocks, shardsOf) {
+// blocks: [key, manifest record]; shardFiles(record) -> its weights files' records;
+// -> {buffers: Map key -> ArrayBuffer, placeOf(file record)}
+function blockBuffers(blocks, shardFiles) {
   const buffers = new Map();
   const places = new Map();
   for (const [key, record] of blocks) {
-    const files = shardsOf(record).map((p) => record.files.find((f) => f.path === p));
+    const files = shardFiles(record);
     const buffer = new ArrayBuffer(files.reduce((n, f) => n + f.bytes, 0));
     let at = 0;
     for (const f of files) {
@@ -138,12 +139,14 @@ export class WebPipeline {
     const probeRecord = transformer.blocks[Math.min(1, transformer.blocks.length - 1)];
     const probeKey = `transformer/${probeRecord.name}`;
     const shardsOf = (b) => b.weights.shards || [b.weights.path];
+    // the file records of a block's weights shards, in order
+    const shardFiles = (b) => shardsOf(b).map((p) => b.files.find((f) => f.path === p));
     const gpu = await findAdapter();
     // not raced against the signal: an executor made after we gave up would hold a device
     const choice = await choosePath({
       files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`,
       getProbe: async () => {
-        const weights = blockBuffers([[probeKey, probeRecord]], shardsOf);
+        const weights = blockBuffers([[probeKey, probeRecord]], shardFiles);
         const got = await files.fetchAll([...new Set([probeRecord.graph, probeRecord.wasm.graph, ...shardsOf(probeRecord)])].map((p) => probeRecord.files.find((f) => f.path === p)), () => true, weights.placeOf);
         return { key: probeKey, record: probeRecord, weightBytes: weights.buffers.get(probeKey), graphs: { webgpu: got.get(probeRecord.graph), wasm: got.get(probeRecord.wasm.graph) } };
       },
@@ -151,7 +154,7 @@ export class WebPipeline {
     if (!choice.executor) throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: use a recent Chrome, Edge or Safari, served over https or from localhost.`);
     try {
       stopIf("after choosing the path");
-      const pipe = await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, probeKey });
+      const pipe = await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, shardFiles, probeKey });
       files.signal = null; // loaded: the generations' streamed reads answer to their own signals
       return pipe;
     } catch (err) {
@@ -162,7 +165,7 @@ export class WebPipeline {
 
   // load() once the path is chosen: fetch the path's files, prepare every block, place the
   // weights, tune, time the probe block
-  static async build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, probeKey }) {
+  static async build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, shardFiles, probeKey }) {
     const m = files.manifest;
     const executor = choice.executor;
     const onGpu = executor.path === "webgpu";
@@ -184,7 +187,7 @@ export class WebPipeline {
     const streamedFiles = new Set([...recordOf].filter(([k]) => !pinned.has(k)).flatMap(([, b]) => shardsOf(b)));
     if (streamedFiles.size) await files.checkRoomFor(records.filter((r) => streamedFiles.has(r.path)));
     // the pinned blocks' shards are read straight into one buffer a block
-    const pinnedBytes = blockBuffers([...pinned].map((k) => [k, recordOf.get(k)]), shardsOf);
+    const pinnedBytes = blockBuffers([...pinned].map((k) => [k, recordOf.get(k)]), shardFiles);
     const bytes = await abortable(files.fetchAll(records, (r) => !streamedFiles.has(r.path), pinnedBytes.placeOf), signal, `loading ${base}: the download`);
     stopIf("after the download");
     const fetchedAt = now();
@@ -207,7 +210,7 @@ export class WebPipeline {
     }
     const kept = pinnedBytes.buffers;
     for (const key of pinned) for (const p of shardsOf(recordOf.get(key))) bytes.delete(p);
-    const source = new BlockBytes(files, (k) => shardsOf(recordOf.get(k)).map((p) => recordOf.get(k).files.find((f) => f.path === p)), kept);
+    const source = new BlockBytes(files, (k) => shardFiles(recordOf.get(k)), kept);
     const weights = new GpuWeights(executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
     const compiledAt = now();
     if (tune && onGpu) {
