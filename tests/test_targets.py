@@ -97,6 +97,7 @@ def test_each_target_cuts_at_the_shapes_its_family_gives(name, tiny_sora):
 def test_one_export_validation_error_for_every_exporter():
     from edge.exporters import ExportValidationError
 
-    for module in ("edge.exporters.onnx", "edge.exporters.coreml", "edge.exporters.coreml_check",
-                   "edge.exporters.web"):
+    for module in ("edge.exporters.onnx", "edge.exporters.coreml", "edge.exporters.coreai",
+                   "edge.exporters.web",
+                   "edge.exporters.weights_in_place"):
         assert importlib.import_module(module).ExportValidationError is ExportValidationError
