@@ -768,6 +768,12 @@ def test_demo_page_generates_the_python_video(page, web_package, python_video, t
                                         for c, k in keys)
     assert "transformer" in page.inner_text("#timings")
     assert (tmp_path / "demo.png").stat().st_size > 0
+    # every block's intermediates live in one shared set of buffers, the largest each
+    plans = [json.loads((web_package[0] / b["graph"]).read_text())["plan"]["storages"]
+             for c in manifest["components"] for b in c["blocks"]]
+    shared = [max(p[i] for p in plans if i < len(p)) for i in range(max(map(len, plans)))]
+    held = page.evaluate("window.edgeDemo.pipe.executor.figures().storage_bytes")
+    assert held == sum(-(-n // 4) * 4 for n in shared) < sum(map(sum, plans))
 
 
 def test_gpu_residency_follows_the_python_loader(page):

@@ -58,6 +58,12 @@ export class PlanExecutor {
     this.adapterKey = adapterKey;
     this.choices = this.loadChoices();
     this.tuned = { timed: 0, alternative: 0 };
+    // Intermediate storages shared by every block: blocks run one at a time, in queue order,
+    // and a plan's storages hold nothing from one call to the next, so storage i is one
+    // buffer of the largest size any plan asks for (one set per block held 2.27 GB of
+    // GPU memory for Wan 1.3B's shapes)
+    this.storageSizes = []; // index -> bytes, the largest asked for
+    this.storages = []; // index -> GPUBuffer, made (or remade larger) at the next bind
   }
 
   loadChoices() {
@@ -154,14 +160,30 @@ export class PlanExecutor {
   }
 
   figures() {
-    return { path: this.path, kernels: this.pipelines.size, kernel_choices: { ...this.tuned, remembered: this.choices.size } };
+    return {
+      path: this.path, kernels: this.pipelines.size, kernel_choices: { ...this.tuned, remembered: this.choices.size },
+      storage_bytes: this.storageSizes.reduce((a, n) => a + align4(n), 0),
+    };
+  }
+
+  // the shared buffer of storage i, at the largest size any prepared plan asks for; a buffer
+  // outgrown is destroyed (work already submitted keeps it until done)
+  sharedStorage(i) {
+    const bytes = align4(this.storageSizes[i]);
+    let buf = this.storages[i];
+    if (!buf || buf.size < bytes) {
+      buf?.destroy();
+      buf = this.storageBuffer(bytes, `storage:${i}`);
+      this.storages[i] = buf;
+    }
+    return buf;
   }
 
   destroy() {
     this.device.destroy();
   }
 
-  // Compile a block's kernels and make its constant and intermediate buffers.
+  // Compile a block's kernels, make its constant buffers and reserve its intermediate ones.
   // blockFile: {plan, kernels: {name: wgsl}} as the exporter writes it.
   async prepare(blockFile, label = "block") {
     const { plan, kernels } = blockFile;
@@ -179,7 +201,7 @@ export class PlanExecutor {
     for (const c of calls) for (const o of c.options) for (const l of o) l.pipeline = await l.pipeline;
     const fixed = new Map();
     plan.constants.forEach((c, i) => fixed.set(`const:${i}`, this.upload(decodeBase64(c.base64), `${label} const:${i}`)));
-    plan.storages.forEach((n, i) => fixed.set(`storage:${i}`, this.storageBuffer(n, `${label} storage:${i}`)));
+    plan.storages.forEach((n, i) => { this.storageSizes[i] = Math.max(this.storageSizes[i] ?? 0, n); });
     return { label, plan, calls, fixed };
   }
 
@@ -236,6 +258,7 @@ export class PlanExecutor {
   bind(block, inputs, weights) {
     const { plan, fixed, label } = block;
     const buffers = new Map(fixed);
+    plan.storages.forEach((_, i) => buffers.set(`storage:${i}`, this.sharedStorage(i)));
     for (const name of plan.inputs) {
       if (!inputs[name]) throw new Error(`${label}: input ${name} not given`);
       buffers.set(`input:${name}`, inputs[name]);
