@@ -64,6 +64,9 @@ export class PlanExecutor {
     // GPU memory for Wan 1.3B's shapes)
     this.storageSizes = []; // index -> bytes, the largest asked for
     this.storages = []; // index -> GPUBuffer, made (or remade larger) at the next bind
+    // each run's queued work not yet done, oldest first: run() returns once its work is
+    // submitted, so without a wait the page races ahead of a slow GPU (settle)
+    this.inFlight = [];
   }
 
   loadChoices() {
@@ -300,9 +303,24 @@ export class PlanExecutor {
       return dst;
     });
     this.device.queue.submit([encoder.finish()]);
+    const done = this.device.queue.onSubmittedWorkDone();
+    this.inFlight.push(done);
+    done.finally(() => this.inFlight.splice(this.inFlight.indexOf(done), 1));
     const kept = new Set(results);
     for (const b of outputs) if (!kept.has(b)) b.destroy();
     return results;
+  }
+
+  // Wait until at most `runs` runs are still on the GPU's queue.
+  async settle(runs = 0) {
+    while (this.inFlight.length > runs) await this.inFlight[0].catch(() => {});
+  }
+
+  // fn() once the work queued so far is done (a destroyed buffer is freed only then)
+  afterDone(fn) {
+    const last = this.inFlight[this.inFlight.length - 1];
+    if (last) last.then(fn, fn);
+    else fn();
   }
 
   async read(buffer, bytes) {

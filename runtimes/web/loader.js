@@ -415,6 +415,10 @@ export class GpuWeights {
   }
 
   async upload(key, next) {
+    // a streamed block waits until the GPU is down to the call before it: a released block
+    // is freed only once its queued work is done, and a page that queued every block at
+    // once held the whole model (11 GB for Wan 1.3B's shapes on SwiftShader)
+    if (!this.pinned.has(key)) await this.executor.settle(1);
     const weights = this.executor.uploadWeights(await this.source.get(key, next), this.tensorsOf(key), key);
     // the GPU holds a copy now; on wasm the weights are views of the bytes until released
     if (!this.executor.viewsWeights) this.source.done(key);
@@ -443,8 +447,10 @@ export class GpuWeights {
 
   release(key, weights) {
     if (this.resident.has(key)) return;
-    for (const b of Object.values(weights)) b.destroy(); // freed once the queued work is done
-    this.held -= this.sizes[key];
+    for (const b of Object.values(weights)) b.destroy();
+    // counted until freed, once the queued work is done
+    const size = this.sizes[key];
+    this.executor.afterDone(() => { this.held -= size; });
     if (this.executor.viewsWeights) this.source.done(key);
   }
 

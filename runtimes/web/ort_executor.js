@@ -178,6 +178,13 @@ export class OrtExecutor {
     });
   }
 
+  // a call is done when run() returns: nothing is left in flight
+  async settle() {}
+
+  afterDone(fn) {
+    fn();
+  }
+
   async read(tensor, bytes) {
     const d = tensor.data;
     return d.buffer.slice(d.byteOffset, d.byteOffset + bytes);
