@@ -107,9 +107,13 @@ def lower(mod: tvm.IRModule) -> tvm.IRModule:
     with webgpu_target():
         # a concatenation kernel binds its inputs and its output
         narrow = narrow_concats(mod, MAX_STORAGE_BUFFERS - 1)
+        # a matmul against a transposed weight reads it in place (NT_matmul): legalized
+        # apart, the transpose is a kernel of its own writing a weight-sized intermediate
+        # at every call (55 MB per feed-forward matrix at Wan 1.3B's shapes)
         legal = tvm.transform.Sequential([
             relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
-            t.LegalizeOps(), t.AnnotateTIROpPattern(), t.FoldConstant()])(narrow)
+            t.FuseTransposeMatmul(), t.LegalizeOps(), t.AnnotateTIROpPattern(),
+            t.FoldConstant()])(narrow)
         # input-independent integer work (tvm_passes) runs here, not as int64 WGSL
         folded = tvm.transform.Sequential([t.FoldConstant(), t.DeadCodeElimination()])(
             fold_constant_calls(legal))
@@ -139,6 +143,21 @@ class LaunchPlan:
     constants: list[np.ndarray] = field(default_factory=list)
     calls: list[dict] = field(default_factory=list)           # {"func", "args": [value ids]}
     results: list[str] = field(default_factory=list)          # value ids returned, in order
+
+    def gpu_sizes(self) -> dict:
+        """The largest buffer the plan makes or is handed and the largest tensor a kernel
+        binds, in bytes: what an adapter's maxBufferSize and maxStorageBufferBindingSize
+        must hold (the manifest records them, so a page refuses before downloading)."""
+        def nbytes(v: dict) -> int:
+            return int(np.prod(v["shape"])) * np.dtype(v["dtype"]).itemsize
+
+        handed = [nbytes(v) for vid, v in self.values.items()
+                  if vid.startswith(("input:", "weight:"))]
+        made = [*self.storages, *map(nbytes, self.outputs_alloc),
+                *(c.nbytes for c in self.constants)]
+        bound = [nbytes(self.values[a]) for c in self.calls for a in c["args"]]
+        return {"largest_buffer": max(handed + made, default=0),
+                "largest_binding": max(bound, default=0)}
 
     def to_json(self) -> dict:
         """JSON of the plan; constants carry their little-endian bytes in base64."""

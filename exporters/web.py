@@ -144,7 +144,7 @@ def export_variant(block: Block, name: str, stored: list[StoredTensor],
                              f"{block.name}.{name}", what)
     entry = file_entry(root, path)
     record = {"graph": entry["path"], "files": [entry, wasm["graph"]],
-              "validation": validation,
+              "gpu": compiled.plan.gpu_sizes(), "validation": validation,
               "wasm": {"graph": wasm["graph"]["path"], "validation": wasm["validation"]}}
     if isinstance(block.variants[name], Block):
         record["inputs"] = signature(variant.inputs, web_example(variant))
@@ -179,7 +179,7 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
               "weights": {"path": shards[0]["path"], "shards": [f["path"] for f in shards],
                           "tensors": table},
               "wasm": {"graph": wasm["graph"]["path"], "validation": wasm["validation"]},
-              "weight_bytes": block.weight_bytes(),
+              "weight_bytes": block.weight_bytes(), "gpu": compiled.plan.gpu_sizes(),
               "inputs": signature(block.inputs, web_example(block)),
               "outputs": signature(block.outputs, outputs),
               "validation": validation,

@@ -768,6 +768,15 @@ def test_demo_page_generates_the_python_video(page, web_package, python_video, t
                                         for c, k in keys)
     assert "transformer" in page.inner_text("#timings")
     assert (tmp_path / "demo.png").stat().st_size > 0
+    # a block's bytes are free once on the GPU: streamed blocks go through one reused
+    # buffer, each read (after the first) while the block before it runs
+    weights = run["weights"]
+    streamed = [sum(f["bytes"] for f in b["files"] if f["path"] in b["weights"]["shards"])
+                for c in manifest["components"] for b in c["blocks"]
+                if f"{c['name']}/{b['name']}" not in pinned]
+    assert weights["streamed_reads"] > 0 and weights["slot_misses"] == 0
+    assert weights["read_ahead"] >= weights["streamed_reads"] - 1
+    assert weights["peak_streamed_bytes"] <= max(streamed)
     # every block's intermediates live in one shared set of buffers, the largest each
     plans = [json.loads((web_package[0] / b["graph"]).read_text())["plan"]["storages"]
              for c in manifest["components"] for b in c["blocks"]]
@@ -867,6 +876,26 @@ LOAD_UNDER_BUDGET = """async (budget) => {
   catch (err) { return err.message; } }"""
 
 
+def webgpu_load_error(browser, served, budget, init_script=None, manifest=None):
+    """`WebPipeline.load` on the WebGPU path in a fresh context (with `init_script`, and
+    `manifest` served instead of the package's): its error message and the paths requested."""
+    context = browser.new_context()
+    if init_script:
+        context.add_init_script(init_script)
+    if manifest is not None:
+        context.route("**/manifest.json", lambda route: route.fulfill(
+            body=json.dumps(manifest), content_type="application/json"))
+    pg = context.new_page()
+    pg.goto(served + "manifest.json")
+    skip_without_webgpu(context, pg)
+    requested = []
+    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    try:
+        return pg.evaluate(LOAD_UNDER_BUDGET, budget), requested
+    finally:
+        context.close()
+
+
 def test_a_budget_under_the_largest_block_is_refused_before_the_download(browser, served,
                                                                          web_package):
     """The GPU sizes come from the manifest (float32 once decoded), so the page refuses the
@@ -880,20 +909,67 @@ def test_a_budget_under_the_largest_block_is_refused_before_the_download(browser
                                                  if not t["name"].endswith(SCALE_SUFFIX))
              for c in manifest["components"] for b in c["blocks"]}
     largest = max(sizes, key=sizes.get)
-    context = browser.new_context()
-    pg = context.new_page()
-    pg.goto(served + "manifest.json")
-    skip_without_webgpu(context, pg)
-    requested = []
-    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
-    try:
-        error = pg.evaluate(LOAD_UNDER_BUDGET, "1MB")
-    finally:
-        context.close()
+    error, requested = webgpu_load_error(browser, served, "1MB")
     assert error == (f"GPU memory budget {2**20} bytes is smaller than block {largest} "
                      f"({sizes[largest]} bytes); the smallest budget that works is "
                      f"{sizes[largest]} bytes"), error
     assert "manifest.json" in requested
+    assert not [p for p in requested if p.startswith(("weights/", "plans/"))], requested
+
+
+# an adapter that binds at most `limit` bytes of a storage buffer (the adapter's and the
+# device's limits read through the same prototype)
+SMALL_BINDING = """Object.defineProperty(GPUSupportedLimits.prototype,
+  'maxStorageBufferBindingSize', { get() { return %d; } });"""
+
+
+def shard_of(block: dict, offset: int) -> str:
+    """The weights file of a block that byte `offset` of its weights lies in."""
+    sizes = {f["path"]: f["bytes"] for f in block["files"]}
+    ends = np.cumsum([sizes[p] for p in block["weights"]["shards"]])
+    return block["weights"]["shards"][int(np.searchsorted(ends, offset, side="right"))]
+
+
+def first_past_binding(manifest: dict, limit: int) -> str:
+    """What the page refuses first where a binding may take at most `limit` bytes, in its
+    order (blocks in order; each block's weights, then its plan's largest binding)."""
+    from edge.exporters.web_storage import SCALE_SUFFIX
+
+    for c in manifest["components"]:
+        for b in c["blocks"]:
+            key = f"{c['name']}/{b['name']}"
+            for t in b["weights"]["tensors"]:
+                n = 4 * int(np.prod(t["shape"]))
+                if not t["name"].endswith(SCALE_SUFFIX) and n > limit:
+                    shape = ",".join(map(str, t["shape"]))
+                    return (f"block {key}: weight {t['name']} [{shape}] (in "
+                            f"{shard_of(b, t['offset'])}, decoded to float32) takes {n} bytes")
+            if b["gpu"]["largest_binding"] > limit:
+                return (f"block {key}: the largest tensor a kernel of its launch plan "
+                        f"({b['graph']}) binds takes {b['gpu']['largest_binding']} bytes")
+    raise AssertionError(f"nothing past {limit} bytes")
+
+
+@pytest.mark.parametrize("past", ["weight", "plan"])
+def test_an_adapter_that_cannot_bind_a_block_is_refused_before_the_download(
+        browser, served, web_package, past):
+    """An adapter whose maxStorageBufferBindingSize is under a weight (float32 on the GPU) or
+    under the largest tensor a block's plan binds (the manifest's `gpu`) is refused from the
+    manifest alone, naming the block, the tensor or plan file, the figure and the limit."""
+    from edge.exporters.web_storage import SCALE_SUFFIX
+
+    manifest = copy.deepcopy(web_package[1])
+    blocks = [b for c in manifest["components"] for b in c["blocks"]]
+    weight = max(4 * int(np.prod(t["shape"])) for b in blocks for t in b["weights"]["tensors"]
+                 if not t["name"].endswith(SCALE_SUFFIX))
+    assert max(b["gpu"]["largest_binding"] for b in blocks) == weight  # bound whole
+    limit = weight - 4 if past == "weight" else weight
+    if past == "plan":  # tiny-sora's activations are smaller than its weights: say larger
+        manifest["components"][-1]["blocks"][-1]["gpu"]["largest_binding"] = weight + 4
+    error, requested = webgpu_load_error(browser, served, None, SMALL_BINDING % limit, manifest)
+    assert error == (f"{first_past_binding(manifest, limit)} on the GPU, past this adapter's "
+                     f"maxStorageBufferBindingSize of {limit} bytes; the WebGPU path cannot "
+                     "run this package here (the wasm path can: ?path=wasm)"), error
     assert not [p for p in requested if p.startswith(("weights/", "plans/"))], requested
 
 

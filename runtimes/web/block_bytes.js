@@ -10,15 +10,21 @@ const now = () => performance.now() / 1000;
 // Buffers a streamed block is read into, reused from block to block: the one in use and the
 // one read ahead. A fresh buffer for each read would leave the garbage collector blocks'
 // worth of buffers to free, which it does late (the page then holds several blocks more).
+// Where a block's bytes are done with as soon as they are handed out (WebGPU copies them to
+// the GPU), one buffer is enough: the next block is read into it once it is free (`slots: 1`).
 const SLOTS = 2;
 
 export class BlockBytes {
   // files: PackageFiles; shardsOf(key) -> the manifest records of the block's weights files;
   // kept: Map key -> ArrayBuffer of the blocks held in memory (the pinned ones)
-  constructor(files, shardsOf, kept) {
+  // slots: the buffers streamed blocks are read into (2: in use and read ahead; 1: the next
+  // block is read once done() frees the buffer)
+  constructor(files, shardsOf, kept, { slots = SLOTS } = {}) {
     this.files = files;
     this.shardsOf = shardsOf;
     this.kept = kept;
+    this.slotCount = slots;
+    this.aheadAfterDone = new Map(); // key -> the block to read once key's buffer is free
     this.reading = new Map(); // key -> promise of its bytes, read ahead
     this.inMemory = 0; // streamed bytes held now (being read, read ahead or in use)
     this.slots = []; // {buffer: ArrayBuffer, key: the block in it, or null when free}
@@ -51,7 +57,10 @@ export class BlockBytes {
     // the bytes handed out for the key, oldest first: done(key) frees the oldest
     if (!this.handedOut.has(key)) this.handedOut.set(key, []);
     this.handedOut.get(key).push(slot);
-    if (next !== key) this.readAhead(next);
+    if (next !== key) {
+      if (this.slotCount > 1) this.readAhead(next);
+      else this.aheadAfterDone.set(key, next);
+    }
     return bytes;
   }
 
@@ -91,7 +100,7 @@ export class BlockBytes {
   // held (the block gets a buffer of its own: a read never waits for a slot).
   slotFor(key, size) {
     let slot = this.slots.find((s) => s.key === null);
-    if (!slot && this.slots.length < SLOTS) {
+    if (!slot && this.slots.length < this.slotCount) {
       slot = { buffer: null, key: null };
       this.slots.push(slot);
     }
@@ -111,6 +120,9 @@ export class BlockBytes {
     this.inMemory -= this.size(key);
     const slot = (this.handedOut.get(key) || []).shift();
     if (slot) slot.key = null;
+    const next = this.aheadAfterDone.get(key);
+    this.aheadAfterDone.delete(key);
+    this.readAhead(next);
   }
 
   // A pinned block's bytes are no longer needed in page memory (its weights stay on the
@@ -123,6 +135,7 @@ export class BlockBytes {
   clear() {
     for (const [key, pending] of this.reading) pending.then(() => { this.inMemory -= this.size(key); }, () => {});
     this.reading.clear();
+    this.aheadAfterDone.clear();
     this.slots = [];
     this.handedOut.clear();
   }

@@ -5,7 +5,20 @@
 // buffers of the returned tensors. Value ids say where a tensor lives: `input:NAME`,
 // `weight:NAME`, `const:N`, `storage:N` (intermediate, at a byte offset) or `output:N`.
 
-import { decodedBytes, WeightDecoder } from "./decode.js";
+import { decodedBytes, scaleNames, WeightDecoder } from "./decode.js";
+
+// a block whose weights or intermediates are larger than the adapter can make or bind
+export class AdapterLimitError extends Error {}
+
+// the weights file (shard) of a block's record that a tensor's bytes start in
+function shardOf(record, tensor) {
+  let start = 0;
+  for (const path of record.weights.shards || [record.weights.path]) {
+    start += record.files.find((f) => f.path === path).bytes;
+    if (tensor.offset < start) return path;
+  }
+  return record.weights.path;
+}
 
 const BYTES = { float32: 4, int32: 4, uint32: 4 };
 const MAX_GRID = 65535; // WebGPU maxComputeWorkgroupsPerDimension
@@ -146,6 +159,30 @@ export class PlanExecutor {
   uploadWeights(bytes, tensors, label) {
     this.decoder ||= new WeightDecoder(this.device);
     return this.decoder.upload(bytes, tensors, label, (view, l) => this.upload(view, l), (n, l) => this.storageBuffer(n, l));
+  }
+
+  // Refuse a block whose buffers this adapter cannot make or bind, from its manifest record
+  // alone (before any download): each weight is one float32 buffer bound whole, and the
+  // plan's largest buffer and binding are recorded at export (`gpu`, exporters/tvm_plan.py).
+  checkLimits(key, record) {
+    const limits = this.device.limits;
+    const refuse = (what, bytes, limit) => {
+      if (bytes <= limits[limit]) return;
+      throw new AdapterLimitError(`block ${key}: ${what} takes ${bytes} bytes on the GPU, past this adapter's ${limit} of ${limits[limit]} bytes; the WebGPU path cannot run this package here (the wasm path can: ?path=wasm)`);
+    };
+    const scales = scaleNames(record.weights.tensors);
+    for (const t of record.weights.tensors) {
+      if (scales.has(t.name)) continue;
+      const bytes = decodedBytes([t]);
+      const what = `weight ${t.name} [${t.shape}] (in ${shardOf(record, t)}, decoded to float32)`;
+      refuse(what, bytes, "maxBufferSize");
+      refuse(what, bytes, "maxStorageBufferBindingSize");
+    }
+    for (const [name, r] of [["", record], ...Object.entries(record.variants || {}).map(([n, v]) => [` variant ${n}`, v])]) {
+      if (!r.gpu) continue; // exported before plans recorded their sizes: the weights above
+      refuse(`the largest buffer of its launch plan${name} (${r.graph})`, r.gpu.largest_buffer, "maxBufferSize");
+      refuse(`the largest tensor a kernel of its launch plan${name} (${r.graph}) binds`, r.gpu.largest_binding, "maxStorageBufferBindingSize");
+    }
   }
 
   // the GPU bytes a block's weights take (what a budget counts)

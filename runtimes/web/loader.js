@@ -414,12 +414,18 @@ export class GpuWeights {
     this.stats = { uploads: 0, uploadedBytes: 0, peakHeldBytes: 0 };
   }
 
+  // the block to read ahead after `key`: none where it is on the GPU already (its bytes,
+  // let go once uploaded, would be read from storage for nothing)
+  ahead(next) {
+    return next !== null && next !== undefined && this.resident.has(next) ? null : next;
+  }
+
   async upload(key, next) {
     // a streamed block waits until the GPU is down to the call before it: a released block
     // is freed only once its queued work is done, and a page that queued every block at
     // once held the whole model (11 GB for Wan 1.3B's shapes on SwiftShader)
     if (!this.pinned.has(key)) await this.executor.settle(1);
-    const weights = this.executor.uploadWeights(await this.source.get(key, next), this.tensorsOf(key), key);
+    const weights = this.executor.uploadWeights(await this.source.get(key, this.ahead(next)), this.tensorsOf(key), key);
     // the GPU holds a copy now; on wasm the weights are views of the bytes until released
     if (!this.executor.viewsWeights) this.source.done(key);
     this.stats.uploads += 1;
@@ -433,7 +439,7 @@ export class GpuWeights {
   // block that runs after it, read ahead from storage where it is streamed.
   async acquire(key, next = null) {
     if (this.resident.has(key)) {
-      this.source.readAhead(next);
+      this.source.readAhead(this.ahead(next));
       return this.resident.get(key);
     }
     const w = await this.upload(key, next);

@@ -176,6 +176,7 @@ export class WebPipeline {
     const recordOf = new Map();
     for (const c of m.components) {
       for (const b of c.blocks) {
+        if (onGpu) executor.checkLimits(`${c.name}/${b.name}`, b);
         sizes[`${c.name}/${b.name}`] = executor.heldBytes(b.weights.tensors);
         recordOf.set(`${c.name}/${b.name}`, b);
       }
@@ -210,7 +211,8 @@ export class WebPipeline {
     }
     const kept = pinnedBytes.buffers;
     for (const key of pinned) for (const p of shardsOf(recordOf.get(key))) bytes.delete(p);
-    const source = new BlockBytes(files, (k) => shardFiles(recordOf.get(k)), kept);
+    // on WebGPU a block's bytes are free once uploaded: one buffer reads the next block
+    const source = new BlockBytes(files, (k) => shardFiles(recordOf.get(k)), kept, { slots: onGpu ? 1 : 2 });
     const weights = new GpuWeights(executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
     const compiledAt = now();
     if (tune && onGpu) {
