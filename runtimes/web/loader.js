@@ -421,10 +421,12 @@ export class GpuWeights {
   }
 
   async upload(key, next) {
-    // a streamed block waits until the GPU is down to the call before it: a released block
-    // is freed only once its queued work is done, and a page that queued every block at
-    // once held the whole model (11 GB for Wan 1.3B's shapes on SwiftShader)
-    if (!this.pinned.has(key)) await this.executor.settle(1);
+    // a streamed block is uploaded once the GPU's queue is empty: a released block is freed
+    // only when its queued work is done, and so are an upload's staging copies (a page that
+    // queued every block at once held the whole model: 11 GB for Wan 1.3B's shapes on
+    // SwiftShader; one call behind, the GPU process still held two streamed blocks and
+    // their staging). Its bytes were read from storage while the call before it ran.
+    if (!this.pinned.has(key)) await this.executor.settle(0);
     const weights = this.executor.uploadWeights(await this.source.get(key, this.ahead(next)), this.tensorsOf(key), key);
     // the GPU holds a copy now; on wasm the weights are views of the bytes until released
     if (!this.executor.viewsWeights) this.source.done(key);
