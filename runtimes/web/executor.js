@@ -77,9 +77,10 @@ export class PlanExecutor {
     // GPU memory for Wan 1.3B's shapes)
     this.storageSizes = []; // index -> bytes, the largest asked for
     this.storages = []; // index -> GPUBuffer, made (or remade larger) at the next bind
-    // each run's queued work not yet done, oldest first: run() returns once its work is
-    // submitted, so without a wait the page races ahead of a slow GPU (settle)
-    this.inFlight = [];
+    // the latest run's work done (the queue runs in order: every earlier run's too): run()
+    // returns once its work is submitted, so without a wait the page races ahead of a slow
+    // GPU (settle)
+    this.queueDone = null;
   }
 
   loadChoices() {
@@ -340,23 +341,20 @@ export class PlanExecutor {
       return dst;
     });
     this.device.queue.submit([encoder.finish()]);
-    const done = this.device.queue.onSubmittedWorkDone();
-    this.inFlight.push(done);
-    done.finally(() => this.inFlight.splice(this.inFlight.indexOf(done), 1));
+    this.queueDone = this.device.queue.onSubmittedWorkDone();
     const kept = new Set(results);
     for (const b of outputs) if (!kept.has(b)) b.destroy();
     return results;
   }
 
-  // Wait until at most `runs` runs are still on the GPU's queue.
-  async settle(runs = 0) {
-    while (this.inFlight.length > runs) await this.inFlight[0].catch(() => {});
+  // Wait until the runs queued so far are done.
+  async settle() {
+    await this.queueDone?.catch(() => {});
   }
 
-  // fn() once the work queued so far is done (a destroyed buffer is freed only then)
+  // fn() once the runs queued so far are done (a destroyed buffer is freed only then)
   afterDone(fn) {
-    const last = this.inFlight[this.inFlight.length - 1];
-    if (last) last.then(fn, fn);
+    if (this.queueDone) this.queueDone.then(fn, fn);
     else fn();
   }
 

@@ -417,7 +417,7 @@ export class GpuWeights {
   // the block to read ahead after `key`: none where it is on the GPU already (its bytes,
   // let go once uploaded, would be read from storage for nothing)
   ahead(next) {
-    return next !== null && next !== undefined && this.resident.has(next) ? null : next;
+    return this.resident.has(next) ? null : next;
   }
 
   async upload(key, next) {
@@ -426,7 +426,7 @@ export class GpuWeights {
     // queued every block at once held the whole model: 11 GB for Wan 1.3B's shapes on
     // SwiftShader; one call behind, the GPU process still held two streamed blocks and
     // their staging). Its bytes were read from storage while the call before it ran.
-    if (!this.pinned.has(key)) await this.executor.settle(0);
+    if (!this.pinned.has(key)) await this.executor.settle();
     const weights = this.executor.uploadWeights(await this.source.get(key, this.ahead(next)), this.tensorsOf(key), key);
     // the GPU holds a copy now; on wasm the weights are views of the bytes until released
     if (!this.executor.viewsWeights) this.source.done(key);
