@@ -132,7 +132,7 @@ def page(browser, served):
 RUN_BLOCK = """async ({key, inputs}) => {
   const pipe = window.edgeDemo.pipe, ex = pipe.executor, block = pipe.blocks.get(key);
   const bytes = await pipe.weights.source.get(key);
-  const weights = ex.uploadWeights(bytes, block.record.weights.tensors, key);
+  const weights = await ex.uploadWeights(bytes, block.record.weights.tensors, key);
   pipe.weights.source.done(key);
   const given = {};
   for (const [n, text] of Object.entries(inputs)) {
@@ -777,6 +777,10 @@ def test_demo_page_generates_the_python_video(page, web_package, python_video, t
     assert weights["streamed_reads"] > 0 and weights["slot_misses"] == 0
     assert weights["read_ahead"] >= weights["streamed_reads"] - 1
     assert weights["peak_streamed_bytes"] <= max(streamed)
+    # blocks reach the GPU in pieces through one scratch buffer, a bounded number in flight
+    upload = weights["upload"]
+    assert upload["pieces"] > 0 and upload["scratch_bytes"] <= upload["chunk_bytes"]
+    assert upload["peak_in_flight_bytes"] <= upload["in_flight_limit"]
     # every block's intermediates live in one shared set of buffers, the largest each
     plans = [json.loads((web_package[0] / b["graph"]).read_text())["plan"]["storages"]
              for c in manifest["components"] for b in c["blocks"]]

@@ -157,9 +157,22 @@ export class PlanExecutor {
 
   // A block's weights from its weights bytes (ArrayBuffer) and manifest table: float32 GPU
   // buffers by name, stored forms decoded on the GPU (decode.js)
-  uploadWeights(bytes, tensors, label) {
-    this.decoder ||= new WeightDecoder(this.device);
-    return this.decoder.upload(bytes, tensors, label, (view, l) => this.upload(view, l), (n, l) => this.storageBuffer(n, l));
+  // (written in pieces, a bounded number in flight: decode.js); the bytes may be let go once
+  // it resolves
+  async uploadWeights(bytes, tensors, label) {
+    return this.weightDecoder().uploadBlock(bytes, tensors, label);
+  }
+
+  // since the page loaded: the pieces written, the scratch buffer's size, the most bytes
+  // written and not yet done, the waits for the queue that bounded them
+  uploadFigures() {
+    const d = this.weightDecoder();
+    return { chunk_bytes: d.chunkBytes, in_flight_limit: d.inFlightBytes, ...d.stats };
+  }
+
+  weightDecoder() {
+    this.decoder ||= new WeightDecoder(this.device, (n, l) => this.storageBuffer(n, l));
+    return this.decoder;
   }
 
   // Refuse a block whose buffers this adapter cannot make or bind, from its manifest record

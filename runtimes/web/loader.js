@@ -427,7 +427,7 @@ export class GpuWeights {
     // SwiftShader; one call behind, the GPU process still held two streamed blocks and
     // their staging). Its bytes were read from storage while the call before it ran.
     if (!this.pinned.has(key)) await this.executor.settle();
-    const weights = this.executor.uploadWeights(await this.source.get(key, this.ahead(next)), this.tensorsOf(key), key);
+    const weights = await this.executor.uploadWeights(await this.source.get(key, this.ahead(next)), this.tensorsOf(key), key);
     // the GPU holds a copy now; on wasm the weights are views of the bytes until released
     if (!this.executor.viewsWeights) this.source.done(key);
     this.stats.uploads += 1;

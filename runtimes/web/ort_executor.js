@@ -152,8 +152,13 @@ export class OrtExecutor {
   }
 
   // A block's weights as stored (the graph decodes them): {tensor name: HostTensor}
-  uploadWeights(bytes, tensors) {
+  async uploadWeights(bytes, tensors) {
     return Object.fromEntries(tensors.map((t) => [t.name, new HostTensor(new Uint8Array(bytes, t.offset, t.bytes))]));
+  }
+
+  // nothing is copied anywhere (the WebGPU executor's: pieces written to the GPU)
+  uploadFigures() {
+    return null;
   }
 
   // the page memory a block's weights take

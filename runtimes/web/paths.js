@@ -130,7 +130,7 @@ export async function timeBlock(executor, prepared, record, weights, runs = 3) {
 // One transformer block's graph and weights on an executor, for timing.
 async function prepareProbe(executor, probe) {
   const prepared = await executor.prepareFrom(probe.graphs[executor.path], probe.key, probe.record);
-  const weights = executor.uploadWeights(probe.weightBytes, probe.record.weights.tensors, probe.key);
+  const weights = await executor.uploadWeights(probe.weightBytes, probe.record.weights.tensors, probe.key);
   return { prepared, weights };
 }
 

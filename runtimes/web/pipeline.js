@@ -509,6 +509,8 @@ export class WebPipeline {
       read_wait_s: streamed.wait_s - before.wait_s, peak_streamed_bytes: streamed.peak_streamed_bytes,
       // reads started while another block ran; reads that found both reused buffers held
       read_ahead: streamed.read_ahead - before.read_ahead, slot_misses: streamed.slot_misses - before.slot_misses,
+      // WebGPU: how blocks reach the GPU (pieces through one scratch buffer, bytes in flight)
+      upload: this.executor.uploadFigures(),
     };
     delete figures.uploads_before;
     delete figures.streamed_before;
