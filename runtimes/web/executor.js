@@ -6,19 +6,10 @@
 // `weight:NAME`, `const:N`, `storage:N` (intermediate, at a byte offset) or `output:N`.
 
 import { decodedBytes, scaleNames, WeightDecoder } from "./decode.js";
+import { shardHolding } from "./loader.js";
 
 // a block whose weights or intermediates are larger than the adapter can make or bind
 export class AdapterLimitError extends Error {}
-
-// the weights file (shard) of a block's record that a tensor's bytes start in
-function shardOf(record, tensor) {
-  let start = 0;
-  for (const path of record.weights.shards || [record.weights.path]) {
-    start += record.files.find((f) => f.path === path).bytes;
-    if (tensor.offset < start) return path;
-  }
-  return record.weights.path;
-}
 
 const BYTES = { float32: 4, int32: 4, uint32: 4 };
 const MAX_GRID = 65535; // WebGPU maxComputeWorkgroupsPerDimension
@@ -74,7 +65,9 @@ export class PlanExecutor {
     // Intermediate storages shared by every block: blocks run one at a time, in queue order,
     // and a plan's storages hold nothing from one call to the next, so storage i is one
     // buffer of the largest size any plan asks for (one set per block held 2.27 GB of
-    // GPU memory for Wan 1.3B's shapes)
+    // GPU memory for Wan 1.3B's shapes). Not one buffer for all: a kernel reading one
+    // storage and writing another would bind one buffer both read-only and writable, which
+    // WebGPU refuses within a dispatch.
     this.storageSizes = []; // index -> bytes, the largest asked for
     this.storages = []; // index -> GPUBuffer, made (or remade larger) at the next bind
     // the latest run's work done (the queue runs in order: every earlier run's too): run()
@@ -188,7 +181,7 @@ export class PlanExecutor {
     for (const t of record.weights.tensors) {
       if (scales.has(t.name)) continue;
       const bytes = decodedBytes([t]);
-      const what = `weight ${t.name} [${t.shape}] (in ${shardOf(record, t)}, decoded to float32)`;
+      const what = `weight ${t.name} [${t.shape}] (in ${shardHolding(record, t)}, decoded to float32)`;
       refuse(what, bytes, "maxBufferSize");
       refuse(what, bytes, "maxStorageBufferBindingSize");
     }

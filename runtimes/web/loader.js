@@ -369,6 +369,26 @@ async function storedInto(response, into) {
   return whole && got === into.byteLength ? into : null;
 }
 
+// A block's weights files (its shards, joined in order: tensor offsets index their
+// concatenation) as manifest paths, and as the block's file records.
+export function shardPaths(record) {
+  return record.weights.shards || [record.weights.path];
+}
+
+export function shardFiles(record) {
+  return shardPaths(record).map((p) => record.files.find((f) => f.path === p));
+}
+
+// the weights file that holds a tensor of the block (for messages)
+export function shardHolding(record, tensor) {
+  let end = 0;
+  for (const f of shardFiles(record)) {
+    end += f.bytes;
+    if (tensor.offset < end) return f.path;
+  }
+  return record.weights.path;
+}
+
 export function parseSize(text) {
   if (text === null || text === undefined || text === "") return null;
   const m = /^\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*$/i.exec(String(text));

@@ -5,7 +5,7 @@
 // loader.js; a seed's initial noise drawn as PyTorch draws it (noise.js).
 import { byteSize } from "./executor.js";
 import { BlockBytes } from "./block_bytes.js";
-import { GpuWeights, PackageError, PackageFiles, parseSize, planPins } from "./loader.js";
+import { GpuWeights, PackageError, PackageFiles, parseSize, planPins, shardFiles, shardPaths } from "./loader.js";
 import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { DEFAULT_SETTINGS, checkSettings, runPairs, sample } from "./sampler.js";
@@ -67,9 +67,8 @@ function handBack(video, shape) {
 // One buffer per block for its weights' shards, joined as tensor offsets index them: each
 // shard is read straight into its place (fetchAll's placeOf), so no shard buffers are joined
 // and left for the collector (that held the pinned weights twice while a page loaded).
-// blocks: [key, manifest record]; shardFiles(record) -> its weights files' records;
-// -> {buffers: Map key -> ArrayBuffer, placeOf(file record)}
-function blockBuffers(blocks, shardFiles) {
+// blocks: [key, manifest record] -> {buffers: Map key -> ArrayBuffer, placeOf(file record)}
+function blockBuffers(blocks) {
   const buffers = new Map();
   const places = new Map();
   for (const [key, record] of blocks) {
@@ -93,7 +92,7 @@ export function pathRecords(manifest, executor) {
   const out = [...manifest.tokenizer.files, ...Object.values(manifest.conditioning)];
   for (const c of manifest.components) {
     for (const b of c.blocks) {
-      const wanted = new Set([...(b.weights.shards || [b.weights.path]), executor.graphOf(b), ...Object.values(b.variants || {}).map((v) => executor.graphOf(v))]);
+      const wanted = new Set([...shardPaths(b), executor.graphOf(b), ...Object.values(b.variants || {}).map((v) => executor.graphOf(v))]);
       out.push(...b.files.filter((f) => wanted.has(f.path)));
     }
   }
@@ -138,23 +137,20 @@ export class WebPipeline {
     const transformer = m.components.find((c) => c.name === "transformer");
     const probeRecord = transformer.blocks[Math.min(1, transformer.blocks.length - 1)];
     const probeKey = `transformer/${probeRecord.name}`;
-    const shardsOf = (b) => b.weights.shards || [b.weights.path];
-    // the file records of a block's weights shards, in order
-    const shardFiles = (b) => shardsOf(b).map((p) => b.files.find((f) => f.path === p));
     const gpu = await findAdapter();
     // not raced against the signal: an executor made after we gave up would hold a device
     const choice = await choosePath({
       files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`,
       getProbe: async () => {
-        const weights = blockBuffers([[probeKey, probeRecord]], shardFiles);
-        const got = await files.fetchAll([...new Set([probeRecord.graph, probeRecord.wasm.graph, ...shardsOf(probeRecord)])].map((p) => probeRecord.files.find((f) => f.path === p)), () => true, weights.placeOf);
+        const weights = blockBuffers([[probeKey, probeRecord]]);
+        const got = await files.fetchAll([...new Set([probeRecord.graph, probeRecord.wasm.graph, ...shardPaths(probeRecord)])].map((p) => probeRecord.files.find((f) => f.path === p)), () => true, weights.placeOf);
         return { key: probeKey, record: probeRecord, weightBytes: weights.buffers.get(probeKey), graphs: { webgpu: got.get(probeRecord.graph), wasm: got.get(probeRecord.wasm.graph) } };
       },
     });
     if (!choice.executor) throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: use a recent Chrome, Edge or Safari, served over https or from localhost.`);
     try {
       stopIf("after choosing the path");
-      const pipe = await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, shardFiles, probeKey });
+      const pipe = await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, probeKey });
       files.signal = null; // loaded: the generations' streamed reads answer to their own signals
       return pipe;
     } catch (err) {
@@ -165,7 +161,7 @@ export class WebPipeline {
 
   // load() once the path is chosen: fetch the path's files, prepare every block, place the
   // weights, tune, time the probe block
-  static async build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, shardsOf, shardFiles, probeKey }) {
+  static async build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, probeKey }) {
     const m = files.manifest;
     const executor = choice.executor;
     const onGpu = executor.path === "webgpu";
@@ -185,10 +181,10 @@ export class WebPipeline {
     const pinned = planPins(sizes, parseSize(budget), transformerKeys);
     const records = pathRecords(m, executor);
     // the streamed blocks' files are downloaded, checked and stored, not kept in memory
-    const streamedFiles = new Set([...recordOf].filter(([k]) => !pinned.has(k)).flatMap(([, b]) => shardsOf(b)));
+    const streamedFiles = new Set([...recordOf].filter(([k]) => !pinned.has(k)).flatMap(([, b]) => shardPaths(b)));
     if (streamedFiles.size) await files.checkRoomFor(records.filter((r) => streamedFiles.has(r.path)));
     // the pinned blocks' shards are read straight into one buffer a block
-    const pinnedBytes = blockBuffers([...pinned].map((k) => [k, recordOf.get(k)]), shardFiles);
+    const pinnedBytes = blockBuffers([...pinned].map((k) => [k, recordOf.get(k)]));
     const bytes = await abortable(files.fetchAll(records, (r) => !streamedFiles.has(r.path), pinnedBytes.placeOf), signal, `loading ${base}: the download`);
     stopIf("after the download");
     const fetchedAt = now();
@@ -210,7 +206,7 @@ export class WebPipeline {
       }
     }
     const kept = pinnedBytes.buffers;
-    for (const key of pinned) for (const p of shardsOf(recordOf.get(key))) bytes.delete(p);
+    for (const key of pinned) for (const p of shardPaths(recordOf.get(key))) bytes.delete(p);
     // on WebGPU a block's bytes are free once uploaded: one buffer reads the next block
     const source = new BlockBytes(files, (k) => shardFiles(recordOf.get(k)), kept, { slots: onGpu ? 1 : 2 });
     const weights = new GpuWeights(executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
