@@ -191,7 +191,7 @@ class TorchBlockSession:
     """A block run in PyTorch, answering onnxruntime's `run` (the Python runtime's
     `BlockSession`), its inputs cast to its example's dtypes. `fed_weights`: its parameters
     are the weights fed beside the inputs (the runtime's loader streams the package's), else
-    its module's own."""
+    its module's own (read from the folder for each call where it was loaded out of core)."""
 
     def __init__(self, block: Block, fed_weights: bool = False) -> None:
         self.block = block
@@ -203,7 +203,9 @@ class TorchBlockSession:
         inputs = tuple(torch.from_numpy(np.ascontiguousarray(feeds[n])).to(d)
                        for n, d in zip(self.block.inputs, self.dtypes, strict=True))
         if self.weight_names is None:
-            out = self.block.run(*inputs)
+            # a model loaded out of core: the block's weights read for the call, then dropped
+            with materialized(self.block.module):
+                out = self.block.run(*inputs)
         else:
             weights = {n: torch.from_numpy(np.asarray(feeds[n])) for n in self.weight_names}
             out = torch.func.functional_call(self.block.module, weights, inputs)

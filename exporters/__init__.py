@@ -113,9 +113,10 @@ def refuse_others(target_name: str, options: ExportOptions, takes: set[str]) -> 
 
 def refuse_out_of_core(target_name: str, model) -> None:
     """A model built without weights (larger than memory, `FamilyModel.out_of_core`) goes to
-    the onnx target only: the others convert whole programs with their weights."""
+    the onnx and web targets only: the iphone's converts whole programs with their
+    weights."""
     if model.out_of_core:
         raise ExportOptionError(
             f"--target {target_name}: {model.name} is loaded out of core (its float32 "
             "weights exceed half this machine's memory, or --out-of-core was given); only "
-            "--target onnx exports a model block by block from storage")
+            "--target onnx and --target web export a model block by block from storage")

@@ -41,7 +41,7 @@ from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
 from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, shared_compiler, web_example
 from edge.exporters.validation import check_validation, output_error
-from edge.exporters.web_check import end_to_end_check
+from edge.exporters.web_check import end_to_end_check, streamed_check
 from edge.exporters.web_storage import (
     DEFAULT_FORM,
     StoredTensor,
@@ -54,6 +54,7 @@ from edge.exporters.web_storage import (
     write_stored,
 )
 from edge.family_model import FamilyModel
+from edge.lazy_weights import materialized
 from edge.package import atomic_directory, file_entry, write_manifest
 
 BLOCK_TOLERANCE = 1e-4  # fp32 error of a replayed plan or wasm graph, over max(1, its outputs)
@@ -159,6 +160,15 @@ def export_block(block: Block, compiler: BlockCompiler, root: Path,
     """`variants=False`: only the `required` variants (a chunked component's first). `form`:
     how the weights are stored (exporters/web_storage.py); `shard_bytes`: the largest
     weights file."""
+    # a model larger than memory: this block's weights are read now and dropped after
+    with materialized(block.module):
+        return _export_block(block, compiler, root, variants, check, required, form,
+                             shard_bytes)
+
+
+def _export_block(block: Block, compiler: BlockCompiler, root: Path, variants: bool,
+                  check: bool, required: frozenset[str], form: WebStorage | str,
+                  shard_bytes: int) -> dict:
     plan_path = root / "plans" / block.component / f"{block.name}.json"
     weights_path = root / "weights" / block.component / f"{block.name}.bin"
     stored = stored_weights(block, form)
@@ -230,8 +240,9 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     compiler = compiler or shared_compiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
+    # a model out of core is checked once its blocks are written (web_check.py)
     validation = end_to_end_check(model, components, storage, on_step=on_check_step) \
-        if validate_end_to_end else None
+        if validate_end_to_end and not model.out_of_core else None
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "web", model_name or model.name)
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
@@ -255,6 +266,10 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                 component["chunked"] = model.chunked[name].to_dict(blocks)
             manifest["components"].append(component)
         manifest["files"] = copy_site(root) + ort_files
+        if validate_end_to_end and model.out_of_core:
+            write_manifest(root, manifest)  # the check loads the package as written
+            validation = streamed_check(root, components, storage, model.sampler.steps,
+                                        on_step=on_check_step)
         if validation is not None:
             manifest["validation"] = validation
         write_manifest(root, manifest)

@@ -13,7 +13,6 @@ from edge.exporters import (
     Progress,
     inputs_text,
     refuse_others,
-    refuse_out_of_core,
 )
 from edge.exporters.validation import worst_block
 from edge.family_model import FamilyModel
@@ -59,7 +58,6 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     from edge.exporters.web import web_blocks
     from edge.exporters.web_storage import block_stored_bytes, web_storage
 
-    refuse_out_of_core(NAME, model)
     form = stored_form(options)
     try:
         storage = web_storage(form, model)

@@ -61,6 +61,15 @@ def stored_video_check(model: FamilyModel, components: dict[str, list[Block]],
     with weights_replaced(components, replace):
         got = model.generate(VALIDATION_PROMPT, seed=seed, steps=steps,
                              on_step=progress(False))
+    return stored_video_record(got, want, floor, stored_as, measures, seed,
+                               steps or model.sampler.steps)
+
+
+def stored_video_record(got: np.ndarray, want: np.ndarray, floor: float, stored_as: str,
+                        measures: str, seed: int, steps: int) -> dict:
+    """The manifest's `validation` record of a video rendered with stored weights (`got`)
+    against fp32 PyTorch's (`want`); an ExportValidationError naming `stored_as` under
+    `floor` (PSNR, dB)."""
     value = psnr(got, want)
     if not value >= floor:
         raise ExportValidationError(
@@ -68,8 +77,7 @@ def stored_video_check(model: FamilyModel, components: dict[str, list[Block]],
             f"{value:.1f} dB < {floor:g} dB on {VALIDATION_PROMPT!r}, seed {seed}")
     # identical videos have an infinite PSNR, which JSON cannot hold: null and a flag
     identical = bool(np.array_equal(got, want))
-    return {"prompt": VALIDATION_PROMPT, "seed": seed,
-            "steps": steps or model.sampler.steps, "identical": identical,
+    return {"prompt": VALIDATION_PROMPT, "seed": seed, "steps": steps, "identical": identical,
             "psnr_db": None if identical else round(value, 2),
             "snr_db": None if identical else round(snr(got, want), 2),
             "psnr_floor_db": floor, "measures": measures}

@@ -152,7 +152,7 @@ def test_out_of_core_is_chosen_for_a_model_over_half_the_memory(wan_folders, mon
     assert not load_model(wan_folders["euler"], **WAN_SIZE).out_of_core
 
 
-def test_only_onnx_exports_out_of_core(wan_folders, tmp_path):
+def test_only_onnx_and_web_export_out_of_core(wan_folders, tmp_path):
     from typer.testing import CliRunner
 
     from edge.commands import app
@@ -164,13 +164,14 @@ def test_only_onnx_exports_out_of_core(wan_folders, tmp_path):
     result = runner.invoke(app, ["export", "--model", str(wan_folders["euler"]), "--target",
                                  "iphone", "--out-of-core", "-o", str(dest)])
     assert result.exit_code != 0
-    assert "--out-of-core applies to --target onnx, not iphone" in result.output
+    assert "--out-of-core applies to --target onnx or web, not iphone" in result.output
     assert not dest.exists()
     model = load_model(wan_folders["euler"], out_of_core=True, **WAN_SIZE)
-    for name in ("iphone", "web"):
-        with pytest.raises(ExportOptionError, match="only --target onnx exports a model "
-                                                    "block by block"):
-            target_module(name).prepare(model, ExportOptions())
+    with pytest.raises(ExportOptionError, match="only --target onnx and --target web export "
+                                                "a model block by block"):
+        target_module("iphone").prepare(model, ExportOptions())
+    # the web's plan (a dry run) needs the shapes alone
+    assert target_module("web").prepare(model, ExportOptions()).held_bytes
 
 
 def test_tiny_sora_refuses_the_option(tmp_path):
@@ -199,3 +200,79 @@ def test_a_folder_without_safetensors_loads_whole(wan_folders, tmp_path):
     assert not load_model(folder, **WAN_SIZE).out_of_core
     with pytest.raises(FamilyError, match=r"wan/transformer: no .safetensors weights"):
         load_model(folder, out_of_core=True, **WAN_SIZE)
+
+
+@pytest.fixture(scope="module")
+def out_of_core_web_export(wan_folders, tmp_path_factory):
+    """The unipc folder exported for the web out of core, its end-to-end check run after the
+    blocks are written; the peak of read weights during the export."""
+    pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
+    from edge.exporters.web import export_web, web_blocks
+
+    model = load_model(wan_folders["unipc"], steps=12, out_of_core=True, **WAN_SIZE)
+    components = web_blocks(model)
+    RESIDENCY.reset()
+    root = tmp_path_factory.mktemp("wan-web-ooc") / "pkg"
+    with chunked_attention_for_tests():
+        manifest = export_web(model, root, components=components, variants=False,
+                              check=False, validate_end_to_end=True)
+    return model, components, root, manifest, RESIDENCY.peak
+
+
+@pytest.mark.slow  # a Wan web export (TVM plans and wasm graphs) and two generations
+def test_out_of_core_web_export_stores_the_in_memory_weights(out_of_core_web_export,
+                                                            wan_models):
+    """Each block's weights files hold the stored form of the in-memory model's weights,
+    byte for byte; at most one block's float32 weights were read at a time, none are left;
+    the check ran after the blocks were written, against the float32 PyTorch blocks."""
+    import hashlib
+
+    from edge.exporters.web import web_blocks
+    from edge.exporters.web_storage import stored_weights, web_storage, write_stored
+
+    model, components, root, manifest, peak = out_of_core_web_export
+    storage = web_storage("fp16", wan_models["unipc"])
+    resident = {b.key: b for bs in web_blocks(wan_models["unipc"]).values() for b in bs}
+    for c in manifest["components"]:
+        for b in c["blocks"]:
+            key = f"{c['name']}/{b['name']}"
+            got = b"".join((root / p).read_bytes() for p in b["weights"]["shards"])
+            scratch = root.parent / "resident.bin"
+            table = write_stored(scratch, stored_weights(resident[key], storage))
+            assert table == b["weights"]["tensors"], key
+            assert hashlib.sha256(got).digest() == \
+                hashlib.sha256(scratch.read_bytes()).digest(), key
+    largest = max(b.weight_bytes() for bs in components.values() for b in bs)
+    total = sum(b.weight_bytes() for bs in components.values() for b in bs)
+    assert 0 < peak <= largest < total / 4
+    assert all(p.is_meta for c in (model.pipe.transformer, model.pipe.text_encoder,
+                                   model.pipe.vae) for p in c.parameters())
+    validation = manifest["validation"]
+    assert validation["measures"].startswith("the package's wasm graphs")
+    assert validation["psnr_db"] is None or validation["psnr_db"] >= validation["psnr_floor_db"]
+    assert validation["budget"] == 2 * largest
+
+
+@pytest.mark.slow
+def test_the_streamed_web_check_fails_a_package_whose_weights_differ(out_of_core_web_export,
+                                                                    tmp_path):
+    """The check compares the package's video with PyTorch's: the same package with the
+    transformer's output projection zeroed (the latents never move from the noise) misses
+    the floor, naming the stored form."""
+    from edge.exporters import ExportValidationError
+    from edge.exporters.web_check import streamed_check
+    from edge.exporters.web_storage import web_storage
+    from edge.package import file_entry, write_manifest
+
+    model, components, root, manifest, _ = out_of_core_web_export
+    broken = tmp_path / "pkg"
+    shutil.copytree(root, broken)
+    edited = json.loads((broken / "manifest.json").read_text())
+    last = next(c for c in edited["components"] if c["name"] == "transformer")["blocks"][-1]
+    for path in last["weights"]["shards"]:
+        (broken / path).write_bytes(bytes((broken / path).stat().st_size))
+    last["files"] = [file_entry(broken, broken / f["path"]) for f in last["files"]]
+    write_manifest(broken, edited)
+    with pytest.raises(ExportValidationError, match="with weights stored as fp16 the video "
+                                                    "differs from fp32 PyTorch"):
+        streamed_check(broken, components, web_storage("fp16", model), model.sampler.steps)

@@ -69,7 +69,7 @@ def export(
         "decode_noise_scale) [default: the decode timestep].")] = None,
     out_of_core: Annotated[bool | None, typer.Option(
         "--out-of-core/--in-memory",
-        help="onnx, diffusers folders: build the models without weights and read each "
+        help="onnx and web, diffusers folders: build the models without weights and read each "
         "block's from the folder's safetensors files only while it is exported, so memory "
         "holds one block, never the model; the end-to-end check then streams the PyTorch "
         "blocks under the budget [default: out of core when the float32 weights exceed "
@@ -118,8 +118,9 @@ def export(
         _check_option(check, target, family)
         exporter = target_module(target)
         check_options(family, family_options)
-        if out_of_core and target != "onnx":
-            raise ExportOptionError(f"--out-of-core applies to --target onnx, not {target}")
+        if out_of_core and target not in ("onnx", "web"):
+            raise ExportOptionError(f"--out-of-core applies to --target onnx or web, not "
+                                    f"{target}")
         options = ExportOptions(memory_budget=common.budget_option(memory_budget),
                                 quantize=quantize, min_ios=min_ios, ort_url=ort_url,
                                 bundle_ort=bundle_ort)
