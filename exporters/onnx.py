@@ -343,19 +343,13 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
         return None if on_step is None else lambda i, n: on_step(offset + i, 2 * n)
 
     def check(root: Path) -> dict:
-        from edge.runtimes.python import Pipeline
-
         budget, blocks = memory_budget, components
         streamed = model.out_of_core
         if streamed and blocks is None:
             blocks = model.cut()
         if streamed and budget is None:
-            budget = 2 * max(b.weight_bytes() for bs in blocks.values() for b in bs)
-        runtime = Pipeline.load(root, memory_budget=budget)
-        try:
-            got = runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=progress(0))
-        finally:
-            runtime.close()
+            budget = streaming_budget(blocks)
+        got = package_video(root, budget, seed, progress(0))
         reference_progress = progress(model.sampler.steps)
         if streamed:
             want = streamed_reference(root, blocks, budget, seed, reference_progress)
@@ -379,17 +373,33 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
 STREAMED_REFERENCE = "the family's PyTorch blocks, streamed with the package's weights"
 
 
-def streamed_reference(root: Path, components: dict[str, list[Block]], budget: int,
-                       seed: int, on_step: Callable[[int, int], None] | None) -> np.ndarray:
-    """The check's reference for a model larger than memory: the Python runtime's
-    generation with each block (and variant) run by its PyTorch module, the loader
-    streaming the weights under `budget` as it does for the graphs."""
+def streaming_budget(components: dict[str, list[Block]]) -> int:
+    """The budget an out-of-core check streams under unless given: twice the largest
+    block's float32 weights."""
+    return 2 * max(b.weight_bytes() for bs in components.values() for b in bs)
+
+
+def package_video(root: Path, budget: int | None, seed: int,
+                  on_step: Callable[[int, int], None] | None,
+                  open_block: Callable | None = None) -> np.ndarray:
+    """The Python runtime's video of the package at `root` on the validation prompt,
+    streaming under `budget`; `open_block`: what runs each block (default: its graph)."""
     from edge.runtimes.python import Pipeline
 
-    blocks = {b.key: b for bs in components.values() for b in bs}
-    runtime = Pipeline.load(root, memory_budget=budget,
-                            open_block=torch_block_opener(blocks, fed_weights=True))
+    runtime = Pipeline.load(root, memory_budget=budget, open_block=open_block)
     try:
         return runtime.generate(VALIDATION_PROMPT, seed=seed, on_step=on_step)
     finally:
         runtime.close()
+
+
+def streamed_reference(root: Path, components: dict[str, list[Block]], budget: int,
+                       seed: int, on_step: Callable[[int, int], None] | None,
+                       fed_weights: bool = True) -> np.ndarray:
+    """The check's reference for a model larger than memory: the Python runtime's
+    generation with each block (and variant) run by its PyTorch module, the loader
+    streaming the weights under `budget` as it does for the graphs. `fed_weights=False`:
+    the blocks read their own float32 weights from the folder instead of the package's."""
+    blocks = {b.key: b for bs in components.values() for b in bs}
+    return package_video(root, budget, seed, on_step,
+                         torch_block_opener(blocks, fed_weights=fed_weights))
