@@ -97,7 +97,8 @@ export class WeightDecoder {
     this.inFlightBytes = inFlightBytes;
     this.pipelines = {};
     this.scratch = null; // the stored piece being decoded (chunkBytes at most)
-    this.piece = null; // its uniform
+    // the piece's uniform (Piece in the kernels)
+    this.piece = device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, label: "decode piece" });
     this.unsettled = 0; // bytes written since the queue was last seen empty
     this.stats = { pieces: 0, queue_waits: 0, scratch_bytes: 0, peak_in_flight_bytes: 0 };
   }
@@ -110,9 +111,9 @@ export class WeightDecoder {
     return this.pipelines[dtype];
   }
 
-  // Write one piece, bytes (a Uint8Array), into buffer at offset, waiting first for the queue where
-  // more than inFlightBytes would be written and not yet done. A piece not a whole number
-  // of words is padded (writeBuffer takes whole 32-bit words).
+  // Write one piece, bytes (a Uint8Array), into buffer at offset, waiting first for the
+  // queue where more than inFlightBytes would be written and not yet done. A piece not a
+  // whole number of words is padded (writeBuffer takes whole 32-bit words).
   async write(buffer, offset, bytes) {
     if (this.unsettled > 0 && this.unsettled + bytes.byteLength > this.inFlightBytes) {
       await this.device.queue.onSubmittedWorkDone();
@@ -143,7 +144,6 @@ export class WeightDecoder {
       this.scratch = this.storage(need, "decode scratch");
       this.stats.scratch_bytes = this.scratch.size;
     }
-    this.piece ||= this.device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, label: "decode piece" });
     return this.scratch;
   }
 
@@ -182,7 +182,6 @@ export class WeightDecoder {
     const scales = scaleNames(tensors);
     const view = (t) => new Uint8Array(bytes, t.offset, t.bytes);
     const out = {};
-    const temporary = [];
     for (const t of tensors) {
       if (scales.has(t.name)) continue;
       if (t.dtype === "float32") {
@@ -192,10 +191,9 @@ export class WeightDecoder {
       if (!KERNELS[t.dtype]) throw new Error(`${label}: weight ${t.name} is stored as ${t.dtype}, which this runtime does not decode`);
       if (Boolean(SCALED[t.dtype]) !== Boolean(t.scale)) throw new Error(`${label}: weight ${t.name} (${t.dtype}) ${t.scale ? "has a scale it should not" : "has no scales"}`);
       const scale = t.scale ? await this.upload(view(byName.get(t.scale)), `${label} ${t.scale}`) : null;
-      if (scale) temporary.push(scale);
       out[t.name] = await this.decode(t, view(t), scale, label);
+      scale?.destroy(); // freed once its decoding is done
     }
-    for (const b of temporary) b.destroy(); // freed once the decoding is done
     return out;
   }
 }
