@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from edge.lazy_weights import materialized
+from edge.manifest_schema import UNGUIDED, unguided_variant
 from edge.pieces import piece_bounds
 
 
@@ -100,6 +101,29 @@ def chained(blocks: list[Block]) -> Iterator[Block]:
             carried.update((name, value) for name, value
                            in zip(current.outputs, current.reference(), strict=True)
                            if name in wanted)
+
+
+def with_unguided(block: Block, optional: bool = True) -> Block:
+    """The block with variants at the caption's half of its batch: `unguided` (its module)
+    and, where `optional`, `<name>_unguided` for each variant that is a module of the same
+    signature (TDTM). A call without guidance (guidance 1, or after the cutoff) runs the
+    caption's rows alone; a target of static shapes (the web, the phone) needs a program of
+    that shape to save the null caption's half. Each takes the first half of every input
+    whose first axis is the batch (the caption's rows: runtimes put them first)."""
+    batch = block.example[block.dynamic_batch.index(True)].shape[0]
+    if batch % 2:
+        raise ValueError(f"block {block.key}: a batch of {batch} has no caption half")
+    example = tuple(value[:batch // 2] if dynamic else value
+                    for value, dynamic in zip(block.example, block.dynamic_batch, strict=True))
+    modules = {UNGUIDED: block.module}
+    if optional:
+        modules |= {unguided_variant(name): module for name, module in block.variants.items()
+                    if isinstance(module, nn.Module)}
+    halves = {name: Block(block.component, block.name, module, block.inputs, block.outputs,
+                          example, block.dynamic_batch, dynamic_outputs=block.dynamic_outputs,
+                          dynamic_space=block.dynamic_space)
+              for name, module in modules.items()}
+    return replace(block, variants=block.variants | halves)
 
 
 class EncoderLayerBlock(nn.Module):

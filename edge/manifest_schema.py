@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -297,6 +297,39 @@ def _check_flops(record: dict, where: str, inputs: list) -> None:
     if rows is not None and rows not in names:
         raise PackageError(f"{where} flops: rows_input {rows!r} is not one of the inputs "
                            f"{names}")
+
+
+# the variant of a transformer block at the caption's half of the guidance batch, for calls
+# without guidance (a target of static shapes); `tdtm_unguided`: the merged variant's
+UNGUIDED = "unguided"
+
+
+def unguided_variant(variant: str | None) -> str:
+    """The name of the caption-half form of `variant` (None: the block's own)."""
+    return f"{variant}_{UNGUIDED}" if variant else UNGUIDED
+
+
+def call_variant(merged: bool, alone: bool) -> str | None:
+    """Which variant a transformer call runs: merged (TDTM) or not, and the caption's half
+    alone (`alone`: an unguided call on a package with `unguided` variants)."""
+    variant = "tdtm" if merged else None
+    return unguided_variant(variant) if alone else variant
+
+
+def block_variant(present: Collection[str], variant: str | None) -> str | None:
+    """The variant one block runs for a call's `variant`, given the variants it has
+    (`present`): merging applies where a block has a merged form (TDTM pairs; a prologue
+    runs its own graph), the caption's half to every block: `tdtm` falls back to the
+    block's own graph and `tdtm_unguided` to `unguided` where the block does not merge; any
+    other variant must be there."""
+    if variant is None or variant in present:
+        return variant
+    if variant == "tdtm":
+        return None
+    if variant == unguided_variant("tdtm") and UNGUIDED in present and "tdtm" not in present:
+        return UNGUIDED
+    raise KeyError(f"the block has no variant {variant!r} (it has: "
+                   f"{', '.join(sorted(present)) or 'none'})")
 
 
 def as_variant(block: dict, variant: str | None) -> dict:

@@ -15,7 +15,8 @@ JavaScript runtime (runtimes/web) and the demo page (web_demo) are copied in, so
 folder (`edge serve`) gives a working page.
 
 Shapes are static on the web (WGSL kernels are compiled for one shape): the text encoder runs
-one caption, the transformer the guidance batch of 2 (caption, unconditional caption), the VAE
+one caption, the transformer the guidance batch of 2 (caption, unconditional caption) and,
+in its `unguided` variants, the caption's half alone (calls without guidance), the VAE
 decoder the family's piece per call (`FamilyModel.shapes("web")`: tiny-sora 4 frames; Wan one
 latent frame, the component chunked with its caches carried, as the manifest records). Each
 block's plan is replayed with TVM's llvm build of the same kernels, and its ONNX graph run by
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from edge.blocks import Block, chained
+from edge.blocks import Block, chained, with_unguided
 from edge.compute_cost import block_flops
 from edge.exporters import ExportValidationError
 from edge.exporters.onnx import export_graph, validate_block
@@ -55,6 +56,7 @@ from edge.exporters.web_storage import (
 )
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
+from edge.manifest_schema import UNGUIDED
 from edge.package import atomic_directory, file_entry, write_manifest
 
 BLOCK_TOLERANCE = 1e-4  # fp32 error of a replayed plan or wasm graph, over max(1, its outputs)
@@ -221,7 +223,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                components: dict[str, list[Block]] | None = None,
                form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES,
                validate_end_to_end: bool = False,
-               on_check_step: Callable[[int, int], None] | None = None) -> dict:
+               on_check_step: Callable[[int, int], None] | None = None,
+               unguided: bool = False) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' optional variants (the TDTM pairs), so `merge_steps` is refused by the
     page; a chunked component's first variant is kept.
@@ -235,7 +238,9 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     in one piece. `validate_end_to_end`: render the model's video with the decoded weights
     against float32 first (exporters/web_check.py), refusing a form under its floor before
     anything is written; the result is the manifest's `validation`; `on_check_step(done,
-    total)` counts its generations' steps."""
+    total)` counts its generations' steps. `unguided`: the transformer's blocks also at the
+    caption's half of the guidance batch (`edge.blocks.with_unguided`: `unguided`, and with
+    `variants` `tdtm_unguided`), which the page runs for calls without guidance."""
     storage = web_storage(form, model)
     compiler = compiler or shared_compiler()
     shapes = model.shapes("web")
@@ -246,7 +251,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "web", model_name or model.name)
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
-        manifest["web"] = {"guidance_batch": shapes.guidance_batch,
+        manifest["web"] = {"guidance_batch": shapes.guidance_batch, "unguided": unguided,
                            "vae_frames": shapes.decoder_frames,
                            "shard_bytes": shard_bytes, "paths": ["webgpu", "wasm"], "ort": ort,
                            "storage": storage.record()}
@@ -256,7 +261,11 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
             # a chunked component cannot run without its first piece's variant
             first = model.chunked[name].first_variant if name in model.chunked else None
             required = frozenset([first] if first is not None else [])
+            if unguided and name == "transformer":
+                required |= {UNGUIDED}
             for block in chained(blocks):
+                if unguided and name == "transformer":  # from the activations it will see
+                    block = with_unguided(block, optional=variants)
                 records.append(export_block(block, compiler, root, variants, check, required,
                                             storage, shard_bytes))
                 if on_block:

@@ -33,7 +33,7 @@ def check(options: ExportOptions) -> None:
         raise ExportOptionError(
             "--memory-budget: a web package takes its budget where the page loads it "
             "(WebPipeline.load(url, {budget}), ?budget= on the demo page), not at export")
-    refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize"})
+    refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize", "unguided_variants"})
     try:
         if options.quantize is not None:
             check_form(options.quantize)
@@ -91,6 +91,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     return export_web(model, dest, components=prepared.components, on_block=progress.on_block,
                       ort_url=options.ort_url, bundle_ort=options.bundle_ort,
                       form=stored_form(options), validate_end_to_end=True,
+                      unguided=options.unguided_variants is not False,
                       on_check_step=progress.on_check_step)
 
 

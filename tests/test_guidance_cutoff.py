@@ -27,6 +27,27 @@ def test_a_call_is_guided_above_one_and_before_the_cutoff():
     assert not guided_call(SamplerSettings(guidance=5.0, guidance_steps=0), 0)
 
 
+def test_a_call_runs_the_variant_each_block_has():
+    """Merging applies where a block merges, the caption's half to every block; a block
+    without the caption-half program a call needs is refused by name (the page mirrors it:
+    runtimes/web/pipeline.js blockVariant)."""
+    from edge.manifest_schema import block_variant, call_variant
+
+    assert [call_variant(m, a) for m in (False, True) for a in (False, True)] == \
+        [None, "unguided", "tdtm", "tdtm_unguided"]
+    pair, prologue = {"tdtm", "unguided", "tdtm_unguided"}, {"unguided"}
+    assert [block_variant(pair, call_variant(True, a)) for a in (False, True)] == \
+        ["tdtm", "tdtm_unguided"]
+    assert [block_variant(prologue, call_variant(True, a)) for a in (False, True)] == \
+        [None, "unguided"]
+    assert block_variant({"first"}, "first") == "first"
+    with pytest.raises(KeyError, match="has no variant 'unguided' .it has: tdtm."):
+        block_variant({"tdtm"}, "unguided")
+    # a merging block without its merged caption half is not run unmerged in its place
+    with pytest.raises(KeyError, match="'tdtm_unguided'"):
+        block_variant({"tdtm", "unguided"}, "tdtm_unguided")
+
+
 def test_unguided_calls_get_no_unconditional_prediction_and_take_the_conditional_one():
     cond = np.array([[1.0, 2.0]], np.float32)
     uncond = np.array([[-3.0, 0.5]], np.float32)

@@ -54,8 +54,10 @@ def web_package(tmp_path_factory, tiny_sora):
 
     root = tmp_path_factory.mktemp("web-api") / "tiny-sora-web"
     bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
-    # no TDTM variants, no llvm replay of the plans: as tests/test_web_browser.py, for time
-    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle)
+    # no TDTM variants, no llvm replay of the plans: as tests/test_web_browser.py, for time;
+    # the transformer's caption-half programs (`unguided`), as `edge export` writes them
+    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle,
+                          unguided=True)
     (root / "minimal.html").write_text(minimal_page_html())
     return root, manifest
 
@@ -162,6 +164,52 @@ def test_latents_negative_prompt_and_guidance_mean_what_they_mean_in_python(mini
         steps: {STEPS} }}""")
     assert "error" not in got, got
     assert_same_video(read_video(got["video"]), want)
+
+
+def test_unguided_calls_run_the_caption_half_alone(minimal, web_package, python_pipe):
+    """With the `unguided` variants a call without guidance runs a batch of one on the page
+    (after a cutoff, and every call at guidance 1), making the Python runtime's video of
+    the same settings (an ONNX package, whose graphs take a batch of one); the cutoff
+    changes the video, so the check can fail."""
+    manifest = web_package[1]
+    transformer = next(c for c in manifest["components"] if c["name"] == "transformer")
+    for block in transformer["blocks"]:
+        unguided = block["variants"]["unguided"]
+        latent_like = {s["name"]: s["shape"][0] for s in unguided["inputs"]}
+        assert set(latent_like.values()) == {1}, (block["name"], latent_like)
+    guided = python_pipe.generate(PROMPT, seed=SEED, steps=3)[0]
+    for options, batches in ((dict(guidance_steps=1), [2, 1, 1]),
+                             (dict(guidance=1.0), [1, 1, 1])):
+        want = python_pipe.generate(PROMPT, seed=SEED, steps=3, **options)[0]
+        assert psnr(guided, want) < 40, f"{options} change nothing here"
+        js = ", ".join(f"{k}: {v}" for k, v in options.items())
+        got = generate(minimal, f"{{ seed: {SEED}, steps: 3, {js} }}")
+        assert "error" not in got, got
+        assert_same_video(read_video(got["video"]), want)
+        assert minimal.evaluate("window.edge.pipe.lastRun.transformer_batches") == batches
+
+
+def test_python_runtime_on_the_web_package_runs_unguided_calls_alone(web_package,
+                                                                     python_pipe):
+    """The Python runtime on the web package's wasm graphs (fixed shapes) takes the same
+    variants: an unguided call is a batch of one, the video the ONNX package's, without the
+    warning a package without the variants gives."""
+    import warnings
+
+    from edge.runtimes.python import Pipeline
+    from edge.runtimes.python.web_package import wasm_graph_opener
+
+    root = web_package[0]
+    pipe = Pipeline.load(root, open_block=wasm_graph_opener(root))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = pipe.generate(PROMPT, seed=SEED, steps=3, guidance_steps=1)[0]
+        assert pipe.last_run["unguided_batch"] == 1
+    finally:
+        pipe.close()
+    assert_same_video(got, python_pipe.generate(PROMPT, seed=SEED, steps=3,
+                                                guidance_steps=1)[0])
 
 
 # (options as JavaScript, the whole message or its start ending in "…")

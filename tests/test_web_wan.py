@@ -37,7 +37,8 @@ def wan_model(wan_models):
 @pytest.fixture(scope="module")
 def wan_web_package(tmp_path_factory, wan_model):
     root = tmp_path_factory.mktemp("wan-web") / "pkg"
-    return root, bundled_web_export(wan_model, root)
+    # with the caption-half variants (`unguided`, `tdtm_unguided`), as `edge export` writes
+    return root, bundled_web_export(wan_model, root, unguided=True)
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +73,10 @@ def generate(pg, path: str, latents, options=OPTIONS, prompt=PROMPT) -> np.ndarr
 
 
 def test_export_checks_every_wan_plan_and_graph(wan_web_package):
-    """The export replayed each block's launch plan (and the decoder's first-frame variant)
-    with TVM's llvm build and ran each wasm graph, all within the limit; the decoder is
-    recorded as chunked, frame by frame, its caches carried."""
+    """The export replayed each block's launch plan (and its variants': the decoder's
+    first-frame, the transformer's merged and caption-half ones) with TVM's llvm build and
+    ran each wasm graph, all within the limit; the decoder is recorded as chunked, frame by
+    frame, its caches carried."""
     from edge.exporters.web import BLOCK_TOLERANCE
 
     _, manifest = wan_web_package
@@ -89,7 +91,10 @@ def test_export_checks_every_wan_plan_and_graph(wan_web_package):
     assert decoder["chunked"]["first_variant"] == "first" and decoder["chunked"]["state"]
     assert all(set(b["variants"]) == {"first"} for b in decoder["blocks"])
     transformer = next(c for c in manifest["components"] if c["name"] == "transformer")
-    assert all(set(b["variants"]) == {"tdtm"} for b in transformer["blocks"][1:-1])
+    assert all(set(b["variants"]) == {"tdtm", "unguided", "tdtm_unguided"}
+               for b in transformer["blocks"][1:-1])
+    ends = (transformer["blocks"][0], transformer["blocks"][-1])
+    assert all(set(b["variants"]) == {"unguided"} for b in ends)
 
 
 @pytest.mark.parametrize("path", ["wasm", "webgpu"])
@@ -126,8 +131,10 @@ def test_wrong_latents_are_refused_and_the_pipeline_goes_on(wasm, latents, diffu
                                        {"cache_threshold": 0.3, "steps": 12},
                                        {"merge_steps": 2, "steps": 4},
                                        {"guidance_steps": 3, "cache_threshold": 0.3,
-                                        "steps": 12}],
-                         ids=["leap", "step-cache", "tdtm", "guidance-cutoff"])
+                                        "steps": 12},
+                                       {"guidance_steps": 1, "merge_steps": 2, "steps": 4}],
+                         ids=["leap", "step-cache", "tdtm", "guidance-cutoff",
+                              "cutoff-tdtm"])
 def test_techniques_give_the_python_runtimes_video(wasm, wan_packages, latents, technique):
     """Linear Proportional Leap, the step cache, TDTM's merged blocks and the guidance cutoff
     (with the step cache across it) on the page take the same decisions as the Python runtime
@@ -148,6 +155,9 @@ def test_techniques_give_the_python_runtimes_video(wasm, wan_packages, latents, 
     assert not isinstance(got, str), got
     assert_same_video(got, want)
     assert wasm.evaluate("() => window.pipes.wasm.lastRun.transformer_calls") == calls
-    # the page's programs run the guidance batch whole: the same guided calls all the same
     assert wasm.evaluate("() => window.pipes.wasm.lastRun.sampler.guided_calls") == guided
     assert guided == technique.get("guidance_steps", predictions)
+    # an unguided prediction runs the caption's half alone (its `unguided` or `tdtm_unguided`
+    # programs): a batch of one on the page, as the Python runtime ran it
+    batches = wasm.evaluate("() => window.pipes.wasm.lastRun.transformer_batches")
+    assert batches.count(1) == predictions - guided and batches.count(2) == guided

@@ -85,6 +85,12 @@ def export(
     bundle_ort: Annotated[Path | None, typer.Option(
         help="web: copy onnxruntime-web from this dist folder into the package, so the page "
         "works offline.")] = None,
+    unguided_variants: Annotated[bool | None, typer.Option(
+        "--unguided-variants/--no-unguided-variants",
+        help="web: also write the transformer's blocks at the caption's half of the "
+        "guidance batch, so a call without guidance (guidance 1, or after --guidance-steps) "
+        "computes half; without them such calls run the pair and drop its null half "
+        "[default: written].")] = None,
     check: Annotated[str, typer.Option(
         help="onnx: the end-to-end check. full: a generation by the package against the "
         "family's reference at the export's size; small: at the family's small size, "
@@ -123,7 +129,7 @@ def export(
                                     f"{target}")
         options = ExportOptions(memory_budget=common.budget_option(memory_budget),
                                 quantize=quantize, min_ios=min_ios, ort_url=ort_url,
-                                bundle_ort=bundle_ort)
+                                bundle_ort=bundle_ort, unguided_variants=unguided_variants)
         exporter.check(options)
     except (FamilyError, ExportOptionError) as err:
         fail(str(err))

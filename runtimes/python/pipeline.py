@@ -29,7 +29,14 @@ import numpy as np
 import onnxruntime as ort
 
 from edge.budget import parse_size
-from edge.manifest_schema import MANIFEST, as_variant, check_chain, is_coreai
+from edge.manifest_schema import (
+    MANIFEST,
+    as_variant,
+    block_variant,
+    call_variant,
+    check_chain,
+    is_coreai,
+)
 from edge.noise import check_noise, torch_randn_draws
 from edge.options import (
     check_prompts,
@@ -435,9 +442,10 @@ class Pipeline:
         (`run_in_batch_pieces`), each block's weights read once for all of them."""
         for block in comp.blocks if blocks is None else blocks:
             key, weights = next(runs)
-            block = comp.variant_records.get((key, variant), block)
+            runs_as = block_variant(block.get("variants", {}), variant)
+            block = comp.variant_records.get((key, runs_as), block)
             inputs = {s["name"]: feeds[s["name"]] for s in block["inputs"]}
-            session = comp.variants.get((key, variant)) or comp.sessions[key]
+            session = comp.variants.get((key, runs_as)) or comp.sessions[key]
             started = time.perf_counter()
             outputs = run_in_batch_pieces(session, block, inputs, weights, batch_piece)
             self._compute_s += time.perf_counter() - started
@@ -611,7 +619,7 @@ class Pipeline:
 
         trace = Trace()
         if settings.cache_threshold > 0:
-            predict, runs = self._cached_predictor(transformer, inputs, b), None
+            predict, runs = self._cached_predictor(transformer, inputs, b, rows), None
         else:
             # One schedule of steps x blocks, so the loader prefetches across step boundaries
             # too; a leap ends it early (closing it gives back what was read ahead).
@@ -620,7 +628,7 @@ class Pipeline:
             def predict(x: np.ndarray, t: float, step: Step
                         ) -> tuple[np.ndarray, np.ndarray | None]:
                 v = self._run_blocks(transformer, runs, inputs(x, t, step.guided),
-                                     variant="tdtm" if step.merged else None,
+                                     variant=self._call_variant(step, rows(step.guided), b),
                                      batch_piece=self._piece(b))["velocity"]
                 return v[:b], (v[b:] if step.guided else None)
 
@@ -742,26 +750,52 @@ class Pipeline:
 
     def _guided_rows(self, settings: SamplerSettings, b: int) -> Callable[[bool], int]:
         """The transformer's batch for a guided call (the caption and null halves, 2b) and
-        an unguided one: b where the transformer takes any batch; where it takes a fixed
-        one (a device package's programs), 2b, the null half run and dropped, and said."""
+        an unguided one: b where the transformer takes any batch or has the caption half's
+        programs (`unguided` variants, a web package's); where it takes a fixed batch
+        without them (a device package's programs), 2b, the null half run and dropped, and
+        said."""
         transformer = self.components["transformer"]
         latent = next(s for s in transformer.blocks[0]["inputs"] if s["name"] == "latent")
-        alone = b if latent["shape"][0] == BATCH else 2 * b
+        alone = b if latent["shape"][0] == BATCH or self._unguided_variants(settings) else 2 * b
         if alone != b and not all(guided_call(settings, i) for i in range(settings.steps)):
             warnings.warn(f"package {self.root}: its transformer takes a fixed batch of "
-                          f"{latent['shape'][0]}, so the unguided steps (guidance "
-                          f"{settings.guidance}, guidance_steps {settings.guidance_steps}) "
-                          "run the null caption's half too and save no work; an ONNX "
-                          "package runs them at a batch of one",
+                          f"{latent['shape'][0]} and has no unguided variants, so the "
+                          f"unguided steps (guidance {settings.guidance}, guidance_steps "
+                          f"{settings.guidance_steps}) run the null caption's half too and "
+                          "save no work; export it again with --unguided-variants (web), or "
+                          "as an ONNX package, whose graphs take a batch of one",
                           stacklevel=4)  # past generate and its one-at-a-time wrapper
         return lambda guided: 2 * b if guided else alone
 
+    def _unguided_variants(self, settings: SamplerSettings) -> bool:
+        """Whether every transformer block has the caption half's variant an unguided call
+        of these settings runs (`unguided`; `tdtm_unguided` where calls merge and the block
+        merges)."""
+        calls = [call_variant(False, True)] + (
+            [call_variant(True, True)] if settings.merge_steps else [])
+        try:
+            for block in self.components["transformer"].blocks:
+                for call in calls:
+                    block_variant(block.get("variants", {}), call)
+        except KeyError:
+            return False
+        return True
+
+    def _call_variant(self, step: Step, rows: int, b: int) -> str | None:
+        """The variant a transformer call runs: merged or not, and the caption half's
+        program where the call runs b rows on a graph of a fixed batch."""
+        latent = next(s for s in self.components["transformer"].blocks[0]["inputs"]
+                      if s["name"] == "latent")
+        return call_variant(step.merged, rows == b and latent["shape"][0] != BATCH)
+
     def _cached_predictor(self, comp: Component,
-                          inputs: Callable[[np.ndarray, float, bool], dict], b: int):
+                          inputs: Callable[[np.ndarray, float, bool], dict], b: int,
+                          rows: Callable[[bool], int]):
         """A predictor with the step cache (`inputs(x, t, guided)`: the transformer's inputs
-        of a call, for `b` videos): the prologue runs, the sampler's cache decides
-        whether the pairs run, the epilogue runs. Each part is its own loader schedule,
-        because whether the pairs are needed is known only after the prologue ran."""
+        of a call, for `b` videos, `rows(guided)` of them): the prologue runs, the sampler's
+        cache decides whether the pairs run, the epilogue runs. Each part is its own loader
+        schedule, because whether the pairs are needed is known only after the prologue
+        ran."""
         prologue, *pairs, epilogue = comp.blocks
         keys = comp.keys()
 
@@ -774,7 +808,7 @@ class Pipeline:
                 runs.close()
 
         def predict(x: np.ndarray, t: float, step: Step) -> tuple[np.ndarray, np.ndarray | None]:
-            variant = "tdtm" if step.merged else None
+            variant = self._call_variant(step, rows(step.guided), b)
             feeds = part([prologue], keys[:1], inputs(x, t, step.guided), variant)
             feeds["x"], _ = run_pairs(
                 step, feeds["x"], feeds["t_mod"],

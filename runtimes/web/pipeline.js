@@ -8,7 +8,7 @@ import { BlockBytes } from "./block_bytes.js";
 import { GpuWeights, PackageError, PackageFiles, parseSize, planPins, shardFiles, shardPaths } from "./loader.js";
 import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
-import { DEFAULT_SETTINGS, checkSettings, runPairs, sample } from "./sampler.js";
+import { DEFAULT_SETTINGS, checkSettings, guidedCall, runPairs, sample } from "./sampler.js";
 import {
   GENERATE_OPTIONS, LOAD_OPTIONS, OUTPUT_TYPES, abortError, abortable, checkLatents, checkSignal, checkText,
   refuseUnknown, settingsWith, show,
@@ -85,6 +85,25 @@ function blockBuffers(blocks) {
 }
 
 const now = () => performance.now() / 1000;
+
+// Which variant a transformer call runs (edge/manifest_schema.py call_variant): merged
+// (TDTM) or not, and the caption's half alone ("unguided") or the guidance pair
+export function callVariant(merged, alone) {
+  const variant = merged ? "tdtm" : null;
+  if (!alone) return variant;
+  return variant ? `${variant}_unguided` : "unguided";
+}
+
+// The variant one block runs for a call's variant, given its variants {name: ...}
+// (edge/manifest_schema.py block_variant): merging where the block merges (TDTM pairs), the
+// caption's half on every block: "tdtm" falls back to the block's own graph, "tdtm_unguided"
+// to "unguided" where the block does not merge; any other variant must be there.
+export function blockVariant(present, variant, key = "the block") {
+  if (variant === null || variant in present) return variant;
+  if (variant === "tdtm") return null;
+  if (variant === "tdtm_unguided" && "unguided" in present && !("tdtm" in present)) return "unguided";
+  throw new Error(`block ${key} has no variant '${variant}' (it has: ${Object.keys(present).sort().join(", ") || "none"})`);
+}
 
 // The files the page fetches for one path: tokenizer, conditioning, every block's weights and
 // its (and its variants') graphs of that path; each once.
@@ -265,13 +284,15 @@ export class WebPipeline {
   }
 
   // Run blocks in order; feeds: {name: buffer of the path}. Blocks pass outputs on by name.
-  // variant: run that variant where a block has one (e.g. "tdtm"), the block elsewhere.
-  // then: the block that runs after the last of `keys` (read ahead from storage if streamed).
+  // variant: a call's variant, as each block runs it (blockVariant: "tdtm" where a block
+  // merges, the block elsewhere). then: the block that runs after the last of `keys` (read
+  // ahead from storage if streamed).
   async runBlocks(keys, feeds, variant = null, temp = [], then = null) {
     for (const [i, key] of keys.entries()) {
       const b = this.blocks.get(key);
-      const prepared = (variant && b.variants[variant]) || b.prepared;
-      const record = (variant && b.variantRecords[variant]) || b.record;
+      const runsAs = blockVariant(b.variants, variant, key);
+      const prepared = runsAs ? b.variants[runsAs] : b.prepared;
+      const record = runsAs ? b.variantRecords[runsAs] : b.record;
       const inputs = {};
       for (const s of record.inputs) {
         if (!feeds[s.name]) throw new Error(`block ${key}: input ${s.name} was not computed`);
@@ -294,7 +315,8 @@ export class WebPipeline {
 
   signature(key, name, io = "outputs", variant = null) {
     const b = this.blocks.get(key);
-    const record = (variant && b.variantRecords[variant]) || b.record;
+    const runsAs = blockVariant(b.variants, variant, key);
+    const record = runsAs ? b.variantRecords[runsAs] : b.record;
     return record[io].find((s) => s.name === name).shape;
   }
 
@@ -391,6 +413,17 @@ export class WebPipeline {
     return { t, s, noise: null, drawNoise: true };
   }
 
+  // The prompt's caption alone, for a generation with no guided call -> [caption, mask,
+  // truncated], laid out as guidanceCaptions' first half
+  async promptCaption(prompt) {
+    const { hidden, mask, truncated } = await this.encodePrompt(prompt);
+    const caption2 = new Float32Array(2 * hidden.length);
+    const mask2 = new Int32Array(2 * mask.length);
+    caption2.set(hidden, 0);
+    mask2.set(mask, 0);
+    return [caption2, mask2, truncated];
+  }
+
   // The caption pair of classifier-free guidance: the prompt's, then the unconditional one
   // (the negative prompt encoded, else the package's null caption or negative prompt)
   // -> [caption2, mask2, truncated]
@@ -429,26 +462,40 @@ export class WebPipeline {
     const figures = { wall_s: {}, uploads_before: this.weights.stats.uploads, streamed_before: { ...this.weights.source.stats } };
     this.computeS = 0;
     const t0 = now();
-    const [caption2, mask2, truncated] = await this.guidanceCaptions(prompt, negative);
+    // a call without guidance runs the caption's half alone where every transformer block
+    // has that variant (`unguided`; `tdtm_unguided` for a merged call), else the pair
+    const alone = (merged) => this.keys("transformer").every((k) => {
+      try { return blockVariant(this.blocks.get(k).variants, callVariant(merged, true), k) !== null; } catch { return false; }
+    });
+    // no call guided and the caption's half runnable alone: no unconditional caption to encode
+    const [caption2, mask2, truncated] = guidedCall(settings, 0) || !alone(false)
+      ? await this.guidanceCaptions(prompt, negative) : await this.promptCaption(prompt);
+    const rows2 = caption2.length / 2;
     const captionBuf = this.upload(caption2);
     const maskBuf = this.upload(mask2);
+    // the caption's half for the calls run alone (a copy: a buffer is bound whole)
+    const captionOne = this.upload(caption2.subarray(0, rows2));
+    const maskOne = this.upload(mask2.subarray(0, mask2.length / 2));
     const t1 = now();
     figures.wall_s.text_encoder = t1 - t0;
 
     const [prologue, ...rest] = tKeys;
     const epilogue = rest.pop();
     const pairs = rest;
-    const xShape = this.signature(prologue, "x");
-    const tmodShape = this.signature(prologue, "t_mod");
-    const velocityShape = this.signature(epilogue, "velocity");
+    const batches = [];
     const predict = async (x, t, step) => {
       stopIf(`before step ${step.index + 1} of ${total} (${done} done)`, step.index + 1);
       const temp = [];
-      const variant = step.merged ? "tdtm" : null;
-      const latent = new Float32Array(2 * n);
+      const one = !step.guided && alone(step.merged);
+      const variant = callVariant(step.merged, one);
+      const xShape = this.signature(prologue, "x", "outputs", variant);
+      const tmodShape = this.signature(prologue, "t_mod", "outputs", variant);
+      const velocityShape = this.signature(epilogue, "velocity", "outputs", variant);
+      const latent = new Float32Array((one ? 1 : 2) * n);
       latent.set(x, 0);
-      latent.set(x, n);
-      const inputs = { latent: this.upload(latent), t: this.upload(new Float32Array([t, t])), caption: captionBuf, caption_mask: maskBuf };
+      if (!one) latent.set(x, n);
+      batches.push(one ? 1 : 2);
+      const inputs = { latent: this.upload(latent), t: this.upload(new Float32Array(one ? [t] : [t, t])), caption: one ? captionOne : captionBuf, caption_mask: one ? maskOne : maskBuf };
       temp.push(inputs.latent, inputs.t);
       let feeds = await this.runBlocks([prologue], inputs, variant, temp);
       if (step.cache === null) {
@@ -468,8 +515,8 @@ export class WebPipeline {
       feeds = await this.runBlocks([epilogue], feeds, variant, temp);
       const v = await this.read(feeds.velocity, velocityShape);
       for (const b of temp) b.destroy();
-      // the page's programs take the guidance batch whole: an unguided step runs it and
-      // keeps the caption's half (the Python runtime runs an ONNX package's at a batch of one)
+      // an unguided call run as the pair (a package without the unguided variants) keeps
+      // the caption's half
       return [v.subarray(0, n), step.guided ? v.subarray(n, 2 * n) : null];
     };
     const trace = {};
@@ -477,8 +524,7 @@ export class WebPipeline {
     try {
       latents = await sample(predict, x0, settings, stepped, trace);
     } finally { // also when cancelled: the pipeline stays usable and leaks nothing
-      captionBuf.destroy();
-      maskBuf.destroy();
+      for (const b of [captionBuf, maskBuf, captionOne, maskOne]) b.destroy();
     }
     stopIf(`after step ${done} of ${total}, before the VAE decoder`, done + 1);
     const t2 = now();
@@ -491,6 +537,7 @@ export class WebPipeline {
     figures.wall_s.total = t3 - t0;
     figures.compute_submit_s = this.computeS;
     figures.transformer_calls = trace.transformer_calls;
+    figures.transformer_batches = batches; // rows a call ran: 2 guided (or run as the pair), 1 alone
     figures.sampler = trace;
     figures.prompt_truncated = truncated;
     figures.weight_uploads = this.weights.stats.uploads - figures.uploads_before;
