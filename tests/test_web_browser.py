@@ -56,13 +56,12 @@ def web_package(tmp_path_factory, tiny_sora):
     from edge.exporters.web import export_web
 
     root = tmp_path_factory.mktemp("web") / "tiny-sora-web"
-    # without the TDTM variants: they double the transformer's compile time
     # without the TDTM variants (they double the transformer's compile time) and without the
     # llvm replay of every plan (tests/test_web_plan.py checks replays; here the browser runs
-    # the plans against PyTorch)
+    # the plans against PyTorch); with the caption-half programs (`unguided`)
     bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
     manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle,
-                          shard_bytes=SMALL_SHARDS)
+                          shard_bytes=SMALL_SHARDS, unguided=True)
     return root, manifest
 
 
@@ -781,12 +780,38 @@ def test_demo_page_generates_the_python_video(page, web_package, python_video, t
     upload = weights["upload"]
     assert upload["pieces"] > 0 and upload["scratch_bytes"] <= upload["chunk_bytes"]
     assert upload["peak_in_flight_bytes"] <= upload["in_flight_limit"]
-    # every block's intermediates live in one shared set of buffers, the largest each
-    plans = [json.loads((web_package[0] / b["graph"]).read_text())["plan"]["storages"]
-             for c in manifest["components"] for b in c["blocks"]]
+    # every block's (and variant's) intermediates live in one shared set of buffers, the
+    # largest each
+    plans = [json.loads((web_package[0] / r["graph"]).read_text())["plan"]["storages"]
+             for c in manifest["components"] for b in c["blocks"]
+             for r in (b, *b.get("variants", {}).values())]
     shared = [max(p[i] for p in plans if i < len(p)) for i in range(max(map(len, plans)))]
     held = page.evaluate("window.edgeDemo.pipe.executor.figures().storage_bytes")
     assert held == sum(-(-n // 4) * 4 for n in shared) < sum(map(sum, plans))
+
+
+UNGUIDED = """async (seed) => { const pipe = window.edgeDemo.pipe;
+  const v = await pipe.generate('a red circle moving left', { seed, steps: 3, guidance_steps: 1 });
+  let t = ''; for (let j = 0; j < v.frames.length; j += 8192)
+    t += String.fromCharCode(...v.frames.subarray(j, j + 8192));
+  return { data: btoa(t), shape: v.shape, batches: pipe.lastRun.transformer_batches }; }"""
+
+
+def test_unguided_steps_run_the_caption_half_plans_on_webgpu(page, exported_package):
+    """After a guidance cutoff the WebGPU path runs the transformer's `unguided` plans, a
+    batch of one: the Python runtime's video of the same cutoff (ONNX, a batch of one)."""
+    from edge.runtimes.python import Pipeline
+
+    got = page.evaluate(UNGUIDED, 3)
+    assert got["batches"] == [2, 1, 1]
+    pipe = Pipeline.load(exported_package[0])
+    try:
+        want = pipe.generate("a red circle moving left", seed=3, steps=3, guidance_steps=1)[0]
+        guided = pipe.generate("a red circle moving left", seed=3, steps=3)[0]
+    finally:
+        pipe.close()
+    assert psnr(guided, want) < 40, "the cutoff changes nothing here"
+    assert_same_video(from_b64(got["data"], np.uint8, got["shape"]), want)
 
 
 def test_gpu_residency_follows_the_python_loader(page):
