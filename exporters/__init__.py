@@ -48,9 +48,9 @@ class ExportOptions:
     min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
     ort_url: str | None = None         # web: where the page loads onnxruntime-web
     bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
-    # web: whether the transformer's blocks are also written at the caption's half of the
-    # guidance batch (variants `unguided`), so calls without guidance run half the work
-    # (None: the target's default, yes)
+    # web and iphone --min-ios 27: whether the transformer's blocks are also written at the
+    # caption's half of the guidance batch (variants `unguided`), so calls without guidance
+    # run half the work (None: the target's default, yes)
     unguided_variants: bool | None = None
     # onnx: the end-to-end check's result from a check run beside the export (`edge export
     # --check small|blocks`), recorded as the manifest's validation instead of running one
@@ -105,8 +105,7 @@ _OWNED = {"quantize": "--quantize applies to --target iphone and web, not {}",
           "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",
           "memory_budget": "--memory-budget is not built for --target {} yet",
           "unguided_variants": "--unguided-variants/--no-unguided-variants apply to --target "
-                               "web, not {} (an ONNX graph takes any batch; the iphone "
-                               "target writes no unguided variants yet)",
+                               "web and iphone, not {} (an ONNX graph takes any batch)",
           "end_to_end": "--check small and --check blocks apply to --target onnx, not {} "
                         "(its end-to-end check runs at the export's size)"}
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block, chained
+from edge.blocks import Block, chained, with_unguided
 from edge.exporters import ExportValidationError
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml import manifest_dtype, signature
@@ -262,12 +262,15 @@ def _job(block: Block, root: Path, precision: Precision, scratch: Path) -> Path:
 
 
 def export_blocks(blocks: list[Block], root: Path, precision: Precision,
-                  on_block: Callable[[str], None] | None = None) -> list[dict]:
+                  on_block: Callable[[str], None] | None = None,
+                  unguided: bool = False) -> list[dict]:
     """Convert each block and its variants as the functions of one .aimodel, execute each
     function on the block's example inputs and hold it to the PyTorch block; their records.
     One child process does a list of blocks (its imports cost seconds), one at a time, so
-    every block's example inputs are made real (`chained`) before it starts."""
-    blocks = list(chained(blocks))
+    every block's example inputs are made real (`chained`) before it starts. `unguided`:
+    each block also at the caption's half of its batch (`edge.blocks.with_unguided`: the
+    transformer's functions for calls without guidance)."""
+    blocks = [with_unguided(b) if unguided else b for b in chained(blocks)]
     with tempfile.TemporaryDirectory(prefix="edge-coreai-") as tmp:
         jobs = [_job(block, root, precision, Path(tmp) / str(i))
                 for i, block in enumerate(blocks)]

@@ -135,8 +135,10 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
         manifest["components"] = []
         for name, blocks in prepared.components.items():
             # one child process a component: its graphs wait on disk for it meanwhile
+            # the transformer's functions at the caption's half too, unless asked not to
+            unguided = name == "transformer" and options.unguided_variants is not False
             component = {"name": name, "blocks": export_blocks(blocks, root, chosen,
-                                                                progress.on_block)}
+                                                                progress.on_block, unguided)}
             if name in model.chunked:
                 component["chunked"] = model.chunked[name].to_dict(blocks)
             manifest["components"].append(component)

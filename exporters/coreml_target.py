@@ -55,9 +55,14 @@ def _coreai(options: ExportOptions):
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget"})
+    refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget", "unguided_variants"})
     if coreai := _coreai(options):
         return coreai.check(options)
+    if options.unguided_variants is not None:
+        raise ExportOptionError(
+            "--unguided-variants/--no-unguided-variants apply to --target web and to --target "
+            f"iphone --min-ios {COREAI_MIN_IOS} (Core AI), not to Core ML programs (--min-ios "
+            f"{_min_ios(options)}): they write no unguided functions yet")
     try:
         check_setting(options.quantize or "fp16")
         layout(_min_ios(options))

@@ -24,10 +24,12 @@ from edge.video_metrics import psnr, snr  # noqa: E402
 PROMPT = "a red circle moving left"
 
 
-def _export(model, dest: Path, quantize: str = "fp32") -> dict:
+def _export(model, dest: Path, quantize: str = "fp32", unguided: bool = False) -> dict:
+    """`unguided`: with the transformer's caption-half functions (as `edge export` writes
+    them; left out elsewhere for time)."""
     from edge.exporters import ExportOptions, Progress, target
 
-    options = ExportOptions(quantize=quantize, min_ios=27)
+    options = ExportOptions(quantize=quantize, min_ios=27, unguided_variants=unguided)
     module = target("iphone")
     module.check(options)
     prepared = module.prepare(model, options)
@@ -36,9 +38,10 @@ def _export(model, dest: Path, quantize: str = "fp32") -> dict:
 
 @pytest.fixture(scope="module")
 def coreai_package(tmp_path_factory, tiny_sora):
-    """tiny-sora exported --min-ios 27 at fp32 once: (root, manifest)."""
+    """tiny-sora exported --min-ios 27 at fp32 once, with the caption-half functions:
+    (root, manifest)."""
     root = tmp_path_factory.mktemp("coreai") / "tiny-sora-iphone-qfp32-ios27"
-    return root, _export(tiny_sora, root)
+    return root, _export(tiny_sora, root, unguided=True)
 
 
 def _records(manifest: dict):
@@ -56,7 +59,9 @@ def test_every_program_was_executed_within_float32_rounding(coreai_package):
     assert manifest["coreml"]["layout"] == "coreai"
     assert manifest["coreml"]["minimum_deployment_target"] == "iOS27"
     records = dict(_records(manifest))
-    assert len(records) == 17 + 4   # tiny-sora's blocks and the pairs' TDTM functions
+    # tiny-sora's blocks, the pairs' TDTM functions, and the transformer's caption-half ones
+    # (prologue, 4 pairs and epilogue `unguided`, the pairs' `tdtm_unguided`)
+    assert len(records) == 17 + 4 + 6 + 4
     for key, record in records.items():
         check = record["validation"]
         assert check["executed"].startswith("Core AI runtime"), key
@@ -97,6 +102,34 @@ def test_the_package_generates_through_coreai_as_the_reference(coreai_package, t
     other = tiny_sora.generate(PROMPT, seed=6, steps=8)
     assert psnr(got, want) >= 35 and snr(got, want) >= 20
     assert psnr(got, want) > psnr(other, want) + 10   # the check can tell a wrong video
+
+
+@pytest.mark.slow
+def test_unguided_calls_run_the_caption_half_functions(coreai_package, exported_package):
+    """After a guidance cutoff (with TDTM on the first calls) the Python runtime runs the
+    package's `unguided` and `tdtm_unguided` functions through Core AI, a batch of one: the
+    ONNX package's video of the same settings, which the cutoff changes."""
+    import warnings
+
+    from edge.runtimes.python import Pipeline
+
+    settings = {"seed": 5, "steps": 6, "guidance_steps": 2, "merge_steps": 3}
+    pipe = Pipeline.load(coreai_package[0])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # no "runs the null half too" warning
+            got = pipe.generate(PROMPT, **settings)
+        assert pipe.last_run["unguided_batch"] == 1
+    finally:
+        pipe.close()
+    onnx = Pipeline.load(exported_package[0])
+    try:
+        want = onnx.generate(PROMPT, **settings)
+        guided = onnx.generate(PROMPT, seed=5, steps=6, merge_steps=3)
+    finally:
+        onnx.close()
+    assert psnr(guided, want) < 40, "the cutoff changes nothing here"
+    assert psnr(got, want) >= 40 and snr(got, want) >= 25, (psnr(got, want), snr(got, want))
 
 
 @pytest.mark.slow
