@@ -12,12 +12,17 @@ import Foundation
 /// loader decides what is loaded when. One prompt at a time: the programs have the static
 /// shapes of one prompt (the transformer's batch is that prompt and the unconditional one).
 public final class EdgePipeline {
+    /// What `generate` gives: the decoded frames, or the denoised latents alone (the Python
+    /// runtime's output_type="latent"; nothing decoded, so they can be decoded elsewhere).
+    public enum OutputType: Sendable { case frames, latent }
+
     public struct Result {
-        public let frames: [[UInt8]]      // RGB, height x width x 3 per frame
-        public let width: Int, height: Int
+        public let frames: [[UInt8]]      // RGB, height x width x 3 per frame; none for .latent
+        public let width: Int, height: Int     // 0 for .latent
         public let timings: [String: Double]   // seconds per stage, and the loader's loads
         public let trace: Trace
         public let noise: Tensor                // the initial latents: the seed's draw or those given
+        public let latents: Tensor              // the denoised latents (1, C, T, h, w), before decoding
     }
 
     public let root: URL
@@ -177,12 +182,14 @@ public final class EdgePipeline {
     /// before every step, and a cancelled generation throws `RuntimeError.cancelled` and
     /// leaves the pipeline reusable. `decodeTimestep`, `decodeNoiseScale`, `decodeNoise`: for
     /// a package whose decoder is conditioned on a timestep (the manifest's `decode`, whose
-    /// values they replace; `decodeConditioning`).
+    /// values they replace; `decodeConditioning`). `outputType` `.latent`: the denoised
+    /// latents alone (`Result.latents`), the decoder not run.
     public func generate(_ prompt: String, negativePrompt: String? = nil, seed: UInt64? = nil, latents: Tensor? = nil,
                          decodeTimestep: Double? = nil, decodeNoiseScale: Double? = nil, decodeNoise: Tensor? = nil,
                          configure: (inout SamplerSettings) -> Void = { _ in },
                          onStep: ((Int, Int) -> Void)? = nil,
-                         isCancelled: (() -> Bool)? = nil) throws -> Result {
+                         isCancelled: (() -> Bool)? = nil,
+                         outputType: OutputType = .frames) throws -> Result {
         lock.lock(); defer { lock.unlock() }   // one generation at a time: the loader is its
         if seed != nil && latents != nil {
             throw NoiseError("seed and latents given together: the latents are the initial noise, so give one")
@@ -264,7 +271,8 @@ public final class EdgePipeline {
         let t2 = Date()
         timings["transformer"] = t2.timeIntervalSince(t1)
 
-        let (video, width, height) = try decode(denoised, vae, conditioning: conditioning)
+        let (video, width, height) = outputType == .latent ? ([], 0, 0)
+            : try decode(denoised, vae, conditioning: conditioning)
         let t3 = Date()
         timings["vae_decoder"] = t3.timeIntervalSince(t2)
         timings["total"] = t3.timeIntervalSince(started)
@@ -272,7 +280,8 @@ public final class EdgePipeline {
         timings["block_loads"] = Double(after.loads - before.loads)
         timings["block_load_s"] = after.loadSeconds - before.loadSeconds
         timings["block_wait_s"] = after.waitSeconds - before.waitSeconds
-        return Result(frames: video, width: width, height: height, timings: timings, trace: trace, noise: noise)
+        return Result(frames: video, width: width, height: height, timings: timings, trace: trace, noise: noise,
+                      latents: denoised)
     }
 
     /// A timestep-conditioned decoder's inputs, where the manifest has `decode` (else none,

@@ -67,6 +67,27 @@ final class ReplayPipelineTests: XCTestCase {
         try assertReproduces(pipe, player, fx, c)
     }
 
+    /// `.latent` output runs no decoder block and gives the denoised latents, which decoded
+    /// make the Python runtime's frames (the decoder's calls then replayed in order).
+    func testLatentOutputRunsNoDecoderAndDecodesToTheSameFrames() throws {
+        let fx = try ReplayFixtures.load()
+        let player = ReplayPlayer(fx)
+        let pipe = try EdgePipeline(package: fx.package, backend: ReplayBackend(player))
+        let c = fx.cases[0]
+        player.start(c)
+        let result = try pipe.generate(c.prompt, latents: fx.tensor(c.latents), configure: fx.configure(c),
+                                       outputType: .latent)
+        XCTAssertTrue(result.frames.isEmpty)
+        XCTAssertEqual(result.latents.shape, [1] + pipe.manifest.latentShape)
+        XCTAssertFalse(player.finished)
+        XCTAssertTrue(player.calls[player.next].key.hasPrefix("vae_decoder/"), "the next call is \(player.calls[player.next].key)")
+        XCTAssertTrue(player.calls[..<player.next].allSatisfy { !$0.key.hasPrefix("vae_decoder/") })
+        let (frames, _, _) = try pipe.decode(result.latents, try pipe.manifest.component("vae_decoder"), conditioning: [:])
+        XCTAssertTrue(player.finished, "decoding made \(player.next) of \(player.calls.count) calls")
+        let want = fx.tensor(c.frames)
+        XCTAssertEqual(frames.flatMap { $0 }.map(Float.init), want.data, "the decoded latents' frames differ")
+    }
+
     func manifest(_ fx: ReplayFixtures) throws -> Manifest {
         try ManifestReader.decode(Data(contentsOf: fx.package.appendingPathComponent("manifest.json")))
     }
