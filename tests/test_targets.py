@@ -70,7 +70,8 @@ def test_every_target_answers_the_same_questions(name):
      "fp32, fp16, 8, 4"),
     ("iphone", ExportOptions(ort_url="https://x/"), "apply to --target web, not iphone"),
     ("onnx", ExportOptions(unguided_variants=True), "--unguided-variants/--no-unguided-"
-     "variants apply to --target web and iphone, not onnx .an ONNX graph takes any batch"),
+     "variants apply to --target web and iphone --min-ios 27, not onnx .an ONNX graph "
+     "takes any batch"),
     ("iphone", ExportOptions(unguided_variants=False), "not to Core ML programs .--min-ios "
      "18.: they write no unguided functions yet"),
 ])
