@@ -166,6 +166,10 @@ WAN_BUNDLES = {
                                                            "leap_after": 5, "leap_steps": 2}}),
     "step_cache": ("a café's crème square, slowly", {"seed": 5,
                                                      "overrides": {"cache_threshold": 0.3}}),
+    # guidance for the first 2 calls, then the caption's half (a Core ML program takes the
+    # pair: run whole, its null half dropped), the step cache across the cutoff
+    "guidance_cutoff": ("a red circle moving left", {
+        "seed": 2, "overrides": {"guidance_steps": 2, "cache_threshold": 0.3}}),
 }
 
 # Manifests of the Wan package the Python side refuses (as BAD_MANIFESTS)

@@ -754,16 +754,16 @@ class Pipeline:
         programs (`unguided` variants, a web package's); where it takes a fixed batch
         without them (a device package's programs), 2b, the null half run and dropped, and
         said."""
-        transformer = self.components["transformer"]
-        latent = next(s for s in transformer.blocks[0]["inputs"] if s["name"] == "latent")
-        alone = b if latent["shape"][0] == BATCH or self._unguided_variants(settings) else 2 * b
+        fixed = self._fixed_batch()
+        alone = b if fixed is None or self._unguided_variants(settings) else 2 * b
         if alone != b and not all(guided_call(settings, i) for i in range(settings.steps)):
             warnings.warn(f"package {self.root}: its transformer takes a fixed batch of "
-                          f"{latent['shape'][0]} and has no unguided variants, so the "
-                          f"unguided steps (guidance {settings.guidance}, guidance_steps "
+                          f"{fixed} and has no unguided variants, so the unguided steps "
+                          f"(guidance {settings.guidance}, guidance_steps "
                           f"{settings.guidance_steps}) run the null caption's half too and "
-                          "save no work; export it again with --unguided-variants (web), or "
-                          "as an ONNX package, whose graphs take a batch of one",
+                          "save no work; export it again with --unguided-variants (--target "
+                          "web, or iphone --min-ios 27), or as an ONNX package, whose graphs "
+                          "take a batch of one",
                           stacklevel=4)  # past generate and its one-at-a-time wrapper
         return lambda guided: 2 * b if guided else alone
 
@@ -781,12 +781,17 @@ class Pipeline:
             return False
         return True
 
+    def _fixed_batch(self) -> int | None:
+        """The transformer's batch where its graphs take a fixed one (device programs);
+        None where they take any (ONNX)."""
+        latent = next(s for s in self.components["transformer"].blocks[0]["inputs"]
+                      if s["name"] == "latent")
+        return None if latent["shape"][0] == BATCH else latent["shape"][0]
+
     def _call_variant(self, step: Step, rows: int, b: int) -> str | None:
         """The variant a transformer call runs: merged or not, and the caption half's
         program where the call runs b rows on a graph of a fixed batch."""
-        latent = next(s for s in self.components["transformer"].blocks[0]["inputs"]
-                      if s["name"] == "latent")
-        return call_variant(step.merged, rows == b and latent["shape"][0] != BATCH)
+        return call_variant(step.merged, rows == b and self._fixed_batch() is not None)
 
     def _cached_predictor(self, comp: Component,
                           inputs: Callable[[np.ndarray, float, bool], dict], b: int,

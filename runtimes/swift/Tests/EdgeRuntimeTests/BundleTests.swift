@@ -43,9 +43,15 @@ final class BundleTests: ScratchTestCase {
 
     func testEveryWanBundleReplaysWithTheSameCallsAndFrames() throws {
         let package = try wanFolder().appendingPathComponent("package")
-        for name in ["seed", "negative_merge_leap", "step_cache"] {
+        for name in ["seed", "negative_merge_leap", "step_cache", "guidance_cutoff"] {
             let b = try bundle(name)
             let (replay, report, _) = try replayed(b, on: package, name)
+            if name == "guidance_cutoff" {
+                // guided for the first 2 calls; the rest run the pair (a Core ML program's
+                // batch) and keep the caption's half, as the Python runtime recorded them
+                XCTAssertEqual((b.settings["guidance_steps"] as? NSNumber)?.intValue, 2)
+                XCTAssertEqual(report.frames!.trace.guidedCalls, 2, name)
+            }
             // recorded from a seed: the Swift pipeline drew that seed's noise (TorchNoise),
             // the recorded latents within 1e-5
             XCTAssertNotNil(b.seed, name)
