@@ -261,10 +261,11 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
             # a chunked component cannot run without its first piece's variant
             first = model.chunked[name].first_variant if name in model.chunked else None
             required = frozenset([first] if first is not None else [])
-            if unguided and name == "transformer":
+            halves = unguided and name == "transformer"  # the caption-half programs
+            if halves:
                 required |= {UNGUIDED}
             for block in chained(blocks):
-                if unguided and name == "transformer":  # from the activations it will see
+                if halves:  # made from the activations the block will see
                     block = with_unguided(block, optional=variants)
                 records.append(export_block(block, compiler, root, variants, check, required,
                                             storage, shard_bytes))

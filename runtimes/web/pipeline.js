@@ -463,12 +463,14 @@ export class WebPipeline {
     this.computeS = 0;
     const t0 = now();
     // a call without guidance runs the caption's half alone where every transformer block
-    // has that variant (`unguided`; `tdtm_unguided` for a merged call), else the pair
-    const alone = (merged) => this.keys("transformer").every((k) => {
+    // has that variant (`unguided`; `tdtm_unguided` for a merged call), else the pair;
+    // decided once a generation, for unmerged and merged calls
+    const runsAlone = (merged) => this.keys("transformer").every((k) => {
       try { return blockVariant(this.blocks.get(k).variants, callVariant(merged, true), k) !== null; } catch { return false; }
     });
+    const aloneUnmerged = runsAlone(false), aloneMerged = runsAlone(true);
     // no call guided and the caption's half runnable alone: no unconditional caption to encode
-    const [caption2, mask2, truncated] = guidedCall(settings, 0) || !alone(false)
+    const [caption2, mask2, truncated] = guidedCall(settings, 0) || !aloneUnmerged
       ? await this.guidanceCaptions(prompt, negative) : await this.promptCaption(prompt);
     const rows2 = caption2.length / 2;
     const captionBuf = this.upload(caption2);
@@ -486,7 +488,7 @@ export class WebPipeline {
     const predict = async (x, t, step) => {
       stopIf(`before step ${step.index + 1} of ${total} (${done} done)`, step.index + 1);
       const temp = [];
-      const one = !step.guided && alone(step.merged);
+      const one = !step.guided && (step.merged ? aloneMerged : aloneUnmerged);
       const variant = callVariant(step.merged, one);
       const xShape = this.signature(prologue, "x", "outputs", variant);
       const tmodShape = this.signature(prologue, "t_mod", "outputs", variant);
