@@ -242,11 +242,14 @@ class TorchBlockSession:
 def torch_block_opener(blocks: dict[str, Block], fed_weights: bool = False
                        ) -> Callable[[str, dict], TorchBlockSession]:
     """`Pipeline.load`'s `open_block` over `blocks` (by key): each block and variant the
-    package names ("component/block", "#variant") run in PyTorch (`TorchBlockSession`)."""
+    package names ("component/block", "#variant") run in PyTorch (`TorchBlockSession`); the
+    caption-half variants an exporter adds (`with_unguided`) are made here the same way."""
 
     def open_block(key: str, record: dict) -> TorchBlockSession:
         base, _, variant = key.partition("#")
         block = blocks[base]
+        if variant and variant not in block.variants:
+            block = with_unguided(block)
         return TorchBlockSession(block.variant(variant) if variant else block, fed_weights)
 
     return open_block

@@ -105,8 +105,8 @@ _OWNED = {"quantize": "--quantize applies to --target iphone and web, not {}",
           "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",
           "memory_budget": "--memory-budget is not built for --target {} yet",
           "unguided_variants": "--unguided-variants/--no-unguided-variants apply to --target "
-                               "web and iphone --min-ios 27, not {} (an ONNX graph takes any "
-                               "batch)",
+                               "web and iphone --min-ios 18 or 27, not {} (an ONNX graph takes "
+                               "any batch)",
           "end_to_end": "--check small and --check blocks apply to --target onnx, not {} "
                         "(its end-to-end check runs at the export's size)"}
 

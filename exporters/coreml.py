@@ -28,7 +28,10 @@ its variants are the functions of one multifunction `.mlpackage` ("main" the blo
 each variant under its name), which coremltools' `save_multifunction` writes with one weight
 file, every tensor the functions share stored once. For iOS 17, which cannot load a function
 by name, each variant is an `.mlpackage` of its own carrying a copy of the weights (the
-"separate" layout). Every program of an iOS 18 package is converted for iOS 18: coremltools
+"separate" layout). The transformer's caption-half variants (`unguided`, `tdtm_unguided`:
+a call without guidance at a batch of one, `export_coreml(unguided=True)`, the CLI's
+default for iOS 18) are functions too; the separate layout would copy the weights for each,
+so it does not take them. Every program of an iOS 18 package is converted for iOS 18: coremltools
 cannot merge iOS 17 palettized programs (it re-reads them with iOS 18's
 `constexpr_lut_to_dense`, which has no `shape` input).
 
@@ -59,7 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block, chained
+from edge.blocks import Block, chained, with_unguided
 from edge.budget import format_size
 from edge.exporters import ExportValidationError
 from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's names too)
@@ -117,6 +120,12 @@ LAYOUTS = {18: Layout("multifunction", 18, "a block's variants are functions of 
 DEFAULT_MIN_IOS = 18
 DEBUG_MAP = "executorch_debug_handle_mapping.json"
 _FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def unguided_refusal(min_ios: int) -> str:
+    return (f"--unguided-variants with --min-ios {min_ios}: that layout stores each variant "
+            "as a program with its own copy of the weights; use --min-ios 18 (functions of "
+            "one program) or 27 (Core AI)")
 
 
 def layout(min_ios: int) -> Layout:
@@ -380,10 +389,13 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
                   components: dict[str, list[Block]] | None = None,
                   on_block: Callable[[str], None] | None = None,
                   validate_end_to_end: Callable[[Path, dict, dict], dict] | None = None,
-                  plan: dict | None = None) -> dict:
+                  plan: dict | None = None, unguided: bool = False) -> dict:
     """Export every block to `dest` atomically as .mlpackage programs; returns the manifest.
     `components`: the blocks to export (default: the family's device cut); `plan`: how they
-    were re-cut for a memory budget (edge/plan.py), recorded in the manifest.
+    were re-cut for a memory budget (edge/plan.py), recorded in the manifest. `unguided`:
+    the transformer's blocks also at the caption's half of the guidance batch
+    (`edge.blocks.with_unguided`), as functions of each block's program (the multifunction
+    layout only: the separate one would store the weights again for each).
 
     Raises ExportValidationError (and writes nothing) if a program's interface does not
     match the manifest or the blocks do not chain."""
@@ -391,6 +403,8 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
 
     setting = compression(quantize, model)  # refuse a bad setting or layout before converting
     deployment_target(setting, min_ios)
+    if unguided and layout(min_ios).name != "multifunction":
+        raise ValueError(unguided_refusal(min_ios))
     components = components or cut_for_device(model)
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "iphone", model_name or model.name,
@@ -408,6 +422,8 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
         for name, blocks in components.items():
             records = []
             for block in chained(blocks):
+                if unguided and name == "transformer":
+                    block = with_unguided(block)
                 records.append(export_block(block, root, setting, min_ios))
                 if on_block:
                     on_block(block.key)

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from edge.attention import budget_score_limit
+from edge.blocks import with_unguided
 from edge.budget import format_size
 from edge.exporters import (
     ExportOptionError,
@@ -31,6 +32,7 @@ from edge.exporters.coreml import (
     compression,
     deployment_target,
     layout,
+    unguided_refusal,
 )
 from edge.family_model import FamilyModel
 from edge.manifest_schema import is_coreai
@@ -58,16 +60,21 @@ def check(options: ExportOptions) -> None:
     refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget", "unguided_variants"})
     if coreai := _coreai(options):
         return coreai.check(options)
-    if options.unguided_variants is not None:
-        raise ExportOptionError(
-            "--unguided-variants/--no-unguided-variants apply to --target web and to --target "
-            f"iphone --min-ios {COREAI_MIN_IOS} (Core AI), not to Core ML programs (--min-ios "
-            f"{_min_ios(options)}): they write no unguided functions yet")
     try:
         check_setting(options.quantize or "fp16")
-        layout(_min_ios(options))
+        chosen = layout(_min_ios(options))
     except ValueError as err:
         raise ExportOptionError(str(err)) from None
+    if options.unguided_variants and chosen.name != "multifunction":
+        raise ExportOptionError(unguided_refusal(chosen.min_ios))
+
+
+def _unguided(options: ExportOptions) -> bool:
+    """Whether the transformer's caption-half functions are written: asked for, or by
+    default where the layout holds them as functions of one program (iOS 18)."""
+    if options.unguided_variants is not None:
+        return options.unguided_variants
+    return layout(_min_ios(options)).name == "multifunction"
 
 
 def folder_name(model_name: str, options: ExportOptions) -> str:
@@ -99,12 +106,17 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     cut = device_blocks(model, quantize, budget)
     lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs"]
     total = estimate = 0
-    for blocks in cut.components.values():
+    unguided = _unguided(options)
+    for component, blocks in cut.components.items():
         for block in blocks:
             est = estimated_bytes(block, setting) * (1 + copies * len(block.variants))
             total, estimate = total + block.weight_bytes(), estimate + est
             shapes = inputs_text(block)
-            extra = f" (+{', '.join(block.variants)} variant)" if block.variants else ""
+            # the caption-half functions share the block's weights: no bytes added
+            names = list(with_unguided(block).variants if unguided and component
+                         == "transformer" else block.variants)
+            extra = (f" (+{', '.join(names)} variant{'s' if len(names) > 1 else ''})"
+                     if names else "")
             lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
                          f"{est / 1e6:>10.2f}  {shapes}{extra}")
     lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {estimate / 1e6:.1f} MB "
@@ -135,7 +147,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
                              components=prepared.components, on_block=progress.on_block,
                              validate_end_to_end=end_to_end_check(
                                  model, quantize, on_step=progress.on_check_step),
-                             plan=prepared.manifest_plan)
+                             plan=prepared.manifest_plan, unguided=_unguided(options))
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:

@@ -163,10 +163,11 @@ def wan_model(wan_folder):
 
 @pytest.fixture(scope="session")
 def wan_iphone_package(tmp_path_factory, wan_model):
-    """The tiny Wan exported to CoreML (fp16) once per session, end-to-end check against
-    diffusers' WanPipeline: (root, manifest). Copy it before changing it."""
-    return package_once(tmp_path_factory, "wan-iphone", lambda root: iphone_export(wan_model,
-                                                                                    root))
+    """The tiny Wan exported to CoreML (fp16, the transformer's caption-half functions
+    too, as the CLI writes it) once per session, end-to-end check against diffusers'
+    WanPipeline: (root, manifest). Copy it before changing it."""
+    return package_once(tmp_path_factory, "wan-iphone", lambda root: iphone_export(
+        wan_model, root, unguided=True))
 
 
 # Open-Sora 1.2's tiny checkpoint and the original code's outputs for it (its README says how
@@ -202,16 +203,18 @@ def opensora_iphone_package(tmp_path_factory, opensora_model):
                         lambda root: iphone_export(opensora_model, root))
 
 
-def iphone_export(model, root):
+def iphone_export(model, root, unguided: bool = False):
     """`model` exported to CoreML (fp16) with the end-to-end check against its family's
-    diffusers pipeline, those weights swapped in: the manifest."""
+    diffusers pipeline, those weights swapped in: the manifest. `unguided`: the
+    transformer's caption-half functions too."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                         "-e '.[test]'); the CoreML exporter needs it")
     from edge.exporters.coreml import export_coreml
     from edge.exporters.coreml_check import end_to_end_check
 
     with chunked_attention_for_tests():
-        return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"))
+        return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"),
+                             unguided=unguided)
 
 
 # CogVideoX's and LTX-Video's tests' size: 17 frames are 5 latent frames (both VAEs are 4x in

@@ -166,10 +166,12 @@ WAN_BUNDLES = {
                                                            "leap_after": 5, "leap_steps": 2}}),
     "step_cache": ("a café's crème square, slowly", {"seed": 5,
                                                      "overrides": {"cache_threshold": 0.3}}),
-    # guidance for the first 2 calls, then the caption's half (a Core ML program takes the
-    # pair: run whole, its null half dropped), the step cache across the cutoff
+    # guidance for the first 2 calls, then the caption's half alone (the package's
+    # `unguided` functions; merged calls `tdtm_unguided` on the TDTM pairs), the step cache
+    # across the cutoff
     "guidance_cutoff": ("a red circle moving left", {
-        "seed": 2, "overrides": {"guidance_steps": 2, "cache_threshold": 0.3}}),
+        "seed": 2, "overrides": {"guidance_steps": 2, "merge_steps": 6,
+                                 "cache_threshold": 0.3}}),
 }
 
 # Manifests of the Wan package the Python side refuses (as BAD_MANIFESTS)

@@ -549,7 +549,9 @@ def test_cli_dry_run_shows_the_device_cut():
     result = CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run",
                                       "--quantize", "8"])
     assert result.exit_code == 0, result.output
-    assert "transformer/pair_0" in result.output and "(+tdtm variant)" in result.output
+    # a pair's TDTM function and the caption-half ones (iOS 18 holds them by default)
+    assert "transformer/pair_0" in result.output
+    assert "(+tdtm, unguided, tdtm_unguided variants)" in result.output
     assert "latent [2, 4, 16, 8, 8]" in result.output  # static shapes: one prompt + null
     assert ("102.2 MB fp32 parameters, about 25.6 MB of weight files at 8 (estimate) for "
             "iOS 18: a block's variants are functions") in result.output
@@ -557,7 +559,9 @@ def test_cli_dry_run_shows_the_device_cut():
     result = CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run",
                                       "--quantize", "8", "--min-ios", "17"])
     assert result.exit_code == 0, result.output
-    # each of the 4 pairs' TDTM programs holds another copy of its pair's weights
+    # each of the 4 pairs' TDTM programs holds another copy of its pair's weights (and no
+    # caption-half programs: they would be copies too)
+    assert "(+tdtm variant)" in result.output and "unguided" not in result.output
     assert ("about 27.8 MB of weight files at 8 (estimate) for iOS 17: each variant is an "
             ".mlpackage of its own") in result.output
 

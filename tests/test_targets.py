@@ -70,10 +70,11 @@ def test_every_target_answers_the_same_questions(name):
      "fp32, fp16, 8, 4"),
     ("iphone", ExportOptions(ort_url="https://x/"), "apply to --target web, not iphone"),
     ("onnx", ExportOptions(unguided_variants=True), "--unguided-variants/--no-unguided-"
-     "variants apply to --target web and iphone --min-ios 27, not onnx .an ONNX graph "
-     "takes any batch"),
-    ("iphone", ExportOptions(unguided_variants=False), "not to Core ML programs .--min-ios "
-     "18.: they write no unguided functions yet"),
+     "variants apply to --target web and iphone --min-ios 18 or 27, not onnx .an ONNX "
+     "graph takes any batch"),
+    ("iphone", ExportOptions(unguided_variants=True, min_ios=17), "--unguided-variants with "
+     "--min-ios 17: that layout stores each variant as a program with its own copy of the "
+     "weights; use --min-ios 18"),
 ])
 def test_targets_refuse_options_they_do_not_take(name, options, message):
     with pytest.raises(ExportOptionError, match=message):

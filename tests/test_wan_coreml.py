@@ -114,7 +114,31 @@ def test_the_ios17_layout_exports_and_variants_share_weights_in_the_ios18_one(
         assert 1.5 < fp32 / package_bytes(r) < 2.0, fp32 / package_bytes(r)
         assert f"{fp32 / package_bytes(r):.2f}x smaller than the fp32 tensors" in summary(
             m, r, 1.0)
-    assert package_bytes(mf_root) < package_bytes(root)
+    # the weights: the iOS 18 package also holds the caption-half functions (program text
+    # of their own over the same tensors), which the iOS 17 one has not
+    assert sum(_weight_file(mf_root, b["model"]) for b in shared.values()) < sum(
+        _weight_file(root, r["model"]) for b in blocks.values()
+        for r in [b, *b.get("variants", {}).values()])
+
+
+def test_the_transformer_has_caption_half_functions_sharing_its_weights(wan_iphone):
+    """`unguided` on every transformer block and `tdtm_unguided` beside each TDTM variant:
+    functions of the block's program at a batch of one (the caption's rows), their weights
+    read back and run against PyTorch as every function's are."""
+    _, manifest = wan_iphone
+    dit = next(c for c in manifest["components"] if c["name"] == "transformer")
+    for block in dit["blocks"]:
+        variants = block["variants"]
+        want = {"unguided"} | ({"tdtm", "tdtm_unguided"} if "tdtm" in variants else set())
+        assert set(variants) == want, block["name"]
+        for name in want - {"tdtm"}:
+            half = variants[name]
+            assert (half["model"], half["function"]) == (block["model"], name)
+            # the first input and output (latent or tokens in, tokens or velocity out)
+            assert [half["inputs"][0]["shape"][0], half["outputs"][0]["shape"][0]] == [1, 1]
+            assert block["inputs"][0]["shape"][0] == 2
+            assert half["validation"]["max_abs_error"] <= 5e-3
+    assert sum("tdtm" in b["variants"] for b in dit["blocks"]) == 2
 
 
 def test_a_variant_the_manifest_misplaces_is_refused(wan_iphone):

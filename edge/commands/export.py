@@ -87,10 +87,11 @@ def export(
         "works offline.")] = None,
     unguided_variants: Annotated[bool | None, typer.Option(
         "--unguided-variants/--no-unguided-variants",
-        help="web, and iphone with --min-ios 27: also write the transformer's blocks at the "
-        "caption's half of the guidance batch, so a call without guidance (guidance 1, or "
-        "after --guidance-steps) computes half; without them such calls run the pair and "
-        "drop its null half [default: written].")] = None,
+        help="web, and iphone with --min-ios 18 or 27: also write the transformer's blocks "
+        "at the caption's half of the guidance batch, so a call without guidance (guidance "
+        "1, or after --guidance-steps) computes half; without them such calls run the pair "
+        "and drop its null half [default: written; iphone --min-ios 17 cannot hold them].")
+    ] = None,
     check: Annotated[str, typer.Option(
         help="onnx: the end-to-end check. full: a generation by the package against the "
         "family's reference at the export's size; small: at the family's small size, "

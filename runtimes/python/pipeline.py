@@ -762,8 +762,8 @@ class Pipeline:
                           f"(guidance {settings.guidance}, guidance_steps "
                           f"{settings.guidance_steps}) run the null caption's half too and "
                           "save no work; export it again with --unguided-variants (--target "
-                          "web, or iphone --min-ios 27), or as an ONNX package, whose graphs "
-                          "take a batch of one",
+                          "web, or iphone --min-ios 18 or 27), or as an ONNX package, whose "
+                          "graphs take a batch of one",
                           stacklevel=4)  # past generate and its one-at-a-time wrapper
         return lambda guided: 2 * b if guided else alone
 

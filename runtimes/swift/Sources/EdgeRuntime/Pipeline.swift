@@ -10,7 +10,9 @@ import Foundation
 /// whether the unconditional caption is learned or a negative prompt, and how the decoder
 /// takes the latents. Blocks run through a `BlockBackend` (CoreML on Apple platforms); the
 /// loader decides what is loaded when. One prompt at a time: the programs have the static
-/// shapes of one prompt (the transformer's batch is that prompt and the unconditional one).
+/// shapes of one prompt (the transformer's batch is that prompt and the unconditional one;
+/// an unguided call the prompt's half alone, through the blocks' `unguided` functions where
+/// the package has them).
 public final class EdgePipeline {
     /// What `generate` gives: the decoded frames, or the denoised latents alone (the Python
     /// runtime's output_type="latent"; nothing decoded, so they can be decoded elsewhere).
@@ -118,11 +120,20 @@ public final class EdgePipeline {
                           weightBytes: bytes, digest: digest)
     }
 
-    /// The loader's key of a block, or of its variant where it has one.
-    static func key(_ component: String, _ block: Manifest.Block, _ variant: String?) -> String {
+    /// The variant a block runs for a call's `variant` (BlockVariants.blockVariant: a TDTM
+    /// call runs a prologue's own program, an unguided merged call its `unguided` one).
+    static func chosen(_ component: String, _ block: Manifest.Block, _ variant: String?) throws -> String? {
+        do {
+            return try BlockVariants.blockVariant(Set((block.variants ?? [:]).keys), variant)
+        } catch {
+            throw RuntimeError.block("block \(component)/\(block.name): \(error)")
+        }
+    }
+
+    /// The loader's key of the program a block runs for a call's `variant`.
+    static func key(_ component: String, _ block: Manifest.Block, _ variant: String?) throws -> String {
         let base = "\(component)/\(block.name)"
-        if let variant, block.variants?[variant] != nil { return "\(base)#\(variant)" }
-        return base
+        return try chosen(component, block, variant).map { "\(base)#\($0)" } ?? base
     }
 
     /// Run `blocks` of a component in order, passing outputs on by name; the next block is
@@ -131,10 +142,10 @@ public final class EdgePipeline {
              variant: String? = nil, prefetchAfter: String? = nil) throws -> [String: Tensor] {
         var feeds = feeds
         for (i, base) in blocks.enumerated() {
-            let k = Self.key(component, base, variant)
-            let block = base.running(variant)
+            let k = try Self.key(component, base, variant)
+            let block = base.running(try Self.chosen(component, base, variant))
             loader.prefetch(k)  // queued before the next one, where no earlier call queued it
-            if i + 1 < blocks.count { loader.prefetch(Self.key(component, blocks[i + 1], variant)) }
+            if i + 1 < blocks.count { loader.prefetch(try Self.key(component, blocks[i + 1], variant)) }
             else if let next = prefetchAfter { loader.prefetch(next) }
             var inputs: [String: Tensor] = [:]
             for s in block.inputs {
@@ -216,11 +227,25 @@ public final class EdgePipeline {
         let before = loader.stats
         let started = Date()
 
-        // the guidance batch's captions: the prompt's, then the unconditional one
-        let firstStep = "transformer/\(dit.blocks[0].name)"
+        // an unguided call runs the caption's half alone where every block has its programs
+        // (`unguided` variants), else the pair with the null half dropped
+        let alone = BlockVariants.runsAlone(dit.blocks, mergeSteps: settings.mergeSteps)
+        let prologue = dit.blocks[0], epilogue = dit.blocks[dit.blocks.count - 1]
+        // the prologue's program of call `call` (it never merges)
+        let prologueKey = { [settings] (call: Int) throws -> String in
+            try Self.key("transformer", prologue, BlockVariants.callVariant(merged: false, alone: alone && !guidedCall(settings, call)))
+        }
+
+        // the guidance batch's captions: the prompt's, then the unconditional one; where no
+        // call is guided and the caption's half runs alone, the prompt's only
+        let firstStep = try prologueKey(0)
         let caption2: Tensor, mask2: Tensor
         let n = manifest.tokenizer.maxTokens
-        if let nullCaption, negativePrompt == nil {
+        if alone && !guidedCall(settings, 0) {
+            let (hidden, mask) = try encode(prompt, prefetchAfter: firstStep)
+            caption2 = hidden
+            mask2 = Tensor(shape: [1, n], data: mask)
+        } else if let nullCaption, negativePrompt == nil {
             let (hidden, mask) = try encode(prompt, prefetchAfter: firstStep)
             caption2 = Tensor.concat([hidden, nullCaption])
             // the manifest's null_caption_mask: as the prompt's (Open-Sora), else every token
@@ -237,16 +262,18 @@ public final class EdgePipeline {
         let t1 = Date()
         timings["text_encoder"] = t1.timeIntervalSince(started)
 
-        let prologue = dit.blocks[0], epilogue = dit.blocks[dit.blocks.count - 1]
         let pairs = Array(dit.blocks.dropFirst().dropLast())
         let predict: Predictor = { [self] x, t, step in
             if isCancelled?() == true { throw RuntimeError.cancelled }
-            let variant = step.merged ? "tdtm" : nil
+            let single = alone && !step.guided   // the caption's half alone
+            let variant = BlockVariants.callVariant(merged: step.merged, alone: single)
+            let rows = single ? 1 : 2
             // while one part runs, the next one's first block loads (across steps too)
-            let nextPair = pairs.first.map { Self.key("transformer", $0, variant) }
+            let nextPair = try pairs.first.map { try Self.key("transformer", $0, variant) }
             var feeds = try run("transformer", [prologue], [
-                "latent": Tensor.concat([x, x]), "t": Tensor(shape: [2], data: [t, t]),
-                "caption": caption2, "caption_mask": mask2], variant: variant, prefetchAfter: nextPair)
+                "latent": single ? x : Tensor.concat([x, x]), "t": Tensor(shape: [rows], data: Array(repeating: t, count: rows)),
+                "caption": caption2.slice(axis: 0, 0..<rows), "caption_mask": mask2.slice(axis: 0, 0..<rows)],
+                variant: variant, prefetchAfter: nextPair)
             guard let tokens = feeds["x"], let tMod = feeds["t_mod"] else {
                 throw RuntimeError.block("transformer/\(prologue.name): gave no x or t_mod")
             }
@@ -255,12 +282,11 @@ public final class EdgePipeline {
                         prefetchAfter: "transformer/\(epilogue.name)")["x"]!
             }
             feeds["x"] = after
-            let next = step.last ? "vae_decoder/\(vae.blocks[0].name)" : "transformer/\(prologue.name)"
+            let next = step.last ? "vae_decoder/\(vae.blocks[0].name)" : try prologueKey(step.index + 1)
             guard let v = try run("transformer", [epilogue], feeds, variant: variant, prefetchAfter: next)["velocity"] else {
                 throw RuntimeError.block("transformer/\(epilogue.name): gave no velocity")
             }
-            // a device program takes the guidance batch whole: an unguided step runs it and
-            // keeps the caption's half
+            // a pair run on an unguided step (no caption-half programs) keeps the caption's half
             return (v.item(0), step.guided ? v.item(1) : nil)
         }
         var trace = Trace()

@@ -47,10 +47,16 @@ final class BundleTests: ScratchTestCase {
             let b = try bundle(name)
             let (replay, report, _) = try replayed(b, on: package, name)
             if name == "guidance_cutoff" {
-                // guided for the first 2 calls; the rest run the pair (a Core ML program's
-                // batch) and keep the caption's half, as the Python runtime recorded them
+                // guided for the first 2 calls; the rest run the caption's half alone through
+                // the blocks' caption-half functions (merged ones on the TDTM pairs), the
+                // calls the Python runtime made (replayed: same keys, same batch-one inputs)
                 XCTAssertEqual((b.settings["guidance_steps"] as? NSNumber)?.intValue, 2)
                 XCTAssertEqual(report.frames!.trace.guidedCalls, 2, name)
+                let variants = Set(b.calls.compactMap { $0.key.split(separator: "#").dropFirst().first.map(String.init) })
+                XCTAssertEqual(variants, ["tdtm", "unguided", "tdtm_unguided", "first"], name)
+                let halves = b.calls.filter { $0.key.hasSuffix("#unguided") && $0.inputs["latent"] != nil }
+                XCTAssertFalse(halves.isEmpty, name)
+                XCTAssertTrue(halves.allSatisfy { $0.inputs["latent"]!.shape[0] == 1 }, name)
             }
             // recorded from a seed: the Swift pipeline drew that seed's noise (TorchNoise),
             // the recorded latents within 1e-5
