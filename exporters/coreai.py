@@ -320,7 +320,9 @@ def _record(block: Block, root: Path, precision: Precision, found: dict) -> dict
     if block.variants:
         record["variants"] = {}
         for name in block.variants:
-            entry = {k: program[k] for k in ("model", "files", "graph", "weights")}
+            # a function of the block's model: its weights are the model's
+            entry = {k: program[k] for k in ("model", "files", "graph", "weights",
+                                             "weight_bytes")}
             entry |= {"function": name, "validation": records[name]["validation"]}
             if isinstance(block.variants[name], Block):  # its own signature
                 graph = graphs[name]

@@ -58,6 +58,29 @@ def coreml_package(tmp_path_factory, tiny_sora):
         tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora, "fp16", steps=6)))
 
 
+def coreai_export(model, dest: Path, quantize: str = "fp32", unguided: bool = False) -> dict:
+    """`model` through `--target iphone --min-ios 27` (Core AI): the manifest. `unguided`:
+    with the transformer's caption-half functions (as `edge export` writes them; left out
+    elsewhere for time)."""
+    pytest.importorskip("coreai_torch", reason="Core AI's converter (coreai-torch, the "
+                        "[iphone] extra) is not installed")
+    from edge.exporters import ExportOptions, Progress, target
+
+    options = ExportOptions(quantize=quantize, min_ios=27, unguided_variants=unguided)
+    module = target("iphone")
+    module.check(options)
+    prepared = module.prepare(model, options)
+    return module.export(model, prepared, dest, options, Progress())
+
+
+@pytest.fixture(scope="session")
+def coreai_package(tmp_path_factory, tiny_sora):
+    """tiny-sora exported --min-ios 27 at fp32 once per session, with the caption-half
+    functions: (root, manifest). Copy it before changing it."""
+    return package_once(tmp_path_factory, "tiny-sora-coreai",
+                        lambda root: coreai_export(tiny_sora, root, unguided=True))
+
+
 WAN_SIZE = {"height": 32, "width": 48, "frames": 9}
 
 # The families' shared test exports trace attention in query chunks of 16 rows (2 KiB of

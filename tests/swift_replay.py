@@ -24,6 +24,8 @@ Layout of the folder `write(...)` fills:
     families/<family>/  with `families=`: CogVideoX's and LTX-Video's iphone packages,
                         bundles of them (write_package_bundles), replayed the same way, and their
                         bad_manifests.json
+    coreai/             with `coreai=`: tiny-sora's Core AI package (--min-ios 27) and bundles
+                        recorded from its executed programs (write_coreai)
 """
 
 from __future__ import annotations
@@ -273,13 +275,35 @@ FAMILY_BAD_MANIFESTS = {
 }
 
 
+# Bundles of tiny-sora's Core AI package (`--min-ios 27`), recorded from its executed
+# programs: merged first steps (the pairs' tdtm functions), then a guidance cutoff (the
+# caption-half functions, unguided and tdtm_unguided)
+COREAI_BUNDLES = {
+    "merge_cutoff": ("a red circle moving left", {
+        "seed": 4, "overrides": {"steps": 4, "merge_steps": 2, "guidance_steps": 1}}),
+}
+
+
+def write_coreai(folder: Path, coreai_package: Path) -> None:
+    """folder/package: a Core AI iphone package (a copy); folder/bundles/<name>: its
+    COREAI_BUNDLES, recorded by `edge record` from the programs Core AI executed."""
+    from edge.commands.record import record_bundle as record
+
+    folder.mkdir(parents=True)
+    shutil.copytree(coreai_package, folder / "package")
+    for name, (prompt, options) in COREAI_BUNDLES.items():
+        record(folder / "package", prompt, folder / "bundles" / name, **options)
+
+
 def write(folder: Path, onnx_package: Path, iphone_package: Path,
           wan: tuple[Path, Path] | None = None,
-          families: dict[str, tuple[Path, Path]] | None = None) -> Path:
+          families: dict[str, tuple[Path, Path]] | None = None,
+          coreai: Path | None = None) -> Path:
     """Fill `folder` (see the module docstring); returns it. `wan`: (the tiny Wan's iphone
     package, its model folder), written under folder/wan (write_wan); `families`: {family:
     (its iphone package, its model folder)}, each under folder/families/<family> with its
-    FAMILY_BUNDLES (write_package_bundles)."""
+    FAMILY_BUNDLES (write_package_bundles); `coreai`: tiny-sora's Core AI package, under
+    folder/coreai with its COREAI_BUNDLES (write_coreai)."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(iphone_package, folder / "package")
     replay = folder / "replay"
@@ -294,4 +318,6 @@ def write(folder: Path, onnx_package: Path, iphone_package: Path,
     for family, (package, model_folder) in (families or {}).items():
         write_package_bundles(folder / "families" / family, package, model_folder,
                               FAMILY_BUNDLES[family], FAMILY_BAD_MANIFESTS[family])
+    if coreai is not None:
+        write_coreai(folder / "coreai", coreai)
     return folder

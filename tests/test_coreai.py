@@ -25,23 +25,9 @@ PROMPT = "a red circle moving left"
 
 
 def _export(model, dest: Path, quantize: str = "fp32", unguided: bool = False) -> dict:
-    """`unguided`: with the transformer's caption-half functions (as `edge export` writes
-    them; left out elsewhere for time)."""
-    from edge.exporters import ExportOptions, Progress, target
+    from conftest import coreai_export
 
-    options = ExportOptions(quantize=quantize, min_ios=27, unguided_variants=unguided)
-    module = target("iphone")
-    module.check(options)
-    prepared = module.prepare(model, options)
-    return module.export(model, prepared, dest, options, Progress())
-
-
-@pytest.fixture(scope="module")
-def coreai_package(tmp_path_factory, tiny_sora):
-    """tiny-sora exported --min-ios 27 at fp32 once, with the caption-half functions:
-    (root, manifest)."""
-    root = tmp_path_factory.mktemp("coreai") / "tiny-sora-iphone-qfp32-ios27"
-    return root, _export(tiny_sora, root, unguided=True)
+    return coreai_export(model, dest, quantize, unguided)
 
 
 def _records(manifest: dict):

@@ -275,17 +275,22 @@ public enum ManifestReader {
     }
 
     /// How the programs hold a block's variants (edge/manifest_schema.py): "separate" (absent;
-    /// each variant a program of its own, iOS 17) or "multifunction" (the block's program
-    /// holds them as functions, iOS 18), with the same refusals as the Python side.
+    /// each variant a program of its own, iOS 17), "multifunction" (the block's program
+    /// holds them as functions, iOS 18) or "coreai" (a Core AI model per block, its variants
+    /// functions of it, iOS 27), with the same refusals as the Python side.
+    public static let layouts = ["separate": 17, "multifunction": 18, "coreai": 27]
+    static let layoutsWithFunctions: Set = ["multifunction", "coreai"]
+    static let programSuffix = ["separate": ".mlpackage", "multifunction": ".mlpackage", "coreai": ".aimodel"]
+
     static func checkLayout(_ m: Manifest) throws {
-        let layouts = ["separate": 17, "multifunction": 18]
+        let layouts = Self.layouts
         let target = m.coreml.minimumDeploymentTarget
         guard target.hasPrefix("iOS"), let ios = Int(target.dropFirst(3)) else {
             throw ManifestError.invalid("manifest.json coreml: minimum_deployment_target \(target) is not iOS<n>")
         }
         let layout = m.coreml.layout ?? "separate"
         guard let least = layouts[layout] else {
-            throw ManifestError.invalid("manifest.json coreml: layout \(layout); known: separate, multifunction")
+            throw ManifestError.invalid("manifest.json coreml: layout \(layout); known: separate, multifunction, coreai")
         }
         if ios < least {
             throw ManifestError.invalid("manifest.json coreml: layout \(layout) needs iOS\(least) or later, but minimum_deployment_target is \(target)")
@@ -298,10 +303,15 @@ public enum ManifestReader {
             for block in comp.blocks {
                 let at = "manifest.json block \(comp.name)/\(block.name)"
                 let variants = (block.variants ?? [:]).sorted { $0.key < $1.key }
+                let suffix = Self.programSuffix[layout]!
+                for (place, model) in [(at, block.model)] + variants.map({ ("\(at) variant \($0.key)", $0.value.model) })
+                where !model.hasSuffix(suffix) {
+                    throw ManifestError.invalid("\(place): model \(model) is not an \(suffix) (layout \(layout))")
+                }
                 let records = [(at, block.function)] + variants.map { ("\(at) variant \($0.key)", $0.value.function) }
                 for (place, function) in records {
                     guard let function else { continue }
-                    if layout != "multifunction" {
+                    if !Self.layoutsWithFunctions.contains(layout) {
                         throw ManifestError.invalid("\(place): function \(function) in a \(layout) layout (only a multifunction program has functions to choose from)")
                     }
                     if !isName(function) { throw ManifestError.invalid("\(place): function \(function) is not a CoreML function name") }
@@ -314,12 +324,12 @@ public enum ManifestReader {
                     continue
                 }
                 guard let main = block.function else {
-                    throw ManifestError.invalid("\(at): a block with variants in the multifunction layout must name its function of the shared program (field function)")
+                    throw ManifestError.invalid("\(at): a block with variants in the \(layout) layout must name its function of the shared program (field function)")
                 }
                 var seen = [main: "the block"]
                 for (name, v) in variants {
                     if v.model != block.model {
-                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) is not the block's \(block.model); in the multifunction layout a variant is a function of its block's program")
+                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) is not the block's \(block.model); in the \(layout) layout a variant is a function of its block's program")
                     }
                     guard let function = v.function else {
                         throw ManifestError.invalid("\(at) variant \(name): missing field function (which function of \(block.model) it runs)")

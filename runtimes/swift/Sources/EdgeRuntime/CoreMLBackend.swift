@@ -3,7 +3,8 @@ import CoreML
 import EdgeCore
 import Foundation
 
-/// The Apple-platform backend: one `MLModel` per block (or block variant). An `.mlpackage` is
+/// The Apple-platform backend for Core ML packages (layouts separate and multifunction; a
+/// Core AI package runs through CoreAIBackend): one `MLModel` per block (or block variant). An `.mlpackage` is
 /// compiled to `.mlmodelc` on the device once (MLModel.compileModel) and kept under
 /// Caches/edge-compiled by the digest of its files, so a new export compiles anew. In a
 /// multifunction package (iOS 18) a block and its variants are functions of one program
@@ -31,6 +32,7 @@ public final class CoreMLBackend: BlockBackend {
     }
 
     public func load(_ entry: BlockEntry) throws -> LoadedBlock {
+        try ProgramRuntime.coreML.check(entry)
         var config = configuration
         if let function = entry.function {
             guard #available(iOS 18, macOS 15, *) else {
@@ -85,13 +87,15 @@ final class CoreMLBlock: LoadedBlock {
 }
 
 extension EdgePipeline {
-    /// A pipeline that runs the package's blocks with CoreML on the manifest's compute units
-    /// (or `computeUnits`).
+    /// A pipeline that runs the package's blocks with the framework its layout names: Core AI
+    /// for a `--min-ios 27` package (iOS 27 and later), else CoreML on the manifest's compute
+    /// units (or `computeUnits`).
     public convenience init(package root: URL, budget: Int? = nil, verify: Bool = true,
                             computeUnits: MLComputeUnits? = nil) throws {
         try self.init(package: root, budget: budget, verify: verify, makeBackend: { manifest in
-            CoreMLBackend(computeUnits: computeUnits ?? CoreMLBackend.units(manifest.coreml.computeUnits),
-                          outputPrefix: manifest.coreml.outputPrefix)
+            if ProgramRuntime.of(manifest) == .coreAI { return try EdgePipeline.coreAIBackend(manifest) }
+            return CoreMLBackend(computeUnits: computeUnits ?? CoreMLBackend.units(manifest.coreml.computeUnits),
+                                 outputPrefix: manifest.coreml.outputPrefix)
         })
     }
 }

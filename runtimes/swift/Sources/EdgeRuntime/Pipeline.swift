@@ -8,7 +8,8 @@ import Foundation
 /// (frame by frame, or piece by piece with its state carried where the component is
 /// chunked). Whatever the family: the manifest says how prompts are cleaned and tokenized,
 /// whether the unconditional caption is learned or a negative prompt, and how the decoder
-/// takes the latents. Blocks run through a `BlockBackend` (CoreML on Apple platforms); the
+/// takes the latents. Blocks run through a `BlockBackend` (CoreML, or Core AI for a Core AI
+/// package, on Apple platforms); the
 /// loader decides what is loaded when. One prompt at a time: the programs have the static
 /// shapes of one prompt (the transformer's batch is that prompt and the unconditional one;
 /// an unguided call the prompt's half alone, through the blocks' `unguided` functions where

@@ -75,6 +75,45 @@ final class BundleTests: ScratchTestCase {
         XCTAssertLessThan(cached.transformerCalls, cached.calls)
     }
 
+    /// tiny-sora's Core AI package (`--min-ios 27`, the layout whose programs run on Linux):
+    /// a bundle recorded from the programs Core AI's runtime executed replays in the Swift
+    /// pipeline with the same calls and frames — merged first steps through the pairs'
+    /// `tdtm` functions, then after the guidance cutoff the caption's half alone through the
+    /// `unguided` and `tdtm_unguided` functions, at a batch of one.
+    func testACoreAIBundleReplaysOnItsPackage() throws {
+        let folder = try replayFolder().appendingPathComponent("coreai")
+        let package = folder.appendingPathComponent("package")
+        let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles").appendingPathComponent("merge_cutoff"))
+        XCTAssertTrue(b.recordedWith.hasPrefix("coreai"), b.recordedWith)
+        let (replay, report, pipe) = try replayed(b, on: package, "coreai merge_cutoff")
+        XCTAssertEqual(pipe.manifest.coreml.layout, "coreai")
+        XCTAssertEqual(report.frames!.trace.guidedCalls, 1)
+        let keys = b.calls.map(\.key)
+        XCTAssertTrue(keys.contains { $0.hasSuffix("#tdtm") } && keys.contains { $0.hasSuffix("#tdtm_unguided") }
+                      && keys.contains { $0.hasSuffix("#unguided") }, "\(Set(keys))")
+        let halves = b.calls.filter { $0.key.hasSuffix("unguided") }
+        XCTAssertTrue(halves.allSatisfy { $0.inputs.values.allSatisfy { $0.shape.first == 1 } }, "caption-half calls at a batch of one")
+        print("bundle coreai_merge_cutoff: \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+
+        // the layout picks the framework; a backend refuses the other one's programs by name
+        XCTAssertEqual(ProgramRuntime.of(pipe.manifest), .coreAI)
+        let aimodel = try EdgePipeline.entries(pipe.manifest, root: package)[0]
+        XCTAssertNoThrow(try ProgramRuntime.coreAI.check(aimodel))
+        XCTAssertThrowsError(try ProgramRuntime.coreML.check(aimodel)) {
+            XCTAssertTrue("\($0)".contains("is a Core AI program (layout coreai (--min-ios 27)); the Core ML backend runs .mlpackage programs only"), "\($0)")
+        }
+        let wan = try EdgePipeline(package: wanFolder().appendingPathComponent("package"), backend: BundleReplay(try bundle("seed")))
+        XCTAssertEqual(ProgramRuntime.of(wan.manifest), .coreML)
+        XCTAssertThrowsError(try ProgramRuntime.coreAI.check(try EdgePipeline.entries(wan.manifest, root: wan.root)[0])) {
+            XCTAssertTrue("\($0)".contains("is a Core ML program (layout separate or multifunction"), "\($0)")
+        }
+        #if !canImport(CoreAI)
+        XCTAssertThrowsError(try EdgePipeline.coreAIBackend(pipe.manifest)) {   // Linux: no Core AI framework
+            XCTAssertTrue("\($0)".contains("its layout is coreai") && "\($0)".contains("--min-ios 18"), "\($0)")
+        }
+        #endif
+    }
+
     /// CogVideoX (DDIM with v-prediction and dynamic guidance, joint text+video blocks, the
     /// decoder by its frame batches with their caches) and LTX-Video (LTX's flow-match
     /// schedule, a decoder conditioned on a timestep) through the same pipeline: every block
