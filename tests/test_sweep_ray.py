@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from edge.commands import app
 from edge.eval.on_ray import run_regimes as ray_regimes
 from edge.eval.run import load_classifier, parse_prompt
-from edge.eval.sweep import run_sweep
+from edge.eval.sweep import package_settings, run_sweep
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
 
 pytestmark = pytest.mark.slow  # starts a Ray instance
@@ -36,10 +36,24 @@ def classifier():
     return load_classifier(DEFAULT_WEIGHTS)
 
 
+# the rows the Ray sweeps run: the baseline, one technique that keeps state between steps
+# (the step cache) and every technique at once; the serial sweep's full list is
+# tests/test_sweep.py's (Ray runs each row as the same task, so more rows test nothing more)
+RAY_ROWS = ("baseline", "step cache", "all combined + cutoff")
+
+
 @pytest.fixture(scope="module")
-def serial(exported_package, classifier, prompt_set):
+def rows(exported_package):
+    settings = package_settings(exported_package[0], 4)
+    chosen = [s for s in settings if s.name in RAY_ROWS]
+    assert [s.name for s in chosen] == list(RAY_ROWS), [s.name for s in settings]
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def serial(exported_package, classifier, prompt_set, rows):
     root, _ = exported_package
-    return run_sweep(root, classifier, prompt_set, steps=4, batch=1, threads=1)
+    return run_sweep(root, classifier, prompt_set, steps=4, batch=1, threads=1, settings=rows)
 
 
 @pytest.fixture()
@@ -59,10 +73,10 @@ def assert_same_rows(got: dict, want: dict) -> None:
 
 
 def test_ray_sweep_gives_the_serial_rows(exported_package, classifier, prompt_set, serial,
-                                         local_ray):
+                                         rows, local_ray):
     root, _ = exported_package
     on_ray = run_sweep(root, classifier, prompt_set, steps=4, batch=1, threads=1,
-                       run_regimes=ray_regimes)
+                       run_regimes=ray_regimes, settings=rows)
     assert on_ray["ray"] is True and serial["ray"] is False
     assert_same_rows(on_ray, serial)
 
@@ -81,7 +95,7 @@ def _generate_workers() -> list[int]:
 
 
 def test_a_worker_killed_mid_sweep_has_its_task_retried(exported_package, classifier,
-                                                        prompt_set, serial, local_ray):
+                                                        prompt_set, serial, rows, local_ray):
     root, _ = exported_package
     out: dict = {}
     done = []
@@ -90,7 +104,7 @@ def test_a_worker_killed_mid_sweep_has_its_task_retried(exported_package, classi
         try:
             out["result"] = run_sweep(root, classifier, prompt_set, steps=4, batch=1,
                                       threads=1, run_regimes=ray_regimes,
-                                      on_generation=done.append)
+                                      on_generation=done.append, settings=rows)
         except Exception as err:  # noqa: BLE001 - reported below
             out["error"] = err
 
