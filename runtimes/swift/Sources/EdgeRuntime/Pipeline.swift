@@ -9,11 +9,10 @@ import Foundation
 /// chunked). Whatever the family: the manifest says how prompts are cleaned and tokenized,
 /// whether the unconditional caption is learned or a negative prompt, and how the decoder
 /// takes the latents. Blocks run through a `BlockBackend` (CoreML, or Core AI for a Core AI
-/// package, on Apple platforms); the
-/// loader decides what is loaded when. One prompt at a time: the programs have the static
-/// shapes of one prompt (the transformer's batch is that prompt and the unconditional one;
-/// an unguided call the prompt's half alone, through the blocks' `unguided` functions where
-/// the package has them).
+/// package, on Apple platforms); the loader decides what is loaded when. One prompt at a
+/// time: the programs have the static shapes of one prompt (the transformer's batch is that
+/// prompt and the unconditional one; an unguided call the prompt's half alone, through the
+/// blocks' `unguided` functions where the package has them).
 public final class EdgePipeline {
     /// What `generate` gives: the decoded frames, or the denoised latents alone (the Python
     /// runtime's output_type="latent"; nothing decoded, so they can be decoded elsewhere).
@@ -280,7 +279,7 @@ public final class EdgePipeline {
             }
             let (after, _) = try runPairs(step, x: tokens, tMod: tMod) { h in
                 try run("transformer", pairs, feeds.merging(["x": h]) { $1 }, variant: variant,
-                        prefetchAfter: "transformer/\(epilogue.name)")["x"]!
+                        prefetchAfter: try Self.key("transformer", epilogue, variant))["x"]!
             }
             feeds["x"] = after
             let next = step.last ? "vae_decoder/\(vae.blocks[0].name)" : try prologueKey(step.index + 1)
