@@ -283,13 +283,12 @@ public enum ManifestReader {
     static let programSuffix = ["separate": ".mlpackage", "multifunction": ".mlpackage", "coreai": ".aimodel"]
 
     static func checkLayout(_ m: Manifest) throws {
-        let layouts = Self.layouts
         let target = m.coreml.minimumDeploymentTarget
         guard target.hasPrefix("iOS"), let ios = Int(target.dropFirst(3)) else {
             throw ManifestError.invalid("manifest.json coreml: minimum_deployment_target \(target) is not iOS<n>")
         }
         let layout = m.coreml.layout ?? "separate"
-        guard let least = layouts[layout] else {
+        guard let least = Self.layouts[layout] else {
             throw ManifestError.invalid("manifest.json coreml: layout \(layout); known: separate, multifunction, coreai")
         }
         if ios < least {

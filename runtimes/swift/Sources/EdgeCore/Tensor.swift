@@ -16,6 +16,17 @@ public func checkedCount(_ shape: [Int], width: Int = 1, limit: Int = Int.max) -
     return overflow || bytes > limit ? nil : count
 }
 
+/// Where the `index`-th value in row-major order sits in a strided buffer (a framework's
+/// output may be padded: Core ML's Neural Engine arrays, Core AI's views).
+public func stridedOffset(of index: Int, shape: [Int], strides: [Int]) -> Int {
+    var rest = index, at = 0
+    for axis in stride(from: shape.count - 1, through: 0, by: -1) {
+        at += (rest % shape[axis]) * strides[axis]
+        rest /= shape[axis]
+    }
+    return at
+}
+
 /// A dense float32 array in row-major order: what blocks exchange and the sampler steps.
 public struct Tensor: Equatable {
     public var shape: [Int]

@@ -67,15 +67,7 @@ final class CoreAIBlock: LoadedBlock {
             return view.withUnsafePointer { pointer, shape, strides in
                 let dims = (0..<shape.count).map { shape[$0] }, steps = (0..<strides.count).map { strides[$0] }
                 let count = dims.reduce(1, *)
-                var out = [Float](repeating: 0, count: count)
-                for i in 0..<count {
-                    var rest = i, at = 0
-                    for axis in stride(from: dims.count - 1, through: 0, by: -1) {
-                        at += (rest % dims[axis]) * steps[axis]
-                        rest /= dims[axis]
-                    }
-                    out[i] = convert(pointer[at])
-                }
+                let out = (0..<count).map { convert(pointer[stridedOffset(of: $0, shape: dims, strides: steps)]) }
                 return Tensor(shape: dims, data: out)
             }
         }

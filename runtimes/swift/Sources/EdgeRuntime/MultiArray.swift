@@ -26,17 +26,7 @@ enum MultiArray {
     }
 
     static func copy<T>(_ values: [T], into out: UnsafeMutableBufferPointer<T>, shape: [Int], strides: [Int]) {
-        for (i, value) in values.enumerated() { out[offset(of: i, shape: shape, strides: strides)] = value }
-    }
-
-    /// Where the i-th value in row-major order sits in a strided buffer.
-    static func offset(of index: Int, shape: [Int], strides: [Int]) -> Int {
-        var rest = index, at = 0
-        for axis in stride(from: shape.count - 1, through: 0, by: -1) {
-            at += (rest % shape[axis]) * strides[axis]
-            rest /= shape[axis]
-        }
-        return at
+        for (i, value) in values.enumerated() { out[stridedOffset(of: i, shape: shape, strides: strides)] = value }
     }
 
     static func tensor(_ array: MLMultiArray) throws -> Tensor {
@@ -46,13 +36,13 @@ enum MultiArray {
         case .float32:
             array.withUnsafeBufferPointer(ofType: Float.self) { buffer in
                 let strides = array.strides.map(\.intValue)
-                for i in 0..<count { data[i] = buffer[offset(of: i, shape: shape, strides: strides)] }
+                for i in 0..<count { data[i] = buffer[stridedOffset(of: i, shape: shape, strides: strides)] }
             }
         case .float16:
             #if arch(arm64)
             array.withUnsafeBufferPointer(ofType: Float16.self) { buffer in
                 let strides = array.strides.map(\.intValue)
-                for i in 0..<count { data[i] = Float(buffer[offset(of: i, shape: shape, strides: strides)]) }
+                for i in 0..<count { data[i] = Float(buffer[stridedOffset(of: i, shape: shape, strides: strides)]) }
             }
             #else  // no Float16 type on Intel Macs: NSNumber access by index (slower)
             for i in 0..<count {
