@@ -248,7 +248,7 @@ def torch_block_opener(blocks: dict[str, Block], fed_weights: bool = False
     def open_block(key: str, record: dict) -> TorchBlockSession:
         base, _, variant = key.partition("#")
         block = blocks[base]
-        if variant and variant not in block.variants:
+        if variant.endswith(UNGUIDED) and variant not in block.variants:
             block = with_unguided(block)
         return TorchBlockSession(block.variant(variant) if variant else block, fed_weights)
 

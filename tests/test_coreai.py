@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import stat
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,17 +16,15 @@ from torch import nn
 pytest.importorskip("coreai_torch", reason="Core AI's converter (coreai-torch, the [iphone] "
                     "extra) is not installed")
 
-from edge.blocks import Block  # noqa: E402  (after the skip)
+from conftest import coreai_export  # noqa: E402  (after the skip)
+
+from edge.blocks import Block  # noqa: E402
 from edge.exporters import ExportValidationError  # noqa: E402
 from edge.video_metrics import psnr, snr  # noqa: E402
 
 PROMPT = "a red circle moving left"
 
 
-def _export(model, dest: Path, quantize: str = "fp32", unguided: bool = False) -> dict:
-    from conftest import coreai_export
-
-    return coreai_export(model, dest, quantize, unguided)
 
 
 def _records(manifest: dict):
@@ -239,7 +236,7 @@ def test_a_crash_in_core_ai_names_the_block_and_writes_nothing(tmp_path, monkeyp
     dest = tmp_path / "pkg"
     with pytest.raises(ExportValidationError, match="block text_encoder/embeddings: Core AI's "
                        "converter or runtime ended by SIGABRT"):
-        _export(tiny_sora, dest)
+        coreai_export(tiny_sora, dest)
     assert not dest.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pkg")]
 
@@ -329,7 +326,7 @@ def test_each_family_executes_through_core_ai_and_generates_its_pipelines_video(
     fixture, key, bound = FAMILIES[case]
     model = request.getfixturevalue(fixture)
     model = model[key] if key else model
-    manifest = _export(model, tmp_path / "pkg")
+    manifest = coreai_export(model, tmp_path / "pkg")
     for where, record in _records(manifest):
         assert record["validation"]["relative_error"] <= bound, (where, record["validation"])
     check = manifest["validation"]
