@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from chromium_launch import CHROMIUM, CHROMIUM_ARGS
+from shared_builds import package_once
 
 from edge.video_metrics import psnr, snr
 
@@ -147,6 +148,14 @@ def bundled_web_export(model, root: Path, **options) -> dict:
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")
     with chunked_attention_for_tests():
         return export_web(model, root, bundle_ort=ORT_DIST, **options)
+
+
+def bundled_web_package(tmp_path_factory, name: str, model, **options):
+    """bundled_web_export built once a run, whichever workers' modules ask (a web export
+    is a minute or more): (root, manifest). Tests only read it; one that damages a file
+    answers that file through the page's route instead (test_web_browser.py)."""
+    return package_once(tmp_path_factory, name,
+                        lambda root: bundled_web_export(model, root, **options))
 
 
 def skip_without_webgpu(context, pg) -> None:

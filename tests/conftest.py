@@ -81,6 +81,28 @@ def coreai_package(tmp_path_factory, tiny_sora):
                         lambda root: coreai_export(tiny_sora, root, unguided=True))
 
 
+# the shared web package's weights files split smaller than the default, so pages read shards
+WEB_SMALL_SHARDS = 8 << 20
+
+
+@pytest.fixture(scope="session")
+def tiny_sora_web(tmp_path_factory, tiny_sora):
+    """tiny-sora for the web once per session, as the browser tests read it: (root,
+    manifest). Without the TDTM variants (they double the transformer's compile time) and
+    without the llvm replay of every plan (tests/test_web_plan.py checks replays; the
+    browser tests run the plans against PyTorch); with the caption-half programs
+    (`unguided`) as `edge export` writes them; onnxruntime-web bundled where its dist is
+    here. Copy it before changing it."""
+    from browser import ORT_DIST
+
+    from edge.exporters.web import export_web
+
+    bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
+    return package_once(tmp_path_factory, "tiny-sora-web", lambda root: export_web(
+        tiny_sora, root, variants=False, check=False, bundle_ort=bundle,
+        shard_bytes=WEB_SMALL_SHARDS, unguided=True))
+
+
 WAN_SIZE = {"height": 32, "width": 48, "frames": 9}
 
 # The families' shared test exports trace attention in query chunks of 16 rows (2 KiB of

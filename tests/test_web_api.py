@@ -49,17 +49,9 @@ def minimal_page_html() -> str:
 
 
 @pytest.fixture(scope="module")
-def web_package(tmp_path_factory, tiny_sora):
-    from edge.exporters.web import export_web
-
-    root = tmp_path_factory.mktemp("web-api") / "tiny-sora-web"
-    bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
-    # no TDTM variants, no llvm replay of the plans: as tests/test_web_browser.py, for time;
-    # the transformer's caption-half programs (`unguided`), as `edge export` writes them
-    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle,
-                          unguided=True)
-    (root / "minimal.html").write_text(minimal_page_html())
-    return root, manifest
+def web_package(tiny_sora_web):
+    """conftest.py's tiny-sora web package (shared with tests/test_web_browser.py)."""
+    return tiny_sora_web
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +74,12 @@ def context(web_package, browser):
 
 @pytest.fixture(scope="module")
 def minimal(context):
-    """The docs' minimal page, opened once and left with its pipeline (window.edge)."""
+    """The docs' minimal page, opened once and left with its pipeline (window.edge). The
+    page is answered by a route, as if it sat beside the package's own index.html (the shared
+    package's folder stays as exported)."""
+    html = minimal_page_html()
+    context.route("**/minimal.html",
+                  lambda route: route.fulfill(body=html, content_type="text/html"))
     pg = context.new_page()
     pg.goto(context.served + "minimal.html")
     pg.wait_for_function("window.edge || /Error/.test(document.getElementById('status')"

@@ -29,6 +29,7 @@ from browser import (  # noqa: E402  (after the skips)
     serving,
     skip_without_webgpu,
 )
+from conftest import WEB_SMALL_SHARDS  # noqa: E402
 
 from edge.exporters.web_storage import DEFAULT_FORM  # noqa: E402
 from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402
@@ -40,7 +41,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
 NOISE_FIXTURE = Path(__file__).parent / "fixtures" / "noise" / "torch_randn.json"
 NOISE_TOLERANCE = 1e-5  # torch's SIMD float32 log/sin/cos; measured 2.4e-7 (both of noise.js's
                         # paths; over whole draws 4.8e-7, one float32 ulp at |value| >= 4)
-SMALL_SHARDS = 8 << 20  # the package's weights files split smaller, so the page reads shards
 STEPS = 2             # a short generation keeps SwiftShader's share of the suite small
 
 
@@ -52,17 +52,9 @@ def model_records(manifest: dict) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def web_package(tmp_path_factory, tiny_sora):
-    from edge.exporters.web import export_web
-
-    root = tmp_path_factory.mktemp("web") / "tiny-sora-web"
-    # without the TDTM variants (they double the transformer's compile time) and without the
-    # llvm replay of every plan (tests/test_web_plan.py checks replays; here the browser runs
-    # the plans against PyTorch); with the caption-half programs (`unguided`)
-    bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
-    manifest = export_web(tiny_sora, root, variants=False, check=False, bundle_ort=bundle,
-                          shard_bytes=SMALL_SHARDS, unguided=True)
-    return root, manifest
+def web_package(tiny_sora_web):
+    """conftest.py's tiny-sora web package (shared with tests/test_web_api.py)."""
+    return tiny_sora_web
 
 
 def skip_without_ort(manifest: dict) -> None:
@@ -80,10 +72,10 @@ def test_web_package_verifies_like_every_package(web_package):
     root, _ = web_package
     manifest = read_package(root)
     assert manifest["target"] == "web"
-    assert manifest["web"]["shard_bytes"] == SMALL_SHARDS
+    assert manifest["web"]["shard_bytes"] == WEB_SMALL_SHARDS
     shards = [root / p for c in manifest["components"] for b in c["blocks"]
               for p in b["weights"]["shards"]]
-    assert all(p.stat().st_size <= SMALL_SHARDS for p in shards)
+    assert all(p.stat().st_size <= WEB_SMALL_SHARDS for p in shards)
     assert len(shards) > sum(len(c["blocks"]) for c in manifest["components"])  # one split
     listed = {f["path"] for f in manifest["files"]}
     assert {"index.html", "app.js", "runtime/pipeline.js", "runtime/executor.js",
@@ -440,10 +432,10 @@ def test_loader_takes_the_noise_field_as_an_optional_string(runtime_page, web_pa
                              f'definition, e.g. "torch.randn/cpu/float32"), got {shown}')
 
 
-def test_corrupt_shard_is_refetched_then_refused(page, web_package, served, tmp_path):
+def test_corrupt_shard_is_refetched_then_refused(page, web_package, served):
     """A cached shard that fails its sha256 is dropped and fetched again; a server copy that
     is damaged too gives an error naming the file."""
-    root, manifest = web_package
+    _, manifest = web_package
     record = manifest["components"][2]["blocks"][0]["files"][1]
     script = """async (record) => {
       const { PackageFiles } = await import('/runtime/loader.js');
@@ -457,13 +449,14 @@ def test_corrupt_shard_is_refetched_then_refused(page, web_package, served, tmp_
     }"""
     out = page.evaluate(script, record)
     assert out == {"ok": record["bytes"], "refetched": [record["path"]]}
-    path = root / record["path"]
-    original = path.read_bytes()
+    # the server's copy damaged: answered by a route, so the shared package's file (which
+    # other tests may be reading) is never changed
+    damaged = served + record["path"]
+    page.route(damaged, lambda route: route.fulfill(body=b"\0" * record["bytes"]))
     try:
-        path.write_bytes(b"\0" * len(original))
         out = page.evaluate(script, record)
     finally:
-        path.write_bytes(original)
+        page.unroute(damaged)
     assert record["path"] in out["error"] and "also after fetching it again" in out["error"]
 
 

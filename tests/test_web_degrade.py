@@ -45,10 +45,13 @@ SOFTWARE_ADAPTER = """async () => { const { isSoftwareAdapter } = await import('
 def web_package(tmp_path_factory, tiny_sora):
     """(root, manifest): tiny-sora for the web, onnxruntime-web expected at ORT_URL; without
     the TDTM variants and the export's replays (tests/test_web_browser.py checks those)."""
+    from shared_builds import package_once
+
     from edge.exporters.web import export_web
 
-    root = tmp_path_factory.mktemp("web-degrade") / "tiny-sora-web"
-    manifest = export_web(tiny_sora, root, variants=False, check=False, ort_url=ORT_URL)
+    root, manifest = package_once(tmp_path_factory, "tiny-sora-web-ort-url",
+                                  lambda dest: export_web(tiny_sora, dest, variants=False,
+                                                          check=False, ort_url=ORT_URL))
     assert manifest["web"]["ort"]["base"] == ORT_URL and "wasm" in manifest["web"]["paths"]
     return root, manifest
 

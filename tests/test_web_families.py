@@ -18,7 +18,7 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 from browser import (  # noqa: E402  (after the skips)
     LOAD_PIPE,
     assert_same_video,
-    bundled_web_export,
+    bundled_web_package,
     page_generate,
     served_page,
     skip_without_webgpu,
@@ -43,8 +43,8 @@ def exported(request, tmp_path_factory):
     family, key = MODELS[request.param]
     model = request.getfixturevalue(f"{family}_models")[key]
     twin = request.getfixturevalue(f"{family}_packages")[key][0]
-    root = tmp_path_factory.mktemp(request.param) / "web"
-    return model, root, bundled_web_export(model, root), twin
+    root, manifest = bundled_web_package(tmp_path_factory, f"web-{request.param}", model)
+    return model, root, manifest, twin
 
 
 def test_export_checks_every_plan_and_graph(exported):

@@ -19,7 +19,7 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 from browser import (  # noqa: E402  (after the skips)
     LOAD_PIPE,
     assert_same_video,
-    bundled_web_export,
+    bundled_web_package,
     page_generate,
     served_page,
     skip_without_webgpu,
@@ -47,8 +47,7 @@ def original():
 
 @pytest.fixture(scope="module")
 def web_package(tmp_path_factory, opensora_model):
-    root = tmp_path_factory.mktemp("opensora-web") / "pkg"
-    return root, bundled_web_export(opensora_model, root)
+    return bundled_web_package(tmp_path_factory, "opensora-web", opensora_model)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 
 from browser import (  # noqa: E402  (after the skip)
     LOAD_PIPE,
-    bundled_web_export,
+    bundled_web_package,
     page_generate,
     served_page,
     skip_without_webgpu,
@@ -37,8 +37,8 @@ BLOCKS = ("text_encoder/embeddings", "transformer/pair_1")  # int4, int8
 
 @pytest.fixture(scope="module")
 def q4_package(tmp_path_factory, tiny_sora):
-    root = tmp_path_factory.mktemp("web4") / "tiny-sora-web-4"
-    return root, bundled_web_export(tiny_sora, root, form="4", variants=False, check=False)
+    return bundled_web_package(tmp_path_factory, "tiny-sora-web-4", tiny_sora, form="4",
+                               variants=False, check=False)
 
 
 @pytest.fixture(scope="module")

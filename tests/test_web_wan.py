@@ -16,7 +16,7 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 from browser import (  # noqa: E402  (after the skips)
     LOAD_PIPE,
     assert_same_video,
-    bundled_web_export,
+    bundled_web_package,
     page_generate,
     served_page,
     skip_without_webgpu,
@@ -36,9 +36,8 @@ def wan_model(wan_models):
 
 @pytest.fixture(scope="module")
 def wan_web_package(tmp_path_factory, wan_model):
-    root = tmp_path_factory.mktemp("wan-web") / "pkg"
     # with the caption-half variants (`unguided`, `tdtm_unguided`), as `edge export` writes
-    return root, bundled_web_export(wan_model, root, unguided=True)
+    return bundled_web_package(tmp_path_factory, "wan-web", wan_model, unguided=True)
 
 
 @pytest.fixture(scope="module")
