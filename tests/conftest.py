@@ -386,6 +386,29 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+class _GroupsKept:
+    """Fail the grouped tests where `--dist loadgroup` did not group them: xdist marks a
+    grouped test by its node id ("...@group"), and a pytest that ignores the mark (9.2 with
+    xdist 3.8) spreads a module's tests over both workers, each building its exports: minutes
+    lost without a word. (Failing the tests says so readably; an error raised at collection
+    reaches the terminal as xdist's INTERNALERROR.) A plugin of its own: the conftest's hook
+    above must run before xdist's, this one after."""
+
+    lost: str = ""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if config.getvalue("loadgroup"):
+            self.lost = next((item.nodeid for item in items if "@" not in item.nodeid
+                              and item.get_closest_marker("xdist_group")), "")
+
+    def pytest_runtest_setup(self, item):
+        if self.lost and item.get_closest_marker("xdist_group"):
+            pytest.fail(f"--dist loadgroup did not group the tests (pytest "
+                        f"{pytest.__version__} left {self.lost} without its group): install "
+                        "the test extra's pytest (pip install -e '.[test]')", pytrace=False)
+
+
 # Where suite time goes, fixture by fixture and worker by worker: with $EDGE_FIXTURE_TIMES set,
 # every session- or module-scoped fixture that took over 5 s appends a line there (worker,
 # seconds, scope, name, the test that asked) — an export built on both workers shows twice
@@ -415,6 +438,8 @@ class _FixtureTimes:
 
 
 def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):   # where xdist renames grouped tests
+        config.pluginmanager.register(_GroupsKept(), "edge-groups-kept")
     if os.environ.get("EDGE_FIXTURE_TIMES"):
         config.pluginmanager.register(_FixtureTimes(os.environ["EDGE_FIXTURE_TIMES"]),
                                       "edge-fixture-times")
