@@ -44,7 +44,8 @@ class ExportOptions:
     """What `edge export` was asked besides the model and the destination."""
 
     memory_budget: int | None = None   # bytes
-    quantize: str | None = None        # iphone: fp16, 8, 6, 4; web: fp32, fp16, 8, 4
+    quantize: str | None = None        # iphone: fp16, 8, 6, 4, auto[:TARGET]; web: fp32,
+                                       # fp16, 8, 4
     min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
     ort_url: str | None = None         # web: where the page loads onnxruntime-web
     bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
@@ -77,10 +78,12 @@ class Prepared:
 @dataclass
 class Progress:
     """Callbacks for long work: a block written; a step of an end-to-end check's generations
-    (done, total)."""
+    (done, total); a measurement made to choose how blocks are stored (`--quantize auto`:
+    done, total, what was measured)."""
 
     on_block: Callable[[str], None] | None = None
     on_check_step: Callable[[int, int], None] | None = None
+    on_measure: Callable[[int, int, str], None] | None = None
 
 
 def inputs_text(block) -> str:

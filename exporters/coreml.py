@@ -66,6 +66,7 @@ from edge.blocks import Block, chained, with_unguided
 from edge.budget import format_size
 from edge.exporters import ExportValidationError
 from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's names too)
+    AUTO,
     BY_FAMILY,
     FP16,
     INT8,
@@ -75,11 +76,13 @@ from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's n
     WEIGHT_THRESHOLD,
     Compression,
     Storage,
+    auto_target,
     check_setting,
     compression,
     from_rule,
     linear4,
     palettized,
+    partition_setting,
 )
 from edge.exporters.coreml_weights import MAIN, import_coremltools
 from edge.exporters.package_head import manifest_head
@@ -162,7 +165,7 @@ def device_blocks(model: FamilyModel, quantize: str, budget: int | None,
     """The device cut re-cut for a memory budget (edge/plan.py), each block counted as the
     bytes its program stores at `quantize` (what the Swift loader holds for it). The same
     arguments give the same blocks: `edge record` re-cuts a package's model this way."""
-    setting = compression(quantize, model)
+    setting = partition_setting(quantize, model)
     return partition(cut_for_device(model), budget, read_unit,
                      size_of=lambda block: estimated_bytes(block, setting))
 

@@ -5,10 +5,12 @@ the check (coreml_check.py) reads them back; neither imports the other for them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
+from edge.budget import parse_size
 from edge.exporters.coreml_weights import import_coremltools
 from edge.family_model import FamilyModel, StorageRule
 
@@ -147,7 +149,7 @@ INT8 = Storage({"method": "linear_symmetric", "dtype": "int8", "granularity": "p
                8, _linear8)
 # the stored forms a family's own setting may name (edge.families.StorageRule)
 STORAGES = {"fp16": FP16, "int8": INT8, "lut6": palettized(6), "lut4": palettized(4),
-            "lut6-g16": palettized(6, 16), "lut4-g16": palettized(4, 16),
+            "lut3": palettized(3), "lut6-g16": palettized(6, 16), "lut4-g16": palettized(4, 16),
             "int4-b32": linear4(32)}
 
 # Settings that store every block alike, and the end-to-end check's floor for each: it guards
@@ -160,14 +162,68 @@ UNIFORM = {c.setting: c for c in (
 # Settings each family words itself (FamilyModel.device_storage): where 4 bits cost the video
 # depends on which of its blocks' errors compound and where its bytes are.
 BY_FAMILY = ("4",)
-QUANTIZE = (*UNIFORM, *BY_FAMILY)
+# Chosen at export by measurement (exporters/coreml_recipe.py): "auto" or "auto:TARGET"
+AUTO = "auto"
+QUANTIZE = (*UNIFORM, *BY_FAMILY, AUTO)
+DEFAULT_AUTO_PSNR_DB = 38.0
+
+
+@dataclass(frozen=True)
+class AutoTarget:
+    """What `--quantize auto[:TARGET]` aims at: the worst measurement video's PSNR against
+    fp32 (auto:38dB, the default), or the blocks' weight files at most a size (auto:14MB) or
+    this many times smaller than the fp32 tensors (auto:7x)."""
+
+    text: str
+    min_psnr_db: float | None = None
+    max_weight_bytes: int | None = None
+    smaller_than_fp32: float | None = None
+
+    def weight_bytes(self, fp32_bytes: int) -> int | None:
+        """The weight files' limit for blocks of `fp32_bytes` (None: a PSNR target)."""
+        if self.smaller_than_fp32 is not None:
+            return int(fp32_bytes / self.smaller_than_fp32)
+        return self.max_weight_bytes
+
+
+def auto_target(quantize: str) -> AutoTarget | None:
+    """The target of an "auto" setting (None for any other); a ValueError naming the value
+    where the target is not a PSNR (38dB), a size (14MB) or a ratio (7x)."""
+    name, colon, spec = quantize.partition(":")
+    if name != AUTO:
+        return None
+    if not colon:
+        return AutoTarget(f"{DEFAULT_AUTO_PSNR_DB:g}dB", min_psnr_db=DEFAULT_AUTO_PSNR_DB)
+    text = spec.strip()
+    lower = text.lower()
+    if lower.endswith("db"):
+        value = _finite(lower[:-2])
+        if value is not None and value > 0:
+            return AutoTarget(text, min_psnr_db=value)
+    elif lower.endswith("x"):
+        value = _finite(lower[:-1])
+        if value is not None and value > 1:
+            return AutoTarget(text, smaller_than_fp32=value)
+    elif text[:1].isdigit():
+        return AutoTarget(text, max_weight_bytes=parse_size(text, f"--quantize {quantize}"))
+    raise ValueError(f"--quantize {quantize!r}: the target after 'auto:' is a worst-video "
+                     "PSNR (38dB), a size of the weight files (14MB) or how many times "
+                     "smaller than fp32 they are (7x, above 1)")
+
+
+def _finite(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def check_setting(quantize: str) -> None:
     """A ValueError naming the known settings if `quantize` is none of them."""
-    if quantize not in QUANTIZE:
+    if auto_target(quantize) is None and quantize not in QUANTIZE:
         raise ValueError(f"--quantize {quantize!r} not understood; use one of "
-                         f"{', '.join(QUANTIZE)}")
+                         f"{', '.join(QUANTIZE)} (auto: or auto:38dB, auto:14MB, auto:7x)")
 
 
 def compression(quantize: str | Compression, model: FamilyModel | None = None) -> Compression:
@@ -178,6 +234,9 @@ def compression(quantize: str | Compression, model: FamilyModel | None = None) -
     if isinstance(quantize, Compression):
         return quantize
     check_setting(quantize)
+    if auto_target(quantize) is not None:
+        raise ValueError(f"--quantize {quantize} is chosen by measurement at export "
+                         "(exporters.coreml_recipe.chosen_setting gives its setting)")
     if quantize in UNIFORM:
         return UNIFORM[quantize]
     if model is None:
@@ -187,6 +246,15 @@ def compression(quantize: str | Compression, model: FamilyModel | None = None) -
         raise ValueError(f"--quantize {quantize} has no storage rule for {model.family} models "
                          f"yet; use one of {', '.join(UNIFORM)}")
     return from_rule(quantize, rule, f"{model.family}'s --quantize {quantize}")
+
+
+def partition_setting(quantize: str | Compression, model: FamilyModel) -> Compression:
+    """The setting a memory budget's partition counts a block's bytes at: `quantize`'s, but
+    fp16 for "auto", whose forms are chosen after the cut (on the blocks the partition made;
+    fp16 is the most any of its forms stores, so the cut holds for the chosen ones)."""
+    if isinstance(quantize, str) and auto_target(quantize) is not None:
+        return UNIFORM["fp16"]
+    return compression(quantize, model)
 
 
 def from_rule(setting: str, rule: StorageRule, who: str) -> Compression:

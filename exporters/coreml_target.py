@@ -28,10 +28,11 @@ from edge.exporters.coreml import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
     MACOS_ONLY_NOTE,
+    auto_target,
     check_setting,
-    compression,
     deployment_target,
     layout,
+    partition_setting,
     unguided_refusal,
 )
 from edge.family_model import FamilyModel
@@ -79,6 +80,7 @@ def _unguided(options: ExportOptions) -> bool:
 
 def folder_name(model_name: str, options: ExportOptions) -> str:
     quantize, min_ios = options.quantize or "fp16", _min_ios(options)
+    quantize = quantize.replace(":", "-")   # auto:7x: no colon in a folder name
     return (f"{model_name}-{NAME}" + ("" if quantize == "fp16" else f"-q{quantize}")
             + ("" if min_ios == DEFAULT_MIN_IOS else f"-ios{min_ios}"))
 
@@ -97,14 +99,16 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     refuse_out_of_core(NAME, model)
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
     try:   # the family's own settings ("4") and the iOS they need are known once it is loaded
-        setting = compression(quantize, model)
+        setting = partition_setting(quantize, model)   # auto: counted at fp16 until chosen
         deployment_target(setting, _min_ios(options))
     except ValueError as err:
         raise ExportOptionError(str(err)) from None
+    auto = auto_target(quantize) is not None
+    counted = setting.setting
     budget = options.memory_budget
     copies = chosen.name == "separate"   # each variant's program holds its own copy
     cut = device_blocks(model, quantize, budget)
-    lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{quantize} MB':>10}  inputs"]
+    lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{counted} MB':>10}  inputs"]
     total = estimate = 0
     unguided = _unguided(options)
     for component, blocks in cut.components.items():
@@ -120,15 +124,24 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
             lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
                          f"{est / 1e6:>10.2f}  {shapes}{extra}")
     lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {estimate / 1e6:.1f} MB "
-                 f"of weight files at {quantize} (estimate) for iOS {chosen.min_ios}: "
+                 f"of weight files at {counted} (estimate) for iOS {chosen.min_ios}: "
                  f"{chosen.text}. {MACOS_ONLY_NOTE}.")
+    if auto:
+        from edge.exporters.coreml_recipe import VIDEOS, candidate_forms
+
+        forms = candidate_forms(_min_ios(options))
+        count = sum(len(blocks) for blocks in cut.components.values())
+        lines.append(f"--quantize {quantize}: each block's stored form is chosen at export by "
+                     f"measurement ({len(forms)} forms x {count} blocks, each "
+                     f"rendering {len(VIDEOS)} videos; counted above at fp16, the most any "
+                     "form stores)")
     notes = list(cut.notes)
     if budget is not None:
         plan = plan_residency(cut.components, budget,
                               size_of=lambda block: estimated_bytes(block, setting))
-        lines += ["", f"residency on the device at {format_size(budget)} (stored {quantize} "
+        lines += ["", f"residency on the device at {format_size(budget)} (stored {counted} "
                   "bytes, estimated; the Swift loader's plan):"]
-        lines += plan_lines(plan, cut.members, budget, unit=f"~{quantize}")
+        lines += plan_lines(plan, cut.members, budget, unit=f"~{counted}")
         notes += plan["notes"]
     return Prepared(cut.components, notes=notes, plan_lines=lines,
                     manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
@@ -142,12 +155,31 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     if coreai := _coreai(options):
         return coreai.export(model, prepared, dest, options, progress)
     quantize = options.quantize or "fp16"
+    if auto_target(quantize) is not None:
+        quantize = _chosen(model, prepared, quantize, _min_ios(options), progress)
     with budget_score_limit(options.memory_budget):
         return export_coreml(model, dest, quantize=quantize, min_ios=_min_ios(options),
                              components=prepared.components, on_block=progress.on_block,
                              validate_end_to_end=end_to_end_check(
                                  model, quantize, on_step=progress.on_check_step),
                              plan=prepared.manifest_plan, unguided=_unguided(options))
+
+
+def _chosen(model: FamilyModel, prepared: Prepared, quantize: str, min_ios: int,
+            progress: Progress):
+    """`--quantize auto[:TARGET]` measured on the blocks to export and made a setting; a
+    target no recipe reaches is refused naming it (nothing written)."""
+    from edge.exporters import ExportValidationError
+    from edge.exporters.coreml_recipe import chosen_setting
+
+    def on_trial(done: int, total: int, trial) -> None:
+        if progress.on_measure is not None:
+            progress.on_measure(done, total, f"{trial.block} {trial.form}")
+
+    try:
+        return chosen_setting(model, prepared.components, quantize, min_ios, on_trial)
+    except ValueError as err:
+        raise ExportValidationError(str(err)) from None
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
@@ -173,7 +205,9 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
             f"weights ({setting}): the package is {reference / on_disk:.2f}x smaller than the "
             f"fp32 tensors it stores ({reference / 1e6:.1f} MB: parameters and the tables "
             f"folded from them at conversion, each tensor once)\n"
-            f"stored weights in PyTorch vs fp32: worst block max-abs error {worst[0]:.3g} "
+            + (f"storage {coreml['compression']['note']}\n"
+               if setting.startswith("auto") else "")
+            + f"stored weights in PyTorch vs fp32: worst block max-abs error {worst[0]:.3g} "
             f"({worst[1]}), end to end PSNR {manifest['validation']['psnr_db']} dB on "
             f"{manifest['validation']['prompt']!r}\n"
             f"note: {MACOS_ONLY_NOTE}. Not measured here: fp16 activations on the device "

@@ -31,8 +31,10 @@ def export(
     dry_run: Annotated[bool, typer.Option(
         help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
     quantize: Annotated[str | None, typer.Option(
-        help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized) or 4 "
-        "(mostly 4-bit palettized, the transformer int8); with --min-ios 27 fp32 or fp16 "
+        help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized), 4 "
+        "(mostly 4-bit palettized, the transformer int8) or auto (each block's form chosen "
+        "by measurement for a target: auto = auto:38dB, the worst measurement video's PSNR; "
+        "auto:7x or auto:14MB, the weight files' size); with --min-ios 27 fp32 or fp16 "
         "[default: fp16]. web: how weights are stored and downloaded: fp32, fp16, 8 (int8 "
         "with a scale per row) or 4 (the family's rule: int4 with a scale per 32 inputs "
         "where its phone rule stores 4 bits, int8 elsewhere) [default: fp16].")] = None,
@@ -244,23 +246,30 @@ def _export_with_progress(exporter, model, prepared, dest: Path, options, target
     from edge.package import PackageWriteError
 
     check_bar: list[tqdm] = []  # made at the first step of the end-to-end check
+    measure_bar: list[tqdm] = []  # made at the first measurement of --quantize auto
 
     def on_check_step(done: int, steps: int) -> None:
         if not check_bar:
             check_bar.append(tqdm(total=steps, desc="checking end to end", unit="step"))
         common.advance(check_bar[0], done, steps)
 
+    def on_measure(done: int, total: int, what: str) -> None:
+        if not measure_bar:
+            measure_bar.append(tqdm(total=total, desc="choosing storage", unit="trial"))
+        measure_bar[0].set_postfix_str(what)
+        common.advance(measure_bar[0], done, total)
+
     started = time.perf_counter()
     try:
         with tqdm(total=prepared.block_count, desc=f"exporting ({target})", unit="block") as bar:
             progress = Progress(on_block=lambda key: (bar.set_postfix_str(key), bar.update()),
-                                on_check_step=on_check_step)
+                                on_check_step=on_check_step, on_measure=on_measure)
             manifest = exporter.export(model, prepared, dest, options, progress)
     except ExportValidationError as err:
         fail(f"validation failed, nothing written to {dest}: {err}")
     except PackageWriteError as err:  # full disk, unwritable destination
         fail(str(err))
     finally:
-        for b in check_bar:
+        for b in (*measure_bar, *check_bar):
             b.close()
     echo(exporter.summary(manifest, dest, time.perf_counter() - started))
