@@ -119,7 +119,7 @@ def check_form(form: str) -> None:
 # the iphone target's stored forms (a family's StorageRule names them) -> the web's nearest:
 # palettes have no web form, so a 6-bit one is int8 and a 4-bit one int4 in groups
 WEB_FORM_OF = {"fp16": "fp16", "int8": "8", "lut6": "8", "lut6-g16": "8", "lut4": "4",
-               "lut4-g16": "4", "int4-b32": "4"}
+               "lut3": "4", "lut4-g16": "4", "int4-b32": "4"}
 
 
 @dataclass(frozen=True)

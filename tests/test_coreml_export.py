@@ -446,8 +446,8 @@ def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sor
                        "models yet; use one of fp16, 8, 6"):
         compression("4", replace(tiny_sora, device_storage={}))
     odd = replace(tiny_sora, device_storage={"4": StorageRule(
-        (("transformer/*", "lut3"), ("*", "int8")), psnr_floor_db=30.0, note="")})
-    with pytest.raises(ValueError, match="tiny-sora's --quantize 4 names stored form 'lut3'"):
+        (("transformer/*", "lut5"), ("*", "int8")), psnr_floor_db=30.0, note="")})
+    with pytest.raises(ValueError, match="tiny-sora's --quantize 4 names stored form 'lut5'"):
         compression("4", odd)
     mine = compression("4", tiny_sora)
     assert mine.psnr_floor_db == 35.0 and all(s in STORAGES.values() for _, s in mine.rules)

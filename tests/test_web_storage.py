@@ -216,9 +216,9 @@ def test_the_web_4_is_the_familys_rule_with_the_webs_nearest_forms(tiny_sora):
 
     class OddRule:
         family = "odd"
-        device_storage = {"4": StorageRule((("*", "lut3"),), 30.0, "")}
+        device_storage = {"4": StorageRule((("*", "lut5"),), 30.0, "")}
 
-    with pytest.raises(ValueError, match="odd's --quantize 4 names stored form 'lut3'"):
+    with pytest.raises(ValueError, match="odd's --quantize 4 names stored form 'lut5'"):
         web_storage("4", OddRule())
 
 
