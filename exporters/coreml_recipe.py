@@ -48,21 +48,13 @@ from edge.exporters.coreml import (
 from edge.exporters.coreml_weights import read_parameters
 from edge.exporters.weights_in_place import weights_replaced
 from edge.family_model import FamilyModel
+from edge.video_metrics import mse
+from edge.video_metrics import psnr_of_mse as psnr_of
 
 # the forms tried for each block: every stored form the deployment target decompresses
 CANDIDATES = ("fp16", "int8", "lut6", "lut4", "lut3", "lut6-g16", "lut4-g16", "int4-b32")
 # the videos a form's error is measured on: (prompt, seed)
 VIDEOS = (("a red circle moving left", 0), ("a blue square moving up", 1))
-PEAK = 255.0
-
-
-def psnr_of(mse: float) -> float:
-    """PSNR (dB) of uint8 frames from their mean squared error."""
-    return math.inf if mse <= 0 else 10 * math.log10(PEAK * PEAK / mse)
-
-
-def mse_of(psnr_db: float) -> float:
-    return PEAK * PEAK / 10 ** (psnr_db / 10)
 
 
 @dataclass(frozen=True)
@@ -112,20 +104,18 @@ def stored_forms(block: Block, forms: Sequence[str], min_ios: int = DEFAULT_MIN_
 
 def _render(model: FamilyModel, videos: Sequence[tuple[str, int]], steps: int | None
             ) -> list[np.ndarray]:
-    return [model.generate(prompt, seed=seed, steps=steps).astype(np.float64)
-            for prompt, seed in videos]
+    return [model.generate(prompt, seed=seed, steps=steps) for prompt, seed in videos]
 
 
 def _errors(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, ...]:
-    return tuple(float(np.mean((g - w) ** 2)) for g, w in zip(got, want, strict=True))
+    return tuple(mse(g, w) for g, w in zip(got, want, strict=True))
 
 
-def _put(block: Block, stored: dict[str, torch.Tensor]) -> Callable[[object], None]:
-    def replace(_components) -> None:
-        with torch.no_grad():
-            for name, p in block.module.named_parameters():
-                p.copy_(stored[name])
-    return replace
+def _write(block: Block, stored: dict[str, torch.Tensor]) -> None:
+    """`stored` into the block's parameters, in place (under `weights_replaced`)."""
+    with torch.no_grad():
+        for name, p in block.module.named_parameters():
+            p.copy_(stored[name])
 
 
 def measure_forms(model: FamilyModel, components: dict[str, list[Block]],
@@ -140,7 +130,9 @@ def measure_forms(model: FamilyModel, components: dict[str, list[Block]],
     for blocks in components.values():
         for block in blocks:
             for form, (stored, size) in stored_forms(block, forms, min_ios).items():
-                with weights_replaced({"one": [block]}, _put(block, stored)):
+                # called at once, inside the with: the loop's current block and form
+                with weights_replaced({"one": [block]},
+                                      lambda _, b=block, s=stored: _write(b, s)):
                     got = _render(model, videos, steps)
                 trial = FormTrial(block.key, form, size, _errors(got, want))
                 trials.append(trial)
@@ -295,7 +287,7 @@ def check_recipe(model: FamilyModel, components: dict[str, list[Block]], recipe:
     def replace(_components) -> None:
         for blocks in components.values():
             for block in blocks:
-                _put(block, stored[block.key])(None)
+                _write(block, stored[block.key])
 
     with weights_replaced(components, replace):
         got = _render(model, videos, steps)

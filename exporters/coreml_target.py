@@ -206,7 +206,7 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
             f"fp32 tensors it stores ({reference / 1e6:.1f} MB: parameters and the tables "
             f"folded from them at conversion, each tensor once)\n"
             + (f"storage {coreml['compression']['note']}\n"
-               if setting.startswith("auto") else "")
+               if auto_target(setting) is not None else "")
             + f"stored weights in PyTorch vs fp32: worst block max-abs error {worst[0]:.3g} "
             f"({worst[1]}), end to end PSNR {manifest['validation']['psnr_db']} dB on "
             f"{manifest['validation']['prompt']!r}\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from edge.exporters.coreml_recipe import (
@@ -13,10 +14,10 @@ from edge.exporters.coreml_recipe import (
     _hull,
     candidate_forms,
     choose,
-    mse_of,
     psnr_of,
     recipes,
 )
+from edge.video_metrics import psnr
 
 
 def trial(block: str, form: str, size: int, mse: float, videos: int = 2) -> FormTrial:
@@ -80,7 +81,9 @@ def test_the_worst_video_decides():
     """The prediction is per video: a form that hurts one video more counts there."""
     uneven = [FormTrial("a", "fp16", 100, (0.0, 0.0)), FormTrial("a", "lut4", 30, (0.1, 3.0))]
     assert choose(uneven, min_psnr_db=psnr_of(1.0)).forms == {"a": "fp16"}
-    assert mse_of(psnr_of(2.0)) == pytest.approx(2.0) and math.isinf(psnr_of(0.0))
+    # the errors are added as MSEs and read as the PSNR video_metrics gives the videos
+    want, got = np.zeros((2, 3, 4)), np.full((2, 3, 4), 2.0)
+    assert psnr_of(4.0) == pytest.approx(psnr(got, want)) and math.isinf(psnr_of(0.0))
 
 
 def test_candidates_are_what_the_ios_decompresses():
