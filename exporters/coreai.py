@@ -32,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +43,10 @@ from edge.blocks import Block, chained, with_unguided
 from edge.exporters import ExportValidationError
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml import manifest_dtype, signature
+from edge.exporters.coreml_compression import Compression, compression
 from edge.exporters.coreml_weights import MAIN
 from edge.exporters.validation import largest_finite, worst_difference
+from edge.family_model import FamilyModel
 from edge.package import file_entry
 from edge.token_chunks import token_chunks
 
@@ -52,19 +55,27 @@ MIN_IOS = 27
 WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as an error
 WORKER = Path(__file__).with_name("coreai_worker.py")
 WORKER_PYTHON: str | None = None   # the interpreter the worker runs in (default: this one)
+OPT_THRESHOLD = 1024   # coreai-opt's: tensors of at most this many values keep their dtype
 
 
 @dataclass(frozen=True)
 class Precision:
     """How a block's graph is converted: its weights' and compute's dtype, and how near the
     executed program must come to the fp32 PyTorch block (relative to the output's largest
-    magnitude)."""
+    magnitude). A setting worded per block (a family's `4`) stores each block as the first of
+    `rules` whose pattern matches its key says."""
 
     setting: str
     dtype: torch.dtype
     tolerance: float
     record: dict
     weights: dict | None = None   # how coreai-opt stores the weights (None: as computed)
+    rules: tuple[tuple[str, StoredForm], ...] = ()
+
+    def stored_form(self, block_key: str) -> StoredForm:
+        """The block's stored form: its rule's, else the setting's own."""
+        return next((form for pattern, form in self.rules if fnmatch(block_key, pattern)),
+                    StoredForm(self.weights, self.bits, self.tolerance))
 
     @property
     def bits(self) -> int:
@@ -72,6 +83,22 @@ class Precision:
         if self.weights is not None:
             return int(self.weights["dtype"].removeprefix("int"))
         return 8 * self.dtype.itemsize
+
+    @property
+    def quantizing(self) -> bool:
+        """Whether coreai-opt stores any block's weights."""
+        return self.weights is not None or any(f.weights for _, f in self.rules)
+
+
+@dataclass(frozen=True)
+class StoredForm:
+    """One block's weights as coreai-opt stores them (`weights`: a Core ML stored form's
+    record, exporters/coreml_compression.py; None: as computed), their bits a weight, and the
+    executed program's tolerance against the fp32 block at that form."""
+
+    weights: dict | None
+    bits: float
+    tolerance: float
 
 
 INT8_WEIGHTS = {"method": "linear_symmetric", "dtype": "int8", "granularity": "per_channel"}
@@ -87,14 +114,71 @@ PRECISIONS = {
     "8": Precision("8", torch.float16, 6e-2, INT8_WEIGHTS | {"compute": "float16"},
                    weights=INT8_WEIGHTS),
 }
+# Settings stored in the Core ML layouts' forms (coreml_compression.py), block by block: the
+# "4" each family words, behind float16 compute (its linear forms: int8, int4 per 32 inputs)
+STORED_SETTINGS = ("4",)
+# The executed program against the fp32 block, by the bits its weights are stored in: a
+# guard against a broken program (a wrong layout reads as error of order one), not a measure
+# of the stored form's cost; each block's error is recorded (docs/package-format.md).
+TOLERANCE_BY_BITS = ((16, 3e-2), (8, 6e-2), (0, 0.3))
 
 
-def check_precision(quantize: str) -> Precision:
-    if quantize not in PRECISIONS:
+def _tolerance(bits: float) -> float:
+    return next(tolerance for least, tolerance in TOLERANCE_BY_BITS if bits >= least)
+
+
+def stored_precision(quantize: str | Compression, model: FamilyModel) -> Precision:
+    """A setting of STORED_SETTINGS (or a Compression of the Core ML layouts' own) for
+    `model`: each block's stored form (the family's rule for "4") made coreai-opt's, float16
+    compute. A ValueError where a block's form is a lookup table, or the setting stores some
+    tensors of a block otherwise (Core AI's passes store a whole program alike)."""
+    setting = compression(quantize, model)
+    quantize = setting.setting
+    if setting.tensor_rules:
+        raise ValueError(f"--quantize {quantize} with --min-ios {MIN_IOS}: {model.family}'s "
+                         "rule stores some tensors of a block in another form "
+                         f"({setting.tensor_rules[0][1]} of {setting.tensor_rules[0][0]}), "
+                         "which Core AI's compression passes cannot (they store a whole "
+                         "program alike); use 8 or fp16")
+    tables = [(pattern, storage.record) for pattern, storage in setting.rules
+              if storage.record["method"] == "palettize_kmeans"]
+    if tables:
+        pattern, record = tables[0]
+        raise ValueError(f"--quantize {quantize} with --min-ios {MIN_IOS}: {model.family}'s "
+                         f"rule stores {pattern} as {record['nbits']}-bit lookup tables, "
+                         "which Core AI's k-means (coreai-opt "
+                         f"{PINNED['coreai-opt']}) does not store faithfully yet (tiny-sora's "
+                         "embedding table 0.42 off at 8 bits where int8 is 0.03; its fast "
+                         "mode gives NaN); use 8 or fp16, or --min-ios 18 for this rule")
+    rules = tuple((pattern, StoredForm(storage.record if storage.op_config else None,
+                                       storage.bits, _tolerance(storage.bits)))
+                  for pattern, storage in setting.rules)
+    record = {k: v for k, v in setting.record().items() if k != "weight_threshold"}
+    return Precision(quantize, torch.float16, _tolerance(min(f.bits for _, f in rules)),
+                     record | {"compute": "float16", "weight_threshold": OPT_THRESHOLD},
+                     rules=rules)
+
+
+def check_setting(quantize: str) -> None:
+    """A ValueError naming the settings there are if `quantize` is none of them."""
+    if quantize not in PRECISIONS and quantize not in STORED_SETTINGS:
         raise ValueError(f"--quantize {quantize!r} with --min-ios {MIN_IOS}: Core AI packages "
-                         f"take {', '.join(PRECISIONS)} so far (6 and 4 bits are the "
-                         "Core ML layouts', --min-ios 17 or 18)")
+                         f"take {', '.join((*PRECISIONS, *STORED_SETTINGS))} (auto is the "
+                         "Core ML layouts', --min-ios 18)")
+
+
+def check_precision(quantize: str, model: FamilyModel) -> Precision:
+    """The setting named `quantize` for `model`'s blocks (a ValueError naming those there
+    are, or why the family's rule does not apply)."""
+    check_setting(quantize)
+    if quantize in STORED_SETTINGS:
+        return stored_precision(quantize, model)
     return PRECISIONS[quantize]
+
+
+def quantizes(quantize: str) -> bool:
+    """Whether the setting needs coreai-opt (its weights stored in fewer bits)."""
+    return quantize in STORED_SETTINGS or PRECISIONS[quantize].quantizing
 
 
 def import_coreai(quantizing: bool = False) -> None:
@@ -225,10 +309,17 @@ def run_worker(jobs: list[Path], keys: list[str],
     return found
 
 
+def _worse(a: float, b: float) -> float:
+    """The larger error, NaN if either is (max() would drop a NaN that came first or second
+    by turns: a program that computes NaN must fail its check)."""
+    return float("nan") if np.isnan(a) or np.isnan(b) else max(a, b)
+
+
 def executed_error(got: dict[str, np.ndarray], block: Block,
                    reference: tuple[torch.Tensor, ...], precision: Precision,
                    seconds: float) -> dict:
-    """The executed program's outputs against the fp32 PyTorch block."""
+    """The executed program's outputs against the fp32 PyTorch block (the tolerance: the
+    block's stored form's)."""
     error = scale = relative = 0.0
     for name, want in zip(block.outputs, reference, strict=True):
         out = got[name]
@@ -239,10 +330,11 @@ def executed_error(got: dict[str, np.ndarray], block: Block,
         # each output against its own largest magnitude (a mask's -1e4 is no scale for a
         # hidden state beside it)
         err, top = worst_difference(out.astype(np.float32), want), largest_finite(want)
-        error, scale = max(error, err), max(scale, top)
-        relative = max(relative, err / max(top, np.finfo(np.float32).tiny))
+        error, scale = _worse(error, err), max(scale, top)
+        relative = _worse(relative, err / max(top, np.finfo(np.float32).tiny))
     return {"max_abs_error": error, "reference_max_abs": scale,
-            "relative_error": relative, "tolerance": precision.tolerance,
+            "relative_error": relative,
+            "tolerance": precision.stored_form(block.key).tolerance,
             "executed": f"Core AI runtime (coreai-core {PINNED['coreai-core']})",
             "execute_seconds": round(seconds, 4)}
 
@@ -254,7 +346,7 @@ def _job(block: Block, root: Path, precision: Precision, scratch: Path) -> Path:
     path = root / model_path(block)
     path.parent.mkdir(parents=True, exist_ok=True)
     job = {"aimodel": str(path), "results": str(scratch / "results.json"),
-           "weights": precision.weights,
+           "weights": precision.stored_form(block.key).weights,
            "functions": [{"name": name} | _save_graph(graph, precision, scratch / name)
                          for name, graph in _functions(block).items()]}
     (scratch / "job.json").write_text(json.dumps(job))
@@ -297,13 +389,13 @@ def _record(block: Block, root: Path, precision: Precision, found: dict) -> dict
         reference = graph.reference()  # once: `chained` may have computed the main one
         check = executed_error(got, graph, reference, precision,
                                found["functions"][name]["seconds"])
-        if not check["relative_error"] <= precision.tolerance:
+        if not check["relative_error"] <= check["tolerance"]:
             raise ExportValidationError(
                 f"block {block.key}{'' if name == MAIN else f' variant {name}'}: executed "
                 f"by Core AI it differs from PyTorch by {check['max_abs_error']:.3g} "
                 f"({check['relative_error']:.3g} of its largest output "
                 f"{check['reference_max_abs']:.3g}; {precision.setting} allows "
-                f"{precision.tolerance:g})")
+                f"{check['tolerance']:g} there)")
         records[name] = {"validation": check, "reference": reference}
     # everything Core AI wrote into the model's folder (main.mlirb: the program and its
     # weights; main.hash; metadata.json), so verification covers it all

@@ -23,8 +23,10 @@ from edge.exporters.coreai import (
     MIN_IOS,
     Precision,
     check_precision,
+    check_setting,
     export_blocks,
     import_coreai,
+    quantizes,
 )
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.package_head import manifest_head
@@ -42,30 +44,36 @@ FP16_NOTE = ("not run: Core AI's Linux interpreter emulates float16 (about 100x 
              "time); every block was executed instead (each block's validation)")
 
 
-def precision(options: ExportOptions) -> Precision:
+def precision(options: ExportOptions, model: FamilyModel) -> Precision:
     try:
-        return check_precision(options.quantize or DEFAULT_QUANTIZE)
+        return check_precision(options.quantize or DEFAULT_QUANTIZE, model)
     except ValueError as err:
         raise ExportOptionError(str(err)) from None
 
 
 def check(options: ExportOptions) -> None:
-    chosen = precision(options)
+    quantize = options.quantize or DEFAULT_QUANTIZE
+    try:
+        check_setting(quantize)
+    except ValueError as err:
+        raise ExportOptionError(str(err)) from None
     if options.memory_budget is not None:
         raise ExportOptionError(f"--memory-budget with --min-ios {MIN_IOS}: the Core AI "
                                 "layout is not re-cut for a budget yet (--min-ios 18 is)")
-    import_coreai(quantizing=chosen.weights is not None)
+    import_coreai(quantizing=quantizes(quantize))
 
 
 def stored_bytes(block, chosen: Precision) -> int:
-    return sum(p.numel() for p in block.parameters().values()) * chosen.bits // 8
+    """The block's weights at its stored form (scales and tables left out)."""
+    bits = chosen.stored_form(block.key).bits
+    return int(sum(p.numel() for p in block.parameters().values()) * bits // 8)
 
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     from edge.exporters.coreml import cut_for_device
 
     refuse_out_of_core("iphone", model)
-    chosen = precision(options)
+    chosen = precision(options, model)
     components = cut_for_device(model)
     lines = [f"{'block':<28}{'fp32 MB':>9}{f'{chosen.setting} MB':>10}  inputs"]
     total = stored = 0
@@ -128,7 +136,7 @@ def coreai_section(chosen: Precision) -> dict:
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    chosen = precision(options)
+    chosen = precision(options, model)
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "iphone", model.name, raw_null_caption=True)
         manifest["coreml"] = coreai_section(chosen)

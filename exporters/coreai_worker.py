@@ -81,11 +81,11 @@ def convert(job: dict, coreai_torch, OSVersion) -> None:
 
 
 def quantized(program, weights: dict):
-    """The program with its weights stored as `weights` says ({"dtype": "int8",
-    "granularity": "per_channel"} or {"dtype": "int4", "granularity": "per_block",
-    "block_size": 32}), symmetric linear quantization by coreai-opt: a dequantizing op
-    before each weight's use (tensors under coreai-opt's threshold of 1024 values keep
-    their dtype)."""
+    """The program with its weights stored as `weights` (a Core ML stored form's record:
+    {"method": "linear_symmetric", "dtype": "int8", "granularity": "per_channel"}, or
+    "int4" "per_block" with a "block_size"), symmetric linear quantization by coreai-opt: a
+    dequantizing op before each weight's use (tensors under coreai-opt's threshold of 1024
+    values keep their dtype)."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         from coreai_opt.coreai_utils import CompressionGranularity, DType, quantize_weights

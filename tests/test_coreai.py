@@ -170,6 +170,65 @@ def test_int8_programs_store_a_byte_a_weight_and_execute_near_the_block(tmp_path
     assert b"blockwise_shift_scale" in program   # the dequantizing op before each weight
 
 
+def test_int4_programs_store_half_a_byte_a_weight_and_execute_near_the_block(tmp_path,
+                                                                           tiny_sora):
+    """A block stored as int4 with a scale per 32 inputs (Wan's `4` stores its transformer
+    so): coreai-opt's blocks dequantized before each weight's use, every function within the
+    4-bit guard and further off than int8 (the 4 bits are seen), about 4.5/32 of the fp32
+    bytes."""
+    from edge.exporters.coreai import PRECISIONS, export_block, stored_precision
+    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.coreml_compression import STORAGES, Compression
+
+    blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
+    block = blocks["transformer/pair_0"]
+    int4 = stored_precision(Compression("int4", (("*", STORAGES["int4-b32"]),), 0.0),
+                            tiny_sora)
+    record = export_block(block, tmp_path / "int4", int4)
+    assert int4.stored_form(block.key).tolerance > PRECISIONS["8"].tolerance
+    for name, entry in [("main", record), ("tdtm", record["variants"]["tdtm"])]:
+        check = entry["validation"]
+        # int8 puts this block 4.6e-3 off (docs/package-format.md)
+        assert 1e-2 < check["relative_error"] <= check["tolerance"], (name, check)
+    assert 0.14 < record["weight_bytes"] / record["reference_weight_bytes"] < 0.2
+    assert b"blockwise_shift_scale" in (tmp_path / "int4" / record["graph"]).read_bytes()
+
+
+def test_a_family_rule_core_ai_cannot_store_is_refused_naming_the_form(tiny_sora):
+    """tiny-sora's `4` keeps its embedding table as 4-bit lookup tables, which coreai-opt's
+    k-means does not store faithfully; a rule that stores some tensors of a block otherwise
+    (Open-Sora's cross-attention) cannot be said to Core AI's whole-program passes. Both are
+    refused by name before any work."""
+    from types import SimpleNamespace
+
+    from edge.exporters.coreai import stored_precision
+    from edge.family_model import StorageRule
+
+    with pytest.raises(ValueError, match="tiny-sora's rule stores text_encoder/embeddings as "
+                       "4-bit lookup tables"):
+        stored_precision("4", tiny_sora)
+    mixed = SimpleNamespace(family="mixed", device_storage={"4": StorageRule(
+        (("*", "int4-b32"),), psnr_floor_db=35.0, note="",
+        tensors=(("transformer/*", "*cross_attn*", "int8"),))})
+    with pytest.raises(ValueError, match="stores some tensors of a block in another form "
+                       r"\(\*cross_attn\* of transformer/\*\)"):
+        stored_precision("4", mixed)
+
+
+def test_a_program_that_computes_nan_fails_its_check():
+    """A NaN in an executed output is an error of its own (not dropped by max(): a palettized
+    program computed NaN where the check had read 0)."""
+    from types import SimpleNamespace
+
+    from edge.exporters.coreai import PRECISIONS, executed_error
+
+    block = SimpleNamespace(key="c/b", outputs=("y", "z"))
+    want = (torch.ones(2, 3), torch.ones(2))
+    got = {"y": np.full((2, 3), np.nan, np.float32), "z": np.ones(2, np.float32)}
+    check = executed_error(got, block, want, PRECISIONS["fp16"], 0.0)
+    assert np.isnan(check["relative_error"]) and not check["relative_error"] <= 1.0
+
+
 class _Sorts(nn.Module):
     def forward(self, x):
         return torch.sort(x, dim=-1).values
@@ -251,7 +310,9 @@ def _cli(*args: str):
 
 @pytest.mark.parametrize("args, message", [
     (["--quantize", "6"], "--quantize '6' with --min-ios 27: Core AI packages take fp32, "
-                          "fp16, 8"),
+                          "fp16, 8, 4"),
+    (["--quantize", "4"], "tiny-sora's rule stores text_encoder/embeddings as 4-bit lookup "
+                          "tables"),
     (["--memory-budget", "64MB"], "--memory-budget with --min-ios 27"),
 ])
 def test_options_the_core_ai_layout_does_not_take_are_refused(tmp_path, args, message):
