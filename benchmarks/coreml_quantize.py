@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from model_options import PROMPTS, SEEDS, add_model_options, model_from  # beside it
+from model_options import PROMPTS, SEEDS, add_model_options, cases, model_from  # beside it
 
 from edge.exporters.coreml import (
     DEFAULT_MIN_IOS,
@@ -88,10 +88,10 @@ def measure(model: FamilyModel, setting: Compression, folder: Path, videos: int,
     manifest = export_coreml(model, root, setting, min_ios=min_ios,
                              validate_end_to_end=end_to_end_check(model, setting))
     export_s = time.perf_counter() - started
-    cases = [(p, s) for s in SEEDS for p in PROMPTS][:videos]
-    want = [model.generate(p, seed=s) for p, s in cases]
+    videos_run = cases(videos)
+    want = [model.generate(p, seed=s) for p, s in videos_run]
     with stored_weights_in_place(cut_for_device(model), root, manifest):
-        got = [model.generate(p, seed=s) for p, s in cases]
+        got = [model.generate(p, seed=s) for p, s in videos_run]
     psnrs = [psnr(a, b) for a, b in zip(got, want, strict=True)]
     snrs = [snr(a, b) for a, b in zip(got, want, strict=True)]
     worst_block = max((b["validation"]["max_abs_error"], f"{c['name']}/{b['name']}")

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from coreml_quantize import measure, sizes  # beside it
-from model_options import PROMPTS, SEEDS, add_model_options, model_from  # beside it
+from model_options import PROMPTS, SEEDS, add_model_options, cases, model_from  # beside it
 
 from edge.exporters.coreml import DEFAULT_MIN_IOS, LAYOUTS, cut_for_device, export_coreml
 from edge.exporters.coreml_recipe import (
@@ -45,8 +45,9 @@ def measured(args, model) -> list[FormTrial]:
         return [FormTrial(**{**t, "mse": tuple(t["mse"])})
                 for t in json.loads(Path(args.trials).read_text())]
     forms = candidate_forms(args.min_ios, args.forms)
+    videos = VIDEOS if args.measure_videos is None else cases(args.measure_videos)
     started = time.perf_counter()
-    print(f"measuring {', '.join(forms)} on every block, {len(VIDEOS)} videos "
+    print(f"measuring {', '.join(forms)} on every block, {len(videos)} videos "
           f"({args.steps or model.sampler.steps} steps)", flush=True)
     print(f"{'block':<28}{'form':>10}{'weights MB':>12}{'PSNR alone':>12}")
 
@@ -54,7 +55,7 @@ def measured(args, model) -> list[FormTrial]:
         print(f"{t.block:<28}{t.form:>10}{t.weight_bytes / MB:>12.2f}"
               f"{psnr_of(max(t.mse)):>12.1f}", flush=True)
 
-    trials = measure_forms(model, cut_for_device(model), forms, steps=args.steps,
+    trials = measure_forms(model, cut_for_device(model), forms, videos, steps=args.steps,
                            min_ios=args.min_ios, on_trial=show)
     print(f"measured in {time.perf_counter() - started:.0f} s")
     if args.save:
@@ -80,6 +81,9 @@ def main() -> None:
                         help="targets: the whole package this many times smaller than fp32")
     parser.add_argument("--min-psnr", type=float, nargs="*", default=[38.0],
                         help="targets: the worst measurement video's predicted PSNR (dB)")
+    parser.add_argument("--measure-videos", type=int,
+                        help=f"measure the trials on the check's first N videos (default: the "
+                             f"exporter's {len(VIDEOS)})")
     parser.add_argument("--videos", type=int, default=len(PROMPTS) * len(SEEDS),
                         help="videos each recipe is checked on (default: all 8)")
     args = parser.parse_args()
@@ -113,7 +117,9 @@ def main() -> None:
                   f"{row['smaller_than_fp32']:.2f}x smaller than fp32; PSNR validation "
                   f"{row['psnr_validation_db']:.1f}, mean {row['psnr_mean_db']:.1f}, worst "
                   f"{row['psnr_min_db']:.1f} of {args.videos}; SNR worst "
-                  f"{row['snr_min_db']:.1f} ({row['total_s']:.0f} s)", flush=True)
+                  f"{row['snr_min_db']:.1f} ({row['total_s']:.0f} s)")
+            print("  PSNR per video: " + ", ".join(f"{v:.1f}" for v in row["psnr_db"]),
+                  flush=True)
 
 
 if __name__ == "__main__":

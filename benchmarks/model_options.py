@@ -24,3 +24,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def model_from(args: argparse.Namespace) -> FamilyModel:
     return load_model(args.model, **{k: getattr(args, k) for k in SIZES
                                      if getattr(args, k) is not None})
+
+
+def cases(count: int) -> list[tuple[str, int]]:
+    """The first `count` (prompt, seed) videos of PROMPTS x SEEDS, seed by seed."""
+    return [(p, s) for s in SEEDS for p in PROMPTS][:count]
