@@ -45,7 +45,7 @@ from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml import manifest_dtype, signature
 from edge.exporters.coreml_compression import Compression, compression
 from edge.exporters.coreml_weights import MAIN
-from edge.exporters.validation import largest_finite, worst_difference
+from edge.exporters.validation import largest_finite, worse, worst_difference
 from edge.family_model import FamilyModel
 from edge.package import file_entry
 from edge.token_chunks import token_chunks
@@ -83,11 +83,6 @@ class Precision:
         if self.weights is not None:
             return int(self.weights["dtype"].removeprefix("int"))
         return 8 * self.dtype.itemsize
-
-    @property
-    def quantizing(self) -> bool:
-        """Whether coreai-opt stores any block's weights."""
-        return self.weights is not None or any(f.weights for _, f in self.rules)
 
 
 @dataclass(frozen=True)
@@ -153,10 +148,10 @@ def stored_precision(quantize: str | Compression, model: FamilyModel) -> Precisi
     rules = tuple((pattern, StoredForm(storage.record if storage.op_config else None,
                                        storage.bits, _tolerance(storage.bits)))
                   for pattern, storage in setting.rules)
-    record = {k: v for k, v in setting.record().items() if k != "weight_threshold"}
+    # coreai-opt's threshold in place of coremltools'
+    record = setting.record() | {"compute": "float16", "weight_threshold": OPT_THRESHOLD}
     return Precision(quantize, torch.float16, _tolerance(min(f.bits for _, f in rules)),
-                     record | {"compute": "float16", "weight_threshold": OPT_THRESHOLD},
-                     rules=rules)
+                     record, rules=rules)
 
 
 def check_setting(quantize: str) -> None:
@@ -178,7 +173,7 @@ def check_precision(quantize: str, model: FamilyModel) -> Precision:
 
 def quantizes(quantize: str) -> bool:
     """Whether the setting needs coreai-opt (its weights stored in fewer bits)."""
-    return quantize in STORED_SETTINGS or PRECISIONS[quantize].quantizing
+    return quantize in STORED_SETTINGS or PRECISIONS[quantize].weights is not None
 
 
 def import_coreai(quantizing: bool = False) -> None:
@@ -309,12 +304,6 @@ def run_worker(jobs: list[Path], keys: list[str],
     return found
 
 
-def _worse(a: float, b: float) -> float:
-    """The larger error, NaN if either is (max() would drop a NaN that came first or second
-    by turns: a program that computes NaN must fail its check)."""
-    return float("nan") if np.isnan(a) or np.isnan(b) else max(a, b)
-
-
 def executed_error(got: dict[str, np.ndarray], block: Block,
                    reference: tuple[torch.Tensor, ...], precision: Precision,
                    seconds: float) -> dict:
@@ -330,8 +319,8 @@ def executed_error(got: dict[str, np.ndarray], block: Block,
         # each output against its own largest magnitude (a mask's -1e4 is no scale for a
         # hidden state beside it)
         err, top = worst_difference(out.astype(np.float32), want), largest_finite(want)
-        error, scale = _worse(error, err), max(scale, top)
-        relative = _worse(relative, err / max(top, np.finfo(np.float32).tiny))
+        error, scale = worse(error, err), max(scale, top)
+        relative = worse(relative, err / max(top, np.finfo(np.float32).tiny))
     return {"max_abs_error": error, "reference_max_abs": scale,
             "relative_error": relative,
             "tolerance": precision.stored_form(block.key).tolerance,

@@ -21,6 +21,12 @@ def worst_difference(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(diff).max(initial=0.0))
 
 
+def worse(a: float, b: float) -> float:
+    """The larger of two errors, NaN if either is (max() keeps or drops a NaN by the order
+    of its arguments; a NaN must fail every bound)."""
+    return float("nan") if np.isnan(a) or np.isnan(b) else max(a, b)
+
+
 def largest_finite(want: np.ndarray) -> float:
     return float(np.abs(want[np.isfinite(want)]).max(initial=0.0))
 
@@ -31,8 +37,7 @@ def output_error(got: list[np.ndarray], want: tuple[torch.Tensor, ...]) -> dict:
     error = scale = 0.0
     for g, w in zip(got, want, strict=True):
         w = w.detach().float().numpy()
-        worst = worst_difference(np.asarray(g), w)
-        error = float("nan") if np.isnan(worst) or np.isnan(error) else max(error, worst)
+        error = worse(error, worst_difference(np.asarray(g), w))
         scale = max(scale, largest_finite(w))
     return {"max_abs_error": error, "reference_max_abs": scale}
 
