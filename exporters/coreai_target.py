@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge.attention import budget_score_limit
 from edge.budget import format_size
 from edge.exporters import (
     ExportOptionError,
@@ -33,6 +34,7 @@ from edge.exporters.package_head import manifest_head
 from edge.exporters.validation import VALIDATION_PROMPT
 from edge.family_model import FamilyModel
 from edge.package import atomic_directory, folder_bytes, write_manifest
+from edge.plan import READ_UNIT, Partition, partition, plan_lines, plan_residency
 from edge.video_metrics import psnr, snr
 
 DEFAULT_QUANTIZE = "fp16"
@@ -57,9 +59,6 @@ def check(options: ExportOptions) -> None:
         check_setting(quantize)
     except ValueError as err:
         raise ExportOptionError(str(err)) from None
-    if options.memory_budget is not None:
-        raise ExportOptionError(f"--memory-budget with --min-ios {MIN_IOS}: the Core AI "
-                                "layout is not re-cut for a budget yet (--min-ios 18 is)")
     import_coreai(quantizing=quantizes(quantize))
 
 
@@ -69,15 +68,23 @@ def stored_bytes(block, chosen: Precision) -> int:
     return int(sum(p.numel() for p in block.parameters().values()) * bits // 8)
 
 
-def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
+def device_blocks(model: FamilyModel, chosen: Precision, budget: int | None) -> Partition:
+    """The device cut re-cut for a memory budget (edge/plan.py), each block counted as the
+    bytes its program stores at `chosen` (what a runtime holds for it)."""
     from edge.exporters.coreml import cut_for_device
 
+    return partition(cut_for_device(model), budget, READ_UNIT,
+                     size_of=lambda block: stored_bytes(block, chosen))
+
+
+def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     refuse_out_of_core("iphone", model)
     chosen = precision(options, model)
-    components = cut_for_device(model)
+    budget = options.memory_budget
+    cut = device_blocks(model, chosen, budget)
     lines = [f"{'block':<28}{'fp32 MB':>9}{f'{chosen.setting} MB':>10}  inputs"]
     total = stored = 0
-    for blocks in components.values():
+    for blocks in cut.components.values():
         for block in blocks:
             fp32, kept = block.weight_bytes(), stored_bytes(block, chosen)
             total, stored = total + fp32, stored + kept
@@ -88,7 +95,16 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                  f"of Core AI models at {chosen.setting} for iOS {MIN_IOS}: a block and its "
                  "variants as the functions of one .aimodel, every program executed through "
                  "Core AI at export")
-    return Prepared(components, plan_lines=lines)
+    notes = list(cut.notes)
+    if budget is not None:
+        plan = plan_residency(cut.components, budget,
+                              size_of=lambda block: stored_bytes(block, chosen))
+        lines += ["", f"residency on the device at {format_size(budget)} (stored "
+                  f"{chosen.setting} bytes, estimated; the Swift loader's plan):"]
+        lines += plan_lines(plan, cut.members, budget, unit=chosen.setting)
+        notes += plan["notes"]
+    return Prepared(cut.components, notes=notes, plan_lines=lines,
+                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
 
 
 def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Progress,
@@ -141,12 +157,15 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
         manifest = manifest_head(model, root, "iphone", model.name, raw_null_caption=True)
         manifest["coreml"] = coreai_section(chosen)
         manifest["components"] = []
+        if prepared.manifest_plan:
+            manifest["plan"] = prepared.manifest_plan
         for name, blocks in prepared.components.items():
             # one child process a component: its graphs wait on disk for it meanwhile
             # the transformer's functions at the caption's half too, unless asked not to
             unguided = name == "transformer" and options.unguided_variants is not False
-            component = {"name": name, "blocks": export_blocks(blocks, root, chosen,
-                                                                progress.on_block, unguided)}
+            with budget_score_limit(options.memory_budget):
+                exported = export_blocks(blocks, root, chosen, progress.on_block, unguided)
+            component = {"name": name, "blocks": exported}
             if name in model.chunked:
                 component["chunked"] = model.chunked[name].to_dict(blocks)
             manifest["components"].append(component)

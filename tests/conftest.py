@@ -58,15 +58,17 @@ def coreml_package(tmp_path_factory, tiny_sora):
         tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora, "fp16", steps=6)))
 
 
-def coreai_export(model, dest: Path, quantize: str = "fp32", unguided: bool = False) -> dict:
+def coreai_export(model, dest: Path, quantize: str = "fp32", unguided: bool = False,
+                  memory_budget: int | None = None) -> dict:
     """`model` through `--target iphone --min-ios 27` (Core AI): the manifest. `unguided`:
     with the transformer's caption-half functions (as `edge export` writes them; left out
-    elsewhere for time)."""
+    elsewhere for time); `memory_budget`: re-cut for it."""
     pytest.importorskip("coreai_torch", reason="Core AI's converter (coreai-torch, the "
                         "[iphone] extra) is not installed")
     from edge.exporters import ExportOptions, Progress, target
 
-    options = ExportOptions(quantize=quantize, min_ios=27, unguided_variants=unguided)
+    options = ExportOptions(quantize=quantize, min_ios=27, unguided_variants=unguided,
+                            memory_budget=memory_budget)
     module = target("iphone")
     module.check(options)
     prepared = module.prepare(model, options)

@@ -313,7 +313,6 @@ def _cli(*args: str):
                           "fp16, 8, 4"),
     (["--quantize", "4"], "tiny-sora's rule stores text_encoder/embeddings as 4-bit lookup "
                           "tables"),
-    (["--memory-budget", "64MB"], "--memory-budget with --min-ios 27"),
 ])
 def test_options_the_core_ai_layout_does_not_take_are_refused(tmp_path, args, message):
     result = _cli(*args, "-o", str(tmp_path / "pkg"))
@@ -327,6 +326,53 @@ def test_the_dry_run_prints_the_blocks_at_the_stored_precision(tmp_path):
     assert "fp16 MB" in result.output and "transformer/pair_0" in result.output
     assert "(+tdtm function)" in result.output
     assert not (tmp_path / "pkg").exists()
+
+
+def test_the_dry_run_plans_the_budget_in_the_stored_bytes(tmp_path):
+    """--memory-budget re-cuts the device blocks as the Core ML layouts do, counting what each
+    Core AI program stores at the setting: 24 MB merges pairs at fp16 and cannot hold the fp32
+    embedding table; nothing is written."""
+    result = _cli("--dry-run", "--memory-budget", "24MB", "-o", str(tmp_path / "pkg"))
+    assert result.exit_code == 0, result.output
+    assert "residency on the device at 24.0 MiB (stored fp16 bytes" in result.output
+    assert "<- pair_0, pair_1, pair_2" in result.output
+    result = _cli("--dry-run", "--memory-budget", "24MB", "--quantize", "fp32",
+                  "-o", str(tmp_path / "pkg"))
+    assert result.exit_code != 0
+    assert "smaller than block text_encoder/embeddings (45.5 MiB)" in result.output
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.slow  # an export of its own (~90 s)
+def test_a_package_for_a_budget_is_recut_and_runs_under_it(coreai_package, tiny_sora, tmp_path):
+    """At 48 MB of fp32 programs the device cut merges pairs 0-2 (their TDTM functions with
+    them) and the first decoder stages; each merged program is executed at export, the
+    manifest records the plan, and the Python runtime generates under the budget what the
+    package cut as usual generates."""
+    from edge.runtimes.python import Pipeline
+
+    budget = 48 << 20
+    root = tmp_path / "budgeted"
+    manifest = coreai_export(tiny_sora, root, memory_budget=budget)
+    assert manifest["plan"]["memory_budget_bytes"] == budget
+    assert manifest["plan"]["blocks"]["transformer/pair_0-2"] == ["pair_0", "pair_1", "pair_2"]
+    merged = next(b for c in manifest["components"] for b in c["blocks"]
+                  if b["name"] == "pair_0-2")
+    assert "tdtm" in merged["variants"]
+    assert merged["validation"]["relative_error"] <= merged["validation"]["tolerance"]
+
+    def video(package, **load):  # the frames and the loader's figures
+        runtime = Pipeline.load(package, **load)
+        try:
+            frames = runtime.generate("a red circle moving left", seed=3, steps=3)
+            return np.asarray(frames, dtype=np.float32), runtime.loader.stats
+        finally:
+            runtime.close()
+
+    got, stats = video(root, memory_budget=budget)
+    want, _ = video(coreai_package[0])
+    assert stats.peak_held_bytes <= budget
+    assert psnr(got, want) >= 60 and snr(got, want) >= 40
 
 
 @pytest.mark.slow
