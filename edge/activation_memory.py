@@ -136,24 +136,32 @@ def activation_peaks(blocks: list[Block],
     return out
 
 
+def at_compute_precision(peaks: dict[str, int], itemsize: int) -> dict[str, int]:
+    """Peaks traced in float32 as a target that computes in `itemsize`-byte floats holds
+    them (the iPhone's float16: half; integer inputs, a few bytes, are scaled alike)."""
+    return {key: peak * itemsize // 4 for key, peak in peaks.items()}
+
+
 def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
                      budget: int | None = None,
-                     pieces: dict[str, int] | None = None) -> list[str]:
+                     pieces: dict[str, int] | None = None, itemsize: int = 4) -> list[str]:
     """The --dry-run table of activations: one row per run of alike blocks, then the largest.
     `streaming_floor`: the least weight bytes a run holds (the two largest blocks: the one
     computing and the one read ahead). `pieces`: the rows of a dynamic batch a runtime
     gives each call, by component (`RUNTIME_BATCH_PIECES`; None: the batch as traced). A
-    tiled decoder is traced at one tile, so its rows are a tile's calls.
+    tiled decoder is traced at one tile, so its rows are a tile's calls. `itemsize`: bytes of
+    a float as the target computes (`at_compute_precision`).
     Given a budget, the calls that cannot fit it even with every block streamed are named,
     and what it leaves the weights said (the loader's budget counts weights only)."""
     from edge.budget import format_size
 
     blocks = [b for bs in components.values() for b in bs]
-    peaks = activation_peaks(blocks, pieces)
+    peaks = at_compute_precision(activation_peaks(blocks, pieces), itemsize)
+    dtype = "float32" if itemsize == 4 else f"float{8 * itemsize} as the programs compute"
     batch = ("the batch as traced" if not pieces else "a call's batch as the runtime runs "
              "it: " + ", ".join(f"{c} {n}" for c, n in pieces.items()))
-    lines = [f"{'activations per call':<34}{'peak':>12}  (estimated from shapes: the dtype "
-             f"as traced, {batch}, attention and feed-forwards in chunks)"]
+    lines = [f"{'activations per call':<34}{'peak':>12}  (estimated from shapes: "
+             f"{dtype}, {batch}, attention and feed-forwards in chunks)"]
     rows: list[tuple[str, int]] = []
     run: list[str] = []
     for i, block in enumerate(blocks):
@@ -180,17 +188,20 @@ def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
 
 
 def check_calls_fit(components: dict[str, list[Block]], budget: int, size: str,
-                    pieces: dict[str, int] | None = None) -> None:
+                    pieces: dict[str, int] | None = None, itemsize: int = 4,
+                    held_bytes: dict[str, int] | None = None) -> None:
     """Refuse (BudgetError) a budget that no call of the largest activations fits even with
     every other block streamed out: the call's activation peak beside its own block's
     weights. Named: the block, the size and both figures. Run on a shapes-only cut, before
-    any work (seconds at any size)."""
+    any work (seconds at any size). `itemsize` as `activation_lines`'; `held_bytes`: a block's
+    weights as the target holds them, by key, where not float32's."""
     from edge.budget import BudgetError, format_size
     from edge.plan import block_bytes
 
     blocks = [b for bs in components.values() for b in bs]
-    peaks = activation_peaks(blocks, pieces)
-    need = {b.key: peaks[b.key] + block_bytes(b) for b in blocks}
+    peaks = at_compute_precision(activation_peaks(blocks, pieces), itemsize)
+    held = held_bytes or {}
+    need = {b.key: peaks[b.key] + held.get(b.key, block_bytes(b)) for b in blocks}
     worst = max(need, key=need.get)
     if need[worst] > budget:
         raise BudgetError(

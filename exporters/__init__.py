@@ -69,6 +69,9 @@ class Prepared:
     # the bytes a runtime holds of each block's weights, by key, where not float32's (the
     # web's stored forms, which its wasm path holds)
     held_bytes: dict[str, int] | None = None
+    # bytes of a float activation as the target's programs compute (the iPhone's float16);
+    # the activation estimate traces float32 and is scaled by it
+    activation_itemsize: int = 4
 
     @property
     def block_count(self) -> int:

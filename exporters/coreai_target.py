@@ -103,8 +103,10 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                   f"{chosen.setting} bytes, estimated; the Swift loader's plan):"]
         lines += plan_lines(plan, cut.members, budget, unit=chosen.setting)
         notes += plan["notes"]
+    held = {b.key: stored_bytes(b, chosen) for bs in cut.components.values() for b in bs}
     return Prepared(cut.components, notes=notes, plan_lines=lines,
-                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
+                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None,
+                    held_bytes=held, activation_itemsize=chosen.dtype.itemsize)
 
 
 def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Progress,

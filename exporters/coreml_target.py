@@ -143,8 +143,10 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                   "bytes, estimated; the Swift loader's plan):"]
         lines += plan_lines(plan, cut.members, budget, unit=f"~{counted}")
         notes += plan["notes"]
+    held = {b.key: estimated_bytes(b, setting) for bs in cut.components.values() for b in bs}
     return Prepared(cut.components, notes=notes, plan_lines=lines,
-                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
+                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None,
+                    held_bytes=held, activation_itemsize=2)   # Core ML computes in float16
 
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,

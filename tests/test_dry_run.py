@@ -53,6 +53,34 @@ def test_a_dry_run_of_a_long_video_computes_nothing(wan_folder, block_outputs):
 
 
 
+def _block_row(output: str) -> float:
+    """MiB of the transformer blocks' activation row of a dry run's output."""
+    size, unit = re.search(r"transformer/block_0 \.\. block_1 +([\d.]+) (KiB|MiB|GiB)",
+                           output).groups()
+    return float(size) * {"KiB": 2**-10, "MiB": 1, "GiB": 2**10}[unit]
+
+
+def test_device_activations_are_counted_at_the_precision_the_programs_compute(wan_folder):
+    """The iPhone's programs compute in float16 (Core ML; Core AI but at fp32): the plan
+    counts a call's float activations at two bytes, half what a Core AI fp32 package holds,
+    and says so."""
+    pytest.importorskip("coreai_torch", reason="the Core AI layout's plan needs coreai-torch "
+                        "(the [iphone] extra)")
+
+    def dry_run(*args: str) -> str:
+        result = CliRunner().invoke(app, [
+            "export", "--model", str(wan_folder), "--target", "iphone", "--dry-run",
+            "--height", "256", "--width", "512", "--frames", "81", *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    half = dry_run("--min-ios", "27", "--quantize", "fp16")
+    assert "float16 as the programs compute" in half
+    full = dry_run("--min-ios", "27", "--quantize", "fp32")
+    assert "(estimated from shapes: float32," in full
+    assert _block_row(full) == pytest.approx(2 * _block_row(half), rel=0.01)
+
+
 def test_a_budget_no_call_fits_is_refused_before_any_work(wan_folder, block_outputs, tmp_path):
     """The tiny Wan at 256x512x81 under 2 MB: its blocks' weights fit, but its calls hold
     tens of MB of activations. The export is refused at once, naming the call, the size and

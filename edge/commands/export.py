@@ -219,7 +219,8 @@ def _activation_lines(prepared, options, target: str) -> list[str]:
         # the Python runtime splits a call's batch under a budget (Pipeline.split_batches)
         pieces = (RUNTIME_BATCH_PIECES if target == "onnx" and options.memory_budget
                   is not None else None)
-        return activation_lines(prepared.components, floor, options.memory_budget, pieces)
+        return activation_lines(prepared.components, floor, options.memory_budget, pieces,
+                                prepared.activation_itemsize)
 
 
 def _check_calls_fit(exporter, model, options, target: str) -> None:
@@ -233,9 +234,10 @@ def _check_calls_fit(exporter, model, options, target: str) -> None:
     size = (f"{dims[0]}x{dims[1]}x{dims[2]} (height x width x frames)" if None not in dims
             else f"latents {tuple(model.latent_shape)}")
     with shapes_only(), budget_score_limit(options.memory_budget):
-        components = exporter.prepare(model, options).components
-        check_calls_fit(components, options.memory_budget, size,
-                        RUNTIME_BATCH_PIECES if target == "onnx" else None)
+        prepared = exporter.prepare(model, options)
+        check_calls_fit(prepared.components, options.memory_budget, size,
+                        RUNTIME_BATCH_PIECES if target == "onnx" else None,
+                        prepared.activation_itemsize, prepared.held_bytes)
 
 
 def _export_with_progress(exporter, model, prepared, dest: Path, options, target: str) -> None:
