@@ -56,6 +56,10 @@ WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as a
 WORKER = Path(__file__).with_name("coreai_worker.py")
 WORKER_PYTHON: str | None = None   # the interpreter the worker runs in (default: this one)
 OPT_THRESHOLD = 1024   # coreai-opt's: tensors of at most this many values keep their dtype
+# The weights coreai-opt compresses (its passes' _OPS_WEIGHT_NEED_COMPRESSION: matrix
+# products, 2-D convolutions, gathered tables): by rank, a matrix or a 2-D kernel. The video
+# decoders' 3-D convolution kernels (rank 5), biases and norms stay at the compute dtype.
+COMPRESSED_RANKS = (2, 4)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ from edge.exporters import (
     refuse_out_of_core,
 )
 from edge.exporters.coreai import (
+    COMPRESSED_RANKS,
     LAYOUT,
     MIN_IOS,
+    OPT_THRESHOLD,
     Precision,
     check_precision,
     check_setting,
@@ -63,9 +65,13 @@ def check(options: ExportOptions) -> None:
 
 
 def stored_bytes(block, chosen: Precision) -> int:
-    """The block's weights at its stored form (scales and tables left out)."""
-    bits = chosen.stored_form(block.key).bits
-    return int(sum(p.numel() for p in block.parameters().values()) * bits // 8)
+    """The block's weights as its program stores them: each tensor coreai-opt compresses
+    (`COMPRESSED_RANKS`, more than OPT_THRESHOLD values) at its stored form's bits (block
+    scales counted), every other at the compute dtype's."""
+    form, computed = chosen.stored_form(block.key).bits, 8 * chosen.dtype.itemsize
+    bits = sum(p.numel() * (form if p.dim() in COMPRESSED_RANKS and p.numel() > OPT_THRESHOLD
+                            else computed) for p in block.parameters().values())
+    return int(bits // 8)
 
 
 def device_blocks(model: FamilyModel, chosen: Precision, budget: int | None) -> Partition:
