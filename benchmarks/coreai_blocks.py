@@ -33,9 +33,9 @@ from model_options import add_model_options, model_from  # beside it
 
 def measure(args: argparse.Namespace, setting: str) -> dict:
     """In this process: the sample blocks exported at `setting`, and the dry run's totals."""
+    from edge.exporters import ExportOptions
     from edge.exporters.coreai import export_blocks
     from edge.exporters.coreai_target import device_blocks, precision, stored_bytes
-    from edge.exporters import ExportOptions
 
     model = model_from(args)
     chosen = precision(ExportOptions(quantize=setting, min_ios=27), model)
@@ -93,8 +93,9 @@ def main() -> None:
 
 def report(result: dict) -> None:
     mb = 1e6
-    print(f"--quantize {result['setting']}: whole package ~{result['predicted_total_bytes'] / mb:.0f}"
-          f" MB (transformer {result['predicted_transformer_bytes'] / mb:.0f} MB) of "
+    total, transformer = result["predicted_total_bytes"], result["predicted_transformer_bytes"]
+    print(f"--quantize {result['setting']}: whole package ~{total / mb:.0f} MB (transformer "
+          f"{transformer / mb:.0f} MB) of "
           f"{result['fp32_total_bytes'] / mb:.0f} MB fp32 (dry run); worker peak RSS "
           f"{result['worker_peak_rss_bytes'] / 2**30:.2f} GiB")
     print(f"  {'block':<24}{'program MB':>11}{'dry run MB':>11}{'x fp32':>8}"
