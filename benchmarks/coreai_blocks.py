@@ -61,8 +61,7 @@ def measure(args: argparse.Namespace, setting: str) -> dict:
             "predicted_total_bytes": sum(predicted.values()),
             "predicted_transformer_bytes": sum(n for k, n in predicted.items()
                                                if k.startswith("transformer/")),
-            "fp32_total_bytes": sum(4 * sum(p.numel() for p in b.parameters().values())
-                                    for b in blocks.values())}
+            "fp32_total_bytes": sum(b.weight_bytes() for b in blocks.values())}
 
 
 def main() -> None:

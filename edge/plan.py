@@ -197,3 +197,14 @@ def plan_lines(plan: dict, members: dict[str, list[str]], budget: int | None,
                  f"{format_size(plan['working_set_bytes'])} (resident + the block computing"
                  " + the block read ahead)")
     return lines
+
+
+def device_residency(cut: Partition, budget: int, held: dict[str, int], setting: str,
+                     unit: str) -> tuple[list[str], list[str]]:
+    """A device target's residency at `budget` for its dry run: the lines (each block counted
+    at `held`, the bytes its program stores at `setting`; the table's column named `unit`)
+    and the plan's notes."""
+    plan = plan_residency(cut.components, budget, size_of=lambda block: held[block.key])
+    lines = ["", f"residency on the device at {format_size(budget)} (stored {setting} bytes, "
+             "estimated; the Swift loader's plan):"]
+    return lines + plan_lines(plan, cut.members, budget, unit=unit), plan["notes"]

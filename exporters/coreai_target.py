@@ -36,7 +36,7 @@ from edge.exporters.package_head import manifest_head
 from edge.exporters.validation import VALIDATION_PROMPT
 from edge.family_model import FamilyModel
 from edge.package import atomic_directory, folder_bytes, write_manifest
-from edge.plan import READ_UNIT, Partition, partition, plan_lines, plan_residency
+from edge.plan import READ_UNIT, Partition, device_residency, partition
 from edge.video_metrics import psnr, snr
 
 DEFAULT_QUANTIZE = "fp16"
@@ -88,11 +88,12 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     chosen = precision(options, model)
     budget = options.memory_budget
     cut = device_blocks(model, chosen, budget)
+    held = {b.key: stored_bytes(b, chosen) for bs in cut.components.values() for b in bs}
     lines = [f"{'block':<28}{'fp32 MB':>9}{f'{chosen.setting} MB':>10}  inputs"]
     total = stored = 0
     for blocks in cut.components.values():
         for block in blocks:
-            fp32, kept = block.weight_bytes(), stored_bytes(block, chosen)
+            fp32, kept = block.weight_bytes(), held[block.key]
             total, stored = total + fp32, stored + kept
             extra = f" (+{', '.join(block.variants)} function)" if block.variants else ""
             lines.append(f"{block.key:<28}{fp32 / 1e6:>9.2f}{kept / 1e6:>10.2f}  "
@@ -103,13 +104,10 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                  "Core AI at export")
     notes = list(cut.notes)
     if budget is not None:
-        plan = plan_residency(cut.components, budget,
-                              size_of=lambda block: stored_bytes(block, chosen))
-        lines += ["", f"residency on the device at {format_size(budget)} (stored "
-                  f"{chosen.setting} bytes, estimated; the Swift loader's plan):"]
-        lines += plan_lines(plan, cut.members, budget, unit=chosen.setting)
-        notes += plan["notes"]
-    held = {b.key: stored_bytes(b, chosen) for bs in cut.components.values() for b in bs}
+        residency, plan_notes = device_residency(cut, budget, held, chosen.setting,
+                                                 chosen.setting)
+        lines += residency
+        notes += plan_notes
     return Prepared(cut.components, notes=notes, plan_lines=lines,
                     manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None,
                     held_bytes=held, activation_itemsize=chosen.dtype.itemsize)
@@ -167,16 +165,16 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
         manifest["components"] = []
         if prepared.manifest_plan:
             manifest["plan"] = prepared.manifest_plan
-        for name, blocks in prepared.components.items():
-            # one child process a component: its graphs wait on disk for it meanwhile
-            # the transformer's functions at the caption's half too, unless asked not to
-            unguided = name == "transformer" and options.unguided_variants is not False
-            with budget_score_limit(options.memory_budget):
-                exported = export_blocks(blocks, root, chosen, progress.on_block, unguided)
-            component = {"name": name, "blocks": exported}
-            if name in model.chunked:
-                component["chunked"] = model.chunked[name].to_dict(blocks)
-            manifest["components"].append(component)
+        with budget_score_limit(options.memory_budget):   # attention chunked as planned
+            for name, blocks in prepared.components.items():
+                # one child process a component: its graphs wait on disk for it meanwhile
+                # the transformer's functions at the caption's half too, unless asked not to
+                unguided = name == "transformer" and options.unguided_variants is not False
+                component = {"name": name, "blocks": export_blocks(
+                    blocks, root, chosen, progress.on_block, unguided)}
+                if name in model.chunked:
+                    component["chunked"] = model.chunked[name].to_dict(blocks)
+                manifest["components"].append(component)
         write_manifest(root, manifest)   # the runtime reads the package it checks
         manifest["validation"] = end_to_end(model, root, chosen, progress)
         write_manifest(root, manifest)

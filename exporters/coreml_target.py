@@ -14,7 +14,6 @@ from pathlib import Path
 
 from edge.attention import budget_score_limit
 from edge.blocks import with_unguided
-from edge.budget import format_size
 from edge.exporters import (
     ExportOptionError,
     ExportOptions,
@@ -38,7 +37,7 @@ from edge.exporters.coreml import (
 from edge.family_model import FamilyModel
 from edge.manifest_schema import is_coreai
 from edge.package import folder_bytes
-from edge.plan import READ_UNIT, plan_lines, plan_residency
+from edge.plan import READ_UNIT, device_residency
 
 NAME = "iphone"
 COREAI_MIN_IOS = 27   # --min-ios 27: the Core AI layout (exporters/coreai_target.py)
@@ -108,12 +107,13 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     budget = options.memory_budget
     copies = chosen.name == "separate"   # each variant's program holds its own copy
     cut = device_blocks(model, quantize, budget)
+    held = {b.key: estimated_bytes(b, setting) for bs in cut.components.values() for b in bs}
     lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{counted} MB':>10}  inputs"]
     total = estimate = 0
     unguided = _unguided(options)
     for component, blocks in cut.components.items():
         for block in blocks:
-            est = estimated_bytes(block, setting) * (1 + copies * len(block.variants))
+            est = held[block.key] * (1 + copies * len(block.variants))
             total, estimate = total + block.weight_bytes(), estimate + est
             shapes = inputs_text(block)
             # the caption-half functions share the block's weights: no bytes added
@@ -137,13 +137,9 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                      "form stores)")
     notes = list(cut.notes)
     if budget is not None:
-        plan = plan_residency(cut.components, budget,
-                              size_of=lambda block: estimated_bytes(block, setting))
-        lines += ["", f"residency on the device at {format_size(budget)} (stored {counted} "
-                  "bytes, estimated; the Swift loader's plan):"]
-        lines += plan_lines(plan, cut.members, budget, unit=f"~{counted}")
-        notes += plan["notes"]
-    held = {b.key: estimated_bytes(b, setting) for bs in cut.components.values() for b in bs}
+        residency, plan_notes = device_residency(cut, budget, held, counted, f"~{counted}")
+        lines += residency
+        notes += plan_notes
     return Prepared(cut.components, notes=notes, plan_lines=lines,
                     manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None,
                     held_bytes=held, activation_itemsize=2)   # Core ML computes in float16

@@ -52,7 +52,6 @@ def test_a_dry_run_of_a_long_video_computes_nothing(wan_folder, block_outputs):
     assert "at this machine's float32 matrix-product rate" in result.output
 
 
-
 def _block_row(output: str) -> float:
     """MiB of the transformer blocks' activation row of a dry run's output."""
     size, unit = re.search(r"transformer/block_0 \.\. block_1 +([\d.]+) (KiB|MiB|GiB)",
