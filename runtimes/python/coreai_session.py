@@ -29,6 +29,20 @@ LAYOUT = "coreai"
 DTYPES = {"float32": np.float32, "int32": np.int32}
 INTERPRETER_NOTE = ("Core AI's Linux runtime is a reference interpreter: it checks what the "
                     "phone runs, slowly (float16 programs about 100x slower than float32)")
+# Why every program stays open: on Linux a closed program keeps its weights mapped for the
+# process's life (coreai-core 1.0.0b3 lowers each .aimodel to a temporary file, deletes it on
+# close and never unmaps it: a 193 MB program opened, run and closed three times held 576 MB),
+# so dropping and reopening programs under a budget would grow memory, not bound it
+BUDGET_NOTE = ("the memory budget is checked against the package's programs, but it does not "
+               "bound what they hold: each Core AI program maps its own weights and stays "
+               "open (the loader reads none of them)")
+
+
+def coreai_notice(budget: int | None) -> str | None:
+    """What `Pipeline.load` says about running a Core AI package here, if anything."""
+    notes = ([INTERPRETER_NOTE] if sys.platform != "darwin" else []) + \
+        ([BUDGET_NOTE] if budget is not None else [])
+    return "; ".join(notes) or None
 
 
 def _coreai():

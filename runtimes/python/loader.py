@@ -14,6 +14,8 @@
   handed out as NumPy views of their buffer (no copy); a buffer returns to the pool only
   when the last view of it is gone.
 - Counts bytes read, read time, time compute waited, and the most bytes it ever held.
+- A block whose program holds its own weights (a Core AI model) is planned with its bytes,
+  so a budget under it is refused as for any block, but never read.
 """
 
 from __future__ import annotations
@@ -53,16 +55,20 @@ class BlockWeights:
     # a web package's weights file split in pieces (`weights.shards`): each (path, bytes,
     # identity), read back to back into one buffer (`path` is the first); () for one file
     shards: tuple[tuple[Path, int, FileIdentity | None], ...] = ()
+    # the block's program holds its weights (a Core AI model maps its own): planned with its
+    # bytes like any block, never read (reading it would hold a copy nothing uses)
+    held_by_program: bool = False
 
     @classmethod
     def of_block(cls, key: str, path: Path, block: dict,
                  identity: FileIdentity | None = None,
-                 shards: tuple[tuple[Path, int, FileIdentity | None], ...] = ()
-                 ) -> BlockWeights:
+                 shards: tuple[tuple[Path, int, FileIdentity | None], ...] = (),
+                 held_by_program: bool = False) -> BlockWeights:
         """The weights a manifest block record lists, in the file at `path` (resolved by the
         caller inside its package), or in `shards` (resolved likewise) where it is split."""
         size = sum(n for _, n, _ in shards) if shards else path.stat().st_size
-        return cls(key, path, size, tuple(block["weights"]["tensors"]), identity, shards)
+        return cls(key, path, size, tuple(block["weights"]["tensors"]), identity, shards,
+                   held_by_program)
 
     def pieces(self) -> tuple[tuple[Path, int, FileIdentity | None], ...]:
         return self.shards or ((self.path, self.nbytes, self.identity),)
@@ -308,13 +314,14 @@ def tensors_from(buf: memoryview | mmap.mmap, spec: BlockWeights) -> dict[str, n
 @dataclass
 class _Loaded:
     weights: dict[str, np.ndarray]
-    buffer: mmap.mmap
+    buffer: mmap.mmap | None  # None: a block whose program holds its weights
     pinned: bool
 
     def release_to(self, pool: BufferPool) -> None:
         """Drop the loader's views; the buffer returns once the consumer's are gone too."""
         self.weights = {}
-        pool.retire(self.buffer)
+        if self.buffer is not None:
+            pool.retire(self.buffer)
 
 
 @dataclass
@@ -342,6 +349,8 @@ class BlockLoader:
 
     def _load(self, key: str) -> _Loaded:
         spec = self.blocks[key]
+        if spec.held_by_program:  # nothing to feed: the program maps its weights itself
+            return _Loaded({}, None, key in self.pinned)
         buffer = self.buffers.acquire(spec.nbytes)
         try:
             started = time.perf_counter()
@@ -462,7 +471,7 @@ class BlockLoader:
         keep, gone = set(keep), 0
         for key in [k for k in self._resident if k not in keep]:
             self._resident.pop(key).release_to(self.buffers)
-            gone += self.blocks[key].nbytes
+            gone += 0 if self.blocks[key].held_by_program else self.blocks[key].nbytes
         self.buffers.clear()
         return gone
 

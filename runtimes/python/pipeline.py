@@ -29,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edge.budget import parse_size
+from edge.files import EdgeNotice
 from edge.manifest_schema import (
     MANIFEST,
     as_variant,
@@ -221,13 +222,14 @@ OpenBlock = Callable[[str, dict], BlockSession]
 
 
 def block_weights(root: Path, key: str, block: dict, identities: dict,
-                  where: str) -> BlockWeights:
-    """Where the loader reads a block's weights: its file, or a web package's shards."""
+                  where: str, held_by_program: bool = False) -> BlockWeights:
+    """Where the loader reads a block's weights: its file, or a web package's shards.
+    `held_by_program`: the block's program maps the file itself (Core AI): never read."""
     path = resolve_inside(root, block["weights"]["path"], where)
     shards = tuple((p, p.stat().st_size, identities.get(p)) for p in (
         resolve_inside(root, s, where) for s in block["weights"].get("shards", [])))
     return BlockWeights.of_block(key, path, block, identities.get(path),
-                                 shards if len(shards) > 1 else ())
+                                 shards if len(shards) > 1 else (), held_by_program)
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -386,9 +388,11 @@ class Pipeline:
         manifest = read_package(root, check_hashes=check_hashes, identities=identities)
         programs = None   # a Core AI package's open models, closed with the pipeline
         if open_block is None and is_coreai(manifest):
-            from edge.runtimes.python.coreai_session import coreai_opener
+            from edge.runtimes.python.coreai_session import coreai_notice, coreai_opener
 
             open_block, programs = coreai_opener(root)
+            if note := coreai_notice(budget):
+                warnings.warn(EdgeNotice(note), stacklevel=2)
         try:
             check_runnable(manifest, any_target=open_block is not None)
             options = session_options(threads)
@@ -407,7 +411,8 @@ class Pipeline:
                             open_block(f"{key}#{variant}", record) if open_block else
                             _session(root, record["graph"], options, f"{where} variant {variant}",
                                      record))
-                    weights[key] = block_weights(root, key, block, identities, where)
+                    weights[key] = block_weights(root, key, block, identities, where,
+                                                 held_by_program=programs is not None)
                 components[c.name] = c
             loader = BlockLoader(weights, budget,
                                  every_step=tuple(components["transformer"].keys()),
