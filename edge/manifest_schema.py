@@ -409,6 +409,33 @@ def _check_wasm_graph(record: dict, listed: set[str], where: str) -> None:
         raise PackageError(f"{where}: wasm graph {graph!r} is not one of the block's files")
 
 
+WEB_PATHS = ("webgpu", "wasm")
+
+
+def _check_web_paths(manifest: dict) -> None:
+    """`web.paths` names the paths the page may run (absent: a package from before the wasm
+    path, WebGPU alone); each block and variant has what they run: a wasm graph for "wasm",
+    and without "webgpu" no launch plan, the wasm graph being its `graph`."""
+    if "web" not in manifest:  # the runtimes refuse what they cannot run by its target
+        return
+    where = f"{MANIFEST} web"
+    web = require(manifest, "web", dict, MANIFEST)
+    paths = require(web, "paths", list, where) if "paths" in web else ["webgpu"]
+    if not paths or len(set(paths)) != len(paths) or any(p not in WEB_PATHS for p in paths):
+        raise PackageError(f"{where}: paths {paths!r} must name each of "
+                           f"{', '.join(WEB_PATHS)} at most once, at least one")
+    for comp in manifest["components"]:
+        for block in comp["blocks"]:
+            at = f"{MANIFEST} block {comp['name']}/{block['name']}"
+            for name, record in [(None, block), *block.get("variants", {}).items()]:
+                rat = at if name is None else f"{at} variant {name}"
+                if "wasm" in paths and "wasm" not in record:
+                    raise PackageError(f"{rat}: no wasm graph, but web.paths has \"wasm\"")
+                if "webgpu" not in paths and record["graph"] != record["wasm"]["graph"]:
+                    raise PackageError(f"{rat}: graph {record['graph']!r} is not its wasm "
+                                       "graph, but web.paths has no \"webgpu\" (no plans)")
+
+
 def _check_numbers(values: list, what: str) -> None:
     for i, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -568,7 +595,12 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
                            f"reads version {FORMAT_VERSION}")
     if DIGEST_FIELD in manifest:  # optional in version 1; every edge exporter writes it
         digest = require(manifest, DIGEST_FIELD, str, MANIFEST)
-        if digest != manifest_digest(manifest):
+        try:
+            content = manifest_digest(manifest)
+        except ValueError:  # json.loads reads NaN and Infinity, which JSON does not have
+            raise PackageError(f"{MANIFEST}: holds NaN or Infinity, which JSON cannot "
+                               "(the manifest was altered or is corrupt)") from None
+        if digest != content:
             raise PackageError(f"{MANIFEST}: content differs from its {DIGEST_FIELD} (the "
                                "manifest was altered or is corrupt)")
     for key in ("producer", "model"):
@@ -619,4 +651,6 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
             _check_tiles(comp, f"{MANIFEST} component {cname}")
     if target == "iphone":
         _check_coreml(manifest)
+    if target == "web":
+        _check_web_paths(manifest)
     return files

@@ -10,8 +10,9 @@ same four questions (`edge export` asks nothing else):
   `summary(manifest, dest, seconds) -> str`.
 
 Modules are imported on use: the iphone target needs coremltools (the [iphone] extra), the
-web target TVM (the [web] extra); `target` refuses a target whose modules are not installed
-before any work, as a ModuleNotFoundError naming the module.
+web target's WebGPU path TVM (the [web] extra); `target` refuses a target whose modules are
+not installed before any work, as a ModuleNotFoundError naming the module, and a target's
+`check` refuses so what only some of its options need (`--web-paths webgpu,wasm`: TVM).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from types import ModuleType
 
 TARGETS = {"onnx": "edge.exporters.onnx_target", "iphone": "edge.exporters.coreml_target",
            "web": "edge.exporters.web_target"}
-# what each target's compiler needs beyond the [export] extra (torch, onnx)
+# what each target's compiler needs whatever its options (the web's TVM: web_target.check)
 NEEDS = {"onnx": ("torch", "onnx"), "iphone": ("torch", "coremltools"),
-         "web": ("torch", "onnx", "tvm")}
+         "web": ("torch", "onnx")}
 
 
 class ExportValidationError(RuntimeError):
@@ -49,6 +50,7 @@ class ExportOptions:
     min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
     ort_url: str | None = None         # web: where the page loads onnxruntime-web
     bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
+    web_paths: str | None = None       # web: "webgpu,wasm" (both, None) or "wasm"
     # web and iphone --min-ios 27: whether the transformer's blocks are also written at the
     # caption's half of the guidance batch (variants `unguided`), so calls without guidance
     # run half the work (None: the target's default, yes)
@@ -99,16 +101,23 @@ def target(name: str) -> ModuleType:
     """The module of target `name`; an unknown name is refused, listing the known ones."""
     if name not in TARGETS:
         raise ExportOptionError(f"unknown --target {name!r}; available: {', '.join(TARGETS)}")
-    for module in NEEDS[name]:
-        if importlib.util.find_spec(module) is None:
-            raise ModuleNotFoundError(f"--target {name} needs {module}", name=module)
+    need_modules(f"--target {name}", NEEDS[name])
     return importlib.import_module(TARGETS[name])
+
+
+def need_modules(what: str, modules: tuple[str, ...]) -> None:
+    """A ModuleNotFoundError naming the first of `modules` not installed, which `what` needs
+    (the CLI answers it with the extra to install: edge/commands/extras.py)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"{what} needs {module}", name=module)
 
 
 _OWNED = {"quantize": "--quantize applies to --target iphone and web, not {}",
           "min_ios": "--min-ios applies to --target iphone, not {}",
           "ort_url": "--ort-url and --bundle-ort apply to --target web, not {}",
           "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",
+          "web_paths": "--web-paths applies to --target web, not {}",
           "memory_budget": "--memory-budget is not built for --target {} yet",
           "unguided_variants": "--unguided-variants/--no-unguided-variants apply to --target "
                                "web and iphone --min-ios 18 or 27, not {} (an ONNX graph takes "

@@ -37,6 +37,7 @@ from edge.exporters.tvm_passes import (
     int32_take_indices,
     narrow_concats,
 )
+from edge.exporters.web_inputs import web_example
 from edge.token_chunks import token_chunks
 
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
@@ -67,12 +68,6 @@ def _plain_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
 
 def plain_attention() -> contextlib.AbstractContextManager[None]:
     return replaced_sdpa(_plain_sdpa)
-
-
-def web_example(block: Block) -> tuple[torch.Tensor, ...]:
-    """The block's example inputs as the web runtime feeds them: int64 (no WGSL type) as
-    int32, which every index in tiny-sora fits."""
-    return tuple(t.to(torch.int32) if t.dtype == torch.int64 else t for t in block.example)
 
 
 _UNSUPPORTED = re.compile(r"Unsupported function types? \[(.*)\]")

@@ -1,7 +1,8 @@
 """`edge export --target web`: a package that is a static site running the model in a browser.
 
 Every block is compiled for two paths, and the page runs whichever is faster where it
-opens (runtimes/web/paths.js):
+opens (runtimes/web/paths.js); a wasm-only package (`paths=("wasm",)`, `--web-paths wasm`)
+has the second alone, exported without TVM (no module here imports it then):
 - **webgpu**: TVM (exporters/tvm_plan.py) makes WebGPU kernels and a static launch plan,
   stored as one JSON file per block (`plans/<component>/<block>.json`: the plan and the WGSL
   of its kernels);
@@ -21,7 +22,9 @@ decoder the family's piece per call (`FamilyModel.shapes("web")`: tiny-sora 4 fr
 latent frame, the component chunked with its caches carried, as the manifest records). Each
 block's plan is replayed with TVM's llvm build of the same kernels, and its ONNX graph run by
 onnxruntime, against the PyTorch block at export; drift over `BLOCK_TOLERANCE` (of the
-outputs' largest magnitude where that exceeds 1) fails the export.
+outputs' largest magnitude where that exceeds 1) fails the export. A block's `graph` is its
+plan, or in a wasm-only package its wasm graph (with that graph's check as `validation`),
+so the record says the same to every reader; `wasm` is there in both.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,9 +44,9 @@ from edge.exporters import ExportValidationError
 from edge.exporters.onnx import export_graph, validate_block
 from edge.exporters.ort_web import ort_location
 from edge.exporters.package_head import manifest_head
-from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock, shared_compiler, web_example
 from edge.exporters.validation import check_validation, output_error
 from edge.exporters.web_check import end_to_end_check, streamed_check
+from edge.exporters.web_inputs import web_example
 from edge.exporters.web_storage import (
     DEFAULT_FORM,
     StoredTensor,
@@ -59,12 +63,16 @@ from edge.lazy_weights import materialized
 from edge.manifest_schema import UNGUIDED
 from edge.package import atomic_directory, file_entry, write_manifest
 
+if TYPE_CHECKING:  # TVM is imported only where the WebGPU path is exported
+    from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock
+
 BLOCK_TOLERANCE = 1e-4  # fp32 error of a replayed plan or wasm graph, over max(1, its outputs)
 SHARD_BYTES = 32 * 1024 * 1024  # largest weights file a browser fetches in one piece
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME_DIR = REPO / "runtimes" / "web"
 DEMO_DIR = REPO / "web_demo"
 SITE_SUFFIXES = {".js", ".mjs", ".html", ".css"}
+PATHS = ("webgpu", "wasm")  # a package's paths, in the manifest's order
 
 
 def web_blocks(model: FamilyModel) -> dict[str, list[Block]]:
@@ -111,13 +119,13 @@ def split_shards(path: Path, limit: int = SHARD_BYTES) -> list[Path]:
     return shards
 
 
-def export_wasm_graph(block: Block, module: torch.nn.Module, stored: list[StoredTensor],
+def export_wasm_graph(block: Block, stored: list[StoredTensor],
                       want: tuple[torch.Tensor, ...], root: Path, name: str,
                       what: str) -> dict:
-    """The block (or a variant's `module`) as the wasm path's ONNX graph: static web shapes,
+    """The block (or a variant) as the wasm path's ONNX graph: static web shapes,
     weights as graph inputs in their stored forms after the activations, decoded in the
     graph; run by onnxruntime against `want`, PyTorch's outputs with the decoded weights."""
-    static = replace(block, module=module, example=web_example(block), variants={},
+    static = replace(block, example=web_example(block), variants={},
                      dynamic_batch=[False] * len(block.inputs))
     path = root / "graphs" / block.component / f"{name}.onnx"
     # onnxruntime-web's wasm path is not known to run com.microsoft's fused attention:
@@ -129,72 +137,81 @@ def export_wasm_graph(block: Block, module: torch.nn.Module, stored: list[Stored
     return {"graph": file_entry(root, path), "validation": validation}
 
 
+def export_paths(block: Block, stored: list[StoredTensor], want: tuple[torch.Tensor, ...],
+                 compiler: BlockCompiler | None, root: Path, name: str, what: str,
+                 check: bool) -> tuple[list[dict], dict]:
+    """The block's (or a variant's) graph on each path: their files (the record's `graph`
+    first) and the record's fields. `compiler` None: a wasm-only package, whose wasm graph is
+    then the `graph` and its check the `validation`."""
+    files, fields = [], {}
+    if compiler is not None:  # the plan first: a block TVM refuses fails before its graph
+        compiled = compiler.compile(block)
+        validation = (validate(compiled, block, stored, want, what) if check
+                      else {"max_abs_error": None})
+        path = root / "plans" / block.component / f"{name}.json"
+        write_plan(compiled, path)
+        files.append(file_entry(root, path))
+        fields = {"graph": files[0]["path"], "gpu": compiled.plan.gpu_sizes(),
+                  "validation": validation}
+    wasm = export_wasm_graph(block, stored, want, root, name, what)
+    files.append(wasm["graph"])
+    fields["wasm"] = {"graph": wasm["graph"]["path"], "validation": wasm["validation"]}
+    return files, {"graph": fields["wasm"]["graph"],
+                   "validation": fields["wasm"]["validation"]} | fields
+
+
 def export_variant(block: Block, name: str, stored: list[StoredTensor],
-                   compiler: BlockCompiler, root: Path, check: bool) -> dict:
+                   compiler: BlockCompiler | None, root: Path, check: bool) -> dict:
     """A variant's plan and wasm graph; it reads the base block's weights (same names). A
     variant with a signature of its own (a chunked component's "first") records it."""
     variant = block.variant(name)
     what = f"{block.key} variant {name}"
     if list(variant.parameters()) != list(block.parameters()):
         raise ExportValidationError(f"block {what}: its parameters are not the base block's")
-    path = root / "plans" / block.component / f"{block.name}.{name}.json"
-    compiled = compiler.compile(variant)
     want = run_decoded(variant, stored)
-    validation = (validate(compiled, variant, stored, want, what) if check
-                  else {"max_abs_error": None})
-    write_plan(compiled, path)
-    wasm = export_wasm_graph(variant, variant.module, stored, want, root,
-                             f"{block.name}.{name}", what)
-    entry = file_entry(root, path)
-    record = {"graph": entry["path"], "files": [entry, wasm["graph"]],
-              "gpu": compiled.plan.gpu_sizes(), "validation": validation,
-              "wasm": {"graph": wasm["graph"]["path"], "validation": wasm["validation"]}}
+    files, fields = export_paths(variant, stored, want, compiler, root,
+                                 f"{block.name}.{name}", what, check)
+    record = {"graph": fields.pop("graph"), "files": files} | fields
     if isinstance(block.variants[name], Block):
         record["inputs"] = signature(variant.inputs, web_example(variant))
         record["outputs"] = signature(variant.outputs, variant.reference())
     return record
 
 
-def export_block(block: Block, compiler: BlockCompiler, root: Path,
+def export_block(block: Block, compiler: BlockCompiler | None, root: Path,
                  variants: bool = True, check: bool = True,
                  required: frozenset[str] = frozenset(),
                  form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES) -> dict:
-    """`variants=False`: only the `required` variants (a chunked component's first). `form`:
-    how the weights are stored (exporters/web_storage.py); `shard_bytes`: the largest
-    weights file."""
+    """`compiler` None: the wasm path alone. `variants=False`: only the `required` variants
+    (a chunked component's first). `form`: how the weights are stored
+    (exporters/web_storage.py); `shard_bytes`: the largest weights file."""
     # a model larger than memory: this block's weights are read now and dropped after
     with materialized(block.module):
         return _export_block(block, compiler, root, variants, check, required, form,
                              shard_bytes)
 
 
-def _export_block(block: Block, compiler: BlockCompiler, root: Path, variants: bool,
+def _export_block(block: Block, compiler: BlockCompiler | None, root: Path, variants: bool,
                   check: bool, required: frozenset[str], form: WebStorage | str,
                   shard_bytes: int) -> dict:
-    plan_path = root / "plans" / block.component / f"{block.name}.json"
     weights_path = root / "weights" / block.component / f"{block.name}.bin"
     stored = stored_weights(block, form)
     want = run_decoded(block, stored)
-    compiled = compiler.compile(block)
-    validation = (validate(compiled, block, stored, want, block.key) if check
-                  else {"max_abs_error": None})
-    write_plan(compiled, plan_path)
-    wasm = export_wasm_graph(block, block.module, stored, want, root, block.name, block.key)
+    graphs, fields = export_paths(block, stored, want, compiler, root, block.name, block.key,
+                                  check)
     table = write_stored(weights_path, stored)
     shards = [file_entry(root, p) for p in split_shards(weights_path, shard_bytes)]
-    files = [file_entry(root, plan_path), *shards, wasm["graph"]]
+    files = [*graphs, *shards]
     records = {name: export_variant(block, name, stored, compiler, root, check)
                for name in block.variants if variants or name in required}
     files += [f for r in records.values() for f in r["files"]]
     outputs = block.reference()
-    record = {"name": block.name, "files": files, "graph": files[0]["path"],
+    record = {"name": block.name, "files": files, "graph": fields.pop("graph"),
               "weights": {"path": shards[0]["path"], "shards": [f["path"] for f in shards],
                           "tensors": table},
-              "wasm": {"graph": wasm["graph"]["path"], "validation": wasm["validation"]},
-              "weight_bytes": block.weight_bytes(), "gpu": compiled.plan.gpu_sizes(),
+              "weight_bytes": block.weight_bytes(), **fields,
               "inputs": signature(block.inputs, web_example(block)),
               "outputs": signature(block.outputs, outputs),
-              "validation": validation,
               # what storing the weights costs: decoded against the trained weights
               "storage_error": output_error(list(want), outputs)}
     if records:
@@ -224,7 +241,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES,
                validate_end_to_end: bool = False,
                on_check_step: Callable[[int, int], None] | None = None,
-               unguided: bool = False) -> dict:
+               unguided: bool = False, paths: tuple[str, ...] = PATHS) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' optional variants (the TDTM pairs), so `merge_steps` is refused by the
     page; a chunked component's first variant is kept.
@@ -240,9 +257,18 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     anything is written; the result is the manifest's `validation`; `on_check_step(done,
     total)` counts its generations' steps. `unguided`: the transformer's blocks also at the
     caption's half of the guidance batch (`edge.blocks.with_unguided`: `unguided`, and with
-    `variants` `tdtm_unguided`), which the page runs for calls without guidance."""
+    `variants` `tdtm_unguided`), which the page runs for calls without guidance. `paths`:
+    both (`PATHS`) or `("wasm",)`, the wasm graphs alone: no plan, nothing of TVM imported
+    (`compiler` and `check` then unused)."""
+    if set(paths) not in ({"webgpu", "wasm"}, {"wasm"}):
+        raise ValueError(f"paths {paths!r}: both of {PATHS} or ('wasm',)")
     storage = web_storage(form, model)
-    compiler = compiler or shared_compiler()
+    if "webgpu" not in paths:
+        compiler = None
+    elif compiler is None:
+        from edge.exporters.tvm_plan import shared_compiler
+
+        compiler = shared_compiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
     # a model out of core is checked once its blocks are written (web_check.py)
@@ -253,7 +279,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
         ort, ort_files = ort_location(root, ort_url, bundle_ort)
         manifest["web"] = {"guidance_batch": shapes.guidance_batch, "unguided": unguided,
                            "vae_frames": shapes.decoder_frames,
-                           "shard_bytes": shard_bytes, "paths": ["webgpu", "wasm"], "ort": ort,
+                           "shard_bytes": shard_bytes, "ort": ort,
+                           "paths": [p for p in PATHS if p in paths],
                            "storage": storage.record()}
         manifest["components"] = []
         for name, blocks in components.items():

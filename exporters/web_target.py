@@ -1,6 +1,7 @@
 """`edge export --target web`: the family's blocks at the web's static shapes, each as WebGPU
 kernels with a launch plan (TVM) and as a wasm graph for onnxruntime-web (exporters/web.py),
-in a package that is a static site with the demo page."""
+in a package that is a static site with the demo page; `--web-paths wasm` writes the wasm
+graphs alone (no TVM)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from edge.exporters import (
     Prepared,
     Progress,
     inputs_text,
+    need_modules,
     refuse_others,
 )
 from edge.exporters.validation import worst_block
@@ -21,11 +23,31 @@ NAME = "web"
 # what one page can hold: the wasm32 heap (4 GiB), where onnxruntime-web's wasm path keeps
 # every weight; a Chrome ArrayBuffer stops at about 2 GB (docs/web.md, Limits)
 PAGE_MEMORY_BYTES = 4 * 1024**3
+# `--web-paths`: both paths (the default), or the wasm graphs alone. No webgpu-only package:
+# the wasm graphs are the cheap part of an export and the page's fallback without WebGPU
+WEB_PATHS = {"webgpu,wasm": ("webgpu", "wasm"), "wasm": ("wasm",)}
+DEFAULT_WEB_PATHS = "webgpu,wasm"
+
+
+def web_paths(options: ExportOptions) -> tuple[str, ...]:
+    """The paths `--web-paths` asks for, in the manifest's order (either order is taken);
+    any other value is refused, naming it."""
+    given = DEFAULT_WEB_PATHS if options.web_paths is None else options.web_paths
+    names = {name.strip() for name in given.split(",")}
+    for paths in WEB_PATHS.values():
+        if names == set(paths):
+            return paths
+    if names == {"webgpu"}:
+        raise ExportOptionError(f"--web-paths {given!r}: a package without the wasm path is not "
+                                "built (its graphs are the page's fallback without WebGPU, and "
+                                "the cheap part of an export); give webgpu,wasm or wasm")
+    raise ExportOptionError(f"--web-paths {given!r}: give webgpu,wasm (both paths, the "
+                            "default) or wasm (onnxruntime-web's graphs alone)")
 
 
 def check(options: ExportOptions) -> None:
-    """Refuse a bad --ort-url / --bundle-ort / --quantize before any work, naming the value
-    or file."""
+    """Refuse a bad --ort-url / --bundle-ort / --quantize / --web-paths before any work,
+    naming the value or file; without TVM, a package with the WebGPU path."""
     from edge.exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
     from edge.exporters.web_storage import check_form
 
@@ -33,7 +55,9 @@ def check(options: ExportOptions) -> None:
         raise ExportOptionError(
             "--memory-budget: a web package takes its budget where the page loads it "
             "(WebPipeline.load(url, {budget}), ?budget= on the demo page), not at export")
-    refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize", "unguided_variants"})
+    refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize", "unguided_variants",
+                                  "web_paths"})
+    paths = web_paths(options)
     try:
         if options.quantize is not None:
             check_form(options.quantize)
@@ -46,6 +70,8 @@ def check(options: ExportOptions) -> None:
             check_bundle(options.bundle_ort)
     except (OrtLocationError, ValueError) as err:
         raise ExportOptionError(str(err)) from None
+    if "webgpu" in paths:  # TVM compiles its kernels (the [web] extra)
+        need_modules("--target web --web-paths webgpu,wasm", ("tvm",))
 
 
 def folder_name(model_name: str, options: ExportOptions) -> str:
@@ -71,8 +97,11 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
             held[block.key] = block_stored_bytes(block, storage)
             lines.append(f"{block.key:<28}{held[block.key] / 1e6:>11.2f}  {inputs_text(block)}")
     total = sum(held.values())
-    lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize); the page keeps "
-                 "what its memory budget holds and streams the rest from the browser's storage")
+    paths = web_paths(options)
+    lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize), for the "
+                 f"{' and '.join(paths)} path{'s' * (len(paths) > 1)} (--web-paths); the page "
+                 "keeps what its memory budget holds and streams the rest from the browser's "
+                 "storage")
     notes = []
     if total > PAGE_MEMORY_BYTES:
         notes.append(f"without a memory budget the page holds every block's weights: "
@@ -92,7 +121,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
                       ort_url=options.ort_url, bundle_ort=options.bundle_ort,
                       form=stored_form(options), validate_end_to_end=True,
                       unguided=options.unguided_variants is not False,
-                      on_check_step=progress.on_check_step)
+                      on_check_step=progress.on_check_step, paths=web_paths(options))
 
 
 def stored_form(options: ExportOptions) -> str:
@@ -111,15 +140,30 @@ def _end_to_end(manifest: dict) -> str:
             f"float32's, floor {check['psnr_floor_db']:g} dB")
 
 
+def _worst(manifest: dict) -> tuple[float, str]:
+    """worst_block over both of a block's checks: its `graph`'s (the launch plan's, or in a
+    wasm-only package the wasm graph's) and its wasm graph's."""
+    views = [{"name": c["name"], "blocks": [b | {"validation": v} for b in c["blocks"]
+                                            for v in (b["validation"], b["wasm"]["validation"])]}
+             for c in manifest["components"]]
+    return worst_block({"components": views})
+
+
+def _checked(manifest: dict) -> str:
+    if "webgpu" in manifest["web"]["paths"]:
+        return "launch plans replayed with TVM's llvm build, wasm graphs run by onnxruntime"
+    return "wasm graphs run by onnxruntime; no WebGPU path (--web-paths wasm)"
+
+
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
-    worst = worst_block(manifest)
+    worst = _worst(manifest)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {size / 1e6:.1f} MB "
             f"(weights stored as {manifest['web']['storage']['quantize']}{_end_to_end(manifest)}), "
-            f"worst block error {worst[0]:.2g} of its largest output ({worst[1]}; launch plans "
-            f"replayed with TVM's llvm build, wasm graphs with onnxruntime)\n"
+            f"worst block error {worst[0]:.2g} of its largest output ({worst[1]}; "
+            f"{_checked(manifest)})\n"
             f"onnxruntime-web for the wasm path: {ort_source(manifest['web']['ort'])}\n"
             f"serve it with: edge serve {dest}")
 

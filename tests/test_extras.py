@@ -71,6 +71,16 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, extra):
     assert not (tmp_path / "x.gif").exists() and not (tmp_path / "m").exists()
 
 
+def test_a_wasm_only_web_package_needs_no_tvm(tmp_path):
+    """`--web-paths wasm` compiles nothing with TVM, so an install without it plans (and
+    exports: tests/test_web_wasm_only.py) such a package; both paths still ask for it
+    (above)."""
+    done = run_without(("tvm",), ["export", "--target", "web", "--web-paths", "wasm",
+                                  "--dry-run"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "for the wasm path (--web-paths)" in done.stdout, done.stdout[-2000:]
+
+
 def test_a_missing_module_no_extra_brings_keeps_its_traceback(monkeypatch):
     """Only the modules an extra installs are answered with an extra: a missing module of
     edge's own is a bug, and says where."""

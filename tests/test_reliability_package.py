@@ -113,6 +113,21 @@ def test_listed_path_that_is_a_folder_is_refused(pkg, monkeypatch):
         NoBlockRuns(monkeypatch).load(pkg)
 
 
+def test_a_manifest_holding_infinity_is_refused_by_name(pkg):
+    """The file's reader refuses `Infinity` (no JSON has it); a manifest handed over as a dict
+    holding one (a program's own edit) is refused by check_manifest too, naming the
+    manifest, not a traceback from its digest's JSON."""
+    with pytest.raises(PackageError, match="Infinity is not a JSON number"):
+        text = (pkg / MANIFEST).read_text()
+        (pkg / MANIFEST).write_text(text.replace('"format_version": 1,',
+                                                 '"format_version": 1, "edited": Infinity,', 1))
+        read_package(pkg)
+    m = json.loads(text)
+    m["edited"] = float("inf")
+    with pytest.raises(PackageError, match="manifest.json: holds NaN or Infinity"):
+        check_manifest(m)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_null_caption_that_is_not_finite_is_refused_at_load(pkg, monkeypatch, bad):
     """A consistent package (sizes and digests rewritten) whose learned null caption holds NaN

@@ -72,6 +72,10 @@ def test_every_target_answers_the_same_questions(name):
     ("onnx", ExportOptions(unguided_variants=True), "--unguided-variants/--no-unguided-"
      "variants apply to --target web and iphone --min-ios 18 or 27, not onnx .an ONNX "
      "graph takes any batch"),
+    ("onnx", ExportOptions(web_paths="wasm"), "--web-paths applies to --target web, not onnx"),
+    ("web", ExportOptions(web_paths="webgpu"), "--web-paths 'webgpu': a package without the "
+     "wasm path is not built"),
+    ("web", ExportOptions(web_paths="wasm,gpu"), "--web-paths 'wasm,gpu': give webgpu,wasm"),
     ("iphone", ExportOptions(unguided_variants=True, min_ios=17), "--unguided-variants with "
      "--min-ios 17: that layout stores each variant as a program with its own copy of the "
      "weights; use --min-ios 18"),

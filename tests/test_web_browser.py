@@ -1261,6 +1261,58 @@ def test_page_says_clearly_when_webgpu_is_missing_and_there_is_no_wasm_path(brow
         context.close()
 
 
+# the adapter as a hardware GPU's (the page then runs WebGPU untimed where it has the path)
+HARDWARE_ADAPTER = """if (globalThis.GPUAdapter) {
+  Object.defineProperty(GPUAdapter.prototype, "info", { get: () => ({ vendor: "nvidia",
+    architecture: "ampere", device: "", description: "patched", isFallbackAdapter: false }) });
+  Object.defineProperty(GPUAdapter.prototype, "isFallbackAdapter", { get: () => false });
+}"""
+
+
+def wasm_only_page(browser, served, query: str, init_script: str | None = None) -> dict:
+    """The demo page at `query` with the package's manifest answered as a wasm-only
+    package's (`paths: ["wasm"]`) where chromium gives an adapter (skipped where it gives
+    none): what it shows, and the paths it requested."""
+    context = browser.new_context()
+    if init_script:
+        context.add_init_script(init_script)
+    context.route("**/manifest.json", lambda route: rewritten_manifest(
+        route, lambda m: m["web"].update(paths=["wasm"])))
+    pg = context.new_page()
+    requested = []
+    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    try:
+        pg.goto(served + "manifest.json")
+        skip_without_webgpu(context, pg)
+        pg.goto(served + "index.html" + query)
+        pg.wait_for_function(READY, timeout=120_000)
+        return {"ready": pg.evaluate("window.edgeDemo.ready"),
+                "path": pg.evaluate("window.edgeDemo.pipe && window.edgeDemo.pipe.path"),
+                "shown": pg.inner_text("#path"), "error": pg.evaluate("window.edgeDemo.error"),
+                "generate_disabled": pg.is_disabled("#generate"), "requested": requested}
+    finally:
+        context.close()
+
+
+def test_a_wasm_only_package_runs_wasm_beside_an_adapter(browser, served, web_package):
+    """A package exported with --web-paths wasm where chromium gives a WebGPU adapter (the
+    mirror of the webgpu-only case above): the page runs wasm without timing the paths or
+    fetching a plan, on SwiftShader's adapter and on one that looks like a hardware GPU's,
+    and `?path=webgpu` is refused naming the path the package has."""
+    skip_without_ort(web_package[1])
+    for init_script in (None, HARDWARE_ADAPTER):
+        chosen = wasm_only_page(browser, served, "", init_script)
+        assert chosen["ready"], chosen["error"]
+        assert chosen["path"]["name"] == "wasm" and chosen["path"]["timings"] is None
+        assert "the wasm path only" in chosen["shown"], chosen["shown"]
+        assert not any(p.startswith("plans/") for p in chosen["requested"])
+        assert any(p.startswith("graphs/") for p in chosen["requested"])
+    asked = wasm_only_page(browser, served, "?path=webgpu")
+    assert asked["ready"] is False and asked["generate_disabled"]
+    assert asked["error"] == 'path "webgpu": this package has wasm', asked["error"]
+    assert not any(p.startswith(("plans/", "weights/")) for p in asked["requested"])
+
+
 # what each form field must show whole: its placeholder, or a value a person types
 FIELD_TEXTS = {"seed": "123456", "steps": "30", "merge": "15", "cache": "0.05",
                "budget": None, "prompt": "a violet ball drifting to the left"}

@@ -18,7 +18,8 @@ def export(
     target: Annotated[str, typer.Option(
         help="onnx, or iphone (CoreML: one .mlpackage per block; compiling them to "
         ".mlmodelc is macOS-only), or web (WebGPU kernels by TVM and wasm graphs for "
-        "onnxruntime-web, with the demo page: a static site for `edge serve`).")] = "onnx",
+        "onnxruntime-web, or the wasm graphs alone with --web-paths wasm, with the demo "
+        "page: a static site for `edge serve`).")] = "onnx",
     model: Annotated[Path | None, typer.Option(
         help="A diffusers pipeline folder (WanPipeline: Wan 2.1, Wan 2.2 TI2V-5B; "
         "CogVideoXPipeline; LTXPipeline), an Open-Sora 1.2 folder (transformer/, vae/, "
@@ -88,6 +89,13 @@ def export(
     bundle_ort: Annotated[Path | None, typer.Option(
         help="web: copy onnxruntime-web from this dist folder into the package, so the page "
         "works offline.")] = None,
+    web_paths: Annotated[str | None, typer.Option(
+        help="web: the paths the package holds. webgpu,wasm: WebGPU kernels and launch plans "
+        "(TVM, each plan replayed with its llvm build) and the wasm graphs, the page running "
+        "the faster; wasm: onnxruntime-web's wasm graphs alone, no TVM (tiny-sora's blocks "
+        "export in a quarter of the time; the page runs on the CPU, a GPU or not) "
+        "[default: webgpu,wasm].")
+    ] = None,
     unguided_variants: Annotated[bool | None, typer.Option(
         "--unguided-variants/--no-unguided-variants",
         help="web, and iphone with --min-ios 18 or 27: also write the transformer's blocks "
@@ -133,7 +141,8 @@ def export(
                                     f"{target}")
         options = ExportOptions(memory_budget=common.budget_option(memory_budget),
                                 quantize=quantize, min_ios=min_ios, ort_url=ort_url,
-                                bundle_ort=bundle_ort, unguided_variants=unguided_variants)
+                                bundle_ort=bundle_ort, unguided_variants=unguided_variants,
+                                web_paths=web_paths)
         exporter.check(options)
     except (FamilyError, ExportOptionError) as err:
         fail(str(err))

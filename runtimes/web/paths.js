@@ -4,7 +4,8 @@
 // No WebGPU (no navigator.gpu, or no adapter) -> wasm. A hardware adapter -> WebGPU. A
 // software adapter (isFallbackAdapter, or one of the CPU rasterisers by name: WebGPU emulated
 // on the CPU) -> both paths are timed on one transformer block and the faster is kept,
-// remembered per adapter and model in localStorage, as the kernel choices are.
+// remembered per adapter and model in localStorage, as the kernel choices are. A package
+// without the WebGPU path (`edge export --web-paths wasm`) runs wasm whatever the adapter.
 //
 // onnxruntime-web (the wasm path's engine) is fetched only where the wasm path may run, and
 // where it cannot be had (offline, the CDN blocked, a file failing its digest) a page with an
@@ -147,6 +148,8 @@ export async function probeBlock(executor, probe) {
 // neither path can run (or the asked one cannot); see the top of this file.
 export async function choosePath({ files, gpu, asked = null, modelKey, getProbe }) {
   const paths = (files.manifest.web && files.manifest.web.paths) || ["webgpu"];
+  // a wasm-only package is, for its wasm path's refusals, as if there were no adapter
+  const noPlans = { adapter: null, reason: "this package has no WebGPU path (exported with --web-paths wasm)" };
   const webgpu = async (why, timings = null) => ({ path: "webgpu", why, executor: await createExecutor("webgpu", gpu.adapter, files), timings });
   if (asked) {
     if (!paths.includes(asked)) throw new Error(`path ${JSON.stringify(asked)}: this package has ${paths.join(" and ")}`);
@@ -156,7 +159,7 @@ export async function choosePath({ files, gpu, asked = null, modelKey, getProbe 
       return webgpu(why);
     }
     const wasm = await tryWasm(files);
-    if (!wasm.executor) throw askedWasmMissing(wasm.missing, gpu);
+    if (!wasm.executor) throw askedWasmMissing(wasm.missing, paths.includes("webgpu") ? gpu : noPlans);
     return { path: "wasm", why, executor: wasm.executor, timings: null };
   }
   if (!gpu.adapter) {
@@ -164,6 +167,12 @@ export async function choosePath({ files, gpu, asked = null, modelKey, getProbe 
     const wasm = await tryWasm(files);
     if (!wasm.executor) throw neitherPath(wasm.missing, gpu);
     return { path: "wasm", why: `${gpu.reason}: the CPU runs the model through onnxruntime-web`, executor: wasm.executor, timings: null };
+  }
+  if (!paths.includes("webgpu")) {
+    // nothing to choose between, and no plan to run or time on the adapter
+    const wasm = await tryWasm(files);
+    if (!wasm.executor) throw neitherPath(wasm.missing, noPlans);
+    return { path: "wasm", why: "this package has the wasm path only: the CPU runs the model through onnxruntime-web", executor: wasm.executor, timings: null };
   }
   const label = adapterLabel(gpu.adapter);
   if (!paths.includes("wasm") || !isSoftwareAdapter(gpu.adapter)) return webgpu(`GPU adapter ${label}`);
