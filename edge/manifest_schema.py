@@ -409,7 +409,7 @@ def _check_wasm_graph(record: dict, listed: set[str], where: str) -> None:
         raise PackageError(f"{where}: wasm graph {graph!r} is not one of the block's files")
 
 
-WEB_PATHS = ("webgpu", "wasm")
+WEB_PATHS = ("webgpu", "wasm")  # the paths a web package may hold, in the manifest's order
 
 
 def _check_web_paths(manifest: dict) -> None:

@@ -60,7 +60,7 @@ from edge.exporters.web_storage import (
 )
 from edge.family_model import FamilyModel
 from edge.lazy_weights import materialized
-from edge.manifest_schema import UNGUIDED
+from edge.manifest_schema import UNGUIDED, WEB_PATHS
 from edge.package import atomic_directory, file_entry, write_manifest
 
 if TYPE_CHECKING:  # TVM is imported only where the WebGPU path is exported
@@ -72,7 +72,6 @@ REPO = Path(__file__).resolve().parent.parent
 RUNTIME_DIR = REPO / "runtimes" / "web"
 DEMO_DIR = REPO / "web_demo"
 SITE_SUFFIXES = {".js", ".mjs", ".html", ".css"}
-PATHS = ("webgpu", "wasm")  # a package's paths, in the manifest's order
 
 
 def web_blocks(model: FamilyModel) -> dict[str, list[Block]]:
@@ -143,7 +142,7 @@ def export_paths(block: Block, stored: list[StoredTensor], want: tuple[torch.Ten
     """The block's (or a variant's) graph on each path: their files (the record's `graph`
     first) and the record's fields. `compiler` None: a wasm-only package, whose wasm graph is
     then the `graph` and its check the `validation`."""
-    files, fields = [], {}
+    files, plan = [], None
     if compiler is not None:  # the plan first: a block TVM refuses fails before its graph
         compiled = compiler.compile(block)
         validation = (validate(compiled, block, stored, want, what) if check
@@ -151,13 +150,12 @@ def export_paths(block: Block, stored: list[StoredTensor], want: tuple[torch.Ten
         path = root / "plans" / block.component / f"{name}.json"
         write_plan(compiled, path)
         files.append(file_entry(root, path))
-        fields = {"graph": files[0]["path"], "gpu": compiled.plan.gpu_sizes(),
-                  "validation": validation}
-    wasm = export_wasm_graph(block, stored, want, root, name, what)
-    files.append(wasm["graph"])
-    fields["wasm"] = {"graph": wasm["graph"]["path"], "validation": wasm["validation"]}
-    return files, {"graph": fields["wasm"]["graph"],
-                   "validation": fields["wasm"]["validation"]} | fields
+        plan = {"graph": files[0]["path"], "gpu": compiled.plan.gpu_sizes(),
+                "validation": validation}
+    exported = export_wasm_graph(block, stored, want, root, name, what)
+    files.append(exported["graph"])
+    wasm = {"graph": exported["graph"]["path"], "validation": exported["validation"]}
+    return files, (plan or wasm) | {"wasm": wasm}
 
 
 def export_variant(block: Block, name: str, stored: list[StoredTensor],
@@ -241,7 +239,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES,
                validate_end_to_end: bool = False,
                on_check_step: Callable[[int, int], None] | None = None,
-               unguided: bool = False, paths: tuple[str, ...] = PATHS) -> dict:
+               unguided: bool = False, paths: tuple[str, ...] = WEB_PATHS) -> dict:
     """Export every block to `dest` atomically; returns the manifest. `variants=False` leaves
     out the blocks' optional variants (the TDTM pairs), so `merge_steps` is refused by the
     page; a chunked component's first variant is kept.
@@ -258,10 +256,10 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     total)` counts its generations' steps. `unguided`: the transformer's blocks also at the
     caption's half of the guidance batch (`edge.blocks.with_unguided`: `unguided`, and with
     `variants` `tdtm_unguided`), which the page runs for calls without guidance. `paths`:
-    both (`PATHS`) or `("wasm",)`, the wasm graphs alone: no plan, nothing of TVM imported
-    (`compiler` and `check` then unused)."""
-    if set(paths) not in ({"webgpu", "wasm"}, {"wasm"}):
-        raise ValueError(f"paths {paths!r}: both of {PATHS} or ('wasm',)")
+    both (`WEB_PATHS`) or `("wasm",)`, the wasm graphs alone: no plan, nothing of TVM
+    imported (`compiler` and `check` then unused)."""
+    if "wasm" not in paths or not set(paths) <= set(WEB_PATHS):
+        raise ValueError(f"paths {paths!r}: both of {WEB_PATHS} or ('wasm',)")
     storage = web_storage(form, model)
     if "webgpu" not in paths:
         compiler = None
@@ -280,7 +278,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
         manifest["web"] = {"guidance_batch": shapes.guidance_batch, "unguided": unguided,
                            "vae_frames": shapes.decoder_frames,
                            "shard_bytes": shard_bytes, "ort": ort,
-                           "paths": [p for p in PATHS if p in paths],
+                           "paths": [p for p in WEB_PATHS if p in paths],
                            "storage": storage.record()}
         manifest["components"] = []
         for name, blocks in components.items():

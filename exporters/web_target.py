@@ -18,6 +18,7 @@ from edge.exporters import (
 )
 from edge.exporters.validation import worst_block
 from edge.family_model import FamilyModel
+from edge.manifest_schema import WEB_PATHS
 
 NAME = "web"
 # what one page can hold: the wasm32 heap (4 GiB), where onnxruntime-web's wasm path keeps
@@ -25,8 +26,8 @@ NAME = "web"
 PAGE_MEMORY_BYTES = 4 * 1024**3
 # `--web-paths`: both paths (the default), or the wasm graphs alone. No webgpu-only package:
 # the wasm graphs are the cheap part of an export and the page's fallback without WebGPU
-WEB_PATHS = {"webgpu,wasm": ("webgpu", "wasm"), "wasm": ("wasm",)}
-DEFAULT_WEB_PATHS = "webgpu,wasm"
+BUILT_PATHS = (WEB_PATHS, ("wasm",))
+DEFAULT_WEB_PATHS = ",".join(WEB_PATHS)
 
 
 def web_paths(options: ExportOptions) -> tuple[str, ...]:
@@ -34,7 +35,7 @@ def web_paths(options: ExportOptions) -> tuple[str, ...]:
     any other value is refused, naming it."""
     given = DEFAULT_WEB_PATHS if options.web_paths is None else options.web_paths
     names = {name.strip() for name in given.split(",")}
-    for paths in WEB_PATHS.values():
+    for paths in BUILT_PATHS:
         if names == set(paths):
             return paths
     if names == {"webgpu"}:
