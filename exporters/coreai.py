@@ -41,6 +41,7 @@ from torch import nn
 
 from edge.blocks import Block, chained, with_unguided
 from edge.exporters import ExportValidationError
+from edge.exporters.coreai_simulated import simulated_block, weight_axes
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml import manifest_dtype, signature
 from edge.exporters.coreml_compression import Compression, compression
@@ -120,6 +121,9 @@ STORED_SETTINGS = ("4",)
 # guard against a broken program (a wrong layout reads as error of order one), not a measure
 # of the stored form's cost; each block's error is recorded (docs/package-format.md).
 TOLERANCE_BY_BITS = ((16, 3e-2), (8, 6e-2), (0, 0.3))
+# A compressed program against the PyTorch block with coreai-opt's stored weights simulated:
+# float16 compute is all that differs (the fp16 setting's bound)
+SIMULATED_TOLERANCE = 3e-2
 
 
 def _tolerance(bits: float) -> float:
@@ -205,6 +209,8 @@ class HalfPrecision(nn.Module):
     """A block computed in float16 behind float32 inputs and outputs (integer inputs, token
     ids and masks, pass as they are; the inputs at positions `keep` stay float32)."""
 
+    PREFIX = "inner."   # the block's tensors' names in this module
+
     def __init__(self, module: nn.Module, keep: frozenset[int] = frozenset()) -> None:
         super().__init__()
         self.inner = copy.deepcopy(module).half()
@@ -252,7 +258,10 @@ def _save_graph(block: Block, precision: Precision, where: Path) -> dict:
     np.savez(where.with_suffix(".npz"),
              **{n: _device_input(t) for n, t in zip(block.inputs, example, strict=True)})
     return {"program": str(where.with_suffix(".pt2")), "inputs": str(where.with_suffix(".npz")),
-            "input_names": list(block.inputs), "output_names": list(block.outputs)}
+            "input_names": list(block.inputs), "output_names": list(block.outputs),
+            # what coreai-opt will compress, for the simulated reference (not the worker's)
+            "compressed": {name: list(axes) for name, axes in
+                           weight_axes(program, HalfPrecision.PREFIX).items()}}
 
 
 def _crash_text(code: int) -> str:
@@ -332,6 +341,22 @@ def executed_error(got: dict[str, np.ndarray], block: Block,
             "execute_seconds": round(seconds, 4)}
 
 
+def simulated_error(got: dict[str, np.ndarray], graph: Block, function: dict,
+                    stored: dict) -> dict:
+    """The executed program's outputs against the PyTorch graph with the weights coreai-opt
+    stored simulated in it (exporters/coreai_simulated.py): what is left is float16 compute."""
+    axes = {name: tuple(a) for name, a in function["compressed"].items()}
+    want = simulated_block(graph, axes, stored).reference()
+    error = scale = relative = 0.0
+    for name, w in zip(graph.outputs, want, strict=True):
+        w = w.float().numpy()
+        err, top = worst_difference(got[name].astype(np.float32), w), largest_finite(w)
+        error, scale = worse(error, err), max(scale, top)
+        relative = worse(relative, err / max(top, np.finfo(np.float32).tiny))
+    return {"max_abs_error": error, "relative_error": relative,
+            "tolerance": SIMULATED_TOLERANCE, "weights": len(axes)}
+
+
 def _job(block: Block, root: Path, precision: Precision, scratch: Path) -> Path:
     """Save a block's graphs (its own as "main", each variant under its name) and the job
     that converts them into the functions of one .aimodel in `root` and executes them."""
@@ -362,17 +387,20 @@ def export_blocks(blocks: list[Block], root: Path, precision: Precision,
         found = run_worker(jobs, [b.key for b in blocks],
                            on_done=None if on_block is None else
                            lambda i: on_block(blocks[i].key))
-        return [_record(block, root, precision, done) for block, done
-                in zip(blocks, found, strict=True)]
+        jobs = [json.loads(job.read_text()) for job in jobs]
+        return [_record(block, root, precision, done, job) for block, done, job
+                in zip(blocks, found, jobs, strict=True)]
 
 
 def export_block(block: Block, root: Path, precision: Precision) -> dict:
     return export_blocks([block], root, precision)[0]
 
 
-def _record(block: Block, root: Path, precision: Precision, found: dict) -> dict:
-    """A converted block's manifest record, each function's executed outputs checked."""
+def _record(block: Block, root: Path, precision: Precision, found: dict, job: dict) -> dict:
+    """A converted block's manifest record, each function's executed outputs checked (`job`:
+    what the worker was given)."""
     graphs = _functions(block)
+    jobs = {f["name"]: f for f in job["functions"]}
     relative = model_path(block)
     path = root / relative
     records = {}
@@ -382,13 +410,23 @@ def _record(block: Block, root: Path, precision: Precision, found: dict) -> dict
         reference = graph.reference()  # once: `chained` may have computed the main one
         check = executed_error(got, graph, reference, precision,
                                found["functions"][name]["seconds"])
+        what = f"block {block.key}{'' if name == MAIN else f' variant {name}'}"
         if not check["relative_error"] <= check["tolerance"]:
             raise ExportValidationError(
-                f"block {block.key}{'' if name == MAIN else f' variant {name}'}: executed "
-                f"by Core AI it differs from PyTorch by {check['max_abs_error']:.3g} "
-                f"({check['relative_error']:.3g} of its largest output "
-                f"{check['reference_max_abs']:.3g}; {precision.setting} allows "
+                f"{what}: executed by Core AI it differs from PyTorch by "
+                f"{check['max_abs_error']:.3g} ({check['relative_error']:.3g} of its largest "
+                f"output {check['reference_max_abs']:.3g}; {precision.setting} allows "
                 f"{check['tolerance']:g} there)")
+        stored = precision.stored_form(block.key).weights
+        if stored is not None:
+            check["simulated"] = simulated_error(got, graph, jobs[name], stored)
+            if not check["simulated"]["relative_error"] <= SIMULATED_TOLERANCE:
+                raise ExportValidationError(
+                    f"{what}: executed by Core AI it differs from PyTorch with coreai-opt's "
+                    f"{stored['dtype']} weights simulated by "
+                    f"{check['simulated']['relative_error']:.3g} of its largest output (float16 "
+                    f"compute allows {SIMULATED_TOLERANCE:g}): the program does not compute "
+                    "with the weights it should store")
         records[name] = {"validation": check, "reference": reference}
     # everything Core AI wrote into the model's folder (main.mlirb: the program and its
     # weights; main.hash; metadata.json), so verification covers it all

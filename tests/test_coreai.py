@@ -172,6 +172,9 @@ def test_int8_programs_store_a_byte_a_weight_and_execute_near_the_block(tmp_path
     for name, record in [("main", int8), ("tdtm", int8["variants"]["tdtm"])]:
         error = record["validation"]["relative_error"]
         assert 1e-3 < error <= PRECISIONS["8"].tolerance, (name, error)
+        # against the block with coreai-opt's int8 weights simulated: float16 compute alone
+        simulated = record["validation"]["simulated"]
+        assert simulated["weights"] == 16 and simulated["relative_error"] < 1e-2, simulated
     assert 0.24 < int8["weight_bytes"] / full["weight_bytes"] < 0.32
     # the dry run's figure is the weights' (what coreai-opt compresses at 8 bits, the rest
     # at 16): the program adds its ops (~60 KB here; 0.2% of a Wan 1.3B block)
@@ -201,9 +204,69 @@ def test_int4_programs_store_half_a_byte_a_weight_and_execute_near_the_block(tmp
         check = entry["validation"]
         # int8 puts this block 4.6e-3 off (docs/package-format.md)
         assert 1e-2 < check["relative_error"] <= check["tolerance"], (name, check)
+        # the 4 bits are the simulated quantization's: what is left is float16's (3.7e-3)
+        simulated = check["simulated"]
+        assert simulated["relative_error"] < check["relative_error"] / 5, (name, check)
     assert 0.14 < record["weight_bytes"] / record["reference_weight_bytes"] < 0.2
     assert 0.8 < stored_bytes(block, int4) / record["weight_bytes"] <= 1
     assert b"blockwise_shift_scale" in (tmp_path / "int4" / record["graph"]).read_bytes()
+
+
+@pytest.mark.parametrize("dtype, block_size, axes", [("int8", None, (0, 1)),
+                                                      ("int4", 32, (0, 1)),
+                                                      ("int4", 32, (1, 0))])
+def test_the_simulated_quantization_is_coreai_opts_bit_for_bit(dtype, block_size, axes):
+    """exporters/coreai_simulated.py's weights are those coreai-opt stores: its own
+    parameters (a private function of the pinned coreai-opt 0.4.0) dequantized as the
+    program does, q * scale in float16, equal to the last bit, per output channel and per
+    block of 32 inputs along either axis."""
+    pytest.importorskip("coreai_opt", reason="coreai-opt (the [iphone] extra) is not installed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from coreai_opt.coreai_utils._coreai_imports import compression_types
+        from coreai_opt.coreai_utils._utils.quantize_utils import _compute_qparams_by_dtype
+        from coreai_opt.coreai_utils.common import QScheme
+
+    from edge.exporters.coreai_simulated import quantized
+
+    w = (np.random.default_rng(3).standard_normal((64, 96)) * 0.05).astype(np.float16)
+    w[5] = 0   # an all-zero channel: the formula's epsilon keeps its scale finite
+    sizes = [0, 0]
+    sizes[axes[0]], sizes[axes[1]] = 1, block_size or 0
+    levels, scale, _ = _compute_qparams_by_dtype(w, getattr(compression_types, dtype),
+                                                 QScheme.SYMMETRIC, sizes)
+    per = np.ones(2, dtype=int)
+    per[axes[1]] = block_size or w.shape[axes[1]]
+    expand = np.asarray(scale, np.float16).reshape(
+        [w.shape[a] // per[a] if sizes[a] else 1 for a in range(2)])
+    want = levels.astype(np.float16) * np.kron(expand, np.ones(per, np.float16))
+    got = quantized(w, axes, dtype, block_size)
+    assert got.dtype == np.float16 and np.array_equal(got, want.astype(np.float16))
+    assert np.abs(got - w).max() > 0   # the weights did change
+
+
+def test_a_program_off_the_simulated_weights_is_refused(tmp_path, tiny_sora, monkeypatch):
+    """The embedding table's block at int4: coreai-opt compresses the word table, not the
+    position table (its gather at fixed positions folds into a constant), and the program
+    matches that simulation to float16; simulated otherwise (three levels), the same program
+    is refused, naming the block: the check sees the weights' layout, not only the size."""
+    from edge.exporters import ExportValidationError, coreai_simulated
+    from edge.exporters.coreai import export_block, stored_precision
+    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.coreml_compression import STORAGES, Compression
+
+    blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
+    block = blocks["text_encoder/embeddings"]
+    int4 = stored_precision(Compression("int4", (("*", STORAGES["int4-b32"]),), 0.0),
+                            tiny_sora)
+    check = export_block(block, tmp_path / "ok", int4)["validation"]
+    assert check["simulated"]["weights"] == 1
+    # the table's 4 bits (5.8e-2 off float32) are the simulation's: 1.1e-3 is float16's
+    assert check["simulated"]["relative_error"] < check["relative_error"] / 10, check
+    monkeypatch.setitem(coreai_simulated.QRANGE, "int4", 1)
+    with pytest.raises(ExportValidationError, match=r"block text_encoder/embeddings: .*int4 "
+                       r"weights simulated by .* the program does not compute with"):
+        export_block(block, tmp_path / "off", int4)
 
 
 def test_a_family_rule_core_ai_cannot_store_is_refused_naming_the_form(tiny_sora):
