@@ -11,10 +11,12 @@ Each setting runs in a process of its own (so the peak RSS of its Core AI worker
 and exports the sample blocks exactly as `edge export --target iphone --min-ios 27` does
 (exporters/coreai.py: torch.export, coreai-torch, coreai-opt, every program executed and held
 to its tolerance). Prints per block: the program's bytes on disk against the dry run's
-estimate and the fp32 parameters, the executed relative error, the conversion-and-execution
-wall; per setting: the worker's peak RSS and the whole package the dry run predicts (its
-transformer beside it). A small video keeps the interpreter's float16 emulation (about 100x
-float32) to minutes a block; the weights, what the setting stores, are the real ones.
+estimate and the fp32 parameters, the executed relative error (against the fp32 block, and
+for a compressed setting against the block with coreai-opt's stored weights simulated: what
+float16 compute leaves), the conversion-and-execution wall; per setting: the worker's peak
+RSS and the whole package the dry run predicts (its transformer beside it). A small video
+keeps the interpreter's float16 emulation (about 100x float32) to minutes a block; the
+weights, what the setting stores, are the real ones.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def measure(args: argparse.Namespace, setting: str) -> dict:
                          "bytes": record["weight_bytes"], "predicted_bytes": predicted[key],
                          "fp32_bytes": record["reference_weight_bytes"],
                          "relative_error": record["validation"]["relative_error"],
+                         # against coreai-opt's stored weights simulated (compressed only)
+                         "simulated_error": record["validation"].get("simulated", {}).get(
+                             "relative_error"),
                          "tolerance": record["validation"]["tolerance"],
                          "execute_seconds": record["validation"]["execute_seconds"]})
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
@@ -98,11 +103,14 @@ def report(result: dict) -> None:
           f"{result['fp32_total_bytes'] / mb:.0f} MB fp32 (dry run); worker peak RSS "
           f"{result['worker_peak_rss_bytes'] / 2**30:.2f} GiB")
     print(f"  {'block':<24}{'program MB':>11}{'dry run MB':>11}{'x fp32':>8}"
-          f"{'rel. error':>12}{'tolerance':>10}{'wall s':>8}{'exec s':>8}")
+          f"{'rel. error':>12}{'simulated':>11}{'tolerance':>10}{'wall s':>8}{'exec s':>8}")
     for row in result["blocks"]:
+        simulated = ("—" if row["simulated_error"] is None
+                     else f"{row['simulated_error']:.2e}")
         print(f"  {row['block']:<24}{row['bytes'] / mb:>11.2f}{row['predicted_bytes'] / mb:>11.2f}"
               f"{row['bytes'] / row['fp32_bytes']:>8.3f}{row['relative_error']:>12.2e}"
-              f"{row['tolerance']:>10g}{row['seconds']:>8.0f}{row['execute_seconds']:>8.0f}")
+              f"{simulated:>11}{row['tolerance']:>10g}{row['seconds']:>8.0f}"
+              f"{row['execute_seconds']:>8.0f}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edge.blocks import Block
+from edge.lazy_weights import materialized
 
 THRESHOLD = 1024   # coreai-opt's weight_num_threshold: tensors of at most this many keep
 # the aten ops whose weight operand Core AI reads through a matrix product, a 2-D
@@ -132,7 +133,8 @@ def simulated_block(block: Block, axes: dict[str, tuple[int, int]], stored: dict
     """`block` with each tensor of `axes` (a parameter's or a buffer's name) replaced by what
     the program stores for it (`stored`: the stored form's record, {"dtype", "granularity",
     "block_size"}), in float32."""
-    module = copy.deepcopy(block.module)
+    with materialized(block.module):   # a model larger than memory: this block's, read now
+        module = copy.deepcopy(block.module)
     block_size = stored.get("block_size", 32) if stored["granularity"] == "per_block" else None
     tensors = dict(module.named_parameters()) | dict(module.named_buffers())
     with torch.no_grad():
