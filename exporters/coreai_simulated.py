@@ -105,7 +105,7 @@ def quantized(weight: np.ndarray, axes: tuple[int, int], dtype: str,
     times their scale, float16."""
     w = weight.astype(np.float16)
     out_axis, in_axis = axes
-    shape, reduce, keep = [], [], []
+    shape, reduce = [], []   # the blocked shape, and the axes each scale spans
     for axis, size in enumerate(w.shape):
         if axis == out_axis:
             shape.append(size)
@@ -117,11 +117,11 @@ def quantized(weight: np.ndarray, axes: tuple[int, int], dtype: str,
         else:
             shape.append(size)
             reduce.append(len(shape) - 1)
-        keep.append(axis)
     blocked = w.reshape(shape)
     top = np.max(np.abs(blocked), axis=tuple(reduce), keepdims=True)
     q = QRANGE[dtype]
-    scale = (top - -top + np.float16(1e-6)) / np.float16(2 * q)
+    # coreai-opt's (max - min + 1e-6) / (qmax - qmin), symmetric: min = -max, qmin = -qmax
+    scale = (top + top + np.float16(1e-6)) / np.float16(2 * q)
     # an all-zero channel: its scale underflows float16 to 0 and 0/0 is NaN, which the stored
     # integers cannot hold; times the zero scale it reads back as 0 whatever they hold
     with np.errstate(invalid="ignore", divide="ignore"):
