@@ -239,9 +239,12 @@ def model_path(block: Block) -> str:
     return f"models/{block.component}/{block.name}.aimodel"
 
 
-def _save_graph(block: Block, precision: Precision, where: Path) -> dict:
+def _save_graph(block: Block, precision: Precision, where: Path,
+                compressed: bool) -> tuple[dict, dict[str, tuple[int, int]]]:
     """torch.export the block's graph at its example shapes (attention chunked as on every
-    target) and save it with its example inputs for the worker."""
+    target) and save it with its example inputs for the worker: the worker's entry, and
+    (`compressed`: the stored form quantizes) the weights coreai-opt will compress, read off
+    that graph for the simulated reference."""
     module = block.module.eval()
     if precision.dtype is torch.float16:
         module = HalfPrecision(module, frozenset(i for i, name in enumerate(block.inputs)
@@ -257,11 +260,9 @@ def _save_graph(block: Block, precision: Precision, where: Path) -> dict:
     torch.export.save(program, where.with_suffix(".pt2"))
     np.savez(where.with_suffix(".npz"),
              **{n: _device_input(t) for n, t in zip(block.inputs, example, strict=True)})
-    return {"program": str(where.with_suffix(".pt2")), "inputs": str(where.with_suffix(".npz")),
-            "input_names": list(block.inputs), "output_names": list(block.outputs),
-            # what coreai-opt will compress, for the simulated reference (not the worker's)
-            "compressed": {name: list(axes) for name, axes in
-                           weight_axes(program, HalfPrecision.PREFIX).items()}}
+    entry = {"program": str(where.with_suffix(".pt2")), "inputs": str(where.with_suffix(".npz")),
+             "input_names": list(block.inputs), "output_names": list(block.outputs)}
+    return entry, weight_axes(program, HalfPrecision.PREFIX) if compressed else {}
 
 
 def _crash_text(code: int) -> str:
@@ -322,18 +323,12 @@ def executed_error(got: dict[str, np.ndarray], block: Block,
                    seconds: float) -> dict:
     """The executed program's outputs against the fp32 PyTorch block (the tolerance: the
     block's stored form's)."""
-    error = scale = relative = 0.0
     for name, want in zip(block.outputs, reference, strict=True):
-        out = got[name]
-        if out.shape != tuple(want.shape):
+        if got[name].shape != tuple(want.shape):
             raise ExportValidationError(f"block {block.key}: Core AI's {name} is "
-                                        f"{list(out.shape)}, the block's {list(want.shape)}")
-        want = want.float().numpy()
-        # each output against its own largest magnitude (a mask's -1e4 is no scale for a
-        # hidden state beside it)
-        err, top = worst_difference(out.astype(np.float32), want), largest_finite(want)
-        error, scale = worse(error, err), max(scale, top)
-        relative = worse(relative, err / max(top, np.finfo(np.float32).tiny))
+                                        f"{list(got[name].shape)}, the block's "
+                                        f"{list(want.shape)}")
+    error, scale, relative = _output_errors(got, block.outputs, reference)
     return {"max_abs_error": error, "reference_max_abs": scale,
             "relative_error": relative,
             "tolerance": precision.stored_form(block.key).tolerance,
@@ -341,34 +336,49 @@ def executed_error(got: dict[str, np.ndarray], block: Block,
             "execute_seconds": round(seconds, 4)}
 
 
-def simulated_error(got: dict[str, np.ndarray], graph: Block, function: dict,
-                    stored: dict) -> dict:
-    """The executed program's outputs against the PyTorch graph with the weights coreai-opt
-    stored simulated in it (exporters/coreai_simulated.py): what is left is float16 compute."""
-    axes = {name: tuple(a) for name, a in function["compressed"].items()}
-    want = simulated_block(graph, axes, stored).reference()
+def _output_errors(got: dict[str, np.ndarray], outputs: list[str],
+                   reference: tuple[torch.Tensor, ...]) -> tuple[float, float, float]:
+    """(largest error, largest reference magnitude, largest relative error) of the executed
+    outputs: each output against its own largest magnitude (a mask's -1e4 is no scale for a
+    hidden state beside it)."""
     error = scale = relative = 0.0
-    for name, w in zip(graph.outputs, want, strict=True):
-        w = w.float().numpy()
-        err, top = worst_difference(got[name].astype(np.float32), w), largest_finite(w)
+    for name, want in zip(outputs, reference, strict=True):
+        want = want.float().numpy()
+        err, top = worst_difference(got[name].astype(np.float32), want), largest_finite(want)
         error, scale = worse(error, err), max(scale, top)
         relative = worse(relative, err / max(top, np.finfo(np.float32).tiny))
+    return error, scale, relative
+
+
+def simulated_error(got: dict[str, np.ndarray], graph: Block,
+                    axes: dict[str, tuple[int, int]], stored: dict) -> dict:
+    """The executed program's outputs against the PyTorch graph with the weights coreai-opt
+    stored (`axes`) simulated in it (exporters/coreai_simulated.py): what is left is float16
+    compute."""
+    want = simulated_block(graph, axes, stored).reference()
+    error, _, relative = _output_errors(got, graph.outputs, want)
     return {"max_abs_error": error, "relative_error": relative,
             "tolerance": SIMULATED_TOLERANCE, "weights": len(axes)}
 
 
-def _job(block: Block, root: Path, precision: Precision, scratch: Path) -> Path:
+def _job(block: Block, root: Path, precision: Precision,
+         scratch: Path) -> tuple[Path, dict[str, dict]]:
     """Save a block's graphs (its own as "main", each variant under its name) and the job
-    that converts them into the functions of one .aimodel in `root` and executes them."""
+    that converts them into the functions of one .aimodel in `root` and executes them: the
+    job's path, and by function the weights coreai-opt will compress (none uncompressed)."""
     scratch.mkdir()
     path = root / model_path(block)
     path.parent.mkdir(parents=True, exist_ok=True)
+    weights = precision.stored_form(block.key).weights
+    functions, compressed = [], {}
+    for name, graph in _functions(block).items():
+        entry, compressed[name] = _save_graph(graph, precision, scratch / name,
+                                              weights is not None)
+        functions.append({"name": name} | entry)
     job = {"aimodel": str(path), "results": str(scratch / "results.json"),
-           "weights": precision.stored_form(block.key).weights,
-           "functions": [{"name": name} | _save_graph(graph, precision, scratch / name)
-                         for name, graph in _functions(block).items()]}
+           "weights": weights, "functions": functions}
     (scratch / "job.json").write_text(json.dumps(job))
-    return scratch / "job.json"
+    return scratch / "job.json", compressed
 
 
 def export_blocks(blocks: list[Block], root: Path, precision: Precision,
@@ -384,23 +394,22 @@ def export_blocks(blocks: list[Block], root: Path, precision: Precision,
     with tempfile.TemporaryDirectory(prefix="edge-coreai-") as tmp:
         jobs = [_job(block, root, precision, Path(tmp) / str(i))
                 for i, block in enumerate(blocks)]
-        found = run_worker(jobs, [b.key for b in blocks],
+        found = run_worker([path for path, _ in jobs], [b.key for b in blocks],
                            on_done=None if on_block is None else
                            lambda i: on_block(blocks[i].key))
-        jobs = [json.loads(job.read_text()) for job in jobs]
-        return [_record(block, root, precision, done, job) for block, done, job
-                in zip(blocks, found, jobs, strict=True)]
+        return [_record(block, root, precision, done, compressed)
+                for block, done, (_, compressed) in zip(blocks, found, jobs, strict=True)]
 
 
 def export_block(block: Block, root: Path, precision: Precision) -> dict:
     return export_blocks([block], root, precision)[0]
 
 
-def _record(block: Block, root: Path, precision: Precision, found: dict, job: dict) -> dict:
-    """A converted block's manifest record, each function's executed outputs checked (`job`:
-    what the worker was given)."""
+def _record(block: Block, root: Path, precision: Precision, found: dict,
+            compressed: dict[str, dict]) -> dict:
+    """A converted block's manifest record, each function's executed outputs checked
+    (`compressed`: by function, the weights coreai-opt compressed, as `_job` found them)."""
     graphs = _functions(block)
-    jobs = {f["name"]: f for f in job["functions"]}
     relative = model_path(block)
     path = root / relative
     records = {}
@@ -419,7 +428,7 @@ def _record(block: Block, root: Path, precision: Precision, found: dict, job: di
                 f"{check['tolerance']:g} there)")
         stored = precision.stored_form(block.key).weights
         if stored is not None:
-            check["simulated"] = simulated_error(got, graph, jobs[name], stored)
+            check["simulated"] = simulated_error(got, graph, compressed[name], stored)
             if not check["simulated"]["relative_error"] <= SIMULATED_TOLERANCE:
                 raise ExportValidationError(
                     f"{what}: executed by Core AI it differs from PyTorch with coreai-opt's "
