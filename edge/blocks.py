@@ -19,6 +19,7 @@ from torch import nn
 from edge.lazy_weights import materialized
 from edge.manifest_schema import UNGUIDED, unguided_variant
 from edge.pieces import piece_bounds
+from edge.reference_device import run_module
 
 
 @dataclass
@@ -71,10 +72,10 @@ class Block:
 
     @torch.no_grad()
     def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # a model larger than memory has its weights read for the call (edge/lazy_weights.py)
+        # a model larger than memory has its weights read for the call (edge/lazy_weights.py);
+        # the pass runs where the reference does (`edge export --device`), outputs on the CPU
         with materialized(self.module):
-            out = self.module(*inputs)
-        return out if isinstance(out, tuple) else (out,)
+            return run_module(self.module, inputs)
 
     def reference(self) -> tuple[torch.Tensor, ...]:
         """The PyTorch outputs on the example, computed once: what an exporter validates a
@@ -232,8 +233,7 @@ class TorchBlockSession:
                 out = self.block.run(*inputs)
         else:
             weights = {n: torch.from_numpy(np.asarray(feeds[n])) for n in self.weight_names}
-            out = torch.func.functional_call(self.block.module, weights, inputs)
-            out = out if isinstance(out, tuple) else (out,)
+            out = run_module(self.block.module, inputs, weights)
         outputs = dict(zip(self.block.outputs, out, strict=True))
         return [outputs[n.removeprefix("out:")].numpy().astype(np.float32)
                 for n in output_names]

@@ -32,7 +32,7 @@ LAYERS = [
     # PyTorch models, their blocks and the families that cut them; the export planner
     ("models", lambda m: m.startswith(("edge.models", "edge.families"))
      or m in {"edge.attention", "edge.feed_forward", "edge.token_chunks", "edge.blocks",
-              "edge.family_model", "edge.lazy_weights",
+              "edge.family_model", "edge.lazy_weights", "edge.reference_device",
               "edge.shapes_only", "edge.activation_memory", "edge.compute_cost",
               "edge.partition", "edge.plan", "edge.data"}),
     # the runtimes know packages only; the exporters check what they write by running it

@@ -79,7 +79,9 @@ def test_sampled_latents_are_the_originals(model, name):
     ref = fixture(name)
     caption = ref["y"][:1, 0]  # the conditional caption; the null one is the model's own
     z = model.pipe.sample(ref["z0"], caption, ref["mask"], steps=2, guidance=7.0, **SIZE)
-    close(z, ref["samples"])
+    # two steps through the transformer compound float32 rounding, which differs by CPU:
+    # 1.18e-5 on an AMD EPYC here, under 1e-5 where the fixture was checked first
+    close(z, ref["samples"], relative=3e-5)
 
 
 def test_the_decoded_video_is_the_originals(model):

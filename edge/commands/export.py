@@ -108,21 +108,18 @@ def export(
         "family's reference at the export's size; small: at the family's small size, "
         "exported alongside through the same code; blocks: each block only; auto: full "
         "when its estimate here is under 10 minutes, else small.")] = "auto",
+    device: Annotated[str, typer.Option(
+        help="Where the PyTorch reference runs: every block's forward pass the graphs are "
+        "held to, and the end-to-end check's reference video (diffusers' pipeline, "
+        "Open-Sora's sampling): cpu, cuda, cuda:N, or auto: cuda where torch sees a GPU. "
+        "Tracing and the package's own runs stay on the CPU, and so does tiny-sora's "
+        "reference (seconds).")] = "auto",
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""
-    from edge.budget import BudgetError
-    from edge.compute_cost import model_generation_cost
     from edge.exporters import ExportOptionError, ExportOptions
     from edge.exporters import target as target_module
-    from edge.families import (
-        FAMILIES,
-        FamilyError,
-        check_options,
-        export_options,
-        family_of,
-        load_model,
-    )
-    from edge.shapes_only import shapes_only
+    from edge.families import FAMILIES, FamilyError, check_options, export_options, family_of
+    from edge.reference_device import DeviceError, reference_device
 
     # the export options the families declare are this command's options of the same names;
     # those given go to the family
@@ -133,6 +130,7 @@ def export(
     # does not take, a destination edge may not replace
     try:
         family = family_of(model)
+        reference_on = _reference_device(device, family)
         _check_option(check, target, family)
         exporter = target_module(target)
         check_options(family, family_options)
@@ -144,8 +142,22 @@ def export(
                                 bundle_ort=bundle_ort, unguided_variants=unguided_variants,
                                 web_paths=web_paths)
         exporter.check(options)
-    except (FamilyError, ExportOptionError) as err:
+    except (FamilyError, ExportOptionError, DeviceError) as err:
         fail(str(err))
+    with reference_device(reference_on), _gpu_memory_refused(reference_on):
+        _export(target, model, output, dry_run, force, check, family, family_options,
+                exporter, options)
+
+
+def _export(target: str, model: Path | None, output: Path | None, dry_run: bool, force: bool,
+            check: str, family: str, family_options: dict, exporter, options) -> None:
+    """The export (or its plan) once its options are checked."""
+    from edge.budget import BudgetError
+    from edge.compute_cost import model_generation_cost
+    from edge.exporters import ExportOptionError
+    from edge.families import FamilyError, load_model
+    from edge.shapes_only import shapes_only
+
     model_name = model.resolve().name if model else "tiny-sora"
     dest = output or Path("dist") / exporter.folder_name(model_name, options)
     if not dry_run:
@@ -179,6 +191,36 @@ def export(
     except (FamilyError, BudgetError, ExportOptionError) as err:
         fail(str(err))
     _export_with_progress(exporter, family_model, prepared, dest, options, target)
+
+
+def _reference_device(name: str, family: str):
+    """The device `--device NAME` runs the reference on for `family`: tiny-sora's stays on
+    the CPU (its fixed tiny size takes seconds there), which `auto` picks for it and a GPU
+    named outright is refused."""
+    from edge.reference_device import CPU, DeviceError, resolve_device
+
+    device = resolve_device(name)
+    if family == "tiny-sora" and device != CPU:
+        if name.strip().lower() != "auto":
+            raise DeviceError(f"--device {name}: tiny-sora's reference runs on the CPU (its "
+                              "fixed tiny size takes seconds there); --device is for the "
+                              "diffusers families and Open-Sora")
+        return CPU
+    return device
+
+
+@contextlib.contextmanager
+def _gpu_memory_refused(device):
+    """A reference too large for the GPU's memory: one line naming the device and the way
+    out, not a traceback (nothing is written: the export is atomic)."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        fail(f"the PyTorch reference ran out of memory on {device} ({first[:160]}); "
+             "--device cpu runs it on the CPU")
 
 
 def _check_option(check: str, target: str, family: str) -> None:

@@ -11,7 +11,8 @@ TFLOP, about ten minutes of this machine each way, and at 480x832x81 hours. The 
 - blocks: each block against PyTorch, no generation;
 - auto (the default): full when its estimate (edge/compute_cost.py: the FLOPs of two
   generations over this machine's measured rate) is under CHECK_SECONDS, otherwise small
-  where the family has a small size, saying so.
+  where the family has a small size, saying so. With the reference on a GPU (`--device`)
+  only the package's generation counts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def check_level(level: str, family: str, folder: Path | None, model, prepared) -
     note). The estimate counts the blocks as cut, from their shapes."""
     from edge.compute_cost import format_seconds, matmul_rate, model_generation_cost
     from edge.families import check_size
+    from edge.reference_device import current
 
     if level != "auto":
         return level
@@ -40,11 +42,16 @@ def check_level(level: str, family: str, folder: Path | None, model, prepared) -
         echo(f"note: the end-to-end check's cost could not be estimated ({type(err).__name__}:"
              f" {str(err)[:200]}); checking in full")
         return "full"
-    seconds = 2 * cost.total / matmul_rate()
+    # the package's generation runs here; the reference's too unless it runs on a GPU
+    # (--device), which takes seconds beside it
+    on_cpu = current().type == "cpu"
+    seconds = (2 if on_cpu else 1) * cost.total / matmul_rate()
     if seconds <= CHECK_SECONDS or check_size(family, folder) is None:
         return "full"
+    what = ("two generations" if on_cpu else f"the package's generation, the reference's on "
+            f"{current()}")
     echo(f"note: a full end-to-end check at this size takes at least "
-         f"{format_seconds(seconds)} here (two generations of {model.sampler.steps} steps); "
+         f"{format_seconds(seconds)} here ({what} of {model.sampler.steps} steps); "
          "checking end to end at the family's small size instead (--check full to insist)")
     return "small"
 

@@ -37,6 +37,7 @@ from edge.families.folder import check_component_files, read_json
 from edge.families.pipeline_run import Accepted, PipelineModel, with_steps
 from edge.files import kind_of
 from edge.package import write_null_caption
+from edge.reference_device import modules_on
 from edge.sampler import SamplerSettings
 
 NAME = "opensora"
@@ -424,11 +425,15 @@ class OpenSoraModel(PipelineModel):
             from edge.models.opensora_pipeline import AESTHETIC_SUFFIX
 
             prompt = prompt + AESTHETIC_SUFFIX
-        out = self.pipe(prompt, self.height, self.width, self.frames,
-                        steps=self.sampler.steps if steps is None else steps,
-                        guidance=self.sampler.guidance if guidance is None else guidance,
-                        fps=self.fps, on_step=on_step,
-                        output_type="latent" if output_type == "latent" else "pt", **start)
+        pipe = self.pipe
+        # where the reference runs (`edge export --device`)
+        with modules_on(pipe.transformer, pipe.vae, pipe.text_encoder):
+            out = pipe(prompt, self.height, self.width, self.frames,
+                       steps=self.sampler.steps if steps is None else steps,
+                       guidance=self.sampler.guidance if guidance is None else guidance,
+                       fps=self.fps, on_step=on_step,
+                       output_type="latent" if output_type == "latent" else "pt",
+                       **start).cpu()
         return out.numpy() if output_type == "latent" else to_uint8(out)
 
 

@@ -90,15 +90,20 @@ def tokenizer_fields(root: Path, tokenizer, max_tokens: int, clean: str,
 def run_pipeline(pipe, prompt: str, steps: int,
                  on_step: Callable[[int, int], None] | None, **options) -> np.ndarray:
     """The diffusers pipeline itself on `prompt` for `steps` steps, reporting each to
-    `on_step`; its video as uint8 (B, T, H, W, 3), rounded as the runtimes round."""
+    `on_step`; its video as uint8 (B, T, H, W, 3), rounded as the runtimes round. It runs
+    where the reference does (`edge export --device`): the pipeline runs on the device its
+    modules are on, and draws its noise from a CPU generator there as here."""
+    from edge.reference_device import modules_on
 
     def callback(pipe, i, t, kwargs):
         if on_step is not None:
             on_step(i + 1, steps)
         return {}
 
-    frames = pipe(prompt, num_inference_steps=steps, output_type="np",
-                  callback_on_step_end=callback, **options).frames
+    modules = [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)]
+    with modules_on(*modules):
+        frames = pipe(prompt, num_inference_steps=steps, output_type="np",
+                      callback_on_step_end=callback, **options).frames
     return np.round(np.asarray(frames) * 255).astype(np.uint8)
 
 

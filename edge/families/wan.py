@@ -574,6 +574,8 @@ def cut_vae_decoder(vae: nn.Module, first: bool, clamp: bool = True
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
 
     def denormalise(parts, z):
+        if std.device != z.device:  # a reference on a GPU; never so while tracing
+            return parts["post_quant_conv"](z * std.to(z) + mean.to(z))
         return parts["post_quant_conv"](z * std.to(z.dtype) + mean.to(z.dtype))
 
     def head(parts, x, cache, idx, first):

@@ -114,7 +114,10 @@ class TemporalStage(nn.Module):
         n = t // self.micro_z
         # scale and shift are plain tensors here (folded into the graph): in z's dtype, so a
         # half-precision conversion computes in half
-        z = z * self.scale.to(z.dtype) + self.shift.to(z.dtype)
+        scale, shift = self.scale, self.shift
+        if scale.device != z.device:  # a reference on a GPU; never so while tracing
+            scale, shift = scale.to(z.device), shift.to(z.device)
+        z = z * scale.to(z.dtype) + shift.to(z.dtype)
         chunks = z.reshape(b, c, n, -1).transpose(1, 2).reshape(b * n, c, self.micro_z, h, w)
         x = self.temporal_vae.decode(chunks, self.micro_frames)
         x = x.reshape(b, n, x.shape[1], -1).transpose(1, 2)

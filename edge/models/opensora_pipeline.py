@@ -60,6 +60,11 @@ class OpenSoraPipeline:
     tokenizer: object              # transformers' fast T5 tokenizer
 
     @property
+    def device(self) -> torch.device:
+        """Where its transformer's weights are (the reference may run on a GPU)."""
+        return self.transformer.y_embedder.y_embedding.device
+
+    @property
     def text_tokens(self) -> int:
         return self.transformer.cfg.model_max_length
 
@@ -72,6 +77,7 @@ class OpenSoraPipeline:
     def encode_prompt(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Captions (B, L, caption channels) and their masks (B, L)."""
         ids, mask = self.tokenize(prompts)
+        ids, mask = ids.to(self.device), mask.to(self.device)
         return self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state, mask
 
     def null_caption(self, batch: int) -> torch.Tensor:
@@ -84,10 +90,10 @@ class OpenSoraPipeline:
                on_step: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """RFLOW from initial latents z (B, C, T, h, w) with the captions' guidance."""
         b = z.shape[0]
-        times = rflow_timesteps(steps, time_shift(height, width, frames))
+        times = rflow_timesteps(steps, time_shift(height, width, frames)).to(z.device)
         y = torch.cat([caption, self.null_caption(b)])
         masks = torch.cat([mask, mask])  # the null caption under the prompt's mask
-        rates = torch.full((2 * b,), float(fps))
+        rates = torch.full((2 * b,), float(fps), device=z.device)
         channels = self.transformer.cfg.in_channels
         for i, t in enumerate(times):
             out = self.transformer(torch.cat([z, z]), t.repeat(2 * b), y, masks, rates,
@@ -114,9 +120,9 @@ class OpenSoraPipeline:
         if latents is None:
             shape = (len(prompts), self.transformer.cfg.in_channels,
                      self.vae.latent_frames(frames), height // 8, width // 8)
-            latents = torch.randn(shape, generator=generator)
-        z = self.sample(latents, caption, mask, steps, guidance, height, width, frames, fps,
-                        on_step)
+            latents = torch.randn(shape, generator=generator)  # on the CPU, as the original
+        z = self.sample(latents.to(self.device), caption, mask, steps, guidance, height, width,
+                        frames, fps, on_step)
         if output_type == "latent":
             return z
         return self.vae.decode(z)

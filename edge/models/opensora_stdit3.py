@@ -65,7 +65,8 @@ def sinusoid(values: torch.Tensor, dim: int = 256, max_period: float = 10000.0) 
     """Open-Sora's timestep (and frame rate) embedding: cos then sin of value x frequencies
     exp(-ln(max_period) k / (dim/2)), in float32: (B,) -> (B, dim)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32,
+                                                           device=values.device) / half)
     args = values.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -105,7 +106,7 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 def rotary_tables(freqs: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (frames, head_dim) of the temporal attention's positions 0..frames-1."""
-    angles = torch.arange(frames, dtype=freqs.dtype)[:, None] * freqs[None]
+    angles = torch.arange(frames, dtype=freqs.dtype, device=freqs.device)[:, None] * freqs[None]
     angles = angles.repeat_interleave(2, dim=-1)
     return angles.cos(), angles.sin()
 
@@ -319,7 +320,7 @@ class STDiT3(nn.Module):
         mask (B, L), fps (B,), the video's pixel height and width -> (B, Cout, T, h, w)."""
         grid = self.grid(x.shape)
         pos = position_table(grid[1], grid[2], self.cfg.hidden_size, height, width,
-                             self.cfg.input_sq_size)
+                             self.cfg.input_sq_size).to(x.device)  # the reference may be on a GPU
         tokens = self.embed_video(x, pos)
         t, t_mlp = self.embed_time(timestep, fps)
         y, y_bias = self.embed_caption(y, mask)

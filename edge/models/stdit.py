@@ -50,7 +50,8 @@ def sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10000.0) ->
     """Transformer sinusoidal encoding of float positions: (N,) -> (N, dim), with
     wavelengths from 2*pi up to 2*pi*max_period."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32,
+                                                           device=positions.device) / half)
     args = positions.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
