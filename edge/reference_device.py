@@ -87,6 +87,12 @@ def reference_device(device: torch.device | str) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32 = cudnn
 
 
+def reference_record() -> dict:
+    """What an export's `validation` record says of where its reference ran: the device
+    off the CPU, nothing on it (as before the option)."""
+    return {} if _device.type == "cpu" else {"reference_device": str(_device)}
+
+
 def _elsewhere() -> bool:
     """Whether forward passes leave the CPU now (a plan's shapes-only pass never does)."""
     return _device.type != "cpu" and not shapes_only_active()

@@ -37,6 +37,7 @@ from edge.exporters.validation import VALIDATION_PROMPT
 from edge.family_model import FamilyModel
 from edge.package import atomic_directory, folder_bytes, write_manifest
 from edge.plan import READ_UNIT, Partition, device_residency, partition
+from edge.reference_device import reference_record
 from edge.video_metrics import psnr, snr
 
 DEFAULT_QUANTIZE = "fp16"
@@ -143,7 +144,8 @@ def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Prog
             "psnr_db": None if identical else round(value, 2),
             "snr_db": None if identical else round(ratio, 2),
             "psnr_floor_db": PSNR_FLOOR_DB, "snr_floor_db": SNR_FLOOR_DB,
-            "measures": "the package generated through Core AI's runtime"}
+            "measures": "the package generated through Core AI's runtime",
+            **reference_record()}
 
 
 def coreai_section(chosen: Precision) -> dict:

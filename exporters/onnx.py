@@ -39,6 +39,7 @@ from edge.package import (
     write_manifest,
     write_weights_file,
 )
+from edge.reference_device import reference_record
 from edge.token_chunks import token_chunks
 from edge.video_metrics import psnr
 
@@ -365,7 +366,8 @@ def end_to_end_check(model: FamilyModel, seed: int = 0,
         identical = bool(value == float("inf"))
         return {"prompt": VALIDATION_PROMPT, "seed": seed, "identical": identical,
                 "psnr_db": None if identical else round(float(value), 2),
-                **({"reference": STREAMED_REFERENCE} if streamed else {})}
+                **({"reference": STREAMED_REFERENCE} if streamed else {}),
+                **reference_record()}
 
     return check
 

@@ -16,6 +16,7 @@ from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.validation import VALIDATION_PROMPT
 from edge.family_model import FamilyModel
+from edge.reference_device import reference_record
 from edge.video_metrics import psnr, snr
 
 
@@ -80,4 +81,4 @@ def stored_video_record(got: np.ndarray, want: np.ndarray, floor: float, stored_
     return {"prompt": VALIDATION_PROMPT, "seed": seed, "steps": steps, "identical": identical,
             "psnr_db": None if identical else round(value, 2),
             "snr_db": None if identical else round(snr(got, want), 2),
-            "psnr_floor_db": floor, "measures": measures}
+            "psnr_floor_db": floor, "measures": measures, **reference_record()}

@@ -25,6 +25,7 @@ from edge.reference_device import (
     current,
     modules_on,
     reference_device,
+    reference_record,
     resolve_device,
     run_module,
 )
@@ -97,6 +98,13 @@ def test_on_the_cpu_nothing_moves():
         assert layer.weight is weight
         (out,) = run_module(layer, (torch.ones(2, 4),))
     assert torch.equal(out, layer(torch.ones(2, 4)))
+
+
+def test_a_validation_record_names_a_reference_off_the_cpu_only():
+    assert reference_record() == {}  # what every record said before the option
+    with reference_device("cuda:1"):
+        assert reference_record() == {"reference_device": "cuda:1"}
+    assert reference_record() == {}
 
 
 def test_the_setting_is_restored_after_an_error():
@@ -197,6 +205,7 @@ def test_an_export_holds_its_graphs_to_a_reference_on_the_gpu(wan_folders, tmp_p
     assert res.exit_code == 0, res.output
     manifest = json.loads((dest / "manifest.json").read_text())
     assert manifest["validation"]["identical"] or manifest["validation"]["psnr_db"] >= 40
+    assert manifest["validation"]["reference_device"] == "cuda:0"
     errors = [b["validation"]["max_abs_error"] for c in manifest["components"]
               for b in c["blocks"]]
     assert errors and max(errors) < 1e-3
