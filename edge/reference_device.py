@@ -128,7 +128,16 @@ def modules_on(*modules: nn.Module) -> Iterator[None]:
             table[name] = tensor
 
 
+def on_device_of(tensor: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`tensor` on `other`'s device: for a plain tensor a module keeps outside its parameters
+    and buffers (which `modules_on` does not move; a traced graph folds it in as a constant)
+    meeting a reference on a GPU. The very tensor where they share a device, as always while
+    tracing, so the graphs stay as they were."""
+    return tensor if tensor.device == other.device else tensor.to(other.device)
+
+
 def _moved(values: Sequence, device: torch.device) -> tuple:
+    # a tensor already there is itself (Tensor.to makes no copy): nothing moves on the CPU
     return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
 
 
@@ -137,15 +146,9 @@ def run_module(module: nn.Module, inputs: Sequence,
                weights: dict[str, torch.Tensor] | None = None) -> tuple:
     """`module(*inputs)` on the reference device, its outputs as a tuple on the CPU;
     `weights`: its parameters, by name, for this call (torch.func.functional_call)."""
-    if not _elsewhere():
-        out = (module(*inputs) if weights is None
-               else torch.func.functional_call(module, weights, tuple(inputs)))
-        return out if isinstance(out, tuple) else (out,)
+    device = _device if _elsewhere() else CPU
     with modules_on(module):
-        args = _moved(inputs, _device)
-        if weights is None:
-            out = module(*args)
-        else:
-            out = torch.func.functional_call(
-                module, {n: w.to(_device) for n, w in weights.items()}, args)
+        args = _moved(inputs, device)
+        out = (module(*args) if weights is None else torch.func.functional_call(
+            module, dict(zip(weights, _moved(weights.values(), device), strict=True)), args))
     return _moved(out if isinstance(out, tuple) else (out,), CPU)

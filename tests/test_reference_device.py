@@ -100,6 +100,14 @@ def test_on_the_cpu_nothing_moves():
     assert torch.equal(out, layer(torch.ones(2, 4)))
 
 
+def test_a_tensor_already_on_the_device_is_itself():
+    """What keeps traced graphs as they were: no copy where devices agree."""
+    from edge.reference_device import on_device_of
+
+    table, z = torch.ones(3), torch.zeros(2)
+    assert on_device_of(table, z) is table
+
+
 def test_a_validation_record_names_a_reference_off_the_cpu_only():
     assert reference_record() == {}  # what every record said before the option
     with reference_device("cuda:1"):

@@ -62,6 +62,7 @@ from edge.families.pipeline_run import (
 from edge.families.t5 import cut_umt5_encoder
 from edge.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
+from edge.reference_device import on_device_of
 from edge.sampler import SamplerSettings
 from edge.tiles import Tiling
 
@@ -574,9 +575,8 @@ def cut_vae_decoder(vae: nn.Module, first: bool, clamp: bool = True
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
 
     def denormalise(parts, z):
-        if std.device != z.device:  # a reference on a GPU; never so while tracing
-            return parts["post_quant_conv"](z * std.to(z) + mean.to(z))
-        return parts["post_quant_conv"](z * std.to(z.dtype) + mean.to(z.dtype))
+        return parts["post_quant_conv"](z * on_device_of(std, z).to(z.dtype)
+                                        + on_device_of(mean, z).to(z.dtype))
 
     def head(parts, x, cache, idx, first):
         return parts["mid_block"](_cached_conv(parts["conv_in"], x, cache, idx), cache, idx)

@@ -27,6 +27,7 @@ from torch import nn
 
 from edge.models.opensora_stdit3 import STDiT3, caption_bias, position_table, rotary_tables
 from edge.models.opensora_vae import SPATIAL_SCALE, OpenSoraVAE
+from edge.reference_device import on_device_of
 
 
 class OpenSoraPrologue(nn.Module):
@@ -114,10 +115,8 @@ class TemporalStage(nn.Module):
         n = t // self.micro_z
         # scale and shift are plain tensors here (folded into the graph): in z's dtype, so a
         # half-precision conversion computes in half
-        scale, shift = self.scale, self.shift
-        if scale.device != z.device:  # a reference on a GPU; never so while tracing
-            scale, shift = scale.to(z.device), shift.to(z.device)
-        z = z * scale.to(z.dtype) + shift.to(z.dtype)
+        z = (z * on_device_of(self.scale, z).to(z.dtype)
+             + on_device_of(self.shift, z).to(z.dtype))
         chunks = z.reshape(b, c, n, -1).transpose(1, 2).reshape(b * n, c, self.micro_z, h, w)
         x = self.temporal_vae.decode(chunks, self.micro_frames)
         x = x.reshape(b, n, x.shape[1], -1).transpose(1, 2)
