@@ -31,6 +31,7 @@ from tvm.relax.frontend.torch import from_exported_program
 from edge.attention import replaced_sdpa, written_out_attention
 from edge.blocks import Block
 from edge.exporters import ExportValidationError
+from edge.exporters.graph_reuse import graph_key
 from edge.exporters.tvm_passes import (
     fold_constant_calls,
     fuse_within,
@@ -73,19 +74,47 @@ def plain_attention() -> contextlib.AbstractContextManager[None]:
 _UNSUPPORTED = re.compile(r"Unsupported function types? \[(.*)\]")
 
 
+# relax modules imported earlier in this process, by graph_reuse.graph_key of the traced
+# program: TVM's frontend takes seconds a block, and blocks of one structure (a model's pairs
+# or encoder layers, a package exported again) trace to the same program. The modules hold no
+# weights (they are parameters), so a few hundred cost little memory.
+_IMPORTED_LIMIT = 256
+_imported: OrderedDict[str, tvm.IRModule] = OrderedDict()
+_imported_lock = threading.Lock()
+
+
 def import_block(block: Block) -> tvm.IRModule:
     """The block as a relax module `main(*inputs, *weights)` with static shapes; an op the
-    relax frontend does not take is refused naming the block and the op."""
+    relax frontend does not take is refused naming the block and the op. A block whose
+    traced program (code, embedded tensors, input and weight shapes) was imported before
+    gets the earlier module: the frontend is a pure function of what the key holds."""
+    example = web_example(block)
     # written out first, then chunked: the chunks are written-out attention
     with plain_attention(), token_chunks(), torch.no_grad():
-        program = torch.export.export(block.module.eval(), web_example(block))
+        program = torch.export.export(block.module.eval(), example)
+    key = graph_key(program, [(str(t.dtype), tuple(t.shape)) for t in (
+        *example, *block.module.parameters())])
+    with _imported_lock:
+        mod = _imported.get(key)
+        if mod is not None:
+            _imported.move_to_end(key)
+            return mod
+    mod = _relax_module(program, block.key)
+    with _imported_lock:
+        _imported[key] = mod
+        while len(_imported) > _IMPORTED_LIMIT:
+            _imported.popitem(last=False)
+    return mod
+
+
+def _relax_module(program: torch.export.ExportedProgram, block_key: str) -> tvm.IRModule:
     try:
         mod = from_exported_program(program, keep_params_as_input=True)
     except AssertionError as err:  # the frontend's way of listing the ops it lacks
         ops = _UNSUPPORTED.search(str(err))
         if ops is None:
             raise
-        raise PlanError(f"block {block.key}: TVM's relax frontend does not take the PyTorch "
+        raise PlanError(f"block {block_key}: TVM's relax frontend does not take the PyTorch "
                         f"op(s) {ops.group(1)}, so the web target cannot compile it (the onnx "
                         "target may: edge export --target onnx)") from None
     # the frontend keeps the weight values in an attribute of main: drop them, so the module

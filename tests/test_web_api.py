@@ -21,6 +21,7 @@ pytest.importorskip("playwright.sync_api", reason="playwright (test extra) is no
 # the same onnxruntime-web dist and the same video thresholds as the demo page's tests
 from browser import (  # noqa: E402  (after the skips)
     ORT_DIST,
+    PAGE_READY_MS,
     VIDEO_B64,
     assert_same_video,
     b64,
@@ -83,7 +84,7 @@ def minimal(context):
     pg = context.new_page()
     pg.goto(context.served + "minimal.html")
     pg.wait_for_function("window.edge || /Error/.test(document.getElementById('status')"
-                         ".textContent)", timeout=300_000)
+                         ".textContent)", timeout=PAGE_READY_MS)
     return pg
 
 

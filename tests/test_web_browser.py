@@ -23,6 +23,7 @@ playwright_api = pytest.importorskip("playwright.sync_api",
 
 from browser import (  # noqa: E402  (after the skips)
     ORT_DIST,
+    PAGE_READY_MS,
     assert_same_video,
     b64,
     from_b64,
@@ -112,7 +113,7 @@ def page(browser, served):
     skip_without_webgpu(context, pg)
     pg.goto(served + "index.html?budget=64MB&path=webgpu")
     pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
-                         timeout=180_000)
+                         timeout=PAGE_READY_MS)
     assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
     yield pg
     context.close()
@@ -626,7 +627,7 @@ def test_page_names_the_file_it_could_not_download(browser, cutting, web_package
         cutting.cuts[shard["path"]] = [shard["bytes"] // 2, 99]
         pg.goto(cutting.url + "index.html?path=webgpu")
         pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
-                             timeout=60_000)
+                             timeout=PAGE_READY_MS)
         assert pg.evaluate("window.edgeDemo.ready") is False
         assert pg.is_visible("#error")
         error = pg.inner_text("#error")
@@ -660,7 +661,7 @@ def test_quota_exceeded_runs_from_memory_and_caches_nothing(browser, served, web
                  {"origin": served.rstrip("/"), "quotaSize": QUOTA_BYTES})
         pg.goto(served + "index.html?budget=64MB&path=webgpu")
         pg.wait_for_function("window.edgeDemo && window.edgeDemo.ready !== undefined",
-                             timeout=180_000)
+                             timeout=PAGE_READY_MS)
         assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
         note = pg.inner_text("#notice")
         assert pg.is_visible("#notice") and pg.is_hidden("#error")
@@ -1018,7 +1019,7 @@ def wasm_page(browser, served, web_package):
     requested = []
     pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
     pg.goto(served + "index.html")
-    pg.wait_for_function(READY, timeout=120_000)
+    pg.wait_for_function(READY, timeout=PAGE_READY_MS)
     assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
     yield pg, list(requested)
     context.close()
@@ -1067,7 +1068,7 @@ def test_wasm_path_streams_blocks_from_storage_under_a_page_memory_budget(
     pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
     try:
         pg.goto(served + f"index.html?budget={WASM_BUDGET >> 20}MB")
-        pg.wait_for_function(READY, timeout=120_000)
+        pg.wait_for_function(READY, timeout=PAGE_READY_MS)
         assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
         pinned = set(pg.evaluate("window.edgeDemo.pipe.loadFigures.pinned"))
         kept = set(pg.evaluate("[...window.edgeDemo.pipe.weights.source.kept.keys()]"))
@@ -1186,7 +1187,7 @@ def test_software_adapter_times_both_paths_and_keeps_the_faster(browser, served,
         if not adapter[1]:
             pytest.skip(f"{adapter[0]} is a hardware adapter: the page runs WebGPU untimed")
         pg.goto(served + "index.html")
-        pg.wait_for_function(READY, timeout=300_000)
+        pg.wait_for_function(READY, timeout=PAGE_READY_MS)
         assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
         path = pg.evaluate("window.edgeDemo.pipe.path")
         t = path["timings"]
@@ -1197,7 +1198,7 @@ def test_software_adapter_times_both_paths_and_keeps_the_faster(browser, served,
         assert "timed now" in pg.inner_text("#path")
         assert f"{t['wasm_ms']:.1f} ms" in pg.inner_text("#path")
         pg.reload()
-        pg.wait_for_function(READY, timeout=120_000)
+        pg.wait_for_function(READY, timeout=PAGE_READY_MS)
         again = pg.evaluate("window.edgeDemo.pipe.path")
         assert again["name"] == path["name"] and again["timings"] == t
         assert "timed earlier" in pg.inner_text("#path")
@@ -1230,7 +1231,7 @@ def test_onnxruntime_web_that_fails_its_check_or_load_stops_the_page(browser, se
         pg = context.new_page()
         try:
             pg.goto(served + "index.html")
-            pg.wait_for_function(READY, timeout=60_000)
+            pg.wait_for_function(READY, timeout=PAGE_READY_MS)
             assert pg.evaluate("window.edgeDemo.ready") is False
             assert pg.is_disabled("#generate")
             errors[name] = pg.inner_text("#error")
@@ -1254,7 +1255,7 @@ def test_page_says_clearly_when_webgpu_is_missing_and_there_is_no_wasm_path(brow
     pg = context.new_page()
     try:
         pg.goto(served + "index.html")
-        pg.wait_for_selector("#gpu-missing:not([hidden])", timeout=30_000)
+        pg.wait_for_selector("#gpu-missing:not([hidden])", timeout=PAGE_READY_MS)
         assert "no WebGPU" in pg.inner_text("#gpu-missing")
         assert pg.is_disabled("#generate")
     finally:
@@ -1285,7 +1286,7 @@ def wasm_only_page(browser, served, query: str, init_script: str | None = None) 
         pg.goto(served + "manifest.json")
         skip_without_webgpu(context, pg)
         pg.goto(served + "index.html" + query)
-        pg.wait_for_function(READY, timeout=120_000)
+        pg.wait_for_function(READY, timeout=PAGE_READY_MS)
         return {"ready": pg.evaluate("window.edgeDemo.ready"),
                 "path": pg.evaluate("window.edgeDemo.pipe && window.edgeDemo.pipe.path"),
                 "shown": pg.inner_text("#path"), "error": pg.evaluate("window.edgeDemo.error"),
@@ -1339,7 +1340,7 @@ def test_form_fields_fit_what_they_hold(browser, served, tmp_path):
     pg = context.new_page()
     try:
         pg.goto(served + "index.html")
-        pg.wait_for_function(READY, timeout=120_000)
+        pg.wait_for_function(READY, timeout=PAGE_READY_MS)
         fields = pg.evaluate(MEASURE_FIELDS, FIELD_TEXTS)
         pg.screenshot(path=str(tmp_path / "form.png"))
     finally:

@@ -19,7 +19,7 @@ pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api",
                                      reason="playwright (test extra) is not installed")
 
-from browser import serving, skip_without_webgpu  # noqa: E402  (after the skips)
+from browser import PAGE_READY_MS, serving, skip_without_webgpu  # noqa: E402  (after the skips)
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds for the page that runs
 
@@ -78,7 +78,7 @@ def tampered(manifest: dict):
 
 
 def open_page(browser, served: str, ort_route, query: str = "", webgpu: bool = True,
-              timeout_s: float = 60):
+              timeout_s: float = PAGE_READY_MS / 1000):
     """A new context whose requests to ORT_URL go to `ort_route`, on the demo page once it is
     ready or has stopped; -> (context, page, URLs requested under ORT_URL). Skips where the
     page should have WebGPU and chromium gives no adapter. A page that does neither within
@@ -112,7 +112,7 @@ def test_page_runs_on_webgpu_when_onnxruntime_web_is_out_of_reach(browser, serve
     missing, naming the URL and what failed, as does window.edgeDemo.unavailable; a hardware
     adapter runs WebGPU without fetching onnxruntime-web at all."""
     # kernels compile on this page: SwiftShader takes ~30 s, more on a busy machine
-    context, pg, ort_requests = open_page(browser, served, refused, timeout_s=300)
+    context, pg, ort_requests = open_page(browser, served, refused)
     try:
         assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
         assert pg.evaluate("window.edgeDemo.pipe.path.name") == "webgpu"
