@@ -74,40 +74,21 @@ def plain_attention() -> contextlib.AbstractContextManager[None]:
 _UNSUPPORTED = re.compile(r"Unsupported function types? \[(.*)\]")
 
 
-# relax modules imported earlier in this process, by graph_reuse.graph_key of the traced
-# program: TVM's frontend takes seconds a block, and blocks of one structure (a model's pairs
-# or encoder layers, a package exported again) trace to the same program. The modules hold no
-# weights (they are parameters), so a few hundred cost little memory.
-_IMPORTED_LIMIT = 256
-_imported: OrderedDict[str, tvm.IRModule] = OrderedDict()
-_imported_lock = threading.Lock()
-
-
-def import_block(block: Block) -> tvm.IRModule:
-    """The block as a relax module `main(*inputs, *weights)` with static shapes; an op the
-    relax frontend does not take is refused naming the block and the op. A block whose
-    traced program (code, embedded tensors, input and weight shapes) was imported before
-    gets the earlier module: the frontend is a pure function of what the key holds."""
+def _traced_for_web(block: Block) -> tuple[torch.export.ExportedProgram, str]:
+    """The block traced as the web target imports it, and the program's graph_reuse key
+    (code, embedded tensors, input and weight shapes): TVM's frontend is a pure function of
+    what the key holds, so blocks of one key share one import (BlockCompiler)."""
     example = web_example(block)
     # written out first, then chunked: the chunks are written-out attention
     with plain_attention(), token_chunks(), torch.no_grad():
         program = torch.export.export(block.module.eval(), example)
-    key = graph_key(program, [(str(t.dtype), tuple(t.shape)) for t in (
+    return program, graph_key(program, [(str(t.dtype), tuple(t.shape)) for t in (
         *example, *block.module.parameters())])
-    with _imported_lock:
-        mod = _imported.get(key)
-        if mod is not None:
-            _imported.move_to_end(key)
-            return mod
-    mod = _relax_module(program, block.key)
-    with _imported_lock:
-        _imported[key] = mod
-        while len(_imported) > _IMPORTED_LIMIT:
-            _imported.popitem(last=False)
-    return mod
 
 
 def _relax_module(program: torch.export.ExportedProgram, block_key: str) -> tvm.IRModule:
+    """The traced block as a relax module `main(*inputs, *weights)` with static shapes; an op
+    the relax frontend does not take is refused naming the block and the op."""
     try:
         mod = from_exported_program(program, keep_params_as_input=True)
     except AssertionError as err:  # the frontend's way of listing the ops it lacks
@@ -619,22 +600,42 @@ def replay_target(flops: int) -> tvm.target.Target:
 class BlockCompiler:
     """Compiles blocks for the web target. Blocks of one structure (a model's pairs or
     encoder layers: same code and shapes, other weights) share one compilation, since the
-    weights are parameters of the relax module, not constants in it. The `limit` most
-    recently used structures are kept (compiled code only, no weights)."""
+    weights are parameters of the relax module, not constants in it; blocks of one traced
+    program share one import too (TVM's frontend takes seconds a block). The `limit` most
+    recently used of each are kept (compiled code and modules only, no weights)."""
 
     def __init__(self, limit: int = 64) -> None:
-        self._cache: OrderedDict[int, CompiledBlock] = OrderedDict()
+        self._imports: OrderedDict[str, tvm.IRModule] = OrderedDict()   # by graph_key
+        self._cache: OrderedDict[int, CompiledBlock] = OrderedDict()    # by structural hash
         self._limit = limit
         self._lock = threading.Lock()
 
+    def _recall(self, kept: OrderedDict, key):
+        with self._lock:
+            value = kept.get(key)
+            if value is not None:
+                kept.move_to_end(key)
+            return value
+
+    def _keep(self, kept: OrderedDict, key, value) -> None:
+        with self._lock:
+            kept[key] = value
+            while len(kept) > self._limit:
+                kept.popitem(last=False)
+
+    def _import(self, block: Block) -> tvm.IRModule:
+        program, key = _traced_for_web(block)
+        mod = self._recall(self._imports, key)
+        if mod is None:
+            mod = _relax_module(program, block.key)
+            self._keep(self._imports, key, mod)
+        return mod
+
     def compile(self, block: Block) -> CompiledBlock:
-        mod = import_block(block)
+        mod = self._import(block)
         weights = list(dict(block.module.named_parameters()))
         digest = tvm_ffi.structural_hash(mod)
-        with self._lock:
-            cached = self._cache.get(digest)
-            if cached is not None:
-                self._cache.move_to_end(digest)
+        cached = self._recall(self._cache, digest)
         if cached is not None and tvm_ffi.structural_equal(mod, cached.source):
             plan = read_plan(cached.lowered, block.inputs, weights, block.key)
             for call, done in zip(plan.calls, cached.plan.calls, strict=True):
@@ -646,10 +647,7 @@ class BlockCompiler:
         plan = read_plan(lowered, block.inputs, weights, block.key)
         wgsl = build_webgpu(lowered, plan, block.key)
         compiled = CompiledBlock(mod, lowered, plan, wgsl)
-        with self._lock:
-            self._cache[digest] = compiled
-            while len(self._cache) > self._limit:
-                self._cache.popitem(last=False)
+        self._keep(self._cache, digest, compiled)
         return compiled
 
 

@@ -77,12 +77,11 @@ def tampered(manifest: dict):
     return answer
 
 
-def open_page(browser, served: str, ort_route, query: str = "", webgpu: bool = True,
-              timeout_s: float = PAGE_READY_MS / 1000):
+def open_page(browser, served: str, ort_route, query: str = "", webgpu: bool = True):
     """A new context whose requests to ORT_URL go to `ort_route`, on the demo page once it is
     ready or has stopped; -> (context, page, URLs requested under ORT_URL). Skips where the
     page should have WebGPU and chromium gives no adapter. A page that does neither within
-    `timeout_s` fails the test with its script errors (a broken module never says ready)."""
+    PAGE_READY_MS fails the test with its script errors (a broken module never says ready)."""
     context = browser.new_context()
     if not webgpu:
         context.add_init_script(NO_WEBGPU)
@@ -97,10 +96,10 @@ def open_page(browser, served: str, ort_route, query: str = "", webgpu: bool = T
         skip_without_webgpu(context, pg)
     pg.goto(served + "index.html" + query)
     try:
-        pg.wait_for_function(READY, timeout=timeout_s * 1000)
+        pg.wait_for_function(READY, timeout=PAGE_READY_MS)
     except playwright_api.TimeoutError:
         context.close()
-        pytest.fail(f"the page neither became ready nor stopped in {timeout_s} s; "
+        pytest.fail(f"the page neither became ready nor stopped in {PAGE_READY_MS // 1000} s; "
                     f"script errors: {page_errors or 'none'}")
     return context, pg, ort_requests
 

@@ -179,12 +179,11 @@ class _Gelu(torch.nn.Module):
 
 
 def test_blocks_of_one_traced_program_are_imported_once(monkeypatch):
-    """TVM's frontend runs once per traced program (tvm_plan.import_block): other weights of
-    one structure reuse the module; another shape, or a constant embedded with another value,
+    """TVM's frontend runs once per traced program (BlockCompiler): other weights of one
+    structure reuse the module; another shape, or a constant embedded with another value,
     imports anew, and each block still replays its own weights."""
     import edge.exporters.tvm_plan as tvm_plan
 
-    monkeypatch.setattr(tvm_plan, "_imported", type(tvm_plan._imported)())
     imports = []
     frontend = tvm_plan._relax_module
     monkeypatch.setattr(tvm_plan, "_relax_module",
@@ -193,19 +192,20 @@ def test_blocks_of_one_traced_program_are_imported_once(monkeypatch):
     def block(name: str, width: int, rows: int = 3) -> Block:
         return Block("transformer", name, _Gelu(width), ["x"], ["y"], (torch.randn(rows, width),))
 
-    same = [block("block_0", 8), block("block_1", 8)]
-    first = tvm_plan.import_block(same[0])
-    assert tvm_plan.import_block(same[1]) is first
-    assert imports == ["transformer/block_0"]
-    tvm_plan.import_block(block("block_2", 16))        # other weight shapes
-    tvm_plan.import_block(block("block_3", 8, rows=5))  # another input shape
-    scaled = block("block_4", 8)
-    scaled.module.scale.fill_(2.0)                      # an embedded constant's value
-    tvm_plan.import_block(scaled)
-    assert imports == [f"transformer/block_{i}" for i in (0, 2, 3, 4)]
     compiler = BlockCompiler()
-    for b in same:
-        assert _replay_error(compiler.compile(b), b) < 1e-5
+    same = [block("block_0", 8), block("block_1", 8)]
+    first = compiler.compile(same[0])
+    second = compiler.compile(same[1])
+    assert second.source is first.source
+    assert imports == ["transformer/block_0"]
+    compiler.compile(block("block_2", 16))        # other weight shapes
+    compiler.compile(block("block_3", 8, rows=5))  # another input shape
+    scaled = block("block_4", 8)
+    scaled.module.scale.fill_(2.0)                 # an embedded constant's value
+    compiler.compile(scaled)
+    assert imports == [f"transformer/block_{i}" for i in (0, 2, 3, 4)]
+    for compiled, b in ((first, same[0]), (second, same[1])):
+        assert _replay_error(compiled, b) < 1e-5
 
 
 def test_a_refused_block_writes_nothing(tiny_sora, tmp_path):
