@@ -44,7 +44,7 @@ from edge.exporters import ExportValidationError
 from edge.exporters.coreai_simulated import simulated_block, weight_axes
 from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml import manifest_dtype, signature
-from edge.exporters.coreml_compression import Compression, compression
+from edge.exporters.coreml_compression import Compression, auto_target, compression
 from edge.exporters.coreml_weights import MAIN
 from edge.exporters.validation import largest_finite, worse, worst_difference
 from edge.family_model import FamilyModel
@@ -163,17 +163,24 @@ def stored_precision(quantize: str | Compression, model: FamilyModel) -> Precisi
 
 
 def check_setting(quantize: str) -> None:
-    """A ValueError naming the settings there are if `quantize` is none of them."""
+    """A ValueError naming the settings there are if `quantize` is none of them (an auto
+    target that does not parse is named by coreml_compression.auto_target)."""
+    if auto_target(quantize) is not None:
+        return
     if quantize not in PRECISIONS and quantize not in STORED_SETTINGS:
         raise ValueError(f"--quantize {quantize!r} with --min-ios {MIN_IOS}: Core AI packages "
-                         f"take {', '.join((*PRECISIONS, *STORED_SETTINGS))} (auto is the "
-                         "Core ML layouts', --min-ios 18)")
+                         f"take {', '.join((*PRECISIONS, *STORED_SETTINGS))} or auto (auto:38dB, "
+                         "auto:14MB, auto:7x)")
 
 
 def check_precision(quantize: str, model: FamilyModel) -> Precision:
     """The setting named `quantize` for `model`'s blocks (a ValueError naming those there
-    are, or why the family's rule does not apply)."""
+    are, or why the family's rule does not apply). An auto setting is chosen at export by
+    measurement (exporters/coreai_recipe.py); until then it counts as fp16, the most any of
+    its forms stores."""
     check_setting(quantize)
+    if auto_target(quantize) is not None:
+        return PRECISIONS["fp16"]
     if quantize in STORED_SETTINGS:
         return stored_precision(quantize, model)
     return PRECISIONS[quantize]
@@ -181,7 +188,8 @@ def check_precision(quantize: str, model: FamilyModel) -> Precision:
 
 def quantizes(quantize: str) -> bool:
     """Whether the setting needs coreai-opt (its weights stored in fewer bits)."""
-    return quantize in STORED_SETTINGS or PRECISIONS[quantize].weights is not None
+    return (auto_target(quantize) is not None or quantize in STORED_SETTINGS
+            or PRECISIONS[quantize].weights is not None)
 
 
 def import_coreai(quantizing: bool = False) -> None:

@@ -32,6 +32,7 @@ from edge.exporters.coreai import (
     quantizes,
 )
 from edge.exporters.coreai_worker import PINNED
+from edge.exporters.coreml_compression import Compression, auto_target
 from edge.exporters.package_head import manifest_head
 from edge.exporters.validation import VALIDATION_PROMPT
 from edge.family_model import FamilyModel
@@ -103,6 +104,16 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                  f"of Core AI models at {chosen.setting} for iOS {MIN_IOS}: a block and its "
                  "variants as the functions of one .aimodel, every program executed through "
                  "Core AI at export")
+    quantize = options.quantize or DEFAULT_QUANTIZE
+    if auto_target(quantize) is not None:
+        from edge.exporters.coreai_recipe import CANDIDATES
+        from edge.exporters.coreml_recipe import VIDEOS
+
+        count = sum(len(blocks) for blocks in cut.components.values())
+        lines.append(f"--quantize {quantize}: each block's stored form is chosen at export by "
+                     f"measurement ({len(CANDIDATES)} forms x {count} blocks, coreai-opt's "
+                     f"weights simulated, each rendering {len(VIDEOS)} videos; counted above "
+                     "at fp16, the most any form stores)")
     notes = list(cut.notes)
     if budget is not None:
         residency, plan_notes = device_residency(cut, budget, held, chosen.setting,
@@ -158,9 +169,29 @@ def coreai_section(chosen: Precision) -> dict:
             "compiled": False, "converter": dict(PINNED)}
 
 
+def _chosen(model: FamilyModel, prepared: Prepared, quantize: str, progress: Progress
+            ) -> tuple[Precision, Compression]:
+    """`--quantize auto[:TARGET]` measured on the blocks to export: (the Core AI setting,
+    the recipe); a target no recipe reaches is refused naming it (nothing written)."""
+    from edge.exporters.coreai_recipe import chosen_precision
+
+    def on_trial(done: int, total: int, trial) -> None:
+        if progress.on_measure is not None:
+            progress.on_measure(done, total, f"{trial.block} {trial.form}")
+
+    try:
+        return chosen_precision(model, prepared.components, quantize, on_trial)
+    except ValueError as err:
+        raise ExportValidationError(str(err)) from None
+
+
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    chosen = precision(options, model)
+    quantize, recipe = options.quantize or DEFAULT_QUANTIZE, None
+    if auto_target(quantize) is not None:
+        chosen, recipe = _chosen(model, prepared, quantize, progress)
+    else:
+        chosen = precision(options, model)
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "iphone", model.name, raw_null_caption=True)
         manifest["coreml"] = coreai_section(chosen)
@@ -179,6 +210,11 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
                 manifest["components"].append(component)
         write_manifest(root, manifest)   # the runtime reads the package it checks
         manifest["validation"] = end_to_end(model, root, chosen, progress)
+        if recipe is not None:   # the chosen recipe whole, against its prediction's floor
+            from edge.exporters.coreai_recipe import recipe_check
+
+            manifest["validation"]["recipe"] = recipe_check(
+                model, prepared.components, chosen, recipe, progress.on_check_step)
         write_manifest(root, manifest)
     return manifest
 
@@ -201,5 +237,9 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
             f"{format_size(reference)} (tables the converter folds in included)\n"
             f"executed through Core AI here: all {programs} programs, worst relative error "
             f"{worst[0]:.3g} ({worst[1]}) at {setting}\n"
-            f"end to end: {end}")
+            f"end to end: {end}"
+            + (f"\nthe chosen recipe ({manifest['coreml']['compression'].get('note', '')}) "
+               f"rendered whole with its weights simulated: PSNR {check['recipe']['psnr_db']} "
+               f"dB against fp32 (floor {check['recipe']['psnr_floor_db']} dB)"
+               if "recipe" in check else ""))
 

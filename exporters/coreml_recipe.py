@@ -57,6 +57,12 @@ CANDIDATES = ("fp16", "int8", "lut6", "lut4", "lut3", "lut6-g16", "lut4-g16", "i
 VIDEOS = (("a red circle moving left", 0), ("a blue square moving up", 1))
 
 
+# How a layout stores a block in each of some forms: {form: (its parameters as the program
+# holds them, the stored bytes)} (`stored_forms` for the Core ML layouts; the Core AI layout
+# simulates coreai-opt's forms instead, exporters/coreai_recipe.py)
+StoreForms = Callable[[Block, Sequence[str]], dict[str, tuple[dict[str, torch.Tensor], int]]]
+
+
 @dataclass(frozen=True)
 class FormTrial:
     """One block stored in one form: its weight file and the error it adds to the videos."""
@@ -118,18 +124,25 @@ def _write(block: Block, stored: dict[str, torch.Tensor]) -> None:
             p.copy_(stored[name])
 
 
+def _coreml_store(min_ios: int) -> StoreForms:
+    return lambda block, forms: stored_forms(block, forms, min_ios)
+
+
 def measure_forms(model: FamilyModel, components: dict[str, list[Block]],
                   forms: Sequence[str], videos: Sequence[tuple[str, int]] = VIDEOS,
                   steps: int | None = None, min_ios: int = DEFAULT_MIN_IOS,
-                  on_trial: Callable[[FormTrial], None] | None = None) -> list[FormTrial]:
+                  on_trial: Callable[[FormTrial], None] | None = None,
+                  store: StoreForms | None = None) -> list[FormTrial]:
     """Every block of `components` (the device cut, sharing the model's parameters) in every
     form of `forms`, measured alone: the trials, block by block. fp16 blocks are measured
-    too (the error of storing at all). `on_trial` sees each trial as it is measured."""
+    too (the error of storing at all). `on_trial` sees each trial as it is measured.
+    `store`: how the layout stores a block (default: converted for `min_ios`)."""
+    store = store or _coreml_store(min_ios)
     want = _render(model, videos, steps)
     trials = []
     for blocks in components.values():
         for block in blocks:
-            for form, (stored, size) in stored_forms(block, forms, min_ios).items():
+            for form, (stored, size) in store(block, forms).items():
                 # called at once, inside the with: the loop's current block and form
                 with weights_replaced({"one": [block]},
                                       lambda _, b=block, s=stored: _write(b, s)):
@@ -238,17 +251,21 @@ PREDICTION_MARGIN_DB = 3.0
 
 def chosen_setting(model: FamilyModel, components: dict[str, list[Block]], quantize: str,
                    min_ios: int = DEFAULT_MIN_IOS,
-                   on_trial: Callable[[int, int, FormTrial], None] | None = None
+                   on_trial: Callable[[int, int, FormTrial], None] | None = None,
+                   forms: Sequence[str] | None = None, store: StoreForms | None = None,
+                   videos: Sequence[tuple[str, int]] = VIDEOS, steps: int | None = None
                    ) -> Compression:
     """`--quantize auto[:TARGET]` made a setting: every block of `components` measured in
-    every form `min_ios` decompresses, the recipe chosen for the target, one rule per block
-    key; its end-to-end floor PREDICTION_MARGIN_DB under the prediction for the validation
-    video (VIDEOS[0]), its note the target and the prediction. `on_trial(done, total,
-    trial)` after each trial. A ValueError names a target no recipe reaches."""
+    every form `min_ios` decompresses (or of `forms`, stored by `store`), the recipe chosen
+    for the target, one rule per block key; its end-to-end floor PREDICTION_MARGIN_DB under
+    the prediction for the validation video (VIDEOS[0]), its note the target and the
+    prediction. `on_trial(done, total, trial)` after each trial. `videos` and `steps`: what
+    a trial renders (a test's shorter run; the first video is the floor's). A ValueError
+    names a target no recipe reaches."""
     target = auto_target(quantize)
     if target is None:
         raise ValueError(f"--quantize {quantize!r} is not an auto setting")
-    forms = candidate_forms(min_ios)
+    forms = list(forms or candidate_forms(min_ios))
     total = len(forms) * sum(len(blocks) for blocks in components.values())
     done = []
 
@@ -257,7 +274,8 @@ def chosen_setting(model: FamilyModel, components: dict[str, list[Block]], quant
         if on_trial is not None:
             on_trial(len(done), total, trial)
 
-    trials = measure_forms(model, components, forms, min_ios=min_ios, on_trial=seen)
+    trials = measure_forms(model, components, forms, videos, steps, min_ios=min_ios,
+                           on_trial=seen, store=store)
     fp32 = sum(b.weight_bytes() for blocks in components.values() for b in blocks)
     try:
         recipe = choose(trials, max_bytes=target.weight_bytes(fp32),
@@ -266,7 +284,7 @@ def chosen_setting(model: FamilyModel, components: dict[str, list[Block]], quant
         raise ValueError(f"--quantize {quantize}: {err}") from None
     smaller = fp32 / recipe.weight_bytes
     note = (f"chosen by measurement for {quantize}: {len(forms)} forms of each of "
-            f"{total // len(forms)} blocks, each alone on {len(VIDEOS)} videos; predicted "
+            f"{total // len(forms)} blocks, each alone on {len(videos)} videos; predicted "
             f"{recipe.weight_bytes / 1e6:.2f} MB of weight files ({smaller:.2f}x smaller "
             f"than fp32), worst video {recipe.psnr_db:.1f} dB")
     floor = psnr_of(recipe.mse[0]) - PREDICTION_MARGIN_DB
@@ -275,14 +293,16 @@ def chosen_setting(model: FamilyModel, components: dict[str, list[Block]], quant
 
 def check_recipe(model: FamilyModel, components: dict[str, list[Block]], recipe: Recipe,
                  videos: Sequence[tuple[str, int]], steps: int | None = None,
-                 min_ios: int = DEFAULT_MIN_IOS) -> tuple[float, ...]:
+                 min_ios: int = DEFAULT_MIN_IOS, store: StoreForms | None = None
+                 ) -> tuple[float, ...]:
     """The recipe rendered whole: each video's PSNR against fp32 (the prediction's check)."""
+    store = store or _coreml_store(min_ios)
     want = _render(model, videos, steps)
     stored = {}
     for blocks in components.values():
         for block in blocks:
             form = recipe.forms[block.key]
-            stored[block.key] = stored_forms(block, [form], min_ios)[form][0]
+            stored[block.key] = store(block, [form])[form][0]
 
     def replace(_components) -> None:
         for blocks in components.values():

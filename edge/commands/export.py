@@ -35,8 +35,10 @@ def export(
         help="iphone: weight compression fp16, 8 (int8 linear), 6 (palettized), 4 "
         "(mostly 4-bit palettized, the transformer int8) or auto (each block's form chosen "
         "by measurement for a target: auto = auto:38dB, the worst measurement video's PSNR; "
-        "auto:7x or auto:14MB, the weight files' size); with --min-ios 27 fp32, fp16, 8 or "
-        "4 (the family's rule in int8 and int4 with a scale per 32 inputs) [default: fp16]. "
+        "auto:7x or auto:14MB, the weight files' size); with --min-ios 27 fp32, fp16, 8, "
+        "4 (the family's rule in int8 and int4 with a scale per 32 inputs) or auto (fp16, "
+        "int8 and int4 per block, measured on coreai-opt's simulated weights) "
+        "[default: fp16]. "
         "web: how weights are stored and downloaded: fp32, fp16, 8 (int8 "
         "with a scale per row) or 4 (the family's rule: int4 with a scale per 32 inputs "
         "where its phone rule stores 4 bits, int8 elsewhere) [default: fp16].")] = None,
