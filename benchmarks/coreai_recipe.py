@@ -22,49 +22,15 @@ block by block and held to this simulation (exporters/coreai.py `simulated_error
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
+from coreml_recipe import MB, measured  # beside it
 from model_options import PROMPTS, SEEDS, add_model_options, cases, model_from  # beside it
 
 from edge.exporters.coreai_recipe import CANDIDATES, simulated_forms
 from edge.exporters.coreml import cut_for_device
-from edge.exporters.coreml_recipe import (
-    VIDEOS,
-    FormTrial,
-    check_recipe,
-    choose,
-    measure_forms,
-    psnr_of,
-    recipes,
-)
-
-MB = 1e6
-
-
-def measured(args, model) -> list[FormTrial]:
-    if args.trials:
-        return [FormTrial(**{**t, "mse": tuple(t["mse"])})
-                for t in json.loads(Path(args.trials).read_text())]
-    videos = VIDEOS if args.measure_videos is None else cases(args.measure_videos)
-    started = time.perf_counter()
-    print(f"measuring {', '.join(CANDIDATES)} (simulated) on every block, {len(videos)} "
-          f"videos ({args.steps or model.sampler.steps} steps)", flush=True)
-    print(f"{'block':<28}{'form':>10}{'stored MB':>12}{'PSNR alone':>12}")
-
-    def show(t: FormTrial) -> None:
-        print(f"{t.block:<28}{t.form:>10}{t.weight_bytes / MB:>12.2f}"
-              f"{psnr_of(max(t.mse)):>12.1f}", flush=True)
-
-    trials = measure_forms(model, cut_for_device(model), CANDIDATES, videos,
-                           steps=args.steps, on_trial=show, store=simulated_forms)
-    print(f"measured in {time.perf_counter() - started:.0f} s")
-    if args.save:
-        Path(args.save).write_text(json.dumps([asdict(t) for t in trials]))
-    return trials
+from edge.exporters.coreml_recipe import VIDEOS, check_recipe, choose, recipes
 
 
 def main() -> None:
@@ -83,7 +49,7 @@ def main() -> None:
                         help="videos each recipe is rendered on (default: all 8)")
     args = parser.parse_args()
     model = model_from(args)
-    trials = measured(args, model)
+    trials = measured(args, model, list(CANDIDATES), simulated_forms, " (simulated)")
     components = cut_for_device(model)
     fp32 = sum(b.weight_bytes() for bs in components.values() for b in bs)
 

@@ -40,14 +40,16 @@ from edge.exporters.coreml_recipe import (
 MB = 1e6
 
 
-def measured(args, model) -> list[FormTrial]:
+def measured(args, model, forms: list[str], store=None, how: str = "") -> list[FormTrial]:
+    """The trials: read from `--trials`, else every block of the device cut measured in each
+    of `forms` (stored by `store`, the layout's: default Core ML's at `--min-ios`; `how` says
+    so in the header), printed as they come and saved to `--save`."""
     if args.trials:
         return [FormTrial(**{**t, "mse": tuple(t["mse"])})
                 for t in json.loads(Path(args.trials).read_text())]
-    forms = candidate_forms(args.min_ios, args.forms)
     videos = VIDEOS if args.measure_videos is None else cases(args.measure_videos)
     started = time.perf_counter()
-    print(f"measuring {', '.join(forms)} on every block, {len(videos)} videos "
+    print(f"measuring {', '.join(forms)}{how} on every block, {len(videos)} videos "
           f"({args.steps or model.sampler.steps} steps)", flush=True)
     print(f"{'block':<28}{'form':>10}{'weights MB':>12}{'PSNR alone':>12}")
 
@@ -56,7 +58,8 @@ def measured(args, model) -> list[FormTrial]:
               f"{psnr_of(max(t.mse)):>12.1f}", flush=True)
 
     trials = measure_forms(model, cut_for_device(model), forms, videos, steps=args.steps,
-                           min_ios=args.min_ios, on_trial=show)
+                           min_ios=getattr(args, "min_ios", DEFAULT_MIN_IOS), on_trial=show,
+                           store=store)
     print(f"measured in {time.perf_counter() - started:.0f} s")
     if args.save:
         Path(args.save).write_text(json.dumps([asdict(t) for t in trials]))
@@ -88,7 +91,7 @@ def main() -> None:
                         help="videos each recipe is checked on (default: all 8)")
     args = parser.parse_args()
     model = model_from(args)
-    trials = measured(args, model)
+    trials = measured(args, model, candidate_forms(args.min_ios, args.forms))
 
     print("\nthe recipes the hulls give (weights MB, predicted worst PSNR):")
     print("  " + ", ".join(f"{r.weight_bytes / MB:.1f} MB {r.psnr_db:.1f} dB"

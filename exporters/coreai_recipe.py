@@ -29,7 +29,7 @@ from edge.blocks import Block
 from edge.exporters.coreai import HalfPrecision, Precision, stored_precision
 from edge.exporters.coreai_simulated import quantized, weight_axes
 from edge.exporters.coreml_compression import STORAGES, Compression
-from edge.exporters.coreml_recipe import VIDEOS, FormTrial, chosen_setting
+from edge.exporters.coreml_recipe import VIDEOS, FormTrial, chosen_setting, write_parameters
 from edge.exporters.weights_in_place import stored_video_check
 from edge.family_model import FamilyModel
 from edge.token_chunks import token_chunks
@@ -55,11 +55,9 @@ def _stored(weight: torch.Tensor, axes: tuple[int, int] | None, record: dict | N
     its bits a value: float16 where coreai-opt leaves it (not compressed, or its blocks do
     not divide the input axis)."""
     w = weight.detach().numpy()
-    if record is None or axes is None:
-        return torch.from_numpy(w.astype(np.float16).astype(np.float32)), 16.0
-    per_block = record["granularity"] == "per_block"
+    per_block = record is not None and record["granularity"] == "per_block"
     block_size = record.get("block_size", 32) if per_block else None
-    if block_size and w.shape[axes[1]] % block_size:
+    if record is None or axes is None or (block_size and w.shape[axes[1]] % block_size):
         return torch.from_numpy(w.astype(np.float16).astype(np.float32)), 16.0
     bits = float(record["dtype"].removeprefix("int"))
     # a float16 scale per output channel, and per block of inputs
@@ -120,11 +118,9 @@ def recipe_check(model: FamilyModel, components: dict[str, list[Block]],
             by_form[block.key] = simulated_forms(block, [name])[name][0]
 
     def replace(_components) -> None:
-        with torch.no_grad():
-            for blocks in components.values():
-                for block in blocks:
-                    for name, p in block.module.named_parameters():
-                        p.copy_(by_form[block.key][name])
+        for blocks in components.values():
+            for block in blocks:
+                write_parameters(block, by_form[block.key])
 
     return stored_video_check(model, components, replace, setting.psnr_floor_db,
                               f"the package's {setting.setting} weights (simulated)",

@@ -117,7 +117,7 @@ def _errors(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, ...]:
     return tuple(mse(g, w) for g, w in zip(got, want, strict=True))
 
 
-def _write(block: Block, stored: dict[str, torch.Tensor]) -> None:
+def write_parameters(block: Block, stored: dict[str, torch.Tensor]) -> None:
     """`stored` into the block's parameters, in place (under `weights_replaced`)."""
     with torch.no_grad():
         for name, p in block.module.named_parameters():
@@ -145,7 +145,7 @@ def measure_forms(model: FamilyModel, components: dict[str, list[Block]],
             for form, (stored, size) in store(block, forms).items():
                 # called at once, inside the with: the loop's current block and form
                 with weights_replaced({"one": [block]},
-                                      lambda _, b=block, s=stored: _write(b, s)):
+                                      lambda _, b=block, s=stored: write_parameters(b, s)):
                     got = _render(model, videos, steps)
                 trial = FormTrial(block.key, form, size, _errors(got, want))
                 trials.append(trial)
@@ -307,7 +307,7 @@ def check_recipe(model: FamilyModel, components: dict[str, list[Block]], recipe:
     def replace(_components) -> None:
         for blocks in components.values():
             for block in blocks:
-                _write(block, stored[block.key])
+                write_parameters(block, stored[block.key])
 
     with weights_replaced(components, replace):
         got = _render(model, videos, steps)
