@@ -1,5 +1,6 @@
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -415,28 +416,34 @@ class _GroupsKept:
 # every session- or module-scoped fixture that took over 5 s appends a line there (worker,
 # seconds, scope, name, the test that asked) — an export built on both workers shows twice
 # (one built once a run, tests/shared_builds.py, shows a second line only where the other
-# worker waited over 5 s for it).
+# worker waited over 5 s for it). Each worker's last line, scope `finished`, is how long it
+# ran (the controller's, `main`, the run's wall): two far apart say the wall waits on one
+# worker's share, not on the work.
 # A plugin of its own: a conftest's hook is not called for the session's fixtures (pytest
 # calls it through the session node, which lies above this folder).
 
 class _FixtureTimes:
     def __init__(self, path: str) -> None:
         self.path = path
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.started = time.perf_counter()
+
+    def _line(self, took: float, scope: str, name: str, nodeid: str) -> None:
+        with open(self.path, "a") as out:
+            out.write(f"{self.worker}\t{took:.1f}\t{scope}\t{name}\t{nodeid}\n")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
-        import time
-
         start = time.perf_counter()
         yield
         took = time.perf_counter() - start
         if fixturedef.scope in ("session", "module") and took > 5:
-            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
             param = getattr(request, "param", "")
             name = fixturedef.argname + (f"[{param}]" if param != "" else "")
-            with open(self.path, "a") as out:
-                out.write(f"{worker}\t{took:.1f}\t{fixturedef.scope}\t{name}\t"
-                          f"{request.node.nodeid}\n")
+            self._line(took, fixturedef.scope, name, request.node.nodeid)
+
+    def pytest_sessionfinish(self, session):
+        self._line(time.perf_counter() - self.started, "finished", "worker", "")
 
 
 def pytest_configure(config):
