@@ -25,28 +25,20 @@ import argparse
 import time
 
 import numpy as np
-from coreml_recipe import MB, measured  # beside it
-from model_options import PROMPTS, SEEDS, add_model_options, cases, model_from  # beside it
+from coreml_recipe import MB, add_recipe_options, measured  # beside it
+from model_options import add_model_options, cases, model_from  # beside it
 
 from edge.exporters.coreai_recipe import CANDIDATES, simulated_forms
 from edge.exporters.coreml import cut_for_device
-from edge.exporters.coreml_recipe import VIDEOS, check_recipe, choose, recipes
+from edge.exporters.coreml_recipe import check_recipe, choose, recipes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_options(parser)
-    parser.add_argument("--trials", help="trials saved by --save (skips the measurement)")
-    parser.add_argument("--save", help="write the measured trials here (JSON)")
     parser.add_argument("--max-weights-x", type=float, nargs="*", default=[7.0],
                         help="targets: the stored weights this many times smaller than fp32")
-    parser.add_argument("--min-psnr", type=float, nargs="*", default=[38.0],
-                        help="targets: the worst measurement video's predicted PSNR (dB)")
-    parser.add_argument("--measure-videos", type=int,
-                        help=f"measure the trials on the check's first N videos (default: the "
-                             f"exporter's {len(VIDEOS)})")
-    parser.add_argument("--videos", type=int, default=len(PROMPTS) * len(SEEDS),
-                        help="videos each recipe is rendered on (default: all 8)")
+    add_recipe_options(parser)
     args = parser.parse_args()
     model = model_from(args)
     trials = measured(args, model, list(CANDIDATES), simulated_forms, " (simulated)")

@@ -66,6 +66,22 @@ def measured(args, model, forms: list[str], store=None, how: str = "") -> list[F
     return trials
 
 
+def add_recipe_options(parser: argparse.ArgumentParser) -> None:
+    """The options `measured` reads (where trials come from and go, the videos they are
+    measured on), the PSNR targets and the videos each recipe is rendered on: the same for
+    every layout's recipe benchmark, beside its own size target."""
+    parser.add_argument("--trials", help="trials saved by --save (skips the measurement)")
+    parser.add_argument("--save", help="write the measured trials here (JSON)")
+    parser.add_argument("--min-psnr", type=float, nargs="*", default=[38.0],
+                        help="targets: the worst measurement video's predicted PSNR (dB)")
+    parser.add_argument("--measure-videos", type=int,
+                        help=f"measure the trials on the check's first N videos (default: the "
+                             f"exporter's {len(VIDEOS)})")
+    parser.add_argument("--videos", type=int, default=len(PROMPTS) * len(SEEDS),
+                        help=f"videos each recipe is rendered on (default: all "
+                             f"{len(PROMPTS) * len(SEEDS)})")
+
+
 def package_overhead(model, root: Path, min_ios: int) -> int:
     """What a package holds beyond its weight files (program specs, tokenizer, captions):
     measured on an fp16 export (no end-to-end check), about the same at every recipe."""
@@ -78,17 +94,9 @@ def main() -> None:
     add_model_options(parser)
     parser.add_argument("--min-ios", type=int, default=DEFAULT_MIN_IOS, choices=list(LAYOUTS))
     parser.add_argument("--forms", nargs="+", help="candidate forms (default: all the iOS takes)")
-    parser.add_argument("--trials", help="trials saved by --save (skips the measurement)")
-    parser.add_argument("--save", help="write the measured trials here (JSON)")
     parser.add_argument("--max-package-x", type=float, nargs="*", default=[7.0],
                         help="targets: the whole package this many times smaller than fp32")
-    parser.add_argument("--min-psnr", type=float, nargs="*", default=[38.0],
-                        help="targets: the worst measurement video's predicted PSNR (dB)")
-    parser.add_argument("--measure-videos", type=int,
-                        help=f"measure the trials on the check's first N videos (default: the "
-                             f"exporter's {len(VIDEOS)})")
-    parser.add_argument("--videos", type=int, default=len(PROMPTS) * len(SEEDS),
-                        help="videos each recipe is checked on (default: all 8)")
+    add_recipe_options(parser)
     args = parser.parse_args()
     model = model_from(args)
     trials = measured(args, model, candidate_forms(args.min_ios, args.forms))
