@@ -55,6 +55,9 @@ class ExportOptions:
     # caption's half of the guidance batch (variants `unguided`), so calls without guidance
     # run half the work (None: the target's default, yes)
     unguided_variants: bool | None = None
+    # iphone --min-ios 27: which programs the export executes through Core AI, "all" (None)
+    # or "distinct" (one block of each repeated shape)
+    execute: str | None = None
     # onnx: the end-to-end check's result from a check run beside the export (`edge export
     # --check small|blocks`), recorded as the manifest's validation instead of running one
     end_to_end: dict | None = None
@@ -122,6 +125,8 @@ _OWNED = {"quantize": "--quantize applies to --target iphone and web, not {}",
           "unguided_variants": "--unguided-variants/--no-unguided-variants apply to --target "
                                "web and iphone --min-ios 18 or 27, not {} (an ONNX graph takes "
                                "any batch)",
+          "execute": "--execute applies to --target iphone --min-ios 27, not {} (the only "
+                     "layout whose programs run here)",
           "end_to_end": "--check small and --check blocks apply to --target onnx, not {} "
                         "(its end-to-end check runs at the export's size)"}
 

@@ -22,8 +22,10 @@ and the package is not written.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -56,6 +58,10 @@ MIN_IOS = 27
 WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as an error
 WORKER = Path(__file__).with_name("coreai_worker.py")
 WORKER_PYTHON: str | None = None   # the interpreter the worker runs in (default: this one)
+WORKERS: int | None = None   # workers side by side (default: `worker_count`'s choice)
+WORKER_MEMORY_FACTOR, WORKER_BASE_BYTES = 5, 256 << 20   # a worker's memory, by its graphs
+NOT_EXECUTED = ("converted, not executed (--execute distinct: it repeats the shapes of a block "
+                "that was)")
 OPT_THRESHOLD = 1024   # coreai-opt's: tensors of at most this many values keep their dtype
 # The weights coreai-opt compresses (its passes' _OPS_WEIGHT_NEED_COMPRESSION: matrix
 # products, 2-D convolutions, gathered tables): by rank, a matrix or a 2-D kernel. The video
@@ -282,48 +288,108 @@ def _crash_text(code: int) -> str:
     return f"exited with status {code}"
 
 
+def worker_count(jobs: list[Path]) -> int:
+    """How many workers run side by side: one a CPU (Core AI's interpreter runs on one),
+    no more than the jobs, and as many as memory holds at WORKER_MEMORY_FACTOR times the
+    largest job's saved graphs each (a Wan 1.3B transformer block's worker peaked at 1.6
+    GiB: 4.3x its graphs' 372 MB)."""
+    if WORKERS is not None:
+        return WORKERS
+    largest = max(sum(Path(f["program"]).stat().st_size for f in
+                      json.loads(job.read_text())["functions"]) for job in jobs)
+    by_memory = available_memory() // (WORKER_MEMORY_FACTOR * largest + WORKER_BASE_BYTES)
+    return max(1, min(len(jobs), len(os.sched_getaffinity(0)), by_memory))
+
+
+def available_memory() -> int:
+    """MemAvailable (bytes) from /proc/meminfo; where there is none, room for one worker."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def run_worker(jobs: list[Path], keys: list[str],
                on_done: Callable[[int], None] | None = None) -> list[dict]:
-    """Convert and execute the blocks' jobs in order in one child process; the results of
-    each, or an ExportValidationError naming the first block that failed and how (the
-    converter's or runtime's message, or the crash). `on_done(i)`: job i has its results."""
+    """Convert and execute the blocks' jobs in child processes (`worker_count` side by side,
+    each taking the next job none has claimed); the results of each, or an
+    ExportValidationError naming the first block that failed and how (the converter's or
+    runtime's message, or the crash). `on_done(i)`: job i has its results (in any order)."""
     # the worker is a script of its own (it imports nothing of the toolkit); -P: its folder
     # is not put on sys.path, where this module's name would hide Core AI's `coreai`
     results = [job.with_name("results.json") for job in jobs]
-    with tempfile.TemporaryFile(mode="w+") as stderr:
-        child = subprocess.Popen([WORKER_PYTHON or sys.executable, "-P", str(WORKER),
-                                  *map(str, jobs)], stdout=subprocess.DEVNULL, stderr=stderr)
-        reported, started = 0, time.monotonic()
-        while True:
-            try:
-                code = child.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                code = None
-            while reported < len(jobs) and results[reported].is_file():
-                if on_done:
-                    on_done(reported)
-                reported += 1
-            if code is not None:
-                break
-            if time.monotonic() - started > WORKER_SECONDS * len(jobs):
-                child.kill()
-                child.wait()
-                raise ExportValidationError(
-                    f"block {keys[reported]}: Core AI's conversion and execution ran past "
-                    f"{WORKER_SECONDS} s a block")
-        stderr.seek(0)
-        tail = " | ".join(stderr.read().strip().splitlines()[-3:])
-    found = []
-    for key, path in zip(keys, results, strict=True):
-        if not path.is_file():
-            raise ExportValidationError(f"block {key}: Core AI's converter or runtime "
-                                        f"{_crash_text(code)} (nothing written): {tail}")
-        done = json.loads(path.read_text())
-        if not done["ok"]:
+    with contextlib.ExitStack() as stack:
+        stderrs = [stack.enter_context(tempfile.TemporaryFile(mode="w+"))
+                   for _ in range(worker_count(jobs))]
+        children = [subprocess.Popen([WORKER_PYTHON or sys.executable, "-P", str(WORKER),
+                                      *map(str, jobs)], stdout=subprocess.DEVNULL,
+                                     stderr=stderr) for stderr in stderrs]
+        try:
+            _wait_for(children, results, keys, on_done)
+        finally:
+            for child in children:   # a failure or a crash ends the others' work
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+        found = [json.loads(p.read_text()) if p.is_file() else None for p in results]
+        failed = next((i for i, done in enumerate(found) if done and not done["ok"]), None)
+        if failed is not None:
+            done = found[failed]
             what = "cannot convert it" if done["stage"] == "convert" else "failed to run it"
-            raise ExportValidationError(f"block {key}: Core AI {what}: {done['error']}")
-        found.append(done)
+            raise ExportValidationError(f"block {keys[failed]}: Core AI {what}: "
+                                        f"{done['error']}")
+        if None in found:
+            raise _crash(children, stderrs, jobs, found, keys)
     return found
+
+
+def _wait_for(children: list[subprocess.Popen], results: list[Path], keys: list[str],
+              on_done: Callable[[int], None] | None) -> None:
+    """Until every worker has ended, one has failed a job or crashed, or the time is up;
+    `on_done(i)` as each job's results appear."""
+    reported, started = set(), time.monotonic()
+    while True:
+        codes = [child.poll() for child in children]   # before the results: none missed
+        failed = False
+        for i, path in enumerate(results):
+            if i not in reported and path.is_file():
+                reported.add(i)
+                failed = failed or not json.loads(path.read_text())["ok"]
+                if on_done:
+                    on_done(i)
+        if failed or any(code not in (None, 0) for code in codes) or None not in codes:
+            return
+        if time.monotonic() - started > WORKER_SECONDS * len(results):
+            block = keys[min(set(range(len(results))) - reported)]
+            raise ExportValidationError(f"block {block}: Core AI's conversion and execution "
+                                        f"ran past {WORKER_SECONDS} s a block")
+        time.sleep(0.2)
+
+
+def _crash(children: list[subprocess.Popen], stderrs: list, jobs: list[Path],
+           found: list[dict | None], keys: list[str]) -> ExportValidationError:
+    """The error for a worker that ended without writing a job's results: the job it had
+    claimed (else the first without results), how it ended and its last words."""
+    missing = [i for i, done in enumerate(found) if done is None]
+    crashed = next((c for c in children if c.returncode not in (0, None, -signal.SIGKILL)),
+                   children[0])
+    index = next((i for i in missing if _claimant(jobs[i]) == crashed.pid), missing[0])
+    stderr = stderrs[children.index(crashed)]
+    stderr.seek(0)
+    tail = " | ".join(stderr.read().strip().splitlines()[-3:])
+    return ExportValidationError(f"block {keys[index]}: Core AI's converter or runtime "
+                                 f"{_crash_text(crashed.returncode)} (nothing written): {tail}")
+
+
+def _claimant(job: Path) -> int | None:
+    """The pid of the worker that claimed `job` (exporters/coreai_worker.py `claimed`)."""
+    try:
+        return int(job.with_name("claim").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def executed_error(got: dict[str, np.ndarray], block: Block,
@@ -369,11 +435,12 @@ def simulated_error(got: dict[str, np.ndarray], graph: Block,
             "tolerance": SIMULATED_TOLERANCE, "weights": len(axes)}
 
 
-def _job(block: Block, root: Path, precision: Precision,
-         scratch: Path) -> tuple[Path, dict[str, dict]]:
+def _job(block: Block, root: Path, precision: Precision, scratch: Path,
+         execute: bool = True) -> tuple[Path, dict[str, dict]]:
     """Save a block's graphs (its own as "main", each variant under its name) and the job
-    that converts them into the functions of one .aimodel in `root` and executes them: the
-    job's path, and by function the weights coreai-opt will compress (none uncompressed)."""
+    that converts them into the functions of one .aimodel in `root` and (`execute`) executes
+    them: the job's path, and by function the weights coreai-opt will compress (none
+    uncompressed)."""
     scratch.mkdir()
     path = root / model_path(block)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -384,24 +451,42 @@ def _job(block: Block, root: Path, precision: Precision,
                                               weights is not None)
         functions.append({"name": name} | entry)
     job = {"aimodel": str(path), "results": str(scratch / "results.json"),
-           "weights": weights, "functions": functions}
+           "weights": weights, "functions": functions, "execute": execute}
     (scratch / "job.json").write_text(json.dumps(job))
     return scratch / "job.json", compressed
 
 
+def repeats(blocks: list[Block]) -> list[bool]:
+    """Whether each block repeats an earlier one's program up to its weights' values: the
+    same module type, the same weight names and shapes, the same input shapes and the same
+    variants (a transformer's block_1..29 repeat block_0; a decoder's stages do not repeat
+    each other)."""
+    seen, found = set(), []
+    for block in blocks:
+        shape = (type(block.module).__qualname__,
+                 tuple((n, tuple(p.shape), p.dtype) for n, p in block.parameters().items()),
+                 tuple((tuple(t.shape), t.dtype) for t in block.example),
+                 tuple(block.variants))
+        found.append(shape in seen)
+        seen.add(shape)
+    return found
+
+
 def export_blocks(blocks: list[Block], root: Path, precision: Precision,
                   on_block: Callable[[str], None] | None = None,
-                  unguided: bool = False) -> list[dict]:
+                  unguided: bool = False, distinct_only: bool = False) -> list[dict]:
     """Convert each block and its variants as the functions of one .aimodel, execute each
     function on the block's example inputs and hold it to the PyTorch block; their records.
     One child process does a list of blocks (its imports cost seconds), one at a time, so
     every block's example inputs are made real (`chained`) before it starts. `unguided`:
     each block also at the caption's half of its batch (`edge.blocks.with_unguided`: the
-    transformer's functions for calls without guidance)."""
+    transformer's functions for calls without guidance). `distinct_only`: a block that
+    repeats an earlier one's shapes (`repeats`) is converted and recorded unexecuted."""
+    runs = ([not r for r in repeats(blocks)] if distinct_only else [True] * len(blocks))
     blocks = [with_unguided(b) if unguided else b for b in chained(blocks)]
     with tempfile.TemporaryDirectory(prefix="edge-coreai-") as tmp:
-        jobs = [_job(block, root, precision, Path(tmp) / str(i))
-                for i, block in enumerate(blocks)]
+        jobs = [_job(block, root, precision, Path(tmp) / str(i), run)
+                for i, (block, run) in enumerate(zip(blocks, runs, strict=True))]
         found = run_worker([path for path, _ in jobs], [b.key for b in blocks],
                            on_done=None if on_block is None else
                            lambda i: on_block(blocks[i].key))
@@ -422,6 +507,12 @@ def _record(block: Block, root: Path, precision: Precision, found: dict,
     path = root / relative
     records = {}
     for name, graph in graphs.items():
+        if name not in found["functions"]:   # converted, not executed (--execute first)
+            records[name] = {"validation": {"executed": False, "why": NOT_EXECUTED,
+                                            "tolerance": precision.stored_form(
+                                                block.key).tolerance},
+                             "reference": graph.reference()}
+            continue
         with np.load(found["functions"][name]["outputs"]) as saved:
             got = {n: saved[n] for n in graph.outputs}
         reference = graph.reference()  # once: `chained` may have computed the main one

@@ -42,6 +42,10 @@ from edge.reference_device import reference_record
 from edge.video_metrics import psnr, snr
 
 DEFAULT_QUANTIZE = "fp16"
+# `--execute`: every program executed through Core AI at export (all, the default), or one
+# block of each repeated shape (distinct: exporters/coreai.py `repeats`), for models whose
+# every block takes minutes in the Linux interpreter's emulated float16
+EXECUTE = ("all", "distinct")
 # the package's whole generation through Core AI against the family's reference
 PSNR_FLOOR_DB, SNR_FLOOR_DB = 35.0, 20.0
 # the interpreter emulates float16 on Linux (a tiny-sora transformer pair: 12 s against 0.1 s
@@ -59,6 +63,8 @@ def precision(options: ExportOptions, model: FamilyModel) -> Precision:
 
 def check(options: ExportOptions) -> None:
     quantize = options.quantize or DEFAULT_QUANTIZE
+    if options.execute not in (None, *EXECUTE):
+        raise ExportOptionError(f"--execute {options.execute!r}: one of {', '.join(EXECUTE)}")
     try:
         check_setting(quantize)
     except ValueError as err:
@@ -100,10 +106,13 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
             extra = f" (+{', '.join(block.variants)} function)" if block.variants else ""
             lines.append(f"{block.key:<28}{fp32 / 1e6:>9.2f}{kept / 1e6:>10.2f}  "
                          f"{inputs_text(block)}{extra}")
+    executed = ("one block of each repeated shape executed through Core AI at export "
+                "(--execute distinct), the repeats written unexecuted"
+                if options.execute == "distinct" else
+                "every program executed through Core AI at export")
     lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {stored / 1e6:.1f} MB "
                  f"of Core AI models at {chosen.setting} for iOS {MIN_IOS}: a block and its "
-                 "variants as the functions of one .aimodel, every program executed through "
-                 "Core AI at export")
+                 f"variants as the functions of one .aimodel, {executed}")
     quantize = options.quantize or DEFAULT_QUANTIZE
     if auto_target(quantize) is not None:
         from edge.exporters.coreai_recipe import CANDIDATES
@@ -159,10 +168,11 @@ def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Prog
             **reference_record()}
 
 
-def coreai_section(chosen: Precision) -> dict:
+def coreai_section(chosen: Precision, execute: str) -> dict:
     """The manifest's `coreml` settings for the Core AI layout: runtimes that know only the
-    Core ML layouts refuse it by its layout name."""
-    return {"format": "aimodel", "minimum_deployment_target": f"iOS{MIN_IOS}",
+    Core ML layouts refuse it by its layout name. `executed`: which programs the export ran
+    through Core AI (`--execute`)."""
+    return {"format": "aimodel", "executed": execute, "minimum_deployment_target": f"iOS{MIN_IOS}",
             "layout": LAYOUT, "compute_precision": "float16" if chosen.dtype.itemsize < 4
             else "float32", "compute_units": "all", "output_prefix": "",
             "compression": {"setting": chosen.setting, **chosen.record},
@@ -194,7 +204,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
         chosen = precision(options, model)
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "iphone", model.name, raw_null_caption=True)
-        manifest["coreml"] = coreai_section(chosen)
+        execute = options.execute or EXECUTE[0]
+        manifest["coreml"] = coreai_section(chosen, execute)
         manifest["components"] = []
         if prepared.manifest_plan:
             manifest["plan"] = prepared.manifest_plan
@@ -204,7 +215,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
                 # the transformer's functions at the caption's half too, unless asked not to
                 unguided = name == "transformer" and options.unguided_variants is not False
                 component = {"name": name, "blocks": export_blocks(
-                    blocks, root, chosen, progress.on_block, unguided)}
+                    blocks, root, chosen, progress.on_block, unguided,
+                    distinct_only=execute == "distinct")}
                 if name in model.chunked:
                     component["chunked"] = model.chunked[name].to_dict(blocks)
                 manifest["components"].append(component)
@@ -223,7 +235,9 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
     programs = sum(1 + len(b.get("variants", {})) for _, b in blocks)
-    worst = max((b["validation"]["relative_error"], key) for key, b in blocks)
+    ran = [(key, b) for key, b in blocks if "relative_error" in b["validation"]]
+    ran_programs = sum(1 + len(b.get("variants", {})) for _, b in ran)
+    worst = max((b["validation"]["relative_error"], key) for key, b in ran)
     reference = sum(b["reference_weight_bytes"] for _, b in blocks)
     on_disk = folder_bytes(dest)
     setting = manifest["coreml"]["compression"]["setting"]
@@ -235,8 +249,12 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
             f"(.aimodel, iOS {MIN_IOS}), {format_size(on_disk)} on disk: "
             f"{on_disk / max(reference, 1):.2f}x the fp32 parameters' "
             f"{format_size(reference)} (tables the converter folds in included)\n"
-            f"executed through Core AI here: all {programs} programs, worst relative error "
-            f"{worst[0]:.3g} ({worst[1]}) at {setting}\n"
+            + (f"executed through Core AI here: all {programs} programs"
+               if ran_programs == programs else
+               f"executed through Core AI here: {ran_programs} of {programs} programs "
+               f"(--execute distinct), {len(blocks) - len(ran)} blocks repeating their shapes "
+               "written unexecuted")
+            + f", worst relative error {worst[0]:.3g} ({worst[1]}) at {setting}\n"
             f"end to end: {end}"
             + (f"\nthe chosen recipe ({manifest['coreml']['compression'].get('note', '')}) "
                f"rendered whole with its weights simulated: PSNR {check['recipe']['psnr_db']} "

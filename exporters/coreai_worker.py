@@ -8,9 +8,11 @@ saves each graph of a block (`torch.export.save`) with its example inputs, runs
 Core AI's runtime (on Linux its bundled reference interpreter). A crash here becomes an
 error naming the block in the exporter (exporters/coreai.py).
 
-Each JOB (one per block, done in order) is a JSON file: {"aimodel": path, "results": path,
+Several workers may share one list of jobs, each taking the next job no other has claimed
+(a `claim` file beside the job, created exclusively). Each JOB (one per block) is a JSON
+file: {"aimodel": path, "results": path,
 "functions": [{"name", "program" (a .pt2), "inputs" (.npz of the example inputs by name),
-"input_names", "output_names"}]}.
+"input_names", "output_names"}], "execute": false to convert without executing}.
 Results: {"ok": true, "functions": {name: {"outputs": .npz path, "seconds": float}}} or
 {"ok": false, "stage": "convert" | "execute", "error": one line}.
 """
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import sys
 import time
 import warnings
@@ -117,16 +120,33 @@ def run_job(job: dict, modules) -> dict:
     stage = "convert"
     try:
         convert(job, coreai_torch, OSVersion)
+        if not job.get("execute", True):   # converted only (`edge export --execute first`)
+            return {"ok": True, "functions": {}}
         stage = "execute"
         return {"ok": True, "functions": asyncio.run(execute(job, AIModelAsset, NDArray))}
     except Exception as err:  # the converter's and runtime's own types: reported, not raised
         return {"ok": False, "stage": stage, "error": one_line(err)}
 
 
+def claimed(job_path: str) -> bool:
+    """Whether this process takes the job: the first of the workers sharing the list to
+    create its claim file (holding its pid, so a crash is traced to its job)."""
+    try:
+        fd = os.open(Path(job_path).with_name("claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
 def main(job_paths: list[str]) -> int:
-    """Each job in turn; the first that fails ends the run (the export stops there)."""
+    """Each job not claimed by another worker, in turn; the first that fails ends the run
+    (the export stops there)."""
     modules = quiet_imports()
     for job_path in job_paths:
+        if not claimed(job_path):
+            continue
         job = json.loads(Path(job_path).read_text())
         found = run_job(job, modules)
         # written whole, then renamed: the exporter watches for the file to count progress

@@ -57,9 +57,13 @@ def _coreai(options: ExportOptions):
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget", "unguided_variants"})
+    refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget", "unguided_variants",
+                                  "execute"})
     if coreai := _coreai(options):
         return coreai.check(options)
+    if options.execute is not None:
+        raise ExportOptionError(f"--execute applies to --min-ios {COREAI_MIN_IOS}: Core ML "
+                                "programs do not run here (Core ML predicts only on macOS)")
     try:
         check_setting(options.quantize or "fp16")
         chosen = layout(_min_ios(options))

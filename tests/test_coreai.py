@@ -156,6 +156,67 @@ def test_fp16_programs_execute_within_half_precision_at_half_the_bytes(tmp_path,
     assert 0.45 < half["weight_bytes"] / full["weight_bytes"] < 0.55
 
 
+def test_execute_distinct_converts_every_block_and_executes_one_of_each_shape(tmp_path,
+                                                                              tiny_sora):
+    """`--execute distinct`: every block written as a Core AI model; a block that repeats an
+    earlier one's shapes (a text encoder's layer_1.., a transformer's pair_1..) is not
+    executed and says so, every other is executed and held to PyTorch; the summary counts
+    both."""
+    from edge.exporters.coreai import NOT_EXECUTED, PRECISIONS, export_blocks, repeats
+    from edge.exporters.coreai_target import summary
+    from edge.exporters.coreml import cut_for_device
+
+    cut = cut_for_device(tiny_sora)
+    blocks = cut["text_encoder"]
+    assert [b.name for b, r in zip(blocks, repeats(blocks), strict=True) if r] == [
+        b.name for b in blocks if b.name.startswith("layer_") and b.name != "layer_0"]
+    assert sum(repeats(cut["transformer"])) == len(cut["transformer"]) - 3  # pair_0 runs
+    assert not any(repeats(cut["vae_decoder"]))   # its stages differ in shape
+    records = export_blocks(blocks, tmp_path, PRECISIONS["fp32"], distinct_only=True)
+    for block, record, repeat in zip(blocks, records, repeats(blocks), strict=True):
+        check = record["validation"]
+        if repeat:
+            assert check["executed"] is False and check["why"] == NOT_EXECUTED, block.key
+            assert "relative_error" not in check
+        else:
+            assert check["executed"].startswith("Core AI runtime"), block.key
+            assert check["relative_error"] <= 1e-5, block.key
+        # converted all the same: each model written, with its signature
+        assert (tmp_path / record["model"] / "main.mlirb").stat().st_size > 0, block.key
+        assert [i["name"] for i in record["inputs"]] == list(block.inputs)
+    manifest = {"components": [{"name": "text_encoder", "blocks": records}],
+                "coreml": {"compression": {"setting": "fp32"}},
+                "validation": {"skipped": "not run"}}
+    said, skipped = summary(manifest, tmp_path, 1.0), sum(repeats(blocks))
+    assert (f"executed through Core AI here: {len(blocks) - skipped} of {len(blocks)} "
+            f"programs (--execute distinct), {skipped} blocks repeating") in said, said
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--execute", "some"], "--execute 'some': one of all, distinct"),
+])
+def test_execute_takes_all_or_distinct(tmp_path, args, message):
+    result = _cli(*args, "-o", str(tmp_path / "pkg"))
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.parametrize("target, message", [
+    (["--target", "iphone", "--min-ios", "18"], "--execute applies to --min-ios 27: Core ML "
+                                                "programs do not run here"),
+    (["--target", "onnx"], "--execute applies to --target iphone --min-ios 27, not onnx"),
+])
+def test_execute_is_refused_where_programs_do_not_run_here(tmp_path, target, message):
+    from typer.testing import CliRunner
+
+    from edge.commands import app
+
+    result = CliRunner().invoke(app, ["export", *target, "--execute", "distinct", "-o",
+                                      str(tmp_path / "pkg")])
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_int8_programs_store_a_byte_a_weight_and_execute_near_the_block(tmp_path, tiny_sora):
     """--quantize 8: coreai-opt stores every weight matrix in int8 (a float16 scale per output
     channel) behind float16 compute; the executed program stays within the setting's

@@ -105,6 +105,14 @@ def export(
         "1, or after --guidance-steps) computes half; without them such calls run the pair "
         "and drop its null half [default: written; iphone --min-ios 17 cannot hold them].")
     ] = None,
+    execute: Annotated[str | None, typer.Option(
+        help="iphone --min-ios 27: the programs the export executes through Core AI and "
+        "holds to PyTorch. all: every block and function; distinct: one block of each "
+        "repeated shape (the transformer's block_0 for block_1..29) and every block that "
+        "repeats none, the repeats converted and written unexecuted, as the manifest and "
+        "summary say. For real-size models on Linux, where Core AI's "
+        "interpreter emulates float16: a Wan 1.3B transformer block takes 4-6 minutes "
+        "[default: all].")] = None,
     check: Annotated[str, typer.Option(
         help="onnx: the end-to-end check. full: a generation by the package against the "
         "family's reference at the export's size; small: at the family's small size, "
@@ -142,7 +150,7 @@ def export(
         options = ExportOptions(memory_budget=common.budget_option(memory_budget),
                                 quantize=quantize, min_ios=min_ios, ort_url=ort_url,
                                 bundle_ort=bundle_ort, unguided_variants=unguided_variants,
-                                web_paths=web_paths)
+                                web_paths=web_paths, execute=execute)
         exporter.check(options)
     except (FamilyError, ExportOptionError, DeviceError) as err:
         fail(str(err))

@@ -1,0 +1,111 @@
+"""The Core AI exporter's workers side by side (exporters/coreai.py `run_worker`): each job
+done once, by whichever worker claims it first; a failed or crashed job named; the number of
+workers by CPUs, jobs and memory. A stand-in worker keeps the worker's contract (claim, then
+write the results whole) without Core AI, so these run anywhere in a second."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+import edge.exporters.coreai as coreai
+from edge.exporters import ExportValidationError
+
+# the stand-in: claims jobs through the worker's own `claimed`; a job may ask it to fail
+# (ok false) or to crash (SIGABRT) once claimed
+STAND_IN = """
+import json, os, signal, sys, time
+sys.path.insert(0, {folder!r})
+from coreai_worker import claimed
+for path in sys.argv[3:]:   # after -P and the worker's path, as run_worker calls it
+    if not claimed(path):
+        continue
+    job = json.load(open(path))
+    time.sleep(job.get("sleep", 0.2))
+    if job.get("crash"):
+        os.kill(os.getpid(), signal.SIGABRT)
+    found = {{"ok": not job.get("fail"), "functions": {{}}, "pid": os.getpid()}}
+    if job.get("fail"):
+        found |= {{"stage": "convert", "error": "ValueError: no lowering for aten.sort"}}
+    with open(job["results"] + ".partial", "w") as out:
+        json.dump(found, out)
+    os.rename(job["results"] + ".partial", job["results"])
+    if job.get("fail"):
+        sys.exit(1)
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN.format(folder=str(coreai.WORKER.parent)))
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(coreai, "WORKER_PYTHON", str(python))
+    monkeypatch.setattr(coreai, "WORKERS", 2)
+
+
+def _jobs(tmp_path: Path, count: int, **special) -> tuple[list[Path], list[str]]:
+    """`count` jobs; `special`: {index: extra job fields} by name, e.g. fail=2."""
+    jobs = []
+    for i in range(count):
+        folder = tmp_path / "jobs" / str(i)
+        folder.mkdir(parents=True)
+        job = {"results": str(folder / "results.json"), "functions": []}
+        job |= {field: True for field, index in special.items() if index == i}
+        (folder / "job.json").write_text(json.dumps(job))
+        jobs.append(folder / "job.json")
+    return jobs, [f"c/block_{i}" for i in range(len(jobs))]
+
+
+def test_two_workers_share_the_jobs_each_done_once(tmp_path, stand_in):
+    jobs, keys = _jobs(tmp_path, 6)
+    done = []
+    found = coreai.run_worker(jobs, keys, on_done=done.append)
+    assert sorted(done) == list(range(6))
+    assert all(f["ok"] for f in found)
+    # both worked: the jobs went to two processes, each job claimed by the one that did it
+    assert len({f["pid"] for f in found}) == 2
+    for job, f in zip(jobs, found, strict=True):
+        assert coreai._claimant(job) == f["pid"]
+
+
+def test_a_failed_job_is_named_and_ends_the_other_worker(tmp_path, stand_in):
+    jobs, keys = _jobs(tmp_path, 6, fail=2)
+    with pytest.raises(ExportValidationError, match=r"block c/block_2: Core AI cannot convert "
+                       r"it: ValueError: no lowering for aten\.sort"):
+        coreai.run_worker(jobs, keys)
+    # the other worker was stopped: the last jobs were never done
+    assert not (jobs[-1].with_name("results.json")).exists()
+
+
+def test_a_crash_names_the_job_the_crashed_worker_held(tmp_path, stand_in):
+    jobs, keys = _jobs(tmp_path, 4, crash=1)
+    with pytest.raises(ExportValidationError, match="block c/block_1: Core AI's converter or "
+                       "runtime ended by SIGABRT"):
+        coreai.run_worker(jobs, keys)
+
+
+def test_the_workers_are_bounded_by_cpus_jobs_and_memory(tmp_path, monkeypatch):
+    jobs = []
+    for i in range(8):
+        program = tmp_path / f"{i}.pt2"
+        program.write_bytes(b"\0" * (1000 if i else 100_000))   # the largest: 100 kB
+        job = tmp_path / f"{i}.json"
+        job.write_text(json.dumps({"functions": [{"program": str(program)}]}))
+        jobs.append(job)
+    monkeypatch.setattr(coreai.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(coreai, "WORKER_BASE_BYTES", 0)
+    monkeypatch.setattr(coreai, "available_memory", lambda: 10**9)
+    assert coreai.worker_count(jobs) == 4            # the CPUs
+    assert coreai.worker_count(jobs[:3]) == 3        # the jobs
+    # memory for two workers at 5x the largest job's graphs
+    monkeypatch.setattr(coreai, "available_memory", lambda: 2 * 5 * 100_000 + 1)
+    assert coreai.worker_count(jobs) == 2
+    monkeypatch.setattr(coreai, "available_memory", lambda: 0)
+    assert coreai.worker_count(jobs) == 1            # never fewer than one
