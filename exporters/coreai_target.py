@@ -51,7 +51,9 @@ PSNR_FLOOR_DB, SNR_FLOOR_DB = 35.0, 20.0
 # the interpreter emulates float16 on Linux (a tiny-sora transformer pair: 12 s against 0.1 s
 # at fp32), so a generation of an fp16 package is not run at export; its blocks are
 FP16_NOTE = ("not run: Core AI's Linux interpreter emulates float16 (about 100x the float32 "
-             "time); every block was executed instead (each block's validation)")
+             "time); {} was executed instead (each block's validation)")
+EXECUTED_BLOCKS = {"all": "every block", "distinct": "one block of each repeated shape "
+                   "(--execute distinct)"}
 
 
 def precision(options: ExportOptions, model: FamilyModel) -> Precision:
@@ -135,11 +137,13 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 
 def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Progress,
-               seed: int = 0) -> dict:
+               execute: str, seed: int = 0) -> dict:
     """The package generated through Core AI by the Python runtime against the family's
-    reference on a fixed prompt and seed."""
+    reference on a fixed prompt and seed (`execute`: which blocks were executed, said where
+    float16 keeps the generation from running)."""
     if chosen.dtype.itemsize < 4:
-        return {"prompt": VALIDATION_PROMPT, "seed": seed, "skipped": FP16_NOTE}
+        return {"prompt": VALIDATION_PROMPT, "seed": seed,
+                "skipped": FP16_NOTE.format(EXECUTED_BLOCKS[execute])}
     from edge.runtimes.python import Pipeline
 
     on_step = progress.on_check_step
@@ -221,7 +225,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
                     component["chunked"] = model.chunked[name].to_dict(blocks)
                 manifest["components"].append(component)
         write_manifest(root, manifest)   # the runtime reads the package it checks
-        manifest["validation"] = end_to_end(model, root, chosen, progress)
+        manifest["validation"] = end_to_end(model, root, chosen, progress, execute)
         if recipe is not None:   # the chosen recipe whole, against its prediction's floor
             from edge.exporters.coreai_recipe import recipe_check
 

@@ -190,6 +190,13 @@ def test_execute_distinct_converts_every_block_and_executes_one_of_each_shape(tm
     said, skipped = summary(manifest, tmp_path, 1.0), sum(repeats(blocks))
     assert (f"executed through Core AI here: {len(blocks) - skipped} of {len(blocks)} "
             f"programs (--execute distinct), {skipped} blocks repeating") in said, said
+    # an fp16 package's generation is not run at export: its note says what was executed
+    from edge.exporters import Progress
+    from edge.exporters.coreai_target import end_to_end
+
+    note = end_to_end(tiny_sora, tmp_path, PRECISIONS["fp16"], Progress(), "distinct")
+    assert "one block of each repeated shape (--execute distinct) was executed" in (
+        note["skipped"])
 
 
 @pytest.mark.parametrize("args, message", [
