@@ -27,11 +27,12 @@ def export_with(workers: int, model, quantize: str, dest: Path) -> tuple[float, 
     """(wall, each block's executed relative error by key) of the model's blocks exported
     with `workers` side by side."""
     import edge.exporters.coreai as coreai
+    import edge.exporters.coreai_pool as pool
     from edge.exporters import ExportOptions
     from edge.exporters.coreai_target import device_blocks, precision
 
     chosen = precision(ExportOptions(quantize=quantize, min_ios=27), model)
-    coreai.WORKERS = workers
+    pool.WORKERS = workers
     errors, started = {}, time.perf_counter()
     for name, blocks in device_blocks(model, chosen, None).components.items():
         for record in coreai.export_blocks(blocks, dest, chosen):

@@ -6,7 +6,7 @@ saves each graph of a block (`torch.export.save`) with its example inputs, runs
 `python -P coreai_worker.py JOB...` and reads back what this process wrote: the
 `.aimodel` and, per function, the outputs of executing it on the example inputs through
 Core AI's runtime (on Linux its bundled reference interpreter). A crash here becomes an
-error naming the block in the exporter (exporters/coreai.py).
+error naming the block in the exporter (exporters/coreai_pool.py).
 
 Several workers may share one list of jobs, each taking the next job no other has claimed
 (a `claim` file beside the job, created exclusively). Each JOB (one per block) is a JSON

@@ -427,14 +427,14 @@ def test_a_crash_in_core_ai_names_the_block_and_writes_nothing(tmp_path, monkeyp
                                                               tiny_sora):
     """A converter that ends by a signal (as beta native code can) is an error naming the
     block; the package is not written."""
-    import edge.exporters.coreai as coreai
+    import edge.exporters.coreai_pool as pool
 
     crash = tmp_path / "crash.py"
     crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGABRT)\n")
     python = tmp_path / "python"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} {crash}\n")
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(coreai, "WORKER_PYTHON", str(python))
+    monkeypatch.setattr(pool, "WORKER_PYTHON", str(python))
     dest = tmp_path / "pkg"
     with pytest.raises(ExportValidationError, match="block text_encoder/embeddings: Core AI's "
                        "converter or runtime ended by SIGABRT"):

@@ -1,4 +1,4 @@
-"""The Core AI exporter's workers side by side (exporters/coreai.py `run_worker`): each job
+"""The Core AI exporter's workers side by side (exporters/pool.py `run_worker`): each job
 done once, by whichever worker claims it first; a failed or crashed job named; the number of
 workers by CPUs, jobs and memory. A stand-in worker keeps the worker's contract (claim, then
 write the results whole) without Core AI, so these run anywhere in a second."""
@@ -9,10 +9,11 @@ import json
 import stat
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-import edge.exporters.coreai as coreai
+import edge.exporters.coreai_pool as pool
 from edge.exporters import ExportValidationError
 
 # the stand-in: claims jobs through the worker's own `claimed`; a job may ask it to fail
@@ -42,12 +43,12 @@ for path in sys.argv[3:]:   # after -P and the worker's path, as run_worker call
 @pytest.fixture
 def stand_in(tmp_path, monkeypatch):
     script = tmp_path / "stand_in.py"
-    script.write_text(STAND_IN.format(folder=str(coreai.WORKER.parent)))
+    script.write_text(STAND_IN.format(folder=str(pool.WORKER.parent)))
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(coreai, "WORKER_PYTHON", str(python))
-    monkeypatch.setattr(coreai, "WORKERS", 2)
+    monkeypatch.setattr(pool, "WORKER_PYTHON", str(python))
+    monkeypatch.setattr(pool, "WORKERS", 2)
 
 
 def _jobs(tmp_path: Path, count: int, **special) -> tuple[list[Path], list[str]]:
@@ -66,20 +67,20 @@ def _jobs(tmp_path: Path, count: int, **special) -> tuple[list[Path], list[str]]
 def test_two_workers_share_the_jobs_each_done_once(tmp_path, stand_in):
     jobs, keys = _jobs(tmp_path, 6)
     done = []
-    found = coreai.run_worker(jobs, keys, on_done=done.append)
+    found = pool.run_worker(jobs, keys, on_done=done.append)
     assert sorted(done) == list(range(6))
     assert all(f["ok"] for f in found)
     # both worked: the jobs went to two processes, each job claimed by the one that did it
     assert len({f["pid"] for f in found}) == 2
     for job, f in zip(jobs, found, strict=True):
-        assert coreai._claimant(job) == f["pid"]
+        assert pool._claimant(job) == f["pid"]
 
 
 def test_a_failed_job_is_named_and_ends_the_other_worker(tmp_path, stand_in):
     jobs, keys = _jobs(tmp_path, 6, fail=2)
     with pytest.raises(ExportValidationError, match=r"block c/block_2: Core AI cannot convert "
                        r"it: ValueError: no lowering for aten\.sort"):
-        coreai.run_worker(jobs, keys)
+        pool.run_worker(jobs, keys)
     # the other worker was stopped: the last jobs were never done
     assert not (jobs[-1].with_name("results.json")).exists()
 
@@ -88,7 +89,7 @@ def test_a_crash_names_the_job_the_crashed_worker_held(tmp_path, stand_in):
     jobs, keys = _jobs(tmp_path, 4, crash=1)
     with pytest.raises(ExportValidationError, match="block c/block_1: Core AI's converter or "
                        "runtime ended by SIGABRT"):
-        coreai.run_worker(jobs, keys)
+        pool.run_worker(jobs, keys)
 
 
 def test_the_workers_are_bounded_by_cpus_jobs_and_memory(tmp_path, monkeypatch):
@@ -99,13 +100,15 @@ def test_the_workers_are_bounded_by_cpus_jobs_and_memory(tmp_path, monkeypatch):
         job = tmp_path / f"{i}.json"
         job.write_text(json.dumps({"functions": [{"program": str(program)}]}))
         jobs.append(job)
-    monkeypatch.setattr(coreai.os, "sched_getaffinity", lambda pid: set(range(4)))
-    monkeypatch.setattr(coreai, "WORKER_BASE_BYTES", 0)
-    monkeypatch.setattr(coreai, "available_memory", lambda: 10**9)
-    assert coreai.worker_count(jobs) == 4            # the CPUs
-    assert coreai.worker_count(jobs[:3]) == 3        # the jobs
+    monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(pool, "WORKER_BASE_BYTES", 0)
+    available = SimpleNamespace(value=10**9)
+    monkeypatch.setattr(pool.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(available=available.value))
+    assert pool.worker_count(jobs) == 4            # the CPUs
+    assert pool.worker_count(jobs[:3]) == 3        # the jobs
     # memory for two workers at 5x the largest job's graphs
-    monkeypatch.setattr(coreai, "available_memory", lambda: 2 * 5 * 100_000 + 1)
-    assert coreai.worker_count(jobs) == 2
-    monkeypatch.setattr(coreai, "available_memory", lambda: 0)
-    assert coreai.worker_count(jobs) == 1            # never fewer than one
+    available.value = 2 * 5 * 100_000 + 1
+    assert pool.worker_count(jobs) == 2
+    available.value = 0
+    assert pool.worker_count(jobs) == 1            # never fewer than one
