@@ -355,8 +355,9 @@ def export_blocks(blocks: list[Block], root: Path, precision: Precision,
                   unguided: bool = False, distinct_only: bool = False) -> list[dict]:
     """Convert each block and its variants as the functions of one .aimodel, execute each
     function on the block's example inputs and hold it to the PyTorch block; their records.
-    One child process does a list of blocks (its imports cost seconds), one at a time, so
-    every block's example inputs are made real (`chained`) before it starts. `unguided`:
+    Workers side by side (exporters/coreai_pool.py) share the list of blocks (their imports
+    cost seconds), so every block's example inputs are made real (`chained`) before they
+    start. `unguided`:
     each block also at the caption's half of its batch (`edge.blocks.with_unguided`: the
     transformer's functions for calls without guidance). `distinct_only`: a block that
     repeats an earlier one's shapes (`repeats`) is converted and recorded unexecuted."""
@@ -385,15 +386,15 @@ def _record(block: Block, root: Path, precision: Precision, found: dict,
     path = root / relative
     records = {}
     for name, graph in graphs.items():
-        if name not in found["functions"]:   # converted, not executed (--execute first)
+        reference = graph.reference()  # once: `chained` may have computed the main one
+        if name not in found["functions"]:   # converted, not executed (--execute distinct)
             records[name] = {"validation": {"executed": False, "why": NOT_EXECUTED,
                                             "tolerance": precision.stored_form(
                                                 block.key).tolerance},
-                             "reference": graph.reference()}
+                             "reference": reference}
             continue
         with np.load(found["functions"][name]["outputs"]) as saved:
             got = {n: saved[n] for n in graph.outputs}
-        reference = graph.reference()  # once: `chained` may have computed the main one
         check = executed_error(got, graph, reference, precision,
                                found["functions"][name]["seconds"])
         what = f"block {block.key}{'' if name == MAIN else f' variant {name}'}"

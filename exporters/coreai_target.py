@@ -108,9 +108,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
             extra = f" (+{', '.join(block.variants)} function)" if block.variants else ""
             lines.append(f"{block.key:<28}{fp32 / 1e6:>9.2f}{kept / 1e6:>10.2f}  "
                          f"{inputs_text(block)}{extra}")
-    executed = ("one block of each repeated shape executed through Core AI at export "
-                "(--execute distinct), the repeats written unexecuted"
-                if options.execute == "distinct" else
+    executed = (f"{EXECUTED_BLOCKS['distinct']} executed through Core AI at export, the "
+                "repeats written unexecuted" if options.execute == "distinct" else
                 "every program executed through Core AI at export")
     lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {stored / 1e6:.1f} MB "
                  f"of Core AI models at {chosen.setting} for iOS {MIN_IOS}: a block and its "
@@ -176,9 +175,10 @@ def coreai_section(chosen: Precision, execute: str) -> dict:
     """The manifest's `coreml` settings for the Core AI layout: runtimes that know only the
     Core ML layouts refuse it by its layout name. `executed`: which programs the export ran
     through Core AI (`--execute`)."""
-    return {"format": "aimodel", "executed": execute, "minimum_deployment_target": f"iOS{MIN_IOS}",
-            "layout": LAYOUT, "compute_precision": "float16" if chosen.dtype.itemsize < 4
-            else "float32", "compute_units": "all", "output_prefix": "",
+    return {"format": "aimodel", "executed": execute,
+            "minimum_deployment_target": f"iOS{MIN_IOS}", "layout": LAYOUT,
+            "compute_precision": "float16" if chosen.dtype.itemsize < 4 else "float32",
+            "compute_units": "all", "output_prefix": "",
             "compression": {"setting": chosen.setting, **chosen.record},
             "compiled": False, "converter": dict(PINNED)}
 
@@ -238,9 +238,11 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
-    programs = sum(1 + len(b.get("variants", {})) for _, b in blocks)
+    def programs_of(records):   # a block's own function and its variants'
+        return sum(1 + len(b.get("variants", {})) for _, b in records)
+
     ran = [(key, b) for key, b in blocks if "relative_error" in b["validation"]]
-    ran_programs = sum(1 + len(b.get("variants", {})) for _, b in ran)
+    programs, ran_programs = programs_of(blocks), programs_of(ran)
     worst = max((b["validation"]["relative_error"], key) for key, b in ran)
     reference = sum(b["reference_weight_bytes"] for _, b in blocks)
     on_disk = folder_bytes(dest)

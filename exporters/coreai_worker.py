@@ -120,7 +120,7 @@ def run_job(job: dict, modules) -> dict:
     stage = "convert"
     try:
         convert(job, coreai_torch, OSVersion)
-        if not job.get("execute", True):   # converted only (`edge export --execute first`)
+        if not job.get("execute", True):   # converted only (`edge export --execute distinct`)
             return {"ok": True, "functions": {}}
         stage = "execute"
         return {"ok": True, "functions": asyncio.run(execute(job, AIModelAsset, NDArray))}
