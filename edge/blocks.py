@@ -20,6 +20,7 @@ from edge.lazy_weights import materialized
 from edge.manifest_schema import UNGUIDED, unguided_variant
 from edge.pieces import piece_bounds
 from edge.reference_device import run_module
+from edge.shapes_only import shapes_only
 
 
 @dataclass
@@ -77,6 +78,14 @@ class Block:
         with materialized(self.module):
             return run_module(self.module, inputs)
 
+    def output_shapes(self) -> tuple[torch.Tensor, ...]:
+        """The outputs' shapes and dtypes on the example, as tensors that hold no values
+        (edge/shapes_only.py): a block's signature without its forward pass."""
+        if self._reference is not None:
+            return self._reference
+        with shapes_only():
+            return self.run(*self.example)
+
     def reference(self) -> tuple[torch.Tensor, ...]:
         """The PyTorch outputs on the example, computed once: what an exporter validates a
         block against, and what `chained` feeds the next block."""
@@ -85,12 +94,15 @@ class Block:
         return self._reference
 
 
-def chained(blocks: list[Block]) -> Iterator[Block]:
+def chained(blocks: list[Block], computed_only: bool = False) -> Iterator[Block]:
     """A component's blocks in order, each a copy whose `chained` inputs hold the outputs of
     those names that the blocks before it computed on their own examples (the first block's
     stand-ins kept): an exporter validates each block on the activations it will see while
     memory holds one block's, not every block's. The copy keeps its `reference` outputs, so
-    an exporter that validates against them runs the block's forward pass once."""
+    an exporter that validates against them runs the block's forward pass once.
+    `computed_only`: a block whose reference the exporter did not ask for passes nothing on
+    (the next block gets the last outputs computed, of the same shapes where it repeats the
+    block that computed them), so a block left unvalidated costs no forward pass."""
     wanted = {name for block in blocks for name in block.chained}
     carried: dict[str, torch.Tensor] = {}
     for block in blocks:
@@ -98,6 +110,8 @@ def chained(blocks: list[Block]) -> Iterator[Block]:
                         for name, value in zip(block.inputs, block.example, strict=True))
         current = replace(block, example=example)
         yield current
+        if computed_only and current._reference is None:
+            continue
         if wanted & set(current.outputs):
             carried.update((name, value) for name, value
                            in zip(current.outputs, current.reference(), strict=True)

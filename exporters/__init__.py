@@ -55,8 +55,9 @@ class ExportOptions:
     # caption's half of the guidance batch (variants `unguided`), so calls without guidance
     # run half the work (None: the target's default, yes)
     unguided_variants: bool | None = None
-    # iphone --min-ios 27: which programs the export executes through Core AI, "all" (None)
-    # or "distinct" (one block of each repeated shape)
+    # onnx and iphone --min-ios 27: which blocks the export runs and holds to PyTorch, "all"
+    # (None) or "distinct" (one of each repeated program: Core AI's interpreter, or a
+    # block's forward pass at a real video size, takes minutes a block)
     execute: str | None = None
     # onnx: the end-to-end check's result from a check run beside the export (`edge export
     # --check small|blocks`), recorded as the manifest's validation instead of running one
@@ -125,10 +126,19 @@ _OWNED = {"quantize": "--quantize applies to --target iphone and web, not {}",
           "unguided_variants": "--unguided-variants/--no-unguided-variants apply to --target "
                                "web and iphone --min-ios 18 or 27, not {} (an ONNX graph takes "
                                "any batch)",
-          "execute": "--execute applies to --target iphone --min-ios 27, not {} (the only "
-                     "layout whose programs run here)",
+          "execute": "--execute applies to --target onnx and iphone --min-ios 27, not {} "
+                     "(whose programs run here block by block)",
           "end_to_end": "--check small and --check blocks apply to --target onnx, not {} "
                         "(its end-to-end check runs at the export's size)"}
+
+
+# --execute: which blocks an export runs and holds to PyTorch (onnx, iphone --min-ios 27)
+EXECUTE = ("all", "distinct")
+
+
+def check_execute(options: ExportOptions) -> None:
+    if options.execute not in (None, *EXECUTE):
+        raise ExportOptionError(f"--execute {options.execute!r}: one of {', '.join(EXECUTE)}")
 
 
 def refuse_others(target_name: str, options: ExportOptions, takes: set[str]) -> None:

@@ -11,11 +11,13 @@ from pathlib import Path
 from edge.attention import budget_score_limit
 from edge.budget import format_size
 from edge.exporters import (
+    EXECUTE,
     ExportOptionError,
     ExportOptions,
     ExportValidationError,
     Prepared,
     Progress,
+    check_execute,
     inputs_text,
     refuse_out_of_core,
 )
@@ -45,7 +47,6 @@ DEFAULT_QUANTIZE = "fp16"
 # `--execute`: every program executed through Core AI at export (all, the default), or one
 # block of each repeated shape (distinct: exporters/coreai.py `repeats`), for models whose
 # every block takes minutes in the Linux interpreter's emulated float16
-EXECUTE = ("all", "distinct")
 # the package's whole generation through Core AI against the family's reference
 PSNR_FLOOR_DB, SNR_FLOOR_DB = 35.0, 20.0
 # the interpreter emulates float16 on Linux (a tiny-sora transformer pair: 12 s against 0.1 s
@@ -65,8 +66,7 @@ def precision(options: ExportOptions, model: FamilyModel) -> Precision:
 
 def check(options: ExportOptions) -> None:
     quantize = options.quantize or DEFAULT_QUANTIZE
-    if options.execute not in (None, *EXECUTE):
-        raise ExportOptionError(f"--execute {options.execute!r}: one of {', '.join(EXECUTE)}")
+    check_execute(options)
     try:
         check_setting(quantize)
     except ValueError as err:

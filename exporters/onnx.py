@@ -11,6 +11,7 @@ itself at session creation, outside the loader's budget and prefetch.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import warnings
 from collections.abc import Callable
@@ -218,17 +219,33 @@ def validate_block(block: Block, graph: Path, want: tuple[torch.Tensor, ...],
     return output_error(session.run([graph_output(n) for n in block.outputs], feed), want)
 
 
-def export_validated_graph(block: Block, graph: Path, what: str) -> tuple:
-    """Export `block`'s graph and check it against PyTorch; returns (outputs, validation)."""
+# `--execute distinct`: a graph byte-identical to one validated in this export is not run
+NOT_VALIDATED = ("not run at export (--execute distinct): its graph is byte-identical to "
+                 "{}'s, which was validated")
+
+
+def export_validated_graph(block: Block, graph: Path, what: str,
+                           validated: dict[str, str] | None = None) -> tuple:
+    """Export `block`'s graph and check it against PyTorch; returns (outputs, validation).
+    `validated` (--execute distinct): the sha256 of each graph this export validated, to the
+    block that was; a graph among them is written unvalidated, its outputs shapes only, and
+    no forward pass runs (at Wan's 480x832x81 a block's reference and graph run are minutes
+    each, and its 30 blocks convert to one graph)."""
     with materialized(block.module):
         export_graph(block, graph)
+        digest = hashlib.sha256(graph.read_bytes()).hexdigest() if validated is not None else None
+        if digest in (validated or {}):
+            return block.output_shapes(), {"executed": False,
+                                           "why": NOT_VALIDATED.format(validated[digest])}
         outputs = block.reference()  # the reference, and the signatures' source
         validation = validate_block(block, graph, outputs)
     check_validation(validation, f"block {what}: ONNX output")
+    if digest is not None:
+        validated[digest] = what
     return outputs, validation
 
 
-def export_variants(block: Block, root: Path) -> dict:
+def export_variants(block: Block, root: Path, validated: dict[str, str] | None = None) -> dict:
     """One more graph per variant (e.g. "tdtm"); the variant reads the base block's weights
     file, since its parameters are the base block's (same names), so nothing is duplicated.
     A variant with a signature of its own (e.g. a chunked component's "first") records it."""
@@ -240,7 +257,7 @@ def export_variants(block: Block, root: Path) -> dict:
                                         "are not the base block's")
         graph = root / "graphs" / block.component / f"{block.name}.{name}.onnx"
         outputs, validation = export_validated_graph(variant, graph,
-                                                     f"{block.key} variant {name}")
+                                                     f"{block.key} variant {name}", validated)
         entry = file_entry(root, graph)
         records[name] = {"graph": entry["path"], "files": [entry], "validation": validation,
                          "flops": flops_record(variant)}
@@ -256,19 +273,19 @@ def block_signature(block: Block, outputs: tuple[torch.Tensor, ...]) -> dict:
             "outputs": signature(block.outputs, outputs, dynamic_out, block.dynamic_space)}
 
 
-def export_block(block: Block, root: Path) -> dict:
+def export_block(block: Block, root: Path, validated: dict[str, str] | None = None) -> dict:
     # a model larger than memory: this block's weights are read now and dropped after
     with materialized(block.module):
-        return _export_block(block, root)
+        return _export_block(block, root, validated)
 
 
-def _export_block(block: Block, root: Path) -> dict:
+def _export_block(block: Block, root: Path, validated: dict[str, str] | None) -> dict:
     graph = root / "graphs" / block.component / f"{block.name}.onnx"
     weights = root / "weights" / block.component / f"{block.name}.bin"
-    outputs, validation = export_validated_graph(block, graph, block.key)
+    outputs, validation = export_validated_graph(block, graph, block.key, validated)
     table = write_weights(weights, block.parameters())
     files = [file_entry(root, graph), file_entry(root, weights)]
-    variants = export_variants(block, root)
+    variants = export_variants(block, root, validated)
     # the block's files list every file it uses, its variants' graphs too, so verification
     # and the unlisted-file check cover them
     files += [f for v in variants.values() for f in v["files"]]
@@ -291,12 +308,15 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
                 components: dict[str, list[Block]] | None = None,
                 on_block: Callable[[str], None] | None = None,
                 validate_end_to_end: Callable[[Path], dict] | None = None,
-                plan: dict | None = None) -> dict:
+                plan: dict | None = None, distinct_only: bool = False) -> dict:
     """Export every block of `model` (a family's model, edge/families) to `dest` atomically;
     returns the manifest. `components`: the blocks, if already cut (default: the family's
     cut); `plan`: how they were cut for a memory budget (edge/plan.py), recorded in the
-    manifest."""
+    manifest; `distinct_only` (--execute distinct): a block or variant whose graph is
+    byte-identical to one validated before in this export is written unvalidated, saying
+    so, and runs no forward pass."""
     components = components or model.cut()
+    validated: dict[str, str] | None = {} if distinct_only else None
     with atomic_directory(dest) as root:
         manifest = manifest_head(model, root, "onnx", model_name or model.name)
         if plan is not None:
@@ -304,8 +324,8 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
         manifest["components"] = []
         for name, blocks in components.items():
             records = []
-            for block in chained(blocks):
-                records.append(export_block(block, root))
+            for block in chained(blocks, computed_only=distinct_only):
+                records.append(export_block(block, root, validated))
                 if on_block:
                     on_block(block.key)
             record = {"name": name, "blocks": records}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edge.attention import budget_score_limit
 from edge.budget import format_size
-from edge.exporters import ExportOptions, Prepared, Progress, refuse_others
+from edge.exporters import ExportOptions, Prepared, Progress, check_execute, refuse_others
 from edge.exporters.validation import worst_block
 from edge.family_model import FamilyModel
 from edge.plan import READ_UNIT, partition, plan_lines, plan_residency
@@ -18,7 +18,8 @@ NAME = "onnx"
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"memory_budget", "end_to_end"})
+    refuse_others(NAME, options, {"memory_budget", "end_to_end", "execute"})
+    check_execute(options)
 
 
 def folder_name(model_name: str, options: ExportOptions) -> str:
@@ -50,7 +51,8 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     with budget_score_limit(options.memory_budget):
         return export_onnx(model, dest, components=prepared.components,
                            on_block=progress.on_block, plan=prepared.manifest_plan,
-                           validate_end_to_end=validate)
+                           validate_end_to_end=validate,
+                           distinct_only=options.execute == "distinct")
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
@@ -66,6 +68,9 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
         at = f" at {size['height']}x{size['width']}x{size['frames']}" if size else ""
         end_to_end = f"end to end PSNR {psnr}{at}"
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, worst block error "
-            f"{worst[0]:.2g} of its largest output ({worst[1]}), {end_to_end}, peak RSS "
+    unvalidated = sum(1 for b in blocks if b["validation"].get("executed") is False)
+    skipped = (f" ({unvalidated} not run: --execute distinct, their graphs those of blocks "
+               "validated)" if unvalidated else "")
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks{skipped}, worst block "
+            f"error {worst[0]:.2g} of its largest output ({worst[1]}), {end_to_end}, peak RSS "
             f"{format_size(peak_rss)}")

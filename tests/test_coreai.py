@@ -211,7 +211,8 @@ def test_execute_takes_all_or_distinct(tmp_path, args, message):
 @pytest.mark.parametrize("target, message", [
     (["--target", "iphone", "--min-ios", "18"], "--execute applies to --min-ios 27: Core ML "
                                                 "programs do not run here"),
-    (["--target", "onnx"], "--execute applies to --target iphone --min-ios 27, not onnx"),
+    (["--target", "web"], "--execute applies to --target onnx and iphone --min-ios 27, not "
+                          "web"),
 ])
 def test_execute_is_refused_where_programs_do_not_run_here(tmp_path, target, message):
     from typer.testing import CliRunner

@@ -312,3 +312,57 @@ def test_each_export_gets_its_own_copy_of_one_kept_torchlib_table():
     fresh = ONNXRegistry.from_torchlib()
     assert ({k: len(v) for k, v in fresh.functions.items()}
             == {k: len(v) for k, v in second.functions.items()})
+
+
+def test_execute_distinct_writes_the_same_package_running_each_graph_once(package, tiny_sora,
+                                                                          tmp_path,
+                                                                          monkeypatch):
+    """`--execute distinct` (for real video sizes, where a block's forward pass and graph run
+    take minutes each): a block whose graph is byte-identical to one validated earlier in the
+    export is written unvalidated, naming that block, and no forward pass runs on its values;
+    every file is the full export's, byte for byte."""
+    from edge.blocks import Block
+    from edge.shapes_only import active
+
+    components = tiny_sora.cut()  # tiny-sora's cut runs its blocks to make their examples
+    ran = []
+    run = Block.run
+
+    def counted(self, *inputs):
+        if not active():  # a forward pass on values, not a signature's shapes
+            ran.append(self.key)
+        return run(self, *inputs)
+
+    monkeypatch.setattr(Block, "run", counted)
+    manifest = export_onnx(tiny_sora, tmp_path / "pkg", components=components,
+                           distinct_only=True)
+    _, full = package
+    blocks = {f"{c['name']}/{b['name']}": b for c in manifest["components"]
+              for b in c["blocks"]}
+    repeats = {**{f"text_encoder/layer_{i}": "text_encoder/layer_0" for i in range(1, 6)},
+               **{f"transformer/pair_{i}": "transformer/pair_0" for i in range(1, 4)}}
+    for key, block in blocks.items():
+        if key in repeats:
+            assert block["validation"]["executed"] is False
+            assert f"{repeats[key]}'s, which was validated" in block["validation"]["why"]
+            for name, variant in block.get("variants", {}).items():
+                assert (f"{repeats[key]} variant {name}'s" in variant["validation"]["why"])
+        else:
+            assert block["validation"]["max_abs_error"] <= 1e-4, key
+    assert not set(ran) & set(repeats), ran  # the repeats' values never computed
+    assert {"text_encoder/layer_0", "transformer/pair_0"} <= set(ran)
+
+    def files(m):
+        return {f["path"]: f["sha256"] for c in m["components"] for b in c["blocks"]
+                for f in b["files"]}
+
+    assert files(manifest) == files(full)
+    strip = ("validation",)
+    for c, fc in zip(manifest["components"], full["components"], strict=True):
+        for b, fb in zip(c["blocks"], fc["blocks"], strict=True):
+            assert ({k: v for k, v in b.items() if k not in strip and k != "variants"}
+                    == {k: v for k, v in fb.items() if k not in strip and k != "variants"})
+    from edge.exporters.onnx_target import summary
+
+    said = summary(manifest | {"validation": full["validation"]}, tmp_path / "pkg", 1.0)
+    assert "17 blocks (8 not run: --execute distinct" in said, said

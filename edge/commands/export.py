@@ -106,13 +106,14 @@ def export(
         "and drop its null half [default: written; iphone --min-ios 17 cannot hold them].")
     ] = None,
     execute: Annotated[str | None, typer.Option(
-        help="iphone --min-ios 27: the programs the export executes through Core AI and "
-        "holds to PyTorch. all: every block and function; distinct: one block of each "
-        "repeated shape (the transformer's block_0 for block_1..29) and every block that "
-        "repeats none, the repeats converted and written unexecuted, as the manifest and "
-        "summary say. For real-size models on Linux, where Core AI's "
-        "interpreter emulates float16: a Wan 1.3B transformer block takes 4-6 minutes "
-        "[default: all].")] = None,
+        help="onnx, and iphone --min-ios 27: the blocks the export runs and holds to "
+        "PyTorch. all: every block and variant; distinct: one block of each repeated program "
+        "(the transformer's block_0 for block_1..29) and every block that repeats none, the "
+        "repeats converted and written unrun, as the manifest and summary say. onnx: a "
+        "repeat is a graph byte-identical to one validated, for real video sizes (a Wan "
+        "1.3B block at 480x832x81 takes minutes to run twice); iphone: one of the same "
+        "shapes, for real-size models on Linux, where Core AI's interpreter emulates "
+        "float16 (a Wan 1.3B transformer block takes 4-6 minutes) [default: all].")] = None,
     check: Annotated[str, typer.Option(
         help="onnx: the end-to-end check. full: a generation by the package against the "
         "family's reference at the export's size; small: at the family's small size, "
