@@ -219,21 +219,32 @@ def validate_block(block: Block, graph: Path, want: tuple[torch.Tensor, ...],
     return output_error(session.run([graph_output(n) for n in block.outputs], feed), want)
 
 
-# `--execute distinct`: a graph byte-identical to one validated in this export is not run
-NOT_VALIDATED = ("not run at export (--execute distinct): its graph is byte-identical to "
-                 "{}'s, which was validated")
+# `--execute distinct`: a graph that computes what one validated in this export does is not run
+NOT_VALIDATED = ("not run at export (--execute distinct): its graph is {}'s but for metadata "
+                 "(the same nodes, initializers and signature), and that one was validated")
+
+
+def computation_digest(graph: Path) -> str:
+    """sha256 of what an ONNX graph computes: the file less its metadata. torch.onnx writes
+    the traced program's range constraints there, whose symbol names differ between traces
+    of one block (Wan's at 480x832x81, in token chunks), so such graphs differ as files in
+    those bytes alone."""
+    model = onnx.load(str(graph))
+    del model.metadata_props[:]
+    del model.graph.metadata_props[:]
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
 def export_validated_graph(block: Block, graph: Path, what: str,
                            validated: dict[str, str] | None = None) -> tuple:
     """Export `block`'s graph and check it against PyTorch; returns (outputs, validation).
-    `validated` (--execute distinct): the sha256 of each graph this export validated, to the
-    block that was; a graph among them is written unvalidated, its outputs shapes only, and
+    `validated` (--execute distinct): the `computation_digest` of each graph this export
+    validated, to the block that was; a graph among them is written unvalidated, its outputs shapes only, and
     no forward pass runs (at Wan's 480x832x81 a block's reference and graph run are minutes
     each, and its 30 blocks convert to one graph)."""
     with materialized(block.module):
         export_graph(block, graph)
-        digest = hashlib.sha256(graph.read_bytes()).hexdigest() if validated is not None else None
+        digest = computation_digest(graph) if validated is not None else None
         if digest in (validated or {}):
             return block.output_shapes(), {"executed": False,
                                            "why": NOT_VALIDATED.format(validated[digest])}
@@ -312,9 +323,9 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
     """Export every block of `model` (a family's model, edge/families) to `dest` atomically;
     returns the manifest. `components`: the blocks, if already cut (default: the family's
     cut); `plan`: how they were cut for a memory budget (edge/plan.py), recorded in the
-    manifest; `distinct_only` (--execute distinct): a block or variant whose graph is
-    byte-identical to one validated before in this export is written unvalidated, saying
-    so, and runs no forward pass."""
+    manifest; `distinct_only` (--execute distinct): a block or variant whose graph computes
+    what one validated before in this export does (`computation_digest`) is written
+    unvalidated, saying so, and runs no forward pass."""
     components = components or model.cut()
     validated: dict[str, str] | None = {} if distinct_only else None
     with atomic_directory(dest) as root:

@@ -110,7 +110,7 @@ def export(
         "PyTorch. all: every block and variant; distinct: one block of each repeated program "
         "(the transformer's block_0 for block_1..29) and every block that repeats none, the "
         "repeats converted and written unrun, as the manifest and summary say. onnx: a "
-        "repeat is a graph byte-identical to one validated, for real video sizes (a Wan "
+        "repeat is a graph that is one validated but for metadata, for real video sizes (a Wan "
         "1.3B block at 480x832x81 takes minutes to run twice); iphone: one of the same "
         "shapes, for real-size models on Linux, where Core AI's interpreter emulates "
         "float16 (a Wan 1.3B transformer block takes 4-6 minutes) [default: all].")] = None,

@@ -97,5 +97,5 @@ def _small_check(family: str, folder: Path | None, family_options: dict, model, 
 def _blocks_validated(options) -> str:
     if options.execute == "distinct":
         return ("one block of each distinct graph validated (--execute distinct: the others' "
-                "graphs are byte-identical to one)")
+                "graphs are one of those but for metadata)")
     return "each block validated"
