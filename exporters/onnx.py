@@ -239,9 +239,9 @@ def export_validated_graph(block: Block, graph: Path, what: str,
                            validated: dict[str, str] | None = None) -> tuple:
     """Export `block`'s graph and check it against PyTorch; returns (outputs, validation).
     `validated` (--execute distinct): the `computation_digest` of each graph this export
-    validated, to the block that was; a graph among them is written unvalidated, its outputs shapes only, and
-    no forward pass runs (at Wan's 480x832x81 a block's reference and graph run are minutes
-    each, and its 30 blocks convert to one graph)."""
+    validated, to the block that was; a graph among them is written unvalidated, its
+    outputs shapes only, and no forward pass runs (at Wan's 480x832x81 a block's reference
+    and graph run are minutes each, and its 30 blocks convert to one graph)."""
     with materialized(block.module):
         export_graph(block, graph)
         digest = computation_digest(graph) if validated is not None else None
