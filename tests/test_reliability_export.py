@@ -223,7 +223,7 @@ def test_full_disk_during_export_is_a_clear_error(exported_package, tmp_path, sm
                                                   monkeypatch):
     import edge.exporters.onnx as onnx
 
-    def no_space(block, root):
+    def no_space(block, root, validated=None):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root / "weights"))
 
     monkeypatch.setattr(onnx, "export_block", no_space)
