@@ -44,9 +44,6 @@ from edge.reference_device import reference_record
 from edge.video_metrics import psnr, snr
 
 DEFAULT_QUANTIZE = "fp16"
-# `--execute`: every program executed through Core AI at export (all, the default), or one
-# block of each repeated shape (distinct: exporters/coreai.py `repeats`), for models whose
-# every block takes minutes in the Linux interpreter's emulated float16
 # the package's whole generation through Core AI against the family's reference
 PSNR_FLOOR_DB, SNR_FLOOR_DB = 35.0, 20.0
 # the interpreter emulates float16 on Linux (a tiny-sora transformer pair: 12 s against 0.1 s

@@ -245,7 +245,7 @@ def export_validated_graph(block: Block, graph: Path, what: str,
     with materialized(block.module):
         export_graph(block, graph)
         digest = computation_digest(graph) if validated is not None else None
-        if digest in (validated or {}):
+        if digest is not None and digest in validated:
             return block.output_shapes(), {"executed": False,
                                            "why": NOT_VALIDATED.format(validated[digest])}
         outputs = block.reference()  # the reference, and the signatures' source
