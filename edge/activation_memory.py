@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from edge.attention import replaced_sdpa, written_out_attention
 from edge.blocks import Block
+from edge.budget import format_size
 from edge.lazy_weights import materialized
 from edge.shapes_only import shapes_only
 from edge.token_chunks import token_chunks
@@ -153,8 +154,6 @@ def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
     a float as the target computes (`at_compute_precision`).
     Given a budget, the calls that cannot fit it even with every block streamed are named,
     and what it leaves the weights said (the loader's budget counts weights only)."""
-    from edge.budget import format_size
-
     blocks = [b for bs in components.values() for b in bs]
     peaks = at_compute_precision(activation_peaks(blocks, pieces), itemsize)
     dtype = "float32" if itemsize == 4 else f"float{8 * itemsize} as the programs compute"
@@ -181,10 +180,21 @@ def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
         over = [f"{name} ({format_size(streaming_floor + peak)})" for name, peak in rows
                 if streaming_floor + peak > budget]
         lines.append(f"cannot fit {format_size(budget)} even streaming every block: "
-                     + ", ".join(over) if over else
-                     f"every call fits {format_size(budget)}, the weights kept to "
-                     f"{format_size(budget - peaks[largest])} (--memory-budget at run time)")
+                     + ", ".join(over) if over else _run_time_budget_line(budget,
+                                                                          peaks[largest]))
     return lines
+
+
+def _run_time_budget_line(budget: int, largest_peak: int) -> str:
+    """What to give the runtime for a whole run within `budget`: a run-time budget counts
+    weights alone (the loader's), so the residency a plan prints for `budget` holds that
+    much in weights and the calls' activations come on top."""
+    weights = (budget - largest_peak) >> 20 << 20  # whole MiB, rounded down
+    return (f"every call fits {format_size(budget)} with the weights kept to "
+            f"{format_size(weights)}: run with --memory-budget {weights >> 20}MiB for a run "
+            f"within {format_size(budget)} in all (a run-time budget counts weights alone: "
+            f"the residency above is for {format_size(budget)} of weights, and the largest "
+            f"call adds {format_size(largest_peak)})")
 
 
 def check_calls_fit(components: dict[str, list[Block]], budget: int, size: str,
@@ -195,7 +205,7 @@ def check_calls_fit(components: dict[str, list[Block]], budget: int, size: str,
     weights. Named: the block, the size and both figures. Run on a shapes-only cut, before
     any work (seconds at any size). `itemsize` as `activation_lines`'; `held_bytes`: a block's
     weights as the target holds them, by key, where not float32's."""
-    from edge.budget import BudgetError, format_size
+    from edge.budget import BudgetError
     from edge.plan import block_bytes
 
     blocks = [b for bs in components.values() for b in bs]

@@ -95,6 +95,33 @@ def test_a_budget_no_call_fits_is_refused_before_any_work(wan_folder, block_outp
     assert "--memory-budget 2.0 MiB" in result.output and "at least" in result.output
     assert set(block_outputs) <= {"FakeTensor"} and not dest.exists()
 
+
+def _mib(size: str, unit: str) -> float:
+    return float(size) * {"KiB": 2**-10, "MiB": 1, "GiB": 2**10}[unit]
+
+
+def test_a_dry_run_under_a_budget_says_what_to_give_the_runtime(wan_folder):
+    """The export's budget is the whole run's; the runtime's counts weights alone (the
+    loader's). The plan says which run-time budget keeps a run within the export's: the
+    budget less the largest call's activations, in whole MiB a user can paste."""
+    result = CliRunner().invoke(app, [
+        "export", "--model", str(wan_folder), "--dry-run", "--memory-budget", "256MB",
+        "--height", "256", "--width", "512", "--frames", "81"])
+    assert result.exit_code == 0, result.output
+    peak = _mib(*re.search(r"largest activation peak ([\d.]+) (KiB|MiB|GiB)",
+                           result.output).groups())
+    line = re.search(r"every call fits 256\.0 MiB with the weights kept to [\d.]+ \w+: run "
+                     r"with --memory-budget (\d+)MiB for a run within 256\.0 MiB in all "
+                     r"\(a run-time budget counts weights alone: the residency above is for "
+                     r"256\.0 MiB of weights, and the largest call adds ([\d.]+) (KiB|MiB|GiB)\)",
+                     result.output)
+    assert line, result.output
+    weights = int(line.group(1))
+    assert _mib(line.group(2), line.group(3)) == peak
+    # one MiB of rounding (down), and the two printed figures' own rounding
+    assert 256 - 1 - 0.1 <= weights + peak <= 256 + 0.1
+
+
 class _Mlp(torch.nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
