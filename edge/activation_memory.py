@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from edge.attention import replaced_sdpa, written_out_attention
 from edge.blocks import Block
-from edge.budget import format_size
+from edge.budget import BudgetError, format_size
 from edge.lazy_weights import materialized
 from edge.shapes_only import shapes_only
 from edge.token_chunks import token_chunks
@@ -205,7 +205,6 @@ def check_calls_fit(components: dict[str, list[Block]], budget: int, size: str,
     weights. Named: the block, the size and both figures. Run on a shapes-only cut, before
     any work (seconds at any size). `itemsize` as `activation_lines`'; `held_bytes`: a block's
     weights as the target holds them, by key, where not float32's."""
-    from edge.budget import BudgetError
     from edge.plan import block_bytes
 
     blocks = [b for bs in components.values() for b in bs]
