@@ -88,10 +88,10 @@ def run_diffusers(folder: str, package: str, steps: int, guidance: dict) -> None
     pipe = model.pipe
     kept = {}
 
-    def keep_latents(_pipe, step: int, _t, tensors: dict) -> dict:
-        # after each step's scheduler update; the last one's are what the VAE decodes next
-        kept.update(latents=tensors["latents"].numpy().copy(),
-                    to_latents_s=time.perf_counter() - started)
+    def keep_latents(_pipe, _step: int, _t, tensors: dict) -> dict:
+        # after each step's scheduler update (a new tensor each step, so a reference keeps
+        # it); the last one's are what the VAE decodes next
+        kept.update(latents=tensors["latents"], to_latents_s=time.perf_counter() - started)
         return tensors
 
     started = time.perf_counter()
@@ -102,22 +102,20 @@ def run_diffusers(folder: str, package: str, steps: int, guidance: dict) -> None
                      generator=torch.Generator().manual_seed(SEED), output_type="np",
                      callback_on_step_end=keep_latents).frames
     wall = time.perf_counter() - started
-    np.save(out_dir() / "diffusers_latent.npy", kept["latents"])
+    np.save(out_dir() / "diffusers_latent.npy", kept["latents"].numpy())
     save("diffusers", np.round(np.asarray(video) * 255).astype(np.uint8),
          {"wall_s": wall, "to_latents_s": kept["to_latents_s"], "steps": steps, **size,
           **guidance})
 
 
-def agreement(ours: np.ndarray, ref: np.ndarray, peak: float | None) -> dict:
-    """PSNR (where the values have a peak) and the error's SNR over the reference's variance."""
-    ours, ref = ours.astype(np.float64), ref.astype(np.float64)
-    mse = float(np.mean((ours - ref) ** 2))
+def agreement(ours: np.ndarray, ref: np.ndarray, uint8_video: bool) -> dict:
+    """The error's SNR over the reference's own variance and its largest value; PSNR too for
+    8-bit videos (latents have no peak)."""
+    from edge.video_metrics import psnr, snr
 
-    def db(power: float) -> float:
-        return 10 * np.log10(power / mse) if mse else float("inf")
-
-    return ({"psnr_db": db(peak ** 2)} if peak else {}) | {
-        "snr_db": db(float(np.var(ref))), "max_abs_error": float(np.max(np.abs(ours - ref)))}
+    return ({"psnr_db": psnr(ours, ref)} if uint8_video else {}) | {
+        "snr_db": snr(ours, ref),
+        "max_abs_error": float(np.max(np.abs(ours.astype(np.float64) - ref)))}
 
 
 def compare() -> None:
@@ -134,14 +132,14 @@ def compare() -> None:
                        f"{mode}_peak_rss_gib": figures[mode]["peak_rss_bytes"] / 2**30}
     if "edge" in figures and "diffusers" in figures:
         result |= {"video": agreement(np.load(out_dir() / "edge.npy"),
-                                      np.load(out_dir() / "diffusers.npy"), 255.0),
+                                      np.load(out_dir() / "diffusers.npy"), True),
                    "wall_ratio": figures["edge"]["wall_s"] / figures["diffusers"]["wall_s"]}
     if "edge-latent" in figures and "diffusers" in figures:
         # up to the latents: edge's text encoder and transformer against diffusers' loop
         phases = figures["edge-latent"]["by_component_s"]
         to_latents = phases["text_encoder"] + phases["transformer"]
         result |= {"latents": agreement(np.load(out_dir() / "edge-latent.npy"),
-                                        np.load(out_dir() / "diffusers_latent.npy"), None),
+                                        np.load(out_dir() / "diffusers_latent.npy"), False),
                    "to_latents_ratio": to_latents / figures["diffusers"]["to_latents_s"]}
     flops = os.environ.get("EDGE_BENCH_FLOPS")
     if flops and "edge" in figures:
