@@ -1,6 +1,6 @@
 """What one attention costs onnxruntime (CPU) in memory and time, exported three ways, side by
 side in one run: whole (PyTorch's SDPA as the exporter writes it out: MatMul, Softmax, MatMul
-over the full score matrix), chunked (edge/attention.py: query chunks of at most the default
+over the full score matrix), chunked (edge/graph/attention.py: query chunks of at most the default
 score limit) and fused (onnxruntime's MultiHeadAttention, what `--target onnx` exports for
 attention without a mask).
 
@@ -32,9 +32,9 @@ def export(way: str, tokens: int, heads: int, head_dim: int, path: Path) -> None
     import torch
     import torch.nn.functional as F
 
-    from edge.attention import DEFAULT_SCORE_BYTES, score_limit
-    from edge.blocks import Block
     from edge.exporters.onnx import export_graph
+    from edge.graph.attention import DEFAULT_SCORE_BYTES, score_limit
+    from edge.graph.blocks import Block
 
     class Attention(torch.nn.Module):
         def forward(self, q, k, v):
@@ -81,7 +81,7 @@ def main() -> None:
     if args.run:
         print(json.dumps(run(args.run)))
         return
-    from edge.budget import format_size
+    from edge.core.budget import format_size
 
     score = args.heads * args.tokens**2 * 4
     print(f"one attention, {args.tokens} tokens x {args.heads} heads x {args.head_dim}: "

@@ -6,7 +6,7 @@ fused attention where it has no mask) and run as the Python runtime runs it unde
     python benchmarks/block_call_memory.py FOLDER --height 480 --width 832 --frames 81 \\
         --block transformer/block_0 --memory-budget 1.33GB
 
-Prints the dry run's estimate of the call's activations (edge/activation_memory.py) beside
+Prints the dry run's estimate of the call's activations (edge/planning/activation_memory.py) beside
 the measured peak: RSS above the process before the call (inputs and weights in memory
 already; Linux's peak counter reset through /proc/self/clear_refs), and the call's wall. No
 export of the whole model is needed: a 480x832x81 transformer block is minutes, the whole
@@ -30,10 +30,10 @@ def export_block(folder: Path, size: dict, key: str, budget: int, out: Path) -> 
     """The block's graph and weights under `out`; its signature and estimate."""
     import numpy as np
 
-    from edge.activation_memory import activation_peak
-    from edge.attention import budget_score_limit
     from edge.exporters.onnx import export_graph
     from edge.families import load_model
+    from edge.graph.attention import budget_score_limit
+    from edge.planning.activation_memory import activation_peak
 
     model = load_model(folder, steps=1, **size)
     blocks = {b.key: b for comp in model.cut(model.shapes("onnx")).values() for b in comp}
@@ -91,7 +91,7 @@ def main() -> None:
     if args.run:
         print(json.dumps(run_block(args.run)))
         return
-    from edge.budget import parse_size
+    from edge.core.budget import parse_size
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

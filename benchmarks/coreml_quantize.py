@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from model_options import PROMPTS, SEEDS, add_model_options, cases, model_from  # beside it
 
+from edge.core.video_metrics import psnr, snr
 from edge.exporters.coreml import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
@@ -52,7 +53,6 @@ from edge.exporters.coreml import (
 from edge.exporters.coreml_check import end_to_end_check, stored_weights_in_place
 from edge.exporters.coreml_target import package_bytes
 from edge.families import FamilyModel, StorageRule
-from edge.video_metrics import psnr, snr
 
 
 def trial(spec: str) -> Compression:

@@ -22,10 +22,10 @@ import json
 import sys
 from pathlib import Path
 
+from edge.core.presets import guidance_cutoff, tail_leap
 from edge.eval.run import default_prompts, load_classifier
 from edge.eval.sweep import Setting, package_settings, run_sweep
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
-from edge.presets import guidance_cutoff, tail_leap
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tune_sampler import tuning_prompts  # noqa: E402

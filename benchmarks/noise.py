@@ -1,4 +1,4 @@
-"""The time each runtime takes to draw a seed's initial latents (edge/noise.py: torch.randn
+"""The time each runtime takes to draw a seed's initial latents (edge/core/noise.py: torch.randn
 for manual_seed(seed)) against torch.randn itself, side by side in one run: Wan2.1-T2V-1.3B's
 latents at 480x832x81 (16x21x60x104 values) by default.
 
@@ -98,7 +98,7 @@ def main() -> None:
 
     import torch
 
-    from edge.noise import torch_randn
+    from edge.core.noise import torch_randn
 
     shape = tuple(int(d) for d in args.shape.split(","))
     count = math.prod(shape)

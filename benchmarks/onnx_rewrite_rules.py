@@ -21,10 +21,10 @@ from pathlib import Path
 import onnx
 from onnxscript.rewriter import _rewrite_rule
 
-from edge.attention import score_limit
 from edge.exporters.graph_reuse import forget_graphs
 from edge.exporters.onnx import export_onnx
 from edge.families import load_model
+from edge.graph.attention import score_limit
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE.parents[1] / "shared" / "fixtures" / "opensora-1.2-tiny"

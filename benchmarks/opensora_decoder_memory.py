@@ -1,11 +1,11 @@
 """What Open-Sora 1.2's 2D decoder holds a call when a chunk's 17 frames go through it as one
 batch against one frame after another (edge/models/opensora_blocks.py SpatialDecoder), at
-VAE-v1.2's real shapes with random weights (edge/models/scaled_opensora.py; no download).
+VAE-v1.2's real shapes with random weights (edge/families/opensora_scaled.py; no download).
 
 Both forms are exported as the ONNX exporter exports a block (weights as inputs) and each is
 run by onnxruntime in a fresh process: the peak RSS the call adds over the loaded session,
 side by side, with the activation estimate `edge export --dry-run` prints for each
-(edge/activation_memory.py) and the two videos' largest difference.
+(edge/planning/activation_memory.py) and the two videos' largest difference.
 
     python benchmarks/opensora_decoder_memory.py [--size 240x432] [--threads 2]
 """
@@ -40,9 +40,9 @@ class Batched(nn.Module):
 
 def blocks(size: str):
     """(frame by frame, batched) spatial decoder blocks of one chunk at `size`."""
-    from edge.blocks import Block
+    from edge.families.opensora_scaled import vae_module
+    from edge.graph.blocks import Block
     from edge.models.opensora_blocks import SpatialDecoder
-    from edge.models.scaled_opensora import vae_module
 
     torch.manual_seed(0)
     height, width = (int(v) for v in size.split("x"))
@@ -77,9 +77,9 @@ def run_graph(graph: str, inputs: str, threads: int) -> dict:
 def main() -> None:
     import numpy as np
 
-    from edge.activation_memory import activation_peak
-    from edge.budget import format_size
+    from edge.core.budget import format_size
     from edge.exporters.onnx import export_graph
+    from edge.planning.activation_memory import activation_peak
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="240x432", help="HEIGHTxWIDTH (Open-Sora's 240p)")

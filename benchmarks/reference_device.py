@@ -6,11 +6,11 @@
 
 For one block at the export's shapes (the ONNX target's: a guidance batch of 2), on the
 activations the blocks before it give: its forward pass as the export runs it (`Block.run`)
-on the CPU and on the GPU (`edge.reference_device`), each wall (the GPU's after one warm-up
+on the CPU and on the GPU (`edge.graph.reference_device`), each wall (the GPU's after one warm-up
 call), and the largest difference over the CPU's largest output. With `--video`: the
 family's reference video (diffusers' pipeline at the folder's sampler, `--steps`) on the GPU,
 its wall and peak GPU memory, beside the floor the same video costs on this machine's CPU
-(its FLOP count, edge/compute_cost.py, over the float32 matmul rate measured in this run).
+(its FLOP count, edge/planning/compute_cost.py, over the float32 matmul rate measured in this run).
 Prints one JSON object.
 """
 
@@ -35,8 +35,8 @@ def timed(function) -> tuple[float, object]:
 
 
 def block_on_each(model, key: str, device: str) -> dict:
-    from edge.blocks import chained
-    from edge.reference_device import reference_device
+    from edge.graph.blocks import chained
+    from edge.graph.reference_device import reference_device
 
     component = key.split("/")[0]
     for block in chained(model.cut()[component]):  # the blocks before it run on the CPU
@@ -58,8 +58,8 @@ def block_on_each(model, key: str, device: str) -> dict:
 
 
 def video_on(model, device: str) -> dict:
-    from edge.compute_cost import matmul_rate, model_generation_cost
-    from edge.reference_device import reference_device
+    from edge.graph.reference_device import reference_device
+    from edge.planning.compute_cost import matmul_rate, model_generation_cost
 
     cost = model_generation_cost(model, model.cut())
     rate = matmul_rate()
@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from edge.families import load_model
-    from edge.reference_device import resolve_device
+    from edge.graph.reference_device import resolve_device
 
     device = resolve_device(args.device)
     size = {"height": args.height, "width": args.width, "frames": args.frames}

@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 
-from edge.budget import parse_size
+from edge.core.budget import parse_size
 from edge.runtimes.python.pipeline import Pipeline
 
 PROMPT = "a red circle moving left"

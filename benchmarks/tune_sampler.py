@@ -14,11 +14,11 @@ import argparse
 
 import numpy as np
 
-from edge.data import TRAIN_COMBINATIONS, TRAIN_TEMPLATES
 from edge.eval.metrics import score, summarize
 from edge.eval.run import load_classifier
 from edge.eval.sweep import pooled_psnr
 from edge.models.tiny_sora import DEFAULT_WEIGHTS
+from edge.models.tiny_sora_data import TRAIN_COMBINATIONS, TRAIN_TEMPLATES
 from edge.runtimes.python import Pipeline
 
 SETTINGS = {

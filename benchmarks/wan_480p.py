@@ -111,7 +111,7 @@ def run_diffusers(folder: str, package: str, steps: int, guidance: dict) -> None
 def agreement(ours: np.ndarray, ref: np.ndarray, uint8_video: bool) -> dict:
     """The error's SNR over the reference's own variance and its largest value; PSNR too for
     8-bit videos (latents have no peak)."""
-    from edge.video_metrics import psnr, snr
+    from edge.core.video_metrics import psnr, snr
 
     return ({"psnr_db": psnr(ours, ref)} if uint8_video else {}) | {
         "snr_db": snr(ours, ref),
@@ -119,7 +119,7 @@ def agreement(ours: np.ndarray, ref: np.ndarray, uint8_video: bool) -> dict:
 
 
 def compare() -> None:
-    from edge.compute_cost import matmul_rate
+    from edge.planning.compute_cost import matmul_rate
 
     figures = {m: json.loads((out_dir() / f"{m}.json").read_text())
                for m in ("edge", "edge-latent", "diffusers") if (out_dir() / f"{m}.json").exists()}

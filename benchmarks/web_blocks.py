@@ -146,10 +146,10 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
+    from edge.core.serve import make_server
     from edge.exporters.tvm_plan import BlockCompiler
     from edge.exporters.web import web_blocks
     from edge.families import load_model
-    from edge.serve import make_server
 
     blocks = {b.key: b for bs in web_blocks(load_model()).values() for b in bs}
     compiler = BlockCompiler()

@@ -73,8 +73,8 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
+    from edge.core.serve import make_server
     from edge.runtimes.python.pipeline import Pipeline
-    from edge.serve import make_server
 
     onnx, web = packages(args.work, args.ort_dist, args.model,
                          size if args.model is not None else {})

@@ -26,11 +26,11 @@ import time
 import numpy as np
 from model_options import PROMPTS, SEEDS, add_model_options, model_from  # beside it
 
+from edge.core.video_metrics import psnr, snr
 from edge.exporters.web_check import decode_in_place
 from edge.exporters.web_storage import FORMS, WebStorage, block_stored_bytes, web_storage
 from edge.exporters.weights_in_place import weights_replaced
 from edge.families import FamilyModel, StorageRule
-from edge.video_metrics import psnr, snr
 
 # a web form -> the iphone stored form a StorageRule names for it (WEB_FORM_OF, inverted)
 RULE_NAME = {"fp16": "fp16", "8": "int8", "4": "int4-b32"}

@@ -156,7 +156,7 @@ def evict(folder: Path) -> None:
 
 
 def budget_bytes(manifest: dict, args) -> int:
-    from edge.budget import parse_size
+    from edge.core.budget import parse_size
 
     if args.budget is not None:
         return parse_size(args.budget)
@@ -188,7 +188,7 @@ def browser_side(package: Path, budget: int, path: str | None, steps: int, round
                  binary: str) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from edge.serve import make_server
+    from edge.core.serve import make_server
 
     server = make_server(package, port=0, quiet=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--chromium", default=CHROMIUM)
     args = parser.parse_args()
 
-    from edge.package import read_package
+    from edge.core.package import read_package
 
     manifest = read_package(args.package)
     budget = budget_bytes(manifest, args)

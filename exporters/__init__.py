@@ -68,7 +68,7 @@ class ExportOptions:
 class Prepared:
     """The blocks a target will export, and what a dry run says about them."""
 
-    components: dict            # component name -> list[edge.blocks.Block]
+    components: dict            # component name -> list[edge.graph.blocks.Block]
     notes: list[str] = field(default_factory=list)        # said before exporting too
     plan_lines: list[str] = field(default_factory=list)   # the --dry-run table
     manifest_plan: dict | None = None                     # how they were re-cut, if they were

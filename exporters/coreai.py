@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block, chained, with_unguided
+from edge.core.package import file_entry
 from edge.exporters import ExportValidationError
 from edge.exporters.coreai_pool import run_worker
 from edge.exporters.coreai_simulated import simulated_block, weight_axes
@@ -45,9 +45,9 @@ from edge.exporters.coreml import manifest_dtype, signature
 from edge.exporters.coreml_compression import Compression, auto_target, compression
 from edge.exporters.coreml_weights import MAIN
 from edge.exporters.validation import largest_finite, worse, worst_difference
-from edge.family_model import FamilyModel
-from edge.package import file_entry
-from edge.token_chunks import token_chunks
+from edge.graph.blocks import Block, chained, with_unguided
+from edge.graph.family_model import FamilyModel
+from edge.graph.token_chunks import token_chunks
 
 LAYOUT = "coreai"
 MIN_IOS = 27
@@ -358,7 +358,7 @@ def export_blocks(blocks: list[Block], root: Path, precision: Precision,
     Workers side by side (exporters/coreai_pool.py) share the list of blocks (their imports
     cost seconds), so every block's example inputs are made real (`chained`) before they
     start. `unguided`:
-    each block also at the caption's half of its batch (`edge.blocks.with_unguided`: the
+    each block also at the caption's half of its batch (`edge.graph.blocks.with_unguided`: the
     transformer's functions for calls without guidance). `distinct_only`: a block that
     repeats an earlier one's shapes (`repeats`) is converted and recorded unexecuted."""
     runs = ([not r for r in repeats(blocks)] if distinct_only else [True] * len(blocks))

@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from edge.blocks import Block
 from edge.exporters.coreai import HalfPrecision, Precision, stored_precision
 from edge.exporters.coreai_simulated import quantized, weight_axes
 from edge.exporters.coreml_compression import STORAGES, Compression
 from edge.exporters.coreml_recipe import VIDEOS, FormTrial, chosen_setting, write_parameters
 from edge.exporters.weights_in_place import stored_video_check
-from edge.family_model import FamilyModel
-from edge.token_chunks import token_chunks
+from edge.graph.blocks import Block
+from edge.graph.family_model import FamilyModel
+from edge.graph.token_chunks import token_chunks
 
 # coreai-opt's linear forms, the ones a Core AI package stores faithfully
 CANDIDATES = ("fp16", "int8", "int4-b32")

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
-from edge.blocks import Block
-from edge.lazy_weights import materialized
+from edge.graph.blocks import Block
+from edge.graph.lazy_weights import materialized
 
 THRESHOLD = 1024   # coreai-opt's weight_num_threshold: tensors of at most this many keep
 # the aten ops whose weight operand Core AI reads through a matrix product, a 2-D

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.attention import budget_score_limit
-from edge.budget import format_size
+from edge.core.budget import format_size
+from edge.core.package import atomic_directory, folder_bytes, write_manifest
+from edge.core.video_metrics import psnr, snr
 from edge.exporters import (
     EXECUTE,
     ExportOptionError,
@@ -37,11 +38,10 @@ from edge.exporters.coreai_worker import PINNED
 from edge.exporters.coreml_compression import Compression, auto_target
 from edge.exporters.package_head import manifest_head
 from edge.exporters.validation import VALIDATION_PROMPT
-from edge.family_model import FamilyModel
-from edge.package import atomic_directory, folder_bytes, write_manifest
-from edge.plan import READ_UNIT, Partition, device_residency, partition
-from edge.reference_device import reference_record
-from edge.video_metrics import psnr, snr
+from edge.graph.attention import budget_score_limit
+from edge.graph.family_model import FamilyModel
+from edge.graph.reference_device import reference_record
+from edge.planning.plan import READ_UNIT, Partition, device_residency, partition
 
 DEFAULT_QUANTIZE = "fp16"
 # the package's whole generation through Core AI against the family's reference
@@ -82,7 +82,7 @@ def stored_bytes(block, chosen: Precision) -> int:
 
 
 def device_blocks(model: FamilyModel, chosen: Precision, budget: int | None) -> Partition:
-    """The device cut re-cut for a memory budget (edge/plan.py), each block counted as the
+    """The device cut re-cut for a memory budget (edge/planning/plan.py), each block counted as the
     bytes its program stores at `chosen` (what a runtime holds for it)."""
     from edge.exporters.coreml import cut_for_device
 

@@ -1,6 +1,6 @@
 """`edge export --target iphone`: one CoreML ML Program (`.mlpackage`) per block.
 
-Each block of `edge.blocks` is captured with `torch.export` (coremltools 9 cannot convert
+Each block of `edge.graph.blocks` is captured with `torch.export` (coremltools 9 cannot convert
 some `jit.trace` graphs under numpy 2.4), converted to an ML Program with fp16 compute,
 optionally compressed with `coremltools.optimize.coreml`, and saved. Shapes are
 static, as the Neural Engine wants them, and the family's for the device
@@ -62,8 +62,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block, chained, with_unguided
-from edge.budget import format_size
+from edge.core.budget import format_size
+from edge.core.package import (
+    PackageWriteError,
+    atomic_directory,
+    file_entry,
+    write_error_within,
+    write_manifest,
+)
 from edge.exporters import ExportValidationError
 from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's names too)
     AUTO,
@@ -86,16 +92,10 @@ from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's n
 )
 from edge.exporters.coreml_weights import MAIN, import_coremltools
 from edge.exporters.package_head import manifest_head
-from edge.family_model import FamilyModel
-from edge.package import (
-    PackageWriteError,
-    atomic_directory,
-    file_entry,
-    write_error_within,
-    write_manifest,
-)
-from edge.plan import READ_UNIT, Partition, partition
-from edge.token_chunks import token_chunks
+from edge.graph.blocks import Block, chained, with_unguided
+from edge.graph.family_model import FamilyModel
+from edge.graph.token_chunks import token_chunks
+from edge.planning.plan import READ_UNIT, Partition, partition
 
 OUTPUT_PREFIX = "out_"        # a program may not use one name as input and output
 COMPUTE_UNITS = "cpuAndNeuralEngine"   # what the Swift runtime asks MLModel for by default
@@ -162,7 +162,7 @@ def cut_for_device(model: FamilyModel) -> dict[str, list[Block]]:
 
 def device_blocks(model: FamilyModel, quantize: str, budget: int | None,
                   read_unit: int = READ_UNIT) -> Partition:
-    """The device cut re-cut for a memory budget (edge/plan.py), each block counted as the
+    """The device cut re-cut for a memory budget (edge/planning/plan.py), each block counted as the
     bytes its program stores at `quantize` (what the Swift loader holds for it). The same
     arguments give the same blocks: `edge record` re-cuts a package's model this way."""
     setting = partition_setting(quantize, model)
@@ -395,9 +395,9 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
                   plan: dict | None = None, unguided: bool = False) -> dict:
     """Export every block to `dest` atomically as .mlpackage programs; returns the manifest.
     `components`: the blocks to export (default: the family's device cut); `plan`: how they
-    were re-cut for a memory budget (edge/plan.py), recorded in the manifest. `unguided`:
+    were re-cut for a memory budget (edge/planning/plan.py), recorded in the manifest. `unguided`:
     the transformer's blocks also at the caption's half of the guidance batch
-    (`edge.blocks.with_unguided`), as functions of each block's program (the multifunction
+    (`edge.graph.blocks.with_unguided`), as functions of each block's program (the multifunction
     layout only: the separate one would store the weights again for each).
 
     Raises ExportValidationError (and writes nothing) if a program's interface does not

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from edge.blocks import Block
+from edge.core.manifest_schema import as_variant
 from edge.exporters.coreml_compression import Compression, compression
 from edge.exporters.coreml_weights import (
     MAIN,
@@ -35,8 +35,8 @@ from edge.exporters.coreml_weights import (
 )
 from edge.exporters.validation import output_error
 from edge.exporters.weights_in_place import stored_video_check, weights_replaced
-from edge.family_model import FamilyModel
-from edge.manifest_schema import as_variant
+from edge.graph.blocks import Block
+from edge.graph.family_model import FamilyModel
 
 _DTYPES = {65568: "float32", 65552: "float16", 131104: "int32"}  # CoreML ArrayDataType
 

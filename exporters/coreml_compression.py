@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
-from edge.budget import parse_size
+from edge.core.budget import parse_size
 from edge.exporters.coreml_weights import import_coremltools
-from edge.family_model import FamilyModel, StorageRule
+from edge.graph.family_model import FamilyModel, StorageRule
 
 WEIGHT_THRESHOLD = 2048       # coremltools' default: smaller tensors are not compressed
 

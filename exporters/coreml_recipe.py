@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge.blocks import Block
+from edge.core.video_metrics import mse
+from edge.core.video_metrics import psnr_of_mse as psnr_of
 from edge.exporters.coreml import (
     AUTO,
     DEFAULT_MIN_IOS,
@@ -47,9 +48,8 @@ from edge.exporters.coreml import (
 )
 from edge.exporters.coreml_weights import read_parameters
 from edge.exporters.weights_in_place import weights_replaced
-from edge.family_model import FamilyModel
-from edge.video_metrics import mse
-from edge.video_metrics import psnr_of_mse as psnr_of
+from edge.graph.blocks import Block
+from edge.graph.family_model import FamilyModel
 
 # the forms tried for each block: every stored form the deployment target decompresses
 CANDIDATES = ("fp16", "int8", "lut6", "lut4", "lut3", "lut6-g16", "lut4-g16", "int4-b32")

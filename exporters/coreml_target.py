@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from edge.attention import budget_score_limit
-from edge.blocks import with_unguided
+from edge.core.manifest_schema import is_coreai
+from edge.core.package import folder_bytes
 from edge.exporters import (
     ExportOptionError,
     ExportOptions,
@@ -34,10 +34,10 @@ from edge.exporters.coreml import (
     partition_setting,
     unguided_refusal,
 )
-from edge.family_model import FamilyModel
-from edge.manifest_schema import is_coreai
-from edge.package import folder_bytes
-from edge.plan import READ_UNIT, device_residency
+from edge.graph.attention import budget_score_limit
+from edge.graph.blocks import with_unguided
+from edge.graph.family_model import FamilyModel
+from edge.planning.plan import READ_UNIT, device_residency
 
 NAME = "iphone"
 COREAI_MIN_IOS = 27   # --min-ios 27: the Core AI layout (exporters/coreai_target.py)

@@ -22,8 +22,14 @@ import onnx
 import torch
 from torch import nn
 
-from edge.blocks import Block, chained, torch_block_opener
-from edge.compute_cost import flops_record
+from edge.core.manifest_schema import TILE_AXES
+from edge.core.package import (
+    atomic_directory,
+    file_entry,
+    write_manifest,
+    write_weights_file,
+)
+from edge.core.video_metrics import psnr
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import copy_of_earlier, graph_key, remember
 from edge.exporters.onnx_registry import reused_torchlib_registry
@@ -31,18 +37,12 @@ from edge.exporters.onnx_rewrites import without_quadratic_rules
 from edge.exporters.package_head import manifest_head
 from edge.exporters.validation import VALIDATION_PROMPT, output_error
 from edge.exporters.validation import check_validation as check_bound
-from edge.family_model import FamilyModel
-from edge.lazy_weights import materialized
-from edge.manifest_schema import TILE_AXES
-from edge.package import (
-    atomic_directory,
-    file_entry,
-    write_manifest,
-    write_weights_file,
-)
-from edge.reference_device import reference_record
-from edge.token_chunks import token_chunks
-from edge.video_metrics import psnr
+from edge.graph.blocks import Block, chained, torch_block_opener
+from edge.graph.family_model import FamilyModel
+from edge.graph.lazy_weights import materialized
+from edge.graph.reference_device import reference_record
+from edge.graph.token_chunks import token_chunks
+from edge.planning.compute_cost import flops_record
 
 # fp32 max-abs error per block against PyTorch, for outputs up to 1 in magnitude; larger ones
 # (a random model's activations reach thousands) are held to it relative to their largest
@@ -131,7 +131,7 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True,
                  weight_inputs: tuple[nn.Module, list[str], tuple] | None = None) -> None:
     """The block as an ONNX graph, weights as inputs after the activations. Its attention
     never holds a whole score matrix: onnxruntime's fused MultiHeadAttention where it has no
-    mask (`fused_attention`), query chunks elsewhere (edge/attention.py). `weight_inputs`:
+    mask (`fused_attention`), query chunks elsewhere (edge/graph/attention.py). `weight_inputs`:
     (module, weight input names, their example tensors) where the weights are fed otherwise
     than as the block's float32 parameters (a web package's stored forms)."""
     module, weight_names, weights = weight_inputs or (
@@ -322,7 +322,7 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
                 plan: dict | None = None, distinct_only: bool = False) -> dict:
     """Export every block of `model` (a family's model, edge/families) to `dest` atomically;
     returns the manifest. `components`: the blocks, if already cut (default: the family's
-    cut); `plan`: how they were cut for a memory budget (edge/plan.py), recorded in the
+    cut); `plan`: how they were cut for a memory budget (edge/planning/plan.py), recorded in the
     manifest; `distinct_only` (--execute distinct): a block or variant whose graph computes
     what one validated before in this export does (`computation_digest`) is written
     unvalidated, saying so, and runs no forward pass."""

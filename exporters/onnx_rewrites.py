@@ -4,7 +4,7 @@ square of a graph's size.
 `torch.onnx.export` hands each graph to onnxscript's optimizer, which tries its default
 rewrite rules at every node. One, SlicesSplit (two Slices that halve a tensor's last axis
 become one Split), is a two-node pattern that onnxscript matches by pairing nodes, and
-chunked attention (edge/attention.py) slices every query into many chunks: on the tiny
+chunked attention (edge/graph/attention.py) slices every query into many chunks: on the tiny
 Open-Sora package the rule took 70.5 s of a 143.7 s ONNX export and never fired, and a real-size
 video has thousands of chunks. Left out, a graph it would have rewritten keeps its two
 Slices, which compute the same values.

@@ -1,4 +1,4 @@
-"""`edge export --target onnx`: the blocks re-cut for a memory budget (edge/plan.py), one
+"""`edge export --target onnx`: the blocks re-cut for a memory budget (edge/planning/plan.py), one
 ONNX graph each (exporters/onnx.py), checked end to end by the Python runtime against the
 family's reference."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
-from edge.attention import budget_score_limit
-from edge.budget import format_size
+from edge.core.budget import format_size
 from edge.exporters import ExportOptions, Prepared, Progress, check_execute, refuse_others
 from edge.exporters.validation import worst_block
-from edge.family_model import FamilyModel
-from edge.plan import READ_UNIT, partition, plan_lines, plan_residency
+from edge.graph.attention import budget_score_limit
+from edge.graph.family_model import FamilyModel
+from edge.planning.plan import READ_UNIT, partition, plan_lines, plan_residency
 
 NAME = "onnx"
 

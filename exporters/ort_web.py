@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from edge.package import file_entry
+from edge.core.package import file_entry
 
 ORT_VERSION = "1.30.0"
 DEFAULT_ORT_URL = f"https://cdn.jsdelivr.net/npm/onnxruntime-web@{ORT_VERSION}/dist/"

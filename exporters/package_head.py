@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import edge
-from edge.family_model import FamilyModel
-from edge.noise import NOISE
-from edge.package import FORMAT, FORMAT_VERSION
+from edge.core.noise import NOISE
+from edge.core.package import FORMAT, FORMAT_VERSION
+from edge.graph.family_model import FamilyModel
 
 
 def manifest_head(model: FamilyModel, root: Path, target: str, model_name: str,

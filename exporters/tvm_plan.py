@@ -28,8 +28,6 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
-from edge.attention import replaced_sdpa, written_out_attention
-from edge.blocks import Block
 from edge.exporters import ExportValidationError
 from edge.exporters.graph_reuse import graph_key
 from edge.exporters.tvm_passes import (
@@ -39,7 +37,9 @@ from edge.exporters.tvm_passes import (
     narrow_concats,
 )
 from edge.exporters.web_inputs import web_example
-from edge.token_chunks import token_chunks
+from edge.graph.attention import replaced_sdpa, written_out_attention
+from edge.graph.blocks import Block
+from edge.graph.token_chunks import token_chunks
 
 WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
@@ -575,7 +575,7 @@ class CompiledBlock:
 
     def replay(self, inputs: list[np.ndarray], weights: list[np.ndarray],
                flops: int = 0) -> list[np.ndarray]:
-        """`flops`: the block's work (edge.compute_cost.block_flops), which picks how hard
+        """`flops`: the block's work (edge.planning.compute_cost.block_flops), which picks how hard
         LLVM optimizes the kernels."""
         target = replay_target(flops)
         key = str(target)

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edge.blocks import Block, chained, with_unguided
-from edge.compute_cost import block_flops
+from edge.core.manifest_schema import UNGUIDED, WEB_PATHS
+from edge.core.package import atomic_directory, file_entry, write_manifest
 from edge.exporters import ExportValidationError
 from edge.exporters.onnx import export_graph, validate_block
 from edge.exporters.ort_web import ort_location
@@ -58,10 +58,10 @@ from edge.exporters.web_storage import (
     web_storage,
     write_stored,
 )
-from edge.family_model import FamilyModel
-from edge.lazy_weights import materialized
-from edge.manifest_schema import UNGUIDED, WEB_PATHS
-from edge.package import atomic_directory, file_entry, write_manifest
+from edge.graph.blocks import Block, chained, with_unguided
+from edge.graph.family_model import FamilyModel
+from edge.graph.lazy_weights import materialized
+from edge.planning.compute_cost import block_flops
 
 if TYPE_CHECKING:  # TVM is imported only where the WebGPU path is exported
     from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock
@@ -254,7 +254,7 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     against float32 first (exporters/web_check.py), refusing a form under its floor before
     anything is written; the result is the manifest's `validation`; `on_check_step(done,
     total)` counts its generations' steps. `unguided`: the transformer's blocks also at the
-    caption's half of the guidance batch (`edge.blocks.with_unguided`: `unguided`, and with
+    caption's half of the guidance batch (`edge.graph.blocks.with_unguided`: `unguided`, and with
     `variants` `tdtm_unguided`), which the page runs for calls without guidance. `paths`:
     both (`WEB_PATHS`) or `("wasm",)`, the wasm graphs alone: no plan, nothing of TVM
     imported (`compiler` and `check` then unused)."""

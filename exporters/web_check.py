@@ -4,7 +4,7 @@ in float32, on a fixed prompt and seed. It runs before any block is exported, so
 that misses its floor writes nothing. The blocks' compiled forms are checked apart, each
 against PyTorch with the decoded weights (exporters/web.py).
 
-A model loaded out of core (larger than memory: edge/lazy_weights.py) is never held whole,
+A model loaded out of core (larger than memory: edge/graph/lazy_weights.py) is never held whole,
 so its check runs once the blocks are written, before the package is put in place: the
 package's own video (the Python runtime on its wasm graphs, which decode the stored weights
 as the page does) against the family's PyTorch blocks with their float32 weights read block
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from edge.blocks import Block
 from edge.exporters.onnx import package_video, streamed_reference, streaming_budget
 from edge.exporters.web_storage import WebStorage, stored_weights
 from edge.exporters.weights_in_place import stored_video_check, stored_video_record
-from edge.family_model import FamilyModel
+from edge.graph.blocks import Block
+from edge.graph.family_model import FamilyModel
 
 # the floor of each setting the web stores alike (a family's "4" carries its own, from its
 # rule): it guards against a broken export; benchmarks/web_quantize.py measures the cost

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from edge.blocks import Block
+from edge.graph.blocks import Block
 
 
 def web_example(block: Block) -> tuple[torch.Tensor, ...]:

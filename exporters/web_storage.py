@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block
-from edge.family_model import FamilyModel, StorageRule
-from edge.package import write_weights_file
+from edge.core.package import write_weights_file
+from edge.graph.blocks import Block
+from edge.graph.family_model import FamilyModel, StorageRule
 
 FORMS = ("fp32", "fp16", "8", "4")
 DEFAULT_FORM = "fp16"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge.core.manifest_schema import WEB_PATHS
 from edge.exporters import (
     ExportOptionError,
     ExportOptions,
@@ -17,8 +18,7 @@ from edge.exporters import (
     refuse_others,
 )
 from edge.exporters.validation import worst_block
-from edge.family_model import FamilyModel
-from edge.manifest_schema import WEB_PATHS
+from edge.graph.family_model import FamilyModel
 
 NAME = "web"
 # what one page can hold: the wasm32 heap (4 GiB), where onnxruntime-web's wasm path keeps

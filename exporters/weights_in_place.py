@@ -12,12 +12,12 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from edge.blocks import Block
+from edge.core.video_metrics import psnr, snr
 from edge.exporters import ExportValidationError
 from edge.exporters.validation import VALIDATION_PROMPT
-from edge.family_model import FamilyModel
-from edge.reference_device import reference_record
-from edge.video_metrics import psnr, snr
+from edge.graph.blocks import Block
+from edge.graph.family_model import FamilyModel
+from edge.graph.reference_device import reference_record
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import pytest
 from chromium_launch import CHROMIUM, CHROMIUM_ARGS
 from shared_builds import package_once
 
-from edge.video_metrics import psnr, snr
+from edge.core.video_metrics import psnr, snr
 
 # onnxruntime-web's dist, served from the package (--bundle-ort): tests never reach a CDN
 ORT_DIST = Path(os.environ.get("EDGE_ORT_WEB_DIST", Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def from_b64(text: str, dtype, shape) -> np.ndarray:
 @contextmanager
 def serving(folder: Path) -> Iterator[str]:
     """`folder` served on a free local port; yields its URL, ending in "/"."""
-    from edge.serve import make_server
+    from edge.core.serve import make_server
 
     server = make_server(folder, port=0, quiet=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -111,12 +111,12 @@ WAN_SIZE = {"height": 32, "width": 48, "frames": 9}
 # The families' shared test exports trace attention in query chunks of 16 rows (2 KiB of
 # scores per video is below every tiny model's rows, so the least rows decide): each
 # family's graphs on every target then hold the chunked attention a real-size export has,
-# and the end-to-end checks against diffusers' pipelines hold for it (edge/attention.py)
+# and the end-to-end checks against diffusers' pipelines hold for it (edge/graph/attention.py)
 TEST_CHUNK_ROWS = 16
 
 
 def chunked_attention_for_tests():
-    from edge.attention import score_limit
+    from edge.graph.attention import score_limit
 
     return score_limit(2048, min_rows=TEST_CHUNK_ROWS)
 
@@ -183,8 +183,8 @@ def wan22_iphone_package(tmp_path_factory, wan22):
 def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
     """Each of `models` exported to ONNX under the run's folder `name`, once a run:
     {key: (root, manifest)}."""
+    from edge.core.package import read_manifest
     from edge.exporters.onnx import export_onnx
-    from edge.package import read_manifest
 
     def export(folder):
         with chunked_attention_for_tests():

@@ -1,7 +1,7 @@
 """Helpers for tests that edit an exported manifest the way a faulty exporter would."""
 import json
 
-from edge.package import MANIFEST, write_manifest
+from edge.core.package import MANIFEST, write_manifest
 
 
 def block_record(m: dict, comp: str = "transformer", name: str = "pair_1") -> dict:

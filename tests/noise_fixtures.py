@@ -1,4 +1,4 @@
-"""JSON fixtures of what a seed means (edge/noise.py), for the runtimes that mirror it
+"""JSON fixtures of what a seed means (edge/core/noise.py), for the runtimes that mirror it
 (JavaScript, Swift): for each case PyTorch's own
 `torch.randn(shape, generator=torch.Generator().manual_seed(seed))`, so every mirror is
 checked against torch, not against another mirror. `python tests/noise_fixtures.py` rewrites

@@ -1,4 +1,4 @@
-"""JSON fixtures of the sampler's decisions, for the runtimes that mirror edge/sampler.py
+"""JSON fixtures of the sampler's decisions, for the runtimes that mirror edge/core/sampler.py
 (JavaScript, Swift): each replays a recorded velocity or indicator sequence and must reach
 the same decisions and numbers. `python tests/sampler_fixtures.py` rewrites them;
 tests/test_leap.py checks that they still match this implementation.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.sampler import SamplerSettings, StepCache, Trace, sample
+from edge.core.sampler import SamplerSettings, StepCache, Trace, sample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sampler"
 

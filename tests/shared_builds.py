@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from edge.package import read_manifest
+from edge.core.package import read_manifest
 
 DONE = ".built"  # written last: a folder without it is a build that failed part way
 

@@ -26,7 +26,7 @@ tests/fixtures/swift/ holds:
 - guidance_rescale.json: whole `sample()` runs with `guidance_rescale` (LTX's schedule with
   a re-planned leap and merge_steps, flow_euler fully rescaled, CogVideoX's dynamic guidance
   with a rescale, UniPC): per call t, merged, last; final latent and trace;
-- schedulers.json: each scheduler of `edge.schedulers.SCHEDULERS` as an object, by name (the
+- schedulers.json: each scheduler of `edge.core.schedulers.SCHEDULERS` as an object, by name (the
   JS and Swift runtimes look theirs up the same way): for several (steps, shift, training
   steps, shift_terminal: 0.1 for a scheduler that takes one, else null; ltx_flow_euler also
   at LTX-Video's shifts exp(mu) and without a terminal; the flows also through `given`
@@ -34,7 +34,7 @@ tests/fixtures/swift/ holds:
   leap's `tail`, a `solver` stepped through the schedule with given velocities
   (the sample after each step) and its `jump`;
 - tokenizer.json + tokens.json: the package's tokenizer file and the ids and masks that
-  `edge.tokenizer` makes of a few prompts (punctuation, capitals, accents, unknown words,
+  `edge.core.tokenizer` makes of a few prompts (punctuation, capitals, accents, unknown words,
   truncation);
 - unigram/: the Unigram (T5 / UMT5, Wan 2.1) tokenizers, captions, their ids and masks,
   and prompt-cleaner cases (tests/swift_unigram_fixtures.py says which and how);
@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 from swift_unigram_fixtures import build_unigram, check_cases, train_umt5_like
 
-from edge.sampler import (
+from edge.core.sampler import (
     SamplerSettings,
     Trace,
     dynamic_guidance,
@@ -66,8 +66,8 @@ from edge.sampler import (
     sample,
     timesteps,
 )
-from edge.schedulers import SCHEDULERS, UniPCFlow, ltx_mu, scheduler_for, unipc_sigmas
-from edge.tokenizer import load_tokenizer, tokenize
+from edge.core.schedulers import SCHEDULERS, UniPCFlow, ltx_mu, scheduler_for, unipc_sigmas
+from edge.core.tokenizer import load_tokenizer, tokenize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swift"
 MAX_TOKENS = 16

@@ -15,7 +15,7 @@ Layout of the folder `write(...)` fills:
     replay/cases.json   [{"name", "prompt", "settings", "latents", "frames", "trace",
                           "calls": [{"key", "inputs": {name: ref}, "outputs": {name: ref}}]}]
                         ref = {"dtype", "shape", "offset": bytes into tensors.bin}
-    replay/tensors.bin  every referenced array, little-endian (edge/bundle.py TensorFile)
+    replay/tensors.bin  every referenced array, little-endian (edge/core/bundle.py TensorFile)
     bad_manifests.json  [{"name", "manifest", "python_error", "names"}]: manifests the
                         Python side refuses, with its message and the words the Swift error
                         must contain too
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.bundle import TensorFile
 from edge.commands.record import Recorder
-from edge.package import MANIFEST, PackageError, read_package, write_manifest
+from edge.core.bundle import TensorFile
+from edge.core.package import MANIFEST, PackageError, read_package, write_manifest
+from edge.core.sampler import initial_noise
 from edge.runtimes.python.pipeline import Pipeline, check_runnable
-from edge.sampler import initial_noise
 
 STEPS = 8
 # (name, prompt, seed, sampler overrides); the Swift tests run them in this order through

@@ -20,7 +20,7 @@ tests/swift_fixtures.py writes them with the others (`build()` includes `build_u
   google/umt5-xxl one): Sequence[Precompiled, Replace(" {2,}", " ")], a lone Metaspace with
   `add_prefix_space`, byte_fallback on;
 - tokens.json: the captions, what `clean_prompt(caption, "wan")` makes of them, and for every
-  tokenizer the ids and masks `edge.tokenizer` gives (`load_tokenizer` + `tokenize`) for two
+  tokenizer the ids and masks `edge.core.tokenizer` gives (`load_tokenizer` + `tokenize`) for two
   runs: cleaned "wan" with max_tokens 16 (most captions truncate) and uncleaned with 64; plus
   prompt-cleaner cases (HTML references, whitespace) with Python's answers.
 
@@ -40,7 +40,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from edge.tokenizer import clean_prompt, load_tokenizer, tokenize
+from edge.core.tokenizer import clean_prompt, load_tokenizer, tokenize
 
 UNIGRAM = Path(__file__).parent / "fixtures" / "swift" / "unigram"
 TRAINED = UNIGRAM / "umt5_like_tokenizer.json"

@@ -1,4 +1,4 @@
-"""Attention in query chunks (edge/attention.py): the same numbers as PyTorch's SDPA, and
+"""Attention in query chunks (edge/graph/attention.py): the same numbers as PyTorch's SDPA, and
 graphs whose every softmax holds one chunk's rows, never the whole score matrix. The
 families' shared test exports trace their attention chunked (conftest.py), so their
 end-to-end checks against diffusers hold for chunked graphs; test_family_contract.py checks
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from graph_shapes import softmax_rows
 
-from edge.attention import (
+from edge.graph.attention import (
     DEFAULT_SCORE_BYTES,
     MIN_ROWS,
     chunked_attention,
@@ -100,8 +100,8 @@ def test_attention_without_a_mask_is_one_fused_operator_in_onnx(tmp_path):
 
     import onnx
 
-    from edge.blocks import Block
     from edge.exporters.onnx import export_validated_graph
+    from edge.graph.blocks import Block
 
     class TwoAttentions(torch.nn.Module):
         def forward(self, q, k, v, bias):

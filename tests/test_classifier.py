@@ -1,8 +1,8 @@
 """The shipped attribute classifier is the evaluation's measuring instrument: check it."""
 import numpy as np
 
-from edge.data import HELD_OUT, sample_batch
 from edge.eval.metrics import score, summarize
+from edge.models.tiny_sora_data import HELD_OUT, sample_batch
 
 
 def test_classifier_reads_real_clips_of_held_out_combinations(classifier):

@@ -11,10 +11,10 @@ from cogvideox_folder import SAMPLE
 from conftest import COG_SHAPES, FAMILY_SIZE, chunked_attention_for_tests
 from tiny_parts import edited_copy, package_files
 
-from edge.blocks import run_chain, run_chunked
+from edge.core.pieces import piece_bounds
+from edge.core.video_metrics import psnr, snr
 from edge.families import FamilyError, load_model
-from edge.pieces import piece_bounds
-from edge.video_metrics import psnr, snr
+from edge.graph.blocks import run_chain, run_chunked
 
 # 17 frames: 5 latent frames, decoded as diffusers does in a first call of 3 and one of 2;
 # 32 x 64 pixels: not the transformer's own 32 x 48, so the 2B's sin-cos table is rebuilt
@@ -218,7 +218,7 @@ def test_folders_edge_cannot_take_are_refused_by_file_and_field(cog_folders, tmp
 
 def test_out_of_core_export_writes_the_in_memory_package(cog_folders, cog_packages, tmp_path):
     """Built on the meta device, each block's weights read from the folder as it is exported
-    (edge/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
+    (edge/graph/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
     from edge.exporters.onnx import export_onnx
 
     model = load_model(cog_folders["5b"], steps=6, out_of_core=True, **SIZE)

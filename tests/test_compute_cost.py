@@ -1,4 +1,4 @@
-"""The FLOP count of a generation from shapes (edge/compute_cost.py): each block's count
+"""The FLOP count of a generation from shapes (edge/planning/compute_cost.py): each block's count
 equals the matrix products' own arithmetic, and a generation adds the blocks up as the
 runtimes call them."""
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from edge.blocks import Block, Chunking
-from edge.compute_cost import (
+from edge.graph.blocks import Block, Chunking
+from edge.graph.shapes_only import shapes_only
+from edge.planning.compute_cost import (
     block_flops,
     blocks_flops,
     cost_lines,
@@ -17,7 +18,6 @@ from edge.compute_cost import (
     generation_cost,
     matmul_rate,
 )
-from edge.shapes_only import shapes_only
 
 
 class _Attention(nn.Module):
@@ -67,7 +67,7 @@ def test_a_generation_adds_blocks_as_the_runtime_calls_them():
 
 
 def test_a_tiled_decoder_counts_its_first_piece_and_every_tiles_area():
-    from edge.tiles import Tiling
+    from edge.core.tiles import Tiling
 
     # traced at a whole tile (4 x 4 latent), one video; its first piece has a variant
     # computing half the channels

@@ -19,10 +19,10 @@ pytest.importorskip("coreai_torch", reason="Core AI's converter (coreai-torch, t
 
 from conftest import coreai_export  # noqa: E402  (after the skip)
 
-from edge.blocks import Block  # noqa: E402
+from edge.core.files import EdgeNotice  # noqa: E402
+from edge.core.video_metrics import psnr, snr  # noqa: E402
 from edge.exporters import ExportValidationError  # noqa: E402
-from edge.files import EdgeNotice  # noqa: E402
-from edge.video_metrics import psnr, snr  # noqa: E402
+from edge.graph.blocks import Block  # noqa: E402
 
 PROMPT = "a red circle moving left"
 
@@ -346,7 +346,7 @@ def test_a_family_rule_core_ai_cannot_store_is_refused_naming_the_form(tiny_sora
     from types import SimpleNamespace
 
     from edge.exporters.coreai import stored_precision
-    from edge.family_model import StorageRule
+    from edge.graph.family_model import StorageRule
 
     with pytest.raises(ValueError, match="tiny-sora's rule stores text_encoder/embeddings as "
                        "4-bit lookup tables"):
@@ -529,7 +529,7 @@ def test_a_core_ai_record_must_name_an_aimodel(coreai_package, tmp_path):
 
     from manifest_edits import rewrite
 
-    from edge.package import PackageError, read_package
+    from edge.core.package import PackageError, read_package
 
     root, _ = coreai_package
     bad = tmp_path / "pkg"
@@ -593,8 +593,8 @@ def test_edge_record_records_the_executed_programs(coreai_package, tmp_path):
     """A conformance bundle of a Core AI package holds the calls Core AI's runtime made (no
     model folder: the programs run themselves), TDTM functions by their variant keys, and
     the frames the Core AI generation gives."""
-    from edge.bundle import Bundle
     from edge.commands.record import RECORDED_WITH_CORE_AI, RecordError, record_bundle
+    from edge.core.bundle import Bundle
     from edge.runtimes.python import Pipeline
 
     root, manifest = coreai_package

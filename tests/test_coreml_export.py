@@ -18,6 +18,8 @@ import torch
 pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install -e "
                     "'.[test]'); the CoreML exporter needs it")
 
+from edge.core.manifest_schema import PackageError, check_manifest  # noqa: E402
+from edge.core.package import read_package  # noqa: E402
 from edge.exporters.coreml import (  # noqa: E402
     ExportValidationError,
     compression,
@@ -39,8 +41,6 @@ from edge.exporters.coreml_weights import (  # noqa: E402
     program_functions,
     read_parameters,
 )
-from edge.manifest_schema import PackageError, check_manifest  # noqa: E402
-from edge.package import read_package  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +276,7 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_sora, coreml_package):
 
 
 def test_a_variant_name_that_cannot_name_a_function_is_refused(tmp_path, tiny_sora):
-    from edge.blocks import Block
+    from edge.graph.blocks import Block
 
     block = Block("transformer", "lin", torch.nn.Linear(4, 4), ["x"], ["x"],
                   (torch.randn(1, 4),), variants={"td-tm": torch.nn.Linear(4, 4)})

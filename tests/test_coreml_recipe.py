@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from edge.core.video_metrics import psnr
 from edge.exporters.coreml_recipe import (
     FormTrial,
     _hull,
@@ -17,7 +18,6 @@ from edge.exporters.coreml_recipe import (
     psnr_of,
     recipes,
 )
-from edge.video_metrics import psnr
 
 
 def trial(block: str, form: str, size: int, mse: float, videos: int = 2) -> FormTrial:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from edge.data import (
+from edge.models.tiny_sora_data import (
     COLORS,
     DIRECTIONS,
     HELD_OUT,

@@ -1,7 +1,7 @@
-"""A dry run plans from shapes alone (edge/shapes_only.py): no block computes, so a long
+"""A dry run plans from shapes alone (edge/graph/shapes_only.py): no block computes, so a long
 video's plan takes as long as a short one's, and it prints the blocks at the asked size and
-the activations each call holds (edge/activation_memory.py) and what a generation computes
-(edge/compute_cost.py)."""
+the activations each call holds (edge/planning/activation_memory.py) and what a generation computes
+(edge/planning/compute_cost.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from edge.activation_memory import activation_peak
-from edge.attention import score_limit
-from edge.blocks import Block
-from edge.budget import parse_size
 from edge.commands import app
+from edge.core.budget import parse_size
+from edge.graph.attention import score_limit
+from edge.graph.blocks import Block
+from edge.planning.activation_memory import activation_peak
 
 
 @pytest.fixture

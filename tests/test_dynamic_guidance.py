@@ -1,5 +1,5 @@
 """CogVideoX's dynamic classifier-free guidance (`dynamic_guidance`, CogVideoXPipeline's
-use_dynamic_cfg) in edge/sampler.py: `sample()` against diffusers' own CogVideoXPipeline
+use_dynamic_cfg) in edge/core/sampler.py: `sample()` against diffusers' own CogVideoXPipeline
 loop, driven with a stand-in transformer that returns fixed velocities, and the settings'
 refusals. The JS and Swift mirrors replay tests/fixtures/swift/dynamic_guidance.json
 (tests/test_web_mirrors.py, runtimes/swift/Tests/EdgeCoreTests/DynamicGuidanceTests.swift);
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from edge.options import with_overrides
-from edge.sampler import SamplerSettings, Trace, dynamic_guidance, sample
-from edge.schedulers import SCHEDULERS
+from edge.core.options import with_overrides
+from edge.core.sampler import SamplerSettings, Trace, dynamic_guidance, sample
+from edge.core.schedulers import SCHEDULERS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "swift" / "dynamic_guidance.json"
 SHAPE = (1, 2, 3, 4, 4)    # CogVideoX's latent layout (B, F, C, h, w), tiny
@@ -200,7 +200,7 @@ def test_fixture_scales_are_the_formulas_and_their_powers_correctly_rounded():
     the JS and Swift mirrors compute (glibc's is not for about 1 in 1,200 of all CogVideoX
     pairs up to 10,000 steps; where |x| is large the cosine then differs, so those pairs stay
     out of the fixtures)."""
-    from edge.schedulers import scheduler_for
+    from edge.core.schedulers import scheduler_for
 
     fixture = json.loads(FIXTURE.read_text())
     pairs = set()

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from edge.data import HELD_OUT, Attributes, render_clip
 from edge.eval.metrics import clip_coherence, frame_is_coherent
 from edge.eval.run import default_prompts, parse_prompt, read_prompts
+from edge.models.tiny_sora_data import HELD_OUT, Attributes, render_clip
 
 
 def test_default_prompts_cover_held_out_and_paraphrases():

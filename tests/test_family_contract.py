@@ -15,6 +15,7 @@ from conftest import FAMILY_SIZE, LTX_OPTIONS, TEST_CHUNK_ROWS, WAN22_SIZE, WAN_
 from graph_shapes import attention_ops, softmax_rows
 
 from edge.commands.common import frame_size
+from edge.core.video_metrics import psnr, snr
 from edge.families import (
     FAMILIES,
     SIZE_OPTIONS,
@@ -24,7 +25,6 @@ from edge.families import (
     load_model,
 )
 from edge.families.pipeline_run import Accepted
-from edge.video_metrics import psnr, snr
 
 # case -> (models fixture, packages fixture, key): a dict fixture's key, or None for a
 # fixture of one model or package
@@ -410,7 +410,7 @@ def test_exports_to_the_iphone_and_holds_the_end_to_end_check(request, case):
     """The family's graph-friendly rewrites are what CoreML takes: every block converts,
     within its bound of fp32 with its stored fp16 weights, and the pipeline with those
     weights stays >= 35 dB PSNR, >= 20 dB SNR from fp32 end to end."""
-    from edge.package import read_package
+    from edge.core.package import read_package
 
     fixture, bound = IPHONE[case]
     root, manifest = request.getfixturevalue(fixture)

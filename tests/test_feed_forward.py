@@ -1,4 +1,4 @@
-"""Feed-forward layers in token chunks (edge/feed_forward.py): the same numbers as the whole
+"""Feed-forward layers in token chunks (edge/graph/feed_forward.py): the same numbers as the whole
 layer, graphs whose every widening product holds one chunk's rows, and a dry run's activation
 estimate that counts one chunk's hidden state."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from diffusers.models.attention import FeedForward
 
-import edge.feed_forward as feed_forward
-from edge.attention import score_limit
-from edge.blocks import Block
-from edge.feed_forward import chunked_feed_forward, feed_forward_rows
+import edge.graph.feed_forward as feed_forward
+from edge.graph.attention import score_limit
+from edge.graph.blocks import Block
+from edge.graph.feed_forward import chunked_feed_forward, feed_forward_rows
 from edge.models.stdit import Mlp
 
 WIDTH, HIDDEN, TOKENS = 64, 96, 40
@@ -84,7 +84,7 @@ def test_an_exported_block_widens_one_chunk_at_a_time(tmp_path, layer, rows_of_1
 
 
 def test_the_activation_estimate_counts_one_chunk(monkeypatch):
-    from edge.activation_memory import activation_peak
+    from edge.planning.activation_memory import activation_peak
 
     layer = _layers()[0]
     block = Block("t", "ff", Wrapped(layer).eval(), ["x"], ["y"],

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge.manifest_schema import DIGEST_FIELD, check_manifest, manifest_digest
-from edge.package import MANIFEST, PackageError, read_manifest
+from edge.core.manifest_schema import DIGEST_FIELD, check_manifest, manifest_digest
+from edge.core.package import MANIFEST, PackageError, read_manifest
 
 SCALE = int(os.environ.get("EDGE_FUZZ_SCALE", "1"))
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_sampler import LTX_CONFIG, _diffusers_scheduler, assert_steps_match
 
-from edge.options import with_overrides
-from edge.sampler import SamplerSettings, Trace, model_times, sample, timesteps
-from edge.schedulers import SCHEDULERS, scheduler_for
+from edge.core.options import with_overrides
+from edge.core.sampler import SamplerSettings, Trace, model_times, sample, timesteps
+from edge.core.schedulers import SCHEDULERS, scheduler_for
 
 TAKERS = [name for name, cls in SCHEDULERS.items() if cls.takes_sigmas]
 # from 1, as LTX-Video 0.9.8 distilled's first pass; below 1 throughout; a single level

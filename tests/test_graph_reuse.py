@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.blocks import Block
 from edge.exporters import graph_reuse
+from edge.graph.blocks import Block
 
 
 class _Layer(nn.Module):

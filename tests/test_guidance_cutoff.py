@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 import edge.runtimes.python.pipeline as runtime_module
 from edge.commands import app
-from edge.options import with_overrides
+from edge.core.options import with_overrides
+from edge.core.sampler import SamplerSettings, Trace, guided_call, sample
+from edge.core.video_metrics import psnr, snr
 from edge.runtimes.python import Pipeline
-from edge.sampler import SamplerSettings, Trace, guided_call, sample
-from edge.video_metrics import psnr, snr
 
 PROMPT, SEED, STEPS = "a green square moving up", 11, 6
 
@@ -31,7 +31,7 @@ def test_a_call_runs_the_variant_each_block_has():
     """Merging applies where a block merges, the caption's half to every block; a block
     without the caption-half program a call needs is refused by name (the page mirrors it:
     runtimes/web/pipeline.js blockVariant)."""
-    from edge.manifest_schema import block_variant, call_variant
+    from edge.core.manifest_schema import block_variant, call_variant
 
     assert [call_variant(m, a) for m in (False, True) for a in (False, True)] == \
         [None, "unguided", "tdtm", "tdtm_unguided"]
@@ -211,7 +211,7 @@ def test_the_transformer_flops_count_what_the_calls_ran(exported_package, runtim
 def test_a_bad_flops_record_is_refused_naming_the_block(exported_package, tmp_path):
     from manifest_edits import rewrite
 
-    from edge.package import PackageError
+    from edge.core.package import PackageError
 
     root = tmp_path / "bad"
     shutil.copytree(exported_package[0], root)

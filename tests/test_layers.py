@@ -1,5 +1,6 @@
-"""The structure a reader sees is the one the code keeps: the layers of docs/design.md, with
-no import running upward and none in a circle, and the torch-free parts free of torch.
+"""The structure a reader sees is the one the code keeps: the layers of docs/layout.md are
+folders, no import runs upward and none in a circle, and the torch-free parts are free of
+torch.
 
 Imports are read from the source (every `import`, also those inside functions: a lazy import
 is still a dependency), over the installed namespace: exporters/ is edge.exporters,
@@ -19,36 +20,31 @@ REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"edge": REPO / "edge", "edge.exporters": REPO / "exporters",
          "edge.runtimes": REPO / "runtimes"}
 
-# The layers, lowest first; a module may import its own layer and those below it.
-# core: package format, manifest, sampler and schedulers, options, presets, noise, budget,
-# tokenizer, files, video, serving: plain NumPy, no torch.
-CORE = {"edge", "edge.budget", "edge.bundle", "edge.console", "edge.files",
-        "edge.manifest_schema", "edge.noise", "edge.options", "edge.package", "edge.pieces",
-        "edge.presets",
-        "edge.sampler", "edge.schedulers", "edge.serve", "edge.tiles", "edge.tokenizer",
-        "edge.video", "edge.video_metrics"}
-LAYERS = [
-    ("core", lambda m: m in CORE),
-    # PyTorch models, their blocks and the families that cut them; the export planner
-    ("models", lambda m: m.startswith(("edge.models", "edge.families"))
-     or m in {"edge.attention", "edge.feed_forward", "edge.token_chunks", "edge.blocks",
-              "edge.family_model", "edge.lazy_weights", "edge.reference_device",
-              "edge.shapes_only", "edge.activation_memory", "edge.compute_cost",
-              "edge.partition", "edge.plan", "edge.data"}),
+# The layers are folders: a module's layer is the first folder it lies in under edge/ (the
+# repository's exporters/ and runtimes/ are edge.exporters and edge.runtimes); edge/__init__.py
+# is the core's face. What each layer may import besides itself, lowest first:
+MAY_IMPORT = {
+    # package format, manifest, sampler and schedulers, options, noise, budget, tokenizer,
+    # files, video, serving: plain NumPy, no torch
+    "core": set(),
+    # blocks and their chunking, the FamilyModel contract, traced attention and feed-forwards
+    "graph": {"core"},
+    # the dry run's plan: partition, residency, activation memory, compute cost
+    "planning": {"core", "graph"},
+    # PyTorch networks: tiny-sora's own, Open-Sora's, the random-weight writers
+    "models": {"core", "graph"},
+    # the families that read a folder and cut its networks into blocks
+    "families": {"core", "graph", "models"},
     # the runtimes know packages only; the exporters check what they write by running it
-    ("runtimes", lambda m: m.startswith("edge.runtimes")),
-    ("exporters", lambda m: m.startswith("edge.exporters")),
+    "runtimes": {"core"},
+    "exporters": {"core", "graph", "planning", "runtimes"},
     # evaluation runs packages (runtimes) and the reference (models)
-    ("eval", lambda m: m.startswith("edge.eval")),
+    "eval": {"core", "models", "runtimes"},
     # training fits the models, the attribute classifier of eval among them
-    ("train", lambda m: m.startswith("edge.train")),
-    ("commands", lambda m: m.startswith("edge.commands")),
-]
-# what each layer may import besides itself
-MAY_IMPORT = {"core": set(), "models": {"core"}, "runtimes": {"core"},
-              "exporters": {"core", "models", "runtimes"},
-              "eval": {"core", "models", "runtimes"}, "train": {"core", "models", "eval"},
-              "commands": {"core", "models", "runtimes", "exporters", "eval", "train"}}
+    "train": {"core", "models", "eval"},
+    "commands": {"core", "graph", "planning", "models", "families", "runtimes", "exporters",
+                 "eval", "train"},
+}
 
 
 def module_files() -> dict[str, Path]:
@@ -92,10 +88,14 @@ def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def layer_of(module: str) -> str:
-    for layer, holds in LAYERS:
-        if holds(module):
-            return layer
-    raise AssertionError(f"{module} is in no layer: add it to tests/test_layers.py's LAYERS")
+    """The layer folder `module` lies in; a module loose in edge/ has none."""
+    if module == "edge":
+        return "core"
+    folder = module.split(".")[1]
+    if folder not in MAY_IMPORT:
+        raise AssertionError(f"{module} lies in no layer folder: move it into one of edge/"
+                             f"{{{','.join(MAY_IMPORT)}}}/ (tests/test_layers.py MAY_IMPORT)")
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,8 @@ def test_exporters_and_runtimes_know_no_family(graph):
 def test_the_core_the_runtime_and_the_commands_import_without_torch():
     """With torch (and diffusers, TVM, coremltools) made unimportable, the core, the Python
     runtime and the command line still import: the base install runs packages."""
-    modules = sorted(CORE | {"edge.runtimes.python", "edge.runtimes.python.bench",
+    core = {m for m in module_files() if layer_of(m) == "core"}
+    modules = sorted(core | {"edge.runtimes.python", "edge.runtimes.python.bench",
                              "edge.commands"})
     code = ("import sys\n"
             "for blocked in ('torch', 'diffusers', 'transformers', 'tvm', 'coremltools'):\n"
@@ -181,3 +182,16 @@ def test_the_core_the_runtime_and_the_commands_import_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_pyproject_installs_every_folder_of_the_namespace():
+    """A folder of modules that pyproject's package list leaves out imports from a checkout
+    but is missing from an install: every folder holding a module is listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    folders = {name if path.name == "__init__.py" else name.rpartition(".")[0]
+               for name, path in module_files().items()}
+    assert not folders - listed, (f"{sorted(folders - listed)}: add them to pyproject.toml's "
+                                  "[tool.setuptools] packages")

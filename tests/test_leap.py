@@ -12,7 +12,7 @@ from sampler_fixtures import (
     straight,
 )
 
-from edge.sampler import (
+from edge.core.sampler import (
     SamplerSettings,
     StepCache,
     Trace,
@@ -193,7 +193,7 @@ def test_run_pairs_reuses_the_residual():
         calls.append(1)
         return h * 2 + 1
 
-    from edge.sampler import Step
+    from edge.core.sampler import Step
 
     out0, ran0 = run_pairs(Step(0, False, cache, False), x, t_mod, pairs)
     out1, ran1 = run_pairs(Step(1, False, cache, False), x + 0.01, t_mod, pairs)

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from edge.budget import BudgetError, parse_size, plan_pins
+from edge.core.budget import BudgetError, parse_size, plan_pins
 from edge.runtimes.python.loader import BlockLoader, BlockWeights
 
 PAGE = 4096

@@ -15,8 +15,8 @@ import torch
 from conftest import FAMILY_SIZE, LTX_OPTIONS, WAN_SIZE
 from lora_files import make_lora
 
+from edge.core.video_metrics import psnr, snr
 from edge.families import FamilyError, load_model
-from edge.video_metrics import psnr, snr
 
 PROMPT = "a red circle moving left"
 # case -> (folders fixture, key, the tests' size and options, steps)

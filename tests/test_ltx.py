@@ -23,9 +23,9 @@ from ltx_folder import (
 )
 from tiny_parts import edited_copy, package_files
 
-from edge.blocks import run_chain
+from edge.core.video_metrics import psnr, snr
 from edge.families import FamilyError, load_model
-from edge.video_metrics import psnr, snr
+from edge.graph.blocks import run_chain
 
 # 17 frames: 5 latent frames (the tiny VAE is 4x in time, 8x in space)
 SIZE = FAMILY_SIZE
@@ -290,9 +290,9 @@ def test_seeded_generation_is_the_pipelines(ltx_packages, ltx_models):
 
 @pytest.mark.parametrize("shapes", [[LATENT_SHAPE, LATENT_SHAPE], [(17,), (33,), (5,)]])
 def test_consecutive_draws_are_one_generators(shapes):
-    """edge.noise draws what torch.randn draws from one generator call after call (the
+    """edge.core.noise draws what torch.randn draws from one generator call after call (the
     decode noise after the initial latents), sizes not a multiple of 16 included."""
-    from edge.noise import torch_randn_draws
+    from edge.core.noise import torch_randn_draws
 
     g = torch.Generator().manual_seed(5)
     for got, shape in zip(torch_randn_draws(shapes, 5), shapes, strict=True):
@@ -333,7 +333,7 @@ def test_a_package_whose_decode_settings_disagree_with_its_decoder_is_refused(
     beside a decoder that takes none, is refused on load, naming the field."""
     from manifest_edits import rewrite
 
-    from edge.package import PackageError
+    from edge.core.package import PackageError
     from edge.runtimes.python import Pipeline
 
     for kind, change, message in (
@@ -495,7 +495,7 @@ def test_cli_ltx_options_are_checked_by_the_family(ltx_folders, tmp_path, args, 
 
 def test_out_of_core_export_writes_the_in_memory_package(ltx_folders, ltx_packages, tmp_path):
     """Built on the meta device, each block's weights read from the folder as it is exported
-    (edge/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
+    (edge/graph/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
     from edge.exporters.onnx import export_onnx
 
     model = load_model(ltx_folders["timestep"], steps=4, out_of_core=True, **SIZE,

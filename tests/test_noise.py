@@ -1,4 +1,4 @@
-"""What a seed means (edge/noise.py): PyTorch's CPU `torch.randn` for that seed, drawn without
+"""What a seed means (edge/core/noise.py): PyTorch's CPU `torch.randn` for that seed, drawn without
 torch. Checked against torch itself over many seeds and shapes, including the path under 16
 values and the redraw of the last 16; the fixtures the JavaScript and Swift mirrors replay
 are still what torch draws; bad seeds are refused; the Python runtime draws diffusers' noise
@@ -15,9 +15,9 @@ import pytest
 import torch
 from noise_fixtures import FIXTURE, cases, draws
 
-from edge.manifest_schema import MANIFEST
-from edge.noise import LEGACY_NOISE, MAX_SEED, NOISE, check_seed, torch_randn
-from edge.package import manifest_digest
+from edge.core.manifest_schema import MANIFEST
+from edge.core.noise import LEGACY_NOISE, MAX_SEED, NOISE, check_seed, torch_randn
+from edge.core.package import manifest_digest
 
 TOLERANCE = 2e-6  # torch uses SIMD log/sin/cos for 16 values or more: about 1 float32 ulp
 

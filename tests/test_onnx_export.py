@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
+from edge.core.package import PackageError, read_package
 from edge.exporters.onnx import (
     PSNR_LIMIT_DB,
     ExportValidationError,
@@ -13,7 +14,6 @@ from edge.exporters.onnx import (
     export_onnx,
     psnr,
 )
-from edge.package import PackageError, read_package
 from edge.runtimes.python import BudgetError, Pipeline
 
 runner = CliRunner()
@@ -218,7 +218,7 @@ def test_cli_bench_json_has_every_mode(package):
 
 @pytest.mark.slow  # writes and exports a scaled model
 def test_scaled_model_exports_with_the_same_command_and_a_budget(tmp_path):
-    """Also the export-time plan (edge/plan.py): at 50 MB the 45.5 MiB embedding table
+    """Also the export-time plan (edge/planning/plan.py): at 50 MB the 45.5 MiB embedding table
     streams, so the small streamed neighbours (the pairs) are merged into one block."""
     res = runner.invoke(app, ["scale-model", str(tmp_path / "wide"), "--hidden", "64",
                               "--pairs", "2", "--heads", "2"])
@@ -321,8 +321,8 @@ def test_execute_distinct_writes_the_same_package_running_each_graph_once(packag
     take minutes each): a block whose graph is one validated earlier in the export but for
     its metadata is written unvalidated, naming that block, and no forward pass runs on its
     values; every file is the full export's, byte for byte."""
-    from edge.blocks import Block
-    from edge.shapes_only import active
+    from edge.graph.blocks import Block
+    from edge.graph.shapes_only import active
 
     components = tiny_sora.cut()  # tiny-sora's cut runs its blocks to make their examples
     ran = []

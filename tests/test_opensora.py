@@ -23,8 +23,8 @@ import pytest
 import torch
 from conftest import OPENSORA_FIXTURE, OPENSORA_PROMPT, OPENSORA_SIZE
 
+from edge.core.video_metrics import psnr, snr
 from edge.families import FamilyError, family_of, load_model
-from edge.video_metrics import psnr, snr
 
 FIXTURE, SIZE, PROMPT = OPENSORA_FIXTURE, OPENSORA_SIZE, OPENSORA_PROMPT
 PROMPT_SEED = 5
@@ -121,7 +121,7 @@ def test_the_cut_chains_to_the_model(model):
     decode, computed in float64 (the blocks decode frame by frame, the VAE a chunk's frames as
     one batch: float32 convolutions batched round differently, ~1.3e-5 apart here, while the
     frame-by-frame blocks are 2.5e-7 from float64)."""
-    from edge.blocks import run_chain
+    from edge.graph.blocks import run_chain
 
     blocks = model.cut()
     ref = fixture("reference")
@@ -147,8 +147,8 @@ def test_the_cut_chains_to_the_model(model):
 
 def test_rflow_levels_are_opensoras_timesteps():
     """edge's `rflow` scheduler (all runtimes) steps through Open-Sora's transformed times."""
+    from edge.core.schedulers import scheduler_for
     from edge.models.opensora_pipeline import rflow_timesteps, time_shift
-    from edge.schedulers import scheduler_for
 
     for (h, w, f), steps in (((64, 96, 34), 2), ((240, 432, 51), 30), ((480, 848, 102), 7)):
         shift = time_shift(h, w, f)
@@ -310,7 +310,7 @@ def test_streamed_under_a_budget_equals_resident(package):
 def test_an_unknown_null_caption_mask_is_refused(package, tmp_path):
     from manifest_edits import rewrite
 
-    from edge.package import PackageError, read_package
+    from edge.core.package import PackageError, read_package
 
     copy = tmp_path / "pkg"
     shutil.copytree(package[0], copy)
@@ -361,21 +361,20 @@ def test_scale_model_writes_a_folder_the_family_loads(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from edge.commands import app
-    from edge.families import opensora
-    from edge.models import scaled_opensora
+    from edge.families import opensora, opensora_scaled
 
-    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "depth", 1)
-    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "hidden_size", 64)
-    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "num_heads", 4)
-    monkeypatch.setitem(scaled_opensora.STDIT3_V3, "caption_channels", 64)
-    monkeypatch.setattr(scaled_opensora, "T5_SMALL", {
+    monkeypatch.setitem(opensora_scaled.STDIT3_V3, "depth", 1)
+    monkeypatch.setitem(opensora_scaled.STDIT3_V3, "hidden_size", 64)
+    monkeypatch.setitem(opensora_scaled.STDIT3_V3, "num_heads", 4)
+    monkeypatch.setitem(opensora_scaled.STDIT3_V3, "caption_channels", 64)
+    monkeypatch.setattr(opensora_scaled, "T5_SMALL", {
         "d_model": 64, "d_kv": 16, "num_heads": 4, "d_ff": 64, "num_layers": 1,
         "feed_forward_proj": "gated-gelu"})
     small_2d = opensora.SDXL_VAE | {"block_out_channels": [8, 8, 16, 16], "layers_per_block": 1,
                                     "norm_num_groups": 8}
     monkeypatch.setattr(opensora, "SDXL_VAE", small_2d)
-    monkeypatch.setitem(scaled_opensora.VAE_V12, "vae_temporal",
-                        scaled_opensora.VAE_V12["vae_temporal"] | {
+    monkeypatch.setitem(opensora_scaled.VAE_V12, "vae_temporal",
+                        opensora_scaled.VAE_V12["vae_temporal"] | {
                             "filters": 16, "num_res_blocks": 1, "num_groups": 8})
     out = tmp_path / "opensora"
     res = CliRunner().invoke(app, ["scale-model", "--like", "opensora-1.2", str(out)])

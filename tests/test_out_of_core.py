@@ -1,4 +1,4 @@
-"""Exporting a model larger than memory (edge/lazy_weights.py): the model built on the meta
+"""Exporting a model larger than memory (edge/graph/lazy_weights.py): the model built on the meta
 device, each block's weights read from the folder's safetensors files while that block is
 exported, then dropped. On a tiny Wan folder: the package is the in-memory export's, file for
 file; at no time is more than one block's weights read; the check's streamed reference (the
@@ -16,9 +16,9 @@ import torch
 from conftest import WAN_SIZE, chunked_attention_for_tests
 from tiny_parts import package_files
 
+from edge.core.video_metrics import psnr, snr
 from edge.families import FamilyError, load_model
-from edge.lazy_weights import RESIDENCY, FolderWeights, ShardError, read_header
-from edge.video_metrics import psnr, snr
+from edge.graph.lazy_weights import RESIDENCY, FolderWeights, ShardError, read_header
 
 
 @pytest.fixture(scope="module")
@@ -259,10 +259,10 @@ def test_the_streamed_web_check_fails_a_package_whose_weights_differ(out_of_core
     """The check compares the package's video with PyTorch's: the same package with the
     transformer's output projection zeroed (the latents never move from the noise) misses
     the floor, naming the stored form."""
+    from edge.core.package import file_entry, write_manifest
     from edge.exporters import ExportValidationError
     from edge.exporters.web_check import streamed_check
     from edge.exporters.web_storage import web_storage
-    from edge.package import file_entry, write_manifest
 
     model, components, root, manifest, _ = out_of_core_web_export
     broken = tmp_path / "pkg"

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from edge.package import (
+from edge.core.package import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,

@@ -31,7 +31,7 @@ def test_generate_is_deterministic_per_seed(pipeline):
 def test_shipped_vae_reconstructs_clips(pipeline):
     import torch
 
-    from edge.data import sample_batch
+    from edge.models.tiny_sora_data import sample_batch
     from edge.models.vae import decode_latents, encode_video
 
     video = torch.from_numpy(sample_batch(4, np.random.default_rng(0))[0])

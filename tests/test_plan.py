@@ -4,11 +4,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from edge.budget import BudgetError
 from edge.commands import app
+from edge.core.budget import BudgetError
 from edge.families.tiny_sora import cut_text_encoder, cut_transformer
-from edge.partition import merge, split
-from edge.plan import block_bytes, partition, plan_residency
+from edge.planning.partition import merge, split
+from edge.planning.plan import block_bytes, partition, plan_residency
 
 runner = CliRunner()
 

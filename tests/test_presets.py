@@ -4,8 +4,8 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.presets import preset_overrides
-from edge.sampler import SamplerSettings
+from edge.core.presets import preset_overrides
+from edge.core.sampler import SamplerSettings
 
 PROMPT = "a red circle moving left"
 

@@ -1,5 +1,5 @@
 """`edge record`: conformance bundles of one generation, every block call written down
-(edge/bundle.py). An iphone package's blocks run in PyTorch with its stored weights; an onnx
+(edge/core/bundle.py). An iphone package's blocks run in PyTorch with its stored weights; an onnx
 package in the Python runtime. Bad input is refused in one line with nothing written."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from edge.bundle import BUNDLE_JSON, TENSORS, Bundle, BundleError
 from edge.commands import app
-from edge.sampler import initial_noise
-from edge.video_metrics import psnr, snr
+from edge.core.bundle import BUNDLE_JSON, TENSORS, Bundle, BundleError
+from edge.core.sampler import initial_noise
+from edge.core.video_metrics import psnr, snr
 
 PROMPT = "a red circle moving left"
 runner = CliRunner()
@@ -91,7 +91,7 @@ def test_a_conditioned_decoders_bundle_holds_the_seeds_decode_noise(ltx_iphone_p
     timestep and noise scale and, as decode noise, the seed's second draw (what LTXPipeline
     draws from its generator after the latents), and the frames are LTXPipeline's for the
     seed; given latents are refused (the decode noise comes from the seed)."""
-    from edge.noise import torch_randn_draws
+    from edge.core.noise import torch_randn_draws
 
     root, manifest = ltx_iphone_package
     folder, model = ltx_folders["timestep"], ltx_models["timestep"]
@@ -122,7 +122,7 @@ def test_a_conditioned_decoder_without_decode_noise_records_zeros(ltx_iphone_pac
     (what the runtimes feed then), and given latents are taken."""
     import os
 
-    from edge.package import write_manifest
+    from edge.core.package import write_manifest
 
     root, manifest = ltx_iphone_package
     quiet = tmp_path / "pkg"

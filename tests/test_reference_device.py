@@ -18,9 +18,10 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from edge.blocks import chained
 from edge.commands import app
-from edge.reference_device import (
+from edge.core.video_metrics import psnr, snr
+from edge.graph.blocks import chained
+from edge.graph.reference_device import (
     DeviceError,
     current,
     modules_on,
@@ -29,7 +30,6 @@ from edge.reference_device import (
     resolve_device,
     run_module,
 )
-from edge.video_metrics import psnr, snr
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_family_contract import DIFFUSERS, model_of  # noqa: E402
@@ -102,7 +102,7 @@ def test_on_the_cpu_nothing_moves():
 
 def test_a_tensor_already_on_the_device_is_itself():
     """What keeps traced graphs as they were: no copy where devices agree."""
-    from edge.reference_device import on_device_of
+    from edge.graph.reference_device import on_device_of
 
     table, z = torch.ones(3), torch.zeros(2)
     assert on_device_of(table, z) is table

@@ -18,17 +18,17 @@ from conftest import sigint_as_at_a_terminal
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.files import EdgeNotice
-from edge.package import FORMAT, MANIFEST, PackageWriteError, atomic_directory
+from edge.core.files import EdgeNotice
+from edge.core.package import FORMAT, MANIFEST, PackageWriteError, atomic_directory
 
 runner = CliRunner()
 
 # A writer through atomic_directory that stops at the named point, prints it and sleeps, so a
-# test can signal it there. Only edge.package is imported: it starts in a fraction of a second.
+# test can signal it there. Only edge.core.package is imported: it starts in a fraction of a second.
 WRITER = r"""
 import json, os, sys, time
 from pathlib import Path
-import edge.package as package
+import edge.core.package as package
 
 dest, point = Path(sys.argv[1]), sys.argv[2]
 

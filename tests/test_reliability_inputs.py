@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.files import OutputError, atomic_file, check_output_file, printable
-from edge.package import FORMAT, MANIFEST
+from edge.core.files import OutputError, atomic_file, check_output_file, printable
+from edge.core.package import FORMAT, MANIFEST
 
 sys.path.insert(0, str(Path(__file__).parent))
 from manifest_edits import block_record, rewrite  # noqa: E402
@@ -160,7 +160,7 @@ def test_scale_model_replaces_only_its_own_folders(tmp_path):
 def test_a_failed_video_write_leaves_the_earlier_video(tmp_path, monkeypatch):
     import imageio.v2 as imageio
 
-    from edge.video import write_video
+    from edge.core.video import write_video
 
     video = np.random.default_rng(0).integers(0, 255, (4, 8, 8, 3), dtype=np.uint8)
     path = write_video(tmp_path / "v.gif", video, scale=1)
@@ -202,7 +202,7 @@ def test_full_disk_while_generate_writes_keeps_the_earlier_video(tmp_path, monke
 def test_written_files_and_packages_have_the_usual_modes(tmp_path, umask, folder, file):
     """The modes a plain mkdir or open gives under the umask (mkdtemp and mkstemp would give
     0700 and 0600 whatever it is: a web server could not read an export)."""
-    from edge.package import atomic_directory
+    from edge.core.package import atomic_directory
 
     old = os.umask(umask)
     try:
@@ -220,7 +220,7 @@ def test_written_files_and_packages_have_the_usual_modes(tmp_path, umask, folder
 
 
 def test_an_exported_package_is_readable_by_others(exported_package):
-    from edge.files import current_umask
+    from edge.core.files import current_umask
 
     root = exported_package[0]
     assert stat.S_IMODE(root.stat().st_mode) == 0o777 & ~current_umask()
@@ -421,7 +421,7 @@ def test_every_json_file_of_a_component_is_named_when_unreadable(wan_source, tmp
 
 
 def test_a_shard_header_is_read_only_from_a_regular_file(tmp_path):
-    from edge.lazy_weights import ShardError, read_header
+    from edge.graph.lazy_weights import ShardError, read_header
 
     os.mkfifo(tmp_path / "x.safetensors")
     with pytest.raises(ShardError, match="x.safetensors: is a FIFO .*not a safetensors file"):
@@ -429,7 +429,7 @@ def test_a_shard_header_is_read_only_from_a_regular_file(tmp_path):
 
 
 def test_a_fifo_manifest_is_named(tmp_path):
-    from edge.package import PackageError, read_package
+    from edge.core.package import PackageError, read_package
 
     (tmp_path / "pkg").mkdir()
     os.mkfifo(tmp_path / "pkg" / MANIFEST)
@@ -473,7 +473,7 @@ def test_bad_budgets_from_python_name_the_argument(exported_package, value, mess
 
 
 def test_good_budgets_parse_alike_everywhere():
-    from edge.budget import parse_size
+    from edge.core.budget import parse_size
 
     assert parse_size("64MB") == parse_size("64mib") == parse_size(64 << 20) == 64 << 20
     assert parse_size("1.5GB") == 3 << 29 and parse_size(None) is None
@@ -662,7 +662,7 @@ def test_generate_called_from_its_own_callback_raises_instead_of_hanging(exporte
 
 def test_a_budget_just_below_the_block_shows_the_difference():
     """Sizes that differ but would print alike are shown in bytes."""
-    from edge.budget import BudgetError, check_budget
+    from edge.core.budget import BudgetError, check_budget
 
     block = int(45.5 * 2**20)
     with pytest.raises(BudgetError, match=r"memory budget 47,710,207 bytes is smaller than "

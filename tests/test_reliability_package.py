@@ -10,8 +10,8 @@ import pytest
 from manifest_edits import block_record as block
 from manifest_edits import rewrite
 
-from edge.manifest_schema import check_manifest
-from edge.package import MANIFEST, PackageError, read_package
+from edge.core.manifest_schema import check_manifest
+from edge.core.package import MANIFEST, PackageError, read_package
 
 BLOCK = ("transformer", "pair_1")
 
@@ -132,7 +132,7 @@ def test_a_manifest_holding_infinity_is_refused_by_name(pkg):
 def test_null_caption_that_is_not_finite_is_refused_at_load(pkg, monkeypatch, bad):
     """A consistent package (sizes and digests rewritten) whose learned null caption holds NaN
     or infinity: refused at load, not after a generation of NaN frames."""
-    from edge.package import file_entry
+    from edge.core.package import file_entry
 
     m = json.loads((pkg / MANIFEST).read_text())
     path = pkg / m["conditioning"]["null_caption"]["path"]
@@ -155,7 +155,7 @@ def test_null_caption_that_is_not_finite_is_refused_at_load(pkg, monkeypatch, ba
 def test_unlisted_file_is_named_and_left_alone(pkg, extra):
     """A file the manifest does not list (a README someone added) is named in a notice and
     neither checked nor used: the package loads and runs what its manifest lists."""
-    from edge.files import EdgeNotice
+    from edge.core.files import EdgeNotice
 
     (pkg / extra).parent.mkdir(parents=True, exist_ok=True)
     (pkg / extra).write_bytes(b"x")
@@ -353,9 +353,9 @@ def test_one_file_listed_twice_with_different_sizes_is_refused(manifest):
 
 
 def test_oversized_manifest_is_refused_without_reading_it(pkg, monkeypatch):
-    import edge.package
+    import edge.core.package
 
-    monkeypatch.setattr(edge.package, "MAX_MANIFEST_BYTES", 1000)
+    monkeypatch.setattr(edge.core.package, "MAX_MANIFEST_BYTES", 1000)
     with pytest.raises(PackageError, match=r"manifest.json: \d+ bytes, more than any manifest"):
         read_package(pkg)
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from manifest_edits import block_record, rewrite
 
-from edge.package import PackageError
-from edge.tokenizer import PromptTruncatedWarning
+from edge.core.package import PackageError
+from edge.core.tokenizer import PromptTruncatedWarning
 
 STEPS = 1
 
@@ -286,7 +286,7 @@ def test_a_block_file_moved_cut_or_replaced_while_streaming_is_one_error(pkg, ho
 
 
 def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypatch):
-    from edge import package
+    from edge.core import package
     from edge.runtimes.python import Pipeline
 
     real = package.verify_files

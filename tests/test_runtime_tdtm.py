@@ -6,10 +6,10 @@ import torch
 from typer.testing import CliRunner
 
 from edge.commands import app
+from edge.core.video_metrics import psnr
 from edge.exporters.onnx import PSNR_LIMIT_DB
 from edge.models.stdit import MergedPair
 from edge.runtimes.python import Pipeline
-from edge.video_metrics import psnr
 
 runner = CliRunner()
 PROMPT = "a green square moving up"

@@ -7,8 +7,8 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from edge.options import check_settings, with_overrides
-from edge.sampler import (
+from edge.core.options import check_settings, with_overrides
+from edge.core.sampler import (
     SamplerSettings,
     guided_velocity,
     initial_noise,
@@ -16,7 +16,7 @@ from edge.sampler import (
     sample,
     timesteps,
 )
-from edge.schedulers import SCHEDULERS, ltx_mu, scheduler_for
+from edge.core.schedulers import SCHEDULERS, ltx_mu, scheduler_for
 
 # LTX-Video 0.9.x's scheduler_config.json (diffusers format); time_shift_type is not in it,
 # diffusers' default "exponential" applies
@@ -274,7 +274,7 @@ def test_shift_terminal_kinds_and_schedules_are_checked():
 def test_ddim_leaps_in_one_jump_to_the_predicted_clean_sample():
     """CogVideoX's DDIM with v-prediction: a leap is one jump to sqrt(a) x - sqrt(1 - a) v
     (the clean sample the prediction gives); a re-planned tail is refused with the settings."""
-    from edge.sampler import Trace
+    from edge.core.sampler import Trace
 
     with pytest.raises(ValueError, match="leap_steps=3: cogvideox_ddim leaps in one step"):
         SamplerSettings(scheduler="cogvideox_ddim", leap=True, leap_steps=3)

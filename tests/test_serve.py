@@ -10,7 +10,7 @@ import threading
 import pytest
 from conftest import sigint_as_at_a_terminal
 
-from edge.serve import make_server, parse_range, request_segments
+from edge.core.serve import make_server, parse_range, request_segments
 
 SECRET = b"outside the package"
 
@@ -263,7 +263,7 @@ def test_idle_clients_are_dropped_and_connections_bounded(tmp_path, own_server, 
     import socket
     import time
 
-    from edge.serve import PackageRequestHandler, PackageServer
+    from edge.core.serve import PackageRequestHandler, PackageServer
 
     monkeypatch.setattr(PackageRequestHandler, "timeout", 0.5)
     monkeypatch.setattr(PackageServer, "max_connections", 2)

@@ -80,7 +80,7 @@ def test_swift_package_builds_and_its_tests_pass(request, tmp_path, exported_pac
 def check_edge_sample(wan: Path, tmp_path: Path) -> None:
     """The command-line sample replays a Wan bundle on Linux and writes its frames as the
     bundle has them; another package's bundle and a GIF (no ImageIO here) are refused."""
-    from edge.bundle import Bundle
+    from edge.core.bundle import Bundle
 
     sample = PACKAGE / ".build" / "debug" / "edge-sample"
     out = tmp_path / "frames.npy"

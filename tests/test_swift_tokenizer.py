@@ -10,7 +10,7 @@ import json
 import swift_html_entities
 import swift_unigram_fixtures
 
-from edge.tokenizer import load_tokenizer
+from edge.core.tokenizer import load_tokenizer
 
 
 def test_html_entity_tables_are_current():

@@ -1,4 +1,4 @@
-"""Tiles blended as diffusers' `AutoencoderKLWan.tiled_decode` blends them (edge/tiles.py),
+"""Tiles blended as diffusers' `AutoencoderKLWan.tiled_decode` blends them (edge/core/tiles.py),
 made as the tiles come without holding them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge.tiles import BlendedTiles, Tiling
+from edge.core.tiles import BlendedTiles, Tiling
 
 # a latent of 13 x 17 in tiles of 4 x 6 at a stride of 3 x 4, 2 pixels a latent: tiles start
 # at rows 0, 3, 6, 9, 12 (the last 1 high) and columns 0, 4, 8, 12, 16 (the last 1 wide)

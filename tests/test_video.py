@@ -2,7 +2,7 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from edge.video import write_video
+from edge.core.video import write_video
 
 
 @pytest.mark.parametrize("name", ["clip.gif", "clip.mp4"])

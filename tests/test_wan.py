@@ -15,8 +15,8 @@ import pytest
 import torch
 from wan_folder import diffusers_frames
 
-from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, family_of, load_model
+from edge.graph.blocks import run_chain, run_chunked
 
 SIZE = {"height": 32, "width": 48, "frames": 9}
 
@@ -53,9 +53,9 @@ def test_cut_equals_the_diffusers_components(wan_models):
 def test_the_cut_runs_no_block_and_chained_feeds_each_the_activations_before_it(wan_models):
     """The transformer's cut makes no block's input by running the ones before (at 480p a
     forward pass of minutes): each takes the prologue's "x" as a stand-in, and
-    `edge.blocks.chained`, as the exporters run the blocks, gives each block the output of
+    `edge.graph.blocks.chained`, as the exporters run the blocks, gives each block the output of
     the one before on its own example, computing each block's forward pass once."""
-    from edge.blocks import chained
+    from edge.graph.blocks import chained
 
     blocks = wan_models["unipc"].cut()["transformer"]
     stand_in = blocks[1].example[0]
@@ -286,8 +286,8 @@ def test_the_decoder_in_tiles_decodes_as_diffusers_tiled_vae(wan_packages, wan_m
     manifest says how diffusers' VAE tiles (256 pixels, a stride of 192). Given tiles smaller
     than the tiny video (24 pixels, stride 16: 2 x 3 tiles of 3, 3 and 2 latents), the
     runtime decodes each tile's frames and blends them as AutoencoderKLWan's tiled_decode."""
+    from edge.core.tiles import Tiling
     from edge.runtimes.python import Pipeline
-    from edge.tiles import Tiling
 
     root, manifest = wan_packages["unipc"]
     decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
@@ -366,7 +366,7 @@ def test_chunked_decoder_records_that_cannot_run_are_refused(wan_packages, tmp_p
                                                               message):
     from manifest_edits import rewrite
 
-    from edge.package import PackageError
+    from edge.core.package import PackageError
     from edge.runtimes.python import Pipeline
 
     root = tmp_path / "pkg"
@@ -540,8 +540,8 @@ def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
 ])
 def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component, first, count):
     """Export planning for a memory budget merges neighbouring blocks of one kind
-    (edge/partition.py); on Wan's cut that must change nothing, variants included."""
-    from edge.partition import merge
+    (edge/planning/partition.py); on Wan's cut that must change nothing, variants included."""
+    from edge.planning.partition import merge
 
     model = wan_models["euler"]
     blocks = model.cut()[component]
@@ -550,7 +550,7 @@ def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component,
     merged = merge(run, later)
     assert merged.name == f"{run[0].name}-{run[-1].name.rsplit('_', 1)[1]}"  # e.g. up_0-3
     recut = [*blocks[:first], merged, *blocks[first + count:]]
-    # the transformer's blocks take their "x" as a stand-in (edge.blocks.chained); merged too
+    # the transformer's blocks take their "x" as a stand-in (edge.graph.blocks.chained); merged too
     assert merged.chained == (("x",) if component == "transformer" else ())
     assert set(merged.variants) == {"transformer": {"tdtm"}, "text_encoder": set(),
                                     "vae_decoder": {"first"}}[component]
@@ -574,7 +574,7 @@ def test_recut_wan_blocks_compute_what_the_blocks_compute(wan_models, component,
 def test_a_tiled_decoder_is_traced_and_estimated_at_one_tile(wan_models):
     """Where the latent is larger than a tile, the ONNX cut traces the decoder at one tile
     (what a call runs: its graphs take any tile), so the dry run's estimate is a tile's."""
-    from edge.activation_memory import activation_peaks
+    from edge.planning.activation_memory import activation_peaks
 
     model = wan_models["unipc"]
     vae = model.pipe.vae

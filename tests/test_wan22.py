@@ -15,8 +15,8 @@ import torch
 from conftest import WAN22_SIZE
 from wan_folder import diffusers_frames
 
-from edge.blocks import run_chain, run_chunked
 from edge.families import FamilyError, load_model
+from edge.graph.blocks import run_chain, run_chunked
 
 SIZE = WAN22_SIZE   # 16x spatial: latents 48 x 3 x 2 x 4
 # wan22_folder, wan22, wan22_package, wan22_iphone_package: conftest.py (the family contract

@@ -13,10 +13,10 @@ import torch
 from conftest import chunked_attention_for_tests
 from typer.testing import CliRunner
 
-from edge.blocks import Block
 from edge.commands import app
-from edge.manifest_schema import PackageError, check_manifest
-from edge.package import read_package
+from edge.core.manifest_schema import PackageError, check_manifest
+from edge.core.package import read_package
+from edge.graph.blocks import Block
 
 pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                     "-e '.[test]'); the CoreML exporter needs it")

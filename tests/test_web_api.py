@@ -30,7 +30,7 @@ from browser import (  # noqa: E402  (after the skips)
     skip_without_webgpu,
 )
 
-from edge.video_metrics import psnr  # noqa: E402
+from edge.core.video_metrics import psnr  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium
 
@@ -148,7 +148,7 @@ def test_latents_negative_prompt_and_guidance_mean_what_they_mean_in_python(mini
                                                                           python_pipe):
     """latents (diffusers' layout), negative_prompt and guidance given to both runtimes give
     the same video; and the negative prompt does change it (else the check proves nothing)."""
-    from edge.noise import torch_randn
+    from edge.core.noise import torch_randn
 
     shape = minimal.evaluate("window.edge.pipe.latentShape")
     latents = torch_randn((1, *shape), 11)

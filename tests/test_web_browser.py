@@ -32,9 +32,9 @@ from browser import (  # noqa: E402  (after the skips)
 )
 from conftest import WEB_SMALL_SHARDS  # noqa: E402
 
+from edge.core.serve import PackageRequestHandler, PackageServer  # noqa: E402
+from edge.core.video_metrics import psnr  # noqa: E402
 from edge.exporters.web_storage import DEFAULT_FORM  # noqa: E402
-from edge.serve import PackageRequestHandler, PackageServer  # noqa: E402
-from edge.video_metrics import psnr  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
 
@@ -67,8 +67,8 @@ def skip_without_ort(manifest: dict) -> None:
 def test_web_package_verifies_like_every_package(web_package):
     """Same manifest format: read_package checks every file (plans, weight shards, runtime,
     page) by size and sha256; shards stay under the limit; the site files are listed."""
-    from edge.manifest_schema import PackageError, check_manifest
-    from edge.package import read_package
+    from edge.core.manifest_schema import PackageError, check_manifest
+    from edge.core.package import read_package
 
     root, _ = web_package
     manifest = read_package(root)
@@ -200,7 +200,7 @@ def test_kernel_choice_is_timed_once_per_adapter_and_remembered(page):
 
 
 def test_sampler_fixtures_replay_in_the_browser(page):
-    """The JS sampler reaches the decisions and numbers recorded from edge/sampler.py."""
+    """The JS sampler reaches the decisions and numbers recorded from edge/core/sampler.py."""
     fixtures = {p.stem: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.json"))}
     got = page.evaluate("""async (fixtures) => {
       const s = await import('/runtime/sampler.js');
@@ -249,7 +249,7 @@ def test_sampler_fixtures_replay_in_the_browser(page):
 
 
 def test_sampler_timesteps_match_python_bit_for_bit(page):
-    from edge.sampler import SamplerSettings, timesteps
+    from edge.core.sampler import SamplerSettings, timesteps
 
     for steps, shift in [(30, 3.0), (6, 3.0), (1, 1.0), (7, 2.5)]:
         want = timesteps(SamplerSettings(steps=steps, shift=shift))
@@ -319,8 +319,8 @@ def test_seed_noise_replays_what_torch_draws(noise_page):
     2^32, 2^53 and up to 2^63 - 1, Wan's 16x21x60x104 latents), torch.randn's values: with its
     WebAssembly SIMD kernel and with the JavaScript it falls back to. Also a count that takes
     several of the kernel's chunks, ends inside a twist and redraws a partial group, against
-    the NumPy reference (edge/noise.py)."""
-    from edge.noise import torch_randn
+    the NumPy reference (edge/core/noise.py)."""
+    from edge.core.noise import torch_randn
 
     path, pg = noise_page
     cases = json.loads(NOISE_FIXTURE.read_text())["cases"]
@@ -369,7 +369,7 @@ def test_seed_checks_refuse_what_is_not_a_seed(runtime_page):
     """checkSeed takes a whole Number up to 2^53 - 1, a BigInt or a decimal string up to
     2^63 - 1 and names what it refuses; 2^63 - 1 as a string and as a BigInt draw the
     fixture's values for it; only the low 32 bits count, as in torch (2^32 + 7 draws 7's)."""
-    from edge.noise import torch_randn
+    from edge.core.noise import torch_randn
 
     out = runtime_page.evaluate("""async () => {
       const { checkSeed, torchRandn } = await import('/runtime/noise.js');
@@ -811,7 +811,7 @@ def test_unguided_steps_run_the_caption_half_plans_on_webgpu(page, exported_pack
 def test_gpu_residency_follows_the_python_loader(page):
     """planPins (GPU budget) makes the Python loader's choices on the same sizes, and refuses
     a budget under the largest block naming it."""
-    from edge.budget import plan_pins
+    from edge.core.budget import plan_pins
 
     sizes = {"transformer/prologue": 300, "transformer/pair_0": 500, "transformer/pair_1": 500,
              "transformer/epilogue": 100, "vae_decoder/head": 700, "text_encoder/layer_0": 400}
@@ -1121,7 +1121,7 @@ def test_seed_is_refused_before_any_work_where_the_package_means_other_noise(
     noise), or one naming "numpy.pcg64": the page refuses a seed with the runtime's message
     and runs nothing; given the initial noise it runs (the Python runtime's video for that
     noise's seed). A bad seed in the field and a seed given with noise are refused too."""
-    from edge.noise import LEGACY_NOISE, NOISE, torch_randn
+    from edge.core.noise import LEGACY_NOISE, NOISE, torch_randn
 
     pg, _ = wasm_page
     prompt, seed, steps = "a red circle moving left", 3, 1

@@ -69,7 +69,7 @@ def decode_noise(model, seed: int) -> tuple[np.ndarray | None, dict]:
     """A conditioned decoder's noise given beside given latents (for the page), and the
     reference's seed that gives it: LTXPipeline draws it first from its generator when the
     latents are given."""
-    from edge.noise import torch_randn
+    from edge.core.noise import torch_randn
 
     if getattr(model, "decode", None) is None:
         return None, {}

@@ -2,14 +2,14 @@
 (Debian's chromium driven by Playwright, never a browser of its own), against the fixtures
 the Swift runtime is held to (written by tests/swift_fixtures.py from the Python code):
 
-- runtimes/web/schedulers.js: each scheduler of edge/schedulers.py through its interface alone
+- runtimes/web/schedulers.js: each scheduler of edge/core/schedulers.py through its interface alone
   (tests/fixtures/swift/schedulers.json);
-- runtimes/web/unipc.js + sampler.js: the `flow_unipc` scheduler (edge/schedulers.py) and the
+- runtimes/web/unipc.js + sampler.js: the `flow_unipc` scheduler (edge/core/schedulers.py) and the
   sampler's use of it (tests/fixtures/swift/unipc.json);
 - runtimes/web/unigram.js + tokenizer.js + prompt_clean.js: the Unigram (T5 / UMT5) caption
   tokenizer and Wan's prompt cleaning (tests/fixtures/swift/unigram/);
 - runtimes/web/chunks.js: where a chunked component's pieces start and stop
-  (edge/pieces.py);
+  (edge/core/pieces.py);
 - runtimes/web/sampler.js: CogVideoX's dynamic guidance on `cogvideox_ddim`
   (tests/fixtures/swift/dynamic_guidance.json).
 
@@ -33,8 +33,8 @@ import pytest
 from browser import serving
 from swift_html_entities import python_text_tables
 
-from edge.sampler import SamplerSettings
-from edge.schedulers import SCHEDULERS, scheduler_for
+from edge.core.sampler import SamplerSettings
+from edge.core.schedulers import SCHEDULERS, scheduler_for
 
 pytestmark = pytest.mark.slow  # headless Chromium
 
@@ -357,10 +357,10 @@ PIECES = """(cases) => import('/runtime/chunks.js').then((m) => cases.map(([spec
 
 
 def test_chunked_pieces_are_cut_as_python_cuts_them(page):
-    """chunks.js pieceBounds against edge/pieces.py piece_bounds: a first piece of its own
+    """chunks.js pieceBounds against edge/core/pieces.py piece_bounds: a first piece of its own
     length (CogVideoX's decoder: 3 latent frames, then 2), equal pieces (Wan's: 1), and a
     length the pieces do not tile refused naming the component and the lengths."""
-    from edge.pieces import piece_bounds
+    from edge.core.pieces import piece_bounds
 
     cases = [({"axis": 1, "size": 2, "first_size": 3}, [1, 7, 8, 4, 4]),
              ({"axis": 1, "size": 2, "first_size": 2}, [1, 4, 8]),
@@ -383,7 +383,7 @@ def test_shift_terminal_is_checked_as_python_checks_it(page):
     """checkSettings refuses a shift_terminal outside (0, 1), or one given to a scheduler
     without a terminal stretch, with SamplerSettings' own message naming the field; null and
     a missing field (packages before it) take none; settingsWith (options.js) refuses an
-    override of the wrong kind naming it, as edge/options.py does."""
+    override of the wrong kind naming it, as edge/core/options.py does."""
     ltx = {"scheduler": "ltx_flow_euler", "shift": 7.77}
     bad = [{**ltx, "shift_terminal": t} for t in (1.5, -0.25, 0, 1)]
     bad += [{"scheduler": name, "shift_terminal": 0.1}
@@ -411,7 +411,7 @@ def test_shift_terminal_is_checked_as_python_checks_it(page):
 
 
 def test_flow_unipc_refuses_and_allows_what_python_does(page):
-    """edge/sampler.py refuses nothing for UniPC alone: leaps (one step or a re-planned tail),
+    """edge/core/sampler.py refuses nothing for UniPC alone: leaps (one step or a re-planned tail),
     the step cache and merge_steps are allowed with it; a bad value is refused with
     SamplerSettings' own message."""
     bad = [{"steps": 0}, {"leap": True, "leap_steps": 0}, {"leap": True, "leap_after": 0},
@@ -433,8 +433,8 @@ def test_flow_unipc_refuses_and_allows_what_python_does(page):
 def test_unipc_step_cache_runs_and_skips_like_python(page):
     """The step cache is the predictor's (runPairs), whatever the scheduler: a flow_unipc run
     with cache_threshold reaches sample() with the cache on every step and the first and last
-    calls forced, as edge/sampler.py does (Python's run is replayed here)."""
-    from edge.sampler import Trace, run_pairs, sample
+    calls forced, as edge/core/sampler.py does (Python's run is replayed here)."""
+    from edge.core.sampler import Trace, run_pairs, sample
 
     settings = SamplerSettings(scheduler="flow_unipc", steps=6, guidance=3.0,
                                cache_threshold=0.05)
@@ -544,7 +544,7 @@ def test_dynamic_guidance_runs_replay_python_bit_for_bit(page):
 def test_dynamic_guidance_is_refused_as_python_refuses_it(page):
     """checkSettings refuses dynamic_guidance for a scheduler whose levels are not training
     timesteps with SamplerSettings' own message; settingsWith (options.js) refuses a value
-    that is not true or false, as edge/options.py does."""
+    that is not true or false, as edge/core/options.py does."""
     bad = [{"scheduler": name, "dynamic_guidance": True}
            for name, cls in SCHEDULERS.items() if not cls.takes_dynamic_guidance]
     assert len(bad) == 4
@@ -576,7 +576,7 @@ def unigram_fixture() -> dict:
 
 def test_unigram_ids_and_masks_are_pythons(page):
     """Every tokenizer of the unigram fixtures, both runs (cleaned "wan" at 16 tokens, most
-    captions truncated; uncleaned at 64): the ids and masks edge.tokenizer gives, for every
+    captions truncated; uncleaned at 64): the ids and masks edge.core.tokenizer gives, for every
     caption, through CaptionTokenizer with the manifest's tokenizer fields."""
     data = unigram_fixture()
     assert len(data["tokenizers"]) == 4
@@ -611,7 +611,7 @@ def test_unigram_ids_and_masks_are_pythons(page):
 
 
 def python_truncated(tokenizer_json: Path, run: dict, captions: list[str]) -> list[bool]:
-    from edge.tokenizer import clean_prompt, load_tokenizer
+    from edge.core.tokenizer import clean_prompt, load_tokenizer
 
     tok = load_tokenizer(tokenizer_json, run["max_tokens"], "<pad>")
     cleaned = [clean_prompt(c, run["clean"]) for c in captions]
@@ -619,7 +619,7 @@ def python_truncated(tokenizer_json: Path, run: dict, captions: list[str]) -> li
 
 
 def test_wan_prompt_cleaning_is_pythons(page):
-    """clean_prompt(caption, "wan") and "none" of edge/tokenizer.py: the captions and the
+    """clean_prompt(caption, "wan") and "none" of edge/core/tokenizer.py: the captions and the
     cleaner cases (HTML references whole, cut short, numeric, invalid; Python's whitespace)."""
     data = unigram_fixture()
     cases = data["clean_cases"]

@@ -31,7 +31,7 @@ from conftest import (  # noqa: E402
 )
 from graph_shapes import softmax_rows  # noqa: E402
 
-from edge.video_metrics import psnr, snr  # noqa: E402
+from edge.core.video_metrics import psnr, snr  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a web export (about 80 s) and headless chromium
 

@@ -23,7 +23,7 @@ from browser import (  # noqa: E402  (after the skip)
     skip_without_webgpu,
 )
 
-from edge.video_metrics import psnr, snr  # noqa: E402
+from edge.core.video_metrics import psnr, snr  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
 

@@ -87,7 +87,7 @@ def test_dry_run_sizes_match_what_is_stored():
 
 
 def test_the_weights_table_names_each_int8_tensors_scales(tmp_path):
-    from edge.manifest_schema import PackageError, _check_weights
+    from edge.core.manifest_schema import PackageError, _check_weights
 
     stored = [store("a.weight", torch.randn(96, 64), "8"), store("a.bias", torch.randn(96), "8")]
     table = write_stored(tmp_path / "w.bin", stored)
@@ -110,7 +110,7 @@ def test_the_weights_table_names_each_int8_tensors_scales(tmp_path):
 
 
 def test_the_weights_table_gives_an_int4_tensor_its_shape_group_and_scales(tmp_path):
-    from edge.manifest_schema import PackageError, _check_weights, fed_as
+    from edge.core.manifest_schema import PackageError, _check_weights, fed_as
 
     stored = [store("a.weight", torch.randn(64, 96), "4")]
     table = write_stored(tmp_path / "w.bin", stored)
@@ -146,7 +146,6 @@ def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form
     with the decoded weights; the graph's weight inputs have the stored dtypes."""
     import onnx
 
-    from edge.blocks import Block
     from edge.exporters.onnx import export_graph, validate_block
     from edge.exporters.web_storage import (
         graph_weights,
@@ -154,6 +153,7 @@ def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form
         stored_arrays,
         stored_weights,
     )
+    from edge.graph.blocks import Block
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
@@ -183,8 +183,8 @@ def test_a_scalar_weight_stays_a_scalar(tmp_path):
     graph's example: onnxruntime refuses a feed of another rank."""
     stored = [store("s", torch.tensor(1000.0), "fp16")]
     assert write_stored(tmp_path / "w.bin", stored)[0]["shape"] == []
-    from edge.blocks import Block
     from edge.exporters.web_storage import graph_weights
+    from edge.graph.blocks import Block
 
     block = Block("transformer", "s", torch.nn.Linear(2, 2), ["x"], ["y"], (torch.ones(1, 2),))
     assert graph_weights(block, stored)[2][0].dim() == 0
@@ -196,7 +196,7 @@ def test_the_web_4_is_the_familys_rule_with_the_webs_nearest_forms(tiny_sora):
     int4 where the phone stores 4 bits and int8 where it stores 6 or 8; a family without a
     rule is refused by name, as is a rule naming a form the web lacks."""
     from edge.exporters.web_storage import web_storage
-    from edge.family_model import StorageRule
+    from edge.graph.family_model import StorageRule
 
     storage = web_storage("4", tiny_sora)
     forms = {k: storage.form(k, "w") for k in ("text_encoder/embeddings", "text_encoder/layer_0",
@@ -224,7 +224,7 @@ def test_the_web_4_is_the_familys_rule_with_the_webs_nearest_forms(tiny_sora):
 
 def test_a_tensor_rule_overrides_its_blocks(tiny_sora):
     from edge.exporters.web_storage import WebStorage
-    from edge.family_model import StorageRule
+    from edge.graph.family_model import StorageRule
 
     rule = StorageRule((("transformer/*", "lut4"),), 30.0, "",
                        tensors=(("transformer/*", "*cross*", "int8"),))
@@ -240,7 +240,7 @@ def test_a_setting_under_its_floor_is_refused_before_anything_is_written(tmp_pat
     from edge.exporters import ExportValidationError
     from edge.exporters.web import export_web
     from edge.exporters.web_storage import WebStorage
-    from edge.family_model import StorageRule
+    from edge.graph.family_model import StorageRule
 
     strict = WebStorage("4", StorageRule((("*", "lut4"),), 99.0, "every block at 4 bits"))
     dest = tmp_path / "pkg"

@@ -46,9 +46,9 @@ def test_a_wasm_only_package_is_exported_without_tvm(tmp_path):
     graph, whose check is its `validation`, within BLOCK_TOLERANCE; the manifest says
     `web.paths: ["wasm"]` and passes every check of read_package. The export ran where TVM
     cannot be imported and imported nothing of it."""
+    from edge.core.package import read_package
     from edge.exporters.validation import relative_error
     from edge.exporters.web import BLOCK_TOLERANCE
-    from edge.package import read_package
 
     root = tmp_path / "pkg"
     done = subprocess.run([sys.executable, "-c", EXPORT_WITHOUT_TVM, str(root),
@@ -101,8 +101,8 @@ def test_the_manifest_says_which_paths_its_records_hold(tiny_sora_web, edit, mes
     path has its graph, and only known paths are named."""
     import copy
 
-    from edge.manifest_schema import DIGEST_FIELD, check_manifest, manifest_digest
-    from edge.package import PackageError
+    from edge.core.manifest_schema import DIGEST_FIELD, check_manifest, manifest_digest
+    from edge.core.package import PackageError
 
     manifest = copy.deepcopy(tiny_sora_web[1])
     check_manifest(manifest)  # as written

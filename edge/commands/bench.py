@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from edge.commands import common
-from edge.console import echo, fail
+from edge.core.console import echo, fail
 
 
 def bench(
@@ -29,8 +29,8 @@ def bench(
 ) -> None:
     """Time one generation all-resident, streamed with prefetch under the budget, and naive
     (load on demand, no prefetch), beside a cold sequential read of the weights."""
-    from edge.budget import BudgetError, format_size
-    from edge.package import PackageError
+    from edge.core.budget import BudgetError, format_size
+    from edge.core.package import PackageError
     from edge.runtimes.python.bench import MODES
     from edge.runtimes.python.bench import bench as run_bench
 

@@ -15,15 +15,15 @@ from typing import Annotated
 
 import typer
 
-from edge.console import echo, fail
-from edge.files import printable
-from edge.manifest_schema import MANIFEST
+from edge.core.console import echo, fail
+from edge.core.files import printable
+from edge.core.manifest_schema import MANIFEST
 
 WeightsOption = Annotated[Path | None, typer.Option(
     "--weights", help="tiny-sora weights folder [default: the one shipped in the package]",
     exists=True, file_okay=False)]
 
-# Step leaping, token merging and the step cache (edge/sampler.py); None: the model's default
+# Step leaping, token merging and the step cache (edge/core/sampler.py); None: the model's default
 LeapOption = Annotated[bool | None, typer.Option(
     "--leap/--no-leap", help="Linear Proportional Leap: after --leap-after steps (or, with "
     "the dynamic options, once consecutive velocities stop aligning better) finish in "
@@ -95,7 +95,7 @@ def preset_options(name: str, defaults, manifest: dict | None) -> dict:
     """--preset NAME as sampler overrides for these package defaults (`manifest`: the
     package's, for whether it has merged variants; None: the PyTorch reference, which
     merges); an unknown name ends the command naming the known ones."""
-    from edge.presets import preset_overrides
+    from edge.core.presets import preset_overrides
 
     merges = manifest is None or any(
         "tdtm" in b.get("variants", {}) for c in manifest["components"]
@@ -130,7 +130,7 @@ def reference_sampler(weights: Path | None):
 
 def load_runtime(package: Path, budget: int | None):
     """An exported package in the Python runtime (no torch); a bad one ends the command."""
-    from edge.package import PackageError
+    from edge.core.package import PackageError
     from edge.runtimes.python import BudgetError, Pipeline
 
     try:
@@ -144,7 +144,7 @@ def load_runtime(package: Path, budget: int | None):
 def read_package_manifest(package: Path) -> dict:
     """The package's manifest, checked in structure only (no file hashed yet): what options
     are checked against before the package is verified and loaded."""
-    from edge.package import PackageError, read_manifest
+    from edge.core.package import PackageError, read_manifest
 
     try:
         return read_manifest(package)
@@ -154,8 +154,8 @@ def read_package_manifest(package: Path) -> dict:
 
 def package_sampler(manifest: dict):
     """The sampler settings a package defaults to."""
-    from edge.options import check_settings
-    from edge.sampler import SamplerSettings
+    from edge.core.options import check_settings
+    from edge.core.sampler import SamplerSettings
 
     try:
         return check_settings(SamplerSettings.from_dict(manifest["sampler"]))
@@ -177,7 +177,7 @@ def frame_size(manifest: dict) -> tuple[int, int]:
 
 def check_texts(prompt: str, negative_prompt: str | None) -> None:
     """The prompt and the negative prompt are valid Unicode text, before anything loads."""
-    from edge.options import check_prompts
+    from edge.core.options import check_prompts
 
     try:
         check_prompts(prompt)
@@ -197,7 +197,7 @@ def manifest_before_loading(package: Path, output: Path) -> dict:
 
 def checked_settings(defaults, overrides: dict):
     """`defaults` with the command line's sampler options, each refused by name."""
-    from edge.options import with_overrides
+    from edge.core.options import with_overrides
 
     try:
         return with_overrides(defaults, overrides)
@@ -215,7 +215,7 @@ def check_outside_package(path: Path, package: Path, option: str) -> None:
 
 def budget_option(memory_budget: str | None) -> int | None:
     """--memory-budget in bytes, refused by name before any work."""
-    from edge.budget import parse_size
+    from edge.core.budget import parse_size
 
     try:
         return parse_size(memory_budget, "--memory-budget")
@@ -227,8 +227,8 @@ def check_destination(dest: Path, force: bool, identify=None, option: str = "-o"
     """Before any work: the folder `dest` can be written, and replaces nothing but a folder
     edge wrote (a package, unless `identify` says what else), and that only with --force;
     says what it replaces."""
-    from edge.files import OutputError, check_writable_parent
-    from edge.package import PackageWriteError, check_replaceable, identify_package
+    from edge.core.files import OutputError, check_writable_parent
+    from edge.core.package import PackageWriteError, check_replaceable, identify_package
 
     try:
         check_writable_parent(dest, option)
@@ -256,7 +256,7 @@ def advance(bar, done: int, total: int) -> None:
 
 def print_run_figures(run: dict) -> None:
     """A package run's figures: walls, bytes read, I/O wait, overlap, peaks."""
-    from edge.budget import format_size
+    from edge.core.budget import format_size
 
     walls = ", ".join(f"{k} {v:.2f} s" for k, v in run["wall_s"].items())
     bw = run["read_bandwidth_bytes_per_s"]
@@ -278,7 +278,7 @@ def notices_as_notes(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def command_function(*args, **kwargs):
-        from edge.files import EdgeNotice
+        from edge.core.files import EdgeNotice
 
         with warnings.catch_warnings():
             warnings.simplefilter("always", EdgeNotice)

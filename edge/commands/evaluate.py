@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 
 from edge.commands import common
-from edge.console import echo, fail
-from edge.noise import MAX_SEED
+from edge.core.console import echo, fail
+from edge.core.noise import MAX_SEED
 
 
 def evaluate(
@@ -65,7 +65,7 @@ def evaluate(
     if plot is not None and plot.suffix.lower() != ".png":
         fail(f"--plot {plot}: the plot is written as PNG; name a .png file")
     if plot is not None:  # before the sweep's hours, not after
-        from edge.files import OutputError, check_output_file
+        from edge.core.files import OutputError, check_output_file
 
         try:
             check_output_file(plot, "--plot")
@@ -147,7 +147,8 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
     """`edge eval --sweep`: edge/eval/sweep.py."""
     from tqdm import tqdm
 
-    from edge.budget import BudgetError
+    from edge.core.budget import BudgetError
+    from edge.core.package import PackageError
     from edge.eval.sweep import (
         DEFAULT_CACHE_THRESHOLD,
         format_table,
@@ -155,7 +156,6 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
         package_settings,
         run_sweep,
     )
-    from edge.package import PackageError
 
     if options["cache_threshold"] is None:
         options["cache_threshold"] = DEFAULT_CACHE_THRESHOLD
@@ -178,8 +178,8 @@ def _eval_sweep(package: Path, prompt_set, classifier, as_json: bool, plot: Path
                 fail(str(err))
     result["sweep_wall_s"] = round(time.perf_counter() - started, 1)
     if plot is not None:
+        from edge.core.files import OutputError
         from edge.eval.sweep_plot import plot_frontier
-        from edge.files import OutputError
 
         try:
             plot_frontier(result, plot)

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from edge.commands import common
-from edge.console import echo, fail
+from edge.core.console import echo, fail
 
 
 def export(
@@ -130,7 +130,7 @@ def export(
     from edge.exporters import ExportOptionError, ExportOptions
     from edge.exporters import target as target_module
     from edge.families import FAMILIES, FamilyError, check_options, export_options, family_of
-    from edge.reference_device import DeviceError, reference_device
+    from edge.graph.reference_device import DeviceError, reference_device
 
     # the export options the families declare are this command's options of the same names;
     # those given go to the family
@@ -163,11 +163,11 @@ def export(
 def _export(target: str, model: Path | None, output: Path | None, dry_run: bool, force: bool,
             check: str, family: str, family_options: dict, exporter, options) -> None:
     """The export (or its plan) once its options are checked."""
-    from edge.budget import BudgetError
-    from edge.compute_cost import model_generation_cost
+    from edge.core.budget import BudgetError
     from edge.exporters import ExportOptionError
     from edge.families import FamilyError, load_model
-    from edge.shapes_only import shapes_only
+    from edge.graph.shapes_only import shapes_only
+    from edge.planning.compute_cost import model_generation_cost
 
     model_name = model.resolve().name if model else "tiny-sora"
     dest = output or Path("dist") / exporter.folder_name(model_name, options)
@@ -191,7 +191,7 @@ def _export(target: str, model: Path | None, output: Path | None, dry_run: bool,
     for note in prepared.notes:
         echo(note)
     if dry_run:
-        from edge.compute_cost import cost_lines, matmul_rate
+        from edge.planning.compute_cost import cost_lines, matmul_rate
 
         for line in plan + cost_lines(cost, matmul_rate()):  # the rate of real products
             echo(line)
@@ -208,7 +208,7 @@ def _reference_device(name: str, family: str):
     """The device `--device NAME` runs the reference on for `family`: tiny-sora's stays on
     the CPU (its fixed tiny size takes seconds there), which `auto` picks for it and a GPU
     named outright is refused."""
-    from edge.reference_device import CPU, DeviceError, resolve_device
+    from edge.graph.reference_device import CPU, DeviceError, resolve_device
 
     device = resolve_device(name)
     if family == "tiny-sora" and device != CPU:
@@ -269,9 +269,9 @@ def _activation_lines(prepared, options, target: str) -> list[str]:
     chunked as the target's export will trace them (the score limit from the budget), at the
     batch a call runs at (an ONNX package's dynamic batch in the Python runtime's pieces, a
     tiled decoder a tile a call)."""
-    from edge.activation_memory import RUNTIME_BATCH_PIECES, activation_lines
-    from edge.attention import budget_score_limit
-    from edge.plan import block_bytes
+    from edge.graph.attention import budget_score_limit
+    from edge.planning.activation_memory import RUNTIME_BATCH_PIECES, activation_lines
+    from edge.planning.plan import block_bytes
 
     held = prepared.held_bytes or {}
     sizes = sorted((held.get(b.key, block_bytes(b)) for bs in prepared.components.values()
@@ -288,9 +288,9 @@ def _activation_lines(prepared, options, target: str) -> list[str]:
 def _check_calls_fit(exporter, model, options, target: str) -> None:
     """Before any work: a budget no call fits, even with every other block streamed, is
     refused naming the call (a cut on shapes alone, seconds at any size)."""
-    from edge.activation_memory import RUNTIME_BATCH_PIECES, check_calls_fit
-    from edge.attention import budget_score_limit
-    from edge.shapes_only import shapes_only
+    from edge.graph.attention import budget_score_limit
+    from edge.graph.shapes_only import shapes_only
+    from edge.planning.activation_memory import RUNTIME_BATCH_PIECES, check_calls_fit
 
     dims = [getattr(model, k, None) for k in ("height", "width", "frames")]
     size = (f"{dims[0]}x{dims[1]}x{dims[2]} (height x width x frames)" if None not in dims
@@ -307,8 +307,8 @@ def _export_with_progress(exporter, model, prepared, dest: Path, options, target
     print the target's summary; a failed check or write is one line and exit status 2."""
     from tqdm import tqdm
 
+    from edge.core.package import PackageWriteError
     from edge.exporters import ExportValidationError, Progress
-    from edge.package import PackageWriteError
 
     check_bar: list[tqdm] = []  # made at the first step of the end-to-end check
     measure_bar: list[tqdm] = []  # made at the first measurement of --quantize auto

@@ -9,7 +9,7 @@ TFLOP, about ten minutes of this machine each way, and at 480x832x81 hours. The 
   family code and the same exporter into a temporary package, before the real export, whose
   blocks are then each validated at their own size as always; the manifest records the size;
 - blocks: each block against PyTorch, no generation;
-- auto (the default): full when its estimate (edge/compute_cost.py: the FLOPs of two
+- auto (the default): full when its estimate (edge/planning/compute_cost.py: the FLOPs of two
   generations over this machine's measured rate) is under CHECK_SECONDS, otherwise small
   where the family has a small size, saying so. With the reference on a GPU (`--device`)
   only the package's generation counts.
@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from edge.console import echo
+from edge.core.console import echo
 
 LEVELS = ("auto", "full", "small", "blocks")
 CHECK_SECONDS = 600.0  # the most `auto` lets a full check take by its estimate
@@ -30,9 +30,9 @@ CHECK_SECONDS = 600.0  # the most `auto` lets a full check take by its estimate
 def check_level(level: str, family: str, folder: Path | None, model, prepared) -> str:
     """The level to run: `level` itself, or for `auto` the one its estimate allows (said in a
     note). The estimate counts the blocks as cut, from their shapes."""
-    from edge.compute_cost import format_seconds, matmul_rate, model_generation_cost
     from edge.families import check_size
-    from edge.reference_device import current
+    from edge.graph.reference_device import current
+    from edge.planning.compute_cost import format_seconds, matmul_rate, model_generation_cost
 
     if level != "auto":
         return level

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from edge.console import fail
+from edge.core.console import fail
 
 # top-level import name -> (the distribution pip installs, the extra that brings it)
 EXTRA_OF_MODULE = {

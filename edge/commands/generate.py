@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from edge.commands import common
-from edge.console import echo, fail
-from edge.noise import MAX_SEED
+from edge.core.console import echo, fail
+from edge.core.noise import MAX_SEED
 
 
 def generate(
@@ -59,8 +59,8 @@ def generate(
     """Generate a video from a prompt, with the PyTorch pipeline or an exported package."""
     from tqdm import tqdm
 
-    from edge.files import OutputError, check_output_file
-    from edge.video import FORMATS, write_video
+    from edge.core.files import OutputError, check_output_file
+    from edge.core.video import FORMATS, write_video
 
     # every option and the destination before anything is loaded or computed
     if output.suffix.lower() not in FORMATS:
@@ -120,7 +120,7 @@ def generate(
 
 
 def _check_scale(frame: tuple[int, int], scale: int) -> None:
-    from edge.video import check_scale
+    from edge.core.video import check_scale
 
     try:
         check_scale(frame, scale)

@@ -1,4 +1,4 @@
-"""`edge record`: one generation of a package, every block call written down (edge/bundle.py),
+"""`edge record`: one generation of a package, every block call written down (edge/core/bundle.py),
 for another runtime to check itself against.
 
 An onnx package runs in the Python runtime. An iphone package cannot run here (CoreML
@@ -22,17 +22,17 @@ import numpy as np
 import typer
 
 import edge
-from edge.bundle import TensorFile, identify_bundle, write_bundle
 from edge.commands import common
-from edge.console import echo, fail
-from edge.manifest_schema import MANIFEST, is_coreai
-from edge.noise import MAX_SEED, check_noise, torch_randn_draws
-from edge.options import decode_values, with_overrides
-from edge.package import PackageError, atomic_directory, read_package
-from edge.sampler import SamplerSettings, initial_noise
+from edge.core.bundle import TensorFile, identify_bundle, write_bundle
+from edge.core.console import echo, fail
+from edge.core.manifest_schema import MANIFEST, is_coreai
+from edge.core.noise import MAX_SEED, check_noise, torch_randn_draws
+from edge.core.options import decode_values, with_overrides
+from edge.core.package import PackageError, atomic_directory, read_package
+from edge.core.sampler import SamplerSettings, initial_noise
 
 if TYPE_CHECKING:  # torch and onnxruntime load when a recording runs, not with the CLI
-    from edge.blocks import TorchBlockSession
+    from edge.graph.blocks import TorchBlockSession
     from edge.runtimes.python.pipeline import Pipeline
 
 RECORDED_WITH = {"onnx": "onnxruntime",
@@ -79,11 +79,11 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
     weights stored in its programs, for the duration of the `with` block. The stored weights
     are written into the family's model in place and undone after: a loaded model may share
     parameters with others in this process (tiny-sora's text encoder is loaded once)."""
-    from edge.blocks import torch_block_opener
     from edge.exporters.coreml import device_blocks
     from edge.exporters.coreml_check import stored_weights_in_place
     from edge.families import FamilyError, exported_options, family_of, load_model
-    from edge.plan import READ_UNIT
+    from edge.graph.blocks import torch_block_opener
+    from edge.planning.plan import READ_UNIT
 
     source = model_folder or "the shipped tiny-sora"
     try:
@@ -246,8 +246,8 @@ def record(
     blocks run in PyTorch with the weights stored in its programs, at its static shapes."""
     import numpy as np
 
-    from edge.bundle import identify_bundle
-    from edge.package import PackageWriteError
+    from edge.core.bundle import identify_bundle
+    from edge.core.package import PackageWriteError
 
     if seed is not None and latents is not None:
         fail("--seed and --latents: give one (the latents are the initial noise)")
@@ -275,7 +275,7 @@ def record(
                              model_folder=model)
     except (RecordError, PackageWriteError, ValueError, FloatingPointError) as err:
         fail(str(err))
-    from edge.budget import format_size
+    from edge.core.budget import format_size
 
     echo(f"wrote {output} in {time.perf_counter() - started:.1f} s: {info['call_count']} "
          f"block calls, {format_size(info['tensor_bytes'])} of arrays, recorded with "

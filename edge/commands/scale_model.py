@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from edge.commands import common
-from edge.console import echo, fail
+from edge.core.console import echo, fail
 
 
 def scale_model(
@@ -35,9 +35,9 @@ def scale_model(
     --model OUT`): tiny-sora's architecture at a larger size (the defaults give a ~1 GB
     transformer), or with --like a diffusers folder of a real model's shapes, written one
     block at a time."""
-    from edge.budget import format_size
+    from edge.core.budget import format_size
+    from edge.core.package import PackageWriteError
     from edge.models.scaled import identify_scaled_model
-    from edge.package import PackageWriteError
 
     if full_text_encoder and like is None:
         fail("--full-text-encoder applies with --like")
@@ -45,9 +45,10 @@ def scale_model(
     if like is not None:
         from tqdm import tqdm
 
-        from edge.models import scaled_cogvideox_ltx, scaled_opensora, scaled_wan
+        from edge.families import opensora_scaled
+        from edge.models import scaled_cogvideox_ltx, scaled_wan
 
-        known = [*scaled_wan.LIKE, *scaled_cogvideox_ltx.LIKE, *scaled_opensora.LIKE]
+        known = [*scaled_wan.LIKE, *scaled_cogvideox_ltx.LIKE, *opensora_scaled.LIKE]
         if like not in known:
             fail(f"--like {like!r}: known: {', '.join(known)}")
         if full_text_encoder and like not in scaled_wan.LIKE:
@@ -62,8 +63,8 @@ def scale_model(
                 if like in scaled_cogvideox_ltx.LIKE:
                     written = scaled_cogvideox_ltx.write_family_like(out, like, seed, on_part,
                                                                      force)
-                elif like in scaled_opensora.LIKE:
-                    written = scaled_opensora.write_opensora_like(out, like, seed, on_part,
+                elif like in opensora_scaled.LIKE:
+                    written = opensora_scaled.write_opensora_like(out, like, seed, on_part,
                                                                   force)
                 else:
                     written = scaled_wan.write_wan_like(out, like, full_text_encoder, seed,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from edge.console import echo, fail
+from edge.core.console import echo, fail
 
 
 def serve(
@@ -20,7 +20,7 @@ def serve(
 ) -> None:
     """Serve a package folder over HTTP for the web runtime: its files only, never a listing,
     with the content types browsers require (.wasm, .js, .mjs, .json, .wgsl)."""
-    from edge.serve import make_server
+    from edge.core.serve import make_server
 
     try:
         server = make_server(package, host, port, quiet=quiet)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from edge.console import echo, fail
+from edge.core.console import echo, fail
 
 
 def train_tiny_sora(
@@ -26,7 +26,7 @@ def train_tiny_sora(
     edge/weights/tiny-sora to ship it."""
     from dataclasses import replace
 
-    from edge.files import OutputError, check_writable_parent, kind_of
+    from edge.core.files import OutputError, check_writable_parent, kind_of
     from edge.train import TrainingRecipe
     from edge.train import train_tiny_sora as train
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.data import COLORS, DIRECTIONS, SHAPES
+from edge.models.tiny_sora_data import COLORS, DIRECTIONS, SHAPES
 
 
 class AttributeClassifier(nn.Module):

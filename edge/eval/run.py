@@ -10,7 +10,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from edge.data import (
+from edge.eval.classifier import AttributeClassifier
+from edge.eval.metrics import score, summarize
+from edge.models.tiny_sora_data import (
     COLOR_WORDS,
     DIRECTION_WORDS,
     EVAL_TEMPLATES,
@@ -22,8 +24,6 @@ from edge.data import (
     is_held_out,
     render_clip,
 )
-from edge.eval.classifier import AttributeClassifier
-from edge.eval.metrics import score, summarize
 
 # (prompt, attributes) pairs
 PromptSet = list[tuple[str, Attributes]]

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.budget import parse_size
+from edge.core.budget import parse_size
+from edge.core.presets import CACHE_THRESHOLD, TAIL_RULE, guidance_cutoff, tail_leap
+from edge.core.sampler import SamplerSettings
 from edge.eval.classifier import AttributeClassifier
 from edge.eval.metrics import score, summarize
 from edge.eval.run import PromptSet
-from edge.presets import CACHE_THRESHOLD, TAIL_RULE, guidance_cutoff, tail_leap
 from edge.runtimes.python import Pipeline
-from edge.sampler import SamplerSettings
 
 # Step cache threshold of the sweep's rows, chosen on held-out prompts (docs/benchmarks.md)
 DEFAULT_CACHE_THRESHOLD = CACHE_THRESHOLD
@@ -94,7 +94,7 @@ def package_settings(package: Path, steps: int,
                      cache_threshold: float = DEFAULT_CACHE_THRESHOLD) -> list[Setting]:
     """The rows for a package: its sampler's leap_min_steps, shift and fixed leap (the tail
     rule its `--leap` runs) decide three of them."""
-    from edge.package import read_package
+    from edge.core.package import read_package
 
     sampler = SamplerSettings.from_dict(read_package(package, check_hashes=False)["sampler"])
     rule = DEFAULT_TAIL_RULE
@@ -105,7 +105,7 @@ def package_settings(package: Path, steps: int,
 
 def smallest_budget(package: Path) -> int:
     """The tightest budget the loader accepts: the largest block plus two pages."""
-    from edge.package import read_package
+    from edge.core.package import read_package
 
     manifest = read_package(package, check_hashes=False)
     return max(b["files"][1]["bytes"] for c in manifest["components"]

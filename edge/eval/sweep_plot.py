@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.files import atomic_file
+from edge.core.files import atomic_file
 
 ACCURACIES = ("color_acc", "shape_acc", "direction_acc")
 # the leap target of docs/benchmarks.md: every accuracy within 0.02 of the baseline

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from edge.core.files import kind_of
+
 # the protocol lives beside the exporters' view of a model; the families import it from here
-from edge.family_model import FamilyModel, Shapes, StorageRule  # noqa: F401 (re-exported)
-from edge.files import kind_of
+from edge.graph.family_model import FamilyModel, Shapes, StorageRule  # noqa: F401 (re-exported)
 
 
 class FamilyError(ValueError):

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge.core.package import sha256_of
 from edge.families import FamilyError
-from edge.package import sha256_of
 
 # diffusers' converters turn a bias difference (Wan's `diff_b`) into a `lora_B.bias`
 LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_B.bias")
@@ -52,7 +52,7 @@ class Adapter:
 def check_adapter_file(adapter: Adapter) -> None:
     """The file exists and is a whole safetensors file (its header against its size,
     `lazy_weights.read_header`, as the folders' shards are checked); refused naming it."""
-    from edge.lazy_weights import ShardError, read_header
+    from edge.graph.lazy_weights import ShardError, read_header
 
     if not adapter.path.exists():
         raise FamilyError(f"--lora {adapter.path}: no such file")

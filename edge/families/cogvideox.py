@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.blocks import Block, Chunking
+from edge.core.sampler import SamplerSettings
 from edge.families import FamilyError, Shapes, StorageRule
 from edge.families.folder import (
     check_component_folders,
@@ -58,10 +58,10 @@ from edge.families.pipeline_run import (
     with_steps,
 )
 from edge.families.t5 import cut_t5_encoder
-from edge.lazy_weights import materialized
+from edge.graph.blocks import Block, Chunking
+from edge.graph.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.models.video_norm import video_group_norm
-from edge.sampler import SamplerSettings
 
 NAME = "cogvideox"
 EXPORT_OPTIONS = PIPELINE_OPTIONS
@@ -639,7 +639,7 @@ class CogVideoXModel(PipelineModel):
     family: str = NAME
     chunked: dict[str, Chunking] = field(default_factory=dict)
     device_storage: dict[str, StorageRule] = field(default_factory=dict)
-    out_of_core: bool = False  # weights read block by block (edge/lazy_weights.py)
+    out_of_core: bool = False  # weights read block by block (edge/graph/lazy_weights.py)
 
     def __post_init__(self) -> None:
         self.chunked = {"vae_decoder": Chunking(
@@ -696,7 +696,7 @@ class CogVideoXModel(PipelineModel):
         block_in = ["x", "context", "temb"] + pro_out[4:]
         frames = self.latent_shape[0]
         # blocks take the prologue's activations as stand-ins (Block.chained), made real
-        # by edge.blocks.chained as the exporters run them: the cut runs no block
+        # by edge.graph.blocks.chained as the exporters run them: the cut runs no block
         for i, b in enumerate(model.transformer_blocks):
             merged = MergedCogVideoXBlock(b, frames, self.text_tokens,
                                           feeds["x"].shape[1] // frames)

@@ -174,7 +174,7 @@ def component_builder(component: Path, library: str, class_name: str):
 def stored_tensors(component: Path) -> dict:
     """{name: header} of the tensors a component folder's safetensors files store (one file
     or shards with their index; headers only); a broken file refused as a FamilyError."""
-    from edge.lazy_weights import FolderWeights, ShardError
+    from edge.graph.lazy_weights import FolderWeights, ShardError
 
     try:
         return FolderWeights(component).tensors

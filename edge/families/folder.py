@@ -11,11 +11,11 @@ import re
 import warnings
 from pathlib import Path
 
-from edge.budget import physical_memory_bytes
+from edge.core.budget import physical_memory_bytes
+from edge.core.files import kind_of
+from edge.core.sampler import SamplerSettings
 from edge.families import FamilyError
 from edge.families.config_check import check_component, component_builder, stored_tensors
-from edge.files import kind_of
-from edge.sampler import SamplerSettings
 
 
 def read_json(path: Path) -> dict:
@@ -71,9 +71,9 @@ def number_field(cfg: dict, key: str, default: float, path: Path) -> float:
 
 
 def checked_sampler(path: Path, shift_key: str, settings: SamplerSettings) -> SamplerSettings:
-    """The settings as the runtimes will check them (edge/options.py), refused here, before
+    """The settings as the runtimes will check them (edge/core/options.py), refused here, before
     any work, naming the file and its field."""
-    from edge.options import check_settings
+    from edge.core.options import check_settings
 
     try:
         return check_settings(settings)
@@ -184,7 +184,7 @@ def larger_than_memory(folder: Path) -> bool:
 
 def _empty_model(folder: Path, library: str, class_name: str):
     """The model class model_index.json names for a component, built without weights."""
-    from edge.lazy_weights import ShardError, empty_component
+    from edge.graph.lazy_weights import ShardError, empty_component
 
     _, build = component_builder(folder, library, class_name)
     try:
@@ -206,7 +206,7 @@ def check_weighted_components(folder: Path, components: tuple[str, ...] = WEIGHT
 def load_storage_free_pipeline(folder: Path, pipeline_class,
                                components: tuple[str, ...] = WEIGHTED_COMPONENTS) -> tuple:
     """The folder's pipeline with `components` built on the meta device, their weights read
-    block by block when exported (edge/lazy_weights.py); the tokenizer and scheduler loaded
+    block by block when exported (edge/graph/lazy_weights.py); the tokenizer and scheduler loaded
     as usual. (pipeline, notes): a note on weights stored in another dtype than float32."""
     from diffusers.utils import logging as diffusers_logging
 

@@ -38,7 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.blocks import Block, Chunking
+from edge.core.options import decode_values
+from edge.core.sampler import SamplerSettings
+from edge.core.schedulers import ltx_mu
 from edge.families import FamilyError, Shapes, StorageRule
 from edge.families.folder import (
     check_component_folders,
@@ -58,10 +60,8 @@ from edge.families.pipeline_run import (
     with_steps,
 )
 from edge.families.t5 import cut_t5_encoder
+from edge.graph.blocks import Block, Chunking
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
-from edge.options import decode_values
-from edge.sampler import SamplerSettings
-from edge.schedulers import ltx_mu
 
 NAME = "ltx"
 # LTXPipeline's frame_rate (the RoPE positions' time scale) and a timestep-conditioned
@@ -659,7 +659,7 @@ class LTXModel(PipelineModel):
     text_tokens: int = TEXT_TOKENS
     chunked: dict[str, Chunking] = field(default_factory=dict)  # the decoder: whole clips
     device_storage: dict[str, StorageRule] = field(default_factory=dict)
-    out_of_core: bool = False  # weights read block by block (edge/lazy_weights.py)
+    out_of_core: bool = False  # weights read block by block (edge/graph/lazy_weights.py)
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
@@ -715,7 +715,7 @@ class LTXModel(PipelineModel):
         block_in = ["x", "context", "t_mod", "caption_bias", "rope_cos", "rope_sin"]
         frames = self.latent_shape[1]
         # blocks take the prologue's activations as stand-ins (Block.chained), made real
-        # by edge.blocks.chained as the exporters run them: the cut runs no block
+        # by edge.graph.blocks.chained as the exporters run them: the cut runs no block
         for i, b in enumerate(model.transformer_blocks):
             variants = {"tdtm": MergedLTXBlock(b, frames).eval()} if frames > 1 else {}
             blocks.append(Block("transformer", f"block_{i}", LTXBlockCut(b).eval(), block_in,

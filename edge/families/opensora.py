@@ -30,15 +30,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge.blocks import Block, Chunking
+from edge.core.files import kind_of
+from edge.core.package import write_null_caption
+from edge.core.sampler import SamplerSettings
 from edge.families import FamilyError, Shapes, StorageRule
 from edge.families.config_check import check_against_weights, stored_tensors
 from edge.families.folder import check_component_files, read_json
 from edge.families.pipeline_run import Accepted, PipelineModel, with_steps
-from edge.files import kind_of
-from edge.package import write_null_caption
-from edge.reference_device import modules_on
-from edge.sampler import SamplerSettings
+from edge.graph.blocks import Block, Chunking
+from edge.graph.reference_device import modules_on
 
 NAME = "opensora"
 # the frame rate is the model's input (LTX-Video's option of the same name is its RoPE's)
@@ -366,7 +366,7 @@ class OpenSoraModel(PipelineModel):
         pair_in = ["x", "t_mlp", "y", "y_bias"]
         frames = model.grid(self.latent_shape)[0]
         # blocks take the prologue's activations as stand-ins (Block.chained), made real
-        # by edge.blocks.chained as the exporters run them: the cut runs no block
+        # by edge.graph.blocks.chained as the exporters run them: the cut runs no block
         for i, (pair, merged) in enumerate(pairs):
             blocks.append(Block("transformer", f"pair_{i}", pair, pair_in, ["x"],
                                 tuple(feeds[n] for n in pair_in), [True] * 4,

@@ -17,9 +17,9 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 import torch
 
+from edge.core.package import file_entry
+from edge.core.sampler import SamplerSettings
 from edge.families import SIZE_OPTIONS, FamilyError, Shapes
-from edge.package import file_entry
-from edge.sampler import SamplerSettings
 
 # what every diffusers family's `load` takes (its EXPORT_OPTIONS, beside any of its own)
 PIPELINE_OPTIONS = (*SIZE_OPTIONS, "sigmas", "out_of_core", "lora")
@@ -41,7 +41,7 @@ def with_steps(sampler: SamplerSettings, steps: int | None,
     than half way, checked as the runtimes check it; refused naming the option."""
     if steps is None and sigmas is None:
         return sampler
-    from edge.options import check_settings
+    from edge.core.options import check_settings
 
     steps = len(sigmas) if steps is None else steps
     try:
@@ -93,7 +93,7 @@ def run_pipeline(pipe, prompt: str, steps: int,
     `on_step`; its video as uint8 (B, T, H, W, 3), rounded as the runtimes round. It runs
     where the reference does (`edge export --device`): the pipeline runs on the device its
     modules are on, and draws its noise from a CPU generator there as here."""
-    from edge.reference_device import modules_on
+    from edge.graph.reference_device import modules_on
 
     def callback(pipe, i, t, kwargs):
         if on_step is not None:
@@ -123,7 +123,7 @@ class PipelineModel:
     `start` and `pipeline_options`; a family adds manifest fields by extending
     `package_fields`."""
 
-    clean: ClassVar[str] = "none"  # the prompt cleaner the runtimes apply (edge/tokenizer.py)
+    clean: ClassVar[str] = "none"  # the prompt cleaner the runtimes apply (edge/core/tokenizer.py)
     # the LoRA adapters fused into the transformer (edge/families/adapters.py): their records
     adapters: tuple[dict, ...] = ()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.blocks import Block, EncoderLayerBlock
+from edge.graph.blocks import Block, EncoderLayerBlock
 
 
 class T5Embeddings(nn.Module):

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.blocks import Block, EncoderLayerBlock
+from edge.core.package import file_entry, write_null_caption
+from edge.core.sampler import SamplerSettings
 from edge.families import FamilyError, Shapes, StorageRule
+from edge.graph.blocks import Block, EncoderLayerBlock
 from edge.models.stdit import MergedPair, STDiTPair
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 from edge.models.tiny_sora_folder import WeightsFolderError
-from edge.package import file_entry, write_null_caption
-from edge.sampler import SamplerSettings
 
 NAME = "tiny-sora"
 EXPORT_OPTIONS = ()  # its video size and sampler come with its weights

@@ -20,7 +20,7 @@ Cuts (each chained component equals the diffusers component; tests/test_wan.py):
 
 The VAE decoder is causal in time and diffusers decodes it latent frame by latent frame with a
 feature cache (each causal convolution keeps the last two frames it saw). The runtime does the
-same (a chunked component, `edge.blocks.Chunking`): each stage takes one frame's activations
+same (a chunked component, `edge.graph.blocks.Chunking`): each stage takes one frame's activations
 and its cache, and gives the next stage's activations and its new cache, which the runtime
 hands back to the stage on the next frame. The first frame runs each stage's "first" variant
 (no cache in; the 3D upsamplers do not double it in time). Memory holds one frame's
@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge.blocks import Block, Chunking
+from edge.core.sampler import SamplerSettings
+from edge.core.tiles import Tiling
 from edge.families import FamilyError, Shapes, StorageRule
 from edge.families.folder import (
     check_component_folders,
@@ -60,11 +61,10 @@ from edge.families.pipeline_run import (
     with_steps,
 )
 from edge.families.t5 import cut_umt5_encoder
-from edge.lazy_weights import materialized
+from edge.graph.blocks import Block, Chunking
+from edge.graph.lazy_weights import materialized
+from edge.graph.reference_device import on_device_of
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
-from edge.reference_device import on_device_of
-from edge.sampler import SamplerSettings
-from edge.tiles import Tiling
 
 NAME = "wan"
 EXPORT_OPTIONS = PIPELINE_OPTIONS
@@ -641,13 +641,13 @@ class WanModel(PipelineModel):
         "vae_decoder": Chunking(input="z", output="frames", axis=2, size=1,
                                 first_variant="first")})
     device_storage: dict[str, StorageRule] = field(default_factory=lambda: {"4": STORAGE_4})
-    out_of_core: bool = False  # weights read block by block (edge/lazy_weights.py)
+    out_of_core: bool = False  # weights read block by block (edge/graph/lazy_weights.py)
     clean = "wan"  # WanPipeline's prompt_clean
 
     @property
     def tiled(self) -> dict[str, Tiling]:
         """The decoder in spatial tiles, as the pipeline's VAE tiles it (its tile size and
-        stride; diffusers' defaults 256 and 192 pixels, edge/tiles.py). Wan 2.2's decoder
+        stride; diffusers' defaults 256 and 192 pixels, edge/core/tiles.py). Wan 2.2's decoder
         (RGB in patches) is not tiled yet."""
         vae = self.pipe.vae
         if vae.config.patch_size is not None:
@@ -694,7 +694,7 @@ class WanModel(PipelineModel):
                     (latent, t, caption), [True, True, True],
                     dynamic_outputs=[True, True, True, True, False, False])
         # the prologue's outputs are real; a block's input "x" is the prologue's as a
-        # stand-in of its shape, made real by `edge.blocks.chained` where an exporter runs
+        # stand-in of its shape, made real by `edge.graph.blocks.chained` where an exporter runs
         # the blocks (at 480p the forward pass it saves is ~15 minutes here, and the
         # examples ~100 MB a block)
         x, t_mod, temb, context, cos, sin = pro.run(*pro.example)
@@ -715,7 +715,7 @@ class WanModel(PipelineModel):
         """One block per stage, run once per latent frame (`chunked`); its variant "first"
         is the first frame's. `videos`: the batch traced (a dynamic batch traced at 1 would
         be specialised to 1). `tiled`: graphs of any tile's height and width, whose frames
-        are left unclamped for the runtime to blend and then clamp (edge/tiles.py), traced,
+        are left unclamped for the runtime to blend and then clamp (edge/core/tiles.py), traced,
         validated and estimated at one tile: what a call runs."""
         g = torch.Generator().manual_seed(1)
         z = torch.randn(videos, *self.latent_shape, generator=g)

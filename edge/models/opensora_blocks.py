@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.graph.reference_device import on_device_of
 from edge.models.opensora_stdit3 import STDiT3, caption_bias, position_table, rotary_tables
 from edge.models.opensora_vae import SPATIAL_SCALE, OpenSoraVAE
-from edge.reference_device import on_device_of
 
 
 class OpenSoraPrologue(nn.Module):

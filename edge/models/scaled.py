@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from edge.budget import format_size, physical_memory_bytes
+from edge.core.budget import format_size, physical_memory_bytes
+from edge.core.package import atomic_directory, check_replaceable, not_edges
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, check_weights_dir
-from edge.package import atomic_directory, check_replaceable, not_edges
 
 # what `edge scale-model` writes: the top-level names of each kind of folder, and the mark
 # its config carries (tiny-sora.json's "random_weights", model_index.json's

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edge.core.package import atomic_directory, check_replaceable
 from edge.models.scaled import identify_scaled_model
 from edge.models.scaled_wan import small_tokenizer, write_shards, write_text_encoder
-from edge.package import atomic_directory, check_replaceable
 
 # THUDM/CogVideoX-2b transformer/config.json (1.69 B parameters): 2B's sin-cos positions
 COGVIDEOX_2B = {"num_attention_heads": 30, "attention_head_dim": 64, "in_channels": 16,

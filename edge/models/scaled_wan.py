@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from edge.core.package import atomic_directory, check_replaceable
 from edge.models.scaled import identify_scaled_model
-from edge.package import atomic_directory, check_replaceable
 
 # Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
 WAN21_T2V_13B = {"patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128,

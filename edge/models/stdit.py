@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.graph.feed_forward import feed_forward_kind
 from edge.models.tdtm import merge_frames, unmerge_frames
 
 
@@ -91,6 +92,7 @@ class Attention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
+@feed_forward_kind(lambda m: m[0].out_features)  # its widening Linear's width
 class Mlp(nn.Sequential):
     def __init__(self, dim: int, ratio: float) -> None:
         hidden = int(dim * ratio)

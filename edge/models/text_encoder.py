@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from edge.tokenizer import load_tokenizer as load_tokenizer_file
-from edge.tokenizer import tokenize
+from edge.core.tokenizer import load_tokenizer as load_tokenizer_file
+from edge.core.tokenizer import tokenize
 
 MAX_TOKENS = 16  # captions are short; longer ones are truncated
 

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKL
 
+from edge.core.options import check_prompts, check_seeds, with_overrides
+from edge.core.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.text_encoder import TextEncoder
 from edge.models.tiny_sora_folder import WeightsFolderError, load_vae, load_weights, read_config
 from edge.models.vae import decode_latents
-from edge.options import check_prompts, check_seeds, with_overrides
-from edge.sampler import SamplerSettings, Step, Trace, initial_noise, run_pairs, sample
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "tiny-sora"
 REQUIRED_FILES = ("tiny-sora.json", "transformer.safetensors", "vae/config.json",

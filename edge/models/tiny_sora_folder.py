@@ -12,8 +12,8 @@ from pathlib import Path
 
 from torch import nn
 
+from edge.core.sampler import SamplerSettings
 from edge.models.stdit import STDiTConfig
-from edge.sampler import SamplerSettings
 
 CONFIG = "tiny-sora.json"
 # a bound on every size field: far above any tiny-sora, far below what would build modules

@@ -16,9 +16,9 @@ import torch
 from diffusers import AutoencoderKL
 from safetensors.torch import save_file
 
+from edge.core.sampler import SamplerSettings
 from edge.models.stdit import STDiTConfig
 from edge.models.text_encoder import TextEncoder
-from edge.sampler import SamplerSettings
 from edge.train.classifier import train_classifier
 from edge.train.stdit import LatentClips, train_stdit
 from edge.train.vae import train_vae

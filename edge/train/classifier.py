@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from edge.data import HELD_OUT, all_combinations, sample_batch
 from edge.eval.classifier import AttributeClassifier
+from edge.models.tiny_sora_data import HELD_OUT, all_combinations, sample_batch
 
 ATTRIBUTES = ("color", "shape", "direction")
 

@@ -24,7 +24,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from edge.data import (
+from edge.core.schedulers import shift_sigmas
+from edge.models.stdit import STDiT, STDiTConfig
+from edge.models.text_encoder import TextEncoder
+from edge.models.tiny_sora_data import (
     COLOR_WORDS,
     DIRECTION_WORDS,
     SHAPE_WORDS,
@@ -33,10 +36,7 @@ from edge.data import (
     Attributes,
     render_clip,
 )
-from edge.models.stdit import STDiT, STDiTConfig
-from edge.models.text_encoder import TextEncoder
 from edge.models.vae import encode_video
-from edge.schedulers import shift_sigmas
 
 
 def all_training_captions(a: Attributes) -> list[str]:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from diffusers import AutoencoderKL
 from tqdm import tqdm
 
-from edge.data import all_combinations, sample_batch
+from edge.models.tiny_sora_data import all_combinations, sample_batch
 from edge.models.vae import build_vae, decode_latents, encode_video, frames_to_batch
 
 

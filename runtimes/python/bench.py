@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-from edge.package import read_package
+from edge.core.package import read_package
 from edge.runtimes.python.loader import read_file
 from edge.runtimes.python.pipeline import Pipeline
 

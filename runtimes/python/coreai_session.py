@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.package import PackageError, resolve_inside
+from edge.core.package import PackageError, resolve_inside
 
 LAYOUT = "coreai"
 DTYPES = {"float32": np.float32, "int32": np.int32}

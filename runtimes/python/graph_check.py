@@ -1,8 +1,8 @@
 """Agreement between a package's manifest and the graphs it ships, checked when sessions are
 created and before any block runs.
 
-The manifest's structure is checked alone (edge/manifest_schema.py) and its files by size and
-sha256 (edge/package.py); neither proves that the signatures it declares are the graphs'. A
+The manifest's structure is checked alone (edge/core/manifest_schema.py) and its files by size and
+sha256 (edge/core/package.py); neither proves that the signatures it declares are the graphs'. A
 manifest whose tensor table, inputs or outputs disagree with its graphs (a faulty exporter,
 or a manifest edited and re-stamped) would otherwise fail inside onnxruntime in the middle of
 a generation. Here each block's declared weights and activations are compared with its
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.manifest_schema import (
+from edge.core.manifest_schema import (
     DYNAMIC_AXES,
     MANIFEST,
     TILE_AXES,
@@ -25,7 +25,7 @@ from edge.manifest_schema import (
     as_variant,
     fed_as,
 )
-from edge.pieces import piece_bounds
+from edge.core.pieces import piece_bounds
 
 # NumPy dtype names of the manifest -> onnxruntime's type strings
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)",

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.budget import check_budget, fill_budget, plan_pins
-from edge.manifest_schema import fed_as
-from edge.package import FileIdentity, PackageError, check_unchanged
+from edge.core.budget import check_budget, fill_budget, plan_pins
+from edge.core.manifest_schema import fed_as
+from edge.core.package import FileIdentity, PackageError, check_unchanged
 
 PAGE = 4096
 

@@ -28,9 +28,9 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from edge.budget import parse_size
-from edge.files import EdgeNotice
-from edge.manifest_schema import (
+from edge.core.budget import parse_size
+from edge.core.files import EdgeNotice
+from edge.core.manifest_schema import (
     MANIFEST,
     as_variant,
     block_variant,
@@ -38,19 +38,17 @@ from edge.manifest_schema import (
     check_chain,
     is_coreai,
 )
-from edge.noise import check_noise, torch_randn_draws
-from edge.options import (
+from edge.core.noise import check_noise, torch_randn_draws
+from edge.core.options import (
     check_prompts,
     check_seeds,
     check_settings,
     decode_values,
     with_overrides,
 )
-from edge.package import PackageError, check_unchanged, read_package, resolve_inside
-from edge.pieces import piece_bounds
-from edge.runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
-from edge.runtimes.python.loader import BlockLoader, BlockWeights
-from edge.sampler import (
+from edge.core.package import PackageError, check_unchanged, read_package, resolve_inside
+from edge.core.pieces import piece_bounds
+from edge.core.sampler import (
     SamplerSettings,
     Step,
     Trace,
@@ -60,8 +58,10 @@ from edge.sampler import (
     run_pairs,
     sample,
 )
-from edge.tiles import BlendedTiles, Tiling
-from edge.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
+from edge.core.tiles import BlendedTiles, Tiling
+from edge.core.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
+from edge.runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
+from edge.runtimes.python.loader import BlockLoader, BlockWeights
 
 
 def _io_read_bytes() -> int | None:
@@ -569,7 +569,7 @@ class Pipeline:
         `negative_prompt`: the unconditional pass's text (default: the package's null caption
         or negative prompt). `latents`: initial noise (B, C, T, h, w) in diffusers' layout,
         instead of the seeds' (refused together with a seed). A seed draws what diffusers
-        draws for `torch.Generator().manual_seed(seed)` (edge.noise); default 0.
+        draws for `torch.Generator().manual_seed(seed)` (edge.core.noise); default 0.
         `decode_timestep`, `decode_noise_scale`, `decode_noise`: for a package whose decoder
         is conditioned on a timestep (the manifest's `decode`, whose values they replace; see
         `_decode_conditioning`)."""
@@ -741,7 +741,7 @@ class Pipeline:
 
     def _decode_tiles(self, latents: np.ndarray, tiles: Tiling) -> np.ndarray:
         """(B, C, T, h, w) latents decoded a spatial tile at a time, each tile every latent
-        frame (its own caches), then blended (edge/tiles.py); (B, 3, T', H, W)."""
+        frame (its own caches), then blended (edge/core/tiles.py); (B, 3, T', H, W)."""
         h, w = latents.shape[-2:]
         (rows, cols), (th, tw) = tiles.starts(h, w), tiles.latent_size
         # blended as they come: only the strips later tiles blend with are kept

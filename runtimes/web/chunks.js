@@ -35,7 +35,7 @@ export function concatAlong(pieces, axis) {
 
 // [start, stop) of each piece of the chunked axis: a first piece of `first_size` (default
 // `size`; CogVideoX's decoder takes two or three latent frames first), then pieces of `size`
-// (edge/pieces.py piece_bounds)
+// (edge/core/pieces.py piece_bounds)
 export function pieceBounds(spec, shape, component) {
   const n = shape[spec.axis];
   const size = spec.size;

@@ -29,7 +29,7 @@ export async function sha256Hex(buffer) {
   return hex(await crypto.subtle.digest("SHA-256", buffer));
 }
 
-// Every file record in the manifest, as the Python side lists them (edge/manifest_schema.py).
+// Every file record in the manifest, as the Python side lists them (edge/core/manifest_schema.py).
 export function fileRecords(manifest) {
   const out = [...manifest.tokenizer.files, ...Object.values(manifest.conditioning)];
   for (const c of manifest.components) for (const b of c.blocks) out.push(...b.files);

@@ -1,4 +1,4 @@
-// What a seed means (edge/noise.py): the initial latents for `seed` are PyTorch's
+// What a seed means (edge/core/noise.py): the initial latents for `seed` are PyTorch's
 // torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=float32), which
 // is what diffusers draws for that generator; so a seed gives the same video here as in the
 // Python runtime and in diffusers.
@@ -282,7 +282,7 @@ function redrawTail(engine, out, whole) {
 }
 
 // Consecutive torch.randn draws of one generator seeded with `seed`, counts[i] values each
-// (edge/noise.py torch_randn_draws): what a pipeline draws after the initial latents from the
+// (edge/core/noise.py torch_randn_draws): what a pipeline draws after the initial latents from the
 // same generator (LTX-Video's decode noise), as Float32Arrays. A later draw starts where the
 // one before left the engine, mid-twist, so its words are read one at a time and grouped here
 // rather than by the SIMD kernel (which starts at a twist): about 2x slower, once per

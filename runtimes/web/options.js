@@ -1,15 +1,15 @@
 // The embedding API's option checks (docs/web.md, "Embedding the model in a page"): what
 // WebPipeline.load and generate refuse, with messages naming the option and the value, all
 // before any block runs, so a bad call leaves the pipeline as it was. The sampler settings
-// are checked as the Python runtime checks them (edge/options.py).
+// are checked as the Python runtime checks them (edge/core/options.py).
 import { checkSettings } from "./sampler.js";
 
-// Python's edge/options.py limits: far above any real use, they bound what a typo costs
+// Python's edge/core/options.py limits: far above any real use, they bound what a typo costs
 const MAX_STEPS = 10_000;
 const MAX_TRAIN_TIMESTEPS = 1_000_000;
 const MAX_GUIDANCE = 1e4;
 
-// JavaScript has one number type, so the kinds edge/options.py reads off each setting's
+// JavaScript has one number type, so the kinds edge/core/options.py reads off each setting's
 // default (int, float, bool) are written out here
 const INTEGER_SETTINGS = ["steps", "num_train_timesteps", "leap_min_steps", "leap_patience", "leap_steps", "merge_steps"];
 const REAL_SETTINGS = ["guidance", "guidance_rescale", "shift", "leap_tol", "cache_threshold"];
@@ -39,7 +39,7 @@ export function refuseUnknown(given, known, what) {
   if (unknown.length) throw new Error(`unknown ${what} option(s): ${unknown.join(", ")}; known: ${[...known].sort().join(", ")}`);
 }
 
-// A sampler setting must be of its default's kind (edge/options.py _check_value): sampler.js
+// A sampler setting must be of its default's kind (edge/core/options.py _check_value): sampler.js
 // checks ranges only, and NaN or "5" would pass them and run to a broken video.
 function checkSettingKind(name, value) {
   const bad = (kind) => new Error(`sampler setting ${name}=${show(value)}: must be ${kind}`);
@@ -53,7 +53,7 @@ function checkSettingKind(name, value) {
 }
 
 // The sampler's settings for one call: the package's, overridden; checked as Python's
-// with_overrides checks them (kinds, ranges, and the limits of edge/options.py)
+// with_overrides checks them (kinds, ranges, and the limits of edge/core/options.py)
 export function settingsWith(packaged, overrides) {
   for (const [name, value] of Object.entries(overrides)) checkSettingKind(name, value);
   overrides = { ...overrides };

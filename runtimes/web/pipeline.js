@@ -86,7 +86,7 @@ function blockBuffers(blocks) {
 
 const now = () => performance.now() / 1000;
 
-// Which variant a transformer call runs (edge/manifest_schema.py call_variant): merged
+// Which variant a transformer call runs (edge/core/manifest_schema.py call_variant): merged
 // (TDTM) or not, and the caption's half alone ("unguided") or the guidance pair
 export function callVariant(merged, alone) {
   const variant = merged ? "tdtm" : null;
@@ -95,7 +95,7 @@ export function callVariant(merged, alone) {
 }
 
 // The variant one block runs for a call's variant, given its variants {name: ...}
-// (edge/manifest_schema.py block_variant): merging where the block merges (TDTM pairs), the
+// (edge/core/manifest_schema.py block_variant): merging where the block merges (TDTM pairs), the
 // caption's half on every block: "tdtm" falls back to the block's own graph, "tdtm_unguided"
 // to "unguided" where the block does not merge; any other variant must be there.
 export function blockVariant(present, variant, key = "the block") {

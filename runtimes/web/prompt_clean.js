@@ -1,5 +1,5 @@
 // How captions are cleaned before tokenizing (the manifest's `tokenizer.clean`), as
-// edge/tokenizer.py `clean_prompt` does: "none" leaves them; "wan" is WanPipeline's
+// edge/core/tokenizer.py `clean_prompt` does: "none" leaves them; "wan" is WanPipeline's
 // prompt_clean without ftfy (diffusers uses ftfy only when it is installed): HTML character
 // references unescaped twice as Python's `html.unescape` does, the ends stripped, whitespace
 // runs collapsed to one space (`re.sub(r"\s+", " ", text)`), the ends stripped again.

@@ -1,5 +1,5 @@
-// The sampler loop of edge/sampler.py, mirrored line by line (keep the two in step).
-// The scheduler is an object (schedulers.js, as edge/schedulers.py), looked up by the
+// The sampler loop of edge/core/sampler.py, mirrored line by line (keep the two in step).
+// The scheduler is an object (schedulers.js, as edge/core/schedulers.py), looked up by the
 // settings' `scheduler` name: sample() asks it for the schedule, a solver to step through
 // it, a leap's re-planned tail and the one-step jump, and tests no scheduler name itself.
 //
@@ -21,7 +21,7 @@ export const DEFAULT_SETTINGS = {
   leap_steps: 1, merge_steps: 0, cache_threshold: 0.0, guidance_steps: null, sigmas: null,
 };
 
-// edge/sampler.py SamplerSettings._check_sigmas: given levels, one a step, falling in (0, 1],
+// edge/core/sampler.py SamplerSettings._check_sigmas: given levels, one a step, falling in (0, 1],
 // for a scheduler that takes them
 function checkSigmas(s, bad) {
   const levels = s.sigmas;
@@ -44,7 +44,7 @@ export function checkSettings(values) {
   if (unknown.length) throw new Error(`unknown sampler setting(s): ${unknown.sort().join(", ")}`);
   const s = { ...DEFAULT_SETTINGS, ...values };
   const bad = (name, why) => new Error(`sampler setting ${name}=${JSON.stringify(s[name])}: ${why}`);
-  // edge/schedulers.py SCHEDULERS, with SamplerSettings' own message (the value as repr())
+  // edge/core/schedulers.py SCHEDULERS, with SamplerSettings' own message (the value as repr())
   if (!isScheduler(s.scheduler)) throw unknownScheduler(s.scheduler);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
   if (s.dynamic_guidance && !SCHEDULERS[s.scheduler].takesDynamicGuidance) {
@@ -88,7 +88,7 @@ export function checkSettings(values) {
   return s;
 }
 
-// edge/sampler.py scheduler_of: the settings' scheduler object (schedulers.js)
+// edge/core/sampler.py scheduler_of: the settings' scheduler object (schedulers.js)
 export function schedulerOf(settings) {
   return schedulerFor(settings.scheduler, settings.shift, settings.num_train_timesteps,
                       settings.shift_terminal);
@@ -123,7 +123,7 @@ function besselStd(a) {
   return Math.sqrt(squares / (a.length - 1));
 }
 
-// edge/sampler.py rescaled_guidance (LTXPipeline's guidance_rescale) for one sample (the
+// edge/core/sampler.py rescaled_guidance (LTXPipeline's guidance_rescale) for one sample (the
 // page generates one video at a time): v scaled to vCond's standard deviation, mixed with v
 // by `rescale`, in float64 then float32. Sums run in order where NumPy's are pairwise: the
 // same to float32 rounding, not bit for bit.
@@ -156,16 +156,16 @@ export function fifthPower(x) {
   return r + (re + fourthError * x);
 }
 
-// edge/sampler.py dynamic_guidance: CogVideoXPipeline's use_dynamic_cfg scale at training
+// edge/core/sampler.py dynamic_guidance: CogVideoXPipeline's use_dynamic_cfg scale at training
 // timestep `timestep` of a `steps`-step run, in float64 as diffusers computes it
 export function dynamicGuidance(guidance, timestep, steps) {
   return 1 + guidance * ((1 - Math.cos(Math.PI * fifthPower((steps - timestep) / steps))) / 2);
 }
 
-// edge/sampler.py step_guidance: `guidance`, or CogVideoX's scale at the step's level (a
+// edge/core/sampler.py step_guidance: `guidance`, or CogVideoX's scale at the step's level (a
 // training timestep) with dynamic_guidance and a guidance over 1 (diffusers runs no guidance
 // at or below 1)
-// edge/sampler.py guided_call: whether call `call` (0-based) is guided: a scale over 1 (as
+// edge/core/sampler.py guided_call: whether call `call` (0-based) is guided: a scale over 1 (as
 // diffusers' do_classifier_free_guidance) and the call before the cutoff (guidance_steps)
 export function guidedCall(settings, call) {
   return settings.guidance > 1 && (settings.guidance_steps === null || call < settings.guidance_steps);
@@ -276,7 +276,7 @@ export async function runPairs(step, x, tMod, pairs, batch, dim) {
   const rows = Math.min(step.videos ?? batch, batch);
   const indicator = modulatedInput(x.subarray(0, (x.length / batch) * rows),
                                    tMod.subarray(0, (tMod.length / batch) * rows), rows, dim);
-  // a residual of fewer rows than the call's batch cannot stand in (edge/sampler.py)
+  // a residual of fewer rows than the call's batch cannot stand in (edge/core/sampler.py)
   const short = step.cache.residual !== null && step.cache.residual.length < x.length;
   if (step.cache.shouldCompute(indicator, step.index === 0 || step.last || short)) {
     const out = await pairs(x);

@@ -1,4 +1,4 @@
-// The schedulers of edge/schedulers.py as objects, mirrored for the browser (keep the two in
+// The schedulers of edge/core/schedulers.py as objects, mirrored for the browser (keep the two in
 // step): one class per scheduler, looked up by the manifest's `sampler.scheduler`
 // (SCHEDULERS, schedulerFor), each with the interface sampler.js asks of it:
 //
@@ -38,7 +38,7 @@ function shiftSigma32(s, shift) {
   return f32(f32(f32(shift) * s) / f32(1 + f32(f32(shift - 1) * s)));
 }
 
-// edge/schedulers.py euler_sigmas (FlowMatchEulerDiscreteScheduler.set_timesteps with a static
+// edge/core/schedulers.py euler_sigmas (FlowMatchEulerDiscreteScheduler.set_timesteps with a static
 // shift): a float64 linspace from 1 to the (shifted) smallest training sigma (or the `given`
 // levels), rounded to float32, shifted once more in float32, then a final 0 (steps + 1 values).
 export function eulerSigmas(steps, shift, numTrainTimesteps, given = null) {
@@ -54,7 +54,7 @@ export function eulerSigmas(steps, shift, numTrainTimesteps, given = null) {
   return out;
 }
 
-// edge/schedulers.py ltx_sigmas (FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline
+// edge/core/schedulers.py ltx_sigmas (FlowMatchEulerDiscreteScheduler.set_timesteps as LTXPipeline
 // calls it): a float64 linspace(1, 1/N, N) (or the `given` levels) rounded to float32, the
 // exponential time shift e / (e + (1 / s - 1)) with e = float32(shift) = exp(mu), then (with a
 // terminal) 1 - s scaled so the last level is shiftTerminal, all float32 op by op; a final 0.
@@ -76,7 +76,7 @@ export function ltxSigmas(steps, shift, shiftTerminal, given = null) {
   return out;
 }
 
-// edge/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
+// edge/core/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
 // before the shift (float64, as NumPy computes on float64), then 0; rounded to float32.
 export function leapTailSigmas(tFrom, tMin, steps, shift) {
   const unshift = (t) => t / (shift - (shift - 1) * t);
@@ -110,7 +110,7 @@ export class EulerSolver {
   }
 }
 
-// What the sampler asks of a scheduler (edge/schedulers.py Scheduler); a subclass sets
+// What the sampler asks of a scheduler (edge/core/schedulers.py Scheduler); a subclass sets
 // `static name` to its manifest name and gives schedule, tail and solver; `static leapTail`
 // false where it builds no re-planned tail (Python's leap_tail); `static takesShiftTerminal`
 // true where its schedule takes a shift_terminal (Python's takes_shift_terminal);
@@ -184,7 +184,7 @@ export class FlowUniPC extends Scheduler {
   }
 }
 
-// FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/schedulers.py FlowEulerLTX,
+// FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/core/schedulers.py FlowEulerLTX,
 // ltxSigmas): shift is exp(mu), shiftTerminal the last level before 0 (null: no stretch); the
 // model is told the sigmas. Its steps and a leap's tail are flow_euler's with the same shift
 // (evenly spaced before it, the terminal stretch not applied again).
@@ -198,7 +198,7 @@ export class FlowEulerLTX extends FlowEuler {
   }
 }
 
-// Open-Sora 1.2's RFLOW (edge/schedulers.py RFlow): flow_euler's static shift (the video
+// Open-Sora 1.2's RFLOW (edge/core/schedulers.py RFlow): flow_euler's static shift (the video
 // size's ratio r) on the levels (1 - i/N), np.linspace(1, 1/N, N) in float64.
 export class RFlow extends FlowEuler {
   static name = "rflow";
@@ -212,7 +212,7 @@ export class RFlow extends FlowEuler {
   }
 }
 
-// edge/schedulers.py rescale_zero_terminal_snr (float64): the last timestep's signal to zero,
+// edge/core/schedulers.py rescale_zero_terminal_snr (float64): the last timestep's signal to zero,
 // the first's kept.
 export function rescaleZeroTerminalSnr(alphasCumprod) {
   const root = alphasCumprod.map(Math.sqrt);
@@ -240,7 +240,7 @@ function roundHalfEven(x) {
   return r - x === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
-// edge/schedulers.py ddim_x0: the clean sample a v-prediction gives at a level of
+// edge/core/schedulers.py ddim_x0: the clean sample a v-prediction gives at a level of
 // alphas_cumprod `alpha` (float64): sqrt(alpha) x - sqrt(1 - alpha) v, float32 op by op.
 export function ddimX0(x, v, alpha) {
   const a = f32(Math.sqrt(alpha)), b = f32(Math.sqrt(1 - alpha));
@@ -249,7 +249,7 @@ export function ddimX0(x, v, alpha) {
   return out;
 }
 
-// edge/schedulers.py DDIMSolver: diffusers' DDIM step (eta 0) on a v-prediction, from
+// edge/core/schedulers.py DDIMSolver: diffusers' DDIM step (eta 0) on a v-prediction, from
 // timestep t to t - stride (alpha 1 past 0). The scalars are float64; each product float32.
 export class DDIMSolver {
   constructor(timesteps, alphasCumprod, stride) {
@@ -275,7 +275,7 @@ export class DDIMSolver {
   }
 }
 
-// CogVideoXDDIMScheduler as CogVideoX ships it (edge/schedulers.py CogVideoXDDIM):
+// CogVideoXDDIMScheduler as CogVideoX ships it (edge/core/schedulers.py CogVideoXDDIM):
 // v-prediction, scaled-linear betas, the SNR shift by `shift`, zero terminal SNR, trailing
 // timesteps, eta 0, the final alpha 1. Its levels are its training timesteps, then -1; it
 // steps from t to t - N // steps. A leap is one jump; no re-planned tail (leapTail false).
@@ -330,14 +330,14 @@ export class CogVideoXDDIM extends Scheduler {
   }
 }
 
-// edge/schedulers.py SCHEDULERS, in its order
+// edge/core/schedulers.py SCHEDULERS, in its order
 export const SCHEDULERS = { flow_euler: FlowEuler, flow_unipc: FlowUniPC,
                             cogvideox_ddim: CogVideoXDDIM, ltx_flow_euler: FlowEulerLTX,
                             rflow: RFlow };
 
 export const isScheduler = (name) => typeof name === "string" && Object.hasOwn(SCHEDULERS, name);
 
-// The refusal of a name not in SCHEDULERS, worded as edge/schedulers.py scheduler_for and
+// The refusal of a name not in SCHEDULERS, worded as edge/core/schedulers.py scheduler_for and
 // SamplerSettings word it.
 export function unknownScheduler(name) {
   return new Error(`sampler setting scheduler=${pythonRepr(name)}: known: ${Object.keys(SCHEDULERS).join(", ")}`);

@@ -1,5 +1,5 @@
 // Caption tokenisation from the package's `tokenizer.json` (the file the Python runtime gives
-// the Rust `tokenizers`), as edge/tokenizer.py and runtimes/python/pipeline.py do it, driven by
+// the Rust `tokenizers`), as edge/core/tokenizer.py and runtimes/python/pipeline.py do it, driven by
 // the manifest's `tokenizer` object: `max_tokens`, `pad_token` (absent: "[PAD]") and `clean`
 // (absent: "none"; "wan" for Wan 2.1 packages, prompt_clean.js).
 //

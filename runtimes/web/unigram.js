@@ -1,5 +1,5 @@
 // A Unigram (sentencepiece T5 / UMT5, Wan 2.1) caption tokenizer read from a Hugging Face
-// tokenizer.json, giving the ids the Python runtime's edge/tokenizer.py gives (the Rust
+// tokenizer.json, giving the ids the Python runtime's edge/core/tokenizer.py gives (the Rust
 // `tokenizers` library). The Swift mirror is runtimes/swift/Sources/EdgeCore/UnigramTokenizer.swift;
 // tests/fixtures/swift/unigram/ holds both to Python's ids (tests/test_web_mirrors.py).
 //

@@ -1,4 +1,4 @@
-// The math of the `flow_unipc` scheduler of edge/schedulers.py (Wan 2.1's default), mirrored
+// The math of the `flow_unipc` scheduler of edge/core/schedulers.py (Wan 2.1's default), mirrored
 // for the browser: UniPC's flow sigmas and model times, the whole-step times of a leap's tail,
 // and UniPCFlow (order 2, bh2, predicting x0), the solver FlowUniPC (schedulers.js) hands the
 // sampler. runtimes/swift/Sources/EdgeCore/UniPC.swift is the same mirror in Swift;
@@ -79,7 +79,7 @@ function lambda(sigma) {
 
 const expm1F32 = (x) => f32(Math.expm1(x));
 
-// One generation's UniPC state, as UniPCFlow in edge/schedulers.py. step(v, i, x) takes the
+// One generation's UniPC state, as UniPCFlow in edge/core/schedulers.py. step(v, i, x) takes the
 // guided velocity at sigmas[i] and returns the sample at sigmas[i + 1] (Float32Arrays).
 export class UniPCFlow {
   static order = 2;

@@ -1,4 +1,4 @@
-/// Which of a block's programs a transformer call runs, as edge/manifest_schema.py decides it
+/// Which of a block's programs a transformer call runs, as edge/core/manifest_schema.py decides it
 /// (`unguided_variant`, `call_variant`, `block_variant`): the merged (TDTM) form or not, and
 /// the caption's half of the guidance batch alone where the call is unguided and the package
 /// has those programs (`unguided`, `tdtm_unguided`).

@@ -1,7 +1,7 @@
 import Foundation
 
 /// A package's caption tokenizer: what the Python runtime computes with
-/// `edge.tokenizer.load_tokenizer(path, max_tokens, pad_token)` then `tokenize(tok, [caption])`.
+/// `edge.core.tokenizer.load_tokenizer(path, max_tokens, pad_token)` then `tokenize(tok, [caption])`.
 /// `encode` gives `maxTokens` ids and the attention mask (1 for tokens, 0 for padding); a
 /// caption longer than that is truncated, keeping the end-of-caption token(s) the file's
 /// post-processor adds.
@@ -76,7 +76,7 @@ public func vocabularySize(ofTokenizerJSON data: Data) throws -> Int {
 // MARK: - prompt cleaning
 
 /// How captions are cleaned before tokenizing (the manifest's `tokenizer.clean`), as
-/// `edge.tokenizer.clean_prompt` does: "none" leaves them; "wan" (WanPipeline's prompt_clean
+/// `edge.core.tokenizer.clean_prompt` does: "none" leaves them; "wan" (WanPipeline's prompt_clean
 /// without ftfy) unescapes HTML entities twice as Python's `html.unescape` does, strips the
 /// ends, collapses whitespace runs to one space (`re.sub(r"\s+", " ", text)`) and strips again.
 /// Whitespace is Python's `str.isspace`; both tables come from Python (HTMLEntities.swift).
@@ -107,7 +107,7 @@ public enum PromptCleaner: String, CaseIterable, Sendable {
     }
 }
 
-/// `edge.tokenizer.clean_prompt(text, kind)`; an unknown kind throws.
+/// `edge.core.tokenizer.clean_prompt(text, kind)`; an unknown kind throws.
 public func cleanPrompt(_ text: String, kind: String) throws -> String {
     try PromptCleaner(kind: kind).clean(text)
 }

@@ -42,7 +42,7 @@ public struct Manifest: Decodable {
         public let variants: [String: Variant]?
 
         /// The block as its variant `variant` runs: that variant's signature where it has
-        /// its own (edge/manifest_schema.py as_variant); the block itself for nil.
+        /// its own (edge/core/manifest_schema.py as_variant); the block itself for nil.
         public func running(_ variant: String?) -> Block {
             guard let variant, let v = variants?[variant] else { return self }
             return Block(name: name, model: v.model, function: v.function, files: v.files, weights: weights, weightBytes: v.weightBytes,
@@ -54,7 +54,7 @@ public struct Manifest: Decodable {
     /// time): `input` split along `axis` into pieces of `size` after a first of `firstSize`
     /// (absent: `size`), the first piece through `firstVariant`, each `state` output fed to
     /// the same-named input of the next piece, the pieces of `output` joined along
-    /// `outputAxis` (absent: `axis`) (edge/blocks.py Chunking). No `firstVariant`: every
+    /// `outputAxis` (absent: `axis`) (edge/graph/blocks.py Chunking). No `firstVariant`: every
     /// piece through the blocks themselves (Open-Sora's 17-frame chunks, decoded alone).
     public struct Chunked: Decodable, Equatable {
         public let input: String
@@ -66,7 +66,7 @@ public struct Manifest: Decodable {
         public let firstSize: Int?
         public let outputAxis: Int?
 
-        /// [start, stop) of each piece of an axis of `length` (edge/pieces.py piece_bounds);
+        /// [start, stop) of each piece of an axis of `length` (edge/core/pieces.py piece_bounds);
         /// nil where the pieces do not tile it.
         public func pieceBounds(_ length: Int) -> [Range<Int>]? {
             let first = firstSize ?? size
@@ -274,7 +274,7 @@ public enum ManifestReader {
         }
     }
 
-    /// How the programs hold a block's variants (edge/manifest_schema.py): "separate" (absent;
+    /// How the programs hold a block's variants (edge/core/manifest_schema.py): "separate" (absent;
     /// each variant a program of its own, iOS 17), "multifunction" (the block's program
     /// holds them as functions, iOS 18) or "coreai" (a Core AI model per block, its variants
     /// functions of it, iOS 27), with the same refusals as the Python side.

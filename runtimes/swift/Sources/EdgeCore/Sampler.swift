@@ -1,8 +1,8 @@
 import Foundation
 
-// A line-by-line mirror of edge/sampler.py (the sampler loop of every scheduler: classifier-free
+// A line-by-line mirror of edge/core/sampler.py (the sampler loop of every scheduler: classifier-free
 // guidance, Linear Proportional Leap, TDTM step switch, step cache). It asks the scheduler
-// the settings name (Schedulers.swift, edge/schedulers.py) for the noise levels, model times,
+// the settings name (Schedulers.swift, edge/core/schedulers.py) for the noise levels, model times,
 // solver, a leap's tail and its jump, and tests no scheduler's name. Keep them in step: the
 // XCTests replay tests/fixtures/sampler/*.json and tests/fixtures/swift/*.json, written by
 // the Python implementation. Arithmetic follows NumPy's dtypes: latents and velocities in
@@ -20,11 +20,11 @@ public enum SettingsError: Error, CustomStringConvertible {
     }
 }
 
-/// The manifest's `sampler` object (fields of SamplerSettings in edge/sampler.py).
+/// The manifest's `sampler` object (fields of SamplerSettings in edge/core/sampler.py).
 public struct SamplerSettings: Codable, Equatable {
     public var steps = 30
-    public static let maxSteps = 10_000               // edge/options.py MAX_STEPS
-    public static let maxTrainTimesteps = 1_000_000   // edge/options.py MAX_TRAIN_TIMESTEPS
+    public static let maxSteps = 10_000               // edge/core/options.py MAX_STEPS
+    public static let maxTrainTimesteps = 1_000_000   // edge/core/options.py MAX_TRAIN_TIMESTEPS
     public var guidance = 5.0
     public var dynamicGuidance = false   // CogVideoX's use_dynamic_cfg (cogvideox_ddim only)
     public var guidanceRescale = 0.0     // LTXPipeline's guidance_rescale, 0 (off) to 1
@@ -101,7 +101,7 @@ public struct SamplerSettings: Codable, Equatable {
         // the registry's refusal (Schedulers.swift), the message SamplerSettings gives
         let named = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
-        // edge/options.py's bounds: a count from a file never sizes an allocation unchecked
+        // edge/core/options.py's bounds: a count from a file never sizes an allocation unchecked
         for (name, value, most) in [("steps", steps, Self.maxSteps), ("leap_steps", leapSteps, Self.maxSteps),
                                     ("num_train_timesteps", numTrainTimesteps, Self.maxTrainTimesteps)] where value > most {
             throw bad(name, value, "more than \(most)")
@@ -178,7 +178,7 @@ func pythonRepr(_ text: String) -> String {
     return out + quote
 }
 
-/// The scheduler the settings name (scheduler_of in edge/sampler.py), with their shift and
+/// The scheduler the settings name (scheduler_of in edge/core/sampler.py), with their shift and
 /// training steps. Settings are validated when decoded and by `validate()` (as Python's
 /// SamplerSettings are when made): an unknown name here is a caller's error, and stops the
 /// program with the message `validate()` throws.
@@ -209,7 +209,7 @@ public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double)
     return Tensor(shape: cond.shape, data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })
 }
 
-/// edge/sampler.py rescaled_guidance (LTXPipeline's guidance_rescale): each sample of `v`
+/// edge/core/sampler.py rescaled_guidance (LTXPipeline's guidance_rescale): each sample of `v`
 /// scaled to the standard deviation of its conditional velocity (over all its values, with
 /// Bessel's correction as torch.std), mixed with `v` by `rescale`, in float64 then float32.
 /// Sums run in order where NumPy's are pairwise: the same to float32 rounding, not bit for bit.
@@ -256,15 +256,15 @@ public func fifthPower(_ x: Double) -> Double {
 
 /// CogVideoXPipeline's use_dynamic_cfg scale at training timestep `timestep` of a
 /// `steps`-step run, in float64 as diffusers computes it (dynamic_guidance in
-/// edge/sampler.py).
+/// edge/core/sampler.py).
 public func dynamicGuidance(_ guidance: Double, timestep: Int, steps: Int) -> Double {
     1 + guidance * ((1 - cos(Double.pi * fifthPower(Double(steps - timestep) / Double(steps)))) / 2)
 }
 
 /// `guidance`, or CogVideoX's scale at the step's level (a training timestep) with
 /// dynamicGuidance and a guidance over 1 (diffusers runs no guidance at or below 1):
-/// step_guidance in edge/sampler.py.
-/// edge/sampler.py guided_call: whether call `call` (0-based) is guided: a scale over 1 (as
+/// step_guidance in edge/core/sampler.py.
+/// edge/core/sampler.py guided_call: whether call `call` (0-based) is guided: a scale over 1 (as
 /// diffusers' do_classifier_free_guidance) and the call before the cutoff (guidanceSteps).
 public func guidedCall(_ settings: SamplerSettings, _ call: Int) -> Bool {
     settings.guidance > 1 && (settings.guidanceSteps.map { call < $0 } ?? true)
@@ -289,7 +289,7 @@ public func cosine(_ a: Tensor, _ b: Tensor) -> Double {
 }
 
 /// Decides, after each velocity prediction, whether to leap to t = 0 now (see LeapRule in
-/// edge/sampler.py).
+/// edge/core/sampler.py).
 public final class LeapRule {
     let settings: SamplerSettings
     var previous: Tensor?
@@ -355,7 +355,7 @@ public final class StepCache {
     public func shouldCompute(_ indicator: [Double], batch: Int, force: Bool = false) -> Bool {
         let change = previous.map { relativeL1(indicator, $0) } ?? .infinity
         previous = indicator
-        // a residual of fewer rows than the call's batch cannot stand in (edge/sampler.py)
+        // a residual of fewer rows than the call's batch cannot stand in (edge/core/sampler.py)
         if force || residual == nil || (residualBatch ?? 0) < batch {
             accumulated = 0
             return true

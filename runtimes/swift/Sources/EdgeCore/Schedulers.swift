@@ -1,6 +1,6 @@
 import Foundation
 
-// A mirror of edge/schedulers.py's classes: one type per scheduler with one small interface
+// A mirror of edge/core/schedulers.py's classes: one type per scheduler with one small interface
 // (`Scheduler`), looked up by the manifest's `sampler.scheduler` name (`schedulers`,
 // `scheduler(named:shift:numTrainTimesteps:)`). The sampler (Sampler.swift) asks a scheduler
 // only for what this interface gives: the noise levels and model times of a step count, the
@@ -27,7 +27,7 @@ extension Solver {
     public func step(_ v: Tensor, _ i: Int, _ x: Tensor) -> Tensor { step(v: v, i: i, x: x) }
 }
 
-/// What the sampler asks of a scheduler (Scheduler in edge/schedulers.py). `name` is the
+/// What the sampler asks of a scheduler (Scheduler in edge/core/schedulers.py). `name` is the
 /// manifest's `sampler.scheduler`; `leapTail`: whether `tail` re-plans a leap's rest in
 /// several steps (true for the flows, by default). Without one a leap is one `jump`, and a
 /// leap_steps over 1 is refused with the settings (SamplerSettings.validate()).
@@ -141,7 +141,7 @@ public struct FlowEuler: EulerFlow {
     }
 }
 
-/// FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/schedulers.py FlowEulerLTX,
+/// FlowMatchEulerDiscreteScheduler as LTXPipeline sets it (edge/core/schedulers.py FlowEulerLTX,
 /// `ltxSigmas`): `shift` is exp(mu), `shiftTerminal` the last level before 0 (nil: no
 /// stretch); model times are the sigmas. Its steps and a leap's tail are flow_euler's with
 /// the same shift (evenly spaced before it, the terminal stretch not applied again).
@@ -169,7 +169,7 @@ public struct FlowEulerLTX: EulerFlow {
     }
 }
 
-/// Open-Sora 1.2's RFLOW (edge/schedulers.py RFlow): flow_euler's static shift (the video
+/// Open-Sora 1.2's RFLOW (edge/core/schedulers.py RFlow): flow_euler's static shift (the video
 /// size's ratio r) on the levels (1 - i/N), np.linspace(1, 1/N, N); model times are the sigmas.
 public struct RFlow: EulerFlow {
     public static let name = "rflow"
@@ -357,7 +357,7 @@ func arange(_ start: Double, _ stop: Double, _ step: Double) -> [Double] {
     return (0..<length).map { i in i == 0 ? start : (i == 1 ? second : start + Double(i) * delta) }
 }
 
-/// The schedulers by name, in edge/schedulers.py's SCHEDULERS order.
+/// The schedulers by name, in edge/core/schedulers.py's SCHEDULERS order.
 public let schedulers: [(name: String, type: any Scheduler.Type)] =
     ([FlowEuler.self, FlowUniPC.self, CogVideoXDDIM.self, FlowEulerLTX.self, RFlow.self]
         as [any Scheduler.Type])
@@ -429,7 +429,7 @@ func ltxSigmas(steps n: Int, shift: Double, shiftTerminal: Double?, given: [Doub
     return sigmas + [0]
 }
 
-/// edge/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
+/// edge/core/schedulers.py leap_tail_sigmas: `steps` steps from tFrom down to tMin, evenly spaced
 /// before the shift (float64, as NumPy computes on float64), then 0; rounded to float32.
 public func leapTail(from tFrom: Float, to tMin: Float, steps: Int, shift: Double) -> [Float] {
     func unshift(_ t: Double) -> Double { t / (shift - (shift - 1) * t) }

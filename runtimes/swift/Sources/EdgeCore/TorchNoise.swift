@@ -1,6 +1,6 @@
 import Foundation
 
-/// What a seed means (edge/noise.py): the initial latents for `seed` are PyTorch's
+/// What a seed means (edge/core/noise.py): the initial latents for `seed` are PyTorch's
 /// `torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=float32)`,
 /// what diffusers draws for that generator, so a seed gives the same video in every runtime.
 ///
@@ -109,7 +109,7 @@ public enum TorchNoise {
     /// latents (LTX-Video's decode noise is the second draw). Each draw reads the words the
     /// one before left; a draw under 16 values before another is refused, since PyTorch
     /// keeps half of its last pair for the next draw, which is not mirrored here
-    /// (edge/noise.py torch_randn_draws).
+    /// (edge/core/noise.py torch_randn_draws).
     public static func randnDraws(counts: [Int], seed: UInt64) throws -> [[Float]] {
         try checkSeed(seed)
         if counts.dropLast().contains(where: { $0 < 16 }) {

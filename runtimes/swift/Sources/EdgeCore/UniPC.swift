@@ -1,6 +1,6 @@
 import Foundation
 
-// A mirror of edge/schedulers.py's `flow_unipc` parts, which FlowUniPC (Schedulers.swift)
+// A mirror of edge/core/schedulers.py's `flow_unipc` parts, which FlowUniPC (Schedulers.swift)
 // puts together: UniPC's flow sigmas and model times, the whole-step times of a leap's tail,
 // and UniPCFlow (order 2, bh2, predicting x0; its Solver) with the same float32 arithmetic,
 // operation for operation, as NumPy does it there.
@@ -79,7 +79,7 @@ func unipcLambda(_ sigma: Float) -> Float {
 func expm1Float(_ x: Float) -> Float { Float(expm1(Double(x))) }
 
 /// One generation's UniPC state (order 2, bh2, predicting x0), as UniPCFlow in
-/// edge/schedulers.py: FlowUniPC's solver. `step(v:i:x:)` takes the guided velocity at
+/// edge/core/schedulers.py: FlowUniPC's solver. `step(v:i:x:)` takes the guided velocity at
 /// sigmas[i] and returns the sample at sigmas[i + 1]. Scalars and arrays are float32, each
 /// operation rounded as NumPy rounds it (no fused multiply-adds).
 public final class UniPCFlow: Solver {

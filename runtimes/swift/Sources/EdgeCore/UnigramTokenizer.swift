@@ -1,7 +1,7 @@
 import Foundation
 
 /// A Unigram (sentencepiece T5 / UMT5) tokenizer read from a Hugging Face `tokenizers`
-/// tokenizer.json, giving the ids and attention masks the Python runtime's `edge.tokenizer`
+/// tokenizer.json, giving the ids and attention masks the Python runtime's `edge.core.tokenizer`
 /// gives (the Wan 2.1 packages' captions). It does what `tokenizers` does, in its order:
 ///
 /// 1. added tokens (`added_tokens`, e.g. `<pad>`, `</s>`, `<extra_id_0>`) are cut out of the

@@ -1,7 +1,7 @@
 import EdgeCore
 import Foundation
 
-/// A conformance bundle written by `edge record` (edge/bundle.py): one generation of a
+/// A conformance bundle written by `edge record` (edge/core/bundle.py): one generation of a
 /// package, every block call's inputs and outputs, the initial latents and the final
 /// frames. Checked when opened (format, version, the size and sha256 of tensors.bin, every
 /// array inside it) and against a package before it is used (`check(_:)`: the same

@@ -11,7 +11,7 @@ import Darwin
 
 /// What a file was when it was verified (size, modification time, inode, device); compared
 /// again whenever a block is loaded, so a file changed on disk after verification is refused
-/// (edge/package.py FileIdentity).
+/// (edge/core/package.py FileIdentity).
 public struct FileIdentity: Equatable {
     public let size: Int
     public let modifiedSeconds: Int

@@ -1,7 +1,7 @@
 import XCTest
 @testable import EdgeCore
 
-/// The variant choice against edge/manifest_schema.py's (tests/test_guidance_cutoff.py
+/// The variant choice against edge/core/manifest_schema.py's (tests/test_guidance_cutoff.py
 /// test_block_variant: the same cases).
 final class BlockVariantsTests: XCTestCase {
     func testCallVariantsNameTheMergedAndCaptionHalfForms() {

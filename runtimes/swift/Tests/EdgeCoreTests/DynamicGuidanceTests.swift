@@ -4,7 +4,7 @@ import XCTest
 
 /// CogVideoX's dynamic guidance (`dynamicGuidance` on cogvideox_ddim) against
 /// tests/fixtures/swift/dynamic_guidance.json (tests/swift_fixtures.py writes it from
-/// edge/sampler.py). The scales' float32, with which the guided velocity is computed, and the
+/// edge/core/sampler.py). The scales' float32, with which the guided velocity is computed, and the
 /// runs' latents are compared exactly; the scales' float64 within 1e-15 relative, as this
 /// platform's cosine need not be glibc's to the last bit.
 final class DynamicGuidanceTests: XCTestCase {
@@ -52,7 +52,7 @@ final class DynamicGuidanceTests: XCTestCase {
 
     func testOnlyCogVideoXDDIMTakesIt() throws {
         XCTAssertEqual(schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name), ["cogvideox_ddim"])
-        // SamplerSettings' message (edge/sampler.py), naming the field
+        // SamplerSettings' message (edge/core/sampler.py), naming the field
         for name in ["flow_euler", "flow_unipc", "ltx_flow_euler"] {
             XCTAssertThrowsError(try Fixtures.settings(["scheduler": name, "dynamic_guidance": true])) { error in
                 XCTAssertEqual("\(error)", "sampler setting dynamic_guidance=True: \(name) steps through no "

@@ -243,7 +243,7 @@ final class ManifestFixtureTests: XCTestCase {
         }
     }
 
-    /// A chunked component's pieces as edge/pieces.py piece_bounds cuts them: CogVideoX's
+    /// A chunked component's pieces as edge/core/pieces.py piece_bounds cuts them: CogVideoX's
     /// decoder takes a first call of three latent frames, then two at a time.
     func testChunkedPiecesTakeTheirFirstSize() throws {
         let json = #"{"input": "z", "output": "frames", "axis": 1, "size": 2, "first_variant": "first", "first_size": 3, "output_axis": 2, "state": []}"#

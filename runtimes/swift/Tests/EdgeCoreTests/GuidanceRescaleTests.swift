@@ -4,7 +4,7 @@ import XCTest
 
 /// LTXPipeline's guidance_rescale (`guidanceRescale`) against
 /// tests/fixtures/swift/guidance_rescale.json (tests/swift_fixtures.py writes it from
-/// edge/sampler.py): whole sample() runs with it on LTX's schedule with a re-planned leap and
+/// edge/core/sampler.py): whole sample() runs with it on LTX's schedule with a re-planned leap and
 /// TDTM, flow_euler fully rescaled, CogVideoX's dynamic guidance and UniPC with a dynamic
 /// leap. Decisions, model times and traces exactly; the latents within 1e-6 (NumPy sums the
 /// standard deviations pairwise, this in order).

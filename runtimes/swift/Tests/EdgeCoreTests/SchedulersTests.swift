@@ -4,7 +4,7 @@ import XCTest
 
 /// Each scheduler through its interface alone, by name through the registry, against
 /// tests/fixtures/swift/schedulers.json (tests/swift_fixtures.py scheduler_cases, from
-/// edge/schedulers.py), each with its case's shift_terminal: schedule, tail (where the
+/// edge/core/schedulers.py), each with its case's shift_terminal: schedule, tail (where the
 /// scheduler has one: cogvideox_ddim's cases hold none) and jump equal bit for bit as Float;
 /// the solver's steps on fixed velocities equal bit for bit for flow_euler, cogvideox_ddim and
 /// ltx_flow_euler (with and without a terminal), and for flow_unipc within
@@ -102,7 +102,7 @@ final class SchedulersFixtureTests: XCTestCase {
 
 final class SchedulersTests: XCTestCase {
     func testRegistry() throws {
-        // edge/schedulers.py SCHEDULERS, in its order
+        // edge/core/schedulers.py SCHEDULERS, in its order
         XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
         XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
         XCTAssertTrue(schedulers[0].type == FlowEuler.self)
@@ -140,7 +140,7 @@ final class SchedulersTests: XCTestCase {
     func testRefusesAnUnknownName() {
         for name in ["ddim", "flow_euler_x", "", "FLOW_EULER"] {
             XCTAssertThrowsError(try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)) { error in
-                // the message edge/schedulers.py's scheduler_for gives
+                // the message edge/core/schedulers.py's scheduler_for gives
                 XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
             }
         }
@@ -209,7 +209,7 @@ final class SchedulersTests: XCTestCase {
     }
 
     func testShiftTerminalIsCheckedAsPythonChecksIt() throws {
-        // SamplerSettings' messages (edge/sampler.py), naming the field
+        // SamplerSettings' messages (edge/core/sampler.py), naming the field
         let range = "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch"
         for value in [1.5, -0.25, 0.0, 1.0] {
             XCTAssertThrowsError(try Fixtures.settings(["scheduler": "ltx_flow_euler", "shift_terminal": value])) { error in
@@ -241,7 +241,7 @@ final class SchedulersTests: XCTestCase {
     }
 
     func testRefusesLeapStepsWithoutATail() throws {
-        // the message edge/sampler.py's SamplerSettings gives
+        // the message edge/core/sampler.py's SamplerSettings gives
         var settings = SamplerSettings()
         settings.scheduler = "cogvideox_ddim"
         settings.leapSteps = 3

@@ -2,7 +2,7 @@ import Foundation
 import XCTest
 @testable import EdgeCore
 
-/// What a seed means (TorchNoise, edge/noise.py): PyTorch's own torch.randn for the seed,
+/// What a seed means (TorchNoise, edge/core/noise.py): PyTorch's own torch.randn for the seed,
 /// held to tests/fixtures/noise/torch_randn.json (tests/noise_fixtures.py, written by torch).
 final class TorchNoiseTests: XCTestCase {
     /// Every case of the fixture: all values within 1e-5 of torch's, or for the large cases
@@ -137,7 +137,7 @@ final class TorchNoiseTests: XCTestCase {
     }
 
     /// A package's `noise` field: only torch.randn/cpu/float32 is drawn; a package without
-    /// the field (NumPy PCG64 noise) or with another definition is refused, as edge/noise.py
+    /// the field (NumPy PCG64 noise) or with another definition is refused, as edge/core/noise.py
     /// check_noise words it.
     func testRefusesAnotherNoiseDefinition() throws {
         XCTAssertNoThrow(try TorchNoise.checkNoise("torch.randn/cpu/float32"))

@@ -3,7 +3,7 @@ import XCTest
 @testable import EdgeCore
 
 /// The flow_unipc scheduler against tests/fixtures/swift/unipc.json (tests/swift_fixtures.py
-/// writes it from edge/sampler.py and edge/schedulers.py).
+/// writes it from edge/core/sampler.py and edge/core/schedulers.py).
 ///
 /// Timesteps, model times, the times each call is told, the 2x2 solves and the trace are
 /// compared exactly. Latents are compared within |got - want| <= 2e-6 * max(1, |want|): NumPy
@@ -77,7 +77,7 @@ final class UniPCTests: XCTestCase {
     func testRefusesAnUnknownScheduler() throws {
         for name in ["ddim", "flow_euler_x", ""] {
             XCTAssertThrowsError(try Fixtures.settings(["scheduler": name])) { error in
-                // the message edge/sampler.py's SamplerSettings gives
+                // the message edge/core/sampler.py's SamplerSettings gives
                 XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
             }
         }

@@ -1,10 +1,10 @@
 """How much memory a block call's activations take, estimated from shapes alone.
 
-Weights are what the loader streams under a budget (edge/plan.py); the activations a call
+Weights are what the loader streams under a budget (edge/planning/plan.py); the activations a call
 makes come on top, and at real video sizes they are the larger part (Wan 1.3B's block at
 480x832x81 holds ~4.7 GiB of them, its weights 177 MiB). The estimate runs the block on shape-only
-tensors (edge/shapes_only.py), its attention written out in the query chunks the exporters
-trace (edge/attention.py), and counts the bytes of every buffer an operator makes while a
+tensors (edge/graph/shapes_only.py), its attention written out in the query chunks the exporters
+trace (edge/graph/attention.py), and counts the bytes of every buffer an operator makes while a
 tensor holds it (PyTorch frees it at its last reference; a view shares its base's), the
 block's inputs included; the peak of the sum is the figure. Weights are not counted. It is
 what eager PyTorch holds, close to what a runtime that frees each buffer after its last use
@@ -18,12 +18,12 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edge.attention import replaced_sdpa, written_out_attention
-from edge.blocks import Block
-from edge.budget import BudgetError, format_size
-from edge.lazy_weights import materialized
-from edge.shapes_only import shapes_only
-from edge.token_chunks import token_chunks
+from edge.core.budget import BudgetError, format_size
+from edge.graph.attention import replaced_sdpa, written_out_attention
+from edge.graph.blocks import Block
+from edge.graph.lazy_weights import materialized
+from edge.graph.shapes_only import shapes_only
+from edge.graph.token_chunks import token_chunks
 
 
 def written_out_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -205,7 +205,7 @@ def check_calls_fit(components: dict[str, list[Block]], budget: int, size: str,
     weights. Named: the block, the size and both figures. Run on a shapes-only cut, before
     any work (seconds at any size). `itemsize` as `activation_lines`'; `held_bytes`: a block's
     weights as the target holds them, by key, where not float32's."""
-    from edge.plan import block_bytes
+    from edge.planning.plan import block_bytes
 
     blocks = [b for bs in components.values() for b in bs]
     peaks = at_compute_precision(activation_peaks(blocks, pieces), itemsize)

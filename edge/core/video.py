@@ -7,7 +7,7 @@ from pathlib import Path
 import imageio.v2 as imageio
 import numpy as np
 
-from edge.files import atomic_file
+from edge.core.files import atomic_file
 
 FORMATS = (".gif", ".mp4")
 # H.264's largest frame side (level 6.2) and far beyond any screen: --scale is bounded by it

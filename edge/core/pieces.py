@@ -1,4 +1,4 @@
-"""Where a chunked component's pieces start and stop (edge/blocks.py Chunking): shared by the
+"""Where a chunked component's pieces start and stop (edge/graph/blocks.py Chunking): shared by the
 export-side chain and the Python runtime, so it imports nothing heavy."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from edge.noise import check_seed
-from edge.sampler import SamplerSettings, timesteps
+from edge.core.noise import check_seed
+from edge.core.sampler import SamplerSettings, timesteps
 
 # Far above what any sampler uses; a schedule is `steps` long, so this bounds what a bad value
 # (a damaged manifest, a typo) costs before anything runs.
@@ -45,7 +45,7 @@ def check_prompts(prompts: Any, what: str = "prompt") -> list[str]:
 
 def check_seeds(seed: Any, n: int) -> list[int]:
     """Seed i of n prompts: `seed + i` for one integer, else a list of n integers; each a
-    seed as edge.noise defines it (0 to 2^63 - 1, PyTorch's manual_seed range)."""
+    seed as edge.core.noise defines it (0 to 2^63 - 1, PyTorch's manual_seed range)."""
     seeds = [seed + i for i in range(n)] if _is_int(seed) else seed
     if not isinstance(seeds, list | tuple) or len(seeds) != n:
         raise ValueError(f"seed must be an integer or a list of {n} integers, got {seed!r:.80}")

@@ -1,4 +1,4 @@
-"""The noise schedules and update rules the shared sampler (edge/sampler.py) integrates with.
+"""The noise schedules and update rules the shared sampler (edge/core/sampler.py) integrates with.
 
 One class per scheduler, looked up by the manifest's `sampler.scheduler` (`SCHEDULERS`,
 `scheduler_for`), with one small interface (`Scheduler`): the levels and model times of a
@@ -249,7 +249,7 @@ class Scheduler:
     # whether the schedule takes a `shift_terminal` (SamplerSettings refuses one otherwise)
     takes_shift_terminal = False
     # whether its levels are whole training timesteps, which CogVideoX's dynamic guidance
-    # formula reads (edge/sampler.py dynamic_guidance; SamplerSettings refuses it otherwise)
+    # formula reads (edge/core/sampler.py dynamic_guidance; SamplerSettings refuses it otherwise)
     takes_dynamic_guidance = False
     # whether given levels can replace its own spacing (the module's docstring;
     # SamplerSettings refuses `sigmas` otherwise)

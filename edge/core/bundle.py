@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.files import kind_of
+from edge.core.files import kind_of
 
 FORMAT = "edge-bundle"
 FORMAT_VERSION = 1
@@ -94,7 +94,7 @@ def write_bundle(folder: Path, fields: dict, tensors: TensorFile) -> None:
 def identify_bundle(folder: Path) -> str:
     """What the bundle at `folder` is, for a write that would replace it; anything else is
     refused (edge replaces only folders it wrote)."""
-    from edge.package import not_edges
+    from edge.core.package import not_edges
 
     try:
         bundle = read_bundle_json(folder)

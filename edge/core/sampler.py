@@ -2,7 +2,7 @@
 leaping, the TDTM step switch and the step cache.
 
 `sample()` integrates from t = 1 (noise) to t = 0 over the scheduler the settings name
-(`scheduler`, a name of edge/schedulers.py `SCHEDULERS`: flow-match Euler, LTX-Video's
+(`scheduler`, a name of edge/core/schedulers.py `SCHEDULERS`: flow-match Euler, LTX-Video's
 flow-match Euler, UniPC, CogVideoX's DDIM). The scheduler owns the noise levels, the model
 times and the solver that steps through them; this loop calls the predictor once per step,
 guides what it predicts (a flow's velocity v = noise - x0, DDIM's v-prediction) and hands that
@@ -25,7 +25,7 @@ docs/techniques-in-edge.md):
   `leap_steps` steps instead of the schedule's remaining ones. With one, the leap is one
   step with the whole remaining time (the scheduler's `jump`: for a flow, x - t v, the
   predicted x0); with more, the remaining time is re-planned with the schedule's own
-  spacing (the scheduler's `tail`, edge/schedulers.py).
+  spacing (the scheduler's `tail`, edge/core/schedulers.py).
 - Temporal token merging (`merge_steps`): the predictor is told to use the merged transformer
   variant for the first `merge_steps` steps.
 - Step cache (`cache_threshold`): the predictor skips the transformer pairs while the
@@ -45,8 +45,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from edge.noise import torch_randn
-from edge.schedulers import SCHEDULERS, Scheduler, scheduler_for
+from edge.core.noise import torch_randn
+from edge.core.schedulers import SCHEDULERS, Scheduler, scheduler_for
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class SamplerSettings:
     guidance_rescale: float = 0.0
     shift: float = 3.0                 # SD3-style timestep shift: more steps at high noise
     num_train_timesteps: int = 1000
-    scheduler: str = "flow_euler"      # a name of edge/schedulers.py SCHEDULERS
+    scheduler: str = "flow_euler"      # a name of edge/core/schedulers.py SCHEDULERS
     # the last noise level before 0, the schedule stretched to end there (ltx_flow_euler's
     # shift_terminal); None: no stretch
     shift_terminal: float | None = None
@@ -81,7 +81,7 @@ class SamplerSettings:
     guidance_steps: int | None = None
     # given levels: the `steps` noise levels a distilled model was trained for, falling in
     # (0, 1], in place of the schedule's own spacing, taken as diffusers' set_timesteps(
-    # sigmas=...) takes them (shifted as the schedule shifts its own; edge/schedulers.py);
+    # sigmas=...) takes them (shifted as the schedule shifts its own; edge/core/schedulers.py);
     # None: the schedule's own
     sigmas: tuple[float, ...] | None = None
 
@@ -251,7 +251,7 @@ def step_guidance(settings: SamplerSettings, level: float, steps: int) -> float:
 
 def initial_noise(shape: tuple[int, ...], seeds: list[int]) -> np.ndarray:
     """Standard normal latents (B, *shape), sample i drawn as diffusers draws one sample for a
-    generator seeded with seeds[i] (edge.noise)."""
+    generator seeded with seeds[i] (edge.core.noise)."""
     return np.stack([torch_randn(tuple(shape), s) for s in seeds])
 
 

@@ -9,7 +9,7 @@ computing and the one being read ahead. So, for a budget B:
    larger than B cannot run at all: refused, naming it and the smallest budget that works.
    Pairs are also split where the halves let the loader pin more of the transformer (a finer
    grain fills the budget better), so fewer bytes are read every denoising step.
-2. Pin: the runtime loader's own policy (`edge.budget.plan_pins`) on the sizes the
+2. Pin: the runtime loader's own policy (`edge.core.budget.plan_pins`) on the sizes the
    blocks will have in the package, so the plan printed is the plan that runs.
 3. Merge: adjacent streamed blocks of one kind (`layer_0`, `layer_1`, ...) are merged into one
    block while the merged weights stay within READ_UNIT and within the second largest
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edge.blocks import Block
-from edge.budget import check_budget, format_size, plan_pins
-from edge.package import weights_layout
-from edge.partition import kind, merge, split, splittable
+from edge.core.budget import check_budget, format_size, plan_pins
+from edge.core.package import weights_layout
+from edge.graph.blocks import Block
+from edge.planning.partition import kind, merge, split, splittable
 
 # Reads of this size reach the disk's sequential bandwidth (docs/benchmarks.md); merging
 # blocks beyond it gains nothing and coarsens what the loader can pin.

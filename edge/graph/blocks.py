@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge.lazy_weights import materialized
-from edge.manifest_schema import UNGUIDED, unguided_variant
-from edge.pieces import piece_bounds
-from edge.reference_device import run_module
-from edge.shapes_only import shapes_only
+from edge.core.manifest_schema import UNGUIDED, unguided_variant
+from edge.core.pieces import piece_bounds
+from edge.graph.lazy_weights import materialized
+from edge.graph.reference_device import run_module
+from edge.graph.shapes_only import shapes_only
 
 
 @dataclass
@@ -73,14 +73,14 @@ class Block:
 
     @torch.no_grad()
     def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # a model larger than memory has its weights read for the call (edge/lazy_weights.py);
+        # a model larger than memory has its weights read for the call (edge/graph/lazy_weights.py);
         # the pass runs where the reference does (`edge export --device`), outputs on the CPU
         with materialized(self.module):
             return run_module(self.module, inputs)
 
     def output_shapes(self) -> tuple[torch.Tensor, ...]:
         """The outputs' shapes and dtypes on the example, as tensors that hold no values
-        (edge/shapes_only.py): a block's signature without its forward pass."""
+        (edge/graph/shapes_only.py): a block's signature without its forward pass."""
         if self._reference is not None:
             return self._reference
         with shapes_only():

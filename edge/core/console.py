@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import typer
 
-from edge.files import printable
+from edge.core.files import printable
 
 
 def echo(text: str, err: bool = False) -> None:

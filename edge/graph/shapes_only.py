@@ -5,7 +5,7 @@ export's size (edge/families/): at Wan's 480x832x81 that is a full transformer f
 tens of minutes on a CPU, only to learn shapes a `--dry-run` prints. Within `shapes_only()`,
 PyTorch's fake tensors (torch._subclasses.fake_tensor, the tracing machinery torch.export
 itself runs on) carry shapes and dtypes through the same code and compute nothing, and
-weights kept in storage (edge/lazy_weights.py) are not read. Nothing made within holds
+weights kept in storage (edge/graph/lazy_weights.py) are not read. Nothing made within holds
 values: for plans, never for exports.
 """
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from edge.files import EdgeNotice
+from edge.core.files import EdgeNotice
 
 
 def load_tokenizer(tokenizer_json: str | Path, max_tokens: int,

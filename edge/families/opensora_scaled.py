@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edge.core.package import atomic_directory, check_replaceable
 from edge.models.scaled import identify_scaled_model
 from edge.models.scaled_cogvideox_ltx import T5_SMALL, text_encoder_parts
 from edge.models.scaled_wan import small_tokenizer, write_shards, write_text_encoder
-from edge.package import atomic_directory, check_replaceable
 
 # hpcai-tech/OpenSora-STDiT-v3 config.json (the fields edge reads)
 STDIT3_V3 = {"model_type": "STDiT3", "architectures": ["STDiT3"], "depth": 28,

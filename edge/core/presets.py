@@ -20,8 +20,8 @@ leave the leap out. Options given beside a preset win over it.
 
 from __future__ import annotations
 
-from edge.sampler import SamplerSettings
-from edge.schedulers import SCHEDULERS
+from edge.core.sampler import SamplerSettings
+from edge.core.schedulers import SCHEDULERS
 
 PRESETS = ("quality", "balanced", "fast")
 # the step cache threshold of the presets and the sweep's rows (docs/benchmarks.md: chosen on

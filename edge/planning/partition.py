@@ -1,6 +1,6 @@
 """Re-cut a component's blocks: merge adjacent blocks into one, or split a block its family
 lets split (tiny-sora: a transformer pair into its spatial and temporal halves; the family's
-`Block.splitter`). `edge/plan.py` decides which, for a memory budget.
+`Block.splitter`). `edge/planning/plan.py` decides which, for a memory budget.
 
 A merged block runs its members in order and passes tensors on by name, exactly as the
 runtime chains blocks, so a component computes the same thing whichever way it is cut
@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from edge.blocks import Block
+from edge.graph.blocks import Block
 
 
 class Chain(nn.Module):

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from edge import shapes_only
-from edge.files import kind_of
+from edge.core.files import kind_of
+from edge.graph import shapes_only
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "F64": torch.float64}

@@ -1,6 +1,6 @@
 """A traced block whose activations are bounded chunk by chunk: its attention in query chunks
-(edge/attention.py) and its feed-forwards in token chunks (edge/feed_forward.py), both to
-the score limit in force. Every exporter traces inside `token_chunks`, and the dry run's
+(edge/graph/attention.py) and its feed-forwards in token chunks (edge/graph/feed_forward.py),
+both to the score limit in force. Every exporter traces inside `token_chunks`, and the dry run's
 activation estimate counts inside it, so what the plan says is what the graphs hold."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from edge.attention import chunked_attention
-from edge.feed_forward import chunked_feed_forward
+from edge.graph.attention import chunked_attention
+from edge.graph.feed_forward import chunked_feed_forward
 
 
 @contextlib.contextmanager

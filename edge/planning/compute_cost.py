@@ -2,7 +2,7 @@
 
 A long export or check should say what it will take before it starts: at Wan 1.3B's
 480x832x17 one denoising step is tens of TFLOP, at 480x832x81 hundreds. Each block is run on
-shape-only tensors (edge/shapes_only.py) under PyTorch's FLOP counter (matrix products and
+shape-only tensors (edge/graph/shapes_only.py) under PyTorch's FLOP counter (matrix products and
 convolutions, the work that dominates; attention written out as two matrix products, as the
 chunked graphs compute it), and the counts are put together as the runtimes run the blocks:
 the text encoder once, the transformer once per step, a chunked decoder once per piece. The
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from edge.activation_memory import block_signature, written_out_sdpa
-from edge.attention import replaced_sdpa
-from edge.blocks import Block, Chunking
-from edge.lazy_weights import materialized
-from edge.shapes_only import active, shapes_only
-from edge.tiles import Tiling
+from edge.core.tiles import Tiling
+from edge.graph.attention import replaced_sdpa
+from edge.graph.blocks import Block, Chunking
+from edge.graph.lazy_weights import materialized
+from edge.graph.shapes_only import active, shapes_only
+from edge.planning.activation_memory import block_signature, written_out_sdpa
 
 
 def block_flops(block: Block) -> int:
@@ -81,7 +81,7 @@ def generation_cost(components: dict[str, list[Block]], chunked: dict[str, Chunk
     work, left out: an upper bound). A chunked decoder's blocks run once per piece of the
     latent's frames, the first piece as its variant (`Chunking.first_variant`) where the
     blocks have one; a decoder in `tiled` runs per tile, its blocks traced at a whole tile
-    (edge/tiles.py: the tiles at the far edges count for the area they cover)."""
+    (edge/core/tiles.py: the tiles at the far edges count for the area they cover)."""
     def component(name: str) -> int:
         blocks = components.get(name, [])
         flops = blocks_flops(blocks)
@@ -110,7 +110,7 @@ def generation_cost(components: dict[str, list[Block]], chunked: dict[str, Chunk
 
 
 def model_generation_cost(model, components: dict[str, list[Block]]) -> GenerationCost:
-    """`generation_cost` of a family's model (edge/family_model.py) cut into `components`,
+    """`generation_cost` of a family's model (edge/graph/family_model.py) cut into `components`,
     at its sampler's steps."""
     return generation_cost(components, model.chunked, tuple(model.latent_shape),
                            model.sampler.steps, getattr(model, "tiled", None))

@@ -4,7 +4,7 @@
 problem: wrong types, an unknown format version or target, duplicate names, file records that
 disagree with each other or with the tensor tables, and blocks that do not chain (a block's
 input must be an input of its component or an output of an earlier block). Everything here is
-about the JSON alone; edge/package.py checks the files on disk. Unknown extra fields are
+about the JSON alone; edge/core/package.py checks the files on disk. Unknown extra fields are
 ignored, so a package may carry fields a later edge adds within one format version.
 """
 
@@ -383,9 +383,9 @@ def _check_chunked(comp: dict, where: str) -> None:
 
 
 def _check_tiles(comp: dict, where: str) -> None:
-    """A component decoded in spatial tiles (edge/tiles.py): a valid tiling, and graphs that
+    """A component decoded in spatial tiles (edge/core/tiles.py): a valid tiling, and graphs that
     take any tile's height and width."""
-    from edge.tiles import Tiling
+    from edge.core.tiles import Tiling
 
     spec = require(comp, "tiles", dict, where)
     try:
@@ -605,7 +605,7 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
                                "manifest was altered or is corrupt)")
     for key in ("producer", "model"):
         require(manifest, key, str, MANIFEST)
-    if "noise" in manifest:  # the seed's definition (edge.noise); absent in older packages
+    if "noise" in manifest:  # the seed's definition (edge.core.noise); absent in older packages
         require(manifest, "noise", str, MANIFEST)
     target = require(manifest, "target", str, MANIFEST)
     if target not in TARGETS:

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from edge.blocks import Block, Chunking
-from edge.sampler import SamplerSettings
+from edge.core.sampler import SamplerSettings
+from edge.graph.blocks import Block, Chunking
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class FamilyModel(Protocol):
     chunked: dict[str, Chunking]    # components the runtime runs chunk by chunk
     device_storage: dict[str, StorageRule]  # the --quantize settings it words itself ("4")
     # built without weights, each block's read from the model folder while it is exported or
-    # run (edge/lazy_weights.py): only the onnx target exports such a model
+    # run (edge/graph/lazy_weights.py): only the onnx target exports such a model
     out_of_core: bool
 
     @property

@@ -1,11 +1,11 @@
 """Feed-forward layers that never hold a whole video's hidden state in an exported graph.
 
-After attention is chunked (edge/attention.py), a transformer block's largest activation is
+After attention is chunked (edge/graph/attention.py), a transformer block's largest activation is
 its feed-forward's hidden state: Wan 1.3B at 480x832x81 widens 32 760 tokens to 8 960
 channels, 1.2 GB a video in float32, and its GELU makes as much again. Inside
 `chunked_feed_forward()` every diffusers `FeedForward` (Wan, CogVideoX, LTX-Video) and edge's
 own `Mlp` (tiny-sora) runs its tokens in row chunks whose hidden state holds at most the
-score limit in force (`edge.attention.current_score_limit`: the one bound of a chunk's
+score limit in force (`edge.graph.attention.current_score_limit`: the one bound of a chunk's
 largest intermediate, per video), so a graph traced there computes one chunk after another
 and a runtime that frees each chunk's buffers before the next peaks at one chunk. A
 feed-forward is applied to each token on its own, so the chunks compute what the whole does.
@@ -20,19 +20,33 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from edge.attention import current_score_limit
+from edge.graph.attention import current_score_limit
 
 # Fewer rows than this per chunk save little and multiply a graph's nodes: no tiny model's
 # feed-forward is chunked, Wan 1.3B's at 480p in the default limit is (1 872 rows a chunk).
 MIN_ROWS = 256
 
 
-def _layers() -> list[tuple[type[nn.Module], Callable[[nn.Module], int]]]:
-    """(feed-forward class, its hidden width) for each kind a family's blocks use."""
-    from edge.models.stdit import Mlp
+WidthOf = Callable[[nn.Module], int]
+# The project's own feed-forward classes, each registered where it is defined
+# (edge/models/stdit.py's Mlp), so this layer below the models imports none of them: a class
+# not imported yet has no instance in any block to chunk.
+_OWN_KINDS: list[tuple[type[nn.Module], WidthOf]] = []
 
-    kinds: list[tuple[type[nn.Module], Callable[[nn.Module], int]]] = [
-        (Mlp, lambda m: m[0].out_features)]
+
+def feed_forward_kind(width_of: WidthOf) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """Class decorator: `chunked_feed_forward()` runs this feed-forward class in token chunks;
+    `width_of(module)` is its hidden width."""
+    def register(kind: type[nn.Module]) -> type[nn.Module]:
+        if all(known is not kind for known, _ in _OWN_KINDS):
+            _OWN_KINDS.append((kind, width_of))
+        return kind
+    return register
+
+
+def _layers() -> list[tuple[type[nn.Module], WidthOf]]:
+    """(feed-forward class, its hidden width) for each kind a family's blocks use."""
+    kinds = list(_OWN_KINDS)
     try:
         from diffusers.models.attention import FeedForward
     except ImportError:  # a runtime install traces nothing

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from edge.shapes_only import active as shapes_only_active
+from edge.graph.shapes_only import active as shapes_only_active
 
 CPU = torch.device("cpu")
 CHOICES = "cpu, cuda, cuda:N or auto (cuda where torch sees a GPU, else cpu)"

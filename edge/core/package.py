@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from edge.files import EdgeNotice, give_usual_mode, kind_of
-from edge.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
+from edge.core.files import EdgeNotice, give_usual_mode, kind_of
+from edge.core.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,

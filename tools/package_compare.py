@@ -1,0 +1,125 @@
+"""Compare two exported packages file by file, as a refactoring must leave them.
+
+    python tools/package_compare.py OLD_PACKAGE NEW_PACKAGE
+
+An ONNX graph records where it was traced: torch.onnx writes each node's Python stack trace
+(the checkout's absolute paths) and the qualified names of its modules into the node's
+metadata, so two exports of one model differ as files whenever the code moved or the checkout
+lives elsewhere. This compares what a package computes and stores instead: every file byte
+for byte, except that a graph is compared less its metadata (model, graph and node
+metadata_props, also in subgraphs and functions) and the manifest less the sizes and digests
+of the graphs it lists. It prints one line a differing file and a summary; exit status 1
+when anything differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import onnx
+
+
+def graph_digest(path: Path) -> str:
+    """sha256 of an ONNX graph less every metadata entry torch.onnx writes."""
+    model = onnx.load(str(path), load_external_data=False)
+    del model.metadata_props[:]
+
+    def strip(graph: onnx.GraphProto) -> None:
+        del graph.metadata_props[:]
+        for node in graph.node:
+            del node.metadata_props[:]
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    strip(attribute.g)
+                for sub in attribute.graphs:
+                    strip(sub)
+
+    strip(model.graph)
+    for function in model.functions:
+        del function.metadata_props[:]
+        for node in function.node:
+            del node.metadata_props[:]
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def manifest_less_graph_digests(path: Path) -> dict:
+    """The manifest without its own digest and without the bytes and sha256 of its graphs
+    (which hold the metadata `graph_digest` leaves out)."""
+    manifest = json.loads(path.read_text())
+    manifest.pop("manifest_sha256", None)
+
+    def walk(value):
+        if isinstance(value, dict):
+            if str(value.get("path", "")).endswith(".onnx"):
+                value = {k: v for k, v in value.items() if k not in ("bytes", "sha256")}
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(manifest)
+
+
+def differences(old: dict, new: dict, where: str = "") -> list[str]:
+    """Key paths at which two JSON values differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for key in sorted(set(old) | set(new), key=str):
+            if key not in old or key not in new:
+                found.append(f"{where}/{key}: only in {'new' if key in new else 'old'}")
+            else:
+                found += differences(old[key], new[key], f"{where}/{key}")
+        return found
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True))
+                for d in differences(a, b, f"{where}[{i}]")]
+    return [] if old == new else [f"{where}: {old!r:.80} -> {new!r:.80}"]
+
+
+def compare(old_root: Path, new_root: Path) -> tuple[list[str], dict[str, int]]:
+    """(one line per difference, counts of files alike byte for byte and less metadata)."""
+    def files(root: Path) -> set[str]:
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+    old_files, new_files = files(old_root), files(new_root)
+    lines = [f"{name}: only in {'new' if name in new_files else 'old'}"
+             for name in sorted(old_files ^ new_files)]
+    counts = {"bytes": 0, "less metadata": 0}
+    for name in sorted(old_files & new_files):
+        old, new = old_root / name, new_root / name
+        if old.read_bytes() == new.read_bytes():
+            counts["bytes"] += 1
+        elif name.endswith(".onnx"):
+            if graph_digest(old) == graph_digest(new):
+                counts["less metadata"] += 1
+            else:
+                lines.append(f"{name}: the graphs compute differently")
+        elif name == "manifest.json":
+            found = differences(manifest_less_graph_digests(old),
+                                manifest_less_graph_digests(new))
+            if found:
+                lines += [f"{name}{d}" for d in found]
+            else:
+                counts["less metadata"] += 1
+        else:
+            lines.append(f"{name}: differs")
+    return lines, counts
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    lines, counts = compare(Path(argv[0]), Path(argv[1]))
+    for line in lines:
+        print(line)
+    print(f"{counts['bytes']} files alike byte for byte, {counts['less metadata']} less "
+          f"graph metadata, {len(lines)} differences")
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
