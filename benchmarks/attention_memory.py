@@ -32,7 +32,7 @@ def export(way: str, tokens: int, heads: int, head_dim: int, path: Path) -> None
     import torch
     import torch.nn.functional as F
 
-    from edge.exporters.onnx import export_graph
+    from edge.exporters.shared.onnx_graph import export_graph
     from edge.graph.attention import DEFAULT_SCORE_BYTES, score_limit
     from edge.graph.blocks import Block
 

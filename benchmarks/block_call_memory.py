@@ -30,7 +30,7 @@ def export_block(folder: Path, size: dict, key: str, budget: int, out: Path) -> 
     """The block's graph and weights under `out`; its signature and estimate."""
     import numpy as np
 
-    from edge.exporters.onnx import export_graph
+    from edge.exporters.shared.onnx_graph import export_graph
     from edge.families import load_model
     from edge.graph.attention import budget_score_limit
     from edge.planning.activation_memory import activation_peak

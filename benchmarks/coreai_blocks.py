@@ -7,16 +7,16 @@ setting, against the fp32 PyTorch block; beside them the dry run's whole-package
         --blocks text_encoder/layer_0 transformer/block_0 vae_decoder/head \\
         --settings fp16 8 4
 
-Each setting runs in a process of its own (so the peak RSS of its Core AI worker is its own)
-and exports the sample blocks exactly as `edge export --target iphone --min-ios 27` does
-(exporters/coreai.py: torch.export, coreai-torch, coreai-opt, every program executed and held
-to its tolerance). Prints per block: the program's bytes on disk against the dry run's
-estimate and the fp32 parameters, the executed relative error (against the fp32 block, and
-for a compressed setting against the block with coreai-opt's stored weights simulated: what
-float16 compute leaves), the conversion-and-execution wall; per setting: the worker's peak
-RSS and the whole package the dry run predicts (its transformer beside it). A small video
-keeps the interpreter's float16 emulation (about 100x float32) to minutes a block; the
-weights, what the setting stores, are the real ones.
+Each setting runs in a process of its own (so the peak RSS of its Core AI worker is its own) and
+exports the sample blocks exactly as `edge export --target iphone --min-ios 27` does
+(exporters/iphone/coreai/package.py: torch.export, coreai-torch, coreai-opt, every program executed
+and held to its tolerance). Prints per block: the program's bytes on disk against the dry run's
+estimate and the fp32 parameters, the executed relative error (against the fp32 block, and for a
+compressed setting against the block with coreai-opt's stored weights simulated: what float16
+compute leaves), the conversion-and-execution wall; per setting: the worker's peak RSS and the whole
+package the dry run predicts (its transformer beside it). A small video keeps the interpreter's
+float16 emulation (about 100x float32) to minutes a block; the weights, what the setting stores, are
+the real ones.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from model_options import add_model_options, model_from  # beside it
 def measure(args: argparse.Namespace, setting: str) -> dict:
     """In this process: the sample blocks exported at `setting`, and the dry run's totals."""
     from edge.exporters import ExportOptions
-    from edge.exporters.coreai import export_blocks
-    from edge.exporters.coreai_target import device_blocks, precision, stored_bytes
+    from edge.exporters.iphone.coreai.layout import device_blocks, precision, stored_bytes
+    from edge.exporters.iphone.coreai.package import export_blocks
 
     model = model_from(args)
     chosen = precision(ExportOptions(quantize=setting, min_ios=27), model)

@@ -1,5 +1,5 @@
 """Mixed-bit recipes for `--target iphone --min-ios 27` chosen by measurement
-(exporters/coreai_recipe.py), against what they predict: for tiny-sora (or a diffusers
+(exporters/iphone/coreai/recipe.py), against what they predict: for tiny-sora (or a diffusers
 folder) every block in coreai-opt's forms (fp16, int8, int4 per 32 inputs) with its weights
 simulated as coreai-opt stores them, the recipes for the targets, each rendered whole with
 its simulated weights on the 8 videos of benchmarks/coreml_quantize.py.
@@ -16,7 +16,7 @@ adds its programs' ops, its tokenizer and captions: `edge export` prints the who
 
 Why not exported: the Linux interpreter emulates float16 (about 100x float32), so a
 compressed package's generation is not run here; each program of an export is executed
-block by block and held to this simulation (exporters/coreai.py `simulated_error`).
+block by block and held to this simulation (exporters/iphone/coreai/package.py `simulated_error`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import numpy as np
 from coreml_recipe import MB, add_recipe_options, measured  # beside it
 from model_options import add_model_options, cases, model_from  # beside it
 
-from edge.exporters.coreai_recipe import CANDIDATES, simulated_forms
-from edge.exporters.coreml import cut_for_device
-from edge.exporters.coreml_recipe import check_recipe, choose, recipes
+from edge.exporters.iphone.coreai.recipe import CANDIDATES, simulated_forms
+from edge.exporters.iphone.coreml.package import cut_for_device
+from edge.exporters.iphone.coreml.recipe import check_recipe, choose, recipes
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
     python benchmarks/coreai_workers.py [--quantize fp16] [--workers N] [--model FOLDER ...]
 
 Exports the model's device blocks (`edge export --target iphone --min-ios 27 --quantize Q`,
-exporters/coreai.py) twice into temporary folders: with one worker, then with N side by side
+exporters/iphone/coreai/package.py) twice into temporary folders: with one worker, then with N
+side by side
 (default: one a CPU, the exporter's own choice where memory allows: `worker_count`). Prints
 each run's wall (the exporter's whole block loop: tracing, conversion, execution, checks)
 and the ratio, and that both runs' executed errors are the same programs' (each block's
@@ -26,10 +27,10 @@ from model_options import add_model_options, model_from  # beside it
 def export_with(workers: int, model, quantize: str, dest: Path) -> tuple[float, dict]:
     """(wall, each block's executed relative error by key) of the model's blocks exported
     with `workers` side by side."""
-    import edge.exporters.coreai as coreai
-    import edge.exporters.coreai_pool as pool
+    import edge.exporters.iphone.coreai.package as coreai
+    import edge.exporters.iphone.coreai.pool as pool
     from edge.exporters import ExportOptions
-    from edge.exporters.coreai_target import device_blocks, precision
+    from edge.exporters.iphone.coreai.layout import device_blocks, precision
 
     chosen = precision(ExportOptions(quantize=quantize, min_ios=27), model)
     pool.WORKERS = workers

@@ -10,20 +10,20 @@ exporter's one validation prompt, for tiny-sora or a diffusers folder.
     python benchmarks/coreml_quantize.py --model /tmp/wan13 --height 128 --width 128 \\
         --frames 17 --blocks transformer/block_0 vae_decoder/up_1 --forms int8 lut4 int4-b32
 
-For each setting (and each `--rules` trial: "block pattern=stored form" pairs, the first
-matching pattern winning, as a family's own setting words them; the forms are
-exporters.coreml.STORAGES): export the model to a temporary folder (with the exporter's own
-checks; a trial has no floor), then render `--videos` of PROMPTS x SEEDS with the weights read
-back out of the programs (edge.exporters.coreml_check.stored_weights_in_place) and compare each
-video with fp32 PyTorch (PSNR over the uint8 frames; SNR against the video's own spread).
-Prints one row per setting: iOS, the whole package on disk, how much smaller than the fp32
-tensors it stores, each component's share, PSNR (validation prompt, mean, worst) and the
-worst SNR. `--sizes` exports each setting for iOS 18 (multifunction programs) and iOS 17
-(a program per variant) without the renders and prints the whole package, its weight files
-and the fp32 reference. `--blocks` compares stored forms on single blocks, each converted
-alone: weight file, the weights' SNR, the block's output error, conversion time. CoreML cannot
-predict on Linux: this measures weight compression, not
-the Neural Engine's fp16 activations.
+For each setting (and each `--rules` trial: "block pattern=stored form" pairs, the first matching
+pattern winning, as a family's own setting words them; the forms are
+edge.exporters.iphone.compression.STORAGES):
+export the model to a temporary folder (with the exporter's own checks; a trial has no floor), then
+render `--videos` of PROMPTS x SEEDS with the weights read back out of the programs
+(edge.exporters.iphone.coreml.check.stored_weights_in_place) and compare each video with fp32
+PyTorch (PSNR over the uint8 frames; SNR against the video's own spread). Prints one row per
+setting: iOS, the whole package on disk, how much smaller than the fp32 tensors it stores, each
+component's share, PSNR (validation prompt, mean, worst) and the worst SNR. `--sizes` exports each
+setting for iOS 18 (multifunction programs) and iOS 17 (a program per variant) without the renders
+and prints the whole package, its weight files and the fp32 reference. `--blocks` compares stored
+forms on single blocks, each converted alone: weight file, the weights' SNR, the block's output
+error, conversion time. CoreML cannot predict on Linux: this measures weight compression, not the
+Neural Engine's fp16 activations.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ import numpy as np
 from model_options import PROMPTS, SEEDS, add_model_options, cases, model_from  # beside it
 
 from edge.core.video_metrics import psnr, snr
-from edge.exporters.coreml import (
+from edge.exporters.iphone.coreml.check import end_to_end_check, stored_weights_in_place
+from edge.exporters.iphone.coreml.package import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
     QUANTIZE,
@@ -50,8 +51,7 @@ from edge.exporters.coreml import (
     export_coreml,
     from_rule,
 )
-from edge.exporters.coreml_check import end_to_end_check, stored_weights_in_place
-from edge.exporters.coreml_target import package_bytes
+from edge.exporters.iphone.target import package_bytes
 from edge.families import FamilyModel, StorageRule
 
 
@@ -108,9 +108,9 @@ def block_forms(model: FamilyModel, keys: list[str], forms: list[str]) -> None:
     """Each stored form on single blocks, converted alone: the weight file, the weights' SNR
     against fp32 (mean and worst over the compressed tensors), the block's output error on
     its example inputs (max-abs over the output's max-abs) and the conversion time."""
-    from edge.exporters.coreml import WEIGHT_THRESHOLD, convert_module, save_program
-    from edge.exporters.coreml_check import block_numerics
-    from edge.exporters.coreml_weights import read_parameters
+    from edge.exporters.iphone.coreml.check import block_numerics
+    from edge.exporters.iphone.coreml.package import WEIGHT_THRESHOLD, convert_module, save_program
+    from edge.exporters.iphone.coreml.weights import read_parameters
 
     blocks = {b.key: b for bs in cut_for_device(model).values() for b in bs}
     unknown = [k for k in keys if k not in blocks]

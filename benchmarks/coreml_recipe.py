@@ -1,7 +1,7 @@
-"""Mixed-bit recipes for `--target iphone` chosen by measurement (exporters/coreml_recipe.py),
-measured against what they predict: for tiny-sora (or a diffusers folder) every block in
-every candidate form, the recipes for the targets, each exported and rendered on the
-8 videos of benchmarks/coreml_quantize.py.
+"""Mixed-bit recipes for `--target iphone` chosen by measurement
+(exporters/iphone/coreml/recipe.py), measured against what they predict: for tiny-sora (or a
+diffusers folder) every block in every candidate form, the recipes for the targets, each exported
+and rendered on the 8 videos of benchmarks/coreml_quantize.py.
 
     python benchmarks/coreml_recipe.py --save /tmp/trials.json      # measure, choose, check
     python benchmarks/coreml_recipe.py --trials /tmp/trials.json \\
@@ -26,8 +26,13 @@ from pathlib import Path
 from coreml_quantize import measure, sizes  # beside it
 from model_options import PROMPTS, SEEDS, add_model_options, cases, model_from  # beside it
 
-from edge.exporters.coreml import DEFAULT_MIN_IOS, LAYOUTS, cut_for_device, export_coreml
-from edge.exporters.coreml_recipe import (
+from edge.exporters.iphone.coreml.package import (
+    DEFAULT_MIN_IOS,
+    LAYOUTS,
+    cut_for_device,
+    export_coreml,
+)
+from edge.exporters.iphone.coreml.recipe import (
     VIDEOS,
     FormTrial,
     candidate_forms,

@@ -1,5 +1,5 @@
 """Where an ONNX export's time goes in onnxscript's rewrite rules, and what leaving out the
-quadratic ones saves (exporters/onnx_rewrites.py): a model exported to ONNX twice in one run,
+quadratic ones saves (exporters/shared/onnx_rewrites.py): a model exported to ONNX twice in one run,
 with onnxscript's default rules and with the exporter's, each rule's matching timed.
 
 The model is the tests' tiny Open-Sora (the fixture's checkpoint at its size, attention in
@@ -21,8 +21,8 @@ from pathlib import Path
 import onnx
 from onnxscript.rewriter import _rewrite_rule
 
-from edge.exporters.graph_reuse import forget_graphs
-from edge.exporters.onnx import export_onnx
+from edge.exporters.onnx.package import export_onnx
+from edge.exporters.shared.graph_reuse import forget_graphs
 from edge.families import load_model
 from edge.graph.attention import score_limit
 
@@ -53,7 +53,7 @@ def timed_rules(spent: collections.Counter, fired: collections.Counter):
 @contextlib.contextmanager
 def onnxscripts_defaults():
     """The exporter's rule set swapped back for onnxscript's own."""
-    from edge.exporters import onnx_rewrites
+    from edge.exporters.shared import onnx_rewrites
 
     leave_out = onnx_rewrites.QUADRATIC_RULES
     onnx_rewrites.QUADRATIC_RULES = frozenset()

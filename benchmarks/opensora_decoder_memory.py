@@ -78,7 +78,7 @@ def main() -> None:
     import numpy as np
 
     from edge.core.budget import format_size
-    from edge.exporters.onnx import export_graph
+    from edge.exporters.shared.onnx_graph import export_graph
     from edge.planning.activation_memory import activation_peak
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

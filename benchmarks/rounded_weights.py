@@ -12,7 +12,7 @@ video's own spread). Seconds a trial where an export is many minutes, and finer 
 A trial is NAME=PATTERN:FORM,... over "component/tensor name" (the first matching pattern
 wins; "fp32" leaves a tensor as it is). Forms: int8 (a scale per output channel, its largest /
 127), int4-b32 and int4-b16 (a scale per block of 32 or 16 inputs, its largest / 7): the
-exporter's stored forms of those names (exporters/coreml_compression.py), modelled on
+exporter's stored forms of those names (exporters/iphone/compression.py), modelled on
 coremltools' symmetric quantizers, not taken from them. Tensors under 2 048 values, which
 coremltools leaves uncompressed (fp16 in the program), stay fp32 here. The model is checked
 against one real export only: Wan's rule on Open-Sora's shapes rounds here to 27.2 dB, the
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge.exporters.coreml_compression import WEIGHT_THRESHOLD
+from edge.exporters.iphone.compression import WEIGHT_THRESHOLD
 
 
 def int8_per_channel(w: torch.Tensor) -> torch.Tensor:

@@ -110,9 +110,9 @@ BENCH = """async ({blocks, runs, warmup}) => {
 
 def write_block(block, compiler, folder: Path) -> dict:
     """Plan, weights, an ONNX graph with the weights as initializers, and inputs."""
-    from edge.exporters.onnx import write_weights
-    from edge.exporters.tvm_plan import web_example
-    from edge.exporters.web import write_plan
+    from edge.exporters.onnx.package import write_weights
+    from edge.exporters.web.package import write_plan
+    from edge.exporters.web.tvm_plan import web_example
 
     folder.mkdir(parents=True)
     write_plan(compiler.compile(block), folder / "plan.json")
@@ -147,8 +147,8 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from edge.core.serve import make_server
-    from edge.exporters.tvm_plan import BlockCompiler
-    from edge.exporters.web import web_blocks
+    from edge.exporters.web.package import web_blocks
+    from edge.exporters.web.tvm_plan import BlockCompiler
     from edge.families import load_model
 
     blocks = {b.key: b for bs in web_blocks(load_model()).values() for b in bs}

@@ -35,8 +35,8 @@ PROMPT = "a red circle moving left"
 
 
 def packages(work: Path, ort_dist: Path, folder: Path | None, size: dict) -> tuple[Path, Path]:
-    from edge.exporters.onnx import export_onnx
-    from edge.exporters.web import export_web
+    from edge.exporters.onnx.package import export_onnx
+    from edge.exporters.web.package import export_web
     from edge.families import load_model
 
     name = "tiny-sora" if folder is None else "-".join(

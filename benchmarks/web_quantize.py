@@ -8,7 +8,7 @@ exporter's one validation prompt, for tiny-sora or a diffusers folder.
 
 For each setting (and each `--rules` trial: "block pattern=web form" pairs, the first
 matching pattern winning, as a family's own rule words them; forms fp16, 8, 4): the web's
-blocks' weights stored and decoded as the page decodes them (exporters/web_storage.py), put
+blocks' weights stored and decoded as the page decodes them (exporters/web/storage.py), put
 in the model in place of its own, and `--videos` of PROMPTS x SEEDS rendered by the family's
 PyTorch pipeline and compared with float32 (PSNR over the uint8 frames; SNR against the
 video's own spread). No export is needed: the export checks apart that each block's compiled
@@ -27,9 +27,9 @@ import numpy as np
 from model_options import PROMPTS, SEEDS, add_model_options, model_from  # beside it
 
 from edge.core.video_metrics import psnr, snr
-from edge.exporters.web_check import decode_in_place
-from edge.exporters.web_storage import FORMS, WebStorage, block_stored_bytes, web_storage
-from edge.exporters.weights_in_place import weights_replaced
+from edge.exporters.shared.weights_in_place import weights_replaced
+from edge.exporters.web.check import decode_in_place
+from edge.exporters.web.storage import FORMS, WebStorage, block_stored_bytes, web_storage
 from edge.families import FamilyModel, StorageRule
 
 # a web form -> the iphone stored form a StorageRule names for it (WEB_FORM_OF, inverted)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-TARGETS = {"onnx": "edge.exporters.onnx_target", "iphone": "edge.exporters.coreml_target",
-           "web": "edge.exporters.web_target"}
-# what each target's compiler needs whatever its options (the web's TVM: web_target.check)
+TARGETS = {"onnx": "edge.exporters.onnx.target", "iphone": "edge.exporters.iphone.target",
+           "web": "edge.exporters.web.target"}
+# what each target's compiler needs whatever its options (the web's TVM: web/target.py check)
 NEEDS = {"onnx": ("torch", "onnx"), "iphone": ("torch", "coremltools"),
          "web": ("torch", "onnx")}
 

@@ -147,7 +147,7 @@ def bundled_web_export(model, root: Path, **options) -> dict:
     export_web's own (form, variants, check)."""
     from conftest import chunked_attention_for_tests
 
-    from edge.exporters.web import export_web
+    from edge.exporters.web.package import export_web
 
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")

@@ -40,7 +40,7 @@ def classifier():
 def exported_package(tmp_path_factory, tiny_sora):
     """tiny-sora exported to ONNX once per test session: (root, manifest). Copy it before
     changing it."""
-    from edge.exporters.onnx import end_to_end_check, export_onnx
+    from edge.exporters.onnx.package import end_to_end_check, export_onnx
 
     return package_once(tmp_path_factory, "tiny-sora-onnx", lambda root: export_onnx(
         tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora)))
@@ -52,8 +52,8 @@ def coreml_package(tmp_path_factory, tiny_sora):
     (root, manifest). Copy it before changing it."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                         "-e '.[test]'); the CoreML exporter needs it")
-    from edge.exporters.coreml import export_coreml
-    from edge.exporters.coreml_check import end_to_end_check
+    from edge.exporters.iphone.coreml.check import end_to_end_check
+    from edge.exporters.iphone.coreml.package import export_coreml
 
     return package_once(tmp_path_factory, "tiny-sora-iphone", lambda root: export_coreml(
         tiny_sora, root, validate_end_to_end=end_to_end_check(tiny_sora, "fp16", steps=6)))
@@ -98,7 +98,7 @@ def tiny_sora_web(tmp_path_factory, tiny_sora):
     here. Copy it before changing it."""
     from browser import ORT_DIST
 
-    from edge.exporters.web import export_web
+    from edge.exporters.web.package import export_web
 
     bundle = ORT_DIST if (ORT_DIST / "ort.wasm.min.mjs").is_file() else None
     return package_once(tmp_path_factory, "tiny-sora-web", lambda root: export_web(
@@ -184,7 +184,7 @@ def onnx_packages(tmp_path_factory, name: str, models: dict) -> dict:
     """Each of `models` exported to ONNX under the run's folder `name`, once a run:
     {key: (root, manifest)}."""
     from edge.core.package import read_manifest
-    from edge.exporters.onnx import export_onnx
+    from edge.exporters.onnx.package import export_onnx
 
     def export(folder):
         with chunked_attention_for_tests():
@@ -257,8 +257,8 @@ def iphone_export(model, root, unguided: bool = False):
     transformer's caption-half functions too."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install "
                         "-e '.[test]'); the CoreML exporter needs it")
-    from edge.exporters.coreml import export_coreml
-    from edge.exporters.coreml_check import end_to_end_check
+    from edge.exporters.iphone.coreml.check import end_to_end_check
+    from edge.exporters.iphone.coreml.package import export_coreml
 
     with chunked_attention_for_tests():
         return export_coreml(model, root, validate_end_to_end=end_to_end_check(model, "fp16"),

@@ -80,7 +80,7 @@ def test_an_exported_block_holds_one_chunk_and_matches_pytorch(tmp_path, tiny_so
 
     import onnx
 
-    from edge.exporters.onnx import export_validated_graph
+    from edge.exporters.onnx.package import export_validated_graph
 
     block = next(b for b in tiny_sora.cut(tiny_sora.shapes("onnx"))["transformer"]
                  if b.name == "pair_0")
@@ -100,7 +100,7 @@ def test_attention_without_a_mask_is_one_fused_operator_in_onnx(tmp_path):
 
     import onnx
 
-    from edge.exporters.onnx import export_validated_graph
+    from edge.exporters.onnx.package import export_validated_graph
     from edge.graph.blocks import Block
 
     class TwoAttentions(torch.nn.Module):

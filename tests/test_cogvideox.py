@@ -219,7 +219,7 @@ def test_folders_edge_cannot_take_are_refused_by_file_and_field(cog_folders, tmp
 def test_out_of_core_export_writes_the_in_memory_package(cog_folders, cog_packages, tmp_path):
     """Built on the meta device, each block's weights read from the folder as it is exported
     (edge/graph/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
-    from edge.exporters.onnx import export_onnx
+    from edge.exporters.onnx.package import export_onnx
 
     model = load_model(cog_folders["5b"], steps=6, out_of_core=True, **SIZE)
     assert model.out_of_core and all(p.is_meta for p in model.pipe.transformer.parameters())

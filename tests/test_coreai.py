@@ -143,8 +143,8 @@ def _block(module: nn.Module, name: str, *example: torch.Tensor) -> Block:
 
 
 def test_fp16_programs_execute_within_half_precision_at_half_the_bytes(tmp_path, tiny_sora):
-    from edge.exporters.coreai import PRECISIONS, export_block
-    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.iphone.coreai.package import PRECISIONS, export_block
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
     block = blocks["text_encoder/layer_0"]
@@ -162,9 +162,14 @@ def test_execute_distinct_converts_every_block_and_executes_one_of_each_shape(tm
     earlier one's shapes (a text encoder's layer_1.., a transformer's pair_1..) is not
     executed and says so, every other is executed and held to PyTorch; the summary counts
     both."""
-    from edge.exporters.coreai import NOT_EXECUTED, PRECISIONS, export_blocks, repeats
-    from edge.exporters.coreai_target import summary
-    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.iphone.coreai.layout import summary
+    from edge.exporters.iphone.coreai.package import (
+        NOT_EXECUTED,
+        PRECISIONS,
+        export_blocks,
+        repeats,
+    )
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     cut = cut_for_device(tiny_sora)
     blocks = cut["text_encoder"]
@@ -192,7 +197,7 @@ def test_execute_distinct_converts_every_block_and_executes_one_of_each_shape(tm
             f"programs (--execute distinct), {skipped} blocks repeating") in said, said
     # an fp16 package's generation is not run at export: its note says what was executed
     from edge.exporters import Progress
-    from edge.exporters.coreai_target import end_to_end
+    from edge.exporters.iphone.coreai.layout import end_to_end
 
     note = end_to_end(tiny_sora, tmp_path, PRECISIONS["fp16"], Progress(), "distinct")
     assert "one block of each repeated shape (--execute distinct) was executed" in (
@@ -230,9 +235,9 @@ def test_int8_programs_store_a_byte_a_weight_and_execute_near_the_block(tmp_path
     channel) behind float16 compute; the executed program stays within the setting's
     tolerance, its error is quantization's (above float16's alone), at about a quarter of the
     float32 bytes."""
-    from edge.exporters.coreai import PRECISIONS, export_block
-    from edge.exporters.coreai_target import stored_bytes
-    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.iphone.coreai.layout import stored_bytes
+    from edge.exporters.iphone.coreai.package import PRECISIONS, export_block
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
     block = blocks["transformer/pair_0"]   # its tdtm function shares the quantized weights
@@ -258,10 +263,10 @@ def test_int4_programs_store_half_a_byte_a_weight_and_execute_near_the_block(tmp
     so): coreai-opt's blocks dequantized before each weight's use, every function within the
     4-bit guard and further off than int8 (the 4 bits are seen), about 4.5/32 of the fp32
     bytes."""
-    from edge.exporters.coreai import PRECISIONS, export_block, stored_precision
-    from edge.exporters.coreai_target import stored_bytes
-    from edge.exporters.coreml import cut_for_device
-    from edge.exporters.coreml_compression import STORAGES, Compression
+    from edge.exporters.iphone.compression import STORAGES, Compression
+    from edge.exporters.iphone.coreai.layout import stored_bytes
+    from edge.exporters.iphone.coreai.package import PRECISIONS, export_block, stored_precision
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
     block = blocks["transformer/pair_0"]
@@ -285,7 +290,7 @@ def test_int4_programs_store_half_a_byte_a_weight_and_execute_near_the_block(tmp
                                                       ("int4", 32, (0, 1)),
                                                       ("int4", 32, (1, 0))])
 def test_the_simulated_quantization_is_coreai_opts_bit_for_bit(dtype, block_size, axes):
-    """exporters/coreai_simulated.py's weights are those coreai-opt stores: its own
+    """exporters/iphone/coreai/simulated.py's weights are those coreai-opt stores: its own
     parameters (a private function of the pinned coreai-opt 0.4.0) dequantized as the
     program does, q * scale in float16, equal to the last bit, per output channel and per
     block of 32 inputs along either axis."""
@@ -296,7 +301,7 @@ def test_the_simulated_quantization_is_coreai_opts_bit_for_bit(dtype, block_size
         from coreai_opt.coreai_utils._utils.quantize_utils import _compute_qparams_by_dtype
         from coreai_opt.coreai_utils.common import QScheme
 
-    from edge.exporters.coreai_simulated import quantized
+    from edge.exporters.iphone.coreai.simulated import quantized
 
     w = (np.random.default_rng(3).standard_normal((64, 96)) * 0.05).astype(np.float16)
     w[5] = 0   # an all-zero channel: the formula's epsilon keeps its scale finite
@@ -319,10 +324,11 @@ def test_a_program_off_the_simulated_weights_is_refused(tmp_path, tiny_sora, mon
     position table (its gather at fixed positions folds into a constant), and the program
     matches that simulation to float16; simulated otherwise (three levels), the same program
     is refused, naming the block: the check sees the weights' layout, not only the size."""
-    from edge.exporters import ExportValidationError, coreai_simulated
-    from edge.exporters.coreai import export_block, stored_precision
-    from edge.exporters.coreml import cut_for_device
-    from edge.exporters.coreml_compression import STORAGES, Compression
+    from edge.exporters import ExportValidationError
+    from edge.exporters.iphone.compression import STORAGES, Compression
+    from edge.exporters.iphone.coreai import simulated as coreai_simulated
+    from edge.exporters.iphone.coreai.package import export_block, stored_precision
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     blocks = {b.key: b for bs in cut_for_device(tiny_sora).values() for b in bs}
     block = blocks["text_encoder/embeddings"]
@@ -345,7 +351,7 @@ def test_a_family_rule_core_ai_cannot_store_is_refused_naming_the_form(tiny_sora
     refused by name before any work."""
     from types import SimpleNamespace
 
-    from edge.exporters.coreai import stored_precision
+    from edge.exporters.iphone.coreai.package import stored_precision
     from edge.graph.family_model import StorageRule
 
     with pytest.raises(ValueError, match="tiny-sora's rule stores text_encoder/embeddings as "
@@ -364,7 +370,7 @@ def test_a_program_that_computes_nan_fails_its_check():
     program computed NaN where the check had read 0)."""
     from types import SimpleNamespace
 
-    from edge.exporters.coreai import PRECISIONS, executed_error
+    from edge.exporters.iphone.coreai.package import PRECISIONS, executed_error
 
     block = SimpleNamespace(key="c/b", outputs=("y", "z"))
     want = (torch.ones(2, 3), torch.ones(2))
@@ -379,7 +385,7 @@ class _Sorts(nn.Module):
 
 
 def test_a_block_core_ai_cannot_convert_is_named_with_its_operator(tmp_path):
-    from edge.exporters.coreai import PRECISIONS, export_block
+    from edge.exporters.iphone.coreai.package import PRECISIONS, export_block
 
     block = _block(_Sorts(), "sorter", torch.randn(2, 8))
     with pytest.raises(ExportValidationError, match=r"block test/sorter: Core AI cannot "
@@ -400,7 +406,7 @@ class _KeepsAFloat32Table(nn.Module):
 
 
 def test_a_graph_torch_cannot_capture_is_named_without_a_traceback(tmp_path):
-    from edge.exporters.coreai import PRECISIONS, export_block
+    from edge.exporters.iphone.coreai.package import PRECISIONS, export_block
 
     block = _block(_KeepsAFloat32Table(), "mixed", torch.randn(1, 2, 8))
     with pytest.raises(ExportValidationError, match=r"block test/mixed: torch.export cannot "
@@ -412,8 +418,8 @@ def test_open_soras_fp16_programs_keep_the_timestep_in_float32(tmp_path, opensor
     """At fp16 the timestep input stays float32 into its sinusoid (a float16 t*1000 is 0.5
     apart near 1000: the prologue executed 3.45e-2 from PyTorch, over the tolerance); the
     temporal decoder's scale and shift follow its input's dtype."""
-    from edge.exporters.coreai import PRECISIONS, export_blocks
-    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.iphone.coreai.package import PRECISIONS, export_blocks
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     blocks = {b.key: b for bs in cut_for_device(opensora_model).values() for b in bs}
     chosen = [blocks["transformer/prologue"], blocks["vae_decoder/temporal"]]
@@ -428,7 +434,7 @@ def test_a_crash_in_core_ai_names_the_block_and_writes_nothing(tmp_path, monkeyp
                                                               tiny_sora):
     """A converter that ends by a signal (as beta native code can) is an error naming the
     block; the package is not written."""
-    import edge.exporters.coreai_pool as pool
+    import edge.exporters.iphone.coreai.pool as pool
 
     crash = tmp_path / "crash.py"
     crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGABRT)\n")

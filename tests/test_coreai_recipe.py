@@ -1,4 +1,4 @@
-"""`--quantize auto` for the Core AI layout (exporters/coreai_recipe.py): each block's forms
+"""`--quantize auto` for the Core AI layout (exporters/iphone/coreai/recipe.py): each block's forms
 simulated as coreai-opt stores them, their bytes held to what Core AI's program stores, the
 recipe chosen from the measurement and rendered whole against its floor."""
 
@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("coreai_torch", reason="Core AI's converter (coreai-torch, the [iphone] "
                     "extra) is not installed")
 
-from edge.exporters.coreai_recipe import (  # noqa: E402  (after the skip)
+from edge.exporters.iphone.coreai.recipe import (  # noqa: E402  (after the skip)
     CANDIDATES,
     chosen_precision,
     compressed_axes,
@@ -22,17 +22,17 @@ from edge.exporters.coreai_recipe import (  # noqa: E402  (after the skip)
 
 
 def _blocks(model) -> dict:
-    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     return {b.key: b for bs in cut_for_device(model).values() for b in bs}
 
 
 def test_each_form_stores_what_coreai_opt_stores_in_fewer_bytes(tiny_sora):
     """A text-encoder layer in each form: its matrices quantized by coreai-opt's formula
-    (exporters/coreai_simulated.py), everything else float16 in every form, the bytes
+    (exporters/iphone/coreai/simulated.py), everything else float16 in every form, the bytes
     falling with the bits (int8 about a quarter of fp32 with its scales, int4 per 32 inputs
     4.5 bits a weight)."""
-    from edge.exporters.coreai_simulated import quantized
+    from edge.exporters.iphone.coreai.simulated import quantized
 
     block = _blocks(tiny_sora)["text_encoder/layer_0"]
     axes = compressed_axes(block)
@@ -57,8 +57,8 @@ def test_each_form_stores_what_coreai_opt_stores_in_fewer_bytes(tiny_sora):
 def test_the_simulated_bytes_are_the_programs(tmp_path, tiny_sora):
     """The bytes the recipe counts for int4 with a scale per 32 inputs are the weights of the
     program Core AI writes (its ops on top: tens of KB here)."""
-    from edge.exporters.coreai import export_block, stored_precision
-    from edge.exporters.coreml_compression import STORAGES, Compression
+    from edge.exporters.iphone.compression import STORAGES, Compression
+    from edge.exporters.iphone.coreai.package import export_block, stored_precision
 
     block = _blocks(tiny_sora)["text_encoder/layer_0"]
     int4 = stored_precision(Compression("int4", (("*", STORAGES["int4-b32"]),), 0.0),
@@ -69,7 +69,7 @@ def test_the_simulated_bytes_are_the_programs(tmp_path, tiny_sora):
 
 
 def test_form_names_are_read_back_from_a_stored_forms_record():
-    from edge.exporters.coreml_compression import STORAGES
+    from edge.exporters.iphone.compression import STORAGES
 
     assert form_name(None) == "fp16"
     assert form_name(STORAGES["int8"].record) == "int8"
@@ -82,8 +82,8 @@ def test_auto_chooses_forms_per_block_and_the_recipe_holds_its_floor(tiny_sora):
     target between all-int8 and all-int4 mixes forms, each block's rule in the Core AI
     setting; the recipe rendered whole with its simulated weights clears the floor set from
     the prediction."""
-    from edge.exporters.coreml import cut_for_device
-    from edge.exporters.coreml_recipe import VIDEOS
+    from edge.exporters.iphone.coreml.package import cut_for_device
+    from edge.exporters.iphone.coreml.recipe import VIDEOS
 
     layers = [b for b in cut_for_device(tiny_sora)["text_encoder"] if "layer" in b.name]
     components = {"text_encoder": layers}

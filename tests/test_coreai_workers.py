@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import edge.exporters.coreai_pool as pool
+import edge.exporters.iphone.coreai.pool as pool
 from edge.exporters import ExportValidationError
 
 # the stand-in: claims jobs through the worker's own `claimed`; a job may ask it to fail

@@ -20,7 +20,13 @@ pytest.importorskip("coremltools", reason="coremltools is in the test extras (pi
 
 from edge.core.manifest_schema import PackageError, check_manifest  # noqa: E402
 from edge.core.package import read_package  # noqa: E402
-from edge.exporters.coreml import (  # noqa: E402
+from edge.exporters.iphone.coreml.check import (  # noqa: E402
+    block_numerics,
+    check_structure,
+    end_to_end_check,
+    program_interface,
+)
+from edge.exporters.iphone.coreml.package import (  # noqa: E402
     ExportValidationError,
     compression,
     convert_module,
@@ -29,18 +35,12 @@ from edge.exporters.coreml import (  # noqa: E402
     save_functions,
     save_program,
 )
-from edge.exporters.coreml_check import (  # noqa: E402
-    block_numerics,
-    check_structure,
-    end_to_end_check,
-    program_interface,
-)
-from edge.exporters.coreml_target import package_bytes  # noqa: E402
-from edge.exporters.coreml_weights import (  # noqa: E402
+from edge.exporters.iphone.coreml.weights import (  # noqa: E402
     mil_constants,
     program_functions,
     read_parameters,
 )
+from edge.exporters.iphone.target import package_bytes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +312,7 @@ def per_input_block(w: np.ndarray, size: int = 32) -> list[np.ndarray]:
 
 def as_setting(form: str):
     """A named setting, or one stored form for every block (a form a family's rule names)."""
-    from edge.exporters.coreml import STORAGES, Compression
+    from edge.exporters.iphone.coreml.package import STORAGES, Compression
 
     return compression(form) if form in ("8", "6") else \
         Compression(form, (("*", STORAGES[form]),), psnr_floor_db=0.0)
@@ -379,7 +379,7 @@ def test_4bit_setting_stores_each_component_as_measured_and_its_weights_6x_small
     stores the weights >= 6x smaller than fp32 (estimated from the parameters; lookup tables
     and scales add < 1%; the whole package, with its specs and tokenizer, is 5.6x smaller:
     docs/benchmarks.md)."""
-    from edge.exporters.coreml import estimated_bytes
+    from edge.exporters.iphone.coreml.package import estimated_bytes
 
     setting = compression("4", tiny_sora)
     blocks = [b for bs in cut_for_device(tiny_sora).values() for b in bs]
@@ -401,7 +401,7 @@ def test_a_tensor_rule_stores_the_tensors_it_names_in_its_own_form(tmp_path, pai
     int4 pairs): the tensors it names are stored per output channel at 8 bits, the rest of
     the block in int4 blocks; the size estimate counts each at its own bits, and the manifest
     records the rule."""
-    from edge.exporters.coreml import STORAGES, Compression, estimated_bytes
+    from edge.exporters.iphone.coreml.package import STORAGES, Compression, estimated_bytes
 
     setting = Compression("4", (("*", STORAGES["int4-b32"]),), psnr_floor_db=0.0,
                           tensor_rules=(("transformer/*", "*cross_attn*", STORAGES["int8"]),))
@@ -436,7 +436,7 @@ def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sor
     """--quantize 4 is each family's rule (FamilyModel.device_storage): asked without the
     model, for a family without one, or naming a stored form the exporter lacks, the refusal
     says which; the uniform settings need no model."""
-    from edge.exporters.coreml import STORAGES, UNIFORM
+    from edge.exporters.iphone.coreml.package import STORAGES, UNIFORM
     from edge.families import StorageRule
 
     assert compression("8") is UNIFORM["8"] and compression("8", tiny_sora) is UNIFORM["8"]
@@ -525,7 +525,7 @@ def test_swift_fixtures_are_current(coreml_package):
 
 
 def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
-    from edge.exporters.coreml_target import summary
+    from edge.exporters.iphone.target import summary
 
     root, manifest = coreml_package
     text = summary(manifest, root, 12.0)
@@ -629,7 +629,7 @@ def test_export_for_a_budget_is_recut_validated_recorded_and_leaves_the_model(tm
                                                                               tiny_sora):
     from edge.commands.record import record_bundle as record
     from edge.exporters import ExportOptions, Progress
-    from edge.exporters import coreml_target as target
+    from edge.exporters.iphone import target
 
     def parameters() -> dict:  # every module the device cut shares, the text encoder too
         modules = {"text_encoder": tiny_sora.pipe.text_encoder.bert,

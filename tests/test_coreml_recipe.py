@@ -1,4 +1,4 @@
-"""Mixed-bit recipes chosen by measurement (exporters/coreml_recipe.py): the choice on
+"""Mixed-bit recipes chosen by measurement (exporters/iphone/coreml/recipe.py): the choice on
 made-up trials, and the measurement on tiny-sora's transformer, whose prediction (the blocks'
 errors added) is held to the recipe rendered whole."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge.core.video_metrics import psnr
-from edge.exporters.coreml_recipe import (
+from edge.exporters.iphone.coreml.recipe import (
     FormTrial,
     _hull,
     candidate_forms,
@@ -93,7 +93,7 @@ def test_candidates_are_what_the_ios_decompresses():
 
 
 def test_auto_targets_are_a_psnr_a_size_or_a_ratio():
-    from edge.exporters.coreml import auto_target, check_setting, compression
+    from edge.exporters.iphone.coreml.package import auto_target, check_setting, compression
 
     assert auto_target("4") is None
     assert auto_target("auto").min_psnr_db == 38.0
@@ -135,8 +135,8 @@ def test_measured_forms_predict_the_recipe_rendered_whole(tiny_sora):
     total, and a recipe between all-int8 and all-lut4 rendered whole lands within 1.5 dB of
     what the blocks' errors added predict."""
     pytest.importorskip("coremltools", reason="coremltools is in the test extras")
-    from edge.exporters.coreml import cut_for_device
-    from edge.exporters.coreml_recipe import VIDEOS, check_recipe, measure_forms
+    from edge.exporters.iphone.coreml.package import cut_for_device
+    from edge.exporters.iphone.coreml.recipe import VIDEOS, check_recipe, measure_forms
 
     components = {"transformer": cut_for_device(tiny_sora)["transformer"]}
     videos, steps = VIDEOS[:1], 2

@@ -122,7 +122,7 @@ def test_the_base_install_generates_from_a_package_without_torch(tmp_path, expor
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"edge", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
-    for shipped in ("edge/runtimes/python/pipeline.py", "edge/exporters/onnx.py",
+    for shipped in ("edge/runtimes/python/pipeline.py", "edge/exporters/onnx/package.py",
                     "edge/runtimes/web/pipeline.js", "edge/web_demo/index.html",
                     "edge/weights/tiny-sora/transformer.safetensors", "edge/commands/__init__.py"):
         assert shipped in names, shipped

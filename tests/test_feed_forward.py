@@ -73,7 +73,7 @@ def _widening_rows(graph) -> list[int]:
 
 @pytest.mark.parametrize("layer", _layers(), ids=["diffusers", "stdit"])
 def test_an_exported_block_widens_one_chunk_at_a_time(tmp_path, layer, rows_of_16):
-    from edge.exporters.onnx import export_validated_graph
+    from edge.exporters.onnx.package import export_validated_graph
 
     block = Block("t", "ff", Wrapped(layer).eval(), ["x"], ["y"],
                   (torch.randn(2, TOKENS, WIDTH),), [True])
@@ -104,7 +104,7 @@ def test_web_kernels_of_a_chunked_block_replay_like_pytorch(rows_of_16):
     pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
     import numpy as np
 
-    from edge.exporters.tvm_plan import BlockCompiler, web_example
+    from edge.exporters.web.tvm_plan import BlockCompiler, web_example
 
     block = Block("t", "ff", Wrapped(_layers()[0]).eval(), ["x"], ["y"],
                   (torch.randn(1, TOKENS, WIDTH),))
@@ -123,7 +123,7 @@ def test_web_kernels_of_a_chunked_block_replay_like_pytorch(rows_of_16):
 def test_core_ai_executes_a_chunked_block_like_pytorch(tmp_path, rows_of_16):
     pytest.importorskip("coreai", reason="Core AI's Python packages ([iphone] extra) are "
                         "not installed")
-    from edge.exporters.coreai import PRECISIONS, export_block
+    from edge.exporters.iphone.coreai.package import PRECISIONS, export_block
 
     block = Block("t", "ff", Wrapped(_layers()[0]).eval(), ["x"], ["y"],
                   (torch.randn(1, TOKENS, WIDTH),))

@@ -1,4 +1,4 @@
-"""Identical blocks converted to ONNX once per process (exporters/graph_reuse.py): a block
+"""Identical blocks converted to ONNX once per process (exporters/shared/graph_reuse.py): a block
 whose traced program, embedded tensors and interface equal an earlier one's gets a copy of
 its graph; anything that changes the graph's bytes (a literal, a buffer's values, a shape)
 converts again, every copy is validated with its own weights, and the kept graphs are
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge.exporters import graph_reuse
+from edge.exporters.shared import graph_reuse
 from edge.graph.blocks import Block
 
 
@@ -32,7 +32,7 @@ def _block(name: str, layer: nn.Module) -> Block:
 def _export(blocks: list[Block], root, monkeypatch) -> tuple[int, list[float]]:
     """Export and validate each block's graph, nothing kept from before; (conversions,
     errors)."""
-    from edge.exporters.onnx import export_validated_graph
+    from edge.exporters.onnx.package import export_validated_graph
 
     calls = _count_conversions(monkeypatch)
     graph_reuse.forget_graphs()
@@ -67,7 +67,7 @@ def test_a_literal_or_a_buffer_that_differs_converts_again(tmp_path, monkeypatch
 
 
 def test_a_later_export_copies_the_graphs_an_earlier_one_converted(tmp_path, monkeypatch):
-    from edge.exporters.onnx import export_graph
+    from edge.exporters.shared.onnx_graph import export_graph
 
     calls = _count_conversions(monkeypatch)
     graph_reuse.forget_graphs()
@@ -79,7 +79,7 @@ def test_a_later_export_copies_the_graphs_an_earlier_one_converted(tmp_path, mon
 
 
 def test_the_kept_graphs_are_bounded_least_recently_used_first(tmp_path, monkeypatch):
-    from edge.exporters.onnx import export_graph
+    from edge.exporters.shared.onnx_graph import export_graph
 
     calls = _count_conversions(monkeypatch)
     graph_reuse.forget_graphs()

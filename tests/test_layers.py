@@ -195,3 +195,21 @@ def test_pyproject_installs_every_folder_of_the_namespace():
                for name, path in module_files().items()}
     assert not folders - listed, (f"{sorted(folders - listed)}: add them to pyproject.toml's "
                                   "[tool.setuptools] packages")
+
+
+def test_a_target_folder_imports_no_other_target(graph):
+    """exporters/: each target's folder (onnx/, iphone/, web/) builds on shared/ and the
+    registry (exporters/__init__.py), never on another target's modules, and shared/ on no
+    target: what two targets both need lives in shared/."""
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == ["edge", "exporters"] else None
+
+    crossing = []
+    for module, imports in graph.items():
+        mine = folder(module)
+        for target in imports:
+            theirs = folder(target)
+            if mine and theirs and theirs != mine and theirs != "shared":
+                crossing.append(f"{module} imports {target}")
+    assert not crossing, "exporters importing across target folders:\n" + "\n".join(crossing)

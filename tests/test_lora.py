@@ -43,7 +43,7 @@ def wan_lora(wan_folders, tmp_path_factory):
 @pytest.mark.slow  # an ONNX export per family
 @pytest.mark.parametrize("case", CASES)
 def test_the_package_makes_the_video_of_the_pipeline_with_the_adapter(request, tmp_path, case):
-    from edge.exporters.onnx import export_onnx
+    from edge.exporters.onnx.package import export_onnx
     from edge.runtimes.python import Pipeline
 
     folder = _folder(request, case)

@@ -496,7 +496,7 @@ def test_cli_ltx_options_are_checked_by_the_family(ltx_folders, tmp_path, args, 
 def test_out_of_core_export_writes_the_in_memory_package(ltx_folders, ltx_packages, tmp_path):
     """Built on the meta device, each block's weights read from the folder as it is exported
     (edge/graph/lazy_weights.py; tests/test_out_of_core.py): the same files, byte for byte."""
-    from edge.exporters.onnx import export_onnx
+    from edge.exporters.onnx.package import export_onnx
 
     model = load_model(ltx_folders["timestep"], steps=4, out_of_core=True, **SIZE,
                        **OPTIONS["timestep"])

@@ -7,13 +7,9 @@ from typer.testing import CliRunner
 
 from edge.commands import app
 from edge.core.package import PackageError, read_package
-from edge.exporters.onnx import (
-    PSNR_LIMIT_DB,
-    ExportValidationError,
-    end_to_end_check,
-    export_onnx,
-    psnr,
-)
+from edge.core.video_metrics import psnr
+from edge.exporters import ExportValidationError
+from edge.exporters.onnx.package import PSNR_LIMIT_DB, end_to_end_check, export_onnx
 from edge.runtimes.python import BudgetError, Pipeline
 
 runner = CliRunner()
@@ -266,7 +262,7 @@ def test_exports_leave_out_onnxscripts_quadratic_rewrite_rule(tmp_path):
     import torch
     from onnxscript import rewriter
 
-    from edge.exporters.onnx_rewrites import without_quadratic_rules
+    from edge.exporters.shared.onnx_rewrites import without_quadratic_rules
 
     defaults = rewriter._DEFAULT_REWRITE_RULES
     names = [r.name for r in defaults]
@@ -294,8 +290,8 @@ def test_each_export_gets_its_own_copy_of_one_kept_torchlib_table():
     import torch
     from torch.onnx._internal.exporter._registration import ONNXRegistry
 
-    from edge.exporters import onnx_registry
-    from edge.exporters.onnx_registry import reused_torchlib_registry
+    from edge.exporters.shared import onnx_registry
+    from edge.exporters.shared.onnx_registry import reused_torchlib_registry
 
     torchs_own = ONNXRegistry.__dict__["from_torchlib"]
     kept_before = set(onnx_registry._kept)
@@ -362,7 +358,7 @@ def test_execute_distinct_writes_the_same_package_running_each_graph_once(packag
         for b, fb in zip(c["blocks"], fc["blocks"], strict=True):
             assert ({k: v for k, v in b.items() if k not in strip and k != "variants"}
                     == {k: v for k, v in fb.items() if k not in strip and k != "variants"})
-    from edge.exporters.onnx_target import summary
+    from edge.exporters.onnx.target import summary
 
     said = summary(manifest | {"validation": full["validation"]}, tmp_path / "pkg", 1.0)
     assert "17 blocks (8 not run: --execute distinct" in said, said

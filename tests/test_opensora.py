@@ -239,7 +239,7 @@ def test_four_bits_keep_the_captions_path_at_eight(model):
     """Open-Sora's --quantize 4 (measured at the released shapes, docs/benchmarks.md): the
     pairs at int4 but their cross-attention; the text encoder, the prologue (its caption
     projection) and the decoder at int8."""
-    from edge.exporters.coreml_compression import STORAGES, compression
+    from edge.exporters.iphone.compression import STORAGES, compression
 
     setting = compression("4", model)
     int4, int8 = STORAGES["int4-b32"], STORAGES["int8"]

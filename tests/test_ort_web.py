@@ -1,4 +1,4 @@
-"""Where a web package's page gets onnxruntime-web (exporters/ort_web.py): the pinned digests,
+"""Where a web package's page gets onnxruntime-web (exporters/web/ort_web.py): the pinned digests,
 the URL and bundle checks, and the CLI refusing bad values before any work."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.exporters.ort_web import (
+from edge.exporters.web.ort_web import (
     DEFAULT_ORT_URL,
     ORT_FILES,
     OrtLocationError,

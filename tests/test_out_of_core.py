@@ -25,7 +25,7 @@ from edge.graph.lazy_weights import RESIDENCY, FolderWeights, ShardError, read_h
 def out_of_core_export(wan_folders, wan_packages, tmp_path_factory):
     """The unipc folder exported out of core with its end-to-end check, at wan_packages'
     settings; the peak of read weights during the export."""
-    from edge.exporters.onnx import end_to_end_check, export_onnx
+    from edge.exporters.onnx.package import end_to_end_check, export_onnx
 
     model = load_model(wan_folders["unipc"], steps=12, out_of_core=True, **WAN_SIZE)
     components = model.cut()
@@ -62,7 +62,8 @@ def test_one_block_of_weights_is_read_at_a_time(out_of_core_export):
 def test_the_streamed_reference_is_diffusers_video(out_of_core_export, wan_models):
     """The check's reference computes the video itself (PyTorch blocks, the package's weights
     fed by the loader), not the graphs again: it reproduces WanPipeline."""
-    from edge.exporters.onnx import VALIDATION_PROMPT, streamed_reference
+    from edge.exporters.shared.package_run import streamed_reference
+    from edge.exporters.shared.validation import VALIDATION_PROMPT
 
     _, components, root, manifest, _ = out_of_core_export
     largest = max(b["weight_bytes"] for c in manifest["components"] for b in c["blocks"])
@@ -207,7 +208,7 @@ def out_of_core_web_export(wan_folders, tmp_path_factory):
     """The unipc folder exported for the web out of core, its end-to-end check run after the
     blocks are written; the peak of read weights during the export."""
     pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
-    from edge.exporters.web import export_web, web_blocks
+    from edge.exporters.web.package import export_web, web_blocks
 
     model = load_model(wan_folders["unipc"], steps=12, out_of_core=True, **WAN_SIZE)
     components = web_blocks(model)
@@ -227,8 +228,8 @@ def test_out_of_core_web_export_stores_the_in_memory_weights(out_of_core_web_exp
     the check ran after the blocks were written, against the float32 PyTorch blocks."""
     import hashlib
 
-    from edge.exporters.web import web_blocks
-    from edge.exporters.web_storage import stored_weights, web_storage, write_stored
+    from edge.exporters.web.package import web_blocks
+    from edge.exporters.web.storage import stored_weights, web_storage, write_stored
 
     model, components, root, manifest, peak = out_of_core_web_export
     storage = web_storage("fp16", wan_models["unipc"])
@@ -261,8 +262,8 @@ def test_the_streamed_web_check_fails_a_package_whose_weights_differ(out_of_core
     the floor, naming the stored form."""
     from edge.core.package import file_entry, write_manifest
     from edge.exporters import ExportValidationError
-    from edge.exporters.web_check import streamed_check
-    from edge.exporters.web_storage import web_storage
+    from edge.exporters.web.check import streamed_check
+    from edge.exporters.web.storage import web_storage
 
     model, components, root, manifest, _ = out_of_core_web_export
     broken = tmp_path / "pkg"

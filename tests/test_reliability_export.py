@@ -170,7 +170,7 @@ def small_export(pipeline, monkeypatch):
     """`edge export` on the shipped model with only one small block (the transformer's
     epilogue) exported and no end to end check: the command's own path, in seconds."""
     import edge.commands.common as common
-    import edge.exporters.onnx as onnx
+    import edge.exporters.onnx.package as onnx
 
     monkeypatch.setattr(common, "load_reference_pipeline", lambda weights: pipeline)
     real = onnx.export_onnx
@@ -221,7 +221,7 @@ def test_force_replaces_a_package(exported_package, tmp_path, small_export):
 
 def test_full_disk_during_export_is_a_clear_error(exported_package, tmp_path, small_export,
                                                   monkeypatch):
-    import edge.exporters.onnx as onnx
+    import edge.exporters.onnx.package as onnx
 
     def no_space(block, root, validated=None):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root / "weights"))

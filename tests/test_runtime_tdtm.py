@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from edge.commands import app
 from edge.core.video_metrics import psnr
-from edge.exporters.onnx import PSNR_LIMIT_DB
+from edge.exporters.onnx.package import PSNR_LIMIT_DB
 from edge.models.stdit import MergedPair
 from edge.runtimes.python import Pipeline
 

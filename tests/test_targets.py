@@ -107,7 +107,8 @@ def test_each_target_cuts_at_the_shapes_its_family_gives(name, tiny_sora):
 def test_one_export_validation_error_for_every_exporter():
     from edge.exporters import ExportValidationError
 
-    for module in ("edge.exporters.onnx", "edge.exporters.coreml", "edge.exporters.coreai",
-                   "edge.exporters.web",
-                   "edge.exporters.weights_in_place"):
+    for module in ("edge.exporters.onnx.package", "edge.exporters.iphone.coreml.package",
+                   "edge.exporters.iphone.coreai.package",
+                   "edge.exporters.web.package",
+                   "edge.exporters.shared.weights_in_place"):
         assert importlib.import_module(module).ExportValidationError is ExportValidationError

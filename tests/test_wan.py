@@ -511,7 +511,8 @@ def test_the_page_sized_wan_is_written_and_loads(tmp_path):
 def test_identical_videos_are_recorded_in_valid_json(wan_packages, wan_models):
     """An end-to-end check whose two videos are identical (PSNR infinite) writes JSON that
     strict parsers accept: psnr_db null and identical true."""
-    from edge.exporters.onnx import VALIDATION_PROMPT, end_to_end_check
+    from edge.exporters.onnx.package import end_to_end_check
+    from edge.exporters.shared.validation import VALIDATION_PROMPT
     from edge.runtimes.python import Pipeline
 
     root, _ = wan_packages["euler"]

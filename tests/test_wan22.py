@@ -106,7 +106,7 @@ def test_the_page_reproduces_wan_pipeline_on_the_wasm_path(wan22, tmp_path, brow
     test does not run."""
     from browser import LOAD_PIPE, ORT_DIST, assert_same_video, page_generate, served_page
 
-    from edge.exporters.web import export_web
+    from edge.exporters.web.package import export_web
 
     if not (ORT_DIST / "ort.wasm.min.mjs").is_file():
         pytest.skip(f"no onnxruntime-web dist at {ORT_DIST} (EDGE_ORT_WEB_DIST) to bundle")

@@ -34,8 +34,8 @@ def wan_iphone(wan_iphone_package):
 @pytest.fixture(scope="module")
 def wan_iphone_ios17(tmp_path_factory, wan_model):
     """The tiny Wan exported for iOS 17: each variant a program of its own."""
-    from edge.exporters.coreml import export_coreml
-    from edge.exporters.coreml_check import end_to_end_check
+    from edge.exporters.iphone.coreml.check import end_to_end_check
+    from edge.exporters.iphone.coreml.package import export_coreml
 
     root = tmp_path_factory.mktemp("wan-iphone-ios17") / "pkg"
     with chunked_attention_for_tests():  # as the iOS 18 package it is compared with
@@ -79,8 +79,8 @@ def test_the_decoder_is_chunked_with_first_frame_programs(wan_iphone):
 
 def test_the_ios17_layout_exports_and_variants_share_weights_in_the_ios18_one(
         wan_iphone_ios17, wan_iphone):
-    from edge.exporters.coreml_check import check_structure
-    from edge.exporters.coreml_target import package_bytes, summary
+    from edge.exporters.iphone.coreml.check import check_structure
+    from edge.exporters.iphone.target import package_bytes, summary
 
     root, manifest = wan_iphone_ios17
     assert read_package(root) == manifest
@@ -159,7 +159,7 @@ class NearestExact(torch.nn.Module):
 
 def test_a_block_coreml_cannot_take_is_refused_naming_block_and_op(wan_model, tmp_path):
     from edge.exporters import ExportValidationError
-    from edge.exporters.coreml import export_coreml
+    from edge.exporters.iphone.coreml.package import export_coreml
 
     block = Block("vae_decoder", "upsample", NearestExact(), ["h"], ["h"],
                   (torch.randn(1, 4, 8, 8),), [False])
@@ -184,7 +184,7 @@ def test_wan_words_its_own_4_bit_setting(wan_model, tmp_path, monkeypatch):
     """Wan's --quantize 4 (edge/families/wan.py STORAGE_4, measured at 1.3B's shapes): the
     text encoder and the transformer at int4 with block scales, the decoder at int8; it needs
     iOS 18, so --min-ios 17 is refused naming the blocks, nothing written."""
-    from edge.exporters.coreml import INT8, STORAGES, compression
+    from edge.exporters.iphone.coreml.package import INT8, STORAGES, compression
 
     int4 = STORAGES["int4-b32"]
 

@@ -34,7 +34,7 @@ from conftest import WEB_SMALL_SHARDS  # noqa: E402
 
 from edge.core.serve import PackageRequestHandler, PackageServer  # noqa: E402
 from edge.core.video_metrics import psnr  # noqa: E402
-from edge.exporters.web_storage import DEFAULT_FORM  # noqa: E402
+from edge.exporters.web.storage import DEFAULT_FORM  # noqa: E402
 
 pytestmark = pytest.mark.slow  # headless Chromium: tens of seconds per page
 
@@ -159,9 +159,9 @@ FORCE_CHOICE = """([key, pick]) => {
 def pair_case(tiny_sora, form: str = DEFAULT_FORM):
     """A transformer pair, its example inputs (base64, as RUN_BLOCK takes them) and PyTorch's
     outputs on them with the weights as the package stores them (`form`), decoded."""
-    from edge.exporters.tvm_plan import web_example
-    from edge.exporters.web import web_blocks
-    from edge.exporters.web_storage import run_decoded, stored_weights
+    from edge.exporters.web.package import web_blocks
+    from edge.exporters.web.storage import run_decoded, stored_weights
+    from edge.exporters.web.tvm_plan import web_example
 
     block = web_blocks(tiny_sora)["transformer"][1]
     inputs = {n: b64(t.numpy()) for n, t in zip(block.inputs, web_example(block), strict=True)}
@@ -924,7 +924,7 @@ def test_a_budget_under_the_largest_block_is_refused_before_the_download(browser
     """The GPU sizes come from the manifest (float32 once decoded), so the page refuses the
     budget naming the block and the figures before it fetches any weights (the path asked
     for: no block is fetched to time the paths)."""
-    from edge.exporters.web_storage import SCALE_SUFFIX
+    from edge.exporters.web.storage import SCALE_SUFFIX
 
     _, manifest = web_package
     sizes = {f"{c['name']}/{b['name']}": 4 * sum(int(np.prod(t["shape"]))
@@ -956,7 +956,7 @@ def shard_of(block: dict, offset: int) -> str:
 def first_past_binding(manifest: dict, limit: int) -> str:
     """What the page refuses first where a binding may take at most `limit` bytes, in its
     order (blocks in order; each block's weights, then its plan's largest binding)."""
-    from edge.exporters.web_storage import SCALE_SUFFIX
+    from edge.exporters.web.storage import SCALE_SUFFIX
 
     for c in manifest["components"]:
         for b in c["blocks"]:
@@ -979,7 +979,7 @@ def test_an_adapter_that_cannot_bind_a_block_is_refused_before_the_download(
     """An adapter whose maxStorageBufferBindingSize is under a weight (float32 on the GPU) or
     under the largest tensor a block's plan binds (the manifest's `gpu`) is refused from the
     manifest alone, naming the block, the tensor or plan file, the figure and the limit."""
-    from edge.exporters.web_storage import SCALE_SUFFIX
+    from edge.exporters.web.storage import SCALE_SUFFIX
 
     manifest = copy.deepcopy(web_package[1])
     blocks = [b for c in manifest["components"] for b in c["blocks"]]

@@ -47,7 +47,7 @@ def web_package(tmp_path_factory, tiny_sora):
     the TDTM variants and the export's replays (tests/test_web_browser.py checks those)."""
     from shared_builds import package_once
 
-    from edge.exporters.web import export_web
+    from edge.exporters.web.package import export_web
 
     root, manifest = package_once(tmp_path_factory, "tiny-sora-web-ort-url",
                                   lambda dest: export_web(tiny_sora, dest, variants=False,

@@ -48,7 +48,7 @@ def exported(request, tmp_path_factory):
 
 
 def test_export_checks_every_plan_and_graph(exported):
-    from edge.exporters.web import BLOCK_TOLERANCE
+    from edge.exporters.web.package import BLOCK_TOLERANCE
 
     model, root, manifest, _ = exported
     records = [r for c in manifest["components"] for b in c["blocks"]

@@ -65,7 +65,7 @@ def wasm(page):
 
 
 def test_export_checks_every_plan_and_graph_against_its_outputs_magnitude(web_package):
-    from edge.exporters.web import BLOCK_TOLERANCE
+    from edge.exporters.web.package import BLOCK_TOLERANCE
 
     root, manifest = web_package
     records = [r for c in manifest["components"] for b in c["blocks"]

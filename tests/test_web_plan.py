@@ -1,4 +1,4 @@
-"""The web target's launch plans (exporters/tvm_plan.py): a block through TVM relax to WebGPU
+"""The web target's launch plans (exporters/web/tvm_plan.py): a block through TVM relax to WebGPU
 kernels plus a static launch plan, replayed on the CPU with TVM's llvm build of the same
 kernels and compared to the PyTorch block."""
 
@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 
-from edge.exporters.tvm_plan import BlockCompiler, PlanError, read_plan, web_example  # noqa: E402
+from edge.exporters.web.tvm_plan import BlockCompiler, PlanError, read_plan, web_example  # noqa: E402
 from edge.families.tiny_sora import cut_text_encoder, cut_transformer  # noqa: E402
 from edge.graph.blocks import Block  # noqa: E402
 
@@ -28,7 +28,7 @@ def _replay_error(compiled, block) -> float:
 
 
 def test_the_optimizing_llvm_build_is_kept_for_blocks_with_real_work(pipeline, compiler):
-    from edge.exporters.tvm_plan import OPTIMIZED_REPLAY_FLOPS, replay_target
+    from edge.exporters.web.tvm_plan import OPTIMIZED_REPLAY_FLOPS, replay_target
 
     assert replay_target(OPTIMIZED_REPLAY_FLOPS - 1).attrs["opt-level"] == 0
     assert "opt-level" not in replay_target(OPTIMIZED_REPLAY_FLOPS).attrs
@@ -92,9 +92,9 @@ def test_export_validation_refuses_a_plan_that_drifts(pipeline, compiler):
 
     import torch
 
-    from edge.exporters.onnx import ExportValidationError
-    from edge.exporters.web import validate
-    from edge.exporters.web_storage import stored_weights
+    from edge.exporters import ExportValidationError
+    from edge.exporters.web.package import validate
+    from edge.exporters.web.storage import stored_weights
 
     block = cut_transformer(pipeline)[-1]
     compiled = compiler.compile(block)
@@ -182,7 +182,7 @@ def test_blocks_of_one_traced_program_are_imported_once(monkeypatch):
     """TVM's frontend runs once per traced program (BlockCompiler): other weights of one
     structure reuse the module; another shape, or a constant embedded with another value,
     imports anew, and each block still replays its own weights."""
-    import edge.exporters.tvm_plan as tvm_plan
+    import edge.exporters.web.tvm_plan as tvm_plan
 
     imports = []
     frontend = tvm_plan._relax_module
@@ -210,7 +210,7 @@ def test_blocks_of_one_traced_program_are_imported_once(monkeypatch):
 
 def test_a_refused_block_writes_nothing(tiny_sora, tmp_path):
     from edge.exporters import ExportValidationError
-    from edge.exporters.web import export_web
+    from edge.exporters.web.package import export_web
 
     bad = Block("transformer", "block_0", _Erfinv(), ["x"], ["y"], (torch.randn(4, 4),))
     dest = tmp_path / "pkg"
@@ -259,7 +259,7 @@ def test_no_kernel_binds_more_storage_buffers_than_every_adapter_gives(compiler)
     """A wide concatenation becomes a tree of opaque concatenations of at most 7 inputs
     (FuseOps would join a chain of them back into one): 13 buffers in one kernel failed on an
     adapter allowing 10, and WebGPU promises 8."""
-    from edge.exporters.tvm_plan import MAX_STORAGE_BUFFERS
+    from edge.exporters.web.tvm_plan import MAX_STORAGE_BUFFERS
 
     q, k, v = (torch.randn(1, 2, 24, 8) for _ in range(3))
     block = Block("transformer", "block_0", _ManyChunks(), ["q", "k", "v"], ["y"], (q, k, v))
@@ -283,7 +283,7 @@ class _ManyBranches(torch.nn.Module):
 
 
 def test_fusion_stops_before_a_kernel_binds_too_many_buffers(compiler):
-    from edge.exporters.tvm_plan import MAX_STORAGE_BUFFERS
+    from edge.exporters.web.tvm_plan import MAX_STORAGE_BUFFERS
 
     xs = tuple(torch.randn(4, 6) for _ in range(12))
     block = Block("vae_decoder", "up_2", _ManyBranches(), [f"x{i}" for i in range(12)], ["y"],

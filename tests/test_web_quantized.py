@@ -89,8 +89,8 @@ def test_webgpu_decodes_stored_weights_to_the_exporters_float32(browser, q4_pack
     """Every weight of the embedding table (int4 with a scale per group) and of a transformer
     pair (int8 matrices with row scales, half vectors) read back from the GPU after decoding
     is bit for bit the exporter's decoding; scales are consumed, not uploaded as weights."""
-    from edge.exporters.web import web_blocks
-    from edge.exporters.web_storage import stored_weights, web_storage
+    from edge.exporters.web.package import web_blocks
+    from edge.exporters.web.storage import stored_weights, web_storage
 
     root, manifest = q4_package
     storage = web_storage("4", tiny_sora)

@@ -1,4 +1,4 @@
-"""How a web package stores its weights (exporters/web_storage.py): each form's decoding, the
+"""How a web package stores its weights (exporters/web/storage.py): each form's decoding, the
 weights file's table, the manifest's check of it, the wasm graph that decodes in itself."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge.exporters.web_storage import (
+from edge.exporters.web.storage import (
     HALF_MAX,
     INT4_GROUP,
     INT8_MIN_ELEMENTS,
@@ -55,7 +55,7 @@ def test_int4_groups_decode_within_half_a_step_of_their_scale():
     a byte (offset by 8, the first in the low nibble); a group of zeros decodes to zeros; what
     int4 does not fit (a convolution's kernel, rows not splitting into groups) is int8 by row,
     the small rest half."""
-    from edge.exporters.web_storage import INT4_OFFSET, unpack_nibbles
+    from edge.exporters.web.storage import INT4_OFFSET, unpack_nibbles
 
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(96, 128, generator=gen) * torch.linspace(0.01, 10, 128)  # groups of every size
@@ -146,8 +146,8 @@ def test_the_wasm_graph_takes_the_stored_tensors_and_decodes_them(tmp_path, form
     with the decoded weights; the graph's weight inputs have the stored dtypes."""
     import onnx
 
-    from edge.exporters.onnx import export_graph, validate_block
-    from edge.exporters.web_storage import (
+    from edge.exporters.shared.onnx_graph import export_graph, validate_block
+    from edge.exporters.web.storage import (
         graph_weights,
         run_decoded,
         stored_arrays,
@@ -183,7 +183,7 @@ def test_a_scalar_weight_stays_a_scalar(tmp_path):
     graph's example: onnxruntime refuses a feed of another rank."""
     stored = [store("s", torch.tensor(1000.0), "fp16")]
     assert write_stored(tmp_path / "w.bin", stored)[0]["shape"] == []
-    from edge.exporters.web_storage import graph_weights
+    from edge.exporters.web.storage import graph_weights
     from edge.graph.blocks import Block
 
     block = Block("transformer", "s", torch.nn.Linear(2, 2), ["x"], ["y"], (torch.ones(1, 2),))
@@ -195,7 +195,7 @@ def test_the_web_4_is_the_familys_rule_with_the_webs_nearest_forms(tiny_sora):
     and the decoder, 6 bits for the text encoder's layers, int8 for the transformer) stores
     int4 where the phone stores 4 bits and int8 where it stores 6 or 8; a family without a
     rule is refused by name, as is a rule naming a form the web lacks."""
-    from edge.exporters.web_storage import web_storage
+    from edge.exporters.web.storage import web_storage
     from edge.graph.family_model import StorageRule
 
     storage = web_storage("4", tiny_sora)
@@ -223,7 +223,7 @@ def test_the_web_4_is_the_familys_rule_with_the_webs_nearest_forms(tiny_sora):
 
 
 def test_a_tensor_rule_overrides_its_blocks(tiny_sora):
-    from edge.exporters.web_storage import WebStorage
+    from edge.exporters.web.storage import WebStorage
     from edge.graph.family_model import StorageRule
 
     rule = StorageRule((("transformer/*", "lut4"),), 30.0, "",
@@ -238,8 +238,8 @@ def test_a_setting_under_its_floor_is_refused_before_anything_is_written(tmp_pat
     """The export's end-to-end check renders with the decoded weights first: a rule whose
     floor the video misses stops the export with the figures, and no package is left."""
     from edge.exporters import ExportValidationError
-    from edge.exporters.web import export_web
-    from edge.exporters.web_storage import WebStorage
+    from edge.exporters.web.package import export_web
+    from edge.exporters.web.storage import WebStorage
     from edge.graph.family_model import StorageRule
 
     strict = WebStorage("4", StorageRule((("*", "lut4"),), 99.0, "every block at 4 bits"))
@@ -249,7 +249,7 @@ def test_a_setting_under_its_floor_is_refused_before_anything_is_written(tmp_pat
         export_web(tiny_sora, dest, form=strict, validate_end_to_end=True)
     assert not dest.exists() and not list(tmp_path.iterdir())
     # and the model has its own weights back
-    from edge.exporters.web_check import end_to_end_check
+    from edge.exporters.web.check import end_to_end_check
 
     steps = []  # the check's progress: both renders' steps, counted as one run
     fine = end_to_end_check(tiny_sora, tiny_sora.cut(tiny_sora.shapes("web")), WebStorage("fp32"),

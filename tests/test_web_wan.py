@@ -76,7 +76,7 @@ def test_export_checks_every_wan_plan_and_graph(wan_web_package):
     first-frame, the transformer's merged and caption-half ones) with TVM's llvm build and
     ran each wasm graph, all within the limit; the decoder is recorded as chunked, frame by
     frame, its caches carried."""
-    from edge.exporters.web import BLOCK_TOLERANCE
+    from edge.exporters.web.package import BLOCK_TOLERANCE
 
     _, manifest = wan_web_package
     records = [r for c in manifest["components"] for b in c["blocks"]

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.modules["tvm"] = None   # an `import tvm` anywhere now fails
 import torch
 torch.set_num_threads(int(sys.argv[2]))
-from edge.exporters.web import export_web
+from edge.exporters.web.package import export_web
 from edge.families.tiny_sora import TinySoraModel
 from edge.models.tiny_sora import TinySora
 export_web(TinySoraModel(TinySora.load()), Path(sys.argv[1]), variants=False, unguided=True,
@@ -47,8 +47,8 @@ def test_a_wasm_only_package_is_exported_without_tvm(tmp_path):
     `web.paths: ["wasm"]` and passes every check of read_package. The export ran where TVM
     cannot be imported and imported nothing of it."""
     from edge.core.package import read_package
-    from edge.exporters.validation import relative_error
-    from edge.exporters.web import BLOCK_TOLERANCE
+    from edge.exporters.shared.validation import relative_error
+    from edge.exporters.web.package import BLOCK_TOLERANCE
 
     root = tmp_path / "pkg"
     done = subprocess.run([sys.executable, "-c", EXPORT_WITHOUT_TVM, str(root),

@@ -79,8 +79,8 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
     weights stored in its programs, for the duration of the `with` block. The stored weights
     are written into the family's model in place and undone after: a loaded model may share
     parameters with others in this process (tiny-sora's text encoder is loaded once)."""
-    from edge.exporters.coreml import device_blocks
-    from edge.exporters.coreml_check import stored_weights_in_place
+    from edge.exporters.iphone.coreml.check import stored_weights_in_place
+    from edge.exporters.iphone.coreml.package import device_blocks
     from edge.families import FamilyError, exported_options, family_of, load_model
     from edge.graph.blocks import torch_block_opener
     from edge.planning.plan import READ_UNIT

@@ -13,7 +13,7 @@ def mse(got: np.ndarray, want: np.ndarray) -> float:
 
 def psnr_of_mse(error: float) -> float:
     """Peak signal-to-noise ratio in dB of 8-bit videos whose mean squared error is `error`
-    (inf when 0): errors that add (exporters/coreml_recipe.py) are summed as MSEs first."""
+    (inf when 0): errors that add (exporters/iphone/coreml/recipe.py) are summed as MSEs first."""
     return float("inf") if error <= 0 else float(10 * np.log10(255.0**2 / error))
 
 

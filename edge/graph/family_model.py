@@ -34,12 +34,12 @@ class Shapes:
 @dataclass(frozen=True)
 class StorageRule:
     """A `--quantize` setting a family words itself for the device (`FamilyModel.
-    device_storage`): the stored form of each block as (block key pattern, storage name)
-    rules, the first pattern that matches a block key winning (fnmatch: "text_encoder/*");
-    the names are the CoreML exporter's stored forms (exporters/coreml.py STORAGES: "fp16",
-    "int8", "lut6", "lut4", "lut4-g16", ...). Chosen by measuring where bits cost the video
-    (docs/benchmarks.md): which blocks' errors compound differs by family, and so does where
-    the bytes are."""
+    device_storage`): the stored form of each block as (block key pattern, storage name) rules, the
+    first pattern that matches a block key winning (fnmatch: "text_encoder/*"); the names are the
+    CoreML exporter's stored forms (exporters/iphone/coreml/package.py STORAGES: "fp16", "int8",
+    "lut6", "lut4", "lut4-g16", ...). Chosen by measuring where bits cost the video
+    (docs/benchmarks.md): which blocks' errors compound differs by family, and so does where the
+    bytes are."""
 
     rules: tuple[tuple[str, str], ...]
     psnr_floor_db: float    # the export's end-to-end check refuses a package under it

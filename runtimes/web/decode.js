@@ -1,4 +1,4 @@
-// Weights stored narrower than float32 (a web package's --quantize: exporters/web_storage.py)
+// Weights stored narrower than float32 (a web package's --quantize: exporters/web/storage.py)
 // decoded to float32 on the GPU as a block's weights are uploaded, for the WebGPU path's
 // kernels, which read float32. Three WGSL kernels written here, since they are the whole of
 // it and need no shader extension:

@@ -1,4 +1,4 @@
-// Replays a block's static launch plan (written by exporters/tvm_plan.py) on WebGPU.
+// Replays a block's static launch plan (written by exporters/web/tvm_plan.py) on WebGPU.
 //
 // A plan lists, in order, every kernel launch of the block with the buffers it binds, its
 // grid and its uniform; plus the intermediate storages (TVM's static memory plan) and the
@@ -95,7 +95,7 @@ export class PlanExecutor {
 
   static async create(adapter) {
     // the adapter's own limits: buffer sizes past the defaults (kernels bind at most the
-    // default 8 storage buffers, exporters/tvm_plan.py MAX_STORAGE_BUFFERS)
+    // default 8 storage buffers, exporters/web/tvm_plan.py MAX_STORAGE_BUFFERS)
     const limits = {};
     for (const k of ["maxStorageBuffersPerShaderStage", "maxStorageBufferBindingSize",
       "maxBufferSize", "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX"]) {
@@ -170,7 +170,7 @@ export class PlanExecutor {
 
   // Refuse a block whose buffers this adapter cannot make or bind, from its manifest record
   // alone (before any download): each weight is one float32 buffer bound whole, and the
-  // plan's largest buffer and binding are recorded at export (`gpu`, exporters/tvm_plan.py).
+  // plan's largest buffer and binding are recorded at export (`gpu`, exporters/web/tvm_plan.py).
   checkLimits(key, record) {
     const limits = this.device.limits;
     const refuse = (what, bytes, limit) => {

@@ -1,5 +1,5 @@
 """What both web paths feed a block: its example inputs as the page makes them. Apart from
-exporters/tvm_plan.py so a wasm-only package (`--web-paths wasm`) is exported without TVM."""
+exporters/web/tvm_plan.py so a wasm-only package (`--web-paths wasm`) is exported without TVM."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ import torch
 
 from edge.core.video_metrics import mse
 from edge.core.video_metrics import psnr_of_mse as psnr_of
-from edge.exporters.coreml import (
+from edge.exporters.iphone.coreml.package import (
     AUTO,
     DEFAULT_MIN_IOS,
     FP16,
@@ -46,8 +46,8 @@ from edge.exporters.coreml import (
     save_program,
     weights_file_bytes,
 )
-from edge.exporters.coreml_weights import read_parameters
-from edge.exporters.weights_in_place import weights_replaced
+from edge.exporters.iphone.coreml.weights import read_parameters
+from edge.exporters.shared.weights_in_place import weights_replaced
 from edge.graph.blocks import Block
 from edge.graph.family_model import FamilyModel
 
@@ -59,7 +59,7 @@ VIDEOS = (("a red circle moving left", 0), ("a blue square moving up", 1))
 
 # How a layout stores a block in each of some forms: {form: (its parameters as the program
 # holds them, the stored bytes)} (`stored_forms` for the Core ML layouts; the Core AI layout
-# simulates coreai-opt's forms instead, exporters/coreai_recipe.py)
+# simulates coreai-opt's forms instead, exporters/iphone/coreai/recipe.py)
 StoreForms = Callable[[Block, Sequence[str]], dict[str, tuple[dict[str, torch.Tensor], int]]]
 
 

@@ -1,8 +1,8 @@
 """The web export's end-to-end check of its stored form: the family's reference video
-rendered with the weights the page decodes (exporters/web_storage.py) against the same video
+rendered with the weights the page decodes (exporters/web/storage.py) against the same video
 in float32, on a fixed prompt and seed. It runs before any block is exported, so a setting
 that misses its floor writes nothing. The blocks' compiled forms are checked apart, each
-against PyTorch with the decoded weights (exporters/web.py).
+against PyTorch with the decoded weights (exporters/web/package.py).
 
 A model loaded out of core (larger than memory: edge/graph/lazy_weights.py) is never held whole,
 so its check runs once the blocks are written, before the package is put in place: the
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from edge.exporters.onnx import package_video, streamed_reference, streaming_budget
-from edge.exporters.web_storage import WebStorage, stored_weights
-from edge.exporters.weights_in_place import stored_video_check, stored_video_record
+from edge.exporters.shared.package_run import package_video, streamed_reference, streaming_budget
+from edge.exporters.shared.weights_in_place import stored_video_check, stored_video_record
+from edge.exporters.web.storage import WebStorage, stored_weights
 from edge.graph.blocks import Block
 from edge.graph.family_model import FamilyModel
 

@@ -11,7 +11,7 @@ only the first rows are used, summed with the token-type row) cannot be read bac
 its reference value and is listed as `folded`.
 
 A multifunction `.mlpackage` (a block and its variants as functions sharing one weight file,
-exporters/coreml.py) is read function by function: `function` names which.
+exporters/iphone/coreml/package.py) is read function by function: `function` names which.
 """
 
 from __future__ import annotations

@@ -29,14 +29,14 @@ from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
 from edge.exporters import ExportValidationError
-from edge.exporters.graph_reuse import graph_key
-from edge.exporters.tvm_passes import (
+from edge.exporters.shared.graph_reuse import graph_key
+from edge.exporters.web.inputs import web_example
+from edge.exporters.web.tvm_passes import (
     fold_constant_calls,
     fuse_within,
     int32_take_indices,
     narrow_concats,
 )
-from edge.exporters.web_inputs import web_example
 from edge.graph.attention import replaced_sdpa, written_out_attention
 from edge.graph.blocks import Block
 from edge.graph.token_chunks import token_chunks

@@ -14,7 +14,7 @@ import torch
 
 from edge.core.video_metrics import psnr, snr
 from edge.exporters import ExportValidationError
-from edge.exporters.validation import VALIDATION_PROMPT
+from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.blocks import Block
 from edge.graph.family_model import FamilyModel
 from edge.graph.reference_device import reference_record

@@ -35,15 +35,15 @@ so it does not take them. Every program of an iOS 18 package is converted for iO
 cannot merge iOS 17 palettized programs (it re-reads them with iOS 18's
 `constexpr_lut_to_dense`, which has no `shape` input).
 
-CoreML cannot predict on Linux, so validation here is (1) structural: the saved programs'
-inputs, outputs, shapes and dtypes match the manifest and chain block to block; and (2)
-numeric: each block's weights are read back out of its `.mlpackage` (edge.exporters.coreml_weights)
-and run in the PyTorch reference block against fp32 (max-abs error), and the whole pipeline
-with those weights renders the validation prompt for a PSNR against fp32 PyTorch
-(edge.exporters.coreml_check); in a multifunction package, function by function. Compiling to
-`.mlmodelc` needs macOS (Xcode or the app at run time); this exporter writes `.mlpackage`
-only, without the ExecuTorch debug-handle map coremltools saves beside a torch.export
-program (`executorch_debug_handle_mapping.json`, no part of the CoreML model).
+CoreML cannot predict on Linux, so validation here is (1) structural: the saved programs' inputs,
+outputs, shapes and dtypes match the manifest and chain block to block; and (2) numeric: each
+block's weights are read back out of its `.mlpackage` (edge.exporters.iphone.coreml.weights) and run
+in the PyTorch reference block against fp32 (max-abs error), and the whole pipeline with those
+weights renders the validation prompt for a PSNR against fp32 PyTorch
+(edge.exporters.iphone.coreml.check); in a multifunction package, function by function. Compiling to
+`.mlmodelc` needs macOS (Xcode or the app at run time); this exporter writes `.mlpackage` only,
+without the ExecuTorch debug-handle map coremltools saves beside a torch.export program
+(`executorch_debug_handle_mapping.json`, no part of the CoreML model).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from edge.core.package import (
     write_manifest,
 )
 from edge.exporters import ExportValidationError
-from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's names too)
+from edge.exporters.iphone.compression import (  # noqa: F401  (the exporter's names too)
     AUTO,
     BY_FAMILY,
     FP16,
@@ -90,8 +90,8 @@ from edge.exporters.coreml_compression import (  # noqa: F401  (the exporter's n
     palettized,
     partition_setting,
 )
-from edge.exporters.coreml_weights import MAIN, import_coremltools
-from edge.exporters.package_head import manifest_head
+from edge.exporters.iphone.coreml.weights import MAIN, import_coremltools
+from edge.exporters.shared.package_head import manifest_head
 from edge.graph.blocks import Block, chained, with_unguided
 from edge.graph.family_model import FamilyModel
 from edge.graph.token_chunks import token_chunks
@@ -311,7 +311,7 @@ def program_record(root: Path, relative: str, module: nn.Module, block: Block,
     """The manifest record of one saved program (or one function of it), with its weights
     read back and checked numerically. `tensors`: filled with the distinct tensors the
     program stores (digest -> elements), for the fp32 reference of the package's size."""
-    from edge.exporters.coreml_check import block_numerics
+    from edge.exporters.iphone.coreml.check import block_numerics
 
     path = root / relative
     files = package_files(root, path)
@@ -402,7 +402,7 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
 
     Raises ExportValidationError (and writes nothing) if a program's interface does not
     match the manifest or the blocks do not chain."""
-    from edge.exporters.coreml_check import check_structure
+    from edge.exporters.iphone.coreml.check import check_structure
 
     setting = compression(quantize, model)  # refuse a bad setting or layout before converting
     deployment_target(setting, min_ios)

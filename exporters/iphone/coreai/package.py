@@ -13,12 +13,12 @@ A block and its variants (TDTM, a chunked component's `first` piece) are the fun
 sha256; `metadata.json`): the converter stores a tensor the graphs share once. Inputs and
 outputs are float32 and int32 (Core AI narrows int64 to int32, as Core ML has no int64).
 
-Storage (`--quantize`): "fp32" keeps the graph as PyTorch computes it; "fp16" converts the
-block in half precision (weights and compute) behind float32 inputs and outputs, which on
-Linux the interpreter emulates (slowly: fine at test sizes). Conversion and execution run in
-child processes side by side (exporters/coreai_pool.py, exporters/coreai_worker.py): a crash
-there is an error naming the block, and the package is not written. `--execute distinct`
-executes one block of each repeated shape (`repeats`) and converts the rest unexecuted.
+Storage (`--quantize`): "fp32" keeps the graph as PyTorch computes it; "fp16" converts the block in
+half precision (weights and compute) behind float32 inputs and outputs, which on Linux the
+interpreter emulates (slowly: fine at test sizes). Conversion and execution run in child processes
+side by side (exporters/iphone/coreai/pool.py, exporters/iphone/coreai/worker.py): a crash there is
+an error naming the block, and the package is not written. `--execute distinct` executes one block
+of each repeated shape (`repeats`) and converts the rest unexecuted.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from torch import nn
 
 from edge.core.package import file_entry
 from edge.exporters import ExportValidationError
-from edge.exporters.coreai_pool import run_worker
-from edge.exporters.coreai_simulated import simulated_block, weight_axes
-from edge.exporters.coreai_worker import PINNED
-from edge.exporters.coreml import manifest_dtype, signature
-from edge.exporters.coreml_compression import Compression, auto_target, compression
-from edge.exporters.coreml_weights import MAIN
-from edge.exporters.validation import largest_finite, worse, worst_difference
+from edge.exporters.iphone.compression import Compression, auto_target, compression
+from edge.exporters.iphone.coreai.pool import run_worker
+from edge.exporters.iphone.coreai.simulated import simulated_block, weight_axes
+from edge.exporters.iphone.coreai.worker import PINNED
+from edge.exporters.iphone.coreml.package import manifest_dtype, signature
+from edge.exporters.iphone.coreml.weights import MAIN
+from edge.exporters.shared.validation import largest_finite, worse, worst_difference
 from edge.graph.blocks import Block, chained, with_unguided
 from edge.graph.family_model import FamilyModel
 from edge.graph.token_chunks import token_chunks
@@ -90,7 +90,7 @@ class Precision:
 @dataclass(frozen=True)
 class StoredForm:
     """One block's weights as coreai-opt stores them (`weights`: a Core ML stored form's
-    record, exporters/coreml_compression.py; None: as computed), their bits a weight, and the
+    record, exporters/iphone/compression.py; None: as computed), their bits a weight, and the
     executed program's tolerance against the fp32 block at that form."""
 
     weights: dict | None
@@ -111,8 +111,8 @@ PRECISIONS = {
     "8": Precision("8", torch.float16, 6e-2, INT8_WEIGHTS | {"compute": "float16"},
                    weights=INT8_WEIGHTS),
 }
-# Settings stored in the Core ML layouts' forms (coreml_compression.py), block by block: the
-# "4" each family words, behind float16 compute (its linear forms: int8, int4 per 32 inputs)
+# Settings stored in the Core ML layouts' forms (exporters/iphone/compression.py), block by block:
+# the "4" each family words, behind float16 compute (its linear forms: int8, int4 per 32 inputs)
 STORED_SETTINGS = ("4",)
 # The executed program against the fp32 block, by the bits its weights are stored in: a
 # guard against a broken program (a wrong layout reads as error of order one), not a measure
@@ -161,7 +161,7 @@ def stored_precision(quantize: str | Compression, model: FamilyModel) -> Precisi
 
 def check_setting(quantize: str) -> None:
     """A ValueError naming the settings there are if `quantize` is none of them (an auto
-    target that does not parse is named by coreml_compression.auto_target)."""
+    target that does not parse is named by exporters/iphone/compression.py auto_target)."""
     if auto_target(quantize) is not None:
         return
     if quantize not in PRECISIONS and quantize not in STORED_SETTINGS:
@@ -173,7 +173,7 @@ def check_setting(quantize: str) -> None:
 def check_precision(quantize: str, model: FamilyModel) -> Precision:
     """The setting named `quantize` for `model`'s blocks (a ValueError naming those there
     are, or why the family's rule does not apply). An auto setting is chosen at export by
-    measurement (exporters/coreai_recipe.py); until then it counts as fp16, the most any of
+    measurement (exporters/iphone/coreai/recipe.py); until then it counts as fp16, the most any of
     its forms stores."""
     check_setting(quantize)
     if auto_target(quantize) is not None:
@@ -305,7 +305,7 @@ def _output_errors(got: dict[str, np.ndarray], outputs: list[str],
 def simulated_error(got: dict[str, np.ndarray], graph: Block,
                     axes: dict[str, tuple[int, int]], stored: dict) -> dict:
     """The executed program's outputs against the PyTorch graph with the weights coreai-opt
-    stored (`axes`) simulated in it (exporters/coreai_simulated.py): what is left is float16
+    stored (`axes`) simulated in it (exporters/iphone/coreai/simulated.py): what is left is float16
     compute."""
     want = simulated_block(graph, axes, stored).reference()
     error, _, relative = _output_errors(got, graph.outputs, want)
@@ -355,7 +355,7 @@ def export_blocks(blocks: list[Block], root: Path, precision: Precision,
                   unguided: bool = False, distinct_only: bool = False) -> list[dict]:
     """Convert each block and its variants as the functions of one .aimodel, execute each
     function on the block's example inputs and hold it to the PyTorch block; their records.
-    Workers side by side (exporters/coreai_pool.py) share the list of blocks (their imports
+    Workers side by side (exporters/iphone/coreai/pool.py) share the list of blocks (their imports
     cost seconds), so every block's example inputs are made real (`chained`) before they
     start. `unguided`:
     each block also at the caption's half of its batch (`edge.graph.blocks.with_unguided`: the

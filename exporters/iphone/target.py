@@ -1,10 +1,9 @@
 """`edge export --target iphone`: the family's blocks at the device's shapes, one CoreML
-program each (exporters/coreml.py; for iOS 18, `--min-ios 18`, the default, a block and its
-variants as the functions of one multifunction program, for `--min-ios 17` a program per
-variant), validated (structure, then the stored weights in PyTorch against fp32, end to end
-against the family's reference); the summary says what the compression cost: the whole
-package on disk against the fp32 bytes of the tensors it stores, the worst block error and
-the end-to-end PSNR.
+program each (exporters/iphone/coreml/package.py; for iOS 18, `--min-ios 18`, the default, a block
+and its variants as the functions of one multifunction program, for `--min-ios 17` a program per
+variant), validated (structure, then the stored weights in PyTorch against fp32, end to end against
+the family's reference); the summary says what the compression cost: the whole package on disk
+against the fp32 bytes of the tensors it stores, the worst block error and the end-to-end PSNR.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from edge.exporters import (
     refuse_others,
     refuse_out_of_core,
 )
-from edge.exporters.coreml import (
+from edge.exporters.iphone.coreml.package import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
     MACOS_ONLY_NOTE,
@@ -40,7 +39,7 @@ from edge.graph.family_model import FamilyModel
 from edge.planning.plan import READ_UNIT, device_residency
 
 NAME = "iphone"
-COREAI_MIN_IOS = 27   # --min-ios 27: the Core AI layout (exporters/coreai_target.py)
+COREAI_MIN_IOS = 27   # --min-ios 27: the Core AI layout (exporters/iphone/coreai/layout.py)
 
 
 def _min_ios(options: ExportOptions) -> int:
@@ -51,9 +50,9 @@ def _coreai(options: ExportOptions):
     """The Core AI layout's module where `--min-ios 27` asks for it, else None."""
     if _min_ios(options) != COREAI_MIN_IOS:
         return None
-    from edge.exporters import coreai_target
+    from edge.exporters.iphone.coreai import layout as coreai_layout
 
-    return coreai_target
+    return coreai_layout
 
 
 def check(options: ExportOptions) -> None:
@@ -95,7 +94,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     """The device cut (re-cut for a budget, counted in stored bytes): blocks, their static
     input shapes, fp32 bytes and an estimate of the stored bytes at the setting, then with a
     budget the residency plan the Swift loader will follow (the --dry-run table)."""
-    from edge.exporters.coreml import device_blocks, estimated_bytes
+    from edge.exporters.iphone.coreml.package import device_blocks, estimated_bytes
 
     if coreai := _coreai(options):
         return coreai.prepare(model, options)
@@ -131,7 +130,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                  f"of weight files at {counted} (estimate) for iOS {chosen.min_ios}: "
                  f"{chosen.text}. {MACOS_ONLY_NOTE}.")
     if auto:
-        from edge.exporters.coreml_recipe import VIDEOS, candidate_forms
+        from edge.exporters.iphone.coreml.recipe import VIDEOS, candidate_forms
 
         forms = candidate_forms(_min_ios(options))
         count = sum(len(blocks) for blocks in cut.components.values())
@@ -151,8 +150,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    from edge.exporters.coreml import export_coreml
-    from edge.exporters.coreml_check import end_to_end_check
+    from edge.exporters.iphone.coreml.check import end_to_end_check
+    from edge.exporters.iphone.coreml.package import export_coreml
 
     if coreai := _coreai(options):
         return coreai.export(model, prepared, dest, options, progress)
@@ -172,7 +171,7 @@ def _chosen(model: FamilyModel, prepared: Prepared, quantize: str, min_ios: int,
     """`--quantize auto[:TARGET]` measured on the blocks to export and made a setting; a
     target no recipe reaches is refused naming it (nothing written)."""
     from edge.exporters import ExportValidationError
-    from edge.exporters.coreml_recipe import chosen_setting
+    from edge.exporters.iphone.coreml.recipe import chosen_setting
 
     def on_trial(done: int, total: int, trial) -> None:
         if progress.on_measure is not None:
@@ -186,9 +185,9 @@ def _chosen(model: FamilyModel, prepared: Prepared, quantize: str, min_ios: int,
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:
     if is_coreai(manifest):
-        from edge.exporters import coreai_target
+        from edge.exporters.iphone.coreai import layout as coreai_layout
 
-        return coreai_target.summary(manifest, dest, seconds)
+        return coreai_layout.summary(manifest, dest, seconds)
     blocks = [(f"{c['name']}/{b['name']}", b) for c in manifest["components"]
               for b in c["blocks"]]
     on_disk = package_bytes(dest)

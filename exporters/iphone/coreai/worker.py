@@ -3,10 +3,10 @@
 Core AI's converter and runtime are beta native code: a failure inside them can end the
 process (SIGABRT) rather than raise. The exporter therefore never calls them itself; it
 saves each graph of a block (`torch.export.save`) with its example inputs, runs
-`python -P coreai_worker.py JOB...` and reads back what this process wrote: the
+`python -P worker.py JOB...` and reads back what this process wrote: the
 `.aimodel` and, per function, the outputs of executing it on the example inputs through
 Core AI's runtime (on Linux its bundled reference interpreter). A crash here becomes an
-error naming the block in the exporter (exporters/coreai_pool.py).
+error naming the block in the exporter (exporters/iphone/coreai/pool.py).
 
 Several workers may share one list of jobs, each taking the next job no other has claimed
 (a `claim` file beside the job, created exclusively). Each JOB (one per block) is a JSON

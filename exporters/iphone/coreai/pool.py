@@ -1,4 +1,4 @@
-"""The Core AI exporter's child processes (exporters/coreai_worker.py), side by side.
+"""The Core AI exporter's child processes (exporters/iphone/coreai/worker.py), side by side.
 
 Core AI's converter and runtime are beta native code that can end their process, so the
 exporter runs them in workers; its interpreter runs a program on one core, so it runs one
@@ -26,7 +26,7 @@ import psutil
 from edge.exporters import ExportValidationError
 
 WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as an error
-WORKER = Path(__file__).with_name("coreai_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 WORKER_PYTHON: str | None = None   # the interpreter the worker runs in (default: this one)
 WORKERS: int | None = None   # workers side by side (default: `worker_count`'s choice)
 WORKER_MEMORY_FACTOR, WORKER_BASE_BYTES = 5, 256 << 20   # a worker's memory, by its graphs
@@ -128,7 +128,7 @@ def _crash(children: list[subprocess.Popen], stderrs: list, jobs: list[Path],
 
 
 def _claimant(job: Path) -> int | None:
-    """The pid of the worker that claimed `job` (exporters/coreai_worker.py `claimed`)."""
+    """The pid of the worker that claimed `job` (exporters/iphone/coreai/worker.py `claimed`)."""
     try:
         return int(job.with_name("claim").read_text())
     except (OSError, ValueError):

@@ -1,7 +1,7 @@
 """The `--quantize` settings of the iphone target: how each block's weights are stored in its
 program (fp16, int8, palettized, int4 blocks), the rules a family words for itself, and the
 end-to-end floor each setting is checked against. The exporter (coreml.py) applies them and
-the check (coreml_check.py) reads them back; neither imports the other for them."""
+the check (coreml/check.py) reads them back; neither imports the other for them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 
 from edge.core.budget import parse_size
-from edge.exporters.coreml_weights import import_coremltools
+from edge.exporters.iphone.coreml.weights import import_coremltools
 from edge.graph.family_model import FamilyModel, StorageRule
 
 WEIGHT_THRESHOLD = 2048       # coremltools' default: smaller tensors are not compressed
@@ -162,7 +162,7 @@ UNIFORM = {c.setting: c for c in (
 # Settings each family words itself (FamilyModel.device_storage): where 4 bits cost the video
 # depends on which of its blocks' errors compound and where its bytes are.
 BY_FAMILY = ("4",)
-# Chosen at export by measurement (exporters/coreml_recipe.py): "auto" or "auto:TARGET"
+# Chosen at export by measurement (exporters/iphone/coreml/recipe.py): "auto" or "auto:TARGET"
 AUTO = "auto"
 QUANTIZE = (*UNIFORM, *BY_FAMILY, AUTO)
 DEFAULT_AUTO_PSNR_DB = 38.0
@@ -236,7 +236,7 @@ def compression(quantize: str | Compression, model: FamilyModel | None = None) -
     check_setting(quantize)
     if auto_target(quantize) is not None:
         raise ValueError(f"--quantize {quantize} is chosen by measurement at export "
-                         "(exporters.coreml_recipe.chosen_setting gives its setting)")
+                         "(exporters/iphone/coreml/recipe.py chosen_setting gives its setting)")
     if quantize in UNIFORM:
         return UNIFORM[quantize]
     if model is None:

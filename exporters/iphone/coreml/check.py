@@ -8,11 +8,11 @@ of an earlier block with the same shape and dtype, and the components fit one an
 (caption tokens, latents, frames).
 
 Numeric: each program's weights, read back out of the `.mlpackage` and decompressed
-(edge.exporters.coreml_weights), run in the PyTorch reference block on its example inputs and are
-compared with the fp32 block (max-abs error); end to end, the whole pipeline with those
-weights renders the validation prompt and is compared with fp32 PyTorch (PSNR). This measures
-what weight compression costs. It does not measure fp16 activation arithmetic on the device,
-which only a Mac or an iPhone can run.
+(edge.exporters.iphone.coreml.weights), run in the PyTorch reference block on its example inputs and
+are compared with the fp32 block (max-abs error); end to end, the whole pipeline with those weights
+renders the validation prompt and is compared with fp32 PyTorch (PSNR). This measures what weight
+compression costs. It does not measure fp16 activation arithmetic on the device, which only a Mac or
+an iPhone can run.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from edge.core.manifest_schema import as_variant
-from edge.exporters.coreml_compression import Compression, compression
-from edge.exporters.coreml_weights import (
+from edge.exporters.iphone.compression import Compression, compression
+from edge.exporters.iphone.coreml.weights import (
     MAIN,
     import_coremltools,
     mil_constants,
@@ -33,8 +33,8 @@ from edge.exporters.coreml_weights import (
     read_parameters,
     tensor_sizes,
 )
-from edge.exporters.validation import output_error
-from edge.exporters.weights_in_place import stored_video_check, weights_replaced
+from edge.exporters.shared.validation import output_error
+from edge.exporters.shared.weights_in_place import stored_video_check, weights_replaced
 from edge.graph.blocks import Block
 from edge.graph.family_model import FamilyModel
 
@@ -177,7 +177,7 @@ def block_numerics(mlpackage: Path, module: nn.Module, block: Block,
                    tensors: dict[str, int] | None = None) -> dict:
     """The weights stored in the program (its function `function`) run in the PyTorch block
     against fp32 `reference`. `tensors`: updated with the distinct tensors the function
-    stores (edge.exporters.coreml_weights.tensor_sizes)."""
+    stores (edge.exporters.iphone.coreml.weights.tensor_sizes)."""
     params = {n: p.detach() for n, p in module.named_parameters()}
     constants = mil_constants(mlpackage, function)
     if tensors is not None:

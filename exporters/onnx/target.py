@@ -1,5 +1,5 @@
 """`edge export --target onnx`: the blocks re-cut for a memory budget (edge/planning/plan.py), one
-ONNX graph each (exporters/onnx.py), checked end to end by the Python runtime against the
+ONNX graph each (exporters/onnx/package.py), checked end to end by the Python runtime against the
 family's reference."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edge.core.budget import format_size
 from edge.exporters import ExportOptions, Prepared, Progress, check_execute, refuse_others
-from edge.exporters.validation import worst_block
+from edge.exporters.shared.validation import worst_block
 from edge.graph.attention import budget_score_limit
 from edge.graph.family_model import FamilyModel
 from edge.planning.plan import READ_UNIT, partition, plan_lines, plan_residency
@@ -39,7 +39,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    from edge.exporters.onnx import end_to_end_check, export_onnx
+    from edge.exporters.onnx.package import end_to_end_check, export_onnx
 
     if options.end_to_end is not None:  # checked beside the export (edge export --check)
         def validate(root: Path) -> dict:

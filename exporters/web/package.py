@@ -3,13 +3,13 @@
 Every block is compiled for two paths, and the page runs whichever is faster where it
 opens (runtimes/web/paths.js); a wasm-only package (`paths=("wasm",)`, `--web-paths wasm`)
 has the second alone, exported without TVM (no module here imports it then):
-- **webgpu**: TVM (exporters/tvm_plan.py) makes WebGPU kernels and a static launch plan,
+- **webgpu**: TVM (exporters/web/tvm_plan.py) makes WebGPU kernels and a static launch plan,
   stored as one JSON file per block (`plans/<component>/<block>.json`: the plan and the WGSL
   of its kernels);
 - **wasm**: an ONNX graph of the same block with its weights as graph inputs
   (`graphs/<component>/<block>.onnx`, the ONNX target's form at the web's static shapes),
   run by onnxruntime-web's wasm provider, which the page fetches from the manifest's
-  `web.ort` location and checks by digest first (exporters/ort_web.py).
+  `web.ort` location and checks by digest first (exporters/web/ort_web.py).
 Both read the same weights: one flash-laid-out file per block (the ONNX target's layout),
 each at most `SHARD_BYTES`, listed with size and sha256 in the manifest like every file. The
 JavaScript runtime (runtimes/web) and the demo page (web_demo) are copied in, so serving the
@@ -41,13 +41,13 @@ import torch
 from edge.core.manifest_schema import UNGUIDED, WEB_PATHS
 from edge.core.package import atomic_directory, file_entry, write_manifest
 from edge.exporters import ExportValidationError
-from edge.exporters.onnx import export_graph, validate_block
-from edge.exporters.ort_web import ort_location
-from edge.exporters.package_head import manifest_head
-from edge.exporters.validation import check_validation, output_error
-from edge.exporters.web_check import end_to_end_check, streamed_check
-from edge.exporters.web_inputs import web_example
-from edge.exporters.web_storage import (
+from edge.exporters.shared.onnx_graph import export_graph, validate_block
+from edge.exporters.shared.package_head import manifest_head
+from edge.exporters.shared.validation import check_validation, output_error
+from edge.exporters.web.check import end_to_end_check, streamed_check
+from edge.exporters.web.inputs import web_example
+from edge.exporters.web.ort_web import ort_location
+from edge.exporters.web.storage import (
     DEFAULT_FORM,
     StoredTensor,
     WebStorage,
@@ -64,11 +64,13 @@ from edge.graph.lazy_weights import materialized
 from edge.planning.compute_cost import block_flops
 
 if TYPE_CHECKING:  # TVM is imported only where the WebGPU path is exported
-    from edge.exporters.tvm_plan import BlockCompiler, CompiledBlock
+    from edge.exporters.web.tvm_plan import BlockCompiler, CompiledBlock
 
 BLOCK_TOLERANCE = 1e-4  # fp32 error of a replayed plan or wasm graph, over max(1, its outputs)
 SHARD_BYTES = 32 * 1024 * 1024  # largest weights file a browser fetches in one piece
-REPO = Path(__file__).resolve().parent.parent
+# the checkout (or the installed edge package, where runtimes/ and web_demo/ are edge.runtimes
+# and edge.web_demo): exporters/web/package.py -> exporters/web -> exporters -> the root
+REPO = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = REPO / "runtimes" / "web"
 DEMO_DIR = REPO / "web_demo"
 SITE_SUFFIXES = {".js", ".mjs", ".html", ".css"}
@@ -182,7 +184,7 @@ def export_block(block: Block, compiler: BlockCompiler | None, root: Path,
                  form: WebStorage | str = DEFAULT_FORM, shard_bytes: int = SHARD_BYTES) -> dict:
     """`compiler` None: the wasm path alone. `variants=False`: only the `required` variants
     (a chunked component's first). `form`: how the weights are stored
-    (exporters/web_storage.py); `shard_bytes`: the largest weights file."""
+    (exporters/web/storage.py); `shard_bytes`: the largest weights file."""
     # a model larger than memory: this block's weights are read now and dropped after
     with materialized(block.module):
         return _export_block(block, compiler, root, variants, check, required, form,
@@ -246,12 +248,12 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     `check=False` skips the llvm replay of each WebGPU plan against PyTorch (its
     `max_abs_error` is then null): for tests that check the result in a browser anyway; the
     wasm graphs are always checked (onnxruntime runs them in a moment). `ort_url` /
-    `bundle_ort`: where the page gets onnxruntime-web (exporters/ort_web.py; default: the
+    `bundle_ort`: where the page gets onnxruntime-web (exporters/web/ort_web.py; default: the
     pinned version on the official CDN). `components`: the blocks, if already cut at the
-    web's shapes. `form`: how the weights are stored (exporters/web_storage.py: fp32, fp16,
+    web's shapes. `form`: how the weights are stored (exporters/web/storage.py: fp32, fp16,
     8, or 4 as the family words it); `shard_bytes`: the largest weights file the page fetches
     in one piece. `validate_end_to_end`: render the model's video with the decoded weights
-    against float32 first (exporters/web_check.py), refusing a form under its floor before
+    against float32 first (exporters/web/check.py), refusing a form under its floor before
     anything is written; the result is the manifest's `validation`; `on_check_step(done,
     total)` counts its generations' steps. `unguided`: the transformer's blocks also at the
     caption's half of the guidance batch (`edge.graph.blocks.with_unguided`: `unguided`, and with
@@ -264,12 +266,12 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     if "webgpu" not in paths:
         compiler = None
     elif compiler is None:
-        from edge.exporters.tvm_plan import shared_compiler
+        from edge.exporters.web.tvm_plan import shared_compiler
 
         compiler = shared_compiler()
     shapes = model.shapes("web")
     components = components or model.cut(shapes)
-    # a model out of core is checked once its blocks are written (web_check.py)
+    # a model out of core is checked once its blocks are written (exporters/web/check.py)
     validation = end_to_end_check(model, components, storage, on_step=on_check_step) \
         if validate_end_to_end and not model.out_of_core else None
     with atomic_directory(dest) as root:

@@ -1,12 +1,12 @@
 """`--quantize auto[:TARGET]` for the Core AI layout (`--min-ios 27`): each block's stored
-form chosen by measurement, as for the Core ML layouts (exporters/coreml_recipe.py: each
+form chosen by measurement, as for the Core ML layouts (exporters/iphone/coreml/recipe.py: each
 block's forms rendered alone, the errors added, the recipe off the blocks' hulls), with two
 differences:
 
 - the forms are coreai-opt's linear ones, fp16, int8 per output channel and int4 with a
   scale per 32 inputs (its k-means does not store faithfully yet: coreai.stored_precision);
 - a block's weights in each form are simulated in PyTorch as coreai-opt stores them
-  (exporters/coreai_simulated.py, equal to its formula to the last bit) instead of converted:
+  (exporters/iphone/coreai/simulated.py, equal to its formula to the last bit) instead of converted:
   a conversion through Core AI costs minutes a block at real size, the simulation a
   torch.export of the block and some arithmetic. The bytes are counted from the same
   simulation: each tensor coreai-opt compresses at its form's bits (scales counted), every
@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from edge.exporters.coreai import HalfPrecision, Precision, stored_precision
-from edge.exporters.coreai_simulated import quantized, weight_axes
-from edge.exporters.coreml_compression import STORAGES, Compression
-from edge.exporters.coreml_recipe import VIDEOS, FormTrial, chosen_setting, write_parameters
-from edge.exporters.weights_in_place import stored_video_check
+from edge.exporters.iphone.compression import STORAGES, Compression
+from edge.exporters.iphone.coreai.package import HalfPrecision, Precision, stored_precision
+from edge.exporters.iphone.coreai.simulated import quantized, weight_axes
+from edge.exporters.iphone.coreml.recipe import VIDEOS, FormTrial, chosen_setting, write_parameters
+from edge.exporters.shared.weights_in_place import stored_video_check
 from edge.graph.blocks import Block
 from edge.graph.family_model import FamilyModel
 from edge.graph.token_chunks import token_chunks
@@ -42,7 +42,7 @@ def compressed_axes(block: Block) -> dict[str, tuple[int, int]]:
     """The block's parameters coreai-opt compresses (read by a matrix product, a 2-D
     convolution or a gather, over its threshold): name -> (output axis, input axis), read off
     the graph torch.export captures at the block's example shapes (the float16 graph the
-    converter is given, as exporters/coreai.py traces it)."""
+    converter is given, as exporters/iphone/coreai/package.py traces it)."""
     example = tuple(t.contiguous() for t in block.example)
     with token_chunks():
         program = torch.export.export(HalfPrecision(block.module.eval()), example)
@@ -69,7 +69,8 @@ def _stored(weight: torch.Tensor, axes: tuple[int, int] | None, record: dict | N
 def simulated_forms(block: Block, forms: Sequence[str]
                     ) -> dict[str, tuple[dict[str, torch.Tensor], int]]:
     """`block`'s parameters as a Core AI program stores them in each of `forms`, and the bytes
-    they take there: {form: (parameters by name, bytes)} (coreml_recipe.StoreForms)."""
+    they take there: {form: (parameters by name, bytes)} (exporters/iphone/coreml/recipe.py
+    StoreForms)."""
     axes = compressed_axes(block)
     params = dict(block.module.named_parameters())
     out = {}
@@ -110,7 +111,7 @@ def recipe_check(model: FamilyModel, components: dict[str, list[Block]],
                  steps: int | None = None) -> dict:
     """The recipe rendered whole on the validation prompt with every block's weights as its
     program stores them (simulated) against fp32; an ExportValidationError under the
-    recipe's floor, else the record (exporters/weights_in_place.py)."""
+    recipe's floor, else the record (exporters/shared/weights_in_place.py)."""
     by_form = {}
     for blocks in components.values():
         for block in blocks:

@@ -1,7 +1,7 @@
 """`edge export --target iphone --min-ios 27`: the iphone target's Core AI layout (the
-iphone target's module, coreml_target.py, hands `--min-ios 27` here). The family's device
-cut, one `.aimodel` per block (exporters/coreai.py), every program executed through Core AI
-at export, then the whole package generated through Core AI by the Python runtime and held
+iphone target's module, exporters/iphone/target.py, hands `--min-ios 27` here). The family's device
+cut, one `.aimodel` per block (exporters/iphone/coreai/package.py), every program executed through
+Core AI at export, then the whole package generated through Core AI by the Python runtime and held
 to the family's reference (diffusers' pipeline for a folder)."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from edge.exporters import (
     inputs_text,
     refuse_out_of_core,
 )
-from edge.exporters.coreai import (
+from edge.exporters.iphone.compression import Compression, auto_target
+from edge.exporters.iphone.coreai.package import (
     COMPRESSED_RANKS,
     LAYOUT,
     MIN_IOS,
@@ -34,10 +35,9 @@ from edge.exporters.coreai import (
     import_coreai,
     quantizes,
 )
-from edge.exporters.coreai_worker import PINNED
-from edge.exporters.coreml_compression import Compression, auto_target
-from edge.exporters.package_head import manifest_head
-from edge.exporters.validation import VALIDATION_PROMPT
+from edge.exporters.iphone.coreai.worker import PINNED
+from edge.exporters.shared.package_head import manifest_head
+from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.attention import budget_score_limit
 from edge.graph.family_model import FamilyModel
 from edge.graph.reference_device import reference_record
@@ -84,7 +84,7 @@ def stored_bytes(block, chosen: Precision) -> int:
 def device_blocks(model: FamilyModel, chosen: Precision, budget: int | None) -> Partition:
     """The device cut re-cut for a memory budget (edge/planning/plan.py), each block counted as the
     bytes its program stores at `chosen` (what a runtime holds for it)."""
-    from edge.exporters.coreml import cut_for_device
+    from edge.exporters.iphone.coreml.package import cut_for_device
 
     return partition(cut_for_device(model), budget, READ_UNIT,
                      size_of=lambda block: stored_bytes(block, chosen))
@@ -113,8 +113,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                  f"variants as the functions of one .aimodel, {executed}")
     quantize = options.quantize or DEFAULT_QUANTIZE
     if auto_target(quantize) is not None:
-        from edge.exporters.coreai_recipe import CANDIDATES
-        from edge.exporters.coreml_recipe import VIDEOS
+        from edge.exporters.iphone.coreai.recipe import CANDIDATES
+        from edge.exporters.iphone.coreml.recipe import VIDEOS
 
         count = sum(len(blocks) for blocks in cut.components.values())
         lines.append(f"--quantize {quantize}: each block's stored form is chosen at export by "
@@ -184,7 +184,7 @@ def _chosen(model: FamilyModel, prepared: Prepared, quantize: str, progress: Pro
             ) -> tuple[Precision, Compression]:
     """`--quantize auto[:TARGET]` measured on the blocks to export: (the Core AI setting,
     the recipe); a target no recipe reaches is refused naming it (nothing written)."""
-    from edge.exporters.coreai_recipe import chosen_precision
+    from edge.exporters.iphone.coreai.recipe import chosen_precision
 
     def on_trial(done: int, total: int, trial) -> None:
         if progress.on_measure is not None:
@@ -224,7 +224,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
         write_manifest(root, manifest)   # the runtime reads the package it checks
         manifest["validation"] = end_to_end(model, root, chosen, progress, execute)
         if recipe is not None:   # the chosen recipe whole, against its prediction's floor
-            from edge.exporters.coreai_recipe import recipe_check
+            from edge.exporters.iphone.coreai.recipe import recipe_check
 
             manifest["validation"]["recipe"] = recipe_check(
                 model, prepared.components, chosen, recipe, progress.on_check_step)

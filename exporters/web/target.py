@@ -1,5 +1,5 @@
 """`edge export --target web`: the family's blocks at the web's static shapes, each as WebGPU
-kernels with a launch plan (TVM) and as a wasm graph for onnxruntime-web (exporters/web.py),
+kernels with a launch plan (TVM) and as a wasm graph for onnxruntime-web (exporters/web/package.py),
 in a package that is a static site with the demo page; `--web-paths wasm` writes the wasm
 graphs alone (no TVM)."""
 
@@ -17,7 +17,7 @@ from edge.exporters import (
     need_modules,
     refuse_others,
 )
-from edge.exporters.validation import worst_block
+from edge.exporters.shared.validation import worst_block
 from edge.graph.family_model import FamilyModel
 
 NAME = "web"
@@ -49,8 +49,8 @@ def web_paths(options: ExportOptions) -> tuple[str, ...]:
 def check(options: ExportOptions) -> None:
     """Refuse a bad --ort-url / --bundle-ort / --quantize / --web-paths before any work,
     naming the value or file; without TVM, a package with the WebGPU path."""
-    from edge.exporters.ort_web import OrtLocationError, check_bundle, check_ort_url
-    from edge.exporters.web_storage import check_form
+    from edge.exporters.web.ort_web import OrtLocationError, check_bundle, check_ort_url
+    from edge.exporters.web.storage import check_form
 
     if options.memory_budget is not None:
         raise ExportOptionError(
@@ -82,8 +82,8 @@ def folder_name(model_name: str, options: ExportOptions) -> str:
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     """The blocks at the web's shapes, their stored bytes and input shapes (the --dry-run
     table)."""
-    from edge.exporters.web import web_blocks
-    from edge.exporters.web_storage import block_stored_bytes, web_storage
+    from edge.exporters.web.package import web_blocks
+    from edge.exporters.web.storage import block_stored_bytes, web_storage
 
     form = stored_form(options)
     try:
@@ -116,7 +116,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,
            progress: Progress) -> dict:
-    from edge.exporters.web import export_web
+    from edge.exporters.web.package import export_web
 
     return export_web(model, dest, components=prepared.components, on_block=progress.on_block,
                       ort_url=options.ort_url, bundle_ort=options.bundle_ort,
@@ -126,7 +126,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
 
 
 def stored_form(options: ExportOptions) -> str:
-    from edge.exporters.web_storage import DEFAULT_FORM
+    from edge.exporters.web.storage import DEFAULT_FORM
 
     return options.quantize or DEFAULT_FORM
 
