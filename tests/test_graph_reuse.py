@@ -109,3 +109,23 @@ def test_the_packages_identical_blocks_share_their_graph_bytes(exported_package)
     weights = {(root / blocks[f"transformer/pair_{i}"]["weights"]["path"]).read_bytes()
                for i in range(4)}
     assert len(weights) == 4
+
+
+def test_a_graph_records_nothing_of_the_checkout_that_exported_it(tmp_path):
+    """torch.onnx gives each node the Python stack trace that made it (absolute paths of the
+    exporting checkout) and its modules' qualified names: the graph is written without them,
+    so a package names nothing of the machine and is the same bytes from any checkout."""
+    from pathlib import Path
+
+    import onnx
+
+    import edge
+    from edge.exporters.shared.onnx_graph import export_graph
+
+    graph_reuse.forget_graphs()  # converted here, not copied
+    path = tmp_path / "layer.onnx"
+    export_graph(_block("layer", _Layer()), path)
+    model = onnx.load(str(path))
+    assert model.graph.node and not any(n.metadata_props for n in model.graph.node)
+    checkout = str(Path(edge.__file__).resolve().parents[1]).encode()
+    assert checkout not in path.read_bytes() and b"stack_trace" not in path.read_bytes()

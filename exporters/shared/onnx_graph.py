@@ -134,6 +134,7 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True,
             except Exception:  # torch.onnx's capture has strategies this one lacks: its own
                 convert(module, block.example + weights, str(path),
                         dynamic_shapes=(tuple(shapes),))
+                without_trace_metadata(path)
                 return
         key = graph_key(program, (input_names, output_names, fused_attention, [
             (str(t.dtype), tuple(t.shape)) for t in block.example + weights],
@@ -142,7 +143,34 @@ def export_graph(block: Block, path: Path, fused_attention: bool = True,
             return
         # the shapes again: onnx then names the dynamic axes "batch", as for a module
         convert(program, (), str(path), dynamic_shapes=(tuple(shapes),))
+    without_trace_metadata(path)
     remember(key, path)
+
+
+def without_trace_metadata(path: Path) -> None:
+    """Rewrite the graph at `path` without the metadata torch.onnx gives each node: the
+    Python stack trace that made it (absolute paths of the exporting machine's checkout, so
+    a shipped package would name them) and the qualified names of the modules around it.
+    Nothing runs on them; without them a package is the same bytes from any checkout."""
+    model = onnx.load(str(path))
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            del node.metadata_props[:]
+    for function in model.functions:
+        for node in function.node:
+            del node.metadata_props[:]
+    onnx.save(model, str(path))
+
+
+def _graphs(graph: onnx.GraphProto):
+    """`graph` and every graph nested in its nodes' attributes (an If's or a Loop's body)."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from _graphs(attribute.g)
+            for sub in attribute.graphs:
+                yield from _graphs(sub)
 
 
 MAX_BATCH = 4096
