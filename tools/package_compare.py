@@ -2,14 +2,19 @@
 
     python tools/package_compare.py OLD_PACKAGE NEW_PACKAGE
 
-An ONNX graph records where it was traced: torch.onnx writes each node's Python stack trace
-(the checkout's absolute paths) and the qualified names of its modules into the node's
-metadata, so two exports of one model differ as files whenever the code moved or the checkout
-lives elsewhere. This compares what a package computes and stores instead: every file byte
-for byte, except that a graph is compared less its metadata (model, graph and node
-metadata_props, also in subgraphs and functions) and the manifest less the sizes and digests
-of the graphs it lists. It prints one line a differing file and a summary; exit status 1
-when anything differs.
+Some bytes of a package say when or where it was made, not what it computes, so two exports
+of one model differ as files though nothing changed:
+- an ONNX graph made before edge stripped it holds each node's Python stack trace (the
+  exporting checkout's absolute paths) and its modules' qualified names in node metadata;
+- a Core ML program (`model.mlmodel`) holds its conversion date among metadata that
+  coremltools serialises in no fixed order, and an `.mlpackage`'s Manifest.json names its
+  items by random UUIDs.
+This compares what a package computes and stores: every file byte for byte, except that a
+graph is compared less its metadata (model, graph and node metadata_props, also in
+subgraphs and functions), a Core ML program less its conversion date and in a canonical
+serialisation, an .mlpackage manifest by its items less their identifiers, and the package's
+manifest less the sizes and digests of the files compared so. It prints one line a
+differing file and a summary; exit status 1 when anything differs.
 """
 
 from __future__ import annotations
@@ -45,15 +50,49 @@ def graph_digest(path: Path) -> str:
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
+CONVERSION_DATE = "com.github.apple.coremltools.conversion_date"
+
+
+def coreml_program_digest(path: Path) -> str:
+    """sha256 of a Core ML program less its conversion date, serialised deterministically."""
+    from coremltools.proto import Model_pb2
+
+    spec = Model_pb2.Model()
+    spec.ParseFromString(path.read_bytes())
+    spec.description.metadata.userDefined.pop(CONVERSION_DATE, None)
+    return hashlib.sha256(spec.SerializeToString(deterministic=True)).hexdigest()
+
+
+def mlpackage_items(path: Path) -> list:
+    """An .mlpackage's Manifest.json as its items (and which is the root), less their random
+    identifiers."""
+    manifest = json.loads(path.read_text())
+    items = manifest.get("itemInfoEntries", {})
+    root = items.get(manifest.get("rootModelIdentifier"), {}).get("path")
+    return [manifest.get("fileFormatVersion"), root,
+            sorted(json.dumps(v, sort_keys=True) for v in items.values())]
+
+
+# the files compared by what they hold rather than byte for byte, and how
+def _comparer(name: str):
+    if name.endswith(".onnx"):
+        return graph_digest
+    if name.endswith(".mlmodel"):
+        return coreml_program_digest
+    if name.endswith(".mlpackage/Manifest.json"):
+        return mlpackage_items
+    return None
+
+
 def manifest_less_graph_digests(path: Path) -> dict:
-    """The manifest without its own digest and without the bytes and sha256 of its graphs
-    (which hold the metadata `graph_digest` leaves out)."""
+    """The manifest without its own digest and without the bytes and sha256 of the files
+    compared by what they hold (graphs, Core ML programs and package manifests)."""
     manifest = json.loads(path.read_text())
     manifest.pop("manifest_sha256", None)
 
     def walk(value):
         if isinstance(value, dict):
-            if str(value.get("path", "")).endswith(".onnx"):
+            if _comparer(str(value.get("path", ""))) is not None:
                 value = {k: v for k, v in value.items() if k not in ("bytes", "sha256")}
             return {k: walk(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -92,11 +131,11 @@ def compare(old_root: Path, new_root: Path) -> tuple[list[str], dict[str, int]]:
         old, new = old_root / name, new_root / name
         if old.read_bytes() == new.read_bytes():
             counts["bytes"] += 1
-        elif name.endswith(".onnx"):
-            if graph_digest(old) == graph_digest(new):
+        elif (same := _comparer(name)) is not None:
+            if same(old) == same(new):
                 counts["less metadata"] += 1
             else:
-                lines.append(f"{name}: the graphs compute differently")
+                lines.append(f"{name}: differs in what it holds")
         elif name == "manifest.json":
             found = differences(manifest_less_graph_digests(old),
                                 manifest_less_graph_digests(new))
@@ -116,8 +155,8 @@ def main(argv: list[str]) -> int:
     lines, counts = compare(Path(argv[0]), Path(argv[1]))
     for line in lines:
         print(line)
-    print(f"{counts['bytes']} files alike byte for byte, {counts['less metadata']} less "
-          f"graph metadata, {len(lines)} differences")
+    print(f"{counts['bytes']} files alike byte for byte, {counts['less metadata']} alike "
+          f"less when and where they were made, {len(lines)} differences")
     return 1 if lines else 0
 
 
