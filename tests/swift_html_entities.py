@@ -29,8 +29,17 @@ def _hex(text: str) -> str:
     return ",".join(f"{ord(c):X}" for c in text)
 
 
-def _lines(items: list[str], per_line: int) -> str:
-    return "\n".join(" ".join(items[i:i + per_line]) for i in range(0, len(items), per_line))
+def _lines(items: list[str], width: int = 100) -> str:
+    """The items separated by spaces, as many to a line as fit in `width` columns (the
+    100-column rule tests/test_code_style.py holds the Swift sources to); the Swift side
+    splits on any whitespace, so where the lines break does not change the tables."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 1 + len(item) <= width:
+            lines[-1] += " " + item
+        else:
+            lines.append(item)
+    return "\n".join(lines)
 
 
 def python_text_tables() -> tuple[dict[str, str], dict[int, str], list[int], list[int]]:
@@ -58,22 +67,22 @@ def render() -> str:
 enum PythonTextTables {{
     /// html.entities.html5: "name=code[,code]" entries, separated by whitespace
     static let named = """
-{_lines(entries, 8)}
+{_lines(entries)}
 """
 
     /// html._invalid_charrefs: "code=replacement" for numeric references
     static let invalidCharrefs = """
-{_lines(charrefs, 8)}
+{_lines(charrefs)}
 """
 
     /// html._invalid_codepoints: numeric references that unescape to nothing
     static let invalidCodepoints = """
-{_lines(dropped, 16)}
+{_lines(dropped)}
 """
 
     /// code points whose str.isspace() is True
     static let whitespace = """
-{_lines(spaces, 16)}
+{_lines(spaces)}
 """
 }}
 '''

@@ -50,16 +50,26 @@ LATENT_TOLERANCE = 2e-6
 
 # ---- prompt_clean_tables.js ------------------------------------------------------------------
 
+def _js_lines(items: list[str], width: int = 100) -> str:
+    """The items, each followed by a comma, as many to an indented line as fit in `width`
+    columns (the 100-column rule tests/test_code_style.py holds the JavaScript to)."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + len(item) + 2 <= width:
+            lines[-1] += f" {item},"
+        else:
+            lines.append(f"  {item},")
+    return "\n".join(lines)
+
+
 def _js_object(table: dict) -> str:
     """A JSON object (valid JavaScript; ASCII escapes), a few entries per line."""
-    items = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in table.items()]
-    return "{\n" + "\n".join("  " + ", ".join(items[i:i + 6]) + ","
-                             for i in range(0, len(items), 6)) + "\n}"
+    return "{\n" + _js_lines([f"{json.dumps(k)}: {json.dumps(v)}" for k, v in table.items()]) \
+        + "\n}"
 
 
 def _js_numbers(values: list[int]) -> str:
-    return "[\n" + "\n".join("  " + ", ".join(f"0x{v:x}" for v in values[i:i + 12]) + ","
-                             for i in range(0, len(values), 12)) + "\n]"
+    return "[\n" + _js_lines([f"0x{v:x}" for v in values]) + "\n]"
 
 
 def render_prompt_clean_tables() -> str:
