@@ -14,7 +14,8 @@ function fail(err) {
   box.textContent = err.message;
   box.hidden = false;
   state.error = err.message;
-  if (err.reasons) state.unavailable = err.reasons; // NoPathAvailable (paths.js): both paths' reasons
+  // NoPathAvailable (paths.js): both paths' reasons
+  if (err.reasons) state.unavailable = err.reasons;
 }
 
 // The page runs on WebGPU although onnxruntime-web could not be loaded (only tried on a
@@ -25,8 +26,9 @@ function showWasmMissing(pipe) {
   state.unavailable = { webgpu: null, wasm: missing };
   $("wasm-missing").hidden = !missing;
   if (!missing) return;
-  $("wasm-missing").textContent = `The wasm path is missing: ${missing.detail}. The model runs on WebGPU instead ` +
-    "(slower on a software GPU adapter); a package exported with --bundle-ort carries onnxruntime-web itself.";
+  $("wasm-missing").textContent = `The wasm path is missing: ${missing.detail}. The model ` +
+    "runs on WebGPU instead (slower on a software GPU adapter); a package exported with " +
+    "--bundle-ort carries onnxruntime-web itself.";
 }
 
 // a note that is not an error: the model runs, something about it the user should know
@@ -64,13 +66,18 @@ async function load() {
   $("model").textContent = `${m.model} (${m.target})`;
   if (!$("steps").value) $("steps").value = m.sampler.steps;
   const path = state.pipe.path;
-  $("path").textContent = `Runs on: ${path.name === "wasm" ? "the CPU (onnxruntime-web, wasm)" : "the GPU (WebGPU)"}, because ${path.why}` +
+  const runsOn = path.name === "wasm" ? "the CPU (onnxruntime-web, wasm)" : "the GPU (WebGPU)";
+  const pinned = state.pipe.loadFigures.pinned.length;
+  $("path").textContent = `Runs on: ${runsOn}, because ${path.why}` +
     `; weights stored as ${m.web?.storage?.quantize ?? "fp32"}, held in ${path.held_in}` +
-    (path.budget === null ? " (no budget: every block kept)" : ` under a ${mb(path.budget)} budget, ${state.pipe.loadFigures.pinned.length} of ${state.pipe.blocks.size} blocks kept, the rest streamed from storage`);
+    (path.budget === null ? " (no budget: every block kept)"
+      : ` under a ${mb(path.budget)} budget, ${pinned} of ${state.pipe.blocks.size} blocks ` +
+        "kept, the rest streamed from storage");
   showWasmMissing(state.pipe);
   if (state.pipe.adapter) {
     const info = adapterInfo(state.pipe.adapter);
-    $("adapter").textContent = `GPU: ${info.vendor} ${info.architecture} ${info.description}`.trim() +
+    $("adapter").textContent =
+      `GPU: ${info.vendor} ${info.architecture} ${info.description}`.trim() +
       `; shader-f16: ${info.shaderF16 ? "yes" : "no"}` +
       (path.name === "webgpu" ? `; kernels compiled: ${state.pipe.loadFigures.kernels}` : "");
   }
@@ -84,7 +91,9 @@ function showExpected() {
   const steps = Number($("steps").value) || state.pipe.manifest.sampler.steps;
   const [block, ms] = Object.entries(state.pipe.loadFigures.block_ms)[0];
   const seconds = state.pipe.expectedTransformerSeconds(steps);
-  $("expected").textContent = `Expected: about ${seconds < 10 ? seconds.toFixed(1) : seconds.toFixed(0)} s of denoising for ${steps} steps (${block} took ${ms.toFixed(1)} ms here), fewer with leap or the step cache`;
+  const about = seconds < 10 ? seconds.toFixed(1) : seconds.toFixed(0);
+  $("expected").textContent = `Expected: about ${about} s of denoising for ${steps} steps ` +
+    `(${block} took ${ms.toFixed(1)} ms here), fewer with leap or the step cache`;
   state.expectedSeconds = seconds;
 }
 
@@ -95,7 +104,10 @@ function draw(video, frame) {
   const img = new ImageData(W, H);
   const px = video.frames.subarray(frame * H * W * 3, (frame + 1) * H * W * 3);
   for (let i = 0; i < H * W; i++) {
-    img.data[4 * i] = px[3 * i]; img.data[4 * i + 1] = px[3 * i + 1]; img.data[4 * i + 2] = px[3 * i + 2]; img.data[4 * i + 3] = 255;
+    img.data[4 * i] = px[3 * i];
+    img.data[4 * i + 1] = px[3 * i + 1];
+    img.data[4 * i + 2] = px[3 * i + 2];
+    img.data[4 * i + 3] = 255;
   }
   small.getContext("2d").putImageData(img, 0, 0);
   // 256 pixels on the longer side, the video's own aspect (Wan's are wider than tall)
@@ -113,7 +125,10 @@ function play(video) {
   clearInterval(state.timer);
   let frame = 0;
   draw(video, 0);
-  state.timer = setInterval(() => { frame = (frame + 1) % video.shape[0]; draw(video, frame); }, 125);
+  state.timer = setInterval(() => {
+    frame = (frame + 1) % video.shape[0];
+    draw(video, frame);
+  }, 125);
 }
 
 // options come from the form; a test may pass `latents` (Python's initial noise; `noise`, its
@@ -145,18 +160,26 @@ export async function generate(extra = {}) {
     const f = pipe.lastRun;
     const lf = pipe.loadFigures;
     const pathLines = pipe.path.name === "webgpu" ? [
-      `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} files from cache), kernels ${lf.compile_s.toFixed(2)} s`,
-      `kernel choice: ${lf.kernel_choices.timed} timed now (${lf.kernel_choices.alternative} took the alternative schedule) in ${lf.tune_s.toFixed(2)} s, ${lf.kernel_choices.remembered} remembered for this GPU`,
+      `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} ` +
+      `files from cache), kernels ${lf.compile_s.toFixed(2)} s`,
+      `kernel choice: ${lf.kernel_choices.timed} timed now ` +
+      `(${lf.kernel_choices.alternative} took the alternative schedule) ` +
+      `in ${lf.tune_s.toFixed(2)} s, ${lf.kernel_choices.remembered} remembered for this GPU`,
     ] : [
-      `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} files from cache), ${lf.sessions} onnxruntime sessions ${lf.compile_s.toFixed(2)} s, ${lf.threads} threads`,
+      `load: fetch ${lf.fetch_s.toFixed(2)} s (${lf.from_cache} files from cache), ` +
+      `${lf.sessions} onnxruntime sessions ${lf.compile_s.toFixed(2)} s, ${lf.threads} threads`,
     ];
     const w = f.weights;
-    pathLines.push(`weights (${w.stored_as}) in ${w.held_in}: ${lf.pinned.length} blocks kept, ${f.weight_uploads} placed this run, peak ${mb(w.peak_held_bytes)}` +
+    pathLines.push(`weights (${w.stored_as}) in ${w.held_in}: ${lf.pinned.length} blocks kept, ` +
+      `${f.weight_uploads} placed this run, peak ${mb(w.peak_held_bytes)}` +
       (w.budget === null ? "" : ` of a ${mb(w.budget)} budget`) +
-      (w.streamed_reads ? `; streamed ${mb(w.streamed_bytes)} from storage in ${w.streamed_reads} reads (${w.read_s.toFixed(2)} s reading, ${w.read_wait_s.toFixed(2)} s waited)` : ""));
+      (w.streamed_reads ? `; streamed ${mb(w.streamed_bytes)} from storage in ` +
+        `${w.streamed_reads} reads (${w.read_s.toFixed(2)} s reading, ` +
+        `${w.read_wait_s.toFixed(2)} s waited)` : ""));
     $("timings").textContent = [
       `total ${f.wall_s.total.toFixed(2)} s: text ${f.wall_s.text_encoder.toFixed(2)} s, ` +
-      `transformer ${f.wall_s.transformer.toFixed(2)} s (${f.transformer_calls} calls), VAE ${f.wall_s.vae_decoder.toFixed(2)} s`,
+      `transformer ${f.wall_s.transformer.toFixed(2)} s ` +
+      `(${f.transformer_calls} calls), VAE ${f.wall_s.vae_decoder.toFixed(2)} s`,
       ...pathLines,
       f.sampler.leap_at !== null ? `leapt after ${f.sampler.leap_at} steps` : "",
       f.prompt_truncated ? "the prompt was longer than the model reads and was truncated" : "",
@@ -180,4 +203,10 @@ const askedPath = params.get("path");
 for (const [key, value] of params) if ($(key) && $(key).tagName === "INPUT") $(key).value = value;
 $("steps").addEventListener("input", showExpected);
 $("form").addEventListener("submit", (e) => { e.preventDefault(); generate().catch(() => {}); });
-load().then(() => { $("generate").disabled = false; state.ready = true; }, (err) => { fail(err); state.ready = false; });
+load().then(() => {
+  $("generate").disabled = false;
+  state.ready = true;
+}, (err) => {
+  fail(err);
+  state.ready = false;
+});

@@ -29,7 +29,10 @@ export class BlockBytes {
     this.inMemory = 0; // streamed bytes held now (being read, read ahead or in use)
     this.slots = []; // {buffer: ArrayBuffer, key: the block in it, or null when free}
     this.handedOut = new Map(); // key -> slots (null: a buffer of its own) given by get()
-    this.stats = { reads: 0, bytes: 0, read_s: 0, wait_s: 0, peak_streamed_bytes: 0, read_ahead: 0, slot_misses: 0 };
+    this.stats = {
+      reads: 0, bytes: 0, read_s: 0, wait_s: 0, peak_streamed_bytes: 0, read_ahead: 0,
+      slot_misses: 0,
+    };
   }
 
   streamed(key) {
@@ -133,7 +136,9 @@ export class BlockBytes {
 
   // Drop what is read ahead and the slots (a load that ends, a pipeline destroyed).
   clear() {
-    for (const [key, pending] of this.reading) pending.then(() => { this.inMemory -= this.size(key); }, () => {});
+    for (const [key, pending] of this.reading) {
+      pending.then(() => { this.inMemory -= this.size(key); }, () => {});
+    }
     this.reading.clear();
     this.aheadAfterDone.clear();
     this.slots = [];

@@ -27,7 +27,9 @@ export function concatAlong(pieces, axis) {
   let at = 0; // where along the axis the piece starts
   for (const p of pieces) {
     const run = p.shape[axis] * inner;
-    for (let o = 0; o < outer; o++) out.set(p.data.subarray(o * run, (o + 1) * run), (o * shape[axis] + at) * inner);
+    for (let o = 0; o < outer; o++) {
+      out.set(p.data.subarray(o * run, (o + 1) * run), (o * shape[axis] + at) * inner);
+    }
     at += p.shape[axis];
   }
   return { data: out, shape };
@@ -40,7 +42,11 @@ export function pieceBounds(spec, shape, component) {
   const n = shape[spec.axis];
   const size = spec.size;
   const first = spec.first_size ?? size;
-  if (n < first || (n - first) % size) throw new Error(`component ${component}: ${spec.input} has ${n} along axis ${spec.axis}: ${n} along the chunked axis is not a first piece of ${first} and pieces of ${size}`);
+  if (n < first || (n - first) % size) {
+    throw new Error(`component ${component}: ${spec.input} has ${n} along ` +
+                    `axis ${spec.axis}: ${n} along the chunked axis is ` +
+                    `not a first piece of ${first} and pieces of ${size}`);
+  }
   const bounds = [[0, first]];
   for (let a = first; a < n; a += size) bounds.push([a, a + size]);
   return bounds;

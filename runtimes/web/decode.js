@@ -90,7 +90,9 @@ export function decodedBytes(tensors) {
 export class WeightDecoder {
   // storage(bytes, label): an empty storage buffer the page's kernels can bind
   constructor(device, storage, { chunkBytes = CHUNK_BYTES, inFlightBytes = IN_FLIGHT_BYTES } = {}) {
-    if (chunkBytes % 4 !== 0 || chunkBytes <= 0) throw new Error(`WeightDecoder: chunkBytes ${chunkBytes} is not a positive multiple of 4`);
+    if (chunkBytes % 4 !== 0 || chunkBytes <= 0) {
+      throw new Error(`WeightDecoder: chunkBytes ${chunkBytes} is not a positive multiple of 4`);
+    }
     this.device = device;
     this.storage = storage;
     this.chunkBytes = chunkBytes;
@@ -98,15 +100,21 @@ export class WeightDecoder {
     this.pipelines = {};
     this.scratch = null; // the stored piece being decoded (chunkBytes at most)
     // the piece's uniform (Piece in the kernels)
-    this.piece = device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, label: "decode piece" });
+    this.piece = device.createBuffer({
+      size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, label: "decode piece",
+    });
     this.unsettled = 0; // bytes written since the queue was last seen empty
     this.stats = { pieces: 0, queue_waits: 0, scratch_bytes: 0, peak_in_flight_bytes: 0 };
   }
 
   pipeline(dtype) {
     if (!this.pipelines[dtype]) {
-      const module = this.device.createShaderModule({ code: KERNELS[dtype], label: `decode ${dtype}` });
-      this.pipelines[dtype] = this.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" }, label: `decode ${dtype}` });
+      const module = this.device.createShaderModule({
+        code: KERNELS[dtype], label: `decode ${dtype}`,
+      });
+      this.pipelines[dtype] = this.device.createComputePipeline({
+        layout: "auto", compute: { module, entryPoint: "main" }, label: `decode ${dtype}`,
+      });
     }
     return this.pipelines[dtype];
   }
@@ -153,7 +161,10 @@ export class WeightDecoder {
     const dst = this.storage(4 * n, `${label} ${t.name}`);
     const src = this.scratchFor(stored.byteLength);
     const pipeline = this.pipeline(t.dtype);
-    const entries = [{ binding: 0, resource: { buffer: src } }, { binding: 1, resource: { buffer: dst } }, { binding: 2, resource: { buffer: this.piece } }];
+    const entries = [
+      { binding: 0, resource: { buffer: src } }, { binding: 1, resource: { buffer: dst } },
+      { binding: 2, resource: { buffer: this.piece } },
+    ];
     if (scale) entries.push({ binding: 3, resource: { buffer: scale } });
     const group = this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries });
     const perScale = t.scale ? SCALED[t.dtype](t) : 0;
@@ -163,7 +174,8 @@ export class WeightDecoder {
       const groups = Math.max(1, Math.ceil(words / WORKGROUP));
       const x = Math.min(groups, MAX_GROUPS);
       await this.write(src, 0, piece);
-      this.device.queue.writeBuffer(this.piece, 0, new Uint32Array([n, perScale, x * WORKGROUP, at / 4, words, 0, 0, 0]));
+      this.device.queue.writeBuffer(
+        this.piece, 0, new Uint32Array([n, perScale, x * WORKGROUP, at / 4, words, 0, 0, 0]));
       const encoder = this.device.createCommandEncoder({ label: `${label} decode` });
       const pass = encoder.beginComputePass();
       pass.setPipeline(pipeline);
@@ -188,9 +200,16 @@ export class WeightDecoder {
         out[t.name] = await this.upload(view(t), `${label} ${t.name}`);
         continue;
       }
-      if (!KERNELS[t.dtype]) throw new Error(`${label}: weight ${t.name} is stored as ${t.dtype}, which this runtime does not decode`);
-      if (Boolean(SCALED[t.dtype]) !== Boolean(t.scale)) throw new Error(`${label}: weight ${t.name} (${t.dtype}) ${t.scale ? "has a scale it should not" : "has no scales"}`);
-      const scale = t.scale ? await this.upload(view(byName.get(t.scale)), `${label} ${t.scale}`) : null;
+      if (!KERNELS[t.dtype]) {
+        throw new Error(`${label}: weight ${t.name} is stored ` +
+                        `as ${t.dtype}, which this runtime does not decode`);
+      }
+      if (Boolean(SCALED[t.dtype]) !== Boolean(t.scale)) {
+        throw new Error(`${label}: weight ${t.name} ` +
+                        `(${t.dtype}) ${t.scale ? "has a scale it should not" : "has no scales"}`);
+      }
+      const scale = t.scale
+        ? await this.upload(view(byName.get(t.scale)), `${label} ${t.scale}`) : null;
       out[t.name] = await this.decode(t, view(t), scale, label);
       scale?.destroy(); // freed once its decoding is done
     }

@@ -115,8 +115,10 @@ export class PlanExecutor {
       }).catch(async (err) => {
         // the compiler's own messages say what is wrong with the WGSL
         const info = await module.getCompilationInfo();
-        const lines = info.messages.map((m) => `${m.type} at ${m.lineNum}:${m.linePos}: ${m.message}`);
-        throw new Error(`kernel ${name} does not compile on this adapter: ${lines.join("; ") || err.message}`);
+        const lines = info.messages.map(
+          (m) => `${m.type} at ${m.lineNum}:${m.linePos}: ${m.message}`);
+        throw new Error(
+          `kernel ${name} does not compile on this adapter: ${lines.join("; ") || err.message}`);
       });
       this.pipelines.set(wgsl, p);
     }
@@ -126,7 +128,9 @@ export class PlanExecutor {
   uniform(pack) {
     let u = this.uniforms.get(pack);
     if (!u) {
-      u = this.device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      u = this.device.createBuffer({
+        size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+      });
       this.device.queue.writeBuffer(u, 0, new Uint32Array([pack, 0, 0, 0]));
       this.uniforms.set(pack, u);
     }
@@ -175,20 +179,27 @@ export class PlanExecutor {
     const limits = this.device.limits;
     const refuse = (what, bytes, limit) => {
       if (bytes <= limits[limit]) return;
-      throw new AdapterLimitError(`block ${key}: ${what} takes ${bytes} bytes on the GPU, past this adapter's ${limit} of ${limits[limit]} bytes; the WebGPU path cannot run this package here (the wasm path can: ?path=wasm)`);
+      throw new AdapterLimitError(`block ${key}: ${what} takes ${bytes} bytes on the ` +
+                                  `GPU, past this adapter's ${limit} ` +
+                                  `of ${limits[limit]} bytes; the WebGPU path cannot ` +
+                                  "run this package here (the wasm path can: ?path=wasm)");
     };
     const scales = scaleNames(record.weights.tensors);
     for (const t of record.weights.tensors) {
       if (scales.has(t.name)) continue;
       const bytes = decodedBytes([t]);
-      const what = `weight ${t.name} [${t.shape}] (in ${shardHolding(record, t)}, decoded to float32)`;
+      const what = `weight ${t.name} [${t.shape}] ` +
+                   `(in ${shardHolding(record, t)}, decoded to float32)`;
       refuse(what, bytes, "maxBufferSize");
       refuse(what, bytes, "maxStorageBufferBindingSize");
     }
-    for (const [name, r] of [["", record], ...Object.entries(record.variants || {}).map(([n, v]) => [` variant ${n}`, v])]) {
+    const variants = Object.entries(record.variants || {}).map(([n, v]) => [` variant ${n}`, v]);
+    for (const [name, r] of [["", record], ...variants]) {
       if (!r.gpu) continue; // exported before plans recorded their sizes: the weights above
-      refuse(`the largest buffer of its launch plan${name} (${r.graph})`, r.gpu.largest_buffer, "maxBufferSize");
-      refuse(`the largest tensor a kernel of its launch plan${name} (${r.graph}) binds`, r.gpu.largest_binding, "maxStorageBufferBindingSize");
+      refuse(`the largest buffer of its launch plan${name} (${r.graph})`, r.gpu.largest_buffer,
+             "maxBufferSize");
+      refuse(`the largest tensor a kernel of its launch plan${name} (${r.graph}) binds`,
+             r.gpu.largest_binding, "maxStorageBufferBindingSize");
     }
   }
 
@@ -208,7 +219,8 @@ export class PlanExecutor {
 
   figures() {
     return {
-      path: this.path, kernels: this.pipelines.size, kernel_choices: { ...this.tuned, remembered: this.choices.size },
+      path: this.path, kernels: this.pipelines.size,
+      kernel_choices: { ...this.tuned, remembered: this.choices.size },
       storage_bytes: this.storageSizes.reduce((a, n) => a + align4(n), 0),
     };
   }
@@ -242,13 +254,20 @@ export class PlanExecutor {
         if (!wgsl) throw new Error(`${label}: kernel ${k.kernel} missing from the block file`);
         return { call, record: k, pipeline: this.pipeline(k.kernel, wgsl) };
       }));
-      const key = options.length > 1 ? fnv1a(options.map((o) => o.map((l) => kernels[l.record.kernel]).join("")).join("|")) : null;
+      const key = options.length > 1
+        ? fnv1a(options.map((o) => o.map((l) => kernels[l.record.kernel]).join("")).join("|"))
+        : null;
       calls.push({ call, options, key });
     }
-    for (const c of calls) for (const o of c.options) for (const l of o) l.pipeline = await l.pipeline;
+    for (const c of calls) {
+      for (const o of c.options) for (const l of o) l.pipeline = await l.pipeline;
+    }
     const fixed = new Map();
-    plan.constants.forEach((c, i) => fixed.set(`const:${i}`, this.upload(decodeBase64(c.base64), `${label} const:${i}`)));
-    plan.storages.forEach((n, i) => { this.storageSizes[i] = Math.max(this.storageSizes[i] ?? 0, n); });
+    plan.constants.forEach((c, i) => fixed.set(
+      `const:${i}`, this.upload(decodeBase64(c.base64), `${label} const:${i}`)));
+    plan.storages.forEach((n, i) => {
+      this.storageSizes[i] = Math.max(this.storageSizes[i] ?? 0, n);
+    });
     return { label, plan, calls, fixed };
   }
 
@@ -292,10 +311,12 @@ export class PlanExecutor {
   encode(pass, launches, binding) {
     for (const { call, record, pipeline } of launches) {
       const { dims, pack } = dispatchSize(record.grid);
-      const entries = record.bindings.map((arg, slot) => ({ binding: slot, resource: binding(call.args[arg]) }));
+      const entries = record.bindings.map(
+        (arg, slot) => ({ binding: slot, resource: binding(call.args[arg]) }));
       entries.push({ binding: record.uniform_binding, resource: { buffer: this.uniform(pack) } });
       pass.setPipeline(pipeline);
-      pass.setBindGroup(0, this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries }));
+      pass.setBindGroup(
+        0, this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries }));
       pass.dispatchWorkgroups(...dims);
     }
   }
@@ -321,7 +342,9 @@ export class PlanExecutor {
     });
     const binding = (vid) => {
       const v = plan.values[vid];
-      return { buffer: buffers.get(v.buffer), offset: v.offset, size: align4(byteSize(v.shape, v.dtype)) };
+      return {
+        buffer: buffers.get(v.buffer), offset: v.offset, size: align4(byteSize(v.shape, v.dtype)),
+      };
     };
     return { buffers, outputs, binding };
   }
@@ -365,7 +388,9 @@ export class PlanExecutor {
   }
 
   async read(buffer, bytes) {
-    const staging = this.device.createBuffer({ size: align4(bytes), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const staging = this.device.createBuffer({
+      size: align4(bytes), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
     const encoder = this.device.createCommandEncoder();
     encoder.copyBufferToBuffer(buffer, 0, staging, 0, align4(bytes));
     this.device.queue.submit([encoder.finish()]);

@@ -39,26 +39,36 @@ export function fileRecords(manifest) {
 
 export function checkManifest(manifest, url) {
   const where = `${url}`;
-  if (manifest.format !== FORMAT) throw new PackageError(`${where}: not an edge package (format ${JSON.stringify(manifest.format)})`);
+  if (manifest.format !== FORMAT) {
+    throw new PackageError(`${where}: not an edge package ` +
+                           `(format ${JSON.stringify(manifest.format)})`);
+  }
   if (manifest.format_version !== FORMAT_VERSION) {
-    throw new PackageError(`${where}: format_version ${manifest.format_version}; this runtime reads version ${FORMAT_VERSION}`);
+    throw new PackageError(`${where}: format_version ${manifest.format_version}; ` +
+                           `this runtime reads version ${FORMAT_VERSION}`);
   }
   if (manifest.target !== "web") {
-    throw new PackageError(`${where}: target ${JSON.stringify(manifest.target)}; the web runtime runs "web" packages (export with: edge export --target web)`);
+    throw new PackageError(`${where}: target ${JSON.stringify(manifest.target)}; the web ` +
+                           `runtime runs "web" packages (export with: edge export --target web)`);
   }
   // optional (older packages lack it): what a seed means; a seed is only drawn for the
   // definition noise.js draws (checkNoise, at generate)
   if ("noise" in manifest && typeof manifest.noise !== "string") {
-    throw new PackageError(`${where}: field 'noise' must be a string (the seeds' definition, e.g. "torch.randn/cpu/float32"), got ${JSON.stringify(manifest.noise)}`);
+    throw new PackageError(`${where}: field 'noise' must be a string (the ` +
+                           `seeds' definition, e.g. "torch.randn/cpu/float32"), ` +
+                           `got ${JSON.stringify(manifest.noise)}`);
   }
   // optional: how the null caption is masked (absent: every token; "prompt": Open-Sora's)
   if ("null_caption_mask" in manifest && !["all", "prompt"].includes(manifest.null_caption_mask)) {
-    throw new PackageError(`${where}: field 'null_caption_mask' is ${JSON.stringify(manifest.null_caption_mask)}; known: all, prompt`);
+    throw new PackageError(`${where}: field 'null_caption_mask' ` +
+                           `is ${JSON.stringify(manifest.null_caption_mask)}; known: all, prompt`);
   }
   checkDecode(manifest, where);
   for (const r of fileRecords(manifest)) {
-    if (typeof r.path !== "string" || r.path.startsWith("/") || r.path.split("/").some((p) => p === ".." || p === "." || p === "")) {
-      throw new PackageError(`${where}: file path ${JSON.stringify(r.path)} escapes the package folder`);
+    if (typeof r.path !== "string" || r.path.startsWith("/")
+        || r.path.split("/").some((p) => p === ".." || p === "." || p === "")) {
+      throw new PackageError(
+        `${where}: file path ${JSON.stringify(r.path)} escapes the package folder`);
     }
   }
 }
@@ -69,17 +79,26 @@ const DECODE_INPUTS = ["decode_noise", "decode_noise_scale", "decode_t"];
 // whole videos; a manifest with them has such a decoder (the Python runtime's check_decode).
 function checkDecode(manifest, where) {
   const decoder = (manifest.components || []).find((c) => c.name === "vae_decoder");
-  const names = new Set((decoder?.blocks || []).flatMap((b) => (b.inputs || []).map((s) => s.name)));
+  const names = new Set(
+    (decoder?.blocks || []).flatMap((b) => (b.inputs || []).map((s) => s.name)));
   const takes = DECODE_INPUTS.filter((n) => names.has(n));
   const spec = manifest.decode;
   if (spec === undefined && !takes.length) return;
-  if (spec === undefined) throw new PackageError(`${where}: the vae_decoder takes ${takes.join(", ")} but the manifest has no 'decode' settings`);
-  if (takes.length !== DECODE_INPUTS.length || decoder.chunked || manifest.latent_layout !== "video") {
-    throw new PackageError(`${where} decode: needs a whole-video vae_decoder (latent_layout 'video', not chunked) taking ${DECODE_INPUTS.join(", ")}`);
+  if (spec === undefined) {
+    throw new PackageError(`${where}: the vae_decoder takes ${takes.join(", ")} ` +
+                           "but the manifest has no 'decode' settings");
+  }
+  if (takes.length !== DECODE_INPUTS.length || decoder.chunked
+      || manifest.latent_layout !== "video") {
+    throw new PackageError(`${where} decode: needs a whole-video vae_decoder (latent_layout ` +
+                           `'video', not chunked) taking ${DECODE_INPUTS.join(", ")}`);
   }
   const number = (v) => typeof v === "number" && Number.isFinite(v);
-  if (spec === null || typeof spec !== "object" || !number(spec.timestep) || !(spec.noise_scale === null || spec.noise_scale === undefined || number(spec.noise_scale))) {
-    throw new PackageError(`${where} decode: must be {"timestep": number, "noise_scale": number or null}, got ${JSON.stringify(spec)}`);
+  if (spec === null || typeof spec !== "object" || !number(spec.timestep)
+      || !(spec.noise_scale === null || spec.noise_scale === undefined
+           || number(spec.noise_scale))) {
+    throw new PackageError(`${where} decode: must be {"timestep": number, ` +
+                           `"noise_scale": number or null}, got ${JSON.stringify(spec)}`);
   }
 }
 
@@ -107,7 +126,9 @@ export class PackageFiles {
   // signal: an AbortSignal that cancels the download in flight and every later one (the
   // pipeline sets it for its load only: `signal` is null again once the load is done, so the
   // streamed reads of a generation do not answer to it)
-  constructor(base, manifest, { onProgress = () => {}, useCache = true, onCacheFailure = () => {}, signal = null } = {}) {
+  constructor(base, manifest, {
+    onProgress = () => {}, useCache = true, onCacheFailure = () => {}, signal = null,
+  } = {}) {
     this.base = base;
     this.manifest = manifest;
     this.onProgress = onProgress;
@@ -130,8 +151,12 @@ export class PackageFiles {
     try {
       response = await fetch(url, { cache: "no-cache", signal: options.signal || null });
     } catch (err) {
-      if (options.signal?.aborted) throw abortError(`loading ${base}: cancelled while fetching the manifest (the signal was aborted)`);
-      throw new PackageError(`${url}: could not be fetched (${err.message}); check the connection and load the page again`);
+      if (options.signal?.aborted) {
+        throw abortError(`loading ${base}: cancelled while fetching ` +
+                         "the manifest (the signal was aborted)");
+      }
+      throw new PackageError(`${url}: could not be fetched (${err.message}); ` +
+                             "check the connection and load the page again");
     }
     if (!response.ok) throw new PackageError(`${url}: HTTP ${response.status}`);
     let manifest;
@@ -150,7 +175,8 @@ export class PackageFiles {
 
   // An AbortError where the signal was aborted (to throw), else null.
   aborted(path) {
-    return this.signal?.aborted ? abortError(`loading ${this.base}: cancelled while downloading ${path} (the signal was aborted)`) : null;
+    return this.signal?.aborted ? abortError(`loading ${this.base}: cancelled while ` +
+                                             `downloading ${path} (the signal was aborted)`) : null;
   }
 
   // verify() the first time a file is read on this page; its size after that
@@ -174,18 +200,28 @@ export class PackageFiles {
     const resume = partial && partial.got > 0 && partial.got < record.bytes ? partial : null;
     let response;
     try {
-      response = await fetch(this.url(record.path), { cache: "reload", headers: resume ? { Range: `bytes=${resume.got}-` } : {}, signal: this.signal });
+      response = await fetch(this.url(record.path), {
+        cache: "reload", headers: resume ? { Range: `bytes=${resume.got}-` } : {},
+        signal: this.signal,
+      });
     } catch (err) {
-      throw this.aborted(record.path) || new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} bytes: no response (${err.message})`, resume);
+      throw this.aborted(record.path) || new Interrupted(
+        `got ${resume ? resume.got : 0} of ${record.bytes} ` +
+        `bytes: no response (${err.message})`, resume);
     }
-    if (response.status >= 500) throw new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} bytes: HTTP ${response.status}`, resume);
+    if (response.status >= 500) {
+      throw new Interrupted(`got ${resume ? resume.got : 0} of ${record.bytes} ` +
+                            `bytes: HTTP ${response.status}`, resume);
+    }
     if (!response.ok) throw new PackageError(`${record.path}: HTTP ${response.status}`);
     // the rest of the file where the server answered the range as asked, else all of it
     const range = /^bytes (\d+)-\d+\/(\d+)$/.exec(response.headers.get("Content-Range") || "");
-    const resumed = resume && response.status === 206 && range && Number(range[1]) === resume.got && Number(range[2]) === record.bytes;
+    const resumed = resume && response.status === 206 && range
+      && Number(range[1]) === resume.got && Number(range[2]) === record.bytes;
     if (response.status === 206 && !resumed) {
       response.body.cancel().catch(() => {});
-      throw new Interrupted(`got 0 of ${record.bytes} bytes: the server answered another range (${response.headers.get("Content-Range")})`);
+      throw new Interrupted(`got 0 of ${record.bytes} bytes: the server answered ` +
+                            `another range (${response.headers.get("Content-Range")})`);
     }
     const out = resumed ? resume.out : into || new Uint8Array(record.bytes);
     let got = resumed ? resume.got : 0;
@@ -203,10 +239,17 @@ export class PackageFiles {
         return true;
       });
     } catch (err) {
-      throw this.aborted(record.path) || new Interrupted(`got ${got} of ${record.bytes} bytes, then the connection failed (${err.message})`, { out, got });
+      throw this.aborted(record.path) || new Interrupted(
+        `got ${got} of ${record.bytes} bytes, then the ` +
+        `connection failed (${err.message})`, { out, got });
     }
-    if (oversized) throw new Oversized(`more than ${record.bytes} bytes, the manifest says ${record.bytes}`);
-    if (got < record.bytes) throw new Interrupted(`got ${got} of ${record.bytes} bytes: the response ended early`, { out, got });
+    if (oversized) {
+      throw new Oversized(`more than ${record.bytes} bytes, the manifest says ${record.bytes}`);
+    }
+    if (got < record.bytes) {
+      throw new Interrupted(`got ${got} of ${record.bytes} bytes: the response ended early`,
+                            { out, got });
+    }
     return into ? out : out.buffer;
   }
 
@@ -229,7 +272,9 @@ export class PackageFiles {
           cuts.push(err.message);
           this.interrupted.push(`${record.path}: ${err.message}`);
           if (cuts.length >= DOWNLOAD_ATTEMPTS) {
-            throw new PackageError(`${record.path}: the download was interrupted ${cuts.length} times (${cuts.join("; ")}); nothing of it was kept, check the connection and load the page again`);
+            throw new PackageError(`${record.path}: the download was interrupted ${cuts.length} ` +
+                                   `times (${cuts.join("; ")}); nothing of it was kept, check ` +
+                                   "the connection and load the page again");
           }
           partial = err.partial;
           await sleep(RETRY_DELAY_MS * cuts.length);
@@ -242,7 +287,9 @@ export class PackageFiles {
       }
       partial = null;
       if (this.refetched.includes(record.path)) {
-        throw new PackageError(`${record.path}: the downloaded file does not match the manifest (${problem}), also after fetching it again; the package on the server is damaged or changed`);
+        throw new PackageError(`${record.path}: the downloaded file does not match ` +
+                               `the manifest (${problem}), also after fetching it ` +
+                               "again; the package on the server is damaged or changed");
       }
       this.refetched.push(record.path);
     }
@@ -262,8 +309,12 @@ export class PackageFiles {
   // Storing failed (storage quota, most often): keep the files in memory for this page only
   // and drop every file of this package already stored, so the cache never holds part of it.
   async giveUpCache(path, err) {
-    const reason = err && err.name === "QuotaExceededError" ? "the browser's storage quota for this site is exceeded" : `${(err && err.name) || "Error"}: ${err && err.message}`;
-    this.cacheFailure = `The model could not be stored in this browser (${reason}${path ? ` while storing ${path}` : ""}): it runs from memory on this page and will be downloaded again on the next visit.`;
+    const reason = err && err.name === "QuotaExceededError"
+      ? "the browser's storage quota for this site is exceeded"
+      : `${(err && err.name) || "Error"}: ${err && err.message}`;
+    this.cacheFailure = "The model could not be stored in this browser " +
+                        `(${reason}${path ? ` while storing ${path}` : ""}): it runs from ` +
+                        "memory on this page and will be downloaded again on the next visit.";
     try {
       const cache = await caches.open(CACHE_NAME);
       await Promise.all(fileRecords(this.manifest).map((r) => cache.delete(this.url(r.path))));
@@ -321,7 +372,12 @@ export class PackageFiles {
     const { usage = 0, quota = Infinity } = await navigator.storage.estimate();
     if (needed > quota - usage) {
       const mb = (n) => `${(n / 1e6).toFixed(1)} MB`;
-      throw new PackageError(`this package streams ${mb(needed)} of block weights from the browser's storage under the memory budget, but the browser lets this site store ${mb(Math.max(0, quota - usage))} more (quota ${mb(quota)}, ${mb(usage)} used); nothing was downloaded: free storage for this site, or load with a budget that holds every block`);
+      throw new PackageError(`this package streams ${mb(needed)} of block weights from the ` +
+                             "browser's storage under the memory budget, but the browser " +
+                             `lets this site store ${mb(Math.max(0, quota - usage))} more ` +
+                             `(quota ${mb(quota)}, ${mb(usage)} used); nothing was ` +
+                             "downloaded: free storage for this site, or load with a " +
+                             "budget that holds every block");
     }
   }
 
@@ -333,7 +389,8 @@ export class PackageFiles {
     const total = records.reduce((n, r) => n + r.bytes, 0);
     const done = new Map(); // path -> bytes of the file in flight (its latest attempt)
     let finished = 0;
-    const report = (path) => this.onProgress(finished + [...done.values()].reduce((a, b) => a + b, 0), total, path);
+    const report = (path) => this.onProgress(
+      finished + [...done.values()].reduce((a, b) => a + b, 0), total, path);
     const out = new Map();
     // the files not kept are read into one buffer, reused
     const largest = Math.max(0, ...records.filter((r) => !keep(r)).map((r) => r.bytes));
@@ -342,7 +399,10 @@ export class PackageFiles {
       const stop = this.aborted(r.path);
       if (stop) throw stop; // no file is fetched in the background after an abort
       const into = keep(r) ? placeOf(r) : new Uint8Array(scratch, 0, r.bytes);
-      const bytes = await this.fetchFile(r, (n) => { done.set(r.path, Math.min(n, r.bytes)); report(r.path); }, into);
+      const bytes = await this.fetchFile(r, (n) => {
+        done.set(r.path, Math.min(n, r.bytes));
+        report(r.path);
+      }, into);
       if (keep(r)) out.set(r.path, bytes);
       done.delete(r.path);
       finished += r.bytes;
@@ -353,7 +413,8 @@ export class PackageFiles {
 }
 
 function sizeProblem(record, buffer) {
-  return buffer.byteLength === record.bytes ? null : `${buffer.byteLength} bytes, the manifest says ${record.bytes}`;
+  return buffer.byteLength === record.bytes ? null : `${buffer.byteLength} bytes, the ` +
+                                                     `manifest says ${record.bytes}`;
 }
 
 // A stored Response's body read into `into` (a Uint8Array of the file's size) chunk by chunk:
@@ -392,7 +453,10 @@ export function shardHolding(record, tensor) {
 export function parseSize(text) {
   if (text === null || text === undefined || text === "") return null;
   const m = /^\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*$/i.exec(String(text));
-  if (!m) throw new Error(`memory budget ${JSON.stringify(text)}: expected e.g. 64MB, 512KB or a byte count`);
+  if (!m) {
+    throw new Error(`memory budget ${JSON.stringify(text)}: ` +
+                    "expected e.g. 64MB, 512KB or a byte count");
+  }
   const unit = { "": 1, K: 1024, M: 1024 ** 2, G: 1024 ** 3 }[m[2].toUpperCase()];
   return Math.floor(Number(m[1]) * unit);
 }
@@ -402,7 +466,9 @@ export function planPins(sizes, budget, everyStep = []) {
   const keys = Object.keys(sizes);
   const largest = keys.reduce((a, k) => (sizes[k] > sizes[a] ? k : a), keys[0]);
   if (budget !== null && budget < sizes[largest]) {
-    throw new Error(`GPU memory budget ${budget} bytes is smaller than block ${largest} (${sizes[largest]} bytes); the smallest budget that works is ${sizes[largest]} bytes`);
+    throw new Error(`GPU memory budget ${budget} bytes is smaller than ` +
+                    `block ${largest} (${sizes[largest]} bytes); the ` +
+                    `smallest budget that works is ${sizes[largest]} bytes`);
   }
   if (budget === null) return new Set(keys);
   const order = [...everyStep, ...keys.filter((k) => !everyStep.includes(k))];
@@ -447,7 +513,8 @@ export class GpuWeights {
     // SwiftShader; one call behind, the GPU process still held two streamed blocks and
     // their staging). Its bytes were read from storage while the call before it ran.
     if (!this.pinned.has(key)) await this.executor.settle();
-    const weights = await this.executor.uploadWeights(await this.source.get(key, this.ahead(next)), this.tensorsOf(key), key);
+    const weights = await this.executor.uploadWeights(
+      await this.source.get(key, this.ahead(next)), this.tensorsOf(key), key);
     // the GPU holds a copy now; on wasm the weights are views of the bytes until released
     if (!this.executor.viewsWeights) this.source.done(key);
     this.stats.uploads += 1;

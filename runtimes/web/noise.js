@@ -49,16 +49,24 @@ export function checkSeed(seed) {
     if (seed < 0) throw new Error(`seed ${seed} is out of range: a seed is ${RANGE}`);
     // past 2^53 - 1 a Number may already be another integer than the one written
     if (!Number.isSafeInteger(seed)) {
-      throw new Error(`seed ${seed} is past 2^53 - 1 (Number.MAX_SAFE_INTEGER), where a JavaScript Number no longer holds every integer: pass the seed as a BigInt or a string of its decimal digits (e.g. 9223372036854775807n or "9223372036854775807")`);
+      throw new Error(`seed ${seed} is past 2^53 - 1 (Number.MAX_SAFE_INTEGER), ` +
+                      "where a JavaScript Number no longer holds every integer: " +
+                      "pass the seed as a BigInt or a string of its decimal " +
+                      `digits (e.g. 9223372036854775807n or "9223372036854775807")`);
     }
     value = BigInt(seed);
   } else if (typeof seed === "string") {
-    if (!/^-?[0-9]+$/.test(seed)) throw new Error(`seed ${JSON.stringify(seed)} must be ${RANGE}, in decimal digits`);
+    if (!/^-?[0-9]+$/.test(seed)) {
+      throw new Error(`seed ${JSON.stringify(seed)} must be ${RANGE}, in decimal digits`);
+    }
     value = BigInt(seed);
   } else {
-    throw new Error(`seed ${String(seed)} (${typeof seed}) must be ${RANGE}: a Number, a BigInt or a decimal string`);
+    throw new Error(`seed ${String(seed)} (${typeof seed}) must ` +
+                    `be ${RANGE}: a Number, a BigInt or a decimal string`);
   }
-  if (value < 0n || value > MAX_SEED) throw new Error(`seed ${value} is out of range: a seed is ${RANGE}`);
+  if (value < 0n || value > MAX_SEED) {
+    throw new Error(`seed ${value} is out of range: a seed is ${RANGE}`);
+  }
   return value;
 }
 
@@ -68,7 +76,9 @@ export function checkSeed(seed) {
 export function checkNoise(manifest, where = "manifest.json") {
   const noise = manifest.noise ?? LEGACY_NOISE;
   if (noise !== NOISE) {
-    throw new Error(`${where}: noise ${JSON.stringify(noise)}: this runtime draws a seed as ${JSON.stringify(NOISE)}, so the seed would give another video than the package's; re-export the package or pass the initial noise`);
+    throw new Error(`${where}: noise ${JSON.stringify(noise)}: this runtime draws a seed ` +
+                    `as ${JSON.stringify(NOISE)}, so the seed would give another video ` +
+                    "than the package's; re-export the package or pass the initial noise");
   }
 }
 
@@ -171,7 +181,8 @@ function fillGroups(w, end, out, o, logT, cosSin) {
       const frac = (k << lead) & 0x7fffffff; // the bits after the leading one
       const t = (frac >>> 23) << 1;
       const r = (frac & 0x7fffff) * logT[t + 1];
-      const radius = Math.sqrt((lead - 7) * 1.3862943611198906 - 2 * (logT[t] + r * (1 + r * (-0.5 + r * (0.3333333333333333 + r * -0.25)))));
+      const radius = Math.sqrt((lead - 7) * 1.3862943611198906
+        - 2 * (logT[t] + r * (1 + r * (-0.5 + r * (0.3333333333333333 + r * -0.25)))));
       // theta = float32(2pi_f32 u2), u2 = m 2^-24
       const m = b & 0xffffff;
       const hi = m >>> 12;
@@ -238,7 +249,9 @@ function simdKernel() {
 // torch.randn(count values, generator=torch.Generator().manual_seed(seed)) as a Float32Array
 // (a shape's values in C order). seed: anything checkSeed takes.
 export function torchRandn(count, seed) {
-  if (!Number.isSafeInteger(count) || count < 0) throw new Error(`count ${count} must be a whole number of values`);
+  if (!Number.isSafeInteger(count) || count < 0) {
+    throw new Error(`count ${count} must be a whole number of values`);
+  }
   const engine = new Engine(Number(BigInt.asUintN(32, checkSeed(seed))) | 0);
   if (count < 16) return fewNormals(engine, count);
   const out = new Float32Array(count);
@@ -289,10 +302,15 @@ function redrawTail(engine, out, whole) {
 // generation. A draw under 16 values before another is refused, as in Python (PyTorch keeps
 // half of its last pair for the next draw, which is not mirrored).
 export function torchRandnDraws(counts, seed) {
-  if (counts.slice(0, -1).some((c) => c < 16)) throw new Error(`noise draws ${JSON.stringify(counts)}: only the last may hold under 16 values`);
+  if (counts.slice(0, -1).some((c) => c < 16)) {
+    throw new Error(`noise draws ${JSON.stringify(counts)}: ` +
+                    "only the last may hold under 16 values");
+  }
   const engine = new Engine(Number(BigInt.asUintN(32, checkSeed(seed))) | 0);
   return counts.map((count) => {
-    if (!Number.isSafeInteger(count) || count < 0) throw new Error(`count ${count} must be a whole number of values`);
+    if (!Number.isSafeInteger(count) || count < 0) {
+      throw new Error(`count ${count} must be a whole number of values`);
+    }
     if (count < 16) return fewNormals(engine, count);
     const out = new Float32Array(count);
     const whole = count - (count % 16);

@@ -11,7 +11,9 @@ const MAX_GUIDANCE = 1e4;
 
 // JavaScript has one number type, so the kinds edge/core/options.py reads off each setting's
 // default (int, float, bool) are written out here
-const INTEGER_SETTINGS = ["steps", "num_train_timesteps", "leap_min_steps", "leap_patience", "leap_steps", "merge_steps"];
+const INTEGER_SETTINGS = [
+  "steps", "num_train_timesteps", "leap_min_steps", "leap_patience", "leap_steps", "merge_steps",
+];
 const REAL_SETTINGS = ["guidance", "guidance_rescale", "shift", "leap_tol", "cache_threshold"];
 const BOOLEAN_SETTINGS = ["leap", "dynamic_guidance"];
 
@@ -22,7 +24,9 @@ export const GENERATE_OPTIONS = ["negative_prompt", "seed", "latents", "noise", 
 // what generate() hands back (the Python runtime's output_type): the video as bytes, the video
 // before rounding (float32 in [0, 1]), or the denoised latents, nothing decoded
 export const OUTPUT_TYPES = ["uint8", "float", "latent"];
-export const LOAD_OPTIONS = ["budget", "path", "onProgress", "signal", "useCache", "tune", "onCacheFailure"];
+export const LOAD_OPTIONS = [
+  "budget", "path", "onProgress", "signal", "useCache", "tune", "onCacheFailure",
+];
 
 // A value as a message shows it: NaN and Infinity as such (JSON.stringify says null)
 export function show(value) {
@@ -36,7 +40,10 @@ export function show(value) {
 
 export function refuseUnknown(given, known, what) {
   const unknown = Object.keys(given).filter((k) => !known.includes(k)).sort();
-  if (unknown.length) throw new Error(`unknown ${what} option(s): ${unknown.join(", ")}; known: ${[...known].sort().join(", ")}`);
+  if (unknown.length) {
+    throw new Error(`unknown ${what} option(s): ${unknown.join(", ")}; ` +
+                    `known: ${[...known].sort().join(", ")}`);
+  }
 }
 
 // A sampler setting must be of its default's kind (edge/core/options.py _check_value): sampler.js
@@ -45,11 +52,21 @@ function checkSettingKind(name, value) {
   const bad = (kind) => new Error(`sampler setting ${name}=${show(value)}: must be ${kind}`);
   if (BOOLEAN_SETTINGS.includes(name) && typeof value !== "boolean") throw bad("true or false");
   if (INTEGER_SETTINGS.includes(name) && !Number.isInteger(value)) throw bad("an integer");
-  if ((name === "leap_after" || name === "guidance_steps") && value !== null && !Number.isInteger(value)) throw bad("an integer or null");
-  if (REAL_SETTINGS.includes(name) && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number");
-  if (name === "sigmas" && value !== null && !Array.isArray(value)) throw bad("a list of numbers or None");
+  if ((name === "leap_after" || name === "guidance_steps") && value !== null
+      && !Number.isInteger(value)) {
+    throw bad("an integer or null");
+  }
+  if (REAL_SETTINGS.includes(name) && !(typeof value === "number" && Number.isFinite(value))) {
+    throw bad("a finite number");
+  }
+  if (name === "sigmas" && value !== null && !Array.isArray(value)) {
+    throw bad("a list of numbers or None");
+  }
   // null: no terminal stretch (Python's None)
-  if (name === "shift_terminal" && value !== null && !(typeof value === "number" && Number.isFinite(value))) throw bad("a finite number or null");
+  if (name === "shift_terminal" && value !== null
+      && !(typeof value === "number" && Number.isFinite(value))) {
+    throw bad("a finite number or null");
+  }
 }
 
 // The sampler's settings for one call: the package's, overridden; checked as Python's
@@ -62,16 +79,27 @@ export function settingsWith(packaged, overrides) {
     if (!("steps" in overrides)) overrides.steps = overrides.sigmas.length;
   } else if ("steps" in overrides && !("sigmas" in overrides) && packaged.sigmas != null
              && overrides.steps !== packaged.sigmas.length) {
-    throw new Error(`sampler setting steps=${show(overrides.steps)}: these settings give ${packaged.sigmas.length} noise levels of their own (sigmas); give sigmas as well, or sigmas=None for the schedule's own spacing`);
+    throw new Error(`sampler setting steps=${show(overrides.steps)}: these settings ` +
+                    `give ${packaged.sigmas.length} noise levels of their own (sigmas); ` +
+                    "give sigmas as well, or sigmas=None for the schedule's own spacing");
   }
   const s = checkSettings({ ...packaged, ...overrides });
-  const over = (name, most) => new Error(`sampler setting ${name}=${show(s[name])}: more than ${most}`);
+  const over = (name, most) => new Error(`sampler setting ${name}=${show(s[name])}: ` +
+                                         `more than ${most}`);
   if (!(s.shift > 0)) throw new Error(`sampler setting shift=${show(s.shift)}: must be positive`);
   if (s.steps > MAX_STEPS) throw over("steps", MAX_STEPS);
   if (s.leap_steps > MAX_STEPS) throw over("leap_steps", MAX_STEPS);
-  if (s.num_train_timesteps > MAX_TRAIN_TIMESTEPS) throw over("num_train_timesteps", MAX_TRAIN_TIMESTEPS);
-  if (Math.abs(s.guidance) > MAX_GUIDANCE) throw new Error(`sampler setting guidance=${show(s.guidance)}: larger than ${MAX_GUIDANCE} in size (far above any useful scale)`);
-  if (s.merge_steps > s.steps) throw new Error(`sampler setting merge_steps=${s.merge_steps}: more than steps=${s.steps} (merging applies to the first merge_steps steps)`);
+  if (s.num_train_timesteps > MAX_TRAIN_TIMESTEPS) {
+    throw over("num_train_timesteps", MAX_TRAIN_TIMESTEPS);
+  }
+  if (Math.abs(s.guidance) > MAX_GUIDANCE) {
+    throw new Error(`sampler setting guidance=${show(s.guidance)}: larger ` +
+                    `than ${MAX_GUIDANCE} in size (far above any useful scale)`);
+  }
+  if (s.merge_steps > s.steps) {
+    throw new Error(`sampler setting merge_steps=${s.merge_steps}: more than ` +
+                    `steps=${s.steps} (merging applies to the first merge_steps steps)`);
+  }
   return s;
 }
 
@@ -81,8 +109,12 @@ export function settingsWith(packaged, overrides) {
 export function checkLatents(name, value, shape) {
   const n = shape.reduce((a, b) => a * b, 1);
   const layout = `(${shape.join(", ")}): channels, frames, height, width; diffusers' layout`;
-  if (!(value instanceof Float32Array)) throw new Error(`${name} must be a Float32Array of ${n} values ${layout}; got ${show(value)}`);
-  if (value.length !== n) throw new Error(`${name} has ${value.length} values; the latents ${layout} have ${n}`);
+  if (!(value instanceof Float32Array)) {
+    throw new Error(`${name} must be a Float32Array of ${n} values ${layout}; got ${show(value)}`);
+  }
+  if (value.length !== n) {
+    throw new Error(`${name} has ${value.length} values; the latents ${layout} have ${n}`);
+  }
   if (!value.every(Number.isFinite)) throw new Error(`${name} hold NaN or infinity`);
   return Float32Array.from(value); // a copy: the caller may reuse its array while we run
 }
@@ -90,11 +122,16 @@ export function checkLatents(name, value, shape) {
 export function checkText(name, value) {
   if (typeof value !== "string") throw new Error(`${name} must be a string, got ${show(value)}`);
   // lone surrogates (a bad decode) would reach the tokenizer as U+FFFD, silently
-  if (value.isWellFormed && !value.isWellFormed()) throw new Error(`${name} is not valid Unicode text (a lone surrogate)`);
+  if (value.isWellFormed && !value.isWellFormed()) {
+    throw new Error(`${name} is not valid Unicode text (a lone surrogate)`);
+  }
 }
 
 export function checkSignal(name, signal) {
-  if (signal !== null && !(signal instanceof AbortSignal)) throw new Error(`${name} must be an AbortSignal (AbortController's .signal), got ${show(signal)}`);
+  if (signal !== null && !(signal instanceof AbortSignal)) {
+    throw new Error(`${name} must be an AbortSignal ` +
+                    `(AbortController's .signal), got ${show(signal)}`);
+  }
 }
 
 // What fetch() throws when cancelled, so callers test err.name === "AbortError" as for fetch

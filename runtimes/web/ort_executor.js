@@ -16,7 +16,9 @@ import { PackageError } from "./loader.js";
 // follows from it (the caller knows: the page stops, or runs on WebGPU instead); `url` is the
 // file that failed (null where no file was tried), `base` the folder the manifest names.
 export class OrtUnavailable extends Error {
-  constructor(detail, { version = null, base = null, url = null, message = `${detail}; nothing was run` } = {}) {
+  constructor(detail, {
+    version = null, base = null, url = null, message = `${detail}; nothing was run`,
+  } = {}) {
     super(message);
     Object.assign(this, { detail, version, base, url });
   }
@@ -35,7 +37,10 @@ const GLUE = "ort-wasm-simd-threaded.mjs";
 const BINARY = "ort-wasm-simd-threaded.wasm";
 // float16 as its bits (onnxruntime-web takes a Uint16Array for it); int8: --quantize 8;
 // uint8: an int4 tensor's packed bytes (--quantize 4), which the graph unpacks
-const TYPED = { float32: Float32Array, int32: Int32Array, float16: Uint16Array, int8: Int8Array, uint8: Uint8Array };
+const TYPED = {
+  float32: Float32Array, int32: Int32Array, float16: Uint16Array, int8: Int8Array,
+  uint8: Uint8Array,
+};
 
 // The dtype and shape a weights table's tensor is fed as (manifest_schema.fed_as)
 function fedAs(t) {
@@ -53,8 +58,11 @@ function typed(data, dtype) {
   const Type = TYPED[dtype];
   if (!Type) throw new Error(`dtype ${dtype} is not fed to the wasm path`);
   if (data instanceof Type) return data;
-  const bytes = data instanceof ArrayBuffer ? new Uint8Array(data) : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
-  if (bytes.byteOffset % Type.BYTES_PER_ELEMENT === 0) return new Type(bytes.buffer, bytes.byteOffset, bytes.byteLength / Type.BYTES_PER_ELEMENT);
+  const bytes = data instanceof ArrayBuffer ? new Uint8Array(data)
+    : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  if (bytes.byteOffset % Type.BYTES_PER_ELEMENT === 0) {
+    return new Type(bytes.buffer, bytes.byteOffset, bytes.byteLength / Type.BYTES_PER_ELEMENT);
+  }
   return new Type(bytes.slice().buffer);
 }
 
@@ -68,7 +76,8 @@ function typed(data, dtype) {
 const imported = new Map();
 
 export async function loadOrt(files, ortRecord) {
-  const key = ortRecord?.files ? JSON.stringify(ortRecord.files.map((f) => [f.name, f.sha256])) : null;
+  const key = ortRecord?.files
+    ? JSON.stringify(ortRecord.files.map((f) => [f.name, f.sha256])) : null;
   try {
     let pending = key && imported.get(key);
     if (!pending) {
@@ -80,7 +89,9 @@ export async function loadOrt(files, ortRecord) {
     return ort;
   } catch (err) {
     if (key) imported.delete(key);
-    if (err instanceof OrtUnavailable) lastFailure = { version: err.version, base: err.base, url: err.url, detail: err.detail };
+    if (err instanceof OrtUnavailable) {
+      lastFailure = { version: err.version, base: err.base, url: err.url, detail: err.detail };
+    }
     throw err;
   }
 }
@@ -99,10 +110,12 @@ async function fetchAndImport(files, ortRecord) {
       bytes[f.name] = await files.fetchFile(record);
     } catch (err) {
       const why = err instanceof PackageError ? err.message : `${err.name}: ${err.message}`;
-      throw new OrtUnavailable(`onnxruntime-web ${version} could not be loaded from ${base} (${why})`, { version, base, url: record.path });
+      throw new OrtUnavailable(`onnxruntime-web ${version} could not be loaded ` +
+                               `from ${base} (${why})`, { version, base, url: record.path });
     }
   }
-  const blobUrl = (name) => URL.createObjectURL(new Blob([bytes[name]], { type: "text/javascript" }));
+  const blobUrl = (name) => URL.createObjectURL(
+    new Blob([bytes[name]], { type: "text/javascript" }));
   let ort;
   try {
     ort = await import(blobUrl(ENTRY));
@@ -114,7 +127,8 @@ async function fetchAndImport(files, ortRecord) {
   ort.env.wasm.wasmBinary = bytes[BINARY];
   // threads need SharedArrayBuffer, which only a cross-origin isolated page has (edge serve
   // sends the headers); elsewhere onnxruntime runs on one thread
-  ort.env.wasm.numThreads = globalThis.crossOriginIsolated ? Math.min(navigator.hardwareConcurrency || 1, 8) : 1;
+  ort.env.wasm.numThreads = globalThis.crossOriginIsolated
+    ? Math.min(navigator.hardwareConcurrency || 1, 8) : 1;
   return ort;
 }
 
@@ -139,7 +153,8 @@ export class OrtExecutor {
   async prepareFrom(bytes, label, block) {
     let session;
     try {
-      session = await this.ort.InferenceSession.create(new Uint8Array(bytes), { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+      session = await this.ort.InferenceSession.create(
+        new Uint8Array(bytes), { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
     } catch (err) {
       throw new Error(`block ${label}: onnxruntime-web could not load its graph (${err.message})`);
     }
@@ -153,7 +168,8 @@ export class OrtExecutor {
 
   // A block's weights as stored (the graph decodes them): {tensor name: HostTensor}
   async uploadWeights(bytes, tensors) {
-    return Object.fromEntries(tensors.map((t) => [t.name, new HostTensor(new Uint8Array(bytes, t.offset, t.bytes))]));
+    return Object.fromEntries(tensors.map(
+      (t) => [t.name, new HostTensor(new Uint8Array(bytes, t.offset, t.bytes))]));
   }
 
   // nothing is copied anywhere (the WebGPU executor's: pieces written to the GPU)
@@ -170,7 +186,9 @@ export class OrtExecutor {
   async run(prepared, inputs, weights) {
     const { ort } = this;
     const feeds = {};
-    for (const s of prepared.block.inputs) feeds[s.name] = new ort.Tensor(s.dtype, typed(inputs[s.name].data, s.dtype), s.shape);
+    for (const s of prepared.block.inputs) {
+      feeds[s.name] = new ort.Tensor(s.dtype, typed(inputs[s.name].data, s.dtype), s.shape);
+    }
     for (const t of prepared.block.weights.tensors) {
       const [dtype, shape] = fedAs(t);
       feeds[t.name] = new ort.Tensor(dtype, typed(weights[t.name].data, dtype), shape);
@@ -196,7 +214,9 @@ export class OrtExecutor {
   }
 
   figures() {
-    return { path: this.path, sessions: this.sessions.length, threads: this.ort.env.wasm.numThreads };
+    return {
+      path: this.path, sessions: this.sessions.length, threads: this.ort.env.wasm.numThreads,
+    };
   }
 
   destroy() {

@@ -24,7 +24,12 @@ export async function findAdapter() {
     return { adapter: null, reason: "this browser has no WebGPU (navigator.gpu is missing)" };
   }
   const adapter = await navigator.gpu.requestAdapter();
-  if (!adapter) return { adapter: null, reason: "WebGPU gives no GPU adapter (disabled or blocklisted for this GPU)" };
+  if (!adapter) {
+    return {
+      adapter: null,
+      reason: "WebGPU gives no GPU adapter (disabled or blocklisted for this GPU)",
+    };
+  }
   return { adapter, reason: null };
 }
 
@@ -35,7 +40,8 @@ export function adapterLabel(adapter) {
 
 export function isSoftwareAdapter(adapter) {
   const i = adapter.info || {};
-  return Boolean(i.isFallbackAdapter || adapter.isFallbackAdapter) || SOFTWARE_ADAPTERS.test([i.vendor, i.architecture, i.device, i.description].join(" "));
+  return Boolean(i.isFallbackAdapter || adapter.isFallbackAdapter)
+    || SOFTWARE_ADAPTERS.test([i.vendor, i.architecture, i.device, i.description].join(" "));
 }
 
 function loadStore() {
@@ -59,7 +65,8 @@ function remember(key, choice) {
 }
 
 export async function createExecutor(path, adapter, files) {
-  return path === "wasm" ? OrtExecutor.create(files, files.manifest.web.ort) : PlanExecutor.create(adapter);
+  return path === "wasm" ? OrtExecutor.create(files, files.manifest.web.ort)
+    : PlanExecutor.create(adapter);
 }
 
 // No path can run here (or not the one asked for). reasons: {webgpu, wasm}, each null or why
@@ -90,7 +97,8 @@ function ortReason(err) {
 
 // onnxruntime-web is missing and so is WebGPU (gpu.reason)
 function neitherPath(missing, gpu) {
-  return new NoPathAvailable(`${missing.message}. The WebGPU path cannot run instead: ${gpu.reason}.`,
+  return new NoPathAvailable(`${missing.message}. The WebGPU path ` +
+                             `cannot run instead: ${gpu.reason}.`,
     { webgpu: gpu.reason, wasm: ortReason(missing) });
 }
 
@@ -100,7 +108,8 @@ function askedWasmMissing(missing, gpu) {
   const instead = gpu.adapter
     ? "open the page without ?path=wasm to run on WebGPU"
     : `the WebGPU path cannot run instead: ${gpu.reason}`;
-  return new NoPathAvailable(`?path=wasm asks for the wasm path, but ${missing.detail}; nothing was run: ${instead}.`,
+  return new NoPathAvailable("?path=wasm asks for the wasm path, " +
+                             `but ${missing.detail}; nothing was run: ${instead}.`,
     { webgpu: gpu.adapter ? null : gpu.reason, wasm: ortReason(missing) });
 }
 
@@ -112,7 +121,9 @@ function askedWasmMissing(missing, gpu) {
 export async function timeBlock(executor, prepared, record, weights, runs = 3) {
   const once = async () => {
     const inputs = {};
-    for (const s of record.inputs) inputs[s.name] = executor.upload(new TYPED[s.dtype](s.shape.reduce((a, b) => a * b, 1)));
+    for (const s of record.inputs) {
+      inputs[s.name] = executor.upload(new TYPED[s.dtype](s.shape.reduce((a, b) => a * b, 1)));
+    }
     const t0 = performance.now();
     const outs = await executor.run(prepared, inputs, weights);
     for (let i = 0; i < outs.length; i++) await executor.read(outs[i], 4);
@@ -123,7 +134,9 @@ export async function timeBlock(executor, prepared, record, weights, runs = 3) {
   await once();
   const times = [];
   const started = performance.now();
-  while (times.length < runs || (times.length < 24 && performance.now() - started < 1000)) times.push(await once());
+  while (times.length < runs || (times.length < 24 && performance.now() - started < 1000)) {
+    times.push(await once());
+  }
   const later = times.slice(times.length >> 1).sort((a, b) => a - b);
   return later[later.length >> 1];
 }
@@ -131,7 +144,8 @@ export async function timeBlock(executor, prepared, record, weights, runs = 3) {
 // One transformer block's graph and weights on an executor, for timing.
 async function prepareProbe(executor, probe) {
   const prepared = await executor.prepareFrom(probe.graphs[executor.path], probe.key, probe.record);
-  const weights = await executor.uploadWeights(probe.weightBytes, probe.record.weights.tensors, probe.key);
+  const weights = await executor.uploadWeights(
+    probe.weightBytes, probe.record.weights.tensors, probe.key);
   return { prepared, weights };
 }
 
@@ -149,40 +163,61 @@ export async function probeBlock(executor, probe) {
 export async function choosePath({ files, gpu, asked = null, modelKey, getProbe }) {
   const paths = (files.manifest.web && files.manifest.web.paths) || ["webgpu"];
   // a wasm-only package is, for its wasm path's refusals, as if there were no adapter
-  const noPlans = { adapter: null, reason: "this package has no WebGPU path (exported with --web-paths wasm)" };
-  const webgpu = async (why, timings = null) => ({ path: "webgpu", why, executor: await createExecutor("webgpu", gpu.adapter, files), timings });
+  const noPlans = {
+    adapter: null, reason: "this package has no WebGPU path (exported with --web-paths wasm)",
+  };
+  const webgpu = async (why, timings = null) => ({
+    path: "webgpu", why, executor: await createExecutor("webgpu", gpu.adapter, files), timings,
+  });
   if (asked) {
-    if (!paths.includes(asked)) throw new Error(`path ${JSON.stringify(asked)}: this package has ${paths.join(" and ")}`);
+    if (!paths.includes(asked)) {
+      throw new Error(`path ${JSON.stringify(asked)}: this package has ${paths.join(" and ")}`);
+    }
     const why = "asked for in the page's address (?path=)";
     if (asked === "webgpu") {
       if (!gpu.adapter) throw new Error(`path webgpu was asked for, but ${gpu.reason}`);
       return webgpu(why);
     }
     const wasm = await tryWasm(files);
-    if (!wasm.executor) throw askedWasmMissing(wasm.missing, paths.includes("webgpu") ? gpu : noPlans);
+    if (!wasm.executor) {
+      throw askedWasmMissing(wasm.missing, paths.includes("webgpu") ? gpu : noPlans);
+    }
     return { path: "wasm", why, executor: wasm.executor, timings: null };
   }
   if (!gpu.adapter) {
-    if (!paths.includes("wasm")) return { path: null, why: gpu.reason, executor: null, timings: null };
+    if (!paths.includes("wasm")) {
+      return { path: null, why: gpu.reason, executor: null, timings: null };
+    }
     const wasm = await tryWasm(files);
     if (!wasm.executor) throw neitherPath(wasm.missing, gpu);
-    return { path: "wasm", why: `${gpu.reason}: the CPU runs the model through onnxruntime-web`, executor: wasm.executor, timings: null };
+    return {
+      path: "wasm", why: `${gpu.reason}: the CPU runs the model through onnxruntime-web`,
+      executor: wasm.executor, timings: null,
+    };
   }
   if (!paths.includes("webgpu")) {
     // nothing to choose between, and no plan to run or time on the adapter
     const wasm = await tryWasm(files);
     if (!wasm.executor) throw neitherPath(wasm.missing, noPlans);
-    return { path: "wasm", why: "this package has the wasm path only: the CPU runs the model through onnxruntime-web", executor: wasm.executor, timings: null };
+    return {
+      path: "wasm",
+      why: "this package has the wasm path only: the CPU runs the model through onnxruntime-web",
+      executor: wasm.executor, timings: null,
+    };
   }
   const label = adapterLabel(gpu.adapter);
-  if (!paths.includes("wasm") || !isSoftwareAdapter(gpu.adapter)) return webgpu(`GPU adapter ${label}`);
+  if (!paths.includes("wasm") || !isSoftwareAdapter(gpu.adapter)) {
+    return webgpu(`GPU adapter ${label}`);
+  }
   // a software adapter: the wasm path is usually far faster, so its absence is worth saying
   // (the page shows onnxruntime-web's failure itself, from ortFailure(): the detail is long)
-  const withoutWasm = () => webgpu(`software GPU adapter (${label}), and onnxruntime-web, which the wasm path needs, could not be loaded`);
+  const withoutWasm = () => webgpu(`software GPU adapter (${label}), and onnxruntime-web, ` +
+                                   "which the wasm path needs, could not be loaded");
   const key = `${label}|${modelKey}`;
   const known = rememberedChoice(key);
   if (known) {
-    const why = `software GPU adapter (${label}): ${describe(known.timings)}, timed earlier on this adapter`;
+    const why = `software GPU adapter (${label}): ${describe(known.timings)}, ` +
+                "timed earlier on this adapter";
     if (known.path === "webgpu") return webgpu(why, known.timings);
     const wasm = await tryWasm(files);
     if (!wasm.executor) return withoutWasm();
@@ -201,10 +236,14 @@ export async function choosePath({ files, gpu, asked = null, modelKey, getProbe 
   const path = timings.wasm_ms <= timings.webgpu_ms ? "wasm" : "webgpu";
   executors[path === "wasm" ? "webgpu" : "wasm"].destroy();
   remember(key, { path, timings });
-  return { path, why: `software GPU adapter (${label}): ${describe(timings)}, timed now`, executor: executors[path], timings };
+  return {
+    path, why: `software GPU adapter (${label}): ${describe(timings)}, timed now`,
+    executor: executors[path], timings,
+  };
 }
 
 function describe(t) {
   const faster = t.wasm_ms <= t.webgpu_ms ? "wasm" : "WebGPU";
-  return `${faster} was faster on ${t.block} (wasm ${t.wasm_ms.toFixed(1)} ms, WebGPU ${t.webgpu_ms.toFixed(1)} ms)`;
+  return `${faster} was faster on ${t.block} (wasm ${t.wasm_ms.toFixed(1)} ` +
+         `ms, WebGPU ${t.webgpu_ms.toFixed(1)} ms)`;
 }

@@ -5,13 +5,15 @@
 // loader.js; a seed's initial noise drawn as PyTorch draws it (noise.js).
 import { byteSize } from "./executor.js";
 import { BlockBytes } from "./block_bytes.js";
-import { GpuWeights, PackageError, PackageFiles, parseSize, planPins, shardFiles, shardPaths } from "./loader.js";
+import {
+  GpuWeights, PackageError, PackageFiles, parseSize, planPins, shardFiles, shardPaths,
+} from "./loader.js";
 import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { DEFAULT_SETTINGS, checkSettings, guidedCall, runPairs, sample } from "./sampler.js";
 import {
-  GENERATE_OPTIONS, LOAD_OPTIONS, OUTPUT_TYPES, abortError, abortable, checkLatents, checkSignal, checkText,
-  refuseUnknown, settingsWith, show,
+  GENERATE_OPTIONS, LOAD_OPTIONS, OUTPUT_TYPES, abortError, abortable, checkLatents, checkSignal,
+  checkText, refuseUnknown, settingsWith, show,
 } from "./options.js";
 import { CaptionTokenizer } from "./tokenizer.js";
 import { concatAlong, pieceBounds, sliceAlong } from "./chunks.js";
@@ -33,16 +35,22 @@ export function adapterInfo(adapter) {
 // A little-endian float32 .npy file (version 1 to 3) -> {shape, data}
 export function parseNpy(buffer, where) {
   const bytes = new Uint8Array(buffer);
-  if (bytes[0] !== 0x93 || String.fromCharCode(...bytes.slice(1, 6)) !== "NUMPY") throw new PackageError(`${where}: not a .npy file`);
+  if (bytes[0] !== 0x93 || String.fromCharCode(...bytes.slice(1, 6)) !== "NUMPY") {
+    throw new PackageError(`${where}: not a .npy file`);
+  }
   const view = new DataView(buffer);
   const major = bytes[6];
   const headerLen = major === 1 ? view.getUint16(8, true) : view.getUint32(8, true);
   const start = major === 1 ? 10 : 12;
   const header = new TextDecoder().decode(bytes.slice(start, start + headerLen));
-  if (!/'descr':\s*'<f4'/.test(header) || /'fortran_order':\s*True/.test(header)) throw new PackageError(`${where}: expected a C-ordered little-endian float32 array`);
-  const shape = /'shape':\s*\(([^)]*)\)/.exec(header)[1].split(",").filter((s) => s.trim()).map(Number);
+  if (!/'descr':\s*'<f4'/.test(header) || /'fortran_order':\s*True/.test(header)) {
+    throw new PackageError(`${where}: expected a C-ordered little-endian float32 array`);
+  }
+  const shape = /'shape':\s*\(([^)]*)\)/.exec(header)[1].split(",").filter((s) => s.trim())
+    .map(Number);
   const offset = start + headerLen;
-  return { shape, data: new Float32Array(buffer.slice(offset, offset + shape.reduce((a, b) => a * b, 1) * 4)) };
+  const end = offset + shape.reduce((a, b) => a * b, 1) * 4;
+  return { shape, data: new Float32Array(buffer.slice(offset, end)) };
 }
 
 // np.round: halves to even
@@ -61,7 +69,9 @@ function videoStore(count, outputType) {
 }
 
 function handBack(video, shape) {
-  return { frames: video instanceof Uint8ClampedArray ? new Uint8Array(video.buffer) : video, shape };
+  return {
+    frames: video instanceof Uint8ClampedArray ? new Uint8Array(video.buffer) : video, shape,
+  };
 }
 
 // One buffer per block for its weights' shards, joined as tensor offsets index them: each
@@ -101,8 +111,11 @@ export function callVariant(merged, alone) {
 export function blockVariant(present, variant, key = "the block") {
   if (variant === null || variant in present) return variant;
   if (variant === "tdtm") return null;
-  if (variant === "tdtm_unguided" && "unguided" in present && !("tdtm" in present)) return "unguided";
-  throw new Error(`block ${key} has no variant '${variant}' (it has: ${Object.keys(present).sort().join(", ") || "none"})`);
+  if (variant === "tdtm_unguided" && "unguided" in present && !("tdtm" in present)) {
+    return "unguided";
+  }
+  throw new Error(`block ${key} has no variant '${variant}' (it ` +
+                  `has: ${Object.keys(present).sort().join(", ") || "none"})`);
 }
 
 // The files the page fetches for one path: tokenizer, conditioning, every block's weights and
@@ -111,7 +124,10 @@ export function pathRecords(manifest, executor) {
   const out = [...manifest.tokenizer.files, ...Object.values(manifest.conditioning)];
   for (const c of manifest.components) {
     for (const b of c.blocks) {
-      const wanted = new Set([...shardPaths(b), executor.graphOf(b), ...Object.values(b.variants || {}).map((v) => executor.graphOf(v))]);
+      const wanted = new Set([
+        ...shardPaths(b), executor.graphOf(b),
+        ...Object.values(b.variants || {}).map((v) => executor.graphOf(v)),
+      ]);
       out.push(...b.files.filter((f) => wanted.has(f.path)));
     }
   }
@@ -128,7 +144,8 @@ export class WebPipeline {
     // the unconditional pass without a negative prompt: the learned null caption, or the
     // package's own negative prompt encoded (a family with no learned one: Wan's "")
     this.negativePrompt = nullCaption ? null : this.manifest.negative_prompt;
-    this.chunking = Object.fromEntries(this.manifest.components.filter((c) => c.chunked).map((c) => [c.name, c.chunked]));
+    this.chunking = Object.fromEntries(this.manifest.components.filter((c) => c.chunked)
+      .map((c) => [c.name, c.chunked]));
     this.lastRun = null;
   }
 
@@ -143,14 +160,23 @@ export class WebPipeline {
   static async load(base, options = {}) {
     const started = now();
     refuseUnknown(options, LOAD_OPTIONS, "load");
-    const { budget = null, onProgress = () => {}, useCache = true, tune = true, onCacheFailure = () => {}, path = null, signal = null } = options;
+    const {
+      budget = null, onProgress = () => {}, useCache = true, tune = true,
+      onCacheFailure = () => {}, path = null, signal = null,
+    } = options;
     checkSignal("signal", signal);
     parseSize(budget); // a bad budget is refused before megabytes are downloaded
-    const stopIf = (phase) => { if (signal?.aborted) throw abortError(`loading ${base}: cancelled ${phase} (the signal was aborted)`); };
+    const stopIf = (phase) => {
+      if (signal?.aborted) {
+        throw abortError(`loading ${base}: cancelled ${phase} (the signal was aborted)`);
+      }
+    };
     // a page that aborted hears no more of bytes it no longer wants
     const progress = (...args) => { if (!signal?.aborted) onProgress(...args); };
     stopIf("before anything was fetched");
-    const files = await abortable(PackageFiles.open(base, { onProgress: progress, useCache, onCacheFailure, signal }), signal, `loading ${base}: the manifest`);
+    const files = await abortable(
+      PackageFiles.open(base, { onProgress: progress, useCache, onCacheFailure, signal }), signal,
+      `loading ${base}: the manifest`);
     stopIf("after the manifest");
     const m = files.manifest;
     const transformer = m.components.find((c) => c.name === "transformer");
@@ -162,14 +188,26 @@ export class WebPipeline {
       files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`,
       getProbe: async () => {
         const weights = blockBuffers([[probeKey, probeRecord]]);
-        const got = await files.fetchAll([...new Set([probeRecord.graph, probeRecord.wasm.graph, ...shardPaths(probeRecord)])].map((p) => probeRecord.files.find((f) => f.path === p)), () => true, weights.placeOf);
-        return { key: probeKey, record: probeRecord, weightBytes: weights.buffers.get(probeKey), graphs: { webgpu: got.get(probeRecord.graph), wasm: got.get(probeRecord.wasm.graph) } };
+        const paths = new Set(
+          [probeRecord.graph, probeRecord.wasm.graph, ...shardPaths(probeRecord)]);
+        const got = await files.fetchAll(
+          [...paths].map((p) => probeRecord.files.find((f) => f.path === p)), () => true,
+          weights.placeOf);
+        return {
+          key: probeKey, record: probeRecord, weightBytes: weights.buffers.get(probeKey),
+          graphs: { webgpu: got.get(probeRecord.graph), wasm: got.get(probeRecord.wasm.graph) },
+        };
       },
     });
-    if (!choice.executor) throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: use a recent Chrome, Edge or Safari, served over https or from localhost.`);
+    if (!choice.executor) {
+      throw new WebGpuUnavailable(`${choice.why[0].toUpperCase()}${choice.why.slice(1)}: ` +
+                                  "use a recent Chrome, Edge or Safari, served over " +
+                                  "https or from localhost.");
+    }
     try {
       stopIf("after choosing the path");
-      const pipe = await WebPipeline.build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, probeKey });
+      const pipe = await WebPipeline.build(
+        base, files, choice, gpu, { budget, tune, signal, stopIf, started, probeKey });
       files.signal = null; // loaded: the generations' streamed reads answer to their own signals
       return pipe;
     } catch (err) {
@@ -180,7 +218,9 @@ export class WebPipeline {
 
   // load() once the path is chosen: fetch the path's files, prepare every block, place the
   // weights, tune, time the probe block
-  static async build(base, files, choice, gpu, { budget, tune, signal, stopIf, started, probeKey }) {
+  static async build(
+    base, files, choice, gpu, { budget, tune, signal, stopIf, started, probeKey },
+  ) {
     const m = files.manifest;
     const executor = choice.executor;
     const onGpu = executor.path === "webgpu";
@@ -200,11 +240,16 @@ export class WebPipeline {
     const pinned = planPins(sizes, parseSize(budget), transformerKeys);
     const records = pathRecords(m, executor);
     // the streamed blocks' files are downloaded, checked and stored, not kept in memory
-    const streamedFiles = new Set([...recordOf].filter(([k]) => !pinned.has(k)).flatMap(([, b]) => shardPaths(b)));
-    if (streamedFiles.size) await files.checkRoomFor(records.filter((r) => streamedFiles.has(r.path)));
+    const streamedFiles = new Set([...recordOf].filter(([k]) => !pinned.has(k))
+      .flatMap(([, b]) => shardPaths(b)));
+    if (streamedFiles.size) {
+      await files.checkRoomFor(records.filter((r) => streamedFiles.has(r.path)));
+    }
     // the pinned blocks' shards are read straight into one buffer a block
     const pinnedBytes = blockBuffers([...pinned].map((k) => [k, recordOf.get(k)]));
-    const bytes = await abortable(files.fetchAll(records, (r) => !streamedFiles.has(r.path), pinnedBytes.placeOf), signal, `loading ${base}: the download`);
+    const bytes = await abortable(
+      files.fetchAll(records, (r) => !streamedFiles.has(r.path), pinnedBytes.placeOf), signal,
+      `loading ${base}: the download`);
     stopIf("after the download");
     const fetchedAt = now();
     // key -> {record, prepared, variants: {name: prepared}, variantRecords: {name: record}}
@@ -219,16 +264,20 @@ export class WebPipeline {
           // a variant reads the block's weights; a chunked component's "first" has
           // inputs and outputs of its own
           variantRecords[name] = { ...b, ...v };
-          variants[name] = await executor.prepareFrom(bytes.get(executor.graphOf(v)), `${key}.${name}`, variantRecords[name]);
+          variants[name] = await executor.prepareFrom(
+            bytes.get(executor.graphOf(v)), `${key}.${name}`, variantRecords[name]);
         }
-        blocks.set(key, { component: c.name, record: b, prepared: await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b), variants, variantRecords });
+        const prepared = await executor.prepareFrom(bytes.get(executor.graphOf(b)), key, b);
+        blocks.set(key, { component: c.name, record: b, prepared, variants, variantRecords });
       }
     }
     const kept = pinnedBytes.buffers;
     for (const key of pinned) for (const p of shardPaths(recordOf.get(key))) bytes.delete(p);
     // on WebGPU a block's bytes are free once uploaded: one buffer reads the next block
-    const source = new BlockBytes(files, (k) => shardFiles(recordOf.get(k)), kept, { slots: onGpu ? 1 : 2 });
-    const weights = new GpuWeights(executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
+    const source = new BlockBytes(
+      files, (k) => shardFiles(recordOf.get(k)), kept, { slots: onGpu ? 1 : 2 });
+    const weights = new GpuWeights(
+      executor, sizes, (k) => recordOf.get(k).weights.tensors, source, pinned);
     const compiledAt = now();
     if (tune && onGpu) {
       for (const key of transformerKeys) {
@@ -237,7 +286,9 @@ export class WebPipeline {
         for (const prepared of [b.prepared, ...Object.values(b.variants)]) {
           if (!prepared.calls.some((c) => c.key && !executor.choices.has(c.key))) continue;
           const inputs = {};
-          for (const s of b.record.inputs) inputs[s.name] = executor.storageBuffer(byteSize(s.shape, s.dtype));
+          for (const s of b.record.inputs) {
+            inputs[s.name] = executor.storageBuffer(byteSize(s.shape, s.dtype));
+          }
           const w = await weights.acquire(key);
           await executor.tune(prepared, inputs, w);
           weights.release(key, w);
@@ -250,19 +301,26 @@ export class WebPipeline {
     // what one transformer block costs here, for the expected time shown before Generate
     const probe = blocks.get(probeKey);
     const probeWeights = await weights.acquire(probeKey);
-    const blockMs = choice.timings && choice.timings[`${executor.path}_ms`] !== undefined && choice.timings.block === probeKey
-      ? choice.timings[`${executor.path}_ms`] : await timeBlock(executor, probe.prepared, probe.record, probeWeights);
+    const blockMs = choice.timings && choice.timings[`${executor.path}_ms`] !== undefined
+      && choice.timings.block === probeKey
+      ? choice.timings[`${executor.path}_ms`]
+      : await timeBlock(executor, probe.prepared, probe.record, probeWeights);
     weights.release(probeKey, probeWeights);
-    const tokenizer = CaptionTokenizer.fromManifest(JSON.parse(new TextDecoder().decode(bytes.get(m.tokenizer.files[0].path))), m.tokenizer);
+    const tokenizer = CaptionTokenizer.fromManifest(
+      JSON.parse(new TextDecoder().decode(bytes.get(m.tokenizer.files[0].path))), m.tokenizer);
     const nullRecord = m.conditioning.null_caption;
     const nullCaption = nullRecord ? parseNpy(bytes.get(nullRecord.path), nullRecord.path) : null;
-    const pipe = new WebPipeline(files, executor, blocks, weights, tokenizer, nullCaption, gpu.adapter);
-    pipe.path = { name: executor.path, why: choice.why, timings: choice.timings, budget: parseSize(budget), held_in: onGpu ? "GPU memory" : "page memory" };
+    const pipe = new WebPipeline(
+      files, executor, blocks, weights, tokenizer, nullCaption, gpu.adapter);
+    pipe.path = {
+      name: executor.path, why: choice.why, timings: choice.timings, budget: parseSize(budget),
+      held_in: onGpu ? "GPU memory" : "page memory",
+    };
     pipe.loadFigures = {
       fetch_s: fetchedAt - started, compile_s: compiledAt - fetchedAt, tune_s: tunedAt - compiledAt,
       ...executor.figures(), block_ms: { [probeKey]: blockMs },
-      bytes: records.reduce((n, r) => n + r.bytes, 0), from_cache: files.fromCache, refetched: files.refetched,
-      interrupted: files.interrupted, cache_failure: files.cacheFailure,
+      bytes: records.reduce((n, r) => n + r.bytes, 0), from_cache: files.fromCache,
+      refetched: files.refetched, interrupted: files.interrupted, cache_failure: files.cacheFailure,
       pinned: [...weights.pinned],
     };
     return pipe;
@@ -323,7 +381,9 @@ export class WebPipeline {
   async encodePrompt(prompt) {
     const { ids, mask, truncated } = this.tokenizer.encode(prompt);
     const temp = [];
-    const feeds = await this.runBlocks(this.keys("text_encoder"), { input_ids: this.upload(ids), attention_mask: this.upload(mask) }, null, temp);
+    const feeds = await this.runBlocks(
+      this.keys("text_encoder"),
+      { input_ids: this.upload(ids), attention_mask: this.upload(mask) }, null, temp);
     const keys = this.keys("text_encoder");
     const hidden = await this.read(feeds.hidden, this.signature(keys[keys.length - 1], "hidden"));
     for (const b of temp) b.destroy();
@@ -343,7 +403,10 @@ export class WebPipeline {
   // shape: the manifest's latent_shape}, the denoised latents, nothing decoded.
   async generate(prompt, options = {}) {
     const request = this.checkRequest(prompt, options); // refusals: before any work
-    if (this.running) throw new Error("generate() is already running on this pipeline: one generation at a time; await it (or abort it through its signal) first");
+    if (this.running) {
+      throw new Error("generate() is already running on this pipeline: one generation " +
+                      "at a time; await it (or abort it through its signal) first");
+    }
     this.running = true;
     try {
       return await this.run(prompt, request);
@@ -355,15 +418,30 @@ export class WebPipeline {
   // generate()'s arguments, checked in the Python runtime's order -> what run() needs
   checkRequest(prompt, options) {
     checkText("prompt", prompt);
-    if (options === null || typeof options !== "object" || Array.isArray(options)) throw new Error(`generate options must be an object, got ${show(options)}`);
+    if (options === null || typeof options !== "object" || Array.isArray(options)) {
+      throw new Error(`generate options must be an object, got ${show(options)}`);
+    }
     refuseUnknown(options, [...GENERATE_OPTIONS, ...Object.keys(DEFAULT_SETTINGS)], "generate");
-    const { negative_prompt = null, seed = null, latents = null, noise = null, onStep = null, signal = null,
-      decode_timestep = null, decode_noise_scale = null, decode_noise = null, output_type = "uint8",
-      ...overrides } = options;
-    if (!OUTPUT_TYPES.includes(output_type)) throw new Error(`output_type ${show(output_type)}: one of ${OUTPUT_TYPES.join(", ")}`);
-    if (latents !== null && noise !== null) throw new Error("latents and noise given together: noise is the old name of latents, so give latents");
-    if (seed !== null && latents !== null) throw new Error("seed and latents given together: the latents are the initial noise, so give one");
-    if (seed !== null && noise !== null) throw new Error("seed and noise given together: the noise is the initial latents, so give one");
+    const {
+      negative_prompt = null, seed = null, latents = null, noise = null, onStep = null,
+      signal = null, decode_timestep = null, decode_noise_scale = null, decode_noise = null,
+      output_type = "uint8", ...overrides
+    } = options;
+    if (!OUTPUT_TYPES.includes(output_type)) {
+      throw new Error(`output_type ${show(output_type)}: one of ${OUTPUT_TYPES.join(", ")}`);
+    }
+    if (latents !== null && noise !== null) {
+      throw new Error("latents and noise given together: noise is " +
+                      "the old name of latents, so give latents");
+    }
+    if (seed !== null && latents !== null) {
+      throw new Error("seed and latents given together: the " +
+                      "latents are the initial noise, so give one");
+    }
+    if (seed !== null && noise !== null) {
+      throw new Error("seed and noise given together: the noise " +
+                      "is the initial latents, so give one");
+    }
     // the initial noise given, under the name it was given by (for the refusals)
     const [givenName, given] = noise !== null ? ["noise", noise] : ["latents", latents];
     const drawn = given === null;
@@ -371,11 +449,15 @@ export class WebPipeline {
     if (drawn) checkNoise(this.manifest, this.files.url("manifest.json"));
     if (negative_prompt !== null) checkText("negative_prompt", negative_prompt);
     const givenLatents = drawn ? null : checkLatents(givenName, given, this.latentShape);
-    if (onStep !== null && typeof onStep !== "function") throw new Error(`onStep must be a function (done, total), got ${show(onStep)}`);
+    if (onStep !== null && typeof onStep !== "function") {
+      throw new Error(`onStep must be a function (done, total), got ${show(onStep)}`);
+    }
     checkSignal("signal", signal);
     const settings = settingsWith(this.manifest.sampler, overrides);
-    if (settings.merge_steps > 0 && !this.keys("transformer").some((k) => this.blocks.get(k).variants.tdtm)) {
-      throw new Error(`merge_steps=${settings.merge_steps}: this package has no 'tdtm' transformer variants`);
+    if (settings.merge_steps > 0
+        && !this.keys("transformer").some((k) => this.blocks.get(k).variants.tdtm)) {
+      throw new Error(`merge_steps=${settings.merge_steps}: this ` +
+                      "package has no 'tdtm' transformer variants");
     }
     const decode = this.decodeSettings(decode_timestep, decode_noise_scale, decode_noise, drawn);
     // drawn once every check passed: Wan's 2 M values take milliseconds a refusal need not spend
@@ -387,7 +469,9 @@ export class WebPipeline {
     } else if (x0 === null) {
       x0 = torchRandn(n, seedValue);
     }
-    return { x0, settings, negative: negative_prompt, onStep, signal, decode, outputType: output_type };
+    return {
+      x0, settings, negative: negative_prompt, onStep, signal, decode, outputType: output_type,
+    };
   }
 
   // A timestep-conditioned decoder's inputs (the manifest's `decode`; the Python runtime's
@@ -398,18 +482,32 @@ export class WebPipeline {
   decodeSettings(timestep, noiseScale, noise, drawn) {
     const spec = this.manifest.decode;
     if (spec === undefined || spec === null) {
-      if (timestep !== null || noiseScale !== null || noise !== null) throw new Error("this package's decoder takes no decode timestep or noise (the manifest has no 'decode')");
+      if (timestep !== null || noiseScale !== null || noise !== null) {
+        throw new Error("this package's decoder takes no decode timestep " +
+                        "or noise (the manifest has no 'decode')");
+      }
       return null;
     }
-    for (const [name, value] of [["decode_timestep", timestep], ["decode_noise_scale", noiseScale]]) {
-      if (value !== null && (typeof value !== "number" || !Number.isFinite(value))) throw new Error(`${name} ${show(value)} must be a finite number`);
+    const given = [["decode_timestep", timestep], ["decode_noise_scale", noiseScale]];
+    for (const [name, value] of given) {
+      if (value !== null && (typeof value !== "number" || !Number.isFinite(value))) {
+        throw new Error(`${name} ${show(value)} must be a finite number`);
+      }
     }
     const t = timestep ?? spec.timestep;
     const s = noiseScale ?? spec.noise_scale ?? t;
-    if (noise !== null) return { t, s, noise: checkLatents("decode_noise", noise, this.latentShape), drawNoise: false };
+    if (noise !== null) {
+      const checked = checkLatents("decode_noise", noise, this.latentShape);
+      return { t, s, noise: checked, drawNoise: false };
+    }
     const n = this.latentShape.reduce((a, b) => a * b, 1);
-    if (s === 0) return { t, s, noise: new Float32Array(n), drawNoise: false }; // mixed in with weight 0
-    if (!drawn) throw new Error(`decode noise scale ${s} with given latents: pass decode_noise too (diffusers draws it from the pipeline's generator), or decode_noise_scale: 0`);
+    // mixed in with weight 0
+    if (s === 0) return { t, s, noise: new Float32Array(n), drawNoise: false };
+    if (!drawn) {
+      throw new Error(`decode noise scale ${s} with given latents: pass ` +
+                      "decode_noise too (diffusers draws it from the " +
+                      "pipeline's generator), or decode_noise_scale: 0");
+    }
     return { t, s, noise: null, drawNoise: true };
   }
 
@@ -454,19 +552,29 @@ export class WebPipeline {
     // did not run, 1-based; 0 before the text encoder)
     let done = 0, total = settings.steps;
     const stopIf = (where, step) => {
-      if (signal?.aborted) throw abortError(`generation cancelled ${where} (the signal was aborted)`, { step, stepsDone: done });
+      if (signal?.aborted) {
+        throw abortError(`generation cancelled ${where} (the signal was aborted)`,
+                         { step, stepsDone: done });
+      }
     };
     const stepped = (d, t) => { done = d; total = t; if (onStep) onStep(d, t); };
     stopIf("before the text encoder", 0);
     const tKeys = this.keys("transformer");
-    const figures = { wall_s: {}, uploads_before: this.weights.stats.uploads, streamed_before: { ...this.weights.source.stats } };
+    const figures = {
+      wall_s: {}, uploads_before: this.weights.stats.uploads,
+      streamed_before: { ...this.weights.source.stats },
+    };
     this.computeS = 0;
     const t0 = now();
     // a call without guidance runs the caption's half alone where every transformer block
     // has that variant (`unguided`; `tdtm_unguided` for a merged call), else the pair;
     // decided once a generation, for unmerged and merged calls
     const runsAlone = (merged) => this.keys("transformer").every((k) => {
-      try { return blockVariant(this.blocks.get(k).variants, callVariant(merged, true), k) !== null; } catch { return false; }
+      try {
+        return blockVariant(this.blocks.get(k).variants, callVariant(merged, true), k) !== null;
+      } catch {
+        return false;
+      }
     });
     const aloneUnmerged = runsAlone(false), aloneMerged = runsAlone(true);
     // no call guided and the caption's half runnable alone: no unconditional caption to encode
@@ -497,7 +605,10 @@ export class WebPipeline {
       latent.set(x, 0);
       if (!one) latent.set(x, n);
       batches.push(one ? 1 : 2);
-      const inputs = { latent: this.upload(latent), t: this.upload(new Float32Array(one ? [t] : [t, t])), caption: one ? captionOne : captionBuf, caption_mask: one ? maskOne : maskBuf };
+      const inputs = {
+        latent: this.upload(latent), t: this.upload(new Float32Array(one ? [t] : [t, t])),
+        caption: one ? captionOne : captionBuf, caption_mask: one ? maskOne : maskBuf,
+      };
       temp.push(inputs.latent, inputs.t);
       let feeds = await this.runBlocks([prologue], inputs, variant, temp);
       if (step.cache === null) {
@@ -539,7 +650,8 @@ export class WebPipeline {
     figures.wall_s.total = t3 - t0;
     figures.compute_submit_s = this.computeS;
     figures.transformer_calls = trace.transformer_calls;
-    figures.transformer_batches = batches; // rows a call ran: 2 guided (or run as the pair), 1 alone
+    // rows a call ran: 2 guided (or run as the pair), 1 alone
+    figures.transformer_batches = batches;
     figures.sampler = trace;
     figures.prompt_truncated = truncated;
     figures.weight_uploads = this.weights.stats.uploads - figures.uploads_before;
@@ -548,12 +660,16 @@ export class WebPipeline {
     const streamed = this.weights.source.stats;
     const before = figures.streamed_before;
     figures.weights = {
-      held_in: this.path.held_in, budget: this.path.budget, stored_as: this.manifest.web?.storage?.quantize ?? "fp32",
-      peak_held_bytes: this.weights.stats.peakHeldBytes, streamed_reads: streamed.reads - before.reads,
+      held_in: this.path.held_in, budget: this.path.budget,
+      stored_as: this.manifest.web?.storage?.quantize ?? "fp32",
+      peak_held_bytes: this.weights.stats.peakHeldBytes,
+      streamed_reads: streamed.reads - before.reads,
       streamed_bytes: streamed.bytes - before.bytes, read_s: streamed.read_s - before.read_s,
-      read_wait_s: streamed.wait_s - before.wait_s, peak_streamed_bytes: streamed.peak_streamed_bytes,
+      read_wait_s: streamed.wait_s - before.wait_s,
+      peak_streamed_bytes: streamed.peak_streamed_bytes,
       // reads started while another block ran; reads that found both reused buffers held
-      read_ahead: streamed.read_ahead - before.read_ahead, slot_misses: streamed.slot_misses - before.slot_misses,
+      read_ahead: streamed.read_ahead - before.read_ahead,
+      slot_misses: streamed.slot_misses - before.slot_misses,
       // WebGPU: how blocks reach the GPU (pieces through one scratch buffer, bytes in flight)
       upload: this.executor.uploadFigures(),
     };
@@ -569,7 +685,9 @@ export class WebPipeline {
   // that a chunked decoder takes piece by piece
   // decode: a timestep-conditioned decoder's inputs (decodeSettings), or null
   async decode(latents, decode = null, outputType = "uint8") {
-    if ((this.manifest.latent_layout || "frames") === "video") return this.decodeVideo(latents, decode, outputType);
+    if ((this.manifest.latent_layout || "frames") === "video") {
+      return this.decodeVideo(latents, decode, outputType);
+    }
     return this.decodeFrames(latents, outputType);
   }
 
@@ -577,12 +695,15 @@ export class WebPipeline {
     const extra = decode ? {
       decode_t: new Float32Array([decode.t]), decode_noise_scale: new Float32Array([decode.s]),
       decode_noise: decode.noise } : {};
-    const { data, shape } = await this.runComponent("vae_decoder", "z", latents, [1, ...this.latentShape], "frames", extra);
+    const { data, shape } = await this.runComponent(
+      "vae_decoder", "z", latents, [1, ...this.latentShape], "frames", extra);
     const [, , t, H, W] = shape; // (1, 3, T, H, W)
     const [video, store] = videoStore(t * H * W * 3, outputType);
     for (let ch = 0; ch < 3; ch++) {
       for (let f = 0; f < t; f++) {
-        for (let i = 0; i < H * W; i++) video[(f * H * W + i) * 3 + ch] = store(data[(ch * t + f) * H * W + i]);
+        for (let i = 0; i < H * W; i++) {
+          video[(f * H * W + i) * 3 + ch] = store(data[(ch * t + f) * H * W + i]);
+        }
       }
     }
     return handBack(video, [t, H, W, 3]);
@@ -594,7 +715,8 @@ export class WebPipeline {
   // the outputs joined), holding one piece's activations at a time.
   async runComponent(name, input, data, shape, output, extra = {}) {
     const keys = this.keys(name);
-    const spec = this.chunking[name] || { input, output, axis: 0, size: shape[0], first_variant: null, state: [] };
+    const spec = this.chunking[name]
+      || { input, output, axis: 0, size: shape[0], first_variant: null, state: [] };
     const bounds = pieceBounds(spec, shape, name);
     const pieces = [];
     let state = {};
@@ -608,7 +730,8 @@ export class WebPipeline {
         let feeds = null;
         try {
           const then = i + 1 < bounds.length ? keys[0] : null; // the next piece's first block
-          feeds = await this.runBlocks(keys, { ...state, ...given, [input]: temp[0] }, variant, temp, then);
+          feeds = await this.runBlocks(
+            keys, { ...state, ...given, [input]: temp[0] }, variant, temp, then);
           const outShape = this.signature(keys[keys.length - 1], output, "outputs", variant);
           pieces.push({ data: await this.read(feeds[output], outShape), shape: outShape });
         } finally { // the state goes on to the next piece; every other buffer is freed
@@ -635,7 +758,8 @@ export class WebPipeline {
       const z = new Float32Array(chunk * c * h * w); // (frames, C, h, w); past the end: zeros
       for (let f = 0; f < chunk && f0 + f < t; f++) {
         for (let ci = 0; ci < c; ci++) {
-          z.set(latents.subarray((ci * t + f0 + f) * h * w, (ci * t + f0 + f + 1) * h * w), (f * c + ci) * h * w);
+          z.set(latents.subarray((ci * t + f0 + f) * h * w, (ci * t + f0 + f + 1) * h * w),
+                (f * c + ci) * h * w);
         }
       }
       const temp = [];
@@ -648,7 +772,8 @@ export class WebPipeline {
         for (let y = 0; y < H; y++) {
           for (let x = 0; x < W; x++) {
             for (let ch = 0; ch < 3; ch++) {
-              video[(((f0 + f) * H + y) * W + x) * 3 + ch] = store(frames[((f * 3 + ch) * H + y) * W + x]);
+              video[(((f0 + f) * H + y) * W + x) * 3 + ch] =
+                store(frames[((f * 3 + ch) * H + y) * W + x]);
             }
           }
         }

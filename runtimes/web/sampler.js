@@ -15,7 +15,8 @@ import { SCHEDULERS, isScheduler, schedulerFor, unknownScheduler } from "./sched
 const f32 = Math.fround;
 
 export const DEFAULT_SETTINGS = {
-  steps: 30, guidance: 5.0, dynamic_guidance: false, guidance_rescale: 0.0, shift: 3.0, num_train_timesteps: 1000, scheduler: "flow_euler",
+  steps: 30, guidance: 5.0, dynamic_guidance: false, guidance_rescale: 0.0, shift: 3.0,
+  num_train_timesteps: 1000, scheduler: "flow_euler",
   shift_terminal: null,
   leap: false, leap_after: null, leap_min_steps: 15, leap_patience: 3, leap_tol: 1e-3,
   leap_steps: 1, merge_steps: 0, cache_threshold: 0.0, guidance_steps: null, sigmas: null,
@@ -27,43 +28,59 @@ function checkSigmas(s, bad) {
   const levels = s.sigmas;
   if (!SCHEDULERS[s.scheduler].takesSigmas) {
     const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesSigmas).join(", ");
-    throw bad("sigmas", `${s.scheduler} takes no given levels (its diffusers scheduler takes none either; ${takers} do)`);
+    throw bad("sigmas", `${s.scheduler} takes no given levels (its diffusers ` +
+                        `scheduler takes none either; ${takers} do)`);
   }
   if (!Array.isArray(levels) || !levels.every((v) => typeof v === "number" && Number.isFinite(v))) {
     throw bad("sigmas", "must be a list of finite numbers, or None for the schedule's own levels");
   }
-  if (levels.length !== s.steps) throw bad("sigmas", `${levels.length} levels for steps=${s.steps} (one level a step)`);
+  if (levels.length !== s.steps) {
+    throw bad("sigmas", `${levels.length} levels for steps=${s.steps} (one level a step)`);
+  }
   const outside = levels.find((v) => !(v > 0 && v <= 1));
-  if (outside !== undefined) throw bad("sigmas", `${outside} is outside the schedule's range (0, 1]`);
+  if (outside !== undefined) {
+    throw bad("sigmas", `${outside} is outside the schedule's range (0, 1]`);
+  }
   const rise = levels.findIndex((v, i) => i > 0 && v >= levels[i - 1]);
-  if (rise > 0) throw bad("sigmas", `does not fall: level ${rise} (${levels[rise]}) is not below level ${rise - 1} (${levels[rise - 1]})`);
+  if (rise > 0) {
+    throw bad("sigmas", `does not fall: level ${rise} (${levels[rise]}) is ` +
+                        `not below level ${rise - 1} (${levels[rise - 1]})`);
+  }
 }
 
 export function checkSettings(values) {
   const unknown = Object.keys(values).filter((k) => !(k in DEFAULT_SETTINGS));
   if (unknown.length) throw new Error(`unknown sampler setting(s): ${unknown.sort().join(", ")}`);
   const s = { ...DEFAULT_SETTINGS, ...values };
-  const bad = (name, why) => new Error(`sampler setting ${name}=${JSON.stringify(s[name])}: ${why}`);
+  const bad = (name, why) => new Error(
+    `sampler setting ${name}=${JSON.stringify(s[name])}: ${why}`);
   // edge/core/schedulers.py SCHEDULERS, with SamplerSettings' own message (the value as repr())
   if (!isScheduler(s.scheduler)) throw unknownScheduler(s.scheduler);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
   if (s.dynamic_guidance && !SCHEDULERS[s.scheduler].takesDynamicGuidance) {
-    const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesDynamicGuidance).join(", ");
+    const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesDynamicGuidance)
+      .join(", ");
     // the value as Python's repr() writes it, for SamplerSettings' own message
-    throw new Error(`sampler setting dynamic_guidance=True: ${s.scheduler} steps through no training timesteps (only ${takers} does; CogVideoX's dynamic guidance is a function of them)`);
+    throw new Error(`sampler setting dynamic_guidance=True: ${s.scheduler} ` +
+                    `steps through no training timesteps (only ${takers} ` +
+                    "does; CogVideoX's dynamic guidance is a function of them)");
   }
   const r = s.guidance_rescale;
   if (!(typeof r === "number" && r >= 0 && r <= 1)) {
-    throw bad("guidance_rescale", "must be a number from 0 (off) to 1 (the guided velocity wholly rescaled)");
+    throw bad("guidance_rescale", "must be a number from 0 (off) to 1 " +
+                                  "(the guided velocity wholly rescaled)");
   }
   if (s.shift_terminal !== null) {
     const t = s.shift_terminal;
     if (!(typeof t === "number" && t > 0 && t < 1)) {
-      throw bad("shift_terminal", "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch");
+      throw bad("shift_terminal", "must be a number between 0 and 1 (the last " +
+                                  "noise level before 0), or None for no stretch");
     }
     if (!SCHEDULERS[s.scheduler].takesShiftTerminal) {
-      const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesShiftTerminal).join(", ");
-      throw bad("shift_terminal", `${s.scheduler} takes none (only ${takers} stretches its schedule to a terminal level)`);
+      const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesShiftTerminal)
+        .join(", ");
+      throw bad("shift_terminal", `${s.scheduler} takes none (only ${takers} ` +
+                                  "stretches its schedule to a terminal level)");
     }
   }
   // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
@@ -73,15 +90,21 @@ export function checkSettings(values) {
   if (s.leap_min_steps < 1) throw bad("leap_min_steps", "must be at least 1");
   if (s.leap_patience < 1) throw bad("leap_patience", "must be at least 1");
   if (!(s.leap_tol >= 0)) throw bad("leap_tol", "must not be negative");
-  if (!Number.isInteger(s.leap_steps) || s.leap_steps < 1) throw bad("leap_steps", "must be at least 1");
-  if (s.leap_steps > 1 && !SCHEDULERS[s.scheduler].leapTail) {
-    throw bad("leap_steps", `${s.scheduler} leaps in one step only (no re-planned tail is built for it)`);
+  if (!Number.isInteger(s.leap_steps) || s.leap_steps < 1) {
+    throw bad("leap_steps", "must be at least 1");
   }
-  if (!Number.isInteger(s.merge_steps) || s.merge_steps < 0) throw bad("merge_steps", "must not be negative");
+  if (s.leap_steps > 1 && !SCHEDULERS[s.scheduler].leapTail) {
+    throw bad("leap_steps", `${s.scheduler} leaps in one step only ` +
+                            "(no re-planned tail is built for it)");
+  }
+  if (!Number.isInteger(s.merge_steps) || s.merge_steps < 0) {
+    throw bad("merge_steps", "must not be negative");
+  }
   if (!(s.cache_threshold >= 0)) throw bad("cache_threshold", "must not be negative");
   const k = s.guidance_steps;
   if (k !== null && !(Number.isInteger(k) && k >= 0 && k <= s.steps)) {
-    throw bad("guidance_steps", `must be a whole number from 0 to steps (${s.steps}), or None to guide every call`);
+    throw bad("guidance_steps", "must be a whole number from 0 to steps " +
+                                `(${s.steps}), or None to guide every call`);
   }
   if (s.sigmas !== null) checkSigmas(s, bad);
   if (!Number.isFinite(s.guidance)) throw bad("guidance", "must be a finite number");
@@ -109,7 +132,9 @@ export function modelTimes(settings) {
 export function guidedVelocity(vCond, vUncond, guidance) {
   const g = f32(guidance);
   const out = new Float32Array(vCond.length);
-  for (let i = 0; i < out.length; i++) out[i] = f32(vUncond[i] + f32(g * f32(vCond[i] - vUncond[i])));
+  for (let i = 0; i < out.length; i++) {
+    out[i] = f32(vUncond[i] + f32(g * f32(vCond[i] - vUncond[i])));
+  }
   return out;
 }
 
@@ -130,7 +155,9 @@ function besselStd(a) {
 export function rescaledGuidance(v, vCond, rescale) {
   const ratio = besselStd(vCond) / besselStd(v);
   const out = new Float32Array(v.length);
-  for (let i = 0; i < out.length; i++) out[i] = f32(rescale * (v[i] * ratio) + (1 - rescale) * v[i]);
+  for (let i = 0; i < out.length; i++) {
+    out[i] = f32(rescale * (v[i] * ratio) + (1 - rescale) * v[i]);
+  }
   return out;
 }
 
@@ -168,7 +195,8 @@ export function dynamicGuidance(guidance, timestep, steps) {
 // edge/core/sampler.py guided_call: whether call `call` (0-based) is guided: a scale over 1 (as
 // diffusers' do_classifier_free_guidance) and the call before the cutoff (guidance_steps)
 export function guidedCall(settings, call) {
-  return settings.guidance > 1 && (settings.guidance_steps === null || call < settings.guidance_steps);
+  return settings.guidance > 1
+    && (settings.guidance_steps === null || call < settings.guidance_steps);
 }
 
 export function stepGuidance(settings, level, steps) {
@@ -295,16 +323,22 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
   let { sigmas: ts, modelTimes: modelTs } = scheduler.schedule(settings.steps, settings.sigmas);
   let solver = scheduler.solver(ts);
   let x = Float32Array.from(noise);
-  Object.assign(trace, { calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0, guided_calls: 0 });
+  Object.assign(trace, {
+    calls: 0, transformer_calls: 0, leap_at: null, cosines: [], merged_calls: 0, guided_calls: 0,
+  });
   const rule = new LeapRule(settings);
   const cache = settings.cache_threshold > 0 ? new StepCache(settings.cache_threshold) : null;
   // a fixed leap is known in advance, so the cache can treat its tail's end as the last call
-  const fixedLeap = settings.leap && settings.leap_after !== null && settings.leap_after < settings.steps - 1;
+  const fixedLeap = settings.leap && settings.leap_after !== null
+    && settings.leap_after < settings.steps - 1;
   let lastCall = fixedLeap ? settings.leap_after + settings.leap_steps - 1 : settings.steps - 1;
   let total = settings.steps; // calls this generation makes, as far as known now
   let call = 0, i = 0;        // call: transformer calls so far; i: index into ts
   while (i < ts.length - 1) {
-    const step = { index: call, merged: call < settings.merge_steps, cache, last: call === lastCall, computed: true, guided: guidedCall(settings, call), videos: 1 }; // the page makes one video
+    const step = {
+      index: call, merged: call < settings.merge_steps, cache, last: call === lastCall,
+      computed: true, guided: guidedCall(settings, call), videos: 1, // the page makes one video
+    };
     const [vCond, vUncond] = await predict(x, modelTs[i], step); // vUncond null if unguided
     trace.calls += 1;
     trace.transformer_calls += step.computed ? 1 : 0;
@@ -326,7 +360,8 @@ export async function sample(predict, noise, settings, onStep = null, trace = {}
         if (onStep) onStep(total, total);
         break;
       }
-      ({ sigmas: ts, modelTimes: modelTs } = scheduler.tail(ts[i], ts[ts.length - 2], settings.leap_steps));
+      ({ sigmas: ts, modelTimes: modelTs } = scheduler.tail(
+        ts[i], ts[ts.length - 2], settings.leap_steps));
       solver = scheduler.solver(ts);
       i = 0;
       lastCall = call + settings.leap_steps - 1;

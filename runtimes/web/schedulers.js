@@ -47,7 +47,8 @@ export function eulerSigmas(steps, shift, numTrainTimesteps, given = null) {
   const out = new Float32Array(steps + 1);
   const step = steps > 1 ? (sigmaMin - 1.0) / (steps - 1) : 0;
   for (let i = 0; i < steps; i++) {
-    const lin = given ? given[i] : steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0; // np.linspace
+    // np.linspace
+    const lin = given ? given[i] : steps > 1 && i === steps - 1 ? sigmaMin : i * step + 1.0;
     out[i] = shiftSigma32(f32(lin), shift);
   }
   out[steps] = 0;
@@ -64,7 +65,9 @@ export function ltxSigmas(steps, shift, shiftTerminal, given = null) {
   const out = new Float32Array(steps + 1);
   const step = steps > 1 ? (1.0 / steps - 1.0) / (steps - 1) : 0;
   for (let i = 0; i < steps; i++) {
-    const lin = f32(given ? given[i] : steps > 1 && i === steps - 1 ? 1.0 / steps : i * step + 1.0); // np.linspace
+    // np.linspace
+    const lin = f32(given ? given[i]
+      : steps > 1 && i === steps - 1 ? 1.0 / steps : i * step + 1.0);
     out[i] = f32(e / f32(e + f32(f32(1 / lin) - 1)));
   }
   if (shiftTerminal !== null && out[steps - 1] !== 1) {
@@ -176,7 +179,9 @@ export class FlowUniPC extends Scheduler {
 
   tail(tFrom, tMin, steps) {
     const sigmas = leapTailSigmas(tFrom, tMin, steps, this.shift);
-    return { sigmas, modelTimes: wholeStepTimes(sigmas.subarray(0, steps), this.numTrainTimesteps) };
+    return {
+      sigmas, modelTimes: wholeStepTimes(sigmas.subarray(0, steps), this.numTrainTimesteps),
+    };
   }
 
   solver(sigmas) {
@@ -340,7 +345,8 @@ export const isScheduler = (name) => typeof name === "string" && Object.hasOwn(S
 // The refusal of a name not in SCHEDULERS, worded as edge/core/schedulers.py scheduler_for and
 // SamplerSettings word it.
 export function unknownScheduler(name) {
-  return new Error(`sampler setting scheduler=${pythonRepr(name)}: known: ${Object.keys(SCHEDULERS).join(", ")}`);
+  return new Error(`sampler setting scheduler=${pythonRepr(name)}: ` +
+                   `known: ${Object.keys(SCHEDULERS).join(", ")}`);
 }
 
 // The scheduler a manifest's `sampler.scheduler` names

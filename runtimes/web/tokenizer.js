@@ -1,7 +1,7 @@
 // Caption tokenisation from the package's `tokenizer.json` (the file the Python runtime gives
-// the Rust `tokenizers`), as edge/core/tokenizer.py and runtimes/python/pipeline.py do it, driven by
-// the manifest's `tokenizer` object: `max_tokens`, `pad_token` (absent: "[PAD]") and `clean`
-// (absent: "none"; "wan" for Wan 2.1 packages, prompt_clean.js).
+// the Rust `tokenizers`), as edge/core/tokenizer.py and runtimes/python/pipeline.py do it,
+// driven by the manifest's `tokenizer` object: `max_tokens`, `pad_token` (absent: "[PAD]") and
+// `clean` (absent: "none"; "wan" for Wan 2.1 packages, prompt_clean.js).
 //
 // - WordPiece (tiny-sora's MiniLM): Hugging Face's tokenizers.js (vendored in vendor/ so a
 //   package works offline), padded and truncated to max_tokens BERT-style: truncation keeps

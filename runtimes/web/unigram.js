@@ -1,7 +1,8 @@
 // A Unigram (sentencepiece T5 / UMT5, Wan 2.1) caption tokenizer read from a Hugging Face
 // tokenizer.json, giving the ids the Python runtime's edge/core/tokenizer.py gives (the Rust
-// `tokenizers` library). The Swift mirror is runtimes/swift/Sources/EdgeCore/UnigramTokenizer.swift;
-// tests/fixtures/swift/unigram/ holds both to Python's ids (tests/test_web_mirrors.py).
+// `tokenizers` library). The Swift mirror is
+// runtimes/swift/Sources/EdgeCore/UnigramTokenizer.swift; tests/fixtures/swift/unigram/ holds
+// both to Python's ids (tests/test_web_mirrors.py).
 //
 // The steps, in the order `tokenizers` runs them:
 // 1. added tokens (`<pad>`, `</s>`, `<extra_id_0>`, ...) cut out of the raw text, the rest
@@ -33,7 +34,8 @@
 import { ReplaceNormalizer, Unigram } from "./vendor/tokenizers.mjs";
 
 // Rust's char::is_whitespace (Unicode White_Space), which `tokenizers` splits and strips at
-const RUST_SPACE = "\\t\\n\\v\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const RUST_SPACE = "\\t\\n\\v\\f\\r " +
+                   "\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
 const LEADING_SPACE = new RegExp(`^[${RUST_SPACE}]+`, "u");
 const TRAILING_SPACE = new RegExp(`[${RUST_SPACE}]+$`, "u");
 const SPACE_RUN = new RegExp(`[${RUST_SPACE}]+`, "u");
@@ -41,7 +43,8 @@ const SPACE_RUN = new RegExp(`[${RUST_SPACE}]+`, "u");
 const WORD_CHAR = /[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]/u;
 
 function unsupported(path, type, supported) {
-  return new Error(`tokenizer.json: ${path}.type ${type ?? "(none)"} is not supported (supported: ${supported})`);
+  return new Error(`tokenizer.json: ${path}.type ${type ?? "(none)"} ` +
+                   `is not supported (supported: ${supported})`);
 }
 
 // ---- normalizers -------------------------------------------------------------------------
@@ -126,7 +129,8 @@ export function makeNormalizer(config, path = "normalizer") {
   if (config === null || config === undefined) return null;
   switch (config.type) {
     case "Sequence": {
-      const steps = (config.normalizers ?? []).map((c, i) => makeNormalizer(c, `${path}.normalizers[${i}]`));
+      const steps = (config.normalizers ?? []).map(
+        (c, i) => makeNormalizer(c, `${path}.normalizers[${i}]`));
       return (text) => steps.reduce((t, step) => (step ? step(t) : t), text);
     }
     case "Precompiled": {
@@ -156,12 +160,15 @@ function whitespaceSplit(text) {
 // character, each keeping the text after it (tokenizers' MergedWithNext).
 function metaspace(config, path) {
   const replacement = config.replacement ?? "\u2581";
-  if ([...replacement].length !== 1) throw new Error(`tokenizer.json: ${path}.replacement must be one character`);
+  if ([...replacement].length !== 1) {
+    throw new Error(`tokenizer.json: ${path}.replacement must be one character`);
+  }
   const scheme = config.prepend_scheme ?? (config.add_prefix_space === false ? "never" : "always");
   // "first" prepends only to the piece at the very start of the caption, which needs the
   // original offsets this runtime does not track: refused, as in the Swift runtime
   if (scheme !== "always" && scheme !== "never") {
-    throw new Error(`tokenizer.json: ${path}.prepend_scheme ${scheme} is not supported (supported: always, never)`);
+    throw new Error(`tokenizer.json: ${path}.prepend_scheme ${scheme} ` +
+                    "is not supported (supported: always, never)");
   }
   const split = config.split ?? true;
   return (text) => {
@@ -170,7 +177,8 @@ function metaspace(config, path) {
     if (!split) return [t];
     const pieces = [];
     let start = 0;
-    for (let i = t.indexOf(replacement, 1); i !== -1; i = t.indexOf(replacement, i + replacement.length)) {
+    for (let i = t.indexOf(replacement, 1); i !== -1;
+         i = t.indexOf(replacement, i + replacement.length)) {
       pieces.push(t.slice(start, i));
       start = i;
     }
@@ -184,7 +192,8 @@ export function makePreTokenizers(config, path = "pre_tokenizer") {
   if (config === null || config === undefined) return [];
   switch (config.type) {
     case "Sequence":
-      return (config.pretokenizers ?? []).flatMap((c, i) => makePreTokenizers(c, `${path}.pretokenizers[${i}]`));
+      return (config.pretokenizers ?? []).flatMap(
+        (c, i) => makePreTokenizers(c, `${path}.pretokenizers[${i}]`));
     case "WhitespaceSplit":
       return [whitespaceSplit];
     case "Metaspace":
@@ -215,7 +224,8 @@ class AddedTokenSplitter {
     for (let start = from; start < text.length; start++) {
       let best = null;
       for (const p of this.byFirst.get(text[start]) ?? []) {
-        if ((best === null || p.content.length > best.content.length) && text.startsWith(p.content, start)) best = p;
+        if ((best === null || p.content.length > best.content.length)
+            && text.startsWith(p.content, start)) best = p;
       }
       if (best !== null) return { start, pattern: best };
     }
@@ -232,10 +242,14 @@ class AddedTokenSplitter {
       from = stop;
       if (p.single_word) {
         const before = [...text.slice(0, start)].at(-1), after = text.slice(stop).codePointAt(0);
-        const word = (ch) => ch !== undefined && WORD_CHAR.test(typeof ch === "number" ? String.fromCodePoint(ch) : ch);
+        const word = (ch) => ch !== undefined
+          && WORD_CHAR.test(typeof ch === "number" ? String.fromCodePoint(ch) : ch);
         if (word(before) || word(after)) continue;
       }
-      if (p.lstrip) start = Math.max(start - (text.slice(0, start).match(TRAILING_SPACE)?.[0].length ?? 0), offset);
+      if (p.lstrip) {
+        start = Math.max(start - (text.slice(0, start).match(TRAILING_SPACE)?.[0].length ?? 0),
+                         offset);
+      }
       if (p.rstrip) stop += text.slice(stop).match(LEADING_SPACE)?.[0].length ?? 0;
       if (offset < start) out.push({ text: text.slice(offset, start) });
       out.push({ id: p.id });
@@ -250,23 +264,31 @@ class AddedTokenSplitter {
 
 // The `<0xNN>` pieces' ids by byte (undefined where the vocabulary lacks one), for byte_fallback
 function byteFallbackIds(model) {
-  return Array.from({ length: 256 }, (_, b) => model.tokens_to_ids.get(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`));
+  return Array.from({ length: 256 }, (_, b) => model.tokens_to_ids.get(
+    `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`));
 }
 
 // TemplateProcessing's single template as [{sequence: true} | {ids}], and how many ids it adds
 function parseTemplate(config) {
   if (config === null || config === undefined) return { items: [{ sequence: true }], added: 0 };
-  if (config.type !== "TemplateProcessing") throw unsupported("post_processor", config.type, "TemplateProcessing");
+  if (config.type !== "TemplateProcessing") {
+    throw unsupported("post_processor", config.type, "TemplateProcessing");
+  }
   let added = 0, sequences = 0;
   const items = (config.single ?? []).map((item, i) => {
     if (item.Sequence) {
-      if (item.Sequence.id !== "A") throw new Error(`tokenizer.json: post_processor.single[${i}]: only sequence A in a single template`);
+      if (item.Sequence.id !== "A") {
+        throw new Error(`tokenizer.json: post_processor.single[${i}]: ` +
+                        "only sequence A in a single template");
+      }
       sequences += 1;
       return { sequence: true };
     }
     const name = item.SpecialToken?.id;
     const ids = config.special_tokens?.[name]?.ids;
-    if (!Array.isArray(ids)) throw new Error(`tokenizer.json: post_processor.special_tokens has no ${name}`);
+    if (!Array.isArray(ids)) {
+      throw new Error(`tokenizer.json: post_processor.special_tokens has no ${name}`);
+    }
     added += ids.length;
     return { ids };
   });
@@ -293,12 +315,16 @@ export class UnigramCaptionTokenizer {
       { ...t, content: this.normalize ? this.normalize(t.content) : t.content })));
     ({ items: this.template, added: this.templateTokens } = parseTemplate(json.post_processor));
     if (maxTokens < Math.max(1, this.templateTokens)) {
-      throw new Error(`tokenizer.json: max_tokens ${maxTokens} leaves no room: the post_processor adds ${this.templateTokens} token(s)`);
+      throw new Error(`tokenizer.json: max_tokens ${maxTokens} leaves no room: ` +
+                      `the post_processor adds ${this.templateTokens} token(s)`);
     }
     this.maxTokens = maxTokens;
     // Tokenizer.token_to_id: the added vocabulary first, then the model's
-    this.padId = added.findLast((t) => t.content === padToken)?.id ?? this.model.tokens_to_ids.get(padToken);
-    if (this.padId === undefined) throw new Error(`tokenizer.json: no pad token ${padToken} in the vocabulary`);
+    this.padId = added.findLast((t) => t.content === padToken)?.id
+      ?? this.model.tokens_to_ids.get(padToken);
+    if (this.padId === undefined) {
+      throw new Error(`tokenizer.json: no pad token ${padToken} in the vocabulary`);
+    }
   }
 
   // One pre-tokenized word through the model: its pieces (adjacent unknowns fused into one),
@@ -325,7 +351,8 @@ export class UnigramCaptionTokenizer {
       return this.normalizedAdded.split(normalized);
     });
     for (const step of this.preTokenizers) {
-      parts = parts.flatMap((part) => (part.text === undefined ? [part] : step(part.text).map((t) => ({ text: t }))));
+      parts = parts.flatMap((part) => (part.text === undefined ? [part]
+        : step(part.text).map((t) => ({ text: t }))));
     }
     return parts.flatMap((part) => (part.text === undefined ? [part.id] : this.wordIds(part.text)));
   }

@@ -26,7 +26,9 @@ function shiftSigma64(s, shift) {
 function unipcFlowSigmas(steps, shift, numTrainTimesteps, given = null) {
   const step = (1.0 / numTrainTimesteps - 1.0) / steps;
   const sigmas = new Float64Array(steps);
-  for (let i = 0; i < steps; i++) sigmas[i] = shiftSigma64(given ? given[i] : i * step + 1.0, shift);
+  for (let i = 0; i < steps; i++) {
+    sigmas[i] = shiftSigma64(given ? given[i] : i * step + 1.0, shift);
+  }
   if (Math.abs(sigmas[0] - 1.0) < 1e-6) sigmas[0] -= 1e-6;
   return sigmas;
 }
