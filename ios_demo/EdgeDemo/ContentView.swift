@@ -22,7 +22,8 @@ struct ContentView: View {
                     Toggle("Token merging (TDTM, first half)", isOn: $model.tdtm)
                     Toggle("Memory budget", isOn: $model.useBudget)
                     if model.useBudget {
-                        Stepper("\(Int(model.budgetMB)) MB of blocks", value: $model.budgetMB, in: 32...512, step: 16)
+                        Stepper("\(Int(model.budgetMB)) MB of blocks", value: $model.budgetMB,
+                                in: 32...512, step: 16)
                     }
                 }
                 Section {

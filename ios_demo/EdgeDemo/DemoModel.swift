@@ -19,7 +19,9 @@ final class DemoModel: ObservableObject {
     @Published var timings: [(String, String)] = []
     @Published var running = false
 
-    private let session = DemoSession { url, budget in try EdgePipeline(package: url, budget: budget) }
+    private let session = DemoSession { url, budget in
+        try EdgePipeline(package: url, budget: budget)
+    }
     private var packageURL: URL?
     private let cancelFlag = CancellationFlag()
 
@@ -67,12 +69,15 @@ final class DemoModel: ObservableObject {
         let (session, flag) = (self.session, cancelFlag)
         Task.detached(priority: .userInitiated) {
             do {
-                let report = try session.run(package: packageURL, options: options, onProgress: { value in
+                let report = try session.run(package: packageURL, options: options,
+                                             onProgress: { value in
                     Task { @MainActor in self.progress = value }
                 }, isCancelled: { flag.isCancelled })
-                let url = FileManager.default.temporaryDirectory.appendingPathComponent("edge-demo.mp4")
+                let url = FileManager.default.temporaryDirectory
+                    .appendingPathComponent("edge-demo.mp4")
                 let result = report.result
-                try await VideoWriter.writeMP4(result.frames, width: result.width, height: result.height, to: url)
+                try await VideoWriter.writeMP4(result.frames, width: result.width,
+                                               height: result.height, to: url)
                 await MainActor.run {
                     self.timings = report.rows
                     self.videoURL = url

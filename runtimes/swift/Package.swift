@@ -3,9 +3,9 @@
 // Language mode: Swift 5 (tools version 5.9), built with Swift 6.3 on Linux and Apple.
 //
 // EdgeCore: Foundation only (manifest, sampler, tokenizer, tensors, SHA-256).
-// EdgeRuntime: the block loader, the pipeline over a BlockBackend protocol and conformance
-// bundles (edge record); builds everywhere. Its Apple-only files (CoreMLBackend, MultiArray, VideoWriter) sit behind
-// `#if canImport(CoreML)` / AVFoundation. Tests read the fixtures the Python side writes
+// EdgeRuntime: the block loader, the pipeline over a BlockBackend protocol and conformance bundles
+// (edge record); builds everywhere. Its Apple-only files (CoreMLBackend, MultiArray, VideoWriter)
+// sit behind `#if canImport(CoreML)` / AVFoundation. Tests read the fixtures the Python side writes
 // (tests/fixtures/, and the replay fixtures tests/test_swift_runtime.py writes).
 // edge-sample: `swift run edge-sample PACKAGE PROMPT -o out.npy`, or `--bundle BUNDLE`.
 // edge-noise: `swift run -c release edge-noise --seed 3 --shape 16,21,60,104` times a seed's noise.
@@ -31,6 +31,7 @@ let package = Package(
         // times the seed's noise (TorchNoise) for benchmarks/noise.py: one JSON line
         .executableTarget(name: "edge-noise", dependencies: ["EdgeCore"]),
         .testTarget(name: "EdgeCoreTests", dependencies: ["EdgeCore"]),
-        .testTarget(name: "EdgeRuntimeTests", dependencies: ["EdgeRuntime", "EdgeCore", "EdgeDemoKit"]),
+        .testTarget(name: "EdgeRuntimeTests",
+                    dependencies: ["EdgeRuntime", "EdgeCore", "EdgeDemoKit"]),
     ]
 )

@@ -25,18 +25,21 @@ public enum BlockVariants {
     public static func blockVariant(_ present: Set<String>, _ variant: String?) throws -> String? {
         guard let variant, !present.contains(variant) else { return variant }
         if variant == merged { return nil }
-        if variant == unguidedVariant(merged) && present.contains(unguided) && !present.contains(merged) {
+        if variant == unguidedVariant(merged) && present.contains(unguided)
+            && !present.contains(merged) {
             return unguided
         }
         let has = present.sorted().joined(separator: ", ")
-        throw ManifestError.invalid("the block has no variant \(variant) (it has: \(has.isEmpty ? "none" : has))")
+        throw ManifestError.invalid("the block has no variant \(variant) " +
+                                    "(it has: \(has.isEmpty ? "none" : has))")
     }
 
     /// Whether every block has what the unguided calls of these settings run (`unguided`,
     /// and `tdtm_unguided` where calls merge and the block merges): then an unguided call
     /// runs the caption's half alone, else the pair with its null half dropped.
     public static func runsAlone(_ blocks: [Manifest.Block], mergeSteps: Int) -> Bool {
-        let calls = [callVariant(merged: false, alone: true)] + (mergeSteps > 0 ? [callVariant(merged: true, alone: true)] : [])
+        let calls = [callVariant(merged: false, alone: true)]
+            + (mergeSteps > 0 ? [callVariant(merged: true, alone: true)] : [])
         for block in blocks {
             let present = Set((block.variants ?? [:]).keys)
             for call in calls {

@@ -1,7 +1,8 @@
 import Foundation
 
 /// A package's caption tokenizer: what the Python runtime computes with
-/// `edge.core.tokenizer.load_tokenizer(path, max_tokens, pad_token)` then `tokenize(tok, [caption])`.
+/// `edge.core.tokenizer.load_tokenizer(path, max_tokens, pad_token)` then
+/// `tokenize(tok, [caption])`.
 /// `encode` gives `maxTokens` ids and the attention mask (1 for tokens, 0 for padding); a
 /// caption longer than that is truncated, keeping the end-of-caption token(s) the file's
 /// post-processor adds.
@@ -38,7 +39,10 @@ public func loadCaptionTokenizer(contentsOf url: URL, maxTokens: Int, padToken: 
     if let rows = embeddingRows {
         let size = try vocabularySize(ofTokenizerJSON: data)
         if size > rows {
-            throw TokenizerLoadError.invalid("a vocabulary of \(size) tokens, but the text encoder's embedding table has \(rows) rows (manifest.json tokenizer embedding_rows): ids past it index nothing")
+            throw TokenizerLoadError.invalid("a vocabulary of \(size) tokens, but the " +
+                                             "text encoder's embedding table " +
+                                             "has \(rows) rows (manifest.json tokenizer " +
+                                             "embedding_rows): ids past it index nothing")
         }
     }
     let pad = padToken ?? "[PAD]"
@@ -64,7 +68,8 @@ public func vocabularySize(ofTokenizerJSON data: Data) throws -> Int {
     var size: Int
     switch model["vocab"] {
     case let list as [Any]: size = list.count
-    case let map as [String: Any]: size = (map.values.compactMap { ($0 as? NSNumber)?.intValue }.max() ?? -1) + 1
+    case let map as [String: Any]:
+        size = (map.values.compactMap { ($0 as? NSNumber)?.intValue }.max() ?? -1) + 1
     default: throw TokenizerLoadError.invalid("model.vocab is neither a list nor a map")
     }
     for token in body["added_tokens"] as? [[String: Any]] ?? [] {
@@ -99,7 +104,8 @@ public enum PromptCleaner: String, CaseIterable, Sendable {
         case .wan:
             var scalars = Array(text.unicodeScalars)
             scalars = HTMLUnescape.unescape(HTMLUnescape.unescape(scalars))
-            scalars = PythonWhitespace.strip(PythonWhitespace.collapse(PythonWhitespace.strip(scalars)))
+            scalars = PythonWhitespace.strip(
+                PythonWhitespace.collapse(PythonWhitespace.strip(scalars)))
             var view = String.UnicodeScalarView()
             view.append(contentsOf: scalars)
             return String(view)
@@ -113,8 +119,9 @@ public func cleanPrompt(_ text: String, kind: String) throws -> String {
 }
 
 enum PythonWhitespace {
-    static let set: Set<UInt32> = Set(PythonTextTables.whitespace.split(whereSeparator: \.isWhitespace)
-        .map { UInt32($0, radix: 16)! })
+    static let set: Set<UInt32> = Set(
+        PythonTextTables.whitespace.split(whereSeparator: \.isWhitespace)
+            .map { UInt32($0, radix: 16)! })
 
     static func isSpace(_ s: Unicode.Scalar) -> Bool { set.contains(s.value) }
 
@@ -216,7 +223,8 @@ enum HTMLUnescape {
             }
             let digitsStart = i
             var value: UInt32 = 0   // saturates above 0x10FFFF: Python's int is unbounded
-            while i < s.count, let d = radix == 16 ? hexValue(s[i]) : (isDigit(s[i]) ? s[i].value - 0x30 : nil) {
+            while i < s.count,
+                  let d = radix == 16 ? hexValue(s[i]) : (isDigit(s[i]) ? s[i].value - 0x30 : nil) {
                 value = min(value * radix + d, 0x110000)
                 i += 1
             }

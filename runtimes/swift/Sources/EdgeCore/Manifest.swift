@@ -20,7 +20,8 @@ public struct Manifest: Decodable {
     }
 
     public struct Variant: Decodable, Equatable {
-        public let model: String      // the variant's .mlpackage folder (its block's, when a function of it)
+        public let model: String      // the variant's .mlpackage folder (its block's, when a
+                                      // function of it)
         public let function: String?  // its function in a multifunction program (iOS 18)
         public let files: [FileRecord]
         public let weightBytes: Int
@@ -33,7 +34,8 @@ public struct Manifest: Decodable {
     public struct Block: Decodable, Equatable {
         public let name: String
         public let model: String      // the block's .mlpackage folder
-        public let function: String?  // "main" in a multifunction program (iOS 18); nil: a program of its own
+        public let function: String?  // "main" in a multifunction program (iOS 18); nil: a
+                                      // program of its own
         public let files: [FileRecord]
         public let weights: WeightsRef
         public let weightBytes: Int
@@ -45,7 +47,8 @@ public struct Manifest: Decodable {
         /// its own (edge/core/manifest_schema.py as_variant); the block itself for nil.
         public func running(_ variant: String?) -> Block {
             guard let variant, let v = variants?[variant] else { return self }
-            return Block(name: name, model: v.model, function: v.function, files: v.files, weights: weights, weightBytes: v.weightBytes,
+            return Block(name: name, model: v.model, function: v.function, files: v.files,
+                         weights: weights, weightBytes: v.weightBytes,
                          inputs: v.inputs ?? inputs, outputs: v.outputs ?? outputs, variants: nil)
         }
     }
@@ -100,7 +103,8 @@ public struct Manifest: Decodable {
 
     public struct CoreML: Decodable, Equatable {
         public let minimumDeploymentTarget: String
-        public let layout: String?    // "multifunction" (a block's variants are functions of its program) or "separate"
+        public let layout: String?    // "multifunction" (a block's variants are functions of
+                                      // its program) or "separate"
         public let computeUnits: String
         public let computePrecision: String
         public let outputPrefix: String
@@ -188,24 +192,35 @@ public enum ManifestReader {
             throw ManifestError.invalid("manifest.json: not an edge manifest (\(error))")
         }
         guard header.format == format else {
-            throw ManifestError.invalid("manifest.json: format \(header.format), expected \(format)")
+            throw ManifestError.invalid("manifest.json: format \(header.format), " +
+                                        "expected \(format)")
         }
         guard header.formatVersion == formatVersion else {
-            throw ManifestError.invalid("manifest.json: unknown format_version \(header.formatVersion); this runtime reads version \(formatVersion)")
+            throw ManifestError.invalid("manifest.json: unknown " +
+                                        "format_version \(header.formatVersion); " +
+                                        "this runtime reads version \(formatVersion)")
         }
         guard header.target == "iphone" else {
-            throw ManifestError.invalid("manifest.json: target \(header.target); the Swift runtime runs iphone packages (edge export --target iphone)")
+            throw ManifestError.invalid("manifest.json: target \(header.target); " +
+                                        "the Swift runtime runs iphone packages " +
+                                        "(edge export --target iphone)")
         }
         let manifest: Manifest
-        do { manifest = try decoder.decode(Manifest.self, from: data) } catch let error as DecodingError {
+        do {
+            manifest = try decoder.decode(Manifest.self, from: data)
+        } catch let error as DecodingError {
             throw ManifestError.invalid("manifest.json: \(describe(error))")
         } catch {
             throw ManifestError.invalid("manifest.json: \(error)")
         }
-        for comp in ["text_encoder", "transformer", "vae_decoder"] { _ = try manifest.component(comp) }
+        for comp in ["text_encoder", "transformer", "vae_decoder"] {
+            _ = try manifest.component(comp)
+        }
         try checkRunnable(manifest)
-        for file in manifest.allFiles where file.path.hasPrefix("/") || file.path.split(separator: "/").contains("..") {
-            throw ManifestError.invalid("manifest.json: file path \(file.path) escapes the package folder")
+        for file in manifest.allFiles
+        where file.path.hasPrefix("/") || file.path.split(separator: "/").contains("..") {
+            throw ManifestError.invalid(
+                "manifest.json: file path \(file.path) escapes the package folder")
         }
         return manifest
     }
@@ -217,43 +232,59 @@ public enum ManifestReader {
     static func checkRunnable(_ m: Manifest) throws {
         let learned = m.conditioning.nullCaption != nil && m.conditioning.nullCaptionF32 != nil
         if !learned && m.negativePrompt == nil {
-            throw ManifestError.invalid("manifest.json: the unconditional pass needs 'conditioning.null_caption' (and null_caption_f32) or a 'negative_prompt' string")
+            throw ManifestError.invalid("manifest.json: the unconditional pass needs " +
+                                        "'conditioning.null_caption' (and " +
+                                        "null_caption_f32) or a 'negative_prompt' string")
         }
         if let mode = m.nullCaptionMask, !["all", "prompt"].contains(mode) {
-            throw ManifestError.invalid("manifest.json: field 'null_caption_mask' is '\(mode)'; known: all, prompt")
+            throw ManifestError.invalid("manifest.json: field 'null_caption_mask' " +
+                                        "is '\(mode)'; known: all, prompt")
         }
         if let layout = m.latentLayout, !["frames", "video"].contains(layout) {
-            throw ManifestError.invalid("manifest.json: latent_layout \(layout); known: frames, video")
+            throw ManifestError.invalid("manifest.json: latent_layout \(layout); " +
+                                        "known: frames, video")
         }
         if let clean = m.tokenizer.clean, !["none", "wan"].contains(clean) {
             throw ManifestError.invalid("manifest.json tokenizer: clean \(clean); known: none, wan")
         }
         if let rows = m.tokenizer.embeddingRows, rows < 1 {
-            throw ManifestError.invalid("manifest.json tokenizer: embedding_rows \(rows); must be at least 1")
+            throw ManifestError.invalid("manifest.json tokenizer: " +
+                                        "embedding_rows \(rows); must be at least 1")
         }
         // the latents are allocated from this shape: positive sides, at most 2^31 floats
         guard m.latentShape.count >= 3, m.latentShape.allSatisfy({ $0 >= 1 }),
               checkedCount(m.latentShape, width: 4, limit: 1 << 33) != nil else {
-            throw ManifestError.invalid("manifest.json: latent_shape \(m.latentShape) is no latent shape (positive sides, at most 2^31 values)")
+            throw ManifestError.invalid("manifest.json: latent_shape \(m.latentShape) is no " +
+                                        "latent shape (positive sides, at most 2^31 values)")
         }
         try checkLayout(m)
         try checkDecode(m)
         for comp in m.components {
             guard let spec = comp.chunked else { continue }
             if comp.name != "vae_decoder" || spec.input != "z" || spec.output != "frames" {
-                throw ManifestError.invalid("manifest.json component \(comp.name) chunked: pieces of \(spec.input) giving \(spec.output); the Swift runtime runs the vae_decoder's pieces of z giving frames")
+                throw ManifestError.invalid("manifest.json component \(comp.name) chunked: " +
+                                            "pieces of \(spec.input) " +
+                                            "giving \(spec.output); the Swift runtime runs " +
+                                            "the vae_decoder's pieces of z giving frames")
             }
-            if spec.size < 1 || spec.axis < 0 || (spec.firstSize ?? 1) < 1 || (spec.outputAxis ?? 0) < 0 {
-                throw ManifestError.invalid("manifest.json component \(comp.name) chunked: axis \(spec.axis), size \(spec.size)")
+            if spec.size < 1 || spec.axis < 0 || (spec.firstSize ?? 1) < 1
+                || (spec.outputAxis ?? 0) < 0 {
+                throw ManifestError.invalid("manifest.json component \(comp.name) " +
+                                            "chunked: axis \(spec.axis), size \(spec.size)")
             }
             guard let first = spec.firstVariant else {
                 if let carried = spec.state.first {
-                    throw ManifestError.invalid("manifest.json component \(comp.name) chunked: state \(carried) is carried from piece to piece but there is no first_variant to run the first piece without it")
+                    throw ManifestError.invalid("manifest.json component \(comp.name) " +
+                                                "chunked: state \(carried) is carried from " +
+                                                "piece to piece but there is no first_variant " +
+                                                "to run the first piece without it")
                 }
                 continue
             }
             for block in comp.blocks where block.variants?[first] == nil {
-                throw ManifestError.invalid("manifest.json component \(comp.name) block \(block.name): no variant \(first) for the first piece")
+                throw ManifestError.invalid("manifest.json component \(comp.name) " +
+                                            "block \(block.name): no " +
+                                            "variant \(first) for the first piece")
             }
         }
     }
@@ -263,14 +294,18 @@ public enum ManifestReader {
     /// a decoder (the Python runtime's check_decode).
     static func checkDecode(_ m: Manifest) throws {
         guard let decoder = m.components.first(where: { $0.name == "vae_decoder" }) else { return }
-        let takes = Set(decoder.blocks.flatMap { $0.inputs.map(\.name) }).intersection(Manifest.decodeInputs)
+        let takes = Set(decoder.blocks.flatMap { $0.inputs.map(\.name) })
+            .intersection(Manifest.decodeInputs)
         let list = Manifest.decodeInputs.sorted().joined(separator: ", ")
         if m.decode == nil {
             if takes.isEmpty { return }
-            throw ManifestError.invalid("manifest.json: the vae_decoder takes \(takes.sorted().joined(separator: ", ")) but the manifest has no 'decode' settings")
+            throw ManifestError.invalid("manifest.json: the vae_decoder " +
+                                        "takes \(takes.sorted().joined(separator: ", ")) " +
+                                        "but the manifest has no 'decode' settings")
         }
         if takes != Manifest.decodeInputs || decoder.chunked != nil || m.latentLayout != "video" {
-            throw ManifestError.invalid("manifest.json decode: needs a whole-video vae_decoder (latent_layout 'video', not chunked) taking \(list)")
+            throw ManifestError.invalid("manifest.json decode: needs a whole-video vae_decoder " +
+                                        "(latent_layout 'video', not chunked) taking \(list)")
         }
     }
 
@@ -280,61 +315,91 @@ public enum ManifestReader {
     /// functions of it, iOS 27), with the same refusals as the Python side.
     public static let layouts = ["separate": 17, "multifunction": 18, "coreai": 27]
     static let layoutsWithFunctions: Set = ["multifunction", "coreai"]
-    static let programSuffix = ["separate": ".mlpackage", "multifunction": ".mlpackage", "coreai": ".aimodel"]
+    static let programSuffix = ["separate": ".mlpackage", "multifunction": ".mlpackage",
+                                "coreai": ".aimodel"]
 
     static func checkLayout(_ m: Manifest) throws {
         let target = m.coreml.minimumDeploymentTarget
         guard target.hasPrefix("iOS"), let ios = Int(target.dropFirst(3)) else {
-            throw ManifestError.invalid("manifest.json coreml: minimum_deployment_target \(target) is not iOS<n>")
+            throw ManifestError.invalid("manifest.json coreml: " +
+                                        "minimum_deployment_target \(target) is not iOS<n>")
         }
         let layout = m.coreml.layout ?? "separate"
         guard let least = Self.layouts[layout] else {
-            throw ManifestError.invalid("manifest.json coreml: layout \(layout); known: separate, multifunction, coreai")
+            throw ManifestError.invalid("manifest.json coreml: layout \(layout); " +
+                                        "known: separate, multifunction, coreai")
         }
         if ios < least {
-            throw ManifestError.invalid("manifest.json coreml: layout \(layout) needs iOS\(least) or later, but minimum_deployment_target is \(target)")
+            throw ManifestError.invalid("manifest.json coreml: layout \(layout) " +
+                                        "needs iOS\(least) or later, but " +
+                                        "minimum_deployment_target is \(target)")
         }
         func isName(_ s: String) -> Bool {
-            guard let first = s.unicodeScalars.first, first == "_" || (first.isASCII && first.properties.isAlphabetic) else { return false }
-            return s.unicodeScalars.allSatisfy { $0 == "_" || ($0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0))) }
+            guard let first = s.unicodeScalars.first,
+                  first == "_" || (first.isASCII && first.properties.isAlphabetic) else {
+                return false
+            }
+            return s.unicodeScalars.allSatisfy {
+                $0 == "_"
+                    || ($0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0)))
+            }
         }
         for comp in m.components {
             for block in comp.blocks {
                 let at = "manifest.json block \(comp.name)/\(block.name)"
                 let variants = (block.variants ?? [:]).sorted { $0.key < $1.key }
                 let suffix = Self.programSuffix[layout]!
-                for (place, model) in [(at, block.model)] + variants.map({ ("\(at) variant \($0.key)", $0.value.model) })
+                for (place, model) in [(at, block.model)]
+                    + variants.map({ ("\(at) variant \($0.key)", $0.value.model) })
                 where !model.hasSuffix(suffix) {
-                    throw ManifestError.invalid("\(place): model \(model) is not an \(suffix) (layout \(layout))")
+                    throw ManifestError.invalid("\(place): model \(model) is not " +
+                                                "an \(suffix) (layout \(layout))")
                 }
-                let records = [(at, block.function)] + variants.map { ("\(at) variant \($0.key)", $0.value.function) }
+                let records = [(at, block.function)] + variants.map {
+                    ("\(at) variant \($0.key)", $0.value.function)
+                }
                 for (place, function) in records {
                     guard let function else { continue }
                     if !Self.layoutsWithFunctions.contains(layout) {
-                        throw ManifestError.invalid("\(place): function \(function) in a \(layout) layout (only a multifunction program has functions to choose from)")
+                        throw ManifestError.invalid("\(place): function \(function) in " +
+                                                    "a \(layout) layout (only a multifunction " +
+                                                    "program has functions to choose from)")
                     }
-                    if !isName(function) { throw ManifestError.invalid("\(place): function \(function) is not a CoreML function name") }
+                    if !isName(function) {
+                        throw ManifestError.invalid("\(place): function \(function) " +
+                                                    "is not a CoreML function name")
+                    }
                 }
                 if variants.isEmpty { continue }
                 if layout == "separate" {
                     for (name, v) in variants where v.model == block.model {
-                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) is the block's own program; in the separate layout each variant is a program of its own")
+                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) is " +
+                                                    "the block's own program; in the separate " +
+                                                    "layout each variant is a program of its own")
                     }
                     continue
                 }
                 guard let main = block.function else {
-                    throw ManifestError.invalid("\(at): a block with variants in the \(layout) layout must name its function of the shared program (field function)")
+                    throw ManifestError.invalid("\(at): a block with variants in " +
+                                                "the \(layout) layout must name its function " +
+                                                "of the shared program (field function)")
                 }
                 var seen = [main: "the block"]
                 for (name, v) in variants {
                     if v.model != block.model {
-                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) is not the block's \(block.model); in the \(layout) layout a variant is a function of its block's program")
+                        throw ManifestError.invalid("\(at) variant \(name): model \(v.model) " +
+                                                    "is not the block's \(block.model); in " +
+                                                    "the \(layout) layout a variant is a " +
+                                                    "function of its block's program")
                     }
                     guard let function = v.function else {
-                        throw ManifestError.invalid("\(at) variant \(name): missing field function (which function of \(block.model) it runs)")
+                        throw ManifestError.invalid("\(at) variant \(name): missing " +
+                                                    "field function (which function " +
+                                                    "of \(block.model) it runs)")
                     }
                     if let other = seen[function] {
-                        throw ManifestError.invalid("\(at) variant \(name): function \(function) is also \(other)'s")
+                        throw ManifestError.invalid("\(at) variant \(name): " +
+                                                    "function \(function) is also \(other)'s")
                     }
                     seen[function] = "variant \(name)"
                 }

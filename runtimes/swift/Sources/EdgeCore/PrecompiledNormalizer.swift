@@ -31,16 +31,19 @@ indirect enum TextNormalizer {
             }
             self = .precompiled(try PrecompiledCharsmap(base64: charsmap, path: path))
         case "Replace":
-            guard let content = object["content"]?.string, let pattern = object["pattern"]?.object else {
+            guard let content = object["content"]?.string,
+                  let pattern = object["pattern"]?.object else {
                 throw TokenizerLoadError.invalid("\(path) needs pattern and content")
             }
             self = .replace(try ReplacePattern(json: pattern, path: "\(path).pattern"),
                             content: Array(content.utf8))
         case "Strip":
-            self = .strip(left: object["strip_left"]?.bool ?? true, right: object["strip_right"]?.bool ?? true)
+            self = .strip(left: object["strip_left"]?.bool ?? true,
+                          right: object["strip_right"]?.bool ?? true)
         default:
             throw TokenizerLoadError.unsupported(
-                "\(path).type \(type.isEmpty ? "(none)" : type) is not a supported normalizer (supported: \(Self.supported))")
+                "\(path).type \(type.isEmpty ? "(none)" : type) is not " +
+                "a supported normalizer (supported: \(Self.supported))")
         }
     }
 
@@ -54,7 +57,9 @@ indirect enum TextNormalizer {
             return pattern.replaceAll(in: text, with: content)
         case .strip(let left, let right):
             var scalars = Array(String(decoding: text, as: UTF8.self).unicodeScalars)
-            if right { while let last = scalars.last, last.properties.isWhitespace { scalars.removeLast() } }
+            if right {
+                while let last = scalars.last, last.properties.isWhitespace { scalars.removeLast() }
+            }
             if left, let first = scalars.firstIndex(where: { !$0.properties.isWhitespace }) {
                 scalars.removeFirst(first)
             } else if left {
@@ -82,17 +87,21 @@ struct PrecompiledCharsmap {
 
     init(base64: String, path: String) throws {
         guard let data = Data(base64Encoded: base64), data.count >= 4 else {
-            throw TokenizerLoadError.invalid("\(path).precompiled_charsmap is not a base64 charsmap")
+            throw TokenizerLoadError.invalid("\(path).precompiled_charsmap " +
+                                             "is not a base64 charsmap")
         }
         let bytes = [UInt8](data)
-        let trieBytes = Int(UInt32(bytes[0]) | UInt32(bytes[1]) << 8 | UInt32(bytes[2]) << 16 | UInt32(bytes[3]) << 24)
+        let trieBytes = Int(UInt32(bytes[0]) | UInt32(bytes[1]) << 8 | UInt32(bytes[2]) << 16
+                            | UInt32(bytes[3]) << 24)
         guard trieBytes % 4 == 0, 4 + trieBytes <= bytes.count, trieBytes > 0 else {
-            throw TokenizerLoadError.invalid("\(path).precompiled_charsmap: bad trie size \(trieBytes)")
+            throw TokenizerLoadError.invalid("\(path).precompiled_charsmap: " +
+                                             "bad trie size \(trieBytes)")
         }
         var units = [UInt32](repeating: 0, count: trieBytes / 4)
         for i in units.indices {
             let o = 4 + 4 * i
-            units[i] = UInt32(bytes[o]) | UInt32(bytes[o + 1]) << 8 | UInt32(bytes[o + 2]) << 16 | UInt32(bytes[o + 3]) << 24
+            units[i] = UInt32(bytes[o]) | UInt32(bytes[o + 1]) << 8 | UInt32(bytes[o + 2]) << 16
+                | UInt32(bytes[o + 3]) << 24
         }
         trie = units
         replacements = Array(bytes[(4 + trieBytes)...])
@@ -166,12 +175,17 @@ struct ReplacePattern {
 
     init(json: [String: JSONValue], path: String) throws {
         if let literal = json["String"]?.string {
-            guard !literal.isEmpty else { throw TokenizerLoadError.invalid("\(path).String is empty") }
-            branches = [Branch(atoms: literal.unicodeScalars.map { Atom(scalar: $0, min: 1, max: 1) })]
+            guard !literal.isEmpty else {
+                throw TokenizerLoadError.invalid("\(path).String is empty")
+            }
+            branches = [Branch(atoms: literal.unicodeScalars.map {
+                Atom(scalar: $0, min: 1, max: 1)
+            })]
         } else if let regex = json["Regex"]?.string {
             guard let parsed = Self.parse(regex) else {
                 throw TokenizerLoadError.unsupported(
-                    "\(path).Regex \"\(regex)\" is not supported (literal characters with quantifiers, | and \\A \\z anchors are)")
+                    "\(path).Regex \"\(regex)\" is not supported (literal " +
+                    "characters with quantifiers, | and \\A \\z anchors are)")
             }
             branches = parsed
         } else {
@@ -214,7 +228,9 @@ struct ReplacePattern {
                 case "r": c = "\r"
                 default:
                     // an escaped punctuation character or space stands for itself
-                    guard e.isASCII, !e.properties.isAlphabetic, !("0"..."9").contains(e) else { return nil }
+                    guard e.isASCII, !e.properties.isAlphabetic, !("0"..."9").contains(e) else {
+                        return nil
+                    }
                     c = e
                 }
             case ".", "^", "$", "[", "]", "(", ")", "{", "}", "*", "+", "?":

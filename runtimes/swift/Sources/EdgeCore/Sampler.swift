@@ -1,11 +1,11 @@
 import Foundation
 
-// A line-by-line mirror of edge/core/sampler.py (the sampler loop of every scheduler: classifier-free
-// guidance, Linear Proportional Leap, TDTM step switch, step cache). It asks the scheduler
-// the settings name (Schedulers.swift, edge/core/schedulers.py) for the noise levels, model times,
-// solver, a leap's tail and its jump, and tests no scheduler's name. Keep them in step: the
-// XCTests replay tests/fixtures/sampler/*.json and tests/fixtures/swift/*.json, written by
-// the Python implementation. Arithmetic follows NumPy's dtypes: latents and velocities in
+// A line-by-line mirror of edge/core/sampler.py (the sampler loop of every scheduler:
+// classifier-free guidance, Linear Proportional Leap, TDTM step switch, step cache). It asks the
+// scheduler the settings name (Schedulers.swift, edge/core/schedulers.py) for the noise levels,
+// model times, solver, a leap's tail and its jump, and tests no scheduler's name. Keep them in
+// step: the XCTests replay tests/fixtures/sampler/*.json and tests/fixtures/swift/*.json, written
+// by the Python implementation. Arithmetic follows NumPy's dtypes: latents and velocities in
 // float32, cosines and the cache indicator in float64.
 
 public enum SettingsError: Error, CustomStringConvertible {
@@ -15,7 +15,8 @@ public enum SettingsError: Error, CustomStringConvertible {
     public var description: String {
         switch self {
         case .invalid(let why): return why
-        case .unknownKeys(let keys): return "unknown sampler setting(s): \(keys.joined(separator: ", "))"
+        case .unknownKeys(let keys):
+            return "unknown sampler setting(s): \(keys.joined(separator: ", "))"
         }
     }
 }
@@ -50,8 +51,10 @@ public struct SamplerSettings: Codable, Equatable {
     // decoded with .convertFromSnakeCase (ManifestReader.jsonDecoder): num_train_timesteps
     // arrives as numTrainTimesteps
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case steps, guidance, dynamicGuidance, guidanceRescale, shift, numTrainTimesteps, scheduler, shiftTerminal, leap, leapAfter
-        case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold, guidanceSteps, sigmas
+        case steps, guidance, dynamicGuidance, guidanceRescale, shift, numTrainTimesteps, scheduler,
+             shiftTerminal, leap, leapAfter
+        case leapMinSteps, leapPatience, leapTol, leapSteps, mergeSteps, cacheThreshold,
+             guidanceSteps, sigmas
     }
 
     private struct AnyKey: CodingKey {
@@ -71,11 +74,14 @@ public struct SamplerSettings: Codable, Equatable {
         steps = try c.decodeIfPresent(Int.self, forKey: .steps) ?? steps
         guidance = try c.decodeIfPresent(Double.self, forKey: .guidance) ?? guidance
         // absent (packages before it): the fixed scale
-        dynamicGuidance = try c.decodeIfPresent(Bool.self, forKey: .dynamicGuidance) ?? dynamicGuidance
+        dynamicGuidance = try c.decodeIfPresent(Bool.self, forKey: .dynamicGuidance)
+            ?? dynamicGuidance
         // absent (packages before it): no rescale
-        guidanceRescale = try c.decodeIfPresent(Double.self, forKey: .guidanceRescale) ?? guidanceRescale
+        guidanceRescale = try c.decodeIfPresent(Double.self, forKey: .guidanceRescale)
+            ?? guidanceRescale
         shift = try c.decodeIfPresent(Double.self, forKey: .shift) ?? shift
-        numTrainTimesteps = try c.decodeIfPresent(Int.self, forKey: .numTrainTimesteps) ?? numTrainTimesteps
+        numTrainTimesteps = try c.decodeIfPresent(Int.self, forKey: .numTrainTimesteps)
+            ?? numTrainTimesteps
         scheduler = try c.decodeIfPresent(String.self, forKey: .scheduler) ?? scheduler
         // absent (packages before it) or null: no terminal stretch
         shiftTerminal = try c.decodeIfPresent(Double.self, forKey: .shiftTerminal)
@@ -86,7 +92,8 @@ public struct SamplerSettings: Codable, Equatable {
         leapTol = try c.decodeIfPresent(Double.self, forKey: .leapTol) ?? leapTol
         leapSteps = try c.decodeIfPresent(Int.self, forKey: .leapSteps) ?? leapSteps
         mergeSteps = try c.decodeIfPresent(Int.self, forKey: .mergeSteps) ?? mergeSteps
-        cacheThreshold = try c.decodeIfPresent(Double.self, forKey: .cacheThreshold) ?? cacheThreshold
+        cacheThreshold = try c.decodeIfPresent(Double.self, forKey: .cacheThreshold)
+            ?? cacheThreshold
         // absent (packages before it) or null: every call guided
         guidanceSteps = try c.decodeIfPresent(Int.self, forKey: .guidanceSteps)
         // absent (packages before it) or null: the schedule's own levels
@@ -99,28 +106,39 @@ public struct SamplerSettings: Codable, Equatable {
             .invalid("sampler setting \(name)=\(value): \(why)")
         }
         // the registry's refusal (Schedulers.swift), the message SamplerSettings gives
-        let named = try EdgeCore.scheduler(named: scheduler, shift: shift, numTrainTimesteps: numTrainTimesteps)
+        let named = try EdgeCore.scheduler(named: scheduler, shift: shift,
+                                           numTrainTimesteps: numTrainTimesteps)
         if steps < 1 { throw bad("steps", steps, "must be at least 1") }
         // edge/core/options.py's bounds: a count from a file never sizes an allocation unchecked
-        for (name, value, most) in [("steps", steps, Self.maxSteps), ("leap_steps", leapSteps, Self.maxSteps),
-                                    ("num_train_timesteps", numTrainTimesteps, Self.maxTrainTimesteps)] where value > most {
+        for (name, value, most) in [("steps", steps, Self.maxSteps),
+                                    ("leap_steps", leapSteps, Self.maxSteps),
+                                    ("num_train_timesteps", numTrainTimesteps,
+                                     Self.maxTrainTimesteps)] where value > most {
             throw bad(name, value, "more than \(most)")
         }
         if dynamicGuidance && !type(of: named).takesDynamicGuidance {
-            let takers = schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name).joined(separator: ", ")
+            let takers = schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name)
+                .joined(separator: ", ")
             // "True": the value as Python's repr() writes it, for SamplerSettings' own message
-            throw bad("dynamic_guidance", "True", "\(scheduler) steps through no training timesteps (only \(takers) does; CogVideoX's dynamic guidance is a function of them)")
+            throw bad("dynamic_guidance", "True", "\(scheduler) steps through no training " +
+                                                  "timesteps (only \(takers) does; CogVideoX's " +
+                                                  "dynamic guidance is a function of them)")
         }
         if !(guidanceRescale >= 0 && guidanceRescale <= 1) {
-            throw bad("guidance_rescale", guidanceRescale, "must be a number from 0 (off) to 1 (the guided velocity wholly rescaled)")
+            throw bad("guidance_rescale", guidanceRescale,
+                      "must be a number from 0 (off) to 1 (the guided velocity wholly rescaled)")
         }
         if let terminal = shiftTerminal {
             if !(terminal > 0 && terminal < 1) {
-                throw bad("shift_terminal", terminal, "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch")
+                throw bad("shift_terminal", terminal, "must be a number between 0 and " +
+                                                      "1 (the last noise level before " +
+                                                      "0), or None for no stretch")
             }
             if !type(of: named).takesShiftTerminal {
-                let takers = schedulers.filter { $0.type.takesShiftTerminal }.map(\.name).joined(separator: ", ")
-                throw bad("shift_terminal", terminal, "\(scheduler) takes none (only \(takers) stretches its schedule to a terminal level)")
+                let takers = schedulers.filter { $0.type.takesShiftTerminal }.map(\.name)
+                    .joined(separator: ", ")
+                throw bad("shift_terminal", terminal, "\(scheduler) takes none (only \(takers) " +
+                                                      "stretches its schedule to a terminal level)")
             }
         }
         // a leap after steps - 1 or more steps never happens, so a package's fixed leap stays valid
@@ -130,32 +148,45 @@ public struct SamplerSettings: Codable, Equatable {
         if leapTol < 0 { throw bad("leap_tol", leapTol, "must not be negative") }
         if leapSteps < 1 { throw bad("leap_steps", leapSteps, "must be at least 1") }
         if leapSteps > 1 && !named.leapTail {  // a leap without a re-planned tail is one jump
-            throw bad("leap_steps", leapSteps, "\(scheduler) leaps in one step only (no re-planned tail is built for it)")
+            throw bad("leap_steps", leapSteps, "\(scheduler) leaps in one step only " +
+                                               "(no re-planned tail is built for it)")
         }
         if mergeSteps < 0 { throw bad("merge_steps", mergeSteps, "must not be negative") }
-        if cacheThreshold < 0 { throw bad("cache_threshold", cacheThreshold, "must not be negative") }
-        if let k = guidanceSteps, !(0...steps).contains(k) {
-            throw bad("guidance_steps", k, "must be a whole number from 0 to steps (\(steps)), or None to guide every call")
+        if cacheThreshold < 0 {
+            throw bad("cache_threshold", cacheThreshold, "must not be negative")
         }
-        if let levels = sigmas { try validateSigmas(levels, takes: type(of: named).takesSigmas, bad) }
+        if let k = guidanceSteps, !(0...steps).contains(k) {
+            throw bad("guidance_steps", k, "must be a whole number from 0 to steps " +
+                                           "(\(steps)), or None to guide every call")
+        }
+        if let levels = sigmas {
+            try validateSigmas(levels, takes: type(of: named).takesSigmas, bad)
+        }
     }
 
     /// Python's SamplerSettings._check_sigmas: one level a step, finite, in (0, 1], falling.
     private func validateSigmas(_ levels: [Double], takes: Bool,
                                 _ bad: (String, Any, String) -> SettingsError) throws {
         if !takes {
-            let takers = schedulers.filter { $0.type.takesSigmas }.map(\.name).joined(separator: ", ")
-            throw bad("sigmas", levels, "\(scheduler) takes no given levels (its diffusers scheduler takes none either; \(takers) do)")
+            let takers = schedulers.filter { $0.type.takesSigmas }.map(\.name)
+                .joined(separator: ", ")
+            throw bad("sigmas", levels, "\(scheduler) takes no given levels (its diffusers " +
+                                        "scheduler takes none either; \(takers) do)")
         }
         if !levels.allSatisfy(\.isFinite) {
-            throw bad("sigmas", levels, "must be a list of finite numbers, or None for the schedule's own levels")
+            throw bad("sigmas", levels, "must be a list of finite numbers, " +
+                                        "or None for the schedule's own levels")
         }
-        if levels.count != steps { throw bad("sigmas", levels, "\(levels.count) levels for steps=\(steps) (one level a step)") }
+        if levels.count != steps {
+            throw bad("sigmas", levels, "\(levels.count) levels for " +
+                                        "steps=\(steps) (one level a step)")
+        }
         if let outside = levels.first(where: { !($0 > 0 && $0 <= 1) }) {
             throw bad("sigmas", levels, "\(outside) is outside the schedule's range (0, 1]")
         }
         if let rise = levels.indices.dropFirst().first(where: { levels[$0] >= levels[$0 - 1] }) {
-            throw bad("sigmas", levels, "does not fall: level \(rise) (\(levels[rise])) is not below level \(rise - 1) (\(levels[rise - 1]))")
+            throw bad("sigmas", levels, "does not fall: level \(rise) (\(levels[rise])) is " +
+                                        "not below level \(rise - 1) (\(levels[rise - 1]))")
         }
     }
 }
@@ -206,7 +237,8 @@ public func modelTimes(_ settings: SamplerSettings) -> [Float] {
 
 public func guidedVelocity(_ cond: Tensor, _ uncond: Tensor, _ guidance: Double) -> Tensor {
     let g = Float(guidance)
-    return Tensor(shape: cond.shape, data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })
+    return Tensor(shape: cond.shape,
+                  data: zip(cond.data, uncond.data).map { c, u in u + g * (c - u) })
 }
 
 /// edge/core/sampler.py rescaled_guidance (LTXPipeline's guidance_rescale): each sample of `v`
@@ -224,7 +256,10 @@ public func rescaledGuidance(_ v: Tensor, _ cond: Tensor, _ rescale: Double) -> 
     for b in 0..<v.shape[0] {
         let part = b * n..<(b + 1) * n
         let ratio = besselStd(cond.data[part]) / besselStd(v.data[part])
-        for i in part { out[i] = Float(rescale * (Double(v.data[i]) * ratio) + (1 - rescale) * Double(v.data[i])) }
+        for i in part {
+            out[i] = Float(rescale * (Double(v.data[i]) * ratio)
+                           + (1 - rescale) * Double(v.data[i]))
+        }
     }
     return Tensor(shape: v.shape, data: out)
 }
@@ -327,7 +362,8 @@ public func modulatedInput(_ x: Tensor, _ tMod: Tensor, eps: Double = 1e-6) -> [
         let b = start / perItem
         for j in 0..<d {
             // 1 + scale in float32, as NumPy adds a Python float to a float32 array
-            let scale = Double(1 + tMod.data[(b * 6 + 1) * d + j]), shift = Double(tMod.data[b * 6 * d + j])
+            let scale = Double(1 + tMod.data[(b * 6 + 1) * d + j]),
+                shift = Double(tMod.data[b * 6 * d + j])
             out[start + j] = (row[j] - mean) / norm * scale + shift
         }
     }
@@ -387,7 +423,8 @@ public final class Step {
     public let guided: Bool
     public let videos: Int       // the videos generated: the first rows of a call's batch (0: all)
 
-    public init(index: Int, merged: Bool, cache: StepCache?, last: Bool, guided: Bool = true, videos: Int = 0) {
+    public init(index: Int, merged: Bool, cache: StepCache?, last: Bool, guided: Bool = true,
+                videos: Int = 0) {
         self.index = index; self.merged = merged; self.cache = cache; self.last = last
         self.guided = guided; self.videos = videos
     }
@@ -442,7 +479,8 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
     var total = settings.steps
     var call = 0, i = 0
     while i < ts.count - 1 {
-        let step = Step(index: call, merged: call < settings.mergeSteps, cache: cache, last: call == lastCall,
+        let step = Step(index: call, merged: call < settings.mergeSteps, cache: cache,
+                        last: call == lastCall,
                         guided: guidedCall(settings, call), videos: noise.shape[0])
         let (cond, uncond) = try predict(x, modelTs[i], step)
         trace.calls += 1
@@ -451,11 +489,17 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
         trace.guidedCalls += step.guided ? 1 : 0
         var v = cond
         if step.guided {
-            guard let uncond else { preconditionFailure("call \(call) is guided, and its predictor gave no unconditional velocity") }
+            guard let uncond else {
+                preconditionFailure("call \(call) is guided, and its " +
+                                    "predictor gave no unconditional velocity")
+            }
             // the step count of the schedule being run: `steps` with dynamic guidance, whose
             // scheduler never re-plans a tail; a leap's jump is guided as the step it replaces
-            v = guidedVelocity(cond, uncond, stepGuidance(settings, level: ts[i], steps: ts.count - 1))
-            if settings.guidanceRescale > 0 { v = rescaledGuidance(v, cond, settings.guidanceRescale) }
+            v = guidedVelocity(cond, uncond,
+                               stepGuidance(settings, level: ts[i], steps: ts.count - 1))
+            if settings.guidanceRescale > 0 {
+                v = rescaledGuidance(v, cond, settings.guidanceRescale)
+            }
         }
         if trace.leapAt == nil && rule.shouldLeap(v, stepsDone: call) {
             trace.leapAt = call
@@ -466,7 +510,8 @@ public func sample(predict: Predictor, noise: Tensor, settings: SamplerSettings,
                 onStep?(total, total)
                 break
             }
-            (ts, modelTs) = scheduler.tail(from: ts[i], min: ts[ts.count - 2], steps: settings.leapSteps)
+            (ts, modelTs) = scheduler.tail(from: ts[i], min: ts[ts.count - 2],
+                                           steps: settings.leapSteps)
             solver = scheduler.solver(sigmas: ts)
             i = 0
             lastCall = call + settings.leapSteps - 1

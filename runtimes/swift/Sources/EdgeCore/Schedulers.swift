@@ -2,13 +2,13 @@ import Foundation
 
 // A mirror of edge/core/schedulers.py's classes: one type per scheduler with one small interface
 // (`Scheduler`), looked up by the manifest's `sampler.scheduler` name (`schedulers`,
-// `scheduler(named:shift:numTrainTimesteps:)`). The sampler (Sampler.swift) asks a scheduler
-// only for what this interface gives: the noise levels and model times of a step count, the
-// solver that steps through them, and what a leap asks (the re-planned tail, the jump to
-// t = 0). The flow-match Euler schedules (flow_euler's, LTX-Video's), a leap's tail and
-// CogVideoX's DDIM are computed here; UniPC's flow sigmas and its solver are in UniPC.swift. Float32 arithmetic as
-// NumPy's, operation for operation: tests/fixtures/swift/schedulers.json
-// (tests/swift_fixtures.py scheduler_cases) is replayed through the registry by name.
+// `scheduler(named:shift:numTrainTimesteps:)`). The sampler (Sampler.swift) asks a scheduler only
+// for what this interface gives: the noise levels and model times of a step count, the solver that
+// steps through them, and what a leap asks (the re-planned tail, the jump to t = 0). The flow-match
+// Euler schedules (flow_euler's, LTX-Video's), a leap's tail and CogVideoX's DDIM are computed
+// here; UniPC's flow sigmas and its solver are in UniPC.swift. Float32 arithmetic as NumPy's,
+// operation for operation: tests/fixtures/swift/schedulers.json (tests/swift_fixtures.py
+// scheduler_cases) is replayed through the registry by name.
 //
 // The flows take the model's velocity v = noise - x0 (x_t = (1 - t) x0 + t noise);
 // cogvideox_ddim takes a v-prediction on its training timesteps. `modelTimes` are what the
@@ -66,7 +66,8 @@ public protocol Scheduler {
     /// schedule spaces its own, then 0 (steps + 1 values); and their model times (steps).
     /// Asked only of a scheduler whose `leapTail` is true: one without stops the program
     /// (valid settings never ask it, as Python's raises).
-    func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float])
+    func tail(from tFrom: Float, min tMin: Float, steps: Int)
+        -> (sigmas: [Float], modelTimes: [Float])
 
     /// One generation's stepping through `sigmas`, fresh.
     func solver(sigmas: [Float]) -> any Solver
@@ -114,7 +115,8 @@ public protocol EulerFlow: Scheduler {
 }
 
 extension EulerFlow {
-    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+    public func tail(from tFrom: Float, min tMin: Float, steps: Int)
+        -> (sigmas: [Float], modelTimes: [Float]) {
         let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
         return (sigmas, Array(sigmas.dropLast()))
     }
@@ -136,7 +138,8 @@ public struct FlowEuler: EulerFlow {
     }
 
     public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = eulerSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given)
+        let sigmas = eulerSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps,
+                                 given: given)
         return (sigmas, Array(sigmas.dropLast()))
     }
 }
@@ -164,7 +167,8 @@ public struct FlowEulerLTX: EulerFlow {
     }
 
     public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
-        let sigmas = ltxSigmas(steps: steps, shift: shift, shiftTerminal: shiftTerminal, given: given)
+        let sigmas = ltxSigmas(steps: steps, shift: shift, shiftTerminal: shiftTerminal,
+                               given: given)
         return (sigmas, Array(sigmas.dropLast()))
     }
 }
@@ -185,9 +189,12 @@ public struct RFlow: EulerFlow {
     public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
         let n = steps
         let levels = given ?? (0..<n).map { i in  // np.linspace(1.0, 1 / n, n), the last exact
-            n == 1 ? 1.0 : (i == n - 1 ? 1.0 / Double(n) : Double(i) * ((1.0 / Double(n) - 1.0) / Double(n - 1)) + 1.0)
+            n == 1 ? 1.0
+                : (i == n - 1 ? 1.0 / Double(n)
+                   : Double(i) * ((1.0 / Double(n) - 1.0) / Double(n - 1)) + 1.0)
         }
-        let sigmas = eulerSigmas(steps: n, shift: shift, numTrainTimesteps: numTrainTimesteps, given: levels)
+        let sigmas = eulerSigmas(steps: n, shift: shift, numTrainTimesteps: numTrainTimesteps,
+                                 given: levels)
         return (sigmas, Array(sigmas.dropLast()))
     }
 }
@@ -206,13 +213,17 @@ public struct FlowUniPC: Scheduler {
     }
 
     public func schedule(steps: Int, given: [Double]?) -> (sigmas: [Float], modelTimes: [Float]) {
-        (unipcSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given),
-         unipcModelTimes(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given))
+        (unipcSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps,
+                     given: given),
+         unipcModelTimes(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps,
+                         given: given))
     }
 
-    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+    public func tail(from tFrom: Float, min tMin: Float, steps: Int)
+        -> (sigmas: [Float], modelTimes: [Float]) {
         let sigmas = EdgeCore.leapTail(from: tFrom, to: tMin, steps: steps, shift: shift)
-        return (sigmas, wholeStepTimes(Array(sigmas.dropLast()), numTrainTimesteps: numTrainTimesteps))
+        return (sigmas,
+                wholeStepTimes(Array(sigmas.dropLast()), numTrainTimesteps: numTrainTimesteps))
     }
 
     public func solver(sigmas: [Float]) -> any Solver { UniPCFlow(sigmas: sigmas) }
@@ -266,7 +277,8 @@ public struct CogVideoXDDIM: Scheduler {
                 t.map { Float(Double($0) / Double(numTrainTimesteps)) })
     }
 
-    public func tail(from tFrom: Float, min tMin: Float, steps: Int) -> (sigmas: [Float], modelTimes: [Float]) {
+    public func tail(from tFrom: Float, min tMin: Float, steps: Int)
+        -> (sigmas: [Float], modelTimes: [Float]) {
         preconditionFailure("\(name) leaps in one step only (leap_steps=1)")
     }
 
@@ -372,9 +384,11 @@ public func scheduler(named name: String, shift: Double, numTrainTimesteps: Int,
                       shiftTerminal: Double? = nil) throws -> any Scheduler {
     guard let type = schedulers.first(where: { $0.name == name })?.type else {
         throw SettingsError.invalid(
-            "sampler setting scheduler=\(pythonRepr(name)): known: \(knownSchedulers.joined(separator: ", "))")
+            "sampler setting scheduler=\(pythonRepr(name)): " +
+            "known: \(knownSchedulers.joined(separator: ", "))")
     }
-    return type.init(shift: shift, numTrainTimesteps: numTrainTimesteps, shiftTerminal: shiftTerminal)
+    return type.init(shift: shift, numTrainTimesteps: numTrainTimesteps,
+                     shiftTerminal: shiftTerminal)
 }
 
 /// Flow-match Euler through `sigmas`: x + (sigma_next - sigma) v, float32.
@@ -383,7 +397,9 @@ public final class EulerSolver: Solver {
 
     public init(sigmas: [Float]) { self.sigmas = sigmas }
 
-    public func step(v: Tensor, i: Int, x: Tensor) -> Tensor { eulerStep(x, v, sigmas[i], sigmas[i + 1]) }
+    public func step(v: Tensor, i: Int, x: Tensor) -> Tensor {
+        eulerStep(x, v, sigmas[i], sigmas[i + 1])
+    }
 }
 
 /// One Euler step of a flow: x + (tNext - t) v (to 0: x - t v, the x0 the velocity predicts).
@@ -400,13 +416,15 @@ func shiftSigma(_ s: Float, _ shift: Double) -> Float {
 /// FlowMatchEulerDiscreteScheduler.set_timesteps with a static shift (euler_sigmas): a
 /// linspace from 1 to the (shifted) smallest training sigma (or the `given` levels), shifted
 /// once more in float32, then a final 0.
-func eulerSigmas(steps n: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Float] {
+func eulerSigmas(steps n: Int, shift: Double, numTrainTimesteps: Int,
+                 given: [Double]? = nil) -> [Float] {
     if let given { return given.map { shiftSigma(Float($0), shift) } + [0] }
     let tiny = 1.0 / Double(numTrainTimesteps)
     let sigmaMin = shift * tiny / (1 + (shift - 1) * tiny)  // float64, as np.float64 input
     var sigmas = [Float]()
     for i in 0..<n {  // np.linspace(1.0, sigma_min, n): i * step + start, the last exact
-        let value = n == 1 ? 1.0 : (i == n - 1 ? sigmaMin : Double(i) * ((sigmaMin - 1.0) / Double(n - 1)) + 1.0)
+        let value = n == 1 ? 1.0
+            : (i == n - 1 ? sigmaMin : Double(i) * ((sigmaMin - 1.0) / Double(n - 1)) + 1.0)
         sigmas.append(shiftSigma(Float(value), shift))
     }
     return sigmas + [0]
@@ -417,7 +435,8 @@ func eulerSigmas(steps n: Int, shift: Double, numTrainTimesteps: Int, given: [Do
 /// shift e / (e + (1 / s - 1)) with e = Float(shift) = exp(mu), then (with a terminal) 1 - s
 /// scaled so the last level is shiftTerminal, all in Float as NumPy computes them; a final 0.
 /// A schedule whose last level is 1 (one step) keeps it (the stretch would divide 0 by 0).
-func ltxSigmas(steps n: Int, shift: Double, shiftTerminal: Double?, given: [Double]? = nil) -> [Float] {
+func ltxSigmas(steps n: Int, shift: Double, shiftTerminal: Double?,
+               given: [Double]? = nil) -> [Float] {
     let e = Float(shift)
     let levels = given ?? linspace(1.0, 1.0 / Double(n), n)
     var sigmas = levels.map { s -> Float in e / (e + (1 / Float(s) - 1)) }

@@ -33,7 +33,8 @@ public struct Tensor: Equatable {
     public var data: [Float]
 
     public init(shape: [Int], data: [Float]) {
-        precondition(shape.reduce(1, *) == data.count, "shape \(shape) holds \(shape.reduce(1, *)) values, got \(data.count)")
+        precondition(shape.reduce(1, *) == data.count,
+                     "shape \(shape) holds \(shape.reduce(1, *)) values, got \(data.count)")
         self.shape = shape
         self.data = data
     }
@@ -53,7 +54,8 @@ public struct Tensor: Equatable {
     /// Concatenation along the leading (batch) axis.
     public static func concat(_ parts: [Tensor]) -> Tensor {
         let rest = Array(parts[0].shape.dropFirst())
-        precondition(parts.allSatisfy { Array($0.shape.dropFirst()) == rest }, "concat: shapes differ")
+        precondition(parts.allSatisfy { Array($0.shape.dropFirst()) == rest },
+                     "concat: shapes differ")
         return Tensor(shape: [parts.reduce(0) { $0 + $1.shape[0] }] + rest,
                       data: parts.flatMap { $0.data })
     }
@@ -80,7 +82,9 @@ public struct Tensor: Equatable {
         if axis == 0 { return concat(parts) }
         let first = parts[0].shape
         precondition(parts.allSatisfy { $0.shape.count == first.count
-            && zip($0.shape, first).enumerated().allSatisfy { $0.offset == axis || $0.element.0 == $0.element.1 } },
+            && zip($0.shape, first).enumerated().allSatisfy {
+                $0.offset == axis || $0.element.0 == $0.element.1
+            } },
             "concat along \(axis): shapes differ")
         let outer = first[..<axis].reduce(1, *), inner = first[(axis + 1)...].reduce(1, *)
         var out = [Float]()

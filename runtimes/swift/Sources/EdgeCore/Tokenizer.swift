@@ -26,7 +26,8 @@ public struct WordPieceTokenizer {
     /// `padToken`: the pad token's id pads (as the Python runtime's `load_tokenizer` does);
     /// nil: the file's `padding.pad_id`, else 0.
     public init(contentsOf url: URL, maxTokens: Int, padToken: String? = nil) throws {
-        let json = try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any] ?? [:]
+        let json = try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any]
+            ?? [:]
         guard let model = json["model"] as? [String: Any], model["type"] as? String == "WordPiece",
               let raw = model["vocab"] as? [String: Int] else {
             throw LoadError.unsupported("only WordPiece models are supported")
@@ -37,14 +38,17 @@ public struct WordPieceTokenizer {
         }
         let vocabulary = raw.mapValues { Int32($0) }
         func id(_ token: String) throws -> Int32 {
-            guard let v = vocabulary[token] else { throw LoadError.unsupported("no \(token) in the vocabulary") }
+            guard let v = vocabulary[token] else {
+                throw LoadError.unsupported("no \(token) in the vocabulary")
+            }
             return v
         }
         vocab = vocabulary
         unknown = try id(model["unk_token"] as? String ?? "[UNK]")
         cls = try id("[CLS]")
         sep = try id("[SEP]")
-        pad = try padToken.map(id) ?? Int32((json["padding"] as? [String: Any])?["pad_id"] as? Int ?? 0)
+        pad = try padToken.map(id)
+            ?? Int32((json["padding"] as? [String: Any])?["pad_id"] as? Int ?? 0)
         prefix = model["continuing_subword_prefix"] as? String ?? "##"
         maxCharsPerWord = model["max_input_chars_per_word"] as? Int ?? 100
         lowercase = normalizer["lowercase"] as? Bool ?? true
@@ -57,9 +61,11 @@ public struct WordPieceTokenizer {
         var out = String.UnicodeScalarView()
         for s in text.unicodeScalars {
             if s.value == 0 || s.value == 0xFFFD { continue }
-            if s == "\t" || s == "\n" || s == "\r" || s.properties.generalCategory == .spaceSeparator {
+            if s == "\t" || s == "\n" || s == "\r"
+                || s.properties.generalCategory == .spaceSeparator {
                 out.append(" ")
-            } else if s.properties.generalCategory == .control || s.properties.generalCategory == .format {
+            } else if s.properties.generalCategory == .control
+                        || s.properties.generalCategory == .format {
                 continue
             } else if Self.isCJK(s) {
                 out.append(" "); out.append(s); out.append(" ")
@@ -69,8 +75,9 @@ public struct WordPieceTokenizer {
         }
         var result = String(out)
         if stripAccents {
-            result = String(String.UnicodeScalarView(result.decomposedStringWithCanonicalMapping.unicodeScalars
-                .filter { $0.properties.generalCategory != .nonspacingMark }))
+            result = String(String.UnicodeScalarView(
+                result.decomposedStringWithCanonicalMapping.unicodeScalars
+                    .filter { $0.properties.generalCategory != .nonspacingMark }))
         }
         return lowercase ? result.lowercased() : result
     }
@@ -85,7 +92,8 @@ public struct WordPieceTokenizer {
 
     static func isPunctuation(_ s: Unicode.Scalar) -> Bool {
         let v = s.value
-        if (33...47).contains(v) || (58...64).contains(v) || (91...96).contains(v) || (123...126).contains(v) {
+        if (33...47).contains(v) || (58...64).contains(v) || (91...96).contains(v)
+            || (123...126).contains(v) {
             return true
         }
         switch s.properties.generalCategory {

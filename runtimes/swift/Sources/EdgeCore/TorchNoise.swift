@@ -51,7 +51,9 @@ public enum TorchNoise {
     /// A seed written in decimal (a command line's): digits only, 0 to 2^63 - 1; a negative
     /// or too large whole number is out of range, anything else (1.5, 1e3, +3) no seed.
     public static func seed(parsing text: String, name: String = "seed") throws -> UInt64 {
-        func digits(_ s: Substring) -> Bool { !s.isEmpty && s.utf8.allSatisfy { (0x30...0x39).contains($0) } }
+        func digits(_ s: Substring) -> Bool {
+            !s.isEmpty && s.utf8.allSatisfy { (0x30...0x39).contains($0) }
+        }
         if digits(text[...]) {
             guard let value = UInt64(text), value <= maxSeed else {
                 throw outOfRange(name, text)
@@ -71,7 +73,9 @@ public enum TorchNoise {
     public static func checkNoise(_ noise: String?, where place: String = "manifest.json") throws {
         let noise = noise ?? legacyDefinition
         if noise != definition {
-            throw NoiseError("\(place): noise '\(noise)': this runtime draws a seed as '\(definition)', so the seed would give another video than the package's; re-export the package or pass the initial latents")
+            throw NoiseError("\(place): noise '\(noise)': this runtime draws a seed as " +
+                             "'\(definition)', so the seed would give another video than the " +
+                             "package's; re-export the package or pass the initial latents")
         }
     }
 
@@ -229,8 +233,9 @@ public enum TorchNoise {
     static func sinCosNonNegative(_ v: SIMD8<Float>) -> (sin: SIMD8<Float>, cos: SIMD8<Float>) {
         var x = v
         // j = (int)(x * 4/pi), rounded up to even; y = j as a float
-        var j = SIMD8<Int32>(truncatingIfNeeded: unsafeBitCast(x * 1.27323954473516 + 0x1p23, to: SIMD8<UInt32>.self)
-                             & 0x7F_FFFF)
+        var j = SIMD8<Int32>(
+            truncatingIfNeeded: unsafeBitCast(x * 1.27323954473516 + 0x1p23, to: SIMD8<UInt32>.self)
+                & 0x7F_FFFF)
         // the +2^23 above rounds to nearest; truncate instead where it rounded up
         let y0 = SIMD8<Float>(j)
         j = j &- SIMD8<Int32>(repeating: 0).replacing(with: 1, where: y0 .> x * 1.27323954473516)
@@ -258,10 +263,14 @@ public enum TorchNoise {
         s = s * z
         s = s * x
         s += x
-        let sBits = unsafeBitCast(s, to: SIMD8<UInt32>.self), cBits = unsafeBitCast(c, to: SIMD8<UInt32>.self)
-        let sinBits = ((sBits & polyMask) | (cBits & ~polyMask)) ^ SIMD8<UInt32>(truncatingIfNeeded: swapSignSin)
-        let cosBits = ((cBits & polyMask) | (sBits & ~polyMask)) ^ SIMD8<UInt32>(truncatingIfNeeded: signCos)
-        return (unsafeBitCast(sinBits, to: SIMD8<Float>.self), unsafeBitCast(cosBits, to: SIMD8<Float>.self))
+        let sBits = unsafeBitCast(s, to: SIMD8<UInt32>.self),
+            cBits = unsafeBitCast(c, to: SIMD8<UInt32>.self)
+        let sinBits = ((sBits & polyMask) | (cBits & ~polyMask))
+            ^ SIMD8<UInt32>(truncatingIfNeeded: swapSignSin)
+        let cosBits = ((cBits & polyMask) | (sBits & ~polyMask))
+            ^ SIMD8<UInt32>(truncatingIfNeeded: signCos)
+        return (unsafeBitCast(sinBits, to: SIMD8<Float>.self),
+                unsafeBitCast(cosBits, to: SIMD8<Float>.self))
     }
 }
 

@@ -20,7 +20,8 @@ func shiftSigma64(_ s: Double, _ shift: Double) -> Double {
 /// UniPCMultistepScheduler.set_timesteps with use_flow_sigmas, float64, without the final 0:
 /// linspace(1, 1/N, steps + 1) without its end (or the `given` levels), shifted, the first
 /// nudged below 1.
-func unipcFlowSigmas(steps: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Double] {
+func unipcFlowSigmas(steps: Int, shift: Double, numTrainTimesteps: Int,
+                     given: [Double]? = nil) -> [Double] {
     let stop = 1.0 / Double(numTrainTimesteps)
     let step = (stop - 1.0) / Double(steps)  // np.linspace: i * step + start
     var sigmas = (0..<steps).map { shiftSigma64(given?[$0] ?? Double($0) * step + 1.0, shift) }
@@ -29,14 +30,19 @@ func unipcFlowSigmas(steps: Int, shift: Double, numTrainTimesteps: Int, given: [
 }
 
 /// UniPC's flow sigmas with a final 0, float32 (steps + 1 values).
-public func unipcSigmas(steps: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Float] {
-    unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given).map(Float.init) + [0]
+public func unipcSigmas(steps: Int, shift: Double, numTrainTimesteps: Int,
+                        given: [Double]? = nil) -> [Float] {
+    unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given)
+        .map(Float.init) + [0]
 }
 
 /// What UniPC tells the model the time is: int64(sigma * N) of the float64 sigmas, over N.
-public func unipcModelTimes(steps: Int, shift: Double, numTrainTimesteps: Int, given: [Double]? = nil) -> [Float] {
-    wholeStepTimes(unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps, given: given),
-                   numTrainTimesteps: numTrainTimesteps)
+public func unipcModelTimes(steps: Int, shift: Double, numTrainTimesteps: Int,
+                            given: [Double]? = nil) -> [Float] {
+    wholeStepTimes(
+        unipcFlowSigmas(steps: steps, shift: shift, numTrainTimesteps: numTrainTimesteps,
+                        given: given),
+        numTrainTimesteps: numTrainTimesteps)
 }
 
 /// Each sigma rounded down to a whole training step, as a fraction of N (float32).
@@ -93,7 +99,8 @@ public final class UniPCFlow: Solver {
 
     /// alpha_t, sigma_t / sigma_s0, h_phi_1 = expm1(-h) and h for a step from sigmas[iS0] to
     /// sigmas[iT]. With bh2, B_h is h_phi_1 too.
-    func coefficients(_ iS0: Int, _ iT: Int) -> (alphaT: Float, ratio: Float, hPhi1: Float, h: Float) {
+    func coefficients(_ iS0: Int, _ iT: Int)
+        -> (alphaT: Float, ratio: Float, hPhi1: Float, h: Float) {
         let sigmaT = sigmas[iT], sigmaS0 = sigmas[iS0]
         let h = unipcLambda(sigmaT) - unipcLambda(sigmaS0)
         return (1 - sigmaT, sigmaT / sigmaS0, expm1Float(-h), h)

@@ -56,7 +56,9 @@ public struct UnigramTokenizer {
             return try TextNormalizer(json: json, path: "normalizer")
         }
         self.normalizer = normalizer
-        preTokenizers = try file.pre_tokenizer.map { try PreTokenizer.parse($0, path: "pre_tokenizer") } ?? []
+        preTokenizers = try file.pre_tokenizer.map {
+            try PreTokenizer.parse($0, path: "pre_tokenizer")
+        } ?? []
 
         // added tokens: the special ones first, then the others, each in the file's order
         let added = (file.added_tokens ?? []).filter { !$0.content.isEmpty }
@@ -72,7 +74,8 @@ public struct UnigramTokenizer {
         (template, templateTokens) = try Self.parseTemplate(file.post_processor)
         guard maxTokens >= max(1, templateTokens) else {
             throw TokenizerLoadError.invalid(
-                "max_tokens \(maxTokens) leaves no room: the post_processor adds \(templateTokens) token(s)")
+                "max_tokens \(maxTokens) leaves no room: the " +
+                "post_processor adds \(templateTokens) token(s)")
         }
         self.maxTokens = maxTokens
         let pad = added.last(where: { $0.content == padToken }).map { Int32($0.id) }
@@ -88,7 +91,8 @@ public struct UnigramTokenizer {
         let type = object["type"]?.string ?? ""
         guard type == "TemplateProcessing" else {
             throw TokenizerLoadError.unsupported(
-                "post_processor.type \(type.isEmpty ? "(none)" : type) is not supported (supported: TemplateProcessing)")
+                "post_processor.type \(type.isEmpty ? "(none)" : type) " +
+                "is not supported (supported: TemplateProcessing)")
         }
         guard let single = object["single"]?.array else {
             throw TokenizerLoadError.invalid("post_processor.single is missing")
@@ -98,7 +102,8 @@ public struct UnigramTokenizer {
         for (i, item) in single.enumerated() {
             if let sequence = item["Sequence"]?.object {
                 guard sequence["id"]?.string == "A" else {
-                    throw TokenizerLoadError.unsupported("post_processor.single[\(i)]: only sequence A in a single template")
+                    throw TokenizerLoadError.unsupported(
+                        "post_processor.single[\(i)]: only sequence A in a single template")
                 }
                 items.append(.sequence)
                 sequences += 1
@@ -109,7 +114,8 @@ public struct UnigramTokenizer {
                 items.append(.special(ids.map { Int32($0) }))
                 count += ids.count
             } else {
-                throw TokenizerLoadError.invalid("post_processor.single[\(i)] is neither Sequence nor SpecialToken")
+                throw TokenizerLoadError.invalid("post_processor.single[\(i)] is " +
+                                                 "neither Sequence nor SpecialToken")
             }
         }
         guard sequences == 1 else {
@@ -175,18 +181,23 @@ enum PreTokenizer {
 
     static func parse(_ json: JSONValue, path: String) throws -> [PreTokenizer] {
         if case .null = json { return [] }
-        guard let object = json.object else { throw TokenizerLoadError.invalid("\(path) is not an object") }
+        guard let object = json.object else {
+            throw TokenizerLoadError.invalid("\(path) is not an object")
+        }
         let type = object["type"]?.string ?? ""
         switch type {
         case "Sequence":
             guard let items = object["pretokenizers"]?.array else {
                 throw TokenizerLoadError.invalid("\(path).pretokenizers is missing")
             }
-            return try items.enumerated().flatMap { try parse($1, path: "\(path).pretokenizers[\($0)]") }
+            return try items.enumerated().flatMap {
+                try parse($1, path: "\(path).pretokenizers[\($0)]")
+            }
         case "WhitespaceSplit":
             return [.whitespaceSplit]
         case "Metaspace":
-            guard let replacement = object["replacement"]?.string, replacement.unicodeScalars.count == 1 else {
+            guard let replacement = object["replacement"]?.string,
+                  replacement.unicodeScalars.count == 1 else {
                 throw TokenizerLoadError.invalid("\(path).replacement must be one character")
             }
             // tokenizers: prepend_scheme defaults to "always"; the older add_prefix_space
@@ -197,13 +208,15 @@ enum PreTokenizer {
                     "\(path).prepend_scheme \(scheme) is not supported (supported: always, never)")
             }
             if let legacy = object["add_prefix_space"]?.bool, legacy != (scheme != "never") {
-                throw TokenizerLoadError.invalid("\(path).add_prefix_space does not match prepend_scheme \(scheme)")
+                throw TokenizerLoadError.invalid("\(path).add_prefix_space does " +
+                                                 "not match prepend_scheme \(scheme)")
             }
             return [.metaspace(replacement: Array(replacement.utf8), prepend: scheme == "always",
                                split: object["split"]?.bool ?? true)]
         default:
             throw TokenizerLoadError.unsupported(
-                "\(path).type \(type.isEmpty ? "(none)" : type) is not a supported pre-tokenizer (supported: \(supported))")
+                "\(path).type \(type.isEmpty ? "(none)" : type) is not " +
+                "a supported pre-tokenizer (supported: \(supported))")
         }
     }
 
@@ -264,11 +277,14 @@ struct TokenizerFile: Decodable {
     let added_tokens: [AddedTokenSpec]?
 
     static func decode(_ data: Data) throws -> TokenizerFile {
-        do { return try JSONDecoder().decode(TokenizerFile.self, from: data) } catch let error as DecodingError {
+        do {
+            return try JSONDecoder().decode(TokenizerFile.self, from: data)
+        } catch let error as DecodingError {
             let path: [CodingKey]
             switch error {
             case .keyNotFound(let key, let context): path = context.codingPath + [key]
-            case .typeMismatch(_, let context), .valueNotFound(_, let context), .dataCorrupted(let context):
+            case .typeMismatch(_, let context), .valueNotFound(_, let context),
+                 .dataCorrupted(let context):
                 path = context.codingPath
             @unknown default: path = []
             }
@@ -346,11 +362,15 @@ struct AddedTokenMatcher {
             if pattern.singleWord {
                 let before = String(decoding: text[..<start], as: UTF8.self).unicodeScalars.last
                 let after = String(decoding: text[stop...], as: UTF8.self).unicodeScalars.first
-                if before.map(Self.isWordCharacter) == true || after.map(Self.isWordCharacter) == true { continue }
+                if before.map(Self.isWordCharacter) == true
+                    || after.map(Self.isWordCharacter) == true {
+                    continue
+                }
             }
             if pattern.lstrip {
                 var newStart = start
-                for scalar in String(decoding: text[..<start], as: UTF8.self).unicodeScalars.reversed() {
+                for scalar in String(decoding: text[..<start], as: UTF8.self).unicodeScalars
+                    .reversed() {
                     guard scalar.properties.isWhitespace else { break }
                     newStart -= UTF8.width(scalar)
                 }
@@ -375,7 +395,8 @@ struct AddedTokenMatcher {
         let p = s.properties
         if p.isAlphabetic || p.isJoinControl { return true }
         switch p.generalCategory {
-        case .nonspacingMark, .spacingMark, .enclosingMark, .decimalNumber, .connectorPunctuation: return true
+        case .nonspacingMark, .spacingMark, .enclosingMark, .decimalNumber, .connectorPunctuation:
+            return true
         default: return false
         }
     }
@@ -403,7 +424,9 @@ struct PieceTable {
         let sorted = flat.withUnsafeBufferPointer { buffer in
             starts.indices.sorted { a, b in
                 let la = lengths[a], lb = lengths[b]
-                let c = la == 0 || lb == 0 ? 0 : memcmp(buffer.baseAddress! + starts[a], buffer.baseAddress! + starts[b], min(la, lb))
+                let c = la == 0 || lb == 0 ? 0 : memcmp(buffer.baseAddress! + starts[a],
+                                                        buffer.baseAddress! + starts[b],
+                                                        min(la, lb))
                 if c != 0 { return c < 0 }
                 return la != lb ? la < lb : a < b
             }
@@ -563,7 +586,8 @@ struct UnigramModel {
                 out.append(id)
             } else if let id = pieces.lookup(text[range]) {
                 out.append(id)
-            } else if let byteIds, case let bytes = text[range].map({ byteIds[Int($0)] }), !bytes.contains(where: { $0 == nil }) {
+            } else if let byteIds, case let bytes = text[range].map({ byteIds[Int($0)] }),
+                      !bytes.contains(where: { $0 == nil }) {
                 out.append(contentsOf: bytes.compactMap { $0 })
             } else {
                 out.append(unkId)
@@ -595,7 +619,9 @@ enum JSONValue: Decodable {
     }
 
     subscript(key: String) -> JSONValue? { object?[key] }
-    var object: [String: JSONValue]? { if case .object(let v) = self { return v } else { return nil } }
+    var object: [String: JSONValue]? {
+        if case .object(let v) = self { return v } else { return nil }
+    }
     var array: [JSONValue]? { if case .array(let v) = self { return v } else { return nil } }
     var string: String? { if case .string(let v) = self { return v } else { return nil } }
     var bool: Bool? { if case .bool(let v) = self { return v } else { return nil } }

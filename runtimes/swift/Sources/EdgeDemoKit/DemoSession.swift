@@ -8,7 +8,8 @@ public struct DemoOptions: Equatable {
     public var leap = false          // Linear Proportional Leap
     public var tdtm = false          // temporal token merging for the first half of the steps
     public var budgetMB: Double?     // keep at most this many MB (10^6 bytes) of blocks loaded
-    public var seed = 0              // 0 to 2^63 - 1: torch.randn's noise for it (EdgeCore TorchNoise)
+    public var seed = 0              // 0 to 2^63 - 1: torch.randn's noise for it (EdgeCore
+                                     // TorchNoise)
 
     public init() {}
 
@@ -42,9 +43,11 @@ public final class DemoSession {
 
     /// Generate one video: the pipeline is made (verifying the package) only when the package
     /// or the budget changed. `onProgress` gets 0...1 after each step.
-    public func run(package: URL, options: DemoOptions, onProgress: @escaping (Double) -> Void = { _ in },
+    public func run(package: URL, options: DemoOptions,
+                    onProgress: @escaping (Double) -> Void = { _ in },
                     isCancelled: @escaping () -> Bool = { false }) throws -> DemoReport {
-        let seed = try TorchNoise.checkSeed(options.seed)   // a negative one refused, not trapped on
+        // a negative one refused, not trapped on
+        let seed = try TorchNoise.checkSeed(options.seed)
         let started = Date()
         if pipeline == nil || key?.0 != package || key?.1 != options.budgetBytes {
             pipeline = nil   // the old one's blocks are freed before the new one loads any
@@ -53,8 +56,11 @@ public final class DemoSession {
             pipelinesMade += 1
         }
         let loadSeconds = Date().timeIntervalSince(started)
-        let result = try pipeline!.generate(options.prompt, seed: seed, configure: options.configure,
-                                            onStep: { done, total in onProgress(Double(done) / Double(total)) },
+        let result = try pipeline!.generate(options.prompt, seed: seed,
+                                            configure: options.configure,
+                                            onStep: { done, total in
+                                                onProgress(Double(done) / Double(total))
+                                            },
                                             isCancelled: isCancelled)
         return DemoReport(result: result, rows: Self.rows(result, loadSeconds: loadSeconds))
     }
@@ -62,9 +68,11 @@ public final class DemoSession {
     /// Drop the pipeline and its loaded blocks (a memory warning).
     public func unload() { pipeline?.unload() }
 
-    public static func rows(_ result: EdgePipeline.Result, loadSeconds: Double) -> [(String, String)] {
+    public static func rows(_ result: EdgePipeline.Result,
+                            loadSeconds: Double) -> [(String, String)] {
         let seconds: [(String, Double)] = [("load + verify", loadSeconds)]
-            + ["text_encoder", "transformer", "vae_decoder", "total", "block_load_s", "block_wait_s"]
+            + ["text_encoder", "transformer", "vae_decoder", "total", "block_load_s",
+               "block_wait_s"]
             .compactMap { k in result.timings[k].map { (k, $0) } }
         let trace = result.trace
         return seconds.map { ($0.0, String(format: "%.2f s", $0.1)) } + [

@@ -13,9 +13,11 @@ public struct BlockEntry {
     public let weightBytes: Int        // what it occupies once loaded (the budget's unit)
     public let digest: String          // of its files' sha256s: names a compiled copy
 
-    public init(key: String, block: Manifest.Block, program: URL, function: String? = nil, files: [URL],
+    public init(key: String, block: Manifest.Block, program: URL, function: String? = nil,
+                files: [URL],
                 paths: [String]? = nil, weightBytes: Int, digest: String) {
-        self.key = key; self.block = block; self.program = program; self.function = function; self.files = files
+        self.key = key; self.block = block; self.program = program; self.function = function
+        self.files = files
         self.paths = paths ?? files.map(\.path)
         self.weightBytes = weightBytes; self.digest = digest
     }

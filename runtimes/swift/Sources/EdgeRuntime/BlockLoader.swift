@@ -53,13 +53,17 @@ public final class BlockLoader {
 
     /// The keys kept loaded once loaded. Pinning leaves room to stream the largest remaining
     /// block plus one prefetched block; every-step blocks are considered first, in order.
-    static func planPins(_ entries: [BlockEntry], budget: Int?, everyStep: [String]) throws -> Set<String> {
+    static func planPins(_ entries: [BlockEntry], budget: Int?,
+                         everyStep: [String]) throws -> Set<String> {
         guard let largest = entries.max(by: { $0.weightBytes < $1.weightBytes }) else { return [] }
         guard let budget else { return Set(entries.map(\.key)) }
         if budget < largest.weightBytes {
-            throw RuntimeError.budget("memory budget \(budget) bytes is smaller than block \(largest.key) (\(largest.weightBytes) bytes); the smallest budget that works is \(largest.weightBytes) bytes")
+            throw RuntimeError.budget("memory budget \(budget) bytes is smaller than " +
+                                      "block \(largest.key) (\(largest.weightBytes) bytes); the " +
+                                      "smallest budget that works is \(largest.weightBytes) bytes")
         }
-        let sizes = Dictionary(entries.map { ($0.key, $0.weightBytes) }, uniquingKeysWith: { a, _ in a })
+        let sizes = Dictionary(entries.map { ($0.key, $0.weightBytes) },
+                               uniquingKeysWith: { a, _ in a })
         let first = everyStep.filter { sizes[$0] != nil }
         let order = first + entries.map(\.key).filter { !first.contains($0) }
         var pins = Set<String>(), pinnedBytes = 0
@@ -75,7 +79,11 @@ public final class BlockLoader {
     }
 
     public var stats: Stats { lock.lock(); defer { lock.unlock() }; return _stats }
-    public var loadedKeys: Set<String> { lock.lock(); defer { lock.unlock() }; return Set(loaded.keys) }
+    public var loadedKeys: Set<String> {
+        lock.lock()
+        defer { lock.unlock() }
+        return Set(loaded.keys)
+    }
     public var residentBytes: Int { lock.lock(); defer { lock.unlock() }; return heldBytes }
 
     private func fits(_ bytes: Int) -> Bool { budget.map { heldBytes + bytes <= $0 } ?? true }
@@ -84,8 +92,8 @@ public final class BlockLoader {
     /// not fit beside what is held now (then `block(key)` loads it when it is needed).
     public func prefetch(_ key: String) {
         lock.lock(); defer { lock.unlock() }
-        guard loaded[key] == nil, pending[key] == nil, failures[key] == nil, let entry = entries[key],
-              fits(entry.weightBytes) else { return }
+        guard loaded[key] == nil, pending[key] == nil, failures[key] == nil,
+              let entry = entries[key], fits(entry.weightBytes) else { return }
         startLoad(entry)
     }
 
@@ -130,15 +138,22 @@ public final class BlockLoader {
     /// The loaded block of `key`: waits for a load in flight, or makes room under the budget
     /// (unloading streamed blocks, waiting for other loads to land) and loads it now.
     public func block(_ key: String) throws -> LoadedBlock {
-        guard let entry = entries[key] else { throw RuntimeError.block("block \(key): not in the package") }
+        guard let entry = entries[key] else {
+            throw RuntimeError.block("block \(key): not in the package")
+        }
         let started = Date()
-        defer { lock.lock(); _stats.waitSeconds += Date().timeIntervalSince(started); lock.unlock() }
+        defer {
+            lock.lock()
+            _stats.waitSeconds += Date().timeIntervalSince(started)
+            lock.unlock()
+        }
         while true {
             lock.lock()
             if let error = failures.removeValue(forKey: key) { lock.unlock(); throw error }
             if let block = loaded[key] { lock.unlock(); return block }
             if let group = pending[key] { lock.unlock(); group.wait(); continue }
-            for other in Array(loaded.keys) where !pinned.contains(other) && !fits(entry.weightBytes) {
+            for other in Array(loaded.keys)
+            where !pinned.contains(other) && !fits(entry.weightBytes) {
                 evict(other)
             }
             if fits(entry.weightBytes) { startLoad(entry); lock.unlock(); continue }
@@ -146,7 +161,8 @@ public final class BlockLoader {
             let inFlight = Array(pending.values)
             lock.unlock()
             if inFlight.isEmpty {
-                throw RuntimeError.budget("block \(key) (\(entry.weightBytes) bytes) does not fit beside the pinned blocks under the budget")
+                throw RuntimeError.budget("block \(key) (\(entry.weightBytes) bytes) does " +
+                                          "not fit beside the pinned blocks under the budget")
             }
             inFlight.forEach { $0.wait() }
         }

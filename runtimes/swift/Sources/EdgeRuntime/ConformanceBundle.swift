@@ -43,32 +43,41 @@ public struct ConformanceBundle {
         let json = folder.appendingPathComponent("bundle.json")
         func bad(_ why: String) -> RuntimeError { .package("\(json.path): \(why)") }
         guard let raw = FileManager.default.contents(atPath: json.path) else {
-            throw RuntimeError.package("\(json.path): missing; not an edge bundle folder (edge record writes one)")
+            throw RuntimeError.package("\(json.path): missing; not an edge " +
+                                       "bundle folder (edge record writes one)")
         }
         let parsed: Any
         do { parsed = try JSONSerialization.jsonObject(with: raw) } catch {
             throw bad("not valid JSON (\(raw.count) bytes; truncated or altered?)")
         }
-        guard let body = parsed as? [String: Any] else { throw bad("not a JSON object; not an edge bundle") }
+        guard let body = parsed as? [String: Any] else {
+            throw bad("not a JSON object; not an edge bundle")
+        }
         guard body["format"] as? String == "edge-bundle" else {
             throw bad("not an edge bundle (no \"format\": \"edge-bundle\")")
         }
         guard (body["format_version"] as? NSNumber)?.intValue == 1 else {
-            throw bad("format_version \(body["format_version"] ?? "missing"); this runtime reads version 1")
+            throw bad("format_version \(body["format_version"] ?? "missing"); " +
+                      "this runtime reads version 1")
         }
         func field<T>(_ name: String, _ type: T.Type) throws -> T {
-            guard let value = body[name] as? T else { throw bad("missing or malformed field \(name)") }
+            guard let value = body[name] as? T else {
+                throw bad("missing or malformed field \(name)")
+            }
             return value
         }
         func ref(_ value: Any?, _ where: String) throws -> Ref {
             guard let d = value as? [String: Any], let dtype = d["dtype"] as? String,
-                  let shape = (d["shape"] as? [NSNumber])?.map(\.intValue), let offset = (d["offset"] as? NSNumber)?.intValue else {
+                  let shape = (d["shape"] as? [NSNumber])?.map(\.intValue),
+                  let offset = (d["offset"] as? NSNumber)?.intValue else {
                 throw bad("\(`where`): not an array reference")
             }
             return Ref(dtype: dtype, shape: shape, offset: offset)
         }
         let package = try field("package", [String: Any].self)
-        guard let digest = package["manifest_sha256"] as? String else { throw bad("missing field package.manifest_sha256") }
+        guard let digest = package["manifest_sha256"] as? String else {
+            throw bad("missing field package.manifest_sha256")
+        }
         manifestSha256 = digest
         recordedWith = body["recorded_with"] as? String ?? "?"
         prompt = try field("prompt", String.self)
@@ -76,7 +85,9 @@ public struct ConformanceBundle {
         switch body["seed"] {   // a seed is drawn again here (run(_:)): 0 to 2^63 - 1
         case nil, is NSNull: seed = nil
         case let number as NSNumber:
-            do { seed = try TorchNoise.seed(parsing: number.stringValue) } catch { throw bad("\(error)") }
+            do { seed = try TorchNoise.seed(parsing: number.stringValue) } catch {
+                throw bad("\(error)")
+            }
         default: throw bad("seed must be a whole number from 0 to 2^63 - 1 or null")
         }
         settings = try field("settings", [String: Any].self)
@@ -89,7 +100,9 @@ public struct ConformanceBundle {
                       leapAt: (t["leap_at"] as? NSNumber)?.intValue)
         calls = try field("calls", [[String: Any]].self).enumerated().map { i, c in
             guard let key = c["key"] as? String, let inputs = c["inputs"] as? [String: Any],
-                  let outputs = c["outputs"] as? [String: Any] else { throw bad("call \(i): malformed") }
+                  let outputs = c["outputs"] as? [String: Any] else {
+                      throw bad("call \(i): malformed")
+                  }
             return Call(key: key,
                         inputs: try inputs.mapValues { try ref($0, "call \(i) (\(key)) input") },
                         outputs: try outputs.mapValues { try ref($0, "call \(i) (\(key)) output") })
@@ -98,23 +111,29 @@ public struct ConformanceBundle {
         let entry = try field("tensors", [String: Any].self)
         let path = try PackageFiles.resolve(folder, entry["path"] as? String ?? "tensors.bin",
                                             "\(json.path): tensors.path", folderKind: "bundle")
-        guard let size = (try? FileManager.default.attributesOfItem(atPath: path.path))?[.size] as? Int else {
+        guard let size = (try? FileManager.default.attributesOfItem(atPath: path.path))?[.size]
+                as? Int else {
             throw RuntimeError.package("\(path.path): missing; the bundle's arrays are not there")
         }
         guard size == (entry["bytes"] as? NSNumber)?.intValue else {
-            throw RuntimeError.package("\(path.path): \(size) bytes, bundle.json says \(entry["bytes"] ?? "nothing") (a truncated or changed bundle)")
+            throw RuntimeError.package("\(path.path): \(size) bytes, bundle.json " +
+                                       "says \(entry["bytes"] ?? "nothing") (a " +
+                                       "truncated or changed bundle)")
         }
         tensors = try Data(contentsOf: path, options: .alwaysMapped)
         guard StreamingSHA256.hex(tensors) == entry["sha256"] as? String else {
-            throw RuntimeError.package("\(path.path): sha256 differs from bundle.json's (a changed bundle)")
+            throw RuntimeError.package("\(path.path): sha256 differs from " +
+                                       "bundle.json's (a changed bundle)")
         }
         let sizes = ["float32": 4, "int32": 4, "uint8": 1]
         func inside(_ r: Ref, _ where: String) throws {
             guard let width = sizes[r.dtype] else { throw bad("\(`where`): dtype \(r.dtype)") }
             // overflow-safe: a shape's byte count is bounded by the file before any use
             guard r.offset >= 0, r.offset <= tensors.count,
-                  let count = checkedCount(r.shape, width: width, limit: tensors.count - r.offset) else {
-                throw bad("\(`where`): shape \(r.shape) of \(r.dtype) at byte \(r.offset) lies outside tensors.bin (\(tensors.count) bytes)")
+                  let count = checkedCount(r.shape, width: width,
+                                           limit: tensors.count - r.offset) else {
+                throw bad("\(`where`): shape \(r.shape) of \(r.dtype) at byte \(r.offset) " +
+                          "lies outside tensors.bin (\(tensors.count) bytes)")
             }
             _ = count
         }
@@ -122,7 +141,9 @@ public struct ConformanceBundle {
         try inside(frames, "frames")
         for (i, call) in calls.enumerated() {
             for (name, r) in call.inputs { try inside(r, "call \(i) (\(call.key)) input \(name)") }
-            for (name, r) in call.outputs { try inside(r, "call \(i) (\(call.key)) output \(name)") }
+            for (name, r) in call.outputs {
+                try inside(r, "call \(i) (\(call.key)) output \(name)")
+            }
         }
     }
 
@@ -135,11 +156,12 @@ public struct ConformanceBundle {
     public func configure(_ settings: inout SamplerSettings) throws {
         let encoder = JSONEncoder()
         encoder.keyEncodingStrategy = .convertToSnakeCase
-        var merged = try JSONSerialization.jsonObject(with: encoder.encode(settings)) as! [String: Any]
+        var merged = try JSONSerialization.jsonObject(with: encoder.encode(settings))
+            as! [String: Any]
         merged.merge(self.settings) { $1 }
         do {
-            settings = try ManifestReader.jsonDecoder().decode(SamplerSettings.self,
-                                                               from: JSONSerialization.data(withJSONObject: merged))
+            settings = try ManifestReader.jsonDecoder().decode(
+                SamplerSettings.self, from: JSONSerialization.data(withJSONObject: merged))
         } catch {
             throw RuntimeError.package("\(jsonFile.path): settings: \(error)")
         }
@@ -149,30 +171,42 @@ public struct ConformanceBundle {
     /// package's blocks (an unknown key, other input or output names, other shapes).
     public func check(_ manifest: Manifest) throws {
         guard manifestSha256 == manifest.manifestSha256 else {
-            throw RuntimeError.package("\(jsonFile.path): recorded from the package with manifest digest \(manifestSha256.prefix(16))…; this package's is \(manifest.manifestSha256.prefix(16))… (record the bundle from this package)")
+            throw RuntimeError.package("\(jsonFile.path): recorded from the package with " +
+                                       "manifest digest \(manifestSha256.prefix(16))…; this " +
+                                       "package's is \(manifest.manifestSha256.prefix(16))… " +
+                                       "(record the bundle from this package)")
         }
         var blocks: [String: Manifest.Block] = [:]
         for comp in manifest.components {
             for block in comp.blocks {
                 blocks["\(comp.name)/\(block.name)"] = block
-                for name in (block.variants ?? [:]).keys { blocks["\(comp.name)/\(block.name)#\(name)"] = block.running(name) }
+                for name in (block.variants ?? [:]).keys {
+                    blocks["\(comp.name)/\(block.name)#\(name)"] = block.running(name)
+                }
             }
         }
         let shape = [1] + manifest.latentShape
         guard latents.shape == shape else {
-            throw RuntimeError.package("\(jsonFile.path): latents of shape \(latents.shape); the package takes \(shape)")
+            throw RuntimeError.package("\(jsonFile.path): latents of " +
+                                       "shape \(latents.shape); the package takes \(shape)")
         }
         for (i, call) in calls.enumerated() {
             guard let block = blocks[call.key] else {
-                throw RuntimeError.package("\(jsonFile.path): call \(i) runs \(call.key), which is no block of this package")
+                throw RuntimeError.package("\(jsonFile.path): call \(i) runs \(call.key), " +
+                                           "which is no block of this package")
             }
-            for (side, refs, sigs) in [("inputs", call.inputs, block.inputs), ("outputs", call.outputs, block.outputs)] {
+            for (side, refs, sigs) in [("inputs", call.inputs, block.inputs),
+                                       ("outputs", call.outputs, block.outputs)] {
                 let want = Dictionary(uniqueKeysWithValues: sigs.map { ($0.name, $0.shape) })
                 guard Set(refs.keys) == Set(want.keys) else {
-                    throw RuntimeError.package("\(jsonFile.path): call \(i) (\(call.key)) has \(side) \(refs.keys.sorted()); the block's are \(want.keys.sorted())")
+                    throw RuntimeError.package("\(jsonFile.path): call \(i) (\(call.key)) " +
+                                               "has \(side) \(refs.keys.sorted()); the " +
+                                               "block's are \(want.keys.sorted())")
                 }
                 for (name, r) in refs where r.shape != want[name] {
-                    throw RuntimeError.package("\(jsonFile.path): call \(i) (\(call.key)) \(side.dropLast()) \(name) has shape \(r.shape); the block's is \(want[name]!)")
+                    throw RuntimeError.package("\(jsonFile.path): call \(i) " +
+                                               "(\(call.key)) \(side.dropLast()) \(name) has " +
+                                               "shape \(r.shape); the block's is \(want[name]!)")
                 }
             }
         }
@@ -199,32 +233,49 @@ public final class BundleReplay: BlockBackend {
     public var finished: Bool { next == bundle.calls.count }
 
     /// Back to the first call (for another run of the same generation).
-    public func rewind() { lock.lock(); next = 0; worstInputDifference = 0; worstInputCall = nil; lock.unlock() }
+    public func rewind() {
+        lock.lock()
+        next = 0
+        worstInputDifference = 0
+        worstInputCall = nil
+        lock.unlock()
+    }
 
-    public func load(_ entry: BlockEntry) throws -> LoadedBlock { ReplayedBlock(key: entry.key, replay: self) }
+    public func load(_ entry: BlockEntry) throws -> LoadedBlock {
+        ReplayedBlock(key: entry.key, replay: self)
+    }
 
     func answer(_ key: String, _ inputs: [String: Tensor]) throws -> [String: Tensor] {
         lock.lock(); defer { lock.unlock() }
         let file = bundle.jsonFile.path
         guard next < bundle.calls.count else {
-            throw RuntimeError.block("\(file): call \(next) to \(key), but the recording made only \(bundle.calls.count) calls")
+            throw RuntimeError.block("\(file): call \(next) to \(key), but the " +
+                                     "recording made only \(bundle.calls.count) calls")
         }
         let call = bundle.calls[next]
         guard call.key == key else {
-            throw RuntimeError.block("\(file): call \(next) went to \(key); the recording's went to \(call.key)")
+            throw RuntimeError.block("\(file): call \(next) went to \(key); " +
+                                     "the recording's went to \(call.key)")
         }
         guard Set(inputs.keys) == Set(call.inputs.keys) else {
-            throw RuntimeError.block("\(file): call \(next) to \(key) fed \(inputs.keys.sorted()); the recording fed \(call.inputs.keys.sorted())")
+            throw RuntimeError.block("\(file): call \(next) to \(key) " +
+                                     "fed \(inputs.keys.sorted()); the " +
+                                     "recording fed \(call.inputs.keys.sorted())")
         }
         for (name, ref) in call.inputs.sorted(by: { $0.key < $1.key }) {
             let want = bundle.tensor(ref), got = inputs[name]!
             guard got.shape == want.shape else {
-                throw RuntimeError.block("\(file): call \(next) to \(key): input \(name) of shape \(got.shape); the recording's was \(want.shape)")
+                throw RuntimeError.block("\(file): call \(next) to \(key): input \(name) of " +
+                                         "shape \(got.shape); the recording's was \(want.shape)")
             }
             let worst = relativeDifference(got, want)
-            if worst > worstInputDifference { worstInputDifference = worst; worstInputCall = "call \(next) (\(key)) input \(name)" }
+            if worst > worstInputDifference {
+                worstInputDifference = worst
+                worstInputCall = "call \(next) (\(key)) input \(name)"
+            }
             if !(worst <= tolerance) {
-                throw RuntimeError.block("\(file): call \(next) to \(key): input \(name) differs from the recording's by \(worst) (> \(tolerance))")
+                throw RuntimeError.block("\(file): call \(next) to \(key): input \(name) differs " +
+                                         "from the recording's by \(worst) (> \(tolerance))")
             }
         }
         next += 1
@@ -236,7 +287,9 @@ final class ReplayedBlock: LoadedBlock {
     let key: String
     let replay: BundleReplay
     init(key: String, replay: BundleReplay) { self.key = key; self.replay = replay }
-    func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] { try replay.answer(key, inputs) }
+    func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] {
+        try replay.answer(key, inputs)
+    }
 }
 
 /// max |got - want| / max(1, |want|) over the elements where they differ (equal values count
@@ -286,7 +339,8 @@ extension EdgePipeline {
             for (name, ref) in call.outputs {
                 let want = bundle.tensor(ref)
                 guard let got = outputs[name], got.shape == want.shape else {
-                    throw RuntimeError.block("block \(call.key): no output \(name) of shape \(want.shape)")
+                    throw RuntimeError.block("block \(call.key): no " +
+                                             "output \(name) of shape \(want.shape)")
                 }
                 for (g, w) in zip(got.data, want.data) {
                     worst = max(worst, Double(abs(g - w)).isNaN ? .infinity : Double(abs(g - w)))
@@ -299,7 +353,8 @@ extension EdgePipeline {
                 errors[i].referenceMaxAbs = max(errors[i].referenceMaxAbs, scale)
             } else {
                 index[call.key] = errors.count
-                errors.append(.init(key: call.key, calls: 1, maxAbsError: worst, referenceMaxAbs: scale))
+                errors.append(.init(key: call.key, calls: 1, maxAbsError: worst,
+                                    referenceMaxAbs: scale))
             }
         }
         return errors
@@ -317,26 +372,37 @@ extension EdgePipeline {
         try bundle.configure(&settings)
         let recorded = bundle.tensor(bundle.latents)
         func drift(_ drawn: Tensor, _ what: String) throws -> Double {
-            let worst = zip(drawn.data, recorded.data).reduce(0.0) { max($0, Double(abs($1.0 - $1.1))) }
+            let worst = zip(drawn.data, recorded.data).reduce(0.0) {
+                max($0, Double(abs($1.0 - $1.1)))
+            }
             guard drawn.shape == recorded.shape, worst <= latentsTolerance else {   // NaN too
-                throw RuntimeError.block("\(bundle.jsonFile.path): seed \(bundle.seed!): \(what) differ from the recorded latents by \(worst) (> \(latentsTolerance)); this runtime's noise for a seed is not the recording's")
+                throw RuntimeError.block("\(bundle.jsonFile.path): " +
+                                         "seed \(bundle.seed!): \(what) differ from the " +
+                                         "recorded latents by \(worst) (> \(latentsTolerance)); " +
+                                         "this runtime's noise for a seed is not the recording's")
             }
             return worst
         }
         if let seed = bundle.seed {
             try TorchNoise.checkNoise(manifest.noise, where: "manifest.json")
-            _ = try drift(try TorchNoise.randn(shape: recorded.shape, seed: seed), "the latents drawn for it")
+            _ = try drift(try TorchNoise.randn(shape: recorded.shape, seed: seed),
+                          "the latents drawn for it")
         }
-        let result = try generate(bundle.prompt, negativePrompt: bundle.negativePrompt, seed: bundle.seed,
+        let result = try generate(bundle.prompt, negativePrompt: bundle.negativePrompt,
+                                  seed: bundle.seed,
                                   latents: bundle.seed == nil ? recorded : nil,
                                   configure: { $0 = settings }, onStep: onStep)
         var report = BundleReport()
         report.frames = result
-        if bundle.seed != nil { report.seedLatentsDifference = try drift(result.noise, "the pipeline's latents") }
+        if bundle.seed != nil {
+            report.seedLatentsDifference = try drift(result.noise, "the pipeline's latents")
+        }
         let want = bundle.tensor(bundle.frames)
         let got = result.frames.flatMap { $0 }.map(Float.init)
         guard want.shape == [result.frames.count, result.height, result.width, 3] else {
-            throw RuntimeError.block("\(bundle.jsonFile.path): frames of shape \(want.shape); this run made \([result.frames.count, result.height, result.width, 3])")
+            throw RuntimeError.block(
+                "\(bundle.jsonFile.path): frames of shape \(want.shape); this " +
+                "run made \([result.frames.count, result.height, result.width, 3])")
         }
         var squared = 0.0
         for (g, w) in zip(got, want.data) where g != w {
@@ -359,11 +425,17 @@ extension Tensor {
             let base = raw.baseAddress!.advanced(by: offset)
             switch dtype {
             case "int32":
-                return (0..<count).map { Float(Int32(littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0, as: Int32.self))) }
+                return (0..<count).map {
+                    Float(Int32(littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0,
+                                                                 as: Int32.self)))
+                }
             case "uint8":
                 return (0..<count).map { Float(base.load(fromByteOffset: $0, as: UInt8.self)) }
             default:
-                return (0..<count).map { Float(bitPattern: UInt32(littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0, as: UInt32.self))) }
+                return (0..<count).map {
+                    Float(bitPattern: UInt32(
+                        littleEndian: base.loadUnaligned(fromByteOffset: 4 * $0, as: UInt32.self)))
+                }
             }
         }
         self.init(shape: shape, data: values)

@@ -21,7 +21,9 @@ public final class CoreAIBackend: BlockBackend {
         let model = try waited { try await AIModel(contentsOf: url, options: options) }
         let name = entry.function ?? "main"
         guard let function = try model.loadFunction(named: name) else {
-            throw RuntimeError.package("block \(entry.key): \(url.lastPathComponent) has no function \(name) (it has: \(model.functionNames.joined(separator: ", ")))")
+            throw RuntimeError.package("block \(entry.key): \(url.lastPathComponent) has " +
+                                       "no function \(name) (it " +
+                                       "has: \(model.functionNames.joined(separator: ", ")))")
         }
         return CoreAIBlock(function: function, entry: entry)
     }
@@ -32,15 +34,20 @@ final class CoreAIBlock: LoadedBlock {
     let function: InferenceFunction
     let entry: BlockEntry
 
-    init(function: InferenceFunction, entry: BlockEntry) { self.function = function; self.entry = entry }
+    init(function: InferenceFunction, entry: BlockEntry) {
+        self.function = function
+        self.entry = entry
+    }
 
     func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] {
         var arrays: [String: NDArray] = [:]
         for s in entry.block.inputs {
             guard let value = inputs[s.name], value.shape == s.shape else {
-                throw RuntimeError.block("block \(entry.key): input \(s.name) missing or not of shape \(s.shape)")
+                throw RuntimeError.block("block \(entry.key): input \(s.name) " +
+                                         "missing or not of shape \(s.shape)")
             }
-            arrays[s.name] = s.dtype == "int32" ? NDArray(scalars: value.data.map { Int32($0) }, shape: s.shape)
+            arrays[s.name] = s.dtype == "int32" ? NDArray(scalars: value.data.map { Int32($0) },
+                                                          shape: s.shape)
                 : NDArray(scalars: value.data, shape: s.shape)
         }
         let function = self.function, names = entry.block.outputs.map(\.name), key = entry.key
@@ -65,16 +72,21 @@ final class CoreAIBlock: LoadedBlock {
                 throw RuntimeError.block("block \(key): output \(name) has an interleaved layout")
             }
             return view.withUnsafePointer { pointer, shape, strides in
-                let dims = (0..<shape.count).map { shape[$0] }, steps = (0..<strides.count).map { strides[$0] }
+                let dims = (0..<shape.count).map { shape[$0] }, steps = (0..<strides.count).map {
+                    strides[$0]
+                }
                 let count = dims.reduce(1, *)
-                let out = (0..<count).map { convert(pointer[stridedOffset(of: $0, shape: dims, strides: steps)]) }
+                let out = (0..<count).map {
+                    convert(pointer[stridedOffset(of: $0, shape: dims, strides: steps)])
+                }
                 return Tensor(shape: dims, data: out)
             }
         }
         switch array.scalarType {
         case .float32: return try values(Float.self) { $0 }
         case .float16: return try values(Float16.self) { Float($0) }
-        default: throw RuntimeError.block("block \(key): output \(name) is \(array.scalarType), not float32 or float16")
+        default: throw RuntimeError.block("block \(key): output \(name) " +
+                                          "is \(array.scalarType), not float32 or float16")
         }
     }
 }

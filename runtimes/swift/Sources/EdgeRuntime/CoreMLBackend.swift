@@ -3,12 +3,12 @@ import CoreML
 import EdgeCore
 import Foundation
 
-/// The Apple-platform backend for Core ML packages (layouts separate and multifunction; a
-/// Core AI package runs through CoreAIBackend): one `MLModel` per block (or block variant). An `.mlpackage` is
-/// compiled to `.mlmodelc` on the device once (MLModel.compileModel) and kept under
+/// The Apple-platform backend for Core ML packages (layouts separate and multifunction; a Core AI
+/// package runs through CoreAIBackend): one `MLModel` per block (or block variant). An `.mlpackage`
+/// is compiled to `.mlmodelc` on the device once (MLModel.compileModel) and kept under
 /// Caches/edge-compiled by the digest of its files, so a new export compiles anew. In a
-/// multifunction package (iOS 18) a block and its variants are functions of one program
-/// sharing one weight file: compiled once, each loaded with its function name.
+/// multifunction package (iOS 18) a block and its variants are functions of one program sharing one
+/// weight file: compiled once, each loaded with its function name.
 public final class CoreMLBackend: BlockBackend {
     let configuration: MLModelConfiguration
     let cacheFolder: URL
@@ -18,8 +18,9 @@ public final class CoreMLBackend: BlockBackend {
         configuration = MLModelConfiguration()
         configuration.computeUnits = computeUnits
         self.outputPrefix = outputPrefix
-        self.cacheFolder = cacheFolder ?? FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask)[0]
-            .appendingPathComponent("edge-compiled")
+        self.cacheFolder = cacheFolder
+            ?? FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask)[0]
+                .appendingPathComponent("edge-compiled")
     }
 
     public static func units(_ name: String) -> MLComputeUnits {
@@ -36,12 +37,15 @@ public final class CoreMLBackend: BlockBackend {
         var config = configuration
         if let function = entry.function {
             guard #available(iOS 18, macOS 15, *) else {
-                throw RuntimeError.package("block \(entry.key): its program is multifunction (iOS 18, macOS 15); export the package with --min-ios 17 for this system")
+                throw RuntimeError.package("block \(entry.key): its program is " +
+                                           "multifunction (iOS 18, macOS 15); export " +
+                                           "the package with --min-ios 17 for this system")
             }
             config = configuration.copy() as! MLModelConfiguration
             config.functionName = function
         }
-        return CoreMLBlock(model: try MLModel(contentsOf: try compiled(entry), configuration: config),
+        return CoreMLBlock(model: try MLModel(contentsOf: try compiled(entry),
+                                              configuration: config),
                            entry: entry, outputPrefix: outputPrefix)
     }
 
@@ -72,7 +76,8 @@ final class CoreMLBlock: LoadedBlock {
     func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] {
         var features: [String: MLFeatureValue] = [:]
         for s in entry.block.inputs {
-            features[s.name] = MLFeatureValue(multiArray: try MultiArray.make(inputs[s.name]!, signature: s))
+            features[s.name] = MLFeatureValue(
+                multiArray: try MultiArray.make(inputs[s.name]!, signature: s))
         }
         let out = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: features))
         var outputs: [String: Tensor] = [:]
@@ -93,9 +98,12 @@ extension EdgePipeline {
     public convenience init(package root: URL, budget: Int? = nil, verify: Bool = true,
                             computeUnits: MLComputeUnits? = nil) throws {
         try self.init(package: root, budget: budget, verify: verify, makeBackend: { manifest in
-            if ProgramRuntime.of(manifest) == .coreAI { return try EdgePipeline.coreAIBackend(manifest) }
-            return CoreMLBackend(computeUnits: computeUnits ?? CoreMLBackend.units(manifest.coreml.computeUnits),
-                                 outputPrefix: manifest.coreml.outputPrefix)
+            if ProgramRuntime.of(manifest) == .coreAI {
+                return try EdgePipeline.coreAIBackend(manifest)
+            }
+            return CoreMLBackend(
+                computeUnits: computeUnits ?? CoreMLBackend.units(manifest.coreml.computeUnits),
+                outputPrefix: manifest.coreml.outputPrefix)
         })
     }
 }

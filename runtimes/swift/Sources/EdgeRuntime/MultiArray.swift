@@ -8,14 +8,16 @@ import Foundation
 enum MultiArray {
     static func make(_ tensor: Tensor, signature: Manifest.Signature) throws -> MLMultiArray {
         guard tensor.shape == signature.shape else {
-            throw ManifestError.invalid("input \(signature.name): shape \(tensor.shape), the block takes \(signature.shape)")
+            throw ManifestError.invalid("input \(signature.name): shape \(tensor.shape), " +
+                                        "the block takes \(signature.shape)")
         }
         let int = signature.dtype == "int32"
         let array = try MLMultiArray(shape: tensor.shape.map { NSNumber(value: $0) },
                                      dataType: int ? .int32 : .float32)
         if int {
             array.withUnsafeMutableBufferPointer(ofType: Int32.self) { out, strides in
-                copy(tensor.data.map { Int32($0) }, into: out, shape: tensor.shape, strides: strides)
+                copy(tensor.data.map { Int32($0) }, into: out, shape: tensor.shape,
+                     strides: strides)
             }
         } else {
             array.withUnsafeMutableBufferPointer(ofType: Float.self) { out, strides in
@@ -25,8 +27,11 @@ enum MultiArray {
         return array
     }
 
-    static func copy<T>(_ values: [T], into out: UnsafeMutableBufferPointer<T>, shape: [Int], strides: [Int]) {
-        for (i, value) in values.enumerated() { out[stridedOffset(of: i, shape: shape, strides: strides)] = value }
+    static func copy<T>(_ values: [T], into out: UnsafeMutableBufferPointer<T>, shape: [Int],
+                        strides: [Int]) {
+        for (i, value) in values.enumerated() {
+            out[stridedOffset(of: i, shape: shape, strides: strides)] = value
+        }
     }
 
     static func tensor(_ array: MLMultiArray) throws -> Tensor {
@@ -36,13 +41,17 @@ enum MultiArray {
         case .float32:
             array.withUnsafeBufferPointer(ofType: Float.self) { buffer in
                 let strides = array.strides.map(\.intValue)
-                for i in 0..<count { data[i] = buffer[stridedOffset(of: i, shape: shape, strides: strides)] }
+                for i in 0..<count {
+                    data[i] = buffer[stridedOffset(of: i, shape: shape, strides: strides)]
+                }
             }
         case .float16:
             #if arch(arm64)
             array.withUnsafeBufferPointer(ofType: Float16.self) { buffer in
                 let strides = array.strides.map(\.intValue)
-                for i in 0..<count { data[i] = Float(buffer[stridedOffset(of: i, shape: shape, strides: strides)]) }
+                for i in 0..<count {
+                    data[i] = Float(buffer[stridedOffset(of: i, shape: shape, strides: strides)])
+                }
             }
             #else  // no Float16 type on Intel Macs: NSNumber access by index (slower)
             for i in 0..<count {
@@ -54,7 +63,8 @@ enum MultiArray {
             }
             #endif
         default:
-            throw ManifestError.invalid("block output of data type \(array.dataType.rawValue): expected float32 or float16")
+            throw ManifestError.invalid("block output of data type \(array.dataType.rawValue): " +
+                                        "expected float32 or float16")
         }
         return Tensor(shape: shape, data: data)
     }

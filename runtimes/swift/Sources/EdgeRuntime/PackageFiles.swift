@@ -46,14 +46,18 @@ public enum PackageFiles {
     public static func resolve(_ root: URL, _ relative: String, _ where: String,
                                folderKind: String = "package") throws -> URL {
         let parts = relative.split(separator: "/", omittingEmptySubsequences: false)
-        let escapes = RuntimeError.package("\(`where`): file path \(relative) escapes the \(folderKind) folder")
-        if relative.isEmpty || relative.hasPrefix("/") || parts.contains("..") || relative.contains("\0") {
+        let escapes = RuntimeError.package("\(`where`): file path \(relative) " +
+                                           "escapes the \(folderKind) folder")
+        if relative.isEmpty || relative.hasPrefix("/") || parts.contains("..")
+            || relative.contains("\0") {
             throw escapes
         }
         let url = root.appendingPathComponent(relative)
         let real = url.resolvingSymlinksInPath().standardizedFileURL.path
         let top = root.resolvingSymlinksInPath().standardizedFileURL.path
-        guard real == top || real.hasPrefix(top.hasSuffix("/") ? top : top + "/") else { throw escapes }
+        guard real == top || real.hasPrefix(top.hasSuffix("/") ? top : top + "/") else {
+            throw escapes
+        }
         return url
     }
 
@@ -65,14 +69,17 @@ public enum PackageFiles {
     }
 
     /// Verify every listed file.
-    public static func verify(_ manifest: Manifest, root: URL, hashes: Bool = true) throws -> Verified {
+    public static func verify(_ manifest: Manifest, root: URL,
+                              hashes: Bool = true) throws -> Verified {
         let records = manifest.allFiles
         let urls = try records.map { try resolve(root, $0.path, "manifest.json") }
         var notices: [String] = []
         let extra = unlisted(root, listed: Set(records.map(\.path)))
         if !extra.isEmpty {
-            let shown = extra.prefix(5).joined(separator: ", ") + (extra.count > 5 ? " and \(extra.count - 5) more" : "")
-            notices.append("\(root.path): files not listed in manifest.json: \(shown); they are not checked and not used")
+            let shown = extra.prefix(5).joined(separator: ", ")
+                + (extra.count > 5 ? " and \(extra.count - 5) more" : "")
+            notices.append("\(root.path): files not listed in manifest.json: \(shown); they are " +
+                           "not checked and not used")
         }
         var identities: [String: FileIdentity] = [:]
         for (file, url) in zip(records, urls) {
@@ -80,14 +87,17 @@ public enum PackageFiles {
                 throw RuntimeError.package("\(file.path): missing (listed in manifest.json)")
             }
             if before.size != file.bytes {
-                throw RuntimeError.package("\(file.path): \(before.size) bytes, manifest.json says \(file.bytes) (truncated or altered)")
+                throw RuntimeError.package("\(file.path): \(before.size) bytes, manifest.json " +
+                                           "says \(file.bytes) (truncated or altered)")
             }
             if hashes {
                 if try sha256Hex(of: url) != file.sha256 {
-                    throw RuntimeError.package("\(file.path): sha256 differs from manifest.json (altered or corrupt)")
+                    throw RuntimeError.package("\(file.path): sha256 differs from " +
+                                               "manifest.json (altered or corrupt)")
                 }
                 if FileIdentity.of(url.path) != before {
-                    throw RuntimeError.package("\(file.path): changed on disk while it was being verified")
+                    throw RuntimeError.package("\(file.path): changed on disk " +
+                                               "while it was being verified")
                 }
             }
             identities[url.path] = before
@@ -103,18 +113,25 @@ public enum PackageFiles {
         while let relative = walker.nextObject() as? String {
             let name = (relative as NSString).lastPathComponent
             var isFolder: ObjCBool = false
-            let exists = FileManager.default.fileExists(atPath: base + "/" + relative, isDirectory: &isFolder)
-            if !exists || isFolder.boolValue || relative == "manifest.json" || noise.contains(name) || name.hasPrefix("._") { continue }
+            let exists = FileManager.default.fileExists(atPath: base + "/" + relative,
+                                                        isDirectory: &isFolder)
+            if !exists || isFolder.boolValue || relative == "manifest.json" || noise.contains(name)
+                || name.hasPrefix("._") {
+                continue
+            }
             if !listed.contains(relative) { extra.append(relative) }
         }
         return extra.sorted()
     }
 
     /// Refuse a file whose identity differs from when it was verified.
-    public static func checkUnchanged(_ url: URL, _ expected: FileIdentity?, shownAs name: String) throws {
+    public static func checkUnchanged(_ url: URL, _ expected: FileIdentity?,
+                                      shownAs name: String) throws {
         guard let expected else { return }
         if FileIdentity.of(url.path) != expected {
-            throw RuntimeError.package("\(name): changed on disk since the package was verified (size, modification time or inode differ); load the package again")
+            throw RuntimeError.package("\(name): changed on disk since the package " +
+                                       "was verified (size, modification time or " +
+                                       "inode differ); load the package again")
         }
     }
 
@@ -125,11 +142,15 @@ public enum PackageFiles {
         defer { try? handle.close() }
         #if canImport(CryptoKit)
         var hasher = CryptoKit.SHA256()
-        while let chunk = try handle.read(upToCount: 8 << 20), !chunk.isEmpty { hasher.update(data: chunk) }
+        while let chunk = try handle.read(upToCount: 8 << 20), !chunk.isEmpty {
+            hasher.update(data: chunk)
+        }
         return hasher.finalize().map { String(format: "%02x", $0) }.joined()
         #else
         var hasher = StreamingSHA256()
-        while let chunk = try handle.read(upToCount: 8 << 20), !chunk.isEmpty { hasher.update(chunk) }
+        while let chunk = try handle.read(upToCount: 8 << 20), !chunk.isEmpty {
+            hasher.update(chunk)
+        }
         return hexString(hasher.finalize())
         #endif
     }

@@ -23,8 +23,10 @@ public final class EdgePipeline {
         public let width: Int, height: Int     // 0 for .latent
         public let timings: [String: Double]   // seconds per stage, and the loader's loads
         public let trace: Trace
-        public let noise: Tensor                // the initial latents: the seed's draw or those given
-        public let latents: Tensor              // the denoised latents (1, C, T, h, w), before decoding
+        public let noise: Tensor                // the initial latents: the seed's draw or those
+                                                // given
+        public let latents: Tensor              // the denoised latents (1, C, T, h, w), before
+                                                // decoding
     }
 
     public let root: URL
@@ -38,9 +40,10 @@ public final class EdgePipeline {
     let nullCaption: Tensor?   // the learned unconditional caption (1, max_tokens, width)
     private let lock = NSLock()
 
-    /// Verify the package (no path escapes, every listed file's size and sha256; an unlisted
-    /// file is named in `notices`) before anything runs, then plan the loader for `budget` bytes of loaded
-    /// blocks (nil: keep every block once loaded; refused if smaller than the largest block).
+    /// Verify the package (no path escapes, every listed file's size and sha256; an unlisted file
+    /// is named in `notices`) before anything runs, then plan the loader for `budget` bytes of
+    /// loaded blocks (nil: keep every block once loaded; refused if smaller than the largest
+    /// block).
     public convenience init(package root: URL, backend: BlockBackend, budget: Int? = nil,
                             verify: Bool = true, coldReads: Bool = false) throws {
         try self.init(package: root, budget: budget, verify: verify, coldReads: coldReads,
@@ -62,7 +65,8 @@ public final class EdgePipeline {
         notices = verified.notices
         let tokURL = try PackageFiles.resolve(root, manifest.tokenizer.files[0].path, "tokenizer")
         do {
-            tokenizer = try loadCaptionTokenizer(contentsOf: tokURL, maxTokens: manifest.tokenizer.maxTokens,
+            tokenizer = try loadCaptionTokenizer(contentsOf: tokURL,
+                                                 maxTokens: manifest.tokenizer.maxTokens,
                                                  padToken: manifest.tokenizer.padToken,
                                                  embeddingRows: manifest.tokenizer.embeddingRows)
             cleaner = try PromptCleaner(kind: manifest.tokenizer.clean)
@@ -70,26 +74,33 @@ public final class EdgePipeline {
             throw RuntimeError.package("\(manifest.tokenizer.files[0].path): \(error)")
         }
         if let record = manifest.conditioning.nullCaptionF32 {
-            let nullURL = try PackageFiles.resolve(root, record.path, "conditioning.null_caption_f32")
+            let nullURL = try PackageFiles.resolve(root, record.path,
+                                                   "conditioning.null_caption_f32")
             let raw = try Data(contentsOf: nullURL)
             let n = manifest.tokenizer.maxTokens
             guard raw.count % (4 * n) == 0 else {
-                throw RuntimeError.package("\(record.path): \(raw.count) bytes is not \(n) rows of float32")
+                throw RuntimeError.package("\(record.path): \(raw.count) " +
+                                           "bytes is not \(n) rows of float32")
             }
             // little-endian float32, as every platform Swift runs edge on
             let values = raw.withUnsafeBytes { Array($0.bindMemory(to: Float.self)) }
             let notFinite = values.lazy.filter { !$0.isFinite }.count
             if notFinite > 0 {   // else every video would come back NaN
-                throw RuntimeError.package("\(record.path): \(notFinite) of its \(values.count) values are not finite (NaN or infinity); re-export the package")
+                throw RuntimeError.package("\(record.path): \(notFinite) of " +
+                                           "its \(values.count) values are not finite " +
+                                           "(NaN or infinity); re-export the package")
             }
             nullCaption = Tensor(shape: [1, n, values.count / n], data: values)
         } else {
             nullCaption = nil
         }
         let entries = try Self.entries(manifest, root: root)
-        let transformer = try manifest.component("transformer").blocks.map { "transformer/\($0.name)" }
-        loader = try BlockLoader(entries: entries, backend: try makeBackend(manifest), budget: budget,
-                                 everyStep: transformer, identities: identities, coldReads: coldReads)
+        let transformer = try manifest.component("transformer").blocks.map {
+            "transformer/\($0.name)"
+        }
+        loader = try BlockLoader(entries: entries, backend: try makeBackend(manifest),
+                                 budget: budget, everyStep: transformer, identities: identities,
+                                 coldReads: coldReads)
     }
 
     /// One loader entry per block and per block variant, with its files.
@@ -101,28 +112,35 @@ public final class EdgePipeline {
                 entries.append(try entry(key, block, program: block.model, files: block.files,
                                          bytes: block.weightBytes, root: root))
                 for (name, variant) in (block.variants ?? [:]).sorted(by: { $0.key < $1.key }) {
-                    entries.append(try entry("\(key)#\(name)", block.running(name), program: variant.model,
-                                             files: variant.files, bytes: variant.weightBytes, root: root))
+                    entries.append(try entry("\(key)#\(name)", block.running(name),
+                                             program: variant.model, files: variant.files,
+                                             bytes: variant.weightBytes, root: root))
                 }
             }
         }
         return entries
     }
 
-    static func entry(_ key: String, _ block: Manifest.Block, program: String, files: [Manifest.FileRecord],
+    static func entry(_ key: String, _ block: Manifest.Block, program: String,
+                      files: [Manifest.FileRecord],
                       bytes: Int, root: URL) throws -> BlockEntry {
         let mine = files.filter { $0.path.hasPrefix(program + "/") }
-        let digest = String(StreamingSHA256.hex(Data(mine.map(\.sha256).sorted().joined().utf8)).prefix(16))
-        return BlockEntry(key: key, block: block, program: try PackageFiles.resolve(root, program, "block \(key)"),
+        let digest = String(
+            StreamingSHA256.hex(Data(mine.map(\.sha256).sorted().joined().utf8)).prefix(16))
+        return BlockEntry(key: key, block: block,
+                          program: try PackageFiles.resolve(root, program, "block \(key)"),
                           function: block.function,
-                          files: try mine.map { try PackageFiles.resolve(root, $0.path, "block \(key)") },
+                          files: try mine.map {
+                              try PackageFiles.resolve(root, $0.path, "block \(key)")
+                          },
                           paths: mine.map(\.path),
                           weightBytes: bytes, digest: digest)
     }
 
     /// The variant a block runs for a call's `variant` (BlockVariants.blockVariant: a TDTM
     /// call runs a prologue's own program, an unguided merged call its `unguided` one).
-    static func chosen(_ component: String, _ block: Manifest.Block, _ variant: String?) throws -> String? {
+    static func chosen(_ component: String, _ block: Manifest.Block,
+                       _ variant: String?) throws -> String? {
         do {
             return try BlockVariants.blockVariant(Set((block.variants ?? [:]).keys), variant)
         } catch {
@@ -131,7 +149,8 @@ public final class EdgePipeline {
     }
 
     /// The loader's key of the program a block runs for a call's `variant`.
-    static func key(_ component: String, _ block: Manifest.Block, _ variant: String?) throws -> String {
+    static func key(_ component: String, _ block: Manifest.Block,
+                    _ variant: String?) throws -> String {
         let base = "\(component)/\(block.name)"
         return try chosen(component, block, variant).map { "\(base)#\($0)" } ?? base
     }
@@ -145,21 +164,29 @@ public final class EdgePipeline {
             let k = try Self.key(component, base, variant)
             let block = base.running(try Self.chosen(component, base, variant))
             loader.prefetch(k)  // queued before the next one, where no earlier call queued it
-            if i + 1 < blocks.count { loader.prefetch(try Self.key(component, blocks[i + 1], variant)) }
+            if i + 1 < blocks.count {
+                loader.prefetch(try Self.key(component, blocks[i + 1], variant))
+            }
             else if let next = prefetchAfter { loader.prefetch(next) }
             var inputs: [String: Tensor] = [:]
             for s in block.inputs {
-                guard let value = feeds[s.name] else { throw RuntimeError.block("block \(k): no value for its input \(s.name)") }
+                guard let value = feeds[s.name] else {
+                    throw RuntimeError.block("block \(k): no value for its input \(s.name)")
+                }
                 guard value.shape == s.shape else {
-                    throw RuntimeError.block("block \(k): input \(s.name) has shape \(value.shape), the block takes \(s.shape)")
+                    throw RuntimeError.block("block \(k): input \(s.name) has " +
+                                             "shape \(value.shape), the block takes \(s.shape)")
                 }
                 inputs[s.name] = value
             }
             let outputs = try loader.block(k).predict(inputs)
             for s in block.outputs {
-                guard let value = outputs[s.name] else { throw RuntimeError.block("block \(k): gave no output \(s.name)") }
+                guard let value = outputs[s.name] else {
+                    throw RuntimeError.block("block \(k): gave no output \(s.name)")
+                }
                 guard value.shape == s.shape else {
-                    throw RuntimeError.block("block \(k): output \(s.name) has shape \(value.shape), the manifest says \(s.shape)")
+                    throw RuntimeError.block("block \(k): output \(s.name) has " +
+                                             "shape \(value.shape), the manifest says \(s.shape)")
                 }
                 feeds[s.name] = value
             }
@@ -170,7 +197,8 @@ public final class EdgePipeline {
 
     /// Hidden states (1, max_tokens, width) and mask of one caption, cleaned and tokenized
     /// as the package says; the text encoder's programs take one caption per call.
-    func encode(_ caption: String, prefetchAfter: String?) throws -> (hidden: Tensor, mask: [Float]) {
+    func encode(_ caption: String,
+                prefetchAfter: String?) throws -> (hidden: Tensor, mask: [Float]) {
         let (ids, mask) = tokenizer.encode(cleaner.clean(caption))
         let n = manifest.tokenizer.maxTokens
         let text = try manifest.component("text_encoder")
@@ -178,7 +206,9 @@ public final class EdgePipeline {
             "input_ids": Tensor(shape: [1, n], data: ids.map(Float.init)),
             "attention_mask": Tensor(shape: [1, n], data: mask.map(Float.init))],
             prefetchAfter: prefetchAfter)
-        guard let hidden = out["hidden"] else { throw RuntimeError.block("text_encoder: gave no hidden") }
+        guard let hidden = out["hidden"] else {
+            throw RuntimeError.block("text_encoder: gave no hidden")
+        }
         return (hidden, mask.map(Float.init))
     }
 
@@ -195,15 +225,18 @@ public final class EdgePipeline {
     /// a package whose decoder is conditioned on a timestep (the manifest's `decode`, whose
     /// values they replace; `decodeConditioning`). `outputType` `.latent`: the denoised
     /// latents alone (`Result.latents`), the decoder not run.
-    public func generate(_ prompt: String, negativePrompt: String? = nil, seed: UInt64? = nil, latents: Tensor? = nil,
-                         decodeTimestep: Double? = nil, decodeNoiseScale: Double? = nil, decodeNoise: Tensor? = nil,
+    public func generate(_ prompt: String, negativePrompt: String? = nil, seed: UInt64? = nil,
+                         latents: Tensor? = nil,
+                         decodeTimestep: Double? = nil, decodeNoiseScale: Double? = nil,
+                         decodeNoise: Tensor? = nil,
                          configure: (inout SamplerSettings) -> Void = { _ in },
                          onStep: ((Int, Int) -> Void)? = nil,
                          isCancelled: (() -> Bool)? = nil,
                          outputType: OutputType = .frames) throws -> Result {
         lock.lock(); defer { lock.unlock() }   // one generation at a time: the loader is its
         if seed != nil && latents != nil {
-            throw NoiseError("seed and latents given together: the latents are the initial noise, so give one")
+            throw NoiseError("seed and latents given together: the " +
+                             "latents are the initial noise, so give one")
         }
         if latents == nil {
             try TorchNoise.checkSeed(seed ?? 0)
@@ -214,14 +247,17 @@ public final class EdgePipeline {
         try settings.validate()
         let shape = [1] + manifest.latentShape
         if let latents, latents.shape != shape {
-            throw RuntimeError.block("latents have shape \(latents.shape); this package takes \(shape) (batch, channels, frames, height, width)")
+            throw RuntimeError.block("latents have shape \(latents.shape); this package " +
+                                     "takes \(shape) (batch, channels, frames, height, width)")
         }
         let noise = try latents ?? TorchNoise.randn(shape: shape, seed: seed ?? 0)
-        let conditioning = try decodeConditioning(seed: latents == nil ? seed ?? 0 : nil, timestep: decodeTimestep,
+        let conditioning = try decodeConditioning(seed: latents == nil ? seed ?? 0 : nil,
+                                                  timestep: decodeTimestep,
                                                   noiseScale: decodeNoiseScale, noise: decodeNoise)
         let dit = try manifest.component("transformer"), vae = try manifest.component("vae_decoder")
         if settings.mergeSteps > 0 && !dit.blocks.contains(where: { $0.variants?["tdtm"] != nil }) {
-            throw ManifestError.invalid("merge_steps=\(settings.mergeSteps): the package has no tdtm transformer variants; export it again")
+            throw ManifestError.invalid("merge_steps=\(settings.mergeSteps): the package " +
+                                        "has no tdtm transformer variants; export it again")
         }
         var timings: [String: Double] = [:]
         let before = loader.stats
@@ -233,7 +269,8 @@ public final class EdgePipeline {
         let prologue = dit.blocks[0], epilogue = dit.blocks[dit.blocks.count - 1]
         // the prologue's program of call `call` (it never merges)
         let prologueKey = { [settings] (call: Int) throws -> String in
-            try Self.key("transformer", prologue, BlockVariants.callVariant(merged: false, alone: alone && !guidedCall(settings, call)))
+            try Self.key("transformer", prologue, BlockVariants.callVariant(
+                merged: false, alone: alone && !guidedCall(settings, call)))
         }
 
         // the guidance batch's captions: the prompt's, then the unconditional one; where no
@@ -249,13 +286,15 @@ public final class EdgePipeline {
             let (hidden, mask) = try encode(prompt, prefetchAfter: firstStep)
             caption2 = Tensor.concat([hidden, nullCaption])
             // the manifest's null_caption_mask: as the prompt's (Open-Sora), else every token
-            let nullMask = manifest.nullCaptionMask == "prompt" ? mask : [Float](repeating: 1, count: n)
+            let nullMask = manifest.nullCaptionMask == "prompt"
+                ? mask : [Float](repeating: 1, count: n)
             mask2 = Tensor(shape: [2, n], data: mask + nullMask)
         } else {
             let text = try manifest.component("text_encoder")
-            let (hidden, mask) = try encode(prompt, prefetchAfter: "text_encoder/\(text.blocks[0].name)")
-            let (unconditional, unconditionalMask) = try encode(negativePrompt ?? manifest.negativePrompt ?? "",
-                                                                prefetchAfter: firstStep)
+            let (hidden, mask) = try encode(prompt,
+                                            prefetchAfter: "text_encoder/\(text.blocks[0].name)")
+            let (unconditional, unconditionalMask) = try encode(
+                negativePrompt ?? manifest.negativePrompt ?? "", prefetchAfter: firstStep)
             caption2 = Tensor.concat([hidden, unconditional])
             mask2 = Tensor(shape: [2, n], data: mask + unconditionalMask)
         }
@@ -271,8 +310,10 @@ public final class EdgePipeline {
             // while one part runs, the next one's first block loads (across steps too)
             let nextPair = try pairs.first.map { try Self.key("transformer", $0, variant) }
             var feeds = try run("transformer", [prologue], [
-                "latent": single ? x : Tensor.concat([x, x]), "t": Tensor(shape: [rows], data: Array(repeating: t, count: rows)),
-                "caption": caption2.slice(axis: 0, 0..<rows), "caption_mask": mask2.slice(axis: 0, 0..<rows)],
+                "latent": single ? x : Tensor.concat([x, x]),
+                "t": Tensor(shape: [rows], data: Array(repeating: t, count: rows)),
+                "caption": caption2.slice(axis: 0, 0..<rows),
+                "caption_mask": mask2.slice(axis: 0, 0..<rows)],
                 variant: variant, prefetchAfter: nextPair)
             guard let tokens = feeds["x"], let tMod = feeds["t_mod"] else {
                 throw RuntimeError.block("transformer/\(prologue.name): gave no x or t_mod")
@@ -282,17 +323,22 @@ public final class EdgePipeline {
                         prefetchAfter: try Self.key("transformer", epilogue, variant))["x"]!
             }
             feeds["x"] = after
-            let next = step.last ? "vae_decoder/\(vae.blocks[0].name)" : try prologueKey(step.index + 1)
-            guard let v = try run("transformer", [epilogue], feeds, variant: variant, prefetchAfter: next)["velocity"] else {
+            let next = step.last ? "vae_decoder/\(vae.blocks[0].name)"
+                : try prologueKey(step.index + 1)
+            guard let v = try run("transformer", [epilogue], feeds, variant: variant,
+                                  prefetchAfter: next)["velocity"] else {
                 throw RuntimeError.block("transformer/\(epilogue.name): gave no velocity")
             }
             // a pair run on an unguided step (no caption-half programs) keeps the caption's half
             return (v.item(0), step.guided ? v.item(1) : nil)
         }
         var trace = Trace()
-        let denoised = try sample(predict: predict, noise: noise, settings: settings, onStep: onStep, trace: &trace)
+        let denoised = try sample(predict: predict, noise: noise, settings: settings,
+                                  onStep: onStep, trace: &trace)
         if denoised.data.contains(where: { !$0.isFinite }) {
-            throw RuntimeError.block("the denoised latents hold NaN or infinity (sampler settings \(settings)); the package's blocks or these settings are broken")
+            throw RuntimeError.block("the denoised latents hold NaN or infinity " +
+                                     "(sampler settings \(settings)); the " +
+                                     "package's blocks or these settings are broken")
         }
         let t2 = Date()
         timings["transformer"] = t2.timeIntervalSince(t1)
@@ -306,7 +352,8 @@ public final class EdgePipeline {
         timings["block_loads"] = Double(after.loads - before.loads)
         timings["block_load_s"] = after.loadSeconds - before.loadSeconds
         timings["block_wait_s"] = after.waitSeconds - before.waitSeconds
-        return Result(frames: video, width: width, height: height, timings: timings, trace: trace, noise: noise,
+        return Result(frames: video, width: width, height: height, timings: timings, trace: trace,
+                      noise: noise,
                       latents: denoised)
     }
 
@@ -317,15 +364,19 @@ public final class EdgePipeline {
     /// draw of its generator after the initial latents (what diffusers draws from the
     /// pipeline's generator; TorchNoise.randnDraws). Given latents (`seed` nil) need a given
     /// noise unless the scale is 0. As runtimes/python/pipeline.py _decode_conditioning.
-    func decodeConditioning(seed: UInt64?, timestep: Double?, noiseScale: Double?, noise: Tensor?) throws -> [String: Tensor] {
+    func decodeConditioning(seed: UInt64?, timestep: Double?, noiseScale: Double?,
+                            noise: Tensor?) throws -> [String: Tensor] {
         guard let spec = manifest.decode else {
             if timestep != nil || noiseScale != nil || noise != nil {
-                throw RuntimeError.block("package \(root.path): its decoder takes no decode timestep or noise (the manifest has no 'decode')")
+                throw RuntimeError.block("package \(root.path): its decoder takes no decode " +
+                                         "timestep or noise (the manifest has no 'decode')")
             }
             return [:]
         }
         for (name, value) in [("decodeTimestep", timestep), ("decodeNoiseScale", noiseScale)] {
-            if let value, !value.isFinite { throw RuntimeError.block("\(name) \(value) must be a finite number") }
+            if let value, !value.isFinite {
+                throw RuntimeError.block("\(name) \(value) must be a finite number")
+            }
         }
         let t = timestep ?? spec.timestep
         let scale = noiseScale ?? spec.noiseScale ?? t
@@ -333,19 +384,25 @@ public final class EdgePipeline {
         let mixed: Tensor
         if let noise {
             guard noise.shape == shape, noise.data.allSatisfy(\.isFinite) else {
-                throw RuntimeError.block("decodeNoise must be finite values of shape \(shape), got shape \(noise.shape)")
+                throw RuntimeError.block("decodeNoise must be finite values of " +
+                                         "shape \(shape), got shape \(noise.shape)")
             }
             mixed = noise
         } else if scale == 0 {
-            mixed = Tensor(shape: shape, data: [Float](repeating: 0, count: shape.reduce(1, *)))  // weight 0
+            // weight 0
+            mixed = Tensor(shape: shape, data: [Float](repeating: 0, count: shape.reduce(1, *)))
         } else if let seed {
             let count = shape.reduce(1, *)
-            mixed = Tensor(shape: shape, data: try TorchNoise.randnDraws(counts: [count, count], seed: seed)[1])
+            mixed = Tensor(shape: shape,
+                           data: try TorchNoise.randnDraws(counts: [count, count], seed: seed)[1])
         } else {
-            throw RuntimeError.block("decode noise scale \(scale) with given latents: pass decodeNoise too (diffusers draws it from the pipeline's generator), or decodeNoiseScale 0")
+            throw RuntimeError.block("decode noise scale \(scale) with given latents: " +
+                                     "pass decodeNoise too (diffusers draws it from " +
+                                     "the pipeline's generator), or decodeNoiseScale 0")
         }
         return ["decode_t": Tensor(shape: [1], data: [Float(t)]),
-                "decode_noise_scale": Tensor(shape: [1], data: [Float(scale)]), "decode_noise": mixed]
+                "decode_noise_scale": Tensor(shape: [1], data: [Float(scale)]),
+                "decode_noise": mixed]
     }
 
     /// Latents (1, C, T, h, w) -> RGB frames, as the package's decoder takes them: every
@@ -353,21 +410,24 @@ public final class EdgePipeline {
     /// ("video": (1, 3, T', H, W) out), whole or piece by piece where it is chunked;
     /// `conditioning`: a timestep-conditioned decoder's inputs (`decodeConditioning`).
     func decode(_ latents: Tensor, _ vae: Manifest.Component,
-                conditioning: [String: Tensor] = [:]) throws -> (frames: [[UInt8]], width: Int, height: Int) {
+                conditioning: [String: Tensor] = [:])
+        throws -> (frames: [[UInt8]], width: Int, height: Int) {
         let video = manifest.latentLayout == "video"
         let z = video ? latents : Self.framesFirst(latents)
         let decoded: Tensor
         if let spec = vae.chunked {
             decoded = try runChunked(vae, spec, z)
         } else {
-            guard let out = try run("vae_decoder", vae.blocks, conditioning.merging(["z": z]) { $1 })["frames"] else {
+            guard let out = try run("vae_decoder", vae.blocks,
+                                    conditioning.merging(["z": z]) { $1 })["frames"] else {
                 throw RuntimeError.block("vae_decoder: gave no frames")
             }
             decoded = out
         }
         if video {  // (1, 3, T', H, W)
             let s = decoded.shape
-            return (Self.rgbFrames(decoded.reshaped([3, s[2], s[3], s[4]]), channelsFirst: true), s[4], s[3])
+            return (Self.rgbFrames(decoded.reshaped([3, s[2], s[3], s[4]]), channelsFirst: true),
+                    s[4], s[3])
         }
         return (Self.rgbFrames(decoded), decoded.shape[3], decoded.shape[2])
     }
@@ -375,9 +435,14 @@ public final class EdgePipeline {
     /// A chunked component: its blocks once per piece of the input, the first piece through
     /// the first variant, the state handed from each piece to the next, the output's pieces
     /// joined (runtimes/python/pipeline.py _run_chunked).
-    func runChunked(_ comp: Manifest.Component, _ spec: Manifest.Chunked, _ whole: Tensor) throws -> Tensor {
-        guard spec.axis < whole.shape.count, let bounds = spec.pieceBounds(whole.shape[spec.axis]) else {
-            throw RuntimeError.block("component \(comp.name): \(spec.input) of shape \(whole.shape) does not split into a first piece of \(spec.firstSize ?? spec.size) and pieces of \(spec.size) along axis \(spec.axis)")
+    func runChunked(_ comp: Manifest.Component, _ spec: Manifest.Chunked,
+                    _ whole: Tensor) throws -> Tensor {
+        guard spec.axis < whole.shape.count,
+              let bounds = spec.pieceBounds(whole.shape[spec.axis]) else {
+            throw RuntimeError.block("component \(comp.name): \(spec.input) of " +
+                                     "shape \(whole.shape) does not split into a first " +
+                                     "piece of \(spec.firstSize ?? spec.size) and " +
+                                     "pieces of \(spec.size) along axis \(spec.axis)")
         }
         var pieces: [Tensor] = [], state: [String: Tensor] = [:]
         for (i, range) in bounds.enumerated() {
@@ -385,11 +450,15 @@ public final class EdgePipeline {
             let next = i + 1 < bounds.count ? "\(comp.name)/\(comp.blocks[0].name)" : nil
             let out = try run(comp.name, comp.blocks, state.merging([spec.input: piece]) { $1 },
                               variant: i == 0 ? spec.firstVariant : nil, prefetchAfter: next)
-            guard let part = out[spec.output] else { throw RuntimeError.block("\(comp.name): gave no \(spec.output)") }
+            guard let part = out[spec.output] else {
+                throw RuntimeError.block("\(comp.name): gave no \(spec.output)")
+            }
             pieces.append(part)
             state = [:]
             for name in spec.state {
-                guard let value = out[name] else { throw RuntimeError.block("\(comp.name): gave no state \(name)") }
+                guard let value = out[name] else {
+                    throw RuntimeError.block("\(comp.name): gave no state \(name)")
+                }
                 state[name] = value
             }
         }
@@ -398,7 +467,8 @@ public final class EdgePipeline {
 
     /// (1, C, T, h, w) -> (T, C, h, w): every frame through the decoder at once.
     static func framesFirst(_ latents: Tensor) -> Tensor {
-        let (c, frames, h, w) = (latents.shape[1], latents.shape[2], latents.shape[3], latents.shape[4])
+        let (c, frames, h, w) = (latents.shape[1], latents.shape[2], latents.shape[3],
+                                 latents.shape[4])
         var z = [Float](repeating: 0, count: latents.count)
         for ci in 0..<c { for ti in 0..<frames { for p in 0..<(h * w) {
             z[(ti * c + ci) * h * w + p] = latents.data[(ci * frames + ti) * h * w + p]
@@ -409,7 +479,8 @@ public final class EdgePipeline {
     /// (T, 3, H, W) — or (3, T, H, W) with `channelsFirst` — in [0, 1] -> per frame H x W x RGB
     /// bytes, rounded half to even as NumPy's np.round (the Python runtime's frames).
     static func rgbFrames(_ decoded: Tensor, channelsFirst: Bool = false) -> [[UInt8]] {
-        let (frames, height, width) = channelsFirst ? (decoded.shape[1], decoded.shape[2], decoded.shape[3])
+        let (frames, height, width) = channelsFirst ? (decoded.shape[1], decoded.shape[2],
+                                                       decoded.shape[3])
             : (decoded.shape[0], decoded.shape[2], decoded.shape[3])
         let plane = height * width
         return (0..<frames).map { ti in
@@ -418,7 +489,8 @@ public final class EdgePipeline {
                 let base = (channelsFirst ? ch * frames + ti : ti * 3 + ch) * plane
                 for p in 0..<plane {
                     let value = decoded.data[base + p]
-                    rgb[p * 3 + ch] = UInt8(max(0, min(255, (value * 255).rounded(.toNearestOrEven))))
+                    rgb[p * 3 + ch] = UInt8(max(0,
+                                                min(255, (value * 255).rounded(.toNearestOrEven))))
                 }
             }
             return rgb

@@ -20,8 +20,11 @@ public enum ProgramRuntime: String, Sendable {
         let suffix = entry.program.pathExtension
         guard suffix != programSuffix else { return }
         let other: ProgramRuntime = self == .coreAI ? .coreML : .coreAI
-        let layout = other == .coreAI ? "coreai (--min-ios 27)" : "separate or multifunction (--min-ios 17 or 18)"
-        throw RuntimeError.package("block \(entry.key): \(entry.program.lastPathComponent) is a \(other.rawValue) program (layout \(layout)); the \(rawValue) backend runs .\(programSuffix) programs only")
+        let layout = other == .coreAI ? "coreai (--min-ios 27)" : "separate or multifunction " +
+            "(--min-ios 17 or 18)"
+        throw RuntimeError.package("block \(entry.key): \(entry.program.lastPathComponent) is " +
+                                   "a \(other.rawValue) program (layout \(layout)); " +
+                                   "the \(rawValue) backend runs .\(programSuffix) programs only")
     }
 }
 
@@ -32,6 +35,8 @@ extension EdgePipeline {
         #if canImport(CoreAI)
         if #available(iOS 27, macOS 27, *) { return CoreAIBackend() }
         #endif
-        throw RuntimeError.package("package \(manifest.model): its layout is coreai (Core AI programs, iOS 27 or later); this system has no Core AI: export it with --min-ios 18 (Core ML) to run it here")
+        throw RuntimeError.package("package \(manifest.model): its layout is coreai (Core " +
+                                   "AI programs, iOS 27 or later); this system has no Core " +
+                                   "AI: export it with --min-ios 18 (Core ML) to run it here")
     }
 }

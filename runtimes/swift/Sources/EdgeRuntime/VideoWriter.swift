@@ -14,10 +14,12 @@ public enum VideoWriter {
             rgba[dst] = rgb[src]; rgba[dst + 1] = rgb[src + 1]; rgba[dst + 2] = rgb[src + 2]
         } }
         guard let provider = CGDataProvider(data: Data(rgba) as CFData) else { return nil }
-        return CGImage(width: w, height: h, bitsPerComponent: 8, bitsPerPixel: 32, bytesPerRow: w * 4,
+        return CGImage(width: w, height: h, bitsPerComponent: 8, bitsPerPixel: 32,
+                       bytesPerRow: w * 4,
                        space: CGColorSpaceCreateDeviceRGB(),
                        bitmapInfo: CGBitmapInfo(rawValue: CGImageAlphaInfo.noneSkipLast.rawValue),
-                       provider: provider, decode: nil, shouldInterpolate: false, intent: .defaultIntent)
+                       provider: provider, decode: nil, shouldInterpolate: false,
+                       intent: .defaultIntent)
     }
 
     /// Write `frames` to `url` (.mp4) at `fps`, each pixel repeated `scale` times.
@@ -28,7 +30,8 @@ public enum VideoWriter {
         let writer = try AVAssetWriter(outputURL: url, fileType: .mp4)
         let input = AVAssetWriterInput(mediaType: .video, outputSettings: [
             AVVideoCodecKey: AVVideoCodecType.h264, AVVideoWidthKey: w, AVVideoHeightKey: h])
-        let adaptor = AVAssetWriterInputPixelBufferAdaptor(assetWriterInput: input, sourcePixelBufferAttributes: [
+        let adaptor = AVAssetWriterInputPixelBufferAdaptor(assetWriterInput: input,
+                                                           sourcePixelBufferAttributes: [
             kCVPixelBufferPixelFormatTypeKey as String: kCVPixelFormatType_32BGRA,
             kCVPixelBufferWidthKey as String: w, kCVPixelBufferHeightKey as String: h])
         writer.add(input)
@@ -44,10 +47,12 @@ public enum VideoWriter {
             let base = CVPixelBufferGetBaseAddress(buffer)!.assumingMemoryBound(to: UInt8.self)
             for y in 0..<h { for x in 0..<w {
                 let src = ((y / scale) * width + x / scale) * 3, dst = y * row + x * 4
-                base[dst] = rgb[src + 2]; base[dst + 1] = rgb[src + 1]; base[dst + 2] = rgb[src]; base[dst + 3] = 255
+                base[dst] = rgb[src + 2]; base[dst + 1] = rgb[src + 1]
+                base[dst + 2] = rgb[src]; base[dst + 3] = 255
             } }
             CVPixelBufferUnlockBaseAddress(buffer, [])
-            adaptor.append(buffer, withPresentationTime: CMTime(value: CMTimeValue(i), timescale: fps))
+            adaptor.append(buffer,
+                           withPresentationTime: CMTime(value: CMTimeValue(i), timescale: fps))
         }
         input.markAsFinished()
         await writer.finishWriting()

@@ -28,12 +28,15 @@ func parse(_ args: [String]) throws -> (seed: UInt64, shape: [Int], repeats: Int
             let text = try value(arg)
             let dims = text.split(separator: ",", omittingEmptySubsequences: false).map { Int($0) }
             guard !dims.isEmpty, dims.allSatisfy({ ($0 ?? -1) >= 0 }) else {
-                throw Failure(description: "--shape \(text): sizes separated by commas, e.g. 16,21,60,104")
+                throw Failure(description: "--shape \(text): sizes separated " +
+                                           "by commas, e.g. 16,21,60,104")
             }
             shape = dims.map { $0! }
         case "--repeat":
             let text = try value(arg)
-            guard let n = Int(text), n >= 1 else { throw Failure(description: "--repeat \(text): a whole number from 1") }
+            guard let n = Int(text), n >= 1 else {
+                throw Failure(description: "--repeat \(text): a whole number from 1")
+            }
             repeats = n
         case "-h", "--help": throw Failure(description: usage)
         default: throw Failure(description: "unknown argument \(arg); \(usage)")

@@ -25,9 +25,11 @@ import UniformTypeIdentifiers
 
 let usage = """
     usage: edge-sample PACKAGE PROMPT [--negative-prompt TEXT] [--seed N | --latents F.npy]
-                       [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance] [--guidance-rescale X]
+                       [--steps N] [--guidance X] [--dynamic-guidance | --no-dynamic-guidance] \
+    [--guidance-rescale X]
                        [--leap-after N] [--leap-steps N]
-                       [--merge-steps N] [--cache-threshold X] [--guidance-steps K] [--sigmas S1,S2,...] [--budget BYTES]
+                       [--merge-steps N] [--cache-threshold X] [--guidance-steps K] \
+    [--sigmas S1,S2,...] [--budget BYTES]
                        [--decode-timestep X] [--decode-noise-scale X] -o OUT.npy|OUT.gif
            edge-sample PACKAGE --bundle BUNDLE [--budget BYTES] [-o OUT.npy]
     """
@@ -35,12 +37,15 @@ let usage = """
 struct Failure: Error, CustomStringConvertible { let description: String }
 
 struct Options {
-    var package = "", prompt: String?, output: String?, bundle: String?, negativePrompt: String?, latents: String?
+    var package = "", prompt: String?, output: String?, bundle: String?, negativePrompt: String?,
+        latents: String?
     var seed: UInt64?, budget: Int?
-    var steps: Int?, guidance: Double?, guidanceRescale: Double?, leapAfter: Int?, leapSteps: Int?, mergeSteps: Int?, cacheThreshold: Double?, guidanceSteps: Int?
+    var steps: Int?, guidance: Double?, guidanceRescale: Double?, leapAfter: Int?, leapSteps: Int?,
+        mergeSteps: Int?, cacheThreshold: Double?, guidanceSteps: Int?
     var dynamicGuidance: Bool?   // CogVideoX's dynamic guidance (cogvideox_ddim packages)
     var sigmas: [Double]?        // given noise levels, one a step (sets --steps)
-    var decodeTimestep: Double?, decodeNoiseScale: Double?   // a timestep-conditioned decoder's (LTX-Video)
+    // a timestep-conditioned decoder's (LTX-Video)
+    var decodeTimestep: Double?, decodeNoiseScale: Double?
 
     init(_ args: [String]) throws {
         var positional: [String] = []
@@ -52,7 +57,9 @@ struct Options {
         }
         func number<T: LosslessStringConvertible>(_ name: String, _ type: T.Type) throws -> T {
             let text = try value(name)
-            guard let n = T(text) else { throw Failure(description: "\(name) \(text): not a number") }
+            guard let n = T(text) else {
+                throw Failure(description: "\(name) \(text): not a number")
+            }
             return n
         }
         while i < args.count {
@@ -76,9 +83,13 @@ struct Options {
             case "--guidance-steps": guidanceSteps = try number(arg, Int.self)
             case "--sigmas":   // numbers with commas between them, as `edge generate --sigmas`
                 let text = try value(arg)
-                let levels = text.split(separator: ",", omittingEmptySubsequences: false).map { Double($0) }
+                let levels = text.split(separator: ",", omittingEmptySubsequences: false).map {
+                    Double($0)
+                }
                 guard !levels.contains(where: { $0 == nil }) else {
-                    throw Failure(description: "--sigmas \(text): give the noise levels as numbers with commas between them, e.g. 1,0.94,0.75,0.4")
+                    throw Failure(description: "--sigmas \(text): give the noise " +
+                                               "levels as numbers with commas " +
+                                               "between them, e.g. 1,0.94,0.75,0.4")
                 }
                 sigmas = levels.compactMap { $0 }
             case "--guidance-rescale": guidanceRescale = try number(arg, Double.self)
@@ -86,7 +97,9 @@ struct Options {
             case "--decode-noise-scale": decodeNoiseScale = try number(arg, Double.self)
             case "-h", "--help": throw Failure(description: usage)
             default:
-                if arg.hasPrefix("-") && arg.count > 1 { throw Failure(description: "unknown option \(arg)\n\(usage)") }
+                if arg.hasPrefix("-") && arg.count > 1 {
+                    throw Failure(description: "unknown option \(arg)\n\(usage)")
+                }
                 positional.append(arg)
             }
             i += 1
@@ -94,33 +107,49 @@ struct Options {
         guard let first = positional.first else { throw Failure(description: usage) }
         package = first
         prompt = positional.count > 1 ? positional[1] : nil
-        if positional.count > 2 { throw Failure(description: "unexpected argument \(positional[2])\n\(usage)") }
+        if positional.count > 2 {
+            throw Failure(description: "unexpected argument \(positional[2])\n\(usage)")
+        }
         if bundle != nil {
-            let given = [prompt.map { _ in "PROMPT" }, negativePrompt.map { _ in "--negative-prompt" },
-                         latents.map { _ in "--latents" }, seed.map { _ in "--seed" }, steps.map { _ in "--steps" },
+            let given = [prompt.map { _ in "PROMPT" },
+                         negativePrompt.map { _ in "--negative-prompt" },
+                         latents.map { _ in "--latents" }, seed.map { _ in "--seed" },
+                         steps.map { _ in "--steps" },
                          guidance.map { _ in "--guidance" },
-                         dynamicGuidance.map { $0 ? "--dynamic-guidance" : "--no-dynamic-guidance" }, leapAfter.map { _ in "--leap-after" },
-                         leapSteps.map { _ in "--leap-steps" }, mergeSteps.map { _ in "--merge-steps" },
+                         dynamicGuidance.map {
+                             $0 ? "--dynamic-guidance" : "--no-dynamic-guidance"
+                         },
+                         leapAfter.map { _ in "--leap-after" },
+                         leapSteps.map { _ in "--leap-steps" },
+                         mergeSteps.map { _ in "--merge-steps" },
                          cacheThreshold.map { _ in "--cache-threshold" },
-                         guidanceSteps.map { _ in "--guidance-steps" }, sigmas.map { _ in "--sigmas" },
+                         guidanceSteps.map { _ in "--guidance-steps" },
+                         sigmas.map { _ in "--sigmas" },
                          guidanceRescale.map { _ in "--guidance-rescale" },
                          decodeTimestep.map { _ in "--decode-timestep" },
                          decodeNoiseScale.map { _ in "--decode-noise-scale" }].compactMap { $0 }
             if !given.isEmpty {
-                throw Failure(description: "--bundle runs the bundle's own prompt and settings; drop \(given.joined(separator: ", "))")
+                throw Failure(description: "--bundle runs the bundle's own prompt and " +
+                                           "settings; drop \(given.joined(separator: ", "))")
             }
         } else {
             guard prompt != nil else { throw Failure(description: "no PROMPT\n\(usage)") }
-            guard output != nil else { throw Failure(description: "no -o OUT.npy or OUT.gif\n\(usage)") }
-            if seed != nil && latents != nil { throw Failure(description: "--seed and --latents: give one") }
+            guard output != nil else {
+                throw Failure(description: "no -o OUT.npy or OUT.gif\n\(usage)")
+            }
+            if seed != nil && latents != nil {
+                throw Failure(description: "--seed and --latents: give one")
+            }
         }
         if let output, !(output.hasSuffix(".npy") || output.hasSuffix(".gif")) {
-            throw Failure(description: "-o \(output): write a .npy (uint8 frames T x H x W x 3) or a .gif")
+            throw Failure(description: "-o \(output): write a .npy (uint8 " +
+                                       "frames T x H x W x 3) or a .gif")
         }
         if let output { try Self.checkWritable(output) }
         #if !canImport(ImageIO)
         if let output, output.hasSuffix(".gif") {
-            throw Failure(description: "-o \(output): writing GIF needs ImageIO (Apple platforms); write .npy here")
+            throw Failure(description: "-o \(output): writing GIF needs ImageIO " +
+                                       "(Apple platforms); write .npy here")
         }
         #endif
     }
@@ -130,11 +159,13 @@ struct Options {
     static func checkWritable(_ output: String) throws {
         let url = URL(fileURLWithPath: output)
         var isFolder: ObjCBool = false
-        if FileManager.default.fileExists(atPath: url.path, isDirectory: &isFolder), isFolder.boolValue {
+        if FileManager.default.fileExists(atPath: url.path, isDirectory: &isFolder),
+           isFolder.boolValue {
             throw Failure(description: "-o \(output): is a folder; name a file to write")
         }
         let parent = url.deletingLastPathComponent().path
-        guard FileManager.default.fileExists(atPath: parent, isDirectory: &isFolder), isFolder.boolValue else {
+        guard FileManager.default.fileExists(atPath: parent, isDirectory: &isFolder),
+              isFolder.boolValue else {
             throw Failure(description: "-o \(output): the folder \(parent) does not exist")
         }
         guard FileManager.default.isWritableFile(atPath: parent) else {
@@ -164,39 +195,54 @@ struct Options {
 func write(_ result: EdgePipeline.Result, to path: String) throws {
     let url = URL(fileURLWithPath: path)
     if path.hasSuffix(".npy") {
-        try NumPyFile.write(frames: result.frames, height: result.height, width: result.width, to: url)
+        try NumPyFile.write(frames: result.frames, height: result.height, width: result.width,
+                            to: url)
         return
     }
     #if canImport(ImageIO)
-    guard let dest = CGImageDestinationCreateWithURL(url as CFURL, UTType.gif.identifier as CFString, result.frames.count, nil) else {
+    guard let dest = CGImageDestinationCreateWithURL(url as CFURL,
+                                                     UTType.gif.identifier as CFString,
+                                                     result.frames.count, nil) else {
         throw Failure(description: "-o \(path): cannot be written")
     }
-    let delay = [kCGImagePropertyGIFDictionary: [kCGImagePropertyGIFDelayTime: 0.125]] as CFDictionary
+    let delay = [kCGImagePropertyGIFDictionary: [kCGImagePropertyGIFDelayTime: 0.125]]
+        as CFDictionary
     for frame in result.frames {
         let provider = CGDataProvider(data: Data(frame) as CFData)!
-        let image = CGImage(width: result.width, height: result.height, bitsPerComponent: 8, bitsPerPixel: 24,
+        let image = CGImage(width: result.width, height: result.height, bitsPerComponent: 8,
+                            bitsPerPixel: 24,
                             bytesPerRow: result.width * 3, space: CGColorSpaceCreateDeviceRGB(),
-                            bitmapInfo: CGBitmapInfo(rawValue: CGImageAlphaInfo.none.rawValue), provider: provider,
+                            bitmapInfo: CGBitmapInfo(rawValue: CGImageAlphaInfo.none.rawValue),
+                            provider: provider,
                             decode: nil, shouldInterpolate: false, intent: .defaultIntent)!
         CGImageDestinationAddImage(dest, image, delay)
     }
-    guard CGImageDestinationFinalize(dest) else { throw Failure(description: "-o \(path): the GIF could not be written") }
+    guard CGImageDestinationFinalize(dest) else {
+        throw Failure(description: "-o \(path): the GIF could not be written")
+    }
     #else
-    throw Failure(description: "-o \(path): writing GIF needs ImageIO (Apple platforms); write .npy here")
+    throw Failure(description: "-o \(path): writing GIF needs ImageIO " +
+                               "(Apple platforms); write .npy here")
     #endif
 }
 
 func pipeline(_ options: Options, backend: BlockBackend?) throws -> EdgePipeline {
     let root = URL(fileURLWithPath: options.package)
     func noticed(_ pipe: EdgePipeline) -> EdgePipeline {
-        for notice in pipe.notices { FileHandle.standardError.write("notice: \(notice)\n".data(using: .utf8)!) }
+        for notice in pipe.notices {
+            FileHandle.standardError.write("notice: \(notice)\n".data(using: .utf8)!)
+        }
         return pipe
     }
-    if let backend { return noticed(try EdgePipeline(package: root, backend: backend, budget: options.budget)) }
+    if let backend {
+        return noticed(try EdgePipeline(package: root, backend: backend, budget: options.budget))
+    }
     #if canImport(CoreML)
     return noticed(try EdgePipeline(package: root, budget: options.budget))
     #else
-    throw Failure(description: "running a package's blocks needs CoreML (Apple platforms); here edge-sample runs a conformance bundle: edge record PACKAGE PROMPT -o BUNDLE, then --bundle BUNDLE")
+    throw Failure(description: "running a package's blocks needs CoreML (Apple " +
+                               "platforms); here edge-sample runs a conformance bundle: " +
+                               "edge record PACKAGE PROMPT -o BUNDLE, then --bundle BUNDLE")
     #endif
 }
 
@@ -220,22 +266,31 @@ func runBundle(_ options: Options, _ path: String) throws {
     let pipe = try pipeline(options, backend: replay)
     let report = try pipe.run(bundle, onStep: progress)
     guard replay.finished else {
-        throw Failure(description: "\(path): the Swift pipeline made \(replay.next) of the recording's \(bundle.calls.count) block calls")
+        throw Failure(description: "\(path): the Swift pipeline made \(replay.next) of " +
+                                   "the recording's \(bundle.calls.count) block calls")
     }
-    print("replayed \(bundle.calls.count) block calls; every input the Swift pipeline computed is the recording's within \(replay.tolerance): worst relative difference \(String(format: "%.3g", replay.worstInputDifference))" + (replay.worstInputCall.map { " (\($0))" } ?? ""))
+    print("replayed \(bundle.calls.count) block calls; every input the Swift pipeline computed " +
+          "is the recording's within \(replay.tolerance): worst relative difference " +
+          "\(String(format: "%.3g", replay.worstInputDifference))" +
+          (replay.worstInputCall.map { " (\($0))" } ?? ""))
     #endif
     if let seed = bundle.seed, let drift = report.seedLatentsDifference {
-        print("latents: drawn for the bundle's seed \(seed), worst difference from the recorded ones \(String(format: "%.3g", drift))")
+        print("latents: drawn for the bundle's seed \(seed), worst difference " +
+              "from the recorded ones \(String(format: "%.3g", drift))")
     }
     let frames = report.frames!
     if report.frameBytesDiffering == 0 {
-        print("frames: \(frames.frames.count) x \(frames.height) x \(frames.width), equal to the bundle's")
+        print("frames: \(frames.frames.count) x \(frames.height) " +
+              "x \(frames.width), equal to the bundle's")
     } else {
-        print("frames: \(report.frameBytesDiffering) bytes differ from the bundle's, PSNR \(String(format: "%.2f", report.framesPSNR)) dB")
+        print("frames: \(report.frameBytesDiffering) bytes differ from the " +
+              "bundle's, PSNR \(String(format: "%.2f", report.framesPSNR)) dB")
     }
     if let output = options.output { try write(frames, to: output); print("wrote \(output)") }
     #if !canImport(CoreML)
-    if report.frameBytesDiffering > 0 { throw Failure(description: "replayed frames differ from the bundle's") }
+    if report.frameBytesDiffering > 0 {
+        throw Failure(description: "replayed frames differ from the bundle's")
+    }
     #endif
 }
 
@@ -248,12 +303,14 @@ func main() -> Int32 {
         }
         let pipe = try pipeline(options, backend: nil)
         let latents = try options.latents.map { try NumPyFile.readFloats(URL(fileURLWithPath: $0)) }
-        let result = try pipe.generate(options.prompt!, negativePrompt: options.negativePrompt, seed: options.seed,
+        let result = try pipe.generate(options.prompt!, negativePrompt: options.negativePrompt,
+                                       seed: options.seed,
                                        latents: latents, decodeTimestep: options.decodeTimestep,
                                        decodeNoiseScale: options.decodeNoiseScale,
                                        configure: options.configure, onStep: progress)
         try write(result, to: options.output!)
-        print("wrote \(options.output!): \(result.frames.count) frames of \(result.width) x \(result.height) in \(String(format: "%.1f", result.timings["total"] ?? 0)) s")
+        print("wrote \(options.output!): \(result.frames.count) frames of \(result.width) " +
+              "x \(result.height) in \(String(format: "%.1f", result.timings["total"] ?? 0)) s")
         return 0
     } catch {
         FileHandle.standardError.write("error: \(error)\n".data(using: .utf8)!)

@@ -51,17 +51,22 @@ final class DynamicGuidanceTests: XCTestCase {
     }
 
     func testOnlyCogVideoXDDIMTakesIt() throws {
-        XCTAssertEqual(schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name), ["cogvideox_ddim"])
+        XCTAssertEqual(schedulers.filter { $0.type.takesDynamicGuidance }.map(\.name),
+                       ["cogvideox_ddim"])
         // SamplerSettings' message (edge/core/sampler.py), naming the field
         for name in ["flow_euler", "flow_unipc", "ltx_flow_euler"] {
-            XCTAssertThrowsError(try Fixtures.settings(["scheduler": name, "dynamic_guidance": true])) { error in
-                XCTAssertEqual("\(error)", "sampler setting dynamic_guidance=True: \(name) steps through no "
-                               + "training timesteps (only cogvideox_ddim does; CogVideoX's dynamic guidance "
-                               + "is a function of them)")
+            XCTAssertThrowsError(try Fixtures.settings(["scheduler": name,
+                                                        "dynamic_guidance": true])) { error in
+                XCTAssertEqual("\(error)",
+                               "sampler setting dynamic_guidance=True: \(name) steps through no "
+                               + "training timesteps (only cogvideox_ddim does; CogVideoX's "
+                               + "dynamic guidance is a function of them)")
             }
-            XCTAssertFalse(try Fixtures.settings(["scheduler": name, "dynamic_guidance": false]).dynamicGuidance)
+            XCTAssertFalse(try Fixtures.settings(["scheduler": name, "dynamic_guidance": false])
+                .dynamicGuidance)
         }
-        XCTAssertTrue(try Fixtures.settings(["scheduler": "cogvideox_ddim", "dynamic_guidance": true]).dynamicGuidance)
+        XCTAssertTrue(try Fixtures.settings(["scheduler": "cogvideox_ddim",
+                                             "dynamic_guidance": true]).dynamicGuidance)
         // packages from before the field: the fixed scale
         XCTAssertFalse(try Fixtures.settings(["scheduler": "cogvideox_ddim"]).dynamicGuidance)
         var settings = SamplerSettings()
@@ -80,6 +85,7 @@ final class DynamicGuidanceTests: XCTestCase {
             XCTAssertEqual(stepGuidance(settings, level: 999, steps: 50), guidance)
         }
         settings.guidance = 6
-        XCTAssertEqual(stepGuidance(settings, level: 999, steps: 50), dynamicGuidance(6, timestep: 999, steps: 50))
+        XCTAssertEqual(stepGuidance(settings, level: 999, steps: 50),
+                       dynamicGuidance(6, timestep: 999, steps: 50))
     }
 }

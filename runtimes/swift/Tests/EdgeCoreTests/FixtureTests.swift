@@ -70,7 +70,8 @@ struct ReplayedRun {
     init(_ run: [String: Any]) throws {
         name = run["name"] as! String
         settings = try Fixtures.settings(run["settings"]!)
-        let cond = (run["cond"] as! [Any]).map(tensor), uncond = (run["uncond"] as! [Any]).map(tensor)
+        let cond = (run["cond"] as! [Any]).map(tensor),
+            uncond = (run["uncond"] as! [Any]).map(tensor)
         let noise = tensor(run["noise"]!)
         var calls: [(index: Int, t: Float, merged: Bool, last: Bool)] = []
         var trace = Trace()
@@ -91,14 +92,19 @@ struct ReplayedRun {
         XCTAssertEqual(calls.count, want.count, name, file: file, line: line)
         for (g, w) in zip(calls, want) {
             XCTAssertEqual(g.index, w["index"] as? Int, name, file: file, line: line)
-            XCTAssertEqual(g.merged, w["merged"] as? Bool, "\(name) call \(g.index)", file: file, line: line)
-            XCTAssertEqual(g.last, w["last"] as? Bool, "\(name) call \(g.index)", file: file, line: line)
-            XCTAssertEqual(g.t, Float(number(w["t"])), "\(name) call \(g.index)", file: file, line: line)
+            XCTAssertEqual(g.merged, w["merged"] as? Bool, "\(name) call \(g.index)", file: file,
+                           line: line)
+            XCTAssertEqual(g.last, w["last"] as? Bool, "\(name) call \(g.index)", file: file,
+                           line: line)
+            XCTAssertEqual(g.t, Float(number(w["t"])), "\(name) call \(g.index)", file: file,
+                           line: line)
         }
         let wantTrace = expected["trace"] as! [String: Any]
         XCTAssertEqual(trace.calls, wantTrace["calls"] as? Int, name, file: file, line: line)
-        XCTAssertEqual(trace.transformerCalls, wantTrace["transformer_calls"] as? Int, name, file: file, line: line)
-        XCTAssertEqual(trace.mergedCalls, wantTrace["merged_calls"] as? Int, name, file: file, line: line)
+        XCTAssertEqual(trace.transformerCalls, wantTrace["transformer_calls"] as? Int, name,
+                       file: file, line: line)
+        XCTAssertEqual(trace.mergedCalls, wantTrace["merged_calls"] as? Int, name, file: file,
+                       line: line)
         XCTAssertEqual(trace.leapAt, wantTrace["leap_at"] as? Int, name, file: file, line: line)
     }
 
@@ -111,7 +117,8 @@ final class SamplerFixtureTests: XCTestCase {
         // the guidance fixtures' unconditional velocities differ (guidance and its cutoff count)
         for name in ["leap_straight_dynamic", "leap_curved_dynamic", "leap_fixed", "leap_off",
                      "leap_fixed_tail", "leap_dynamic_tail", "guidance_cutoff",
-                     "guidance_below_one", "guidance_cutoff_leap", "given_sigmas", "given_sigmas_leap"] {
+                     "guidance_below_one", "guidance_cutoff_leap", "given_sigmas",
+                     "given_sigmas_leap"] {
             let f = try Fixtures.object("sampler/\(name).json")
             let settings = try Fixtures.settings(f["settings"]!)
             let velocities = (f["velocities"] as! [Any]).map(tensor)
@@ -134,10 +141,12 @@ final class SamplerFixtureTests: XCTestCase {
             }
             XCTAssertEqual(trace.calls, expected["calls"] as? Int, name)
             XCTAssertEqual(trace.leapAt, expected["leap_at"] as? Int, name)
-            assertClose(trace.cosines, flatten(expected["cosines"]!).values, 1e-12, "\(name) cosines")
+            assertClose(trace.cosines, flatten(expected["cosines"]!).values, 1e-12,
+                        "\(name) cosines")
             // the times each call was told, float32 for float32 (a leap's tail re-plans them)
             XCTAssertEqual(times, flatten(expected["times"]!).values.map { Float($0) }, name)
-            assertClose(x.data.map(Double.init), flatten(expected["latent"]!).values, 1e-6, "\(name) latent")
+            assertClose(x.data.map(Double.init), flatten(expected["latent"]!).values, 1e-6,
+                        "\(name) latent")
         }
     }
 
@@ -148,9 +157,12 @@ final class SamplerFixtureTests: XCTestCase {
         var computed: [Bool] = []
         for (i, indicator) in indicators.enumerated() {
             let batch = indicator.count  // the Python replay's indicators are 1-D
-            let compute = cache.shouldCompute(indicator, batch: batch, force: i == 0 || i == indicators.count - 1)
+            let compute = cache.shouldCompute(indicator, batch: batch,
+                                              force: i == 0 || i == indicators.count - 1)
             if compute {
-                cache.store(before: Tensor(zeros: [batch]), after: Tensor(shape: [batch], data: [Float](repeating: 1, count: batch)))
+                cache.store(before: Tensor(zeros: [batch]),
+                            after: Tensor(shape: [batch],
+                                          data: [Float](repeating: 1, count: batch)))
             }
             computed.append(compute)
         }
@@ -165,14 +177,17 @@ final class SamplerFixtureTests: XCTestCase {
     }
 
     func testGuidedMergeRuns() throws {
-        for case let run as [String: Any] in try Fixtures.json("swift/guided_merge.json") as! [Any] {
+        for case let run as [String: Any]
+            in try Fixtures.json("swift/guided_merge.json") as! [Any] {
             let settings = try Fixtures.settings(run["settings"]!)
-            let cond = (run["cond"] as! [Any]).map(tensor), uncond = (run["uncond"] as! [Any]).map(tensor)
+            let cond = (run["cond"] as! [Any]).map(tensor),
+                uncond = (run["uncond"] as! [Any]).map(tensor)
             let noise = tensor(run["noise"]!)
             var calls: [[String: Any]] = []
             var trace = Trace()
             let x = sample(predict: { _, t, step in
-                calls.append(["index": step.index, "t": Double(t), "merged": step.merged, "last": step.last])
+                calls.append(["index": step.index, "t": Double(t), "merged": step.merged,
+                              "last": step.last])
                 return (cond[step.index].reshaped([1] + cond[step.index].shape),
                         uncond[step.index].reshaped([1] + uncond[step.index].shape))
             }, noise: noise.reshaped([1] + noise.shape), settings: settings, trace: &trace)
@@ -189,7 +204,8 @@ final class SamplerFixtureTests: XCTestCase {
             XCTAssertEqual(trace.calls, wantTrace["calls"] as? Int)
             XCTAssertEqual(trace.mergedCalls, wantTrace["merged_calls"] as? Int)
             XCTAssertEqual(trace.leapAt, wantTrace["leap_at"] as? Int)
-            assertClose(x.data.map(Double.init), flatten(expected["latent"]!).values, 1e-6, "latent")
+            assertClose(x.data.map(Double.init), flatten(expected["latent"]!).values, 1e-6,
+                        "latent")
         }
     }
 
@@ -217,7 +233,8 @@ final class TokenizerFixtureTests: XCTestCase {
 
 final class ManifestFixtureTests: XCTestCase {
     func testDecodesAnIphoneManifest() throws {
-        let m = try ManifestReader.decode(Data(contentsOf: Fixtures.url("swift/manifest_iphone.json")))
+        let m = try ManifestReader.decode(
+            Data(contentsOf: Fixtures.url("swift/manifest_iphone.json")))
         XCTAssertEqual(m.target, "iphone")
         XCTAssertEqual(m.coreml.computeUnits, "cpuAndNeuralEngine")
         XCTAssertEqual(m.tokenizer.maxTokens, 16)
@@ -228,7 +245,8 @@ final class ManifestFixtureTests: XCTestCase {
         let pairs = transformer.blocks.filter { $0.name.hasPrefix("pair_") }
         XCTAssertFalse(pairs.isEmpty)
         XCTAssertTrue(pairs.allSatisfy { $0.variants?["tdtm"] != nil })
-        XCTAssertEqual(try m.component("text_encoder").blocks[0].inputs.map(\.dtype), ["int32", "int32"])
+        XCTAssertEqual(try m.component("text_encoder").blocks[0].inputs.map(\.dtype),
+                       ["int32", "int32"])
         XCTAssertEqual(m.sampler.steps, 30)
         // tiny-sora's --leap: after 6 steps, the rest in 10
         XCTAssertEqual(m.sampler.leapAfter, 6)
@@ -246,16 +264,20 @@ final class ManifestFixtureTests: XCTestCase {
     /// A chunked component's pieces as edge/core/pieces.py piece_bounds cuts them: CogVideoX's
     /// decoder takes a first call of three latent frames, then two at a time.
     func testChunkedPiecesTakeTheirFirstSize() throws {
-        let json = #"{"input": "z", "output": "frames", "axis": 1, "size": 2, "first_variant": "first", "first_size": 3, "output_axis": 2, "state": []}"#
-        let spec = try ManifestReader.jsonDecoder().decode(Manifest.Chunked.self, from: Data(json.utf8))
+        let json = #"{"input": "z", "output": "frames", "axis": 1, "size": 2, "# +
+            #""first_variant": "first", "first_size": 3, "output_axis": 2, "state": []}"#
+        let spec = try ManifestReader.jsonDecoder().decode(Manifest.Chunked.self,
+                                                           from: Data(json.utf8))
         XCTAssertEqual(spec.firstSize, 3)
         XCTAssertEqual(spec.outputAxis, 2)
         XCTAssertEqual(spec.pieceBounds(7), [0..<3, 3..<5, 5..<7])
         XCTAssertEqual(spec.pieceBounds(3), [0..<3])
         XCTAssertNil(spec.pieceBounds(6))
         XCTAssertNil(spec.pieceBounds(2))
-        let plain = #"{"input": "z", "output": "frames", "axis": 2, "size": 1, "first_variant": "first", "state": []}"#
-        let wan = try ManifestReader.jsonDecoder().decode(Manifest.Chunked.self, from: Data(plain.utf8))
+        let plain = #"{"input": "z", "output": "frames", "axis": 2, "size": 1, "# +
+            #""first_variant": "first", "state": []}"#
+        let wan = try ManifestReader.jsonDecoder().decode(Manifest.Chunked.self,
+                                                          from: Data(plain.utf8))
         XCTAssertNil(wan.firstSize)
         XCTAssertEqual(wan.pieceBounds(3), [0..<1, 1..<2, 2..<3])
     }

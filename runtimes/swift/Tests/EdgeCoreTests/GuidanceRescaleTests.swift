@@ -10,7 +10,8 @@ import XCTest
 /// standard deviations pairwise, this in order).
 final class GuidanceRescaleTests: XCTestCase {
     func testSampleRunsReplayPython() throws {
-        let runs = try XCTUnwrap(try Fixtures.object("swift/guidance_rescale.json")["runs"] as? [[String: Any]])
+        let runs = try XCTUnwrap(
+            try Fixtures.object("swift/guidance_rescale.json")["runs"] as? [[String: Any]])
         XCTAssertEqual(runs.count, 4)
         var worst: Float = 0
         for run in try runs.map(ReplayedRun.init) {
@@ -38,9 +39,12 @@ final class GuidanceRescaleTests: XCTestCase {
         XCTAssertEqual(Double(whole.data[3] - whole.data[5]) / 20, 3.0 / 10, accuracy: 1e-6)
         for bad in [-0.1, 1.5] {
             XCTAssertThrowsError(try Fixtures.settings(["guidance_rescale": bad])) { error in
-                XCTAssertEqual("\(error)", "sampler setting guidance_rescale=\(bad): must be a number from 0 (off) to 1 (the guided velocity wholly rescaled)")
+                XCTAssertEqual("\(error)", "sampler setting guidance_rescale=\(bad): " +
+                                           "must be a number from 0 (off) to 1 (the " +
+                                           "guided velocity wholly rescaled)")
             }
         }
-        XCTAssertEqual(try Fixtures.settings([:]).guidanceRescale, 0, "packages before the field: off")
+        XCTAssertEqual(try Fixtures.settings([:]).guidanceRescale, 0,
+                       "packages before the field: off")
     }
 }

@@ -35,10 +35,13 @@ final class SHA256Tests: XCTestCase {
                        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
         XCTAssertEqual(StreamingSHA256.hex(Data("abc".utf8)),
                        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
-        XCTAssertEqual(StreamingSHA256.hex(Data("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq".utf8)),
+        XCTAssertEqual(StreamingSHA256.hex(
+                           Data("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq".utf8)),
                        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")
-        XCTAssertEqual(StreamingSHA256.hex(Data(("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmn"
-                                                 + "hijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu").utf8)),
+        XCTAssertEqual(StreamingSHA256.hex(
+                           Data(("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmn"
+                                 + "hijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu")
+                                .utf8)),
                        "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1")
         XCTAssertEqual(StreamingSHA256.hex(Data(repeating: UInt8(ascii: "a"), count: 1_000_000)),
                        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0")
@@ -130,8 +133,10 @@ final class SHA256Tests: XCTestCase {
             }
         }
         XCTAssertEqual(h.finalize().count, 32)
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = Double(elapsed.components.seconds)
+            + Double(elapsed.components.attoseconds) / 1e18
         let mbps = Double(data.count) / 1_048_576 / seconds
-        print(String(format: "StreamingSHA256 throughput: %.1f MiB/s (16 MiB in %.3f s)", mbps, seconds))
+        print(String(format: "StreamingSHA256 throughput: %.1f MiB/s (16 MiB in %.3f s)", mbps,
+                     seconds))
     }
 }

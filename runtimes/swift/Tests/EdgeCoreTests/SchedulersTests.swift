@@ -29,10 +29,13 @@ final class SchedulersFixtureTests: XCTestCase {
     func testCoversTheRegistry() throws {
         let cases = try cases()
         XCTAssertEqual(cases.count, 39)
-        XCTAssertEqual(cases.filter { $0["given"] is [Any] }.count, 12)  // the flows through given levels
+        // the flows through given levels
+        XCTAssertEqual(cases.filter { $0["given"] is [Any] }.count, 12)
         // every scheduler the registry knows, in its order, and nothing else
         var names: [String] = []
-        for c in cases where !names.contains(c["scheduler"] as! String) { names.append(c["scheduler"] as! String) }
+        for c in cases where !names.contains(c["scheduler"] as! String) {
+            names.append(c["scheduler"] as! String)
+        }
         XCTAssertEqual(names, knownSchedulers)
     }
 
@@ -41,9 +44,11 @@ final class SchedulersFixtureTests: XCTestCase {
             let name = c["scheduler"] as! String
             let steps = c["steps"] as! Int
             let s = try scheduler(of: c)
-            let what = "\(name) steps=\(steps) shift=\(s.shift) N=\(s.numTrainTimesteps) terminal=\(String(describing: s.shiftTerminal))"
+            let what = "\(name) steps=\(steps) shift=\(s.shift) N=\(s.numTrainTimesteps) " +
+                       "terminal=\(String(describing: s.shiftTerminal))"
             XCTAssertEqual(s.name, name, what)
-            XCTAssertEqual(s.shiftTerminal, c["shift_terminal"] is NSNull ? nil : number(c["shift_terminal"]), what)
+            XCTAssertEqual(s.shiftTerminal,
+                           c["shift_terminal"] is NSNull ? nil : number(c["shift_terminal"]), what)
             let given = c["given"] as? [Any]
             let (sigmas, times) = s.schedule(steps: steps, given: given?.map(number))
             XCTAssertEqual(sigmas, floats(c["sigmas"]), "\(what) sigmas")
@@ -55,7 +60,8 @@ final class SchedulersFixtureTests: XCTestCase {
             let tail = c["tail"] as? [String: Any]
             XCTAssertEqual(tail == nil, !s.leapTail, "\(what) tail present")
             if let tail {
-                    let (tailSigmas, tailTimes) = s.tail(from: Float(number(tail["t_from"])), min: Float(number(tail["t_min"])),
+                    let (tailSigmas, tailTimes) = s.tail(from: Float(number(tail["t_from"])),
+                                                         min: Float(number(tail["t_min"])),
                                                      steps: tail["steps"] as! Int)
                 XCTAssertEqual(tailSigmas, floats(tail["sigmas"]), "\(what) tail sigmas")
                 XCTAssertEqual(tailTimes, floats(tail["model_times"]), "\(what) tail model times")
@@ -63,7 +69,8 @@ final class SchedulersFixtureTests: XCTestCase {
 
             let jump = c["jump"] as! [String: Any]
             let x = tensor(c["x"]!), v = tensor(c["v"]!)
-            let got = s.jump(x: x, v: v.item(0).reshaped(x.shape), sigma: Float(number(jump["sigma"])))
+            let got = s.jump(x: x, v: v.item(0).reshaped(x.shape),
+                             sigma: Float(number(jump["sigma"])))
             XCTAssertEqual(got.shape, x.shape, what)
             XCTAssertEqual(got.data, floats(jump["x"]), "\(what) jump")
         }
@@ -96,15 +103,18 @@ final class SchedulersFixtureTests: XCTestCase {
                 }
             }
         }
-        print("scheduler fixture solver steps: largest flow_unipc difference \(worst) (of max(1, |x|))")
+        print("scheduler fixture solver steps: largest " +
+              "flow_unipc difference \(worst) (of max(1, |x|))")
     }
 }
 
 final class SchedulersTests: XCTestCase {
     func testRegistry() throws {
         // edge/core/schedulers.py SCHEDULERS, in its order
-        XCTAssertEqual(schedulers.map(\.name), ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
-        XCTAssertEqual(knownSchedulers, ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
+        XCTAssertEqual(schedulers.map(\.name),
+                       ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
+        XCTAssertEqual(knownSchedulers,
+                       ["flow_euler", "flow_unipc", "cogvideox_ddim", "ltx_flow_euler", "rflow"])
         XCTAssertTrue(schedulers[0].type == FlowEuler.self)
         XCTAssertTrue(schedulers[1].type == FlowUniPC.self)
         XCTAssertTrue(schedulers[2].type == CogVideoXDDIM.self)
@@ -112,7 +122,8 @@ final class SchedulersTests: XCTestCase {
         XCTAssertTrue(schedulers[4].type == RFlow.self)
         // Python's class attributes leap_tail and takes_shift_terminal
         XCTAssertEqual(schedulers.map { $0.type.leapTail }, [true, true, false, true, true])
-        XCTAssertEqual(schedulers.map { $0.type.takesShiftTerminal }, [false, false, false, true, false])
+        XCTAssertEqual(schedulers.map { $0.type.takesShiftTerminal },
+                       [false, false, false, true, false])
         for (name, type) in schedulers {
             XCTAssertEqual(type.name, name)
             let s = try scheduler(named: name, shift: 2.5, numTrainTimesteps: 500)
@@ -134,18 +145,24 @@ final class SchedulersTests: XCTestCase {
         // the terminal reaches the scheduler that takes one; nil by default
         XCTAssertEqual(try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000,
                                      shiftTerminal: 0.1).shiftTerminal, 0.1)
-        XCTAssertNil(try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000).shiftTerminal)
+        XCTAssertNil(
+            try scheduler(named: "ltx_flow_euler", shift: 3, numTrainTimesteps: 1000).shiftTerminal)
     }
 
     func testRefusesAnUnknownName() {
         for name in ["ddim", "flow_euler_x", "", "FLOW_EULER"] {
-            XCTAssertThrowsError(try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)) { error in
+            XCTAssertThrowsError(
+                try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)) { error in
                 // the message edge/core/schedulers.py's scheduler_for gives
-                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
+                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': " +
+                                           "known: flow_euler, flow_unipc, " +
+                                           "cogvideox_ddim, ltx_flow_euler, rflow")
             }
         }
-        XCTAssertThrowsError(try scheduler(named: "it's", shift: 3, numTrainTimesteps: 1000)) { error in
-            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
+        XCTAssertThrowsError(
+            try scheduler(named: "it's", shift: 3, numTrainTimesteps: 1000)) { error in
+            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, " +
+                                       "flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
         }
     }
 
@@ -174,17 +191,20 @@ final class SchedulersTests: XCTestCase {
     }
 
     func testJumpLandsOnThePredictedX0() throws {
-        let x = Tensor(shape: [1, 3], data: [0.3, -1.2, 2.5]), v = Tensor(shape: [1, 3], data: [0.7, -0.1, 1.9])
+        let x = Tensor(shape: [1, 3], data: [0.3, -1.2, 2.5]),
+            v = Tensor(shape: [1, 3], data: [0.7, -0.1, 1.9])
         for name in knownSchedulers where name != CogVideoXDDIM.name {
             let s = try scheduler(named: name, shift: 3, numTrainTimesteps: 1000)
-            XCTAssertEqual(s.jump(x: x, v: v, sigma: 0.625).data, zip(x.data, v.data).map { $0 + (0 - 0.625) * $1 })
+            XCTAssertEqual(s.jump(x: x, v: v, sigma: 0.625).data,
+                           zip(x.data, v.data).map { $0 + (0 - 0.625) * $1 })
         }
         // DDIM: x0 = sqrt(a) x - sqrt(1 - a) v at the level's alphas_cumprod
         let ddim = CogVideoXDDIM(shift: 3, numTrainTimesteps: 1000)
         for level: Float in [999, 570, 0] {
             let a = ddim.alphasCumprod[Int(level)]
             let c = Float(a.squareRoot()), d = Float((1 - a).squareRoot())
-            XCTAssertEqual(ddim.jump(x: x, v: v, sigma: level).data, zip(x.data, v.data).map { c * $0 - d * $1 })
+            XCTAssertEqual(ddim.jump(x: x, v: v, sigma: level).data,
+                           zip(x.data, v.data).map { c * $0 - d * $1 })
         }
         // the last training step has zero SNR: its x0 is -v
         XCTAssertEqual(ddim.jump(x: x, v: v, sigma: 999).data, v.data.map { -$0 })
@@ -202,7 +222,8 @@ final class SchedulersTests: XCTestCase {
         let s = CogVideoXDDIM(shift: 1, numTrainTimesteps: 1000)
         XCTAssertEqual(s.timesteps(steps: 4), [999, 749, 499, 249])
         XCTAssertEqual(s.schedule(steps: 4).sigmas, [999, 749, 499, 249, -1])
-        XCTAssertEqual(s.schedule(steps: 4).modelTimes, [0.999, 0.749, 0.499, 0.249].map { Float($0 as Double) })
+        XCTAssertEqual(s.schedule(steps: 4).modelTimes,
+                       [0.999, 0.749, 0.499, 0.249].map { Float($0 as Double) })
         XCTAssertEqual(s.timesteps(steps: 7), [999, 856, 713, 570, 428, 285, 142])
         // N / steps whole: the stride of 7 steps is 142, so a step need not land on the next
         XCTAssertEqual((s.solver(sigmas: s.schedule(steps: 7).sigmas) as! DDIMSolver).stride, 142)
@@ -210,26 +231,32 @@ final class SchedulersTests: XCTestCase {
 
     func testShiftTerminalIsCheckedAsPythonChecksIt() throws {
         // SamplerSettings' messages (edge/core/sampler.py), naming the field
-        let range = "must be a number between 0 and 1 (the last noise level before 0), or None for no stretch"
+        let range = "must be a number between 0 and 1 (the last " +
+                    "noise level before 0), or None for no stretch"
         for value in [1.5, -0.25, 0.0, 1.0] {
-            XCTAssertThrowsError(try Fixtures.settings(["scheduler": "ltx_flow_euler", "shift_terminal": value])) { error in
+            XCTAssertThrowsError(try Fixtures.settings(["scheduler": "ltx_flow_euler",
+                                                        "shift_terminal": value])) { error in
                 XCTAssertEqual("\(error)", "sampler setting shift_terminal=\(value): \(range)")
             }
         }
         for name in ["flow_euler", "flow_unipc", "cogvideox_ddim"] {
-            XCTAssertThrowsError(try Fixtures.settings(["scheduler": name, "shift_terminal": 0.5])) { error in
-                XCTAssertEqual("\(error)", "sampler setting shift_terminal=0.5: \(name) takes none (only "
+            XCTAssertThrowsError(
+                try Fixtures.settings(["scheduler": name, "shift_terminal": 0.5])) { error in
+                XCTAssertEqual("\(error)",
+                               "sampler setting shift_terminal=0.5: \(name) takes none (only "
                                + "ltx_flow_euler stretches its schedule to a terminal level)")
             }
         }
         // null and a missing field (packages before it): no stretch
-        XCTAssertNil(try Fixtures.settings(["scheduler": "flow_euler", "shift_terminal": NSNull()]).shiftTerminal)
+        XCTAssertNil(try Fixtures.settings(["scheduler": "flow_euler", "shift_terminal": NSNull()])
+            .shiftTerminal)
         XCTAssertNil(try Fixtures.settings(["steps": 4]).shiftTerminal)
         let ltx = try Fixtures.settings(["scheduler": "ltx_flow_euler", "shift": 2.5, "steps": 12,
                                          "shift_terminal": 0.1])
         XCTAssertEqual(ltx.shiftTerminal, 0.1)
         let sigmas = timesteps(ltx)
-        XCTAssertEqual(sigmas, FlowEulerLTX(shift: 2.5, numTrainTimesteps: 1000, shiftTerminal: 0.1).schedule(steps: 12).sigmas)
+        XCTAssertEqual(sigmas, FlowEulerLTX(shift: 2.5, numTrainTimesteps: 1000,
+                                            shiftTerminal: 0.1).schedule(steps: 12).sigmas)
         XCTAssertEqual(sigmas.first, 1)
         XCTAssertEqual(Double(sigmas[11]), 0.1, accuracy: 1e-6)
         XCTAssertEqual(sigmas.last, 0)
@@ -246,11 +273,14 @@ final class SchedulersTests: XCTestCase {
         settings.scheduler = "cogvideox_ddim"
         settings.leapSteps = 3
         XCTAssertThrowsError(try settings.validate()) { error in
-            XCTAssertEqual("\(error)", "sampler setting leap_steps=3: cogvideox_ddim leaps in one step "
+            XCTAssertEqual("\(error)",
+                           "sampler setting leap_steps=3: cogvideox_ddim leaps in one step "
                            + "only (no re-planned tail is built for it)")
         }
-        XCTAssertThrowsError(try Fixtures.settings(["scheduler": "cogvideox_ddim", "leap_steps": 2])) { error in
-            XCTAssertEqual("\(error)", "sampler setting leap_steps=2: cogvideox_ddim leaps in one step "
+        XCTAssertThrowsError(
+            try Fixtures.settings(["scheduler": "cogvideox_ddim", "leap_steps": 2])) { error in
+            XCTAssertEqual("\(error)",
+                           "sampler setting leap_steps=2: cogvideox_ddim leaps in one step "
                            + "only (no re-planned tail is built for it)")
         }
         settings.leapSteps = 1

@@ -34,13 +34,17 @@ final class TorchNoiseTests: XCTestCase {
                 XCTAssertTrue(index.contains(got.count - 1), "\(what): the redrawn tail is sampled")
                 pairs = Array(zip(index, value))
                 let sum = got.data.reduce(0.0) { $0 + Double($1) }, want = number(c["sum"])
-                XCTAssertLessThanOrEqual(abs(sum - want), 1e-3 * abs(want), "\(what): sum \(sum) vs torch's \(want)")
+                XCTAssertLessThanOrEqual(abs(sum - want), 1e-3 * abs(want),
+                                         "\(what): sum \(sum) vs torch's \(want)")
                 sampled += 1
             }
             for (i, want) in pairs {
                 let d = abs(Double(got.data[i]) - want)
                 worst = max(worst, d.isNaN ? .infinity : d)
-                if !(d < 1e-5) { XCTFail("\(what)[\(i)]: \(got.data[i]) vs torch's \(want)"); break }
+                if !(d < 1e-5) {
+                    XCTFail("\(what)[\(i)]: \(got.data[i]) vs torch's \(want)")
+                    break
+                }
             }
         }
         XCTAssertGreaterThanOrEqual(sampled, 1, "the fixture's large cases (Wan's latents)")
@@ -54,7 +58,8 @@ final class TorchNoiseTests: XCTestCase {
             XCTAssertEqual(try TorchNoise.randn(count: count, seed: (1 << 32) + 7),
                            try TorchNoise.randn(count: count, seed: 7), "count \(count)")
         }
-        XCTAssertNotEqual(try TorchNoise.randn(count: 32, seed: 7), try TorchNoise.randn(count: 32, seed: 8))
+        XCTAssertNotEqual(try TorchNoise.randn(count: 32, seed: 7),
+                          try TorchNoise.randn(count: 32, seed: 8))
     }
 
     /// A prefix of a draw of a whole number of 16s is the draw of fewer 16s (one word per
@@ -68,7 +73,8 @@ final class TorchNoiseTests: XCTestCase {
         XCTAssertEqual(buffer, try TorchNoise.randn(count: 777, seed: 42))
         XCTAssertTrue(long.allSatisfy(\.isFinite))
         let mean = long.reduce(0.0) { $0 + Double($1) } / Double(long.count)
-        let variance = long.reduce(0.0) { $0 + Double($1) * Double($1) } / Double(long.count) - mean * mean
+        let variance = long.reduce(0.0) { $0 + Double($1) * Double($1) } / Double(long.count)
+            - mean * mean
         XCTAssertEqual(mean, 0, accuracy: 0.02)
         XCTAssertEqual(variance, 1, accuracy: 0.02)
     }
@@ -94,7 +100,8 @@ final class TorchNoiseTests: XCTestCase {
             }
         }
         XCTAssertThrowsError(try TorchNoise.randnDraws(counts: [9, 100], seed: 1)) { error in
-            XCTAssertEqual("\(error)", "noise draws [9, 100]: only the last may hold under 16 values")
+            XCTAssertEqual("\(error)", "noise draws [9, 100]: only the " +
+                                       "last may hold under 16 values")
         }
     }
 
@@ -111,8 +118,10 @@ final class TorchNoiseTests: XCTestCase {
             }
         }
         var untouched = [Float](repeating: 7, count: 32)
-        XCTAssertThrowsError(try untouched.withUnsafeMutableBufferPointer { try TorchNoise.fill($0, seed: .max) })
-        XCTAssertEqual(untouched, [Float](repeating: 7, count: 32), "nothing drawn for a refused seed")
+        XCTAssertThrowsError(
+            try untouched.withUnsafeMutableBufferPointer { try TorchNoise.fill($0, seed: .max) })
+        XCTAssertEqual(untouched, [Float](repeating: 7, count: 32), "nothing drawn for a refused " +
+            "seed")
         XCTAssertThrowsError(try TorchNoise.checkSeed(-1)) { error in
             XCTAssertEqual("\(error)", "seed -1 is out of range: a seed is from 0 to 2^63 - 1")
         }
@@ -124,14 +133,17 @@ final class TorchNoiseTests: XCTestCase {
         XCTAssertEqual(try TorchNoise.seed(parsing: "0"), 0)
         XCTAssertEqual(try TorchNoise.seed(parsing: "42"), 42)
         XCTAssertEqual(try TorchNoise.seed(parsing: "9223372036854775807"), TorchNoise.maxSeed)
-        for text in ["-1", "9223372036854775808", "18446744073709551616", "99999999999999999999999"] {
+        for text in ["-1", "9223372036854775808", "18446744073709551616",
+                     "99999999999999999999999"] {
             XCTAssertThrowsError(try TorchNoise.seed(parsing: text, name: "--seed")) { error in
-                XCTAssertEqual("\(error)", "--seed \(text) is out of range: a seed is from 0 to 2^63 - 1")
+                XCTAssertEqual("\(error)", "--seed \(text) is out of range: " +
+                                           "a seed is from 0 to 2^63 - 1")
             }
         }
         for text in ["1.5", "", "+3", "1e3", " 3", "0x10", "three", "-1.5"] {
             XCTAssertThrowsError(try TorchNoise.seed(parsing: text, name: "--seed")) { error in
-                XCTAssertEqual("\(error)", "--seed \(text) must be a whole number from 0 to 2^63 - 1")
+                XCTAssertEqual("\(error)", "--seed \(text) must be a " +
+                                           "whole number from 0 to 2^63 - 1")
             }
         }
     }
@@ -142,10 +154,15 @@ final class TorchNoiseTests: XCTestCase {
     func testRefusesAnotherNoiseDefinition() throws {
         XCTAssertNoThrow(try TorchNoise.checkNoise("torch.randn/cpu/float32"))
         XCTAssertThrowsError(try TorchNoise.checkNoise(nil)) { error in
-            XCTAssertEqual("\(error)", "manifest.json: noise 'numpy.pcg64': this runtime draws a seed as 'torch.randn/cpu/float32', so the seed would give another video than the package's; re-export the package or pass the initial latents")
+            XCTAssertEqual("\(error)", "manifest.json: noise 'numpy.pcg64': this runtime " +
+                                       "draws a seed as 'torch.randn/cpu/float32', so the " +
+                                       "seed would give another video than the package's; " +
+                                       "re-export the package or pass the initial latents")
         }
-        XCTAssertThrowsError(try TorchNoise.checkNoise("philox/cuda", where: "pkg/manifest.json")) { error in
-            XCTAssertTrue("\(error)".hasPrefix("pkg/manifest.json: noise 'philox/cuda'"), "\(error)")
+        XCTAssertThrowsError(
+            try TorchNoise.checkNoise("philox/cuda", where: "pkg/manifest.json")) { error in
+            XCTAssertTrue("\(error)".hasPrefix("pkg/manifest.json: noise 'philox/cuda'"),
+                          "\(error)")
         }
     }
 
@@ -157,11 +174,16 @@ final class TorchNoiseTests: XCTestCase {
         body["noise"] = nil
         XCTAssertNil(try ManifestReader.decode(JSONSerialization.data(withJSONObject: body)).noise)
         body["noise"] = TorchNoise.definition
-        XCTAssertEqual(try ManifestReader.decode(JSONSerialization.data(withJSONObject: body)).noise, TorchNoise.definition)
+        XCTAssertEqual(
+            try ManifestReader.decode(JSONSerialization.data(withJSONObject: body)).noise,
+            TorchNoise.definition)
         body["noise"] = "numpy.pcg64"   // read: refused only when a seed is drawn
-        XCTAssertEqual(try ManifestReader.decode(JSONSerialization.data(withJSONObject: body)).noise, "numpy.pcg64")
+        XCTAssertEqual(
+            try ManifestReader.decode(JSONSerialization.data(withJSONObject: body)).noise,
+            "numpy.pcg64")
         body["noise"] = 3
-        XCTAssertThrowsError(try ManifestReader.decode(JSONSerialization.data(withJSONObject: body))) { error in
+        XCTAssertThrowsError(
+            try ManifestReader.decode(JSONSerialization.data(withJSONObject: body))) { error in
             XCTAssertTrue("\(error)".contains("field noise must be String"), "\(error)")
         }
     }

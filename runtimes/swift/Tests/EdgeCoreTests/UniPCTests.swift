@@ -23,9 +23,12 @@ final class UniPCFixtureTests: XCTestCase {
         for c in cases {
             let settings = try Fixtures.settings(c["settings"]!)
             XCTAssertEqual(settings.scheduler, "flow_unipc")
-            let what = "steps=\(settings.steps) shift=\(settings.shift) N=\(settings.numTrainTimesteps)"
-            XCTAssertEqual(timesteps(settings), flatten(c["timesteps"]!).values.map { Float($0) }, what)
-            XCTAssertEqual(modelTimes(settings), flatten(c["model_times"]!).values.map { Float($0) }, what)
+            let what = "steps=\(settings.steps) shift=\(settings.shift) " +
+                       "N=\(settings.numTrainTimesteps)"
+            XCTAssertEqual(timesteps(settings), flatten(c["timesteps"]!).values.map { Float($0) },
+                           what)
+            XCTAssertEqual(modelTimes(settings),
+                           flatten(c["model_times"]!).values.map { Float($0) }, what)
             XCTAssertEqual(timesteps(settings).count, settings.steps + 1, what)
             XCTAssertEqual(modelTimes(settings).count, settings.steps, what)
         }
@@ -42,7 +45,8 @@ final class UniPCFixtureTests: XCTestCase {
             assertClose(run.trace.cosines, run.wantCosines, 1e-12, "\(name) cosines")
             let wantLatent = run.wantLatent
             XCTAssertEqual(run.x.shape, [1] + wantLatent.shape, name)
-            assertClose(run.x.data.map(Double.init), wantLatent.values, Self.latentTolerance, "\(name) latent")
+            assertClose(run.x.data.map(Double.init), wantLatent.values, Self.latentTolerance,
+                        "\(name) latent")
             for (g, w) in zip(run.x.data, wantLatent.values) {
                 worst = max(worst, abs(Double(g) - w) / max(1, abs(w)))
             }
@@ -78,11 +82,14 @@ final class UniPCTests: XCTestCase {
         for name in ["ddim", "flow_euler_x", ""] {
             XCTAssertThrowsError(try Fixtures.settings(["scheduler": name])) { error in
                 // the message edge/core/sampler.py's SamplerSettings gives
-                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
+                XCTAssertEqual("\(error)", "sampler setting scheduler='\(name)': " +
+                                           "known: flow_euler, flow_unipc, " +
+                                           "cogvideox_ddim, ltx_flow_euler, rflow")
             }
         }
         XCTAssertThrowsError(try Fixtures.settings(["scheduler": "it's"])) { error in
-            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
+            XCTAssertEqual("\(error)", "sampler setting scheduler=\"it's\": known: flow_euler, " +
+                                       "flow_unipc, cogvideox_ddim, ltx_flow_euler, rflow")
         }
         var s = SamplerSettings()
         s.scheduler = "unipc"
@@ -111,7 +118,8 @@ final class UniPCTests: XCTestCase {
         var euler = SamplerSettings()
         euler.steps = 6
         XCTAssertEqual(modelTimes(euler), Array(timesteps(euler).dropLast()))
-        XCTAssertEqual(wholeStepTimes([Float(0.5004), 0.0999], numTrainTimesteps: 1000), [0.5, 0.099])
+        XCTAssertEqual(wholeStepTimes([Float(0.5004), 0.0999], numTrainTimesteps: 1000),
+                       [0.5, 0.099])
     }
 
     func testLeapTailModelTimes() {
@@ -136,7 +144,8 @@ final class UniPCTests: XCTestCase {
         // steps = 1: first order from sigma_0 to 0, x0 = x - sigma_0 v exactly
         let settings = unipc(1)
         let ts = timesteps(settings)
-        let x = Tensor(shape: [1, 3], data: [0.3, -1.2, 2.5]), v = Tensor(shape: [1, 3], data: [0.7, -0.1, 1.9])
+        let x = Tensor(shape: [1, 3], data: [0.3, -1.2, 2.5]),
+            v = Tensor(shape: [1, 3], data: [0.7, -0.1, 1.9])
         let out = UniPCFlow(sigmas: ts).step(v, 0, x)
         XCTAssertEqual(out.data, zip(x.data, v.data).map { $0 - ts[0] * $1 })
     }

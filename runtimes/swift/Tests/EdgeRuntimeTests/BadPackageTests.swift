@@ -14,13 +14,16 @@ final class BadPackageTests: ScratchTestCase {
     }
 
     func open(_ root: URL, budget: Int? = nil) throws -> EdgePipeline {
-        try EdgePipeline(package: root, backend: ReplayBackend(ReplayPlayer(try ReplayFixtures.load())), budget: budget)
+        try EdgePipeline(package: root,
+                         backend: ReplayBackend(ReplayPlayer(try ReplayFixtures.load())),
+                         budget: budget)
     }
 
     /// Each manifest the Python side refuses (bad_manifests.json, with Python's message).
     func testRefusesWhatThePythonSideRefuses() throws {
         let fx = try ReplayFixtures.load()
-        XCTAssertGreaterThanOrEqual(try assertRefusesWhatPythonRefuses(fx.folder.appendingPathComponent("bad_manifests.json")), 10)
+        XCTAssertGreaterThanOrEqual(try assertRefusesWhatPythonRefuses(
+            fx.folder.appendingPathComponent("bad_manifests.json")), 10)
     }
 
     func testRefusesAMissingFile() throws {
@@ -56,9 +59,11 @@ final class BadPackageTests: ScratchTestCase {
         try Data("x".utf8).write(to: root.appendingPathComponent("models/extra.bin"))
         let pipe = try open(root)
         XCTAssertEqual(pipe.notices.count, 1)
-        XCTAssertTrue(pipe.notices[0].contains("models/extra.bin") && pipe.notices[0].contains("not checked and not used"),
+        XCTAssertTrue(pipe.notices[0].contains("models/extra.bin")
+                      && pipe.notices[0].contains("not checked and not used"),
                       pipe.notices[0])
-        XCTAssertEqual(try open(try ReplayFixtures.load().package).notices, [], "an untouched package has nothing to say")
+        XCTAssertEqual(try open(try ReplayFixtures.load().package).notices, [],
+                       "an untouched package has nothing to say")
     }
 
     /// manifest.json edited by `change` and written back.
@@ -78,7 +83,8 @@ final class BadPackageTests: ScratchTestCase {
             let tokenizer = body["tokenizer"] as! [String: Any]
             tokenizerPath = (tokenizer["files"] as! [[String: Any]])[0]["path"] as! String
         }
-        let size = try vocabularySize(ofTokenizerJSON: Data(contentsOf: root.appendingPathComponent(tokenizerPath)))
+        let size = try vocabularySize(
+            ofTokenizerJSON: Data(contentsOf: root.appendingPathComponent(tokenizerPath)))
         XCTAssertGreaterThan(size, 1000)
         for rows in [size, size - 1] {
             try editManifest(root) { body in
@@ -89,7 +95,10 @@ final class BadPackageTests: ScratchTestCase {
             if rows == size {
                 XCTAssertNoThrow(try open(root))
             } else {
-                try assertRefused("vocabulary", [tokenizerPath, "vocabulary of \(size) tokens", "\(rows) rows", "embedding_rows"]) { _ = try open(root) }
+                try assertRefused("vocabulary", [tokenizerPath, "vocabulary of \(size) tokens",
+                                                 "\(rows) rows", "embedding_rows"]) {
+                    _ = try open(root)
+                }
             }
         }
     }
@@ -105,24 +114,33 @@ final class BadPackageTests: ScratchTestCase {
         }
         let url = root.appendingPathComponent(path)
         var raw = try Data(contentsOf: url)
-        withUnsafeBytes(of: Float.nan.bitPattern.littleEndian) { raw.replaceSubrange(4..<8, with: $0) }
+        withUnsafeBytes(of: Float.nan.bitPattern.littleEndian) {
+            raw.replaceSubrange(4..<8, with: $0)
+        }
         try raw.write(to: url)
         let digest = try PackageFiles.sha256Hex(of: url)
         func fixed(_ value: Any) -> Any {   // every record of the file gets its new digest
             if var record = value as? [String: Any] {
-                if record["path"] as? String == path { record["sha256"] = digest; record["bytes"] = raw.count }
+                if record["path"] as? String == path {
+                    record["sha256"] = digest
+                    record["bytes"] = raw.count
+                }
                 return record.mapValues(fixed)
             }
             if let list = value as? [Any] { return list.map(fixed) }
             return value
         }
         try editManifest(root) { body in body = fixed(body) as! [String: Any] }
-        try assertRefused("NaN null caption", [path, "1 of its", "not finite"]) { _ = try open(root) }
+        try assertRefused("NaN null caption", [path, "1 of its", "not finite"]) {
+            _ = try open(root)
+        }
     }
 
     func testRefusesABudgetBelowTheLargestBlock() throws {
         let (root, _) = try copyOfPackage()
-        try assertRefused("budget", ["text_encoder/embeddings", "smallest budget"]) { _ = try open(root, budget: 1_000_000) }
+        try assertRefused("budget", ["text_encoder/embeddings", "smallest budget"]) {
+            _ = try open(root, budget: 1_000_000)
+        }
     }
 
     /// A block file changed on disk after the package was verified: refused by name when the
@@ -140,7 +158,8 @@ final class BadPackageTests: ScratchTestCase {
         let c = fx.cases[0]
         player.start(c)
         try assertRefused("changed", [path, "changed on disk"]) {
-            _ = try pipe.generate(c.prompt, latents: fx.tensor(c.latents), configure: fx.configure(c))
+            _ = try pipe.generate(c.prompt, latents: fx.tensor(c.latents),
+                                  configure: fx.configure(c))
         }
     }
 

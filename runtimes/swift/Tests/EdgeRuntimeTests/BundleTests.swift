@@ -13,7 +13,9 @@ final class BundleTests: ScratchTestCase {
     /// The folder tests/swift_replay.py fills.
     func replayFolder() throws -> URL {
         guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else {
-            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest tests/test_swift_runtime.py` records the bundles (they need the Python side) and runs these tests with them")
+            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest " +
+                          "tests/test_swift_runtime.py` records the bundles (they " +
+                          "need the Python side) and runs these tests with them")
         }
         return URL(fileURLWithPath: path)
     }
@@ -21,22 +23,29 @@ final class BundleTests: ScratchTestCase {
     func wanFolder() throws -> URL { try replayFolder().appendingPathComponent("wan") }
 
     func bundle(_ name: String) throws -> ConformanceBundle {
-        try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("bundles").appendingPathComponent(name))
+        try ConformanceBundle(
+            contentsOf: wanFolder().appendingPathComponent("bundles").appendingPathComponent(name))
     }
 
     /// `b` replayed through the Swift pipeline of `package`: every recorded call made, with
     /// inputs within 1e-5 of the recording's, the same frames and trace.
     func replayed(_ b: ConformanceBundle, on package: URL, _ what: String,
-                  file: StaticString = #filePath, line: UInt = #line) throws -> (BundleReplay, BundleReport, EdgePipeline) {
+                  file: StaticString = #filePath, line: UInt = #line)
+        throws -> (BundleReplay, BundleReport, EdgePipeline) {
         let replay = BundleReplay(b)
         let pipe = try EdgePipeline(package: package, backend: replay)
         let report = try pipe.run(b)
-        XCTAssertTrue(replay.finished, "\(what): Swift made \(replay.next) of \(b.calls.count) calls", file: file, line: line)
-        XCTAssertEqual(report.frameBytesDiffering, 0, "\(what): frame bytes differ", file: file, line: line)
-        let trace = report.frames!.trace
-        XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls, transformerCalls: trace.transformerCalls,
-                                               mergedCalls: trace.mergedCalls, leapAt: trace.leapAt), b.trace, what,
+        XCTAssertTrue(replay.finished, "\(what): Swift made \(replay.next) " +
+                                       "of \(b.calls.count) calls",
+                      file: file, line: line)
+        XCTAssertEqual(report.frameBytesDiffering, 0, "\(what): frame bytes differ",
                        file: file, line: line)
+        let trace = report.frames!.trace
+        XCTAssertEqual(ConformanceBundle.Trace(calls: trace.calls,
+                                               transformerCalls: trace.transformerCalls,
+                                               mergedCalls: trace.mergedCalls,
+                                               leapAt: trace.leapAt),
+                       b.trace, what, file: file, line: line)
         XCTAssertLessThanOrEqual(replay.worstInputDifference, 1e-5, what, file: file, line: line)
         return (replay, report, pipe)
     }
@@ -52,9 +61,13 @@ final class BundleTests: ScratchTestCase {
                 // calls the Python runtime made (replayed: same keys, same batch-one inputs)
                 XCTAssertEqual((b.settings["guidance_steps"] as? NSNumber)?.intValue, 2)
                 XCTAssertEqual(report.frames!.trace.guidedCalls, 2, name)
-                let variants = Set(b.calls.compactMap { $0.key.split(separator: "#").dropFirst().first.map(String.init) })
+                let variants = Set(b.calls.compactMap {
+                    $0.key.split(separator: "#").dropFirst().first.map(String.init)
+                })
                 XCTAssertEqual(variants, ["tdtm", "unguided", "tdtm_unguided", "first"], name)
-                let halves = b.calls.filter { $0.key.hasSuffix("#unguided") && $0.inputs["latent"] != nil }
+                let halves = b.calls.filter {
+                    $0.key.hasSuffix("#unguided") && $0.inputs["latent"] != nil
+                }
                 XCTAssertFalse(halves.isEmpty, name)
                 XCTAssertTrue(halves.allSatisfy { $0.inputs["latent"]!.shape[0] == 1 }, name)
             }
@@ -63,8 +76,11 @@ final class BundleTests: ScratchTestCase {
             XCTAssertNotNil(b.seed, name)
             let drift = try XCTUnwrap(report.seedLatentsDifference, name)
             XCTAssertLessThanOrEqual(drift, 1e-5, name)
-            XCTAssertEqual(report.frames!.noise, try TorchNoise.randn(shape: b.latents.shape, seed: b.seed!), name)
-            print("bundle \(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference); latents drawn for seed \(b.seed!) within \(drift) of the recorded ones")
+            XCTAssertEqual(report.frames!.noise,
+                           try TorchNoise.randn(shape: b.latents.shape, seed: b.seed!), name)
+            print("bundle \(name): \(b.calls.count) calls, worst relative input " +
+                  "difference \(replay.worstInputDifference); latents drawn for " +
+                  "seed \(b.seed!) within \(drift) of the recorded ones")
         }
         XCTAssertEqual(try bundle("seed").seed, 0)
         XCTAssertEqual(try bundle("step_cache").seed, 5)
@@ -83,33 +99,46 @@ final class BundleTests: ScratchTestCase {
     func testACoreAIBundleReplaysOnItsPackage() throws {
         let folder = try replayFolder().appendingPathComponent("coreai")
         let package = folder.appendingPathComponent("package")
-        let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles").appendingPathComponent("merge_cutoff"))
+        let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles")
+            .appendingPathComponent("merge_cutoff"))
         XCTAssertTrue(b.recordedWith.hasPrefix("coreai"), b.recordedWith)
         let (replay, report, pipe) = try replayed(b, on: package, "coreai merge_cutoff")
         XCTAssertEqual(pipe.manifest.coreml.layout, "coreai")
         XCTAssertEqual(report.frames!.trace.guidedCalls, 1)
         let keys = b.calls.map(\.key)
-        XCTAssertTrue(keys.contains { $0.hasSuffix("#tdtm") } && keys.contains { $0.hasSuffix("#tdtm_unguided") }
+        XCTAssertTrue(keys.contains { $0.hasSuffix("#tdtm") }
+                      && keys.contains { $0.hasSuffix("#tdtm_unguided") }
                       && keys.contains { $0.hasSuffix("#unguided") }, "\(Set(keys))")
         let halves = b.calls.filter { $0.key.hasSuffix("unguided") }
-        XCTAssertTrue(halves.allSatisfy { $0.inputs.values.allSatisfy { $0.shape.first == 1 } }, "caption-half calls at a batch of one")
-        print("bundle coreai_merge_cutoff: \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+        XCTAssertTrue(halves.allSatisfy { $0.inputs.values.allSatisfy { $0.shape.first == 1 } },
+                      "caption-half calls at a batch of one")
+        print("bundle coreai_merge_cutoff: \(b.calls.count) calls, worst relative input " +
+              "difference \(replay.worstInputDifference)")
 
         // the layout picks the framework; a backend refuses the other one's programs by name
         XCTAssertEqual(ProgramRuntime.of(pipe.manifest), .coreAI)
         let aimodel = try EdgePipeline.entries(pipe.manifest, root: package)[0]
         XCTAssertNoThrow(try ProgramRuntime.coreAI.check(aimodel))
         XCTAssertThrowsError(try ProgramRuntime.coreML.check(aimodel)) {
-            XCTAssertTrue("\($0)".contains("is a Core AI program (layout coreai (--min-ios 27)); the Core ML backend runs .mlpackage programs only"), "\($0)")
+            XCTAssertTrue("\($0)".contains("is a Core AI program (layout coreai (--min-ios 27)); " +
+                                           "the Core ML backend runs .mlpackage programs only"),
+                          "\($0)")
         }
-        let wan = try EdgePipeline(package: wanFolder().appendingPathComponent("package"), backend: BundleReplay(try bundle("seed")))
+        let wan = try EdgePipeline(package: wanFolder().appendingPathComponent("package"),
+                                   backend: BundleReplay(try bundle("seed")))
         XCTAssertEqual(ProgramRuntime.of(wan.manifest), .coreML)
-        XCTAssertThrowsError(try ProgramRuntime.coreAI.check(try EdgePipeline.entries(wan.manifest, root: wan.root)[0])) {
-            XCTAssertTrue("\($0)".contains("is a Core ML program (layout separate or multifunction"), "\($0)")
+        XCTAssertThrowsError(try ProgramRuntime.coreAI.check(
+            try EdgePipeline.entries(wan.manifest, root: wan.root)[0])) {
+            XCTAssertTrue("\($0)".contains("is a Core ML program (layout " +
+                                           "separate or multifunction"),
+                          "\($0)")
         }
         #if !canImport(CoreAI)
-        XCTAssertThrowsError(try EdgePipeline.coreAIBackend(pipe.manifest)) {   // Linux: no Core AI framework
-            XCTAssertTrue("\($0)".contains("its layout is coreai") && "\($0)".contains("--min-ios 18"), "\($0)")
+        // Linux: no Core AI framework
+        XCTAssertThrowsError(try EdgePipeline.coreAIBackend(pipe.manifest)) {
+            XCTAssertTrue(
+                "\($0)".contains("its layout is coreai") && "\($0)".contains("--min-ios 18"),
+                          "\($0)")
         }
         #endif
     }
@@ -124,22 +153,28 @@ final class BundleTests: ScratchTestCase {
         let families = try replayFolder().appendingPathComponent("families")
         var counts: [String: Int] = [:]
         for (family, names) in [("cogvideox", ["seed", "negative_merge_leap", "step_cache"]),
-                                ("ltx", ["seed", "negative_merge_leap", "step_cache", "given_levels"])] {
+                                ("ltx",
+                                 ["seed", "negative_merge_leap", "step_cache", "given_levels"])] {
             let folder = families.appendingPathComponent(family)
             let package = folder.appendingPathComponent("package")
             for name in names {
                 let what = "\(family) \(name)"
-                let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles/\(name)"))
+                let b = try ConformanceBundle(
+                    contentsOf: folder.appendingPathComponent("bundles/\(name)"))
                 let (replay, _, pipe) = try replayed(b, on: package, what)
-                let decoderInputs = Set(b.calls.filter { $0.key.hasPrefix("vae_decoder/") }.flatMap { $0.inputs.keys })
-                XCTAssertEqual(decoderInputs.isSuperset(of: Manifest.decodeInputs), pipe.manifest.decode != nil, what)
+                let decoderInputs = Set(
+                    b.calls.filter { $0.key.hasPrefix("vae_decoder/") }.flatMap { $0.inputs.keys })
+                XCTAssertEqual(decoderInputs.isSuperset(of: Manifest.decodeInputs),
+                               pipe.manifest.decode != nil, what)
                 counts[family, default: 0] += 1
-                print("bundle \(family)_\(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+                print("bundle \(family)_\(name): \(b.calls.count) calls, worst " +
+                      "relative input difference \(replay.worstInputDifference)")
             }
         }
         XCTAssertEqual(counts, ["cogvideox": 3, "ltx": 4])
         // given noise levels: the package's LTX schedule through a distilled model's list
-        let given = try ConformanceBundle(contentsOf: families.appendingPathComponent("ltx/bundles/given_levels"))
+        let given = try ConformanceBundle(
+            contentsOf: families.appendingPathComponent("ltx/bundles/given_levels"))
         var settings = SamplerSettings()
         try given.configure(&settings)
         XCTAssertEqual(settings.sigmas, [1.0, 0.95, 0.8, 0.5])
@@ -148,7 +183,8 @@ final class BundleTests: ScratchTestCase {
         // what the settings exercised: merging, a leap, skipped transformer calls
         for family in ["cogvideox", "ltx"] {
             func trace(_ name: String) throws -> ConformanceBundle.Trace {
-                try ConformanceBundle(contentsOf: families.appendingPathComponent("\(family)/bundles/\(name)")).trace
+                try ConformanceBundle(
+                    contentsOf: families.appendingPathComponent("\(family)/bundles/\(name)")).trace
             }
             XCTAssertGreaterThan(try trace("negative_merge_leap").mergedCalls, 0, family)
             XCTAssertNotNil(try trace("negative_merge_leap").leapAt, family)
@@ -162,9 +198,12 @@ final class BundleTests: ScratchTestCase {
     func testEqualInfinitiesAreNoDifferenceButNaNIs() {
         let bias = Tensor(shape: [3], data: [0, -.infinity, -.infinity])
         XCTAssertEqual(relativeDifference(bias, bias), 0)
-        XCTAssertEqual(relativeDifference(Tensor(shape: [3], data: [0.5, -.infinity, -.infinity]), bias), 0.5)
-        XCTAssertEqual(relativeDifference(Tensor(shape: [3], data: [0, -.infinity, 0]), bias), .infinity)
-        XCTAssertTrue(relativeDifference(Tensor(shape: [3], data: [.nan, -.infinity, -.infinity]), bias).isNaN)
+        XCTAssertEqual(relativeDifference(Tensor(shape: [3], data: [0.5, -.infinity, -.infinity]),
+                                          bias), 0.5)
+        XCTAssertEqual(relativeDifference(Tensor(shape: [3], data: [0, -.infinity, 0]), bias),
+                       .infinity)
+        XCTAssertTrue(relativeDifference(Tensor(shape: [3], data: [.nan, -.infinity, -.infinity]),
+                                         bias).isNaN)
     }
 
     /// Open-Sora 1.2 (RFLOW's levels, the learned null caption under the prompt's mask, or a
@@ -175,21 +214,25 @@ final class BundleTests: ScratchTestCase {
     func testOpenSoraBundlesReplayWithTheSameCallsAndFrames() throws {
         let folder = try replayFolder().appendingPathComponent("families/opensora")
         guard FileManager.default.fileExists(atPath: folder.path) else {
-            throw XCTSkip("no Open-Sora bundles: the Python side had no Open-Sora fixture (EDGE_OPENSORA_FIXTURE)")
+            throw XCTSkip("no Open-Sora bundles: the Python side had " +
+                          "no Open-Sora fixture (EDGE_OPENSORA_FIXTURE)")
         }
         let package = folder.appendingPathComponent("package")
         var traces: [String: ConformanceBundle.Trace] = [:]
         for name in ["seed", "negative_merge_leap", "step_cache"] {
-            let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles/\(name)"))
+            let b = try ConformanceBundle(
+                contentsOf: folder.appendingPathComponent("bundles/\(name)"))
             let (replay, _, pipe) = try replayed(b, on: package, "opensora \(name)")
             XCTAssertEqual(pipe.manifest.nullCaptionMask, "prompt")
             traces[name] = b.trace
-            print("bundle opensora_\(name): \(b.calls.count) calls, worst relative input difference \(replay.worstInputDifference)")
+            print("bundle opensora_\(name): \(b.calls.count) calls, worst " +
+                  "relative input difference \(replay.worstInputDifference)")
         }
         XCTAssertGreaterThan(traces["negative_merge_leap"]!.mergedCalls, 0)
         XCTAssertNotNil(traces["negative_merge_leap"]!.leapAt)
         XCTAssertLessThan(traces["step_cache"]!.transformerCalls, traces["step_cache"]!.calls)
-        XCTAssertEqual(try assertRefusesWhatPythonRefuses(folder.appendingPathComponent("bad_manifests.json")), 1)
+        XCTAssertEqual(try assertRefusesWhatPythonRefuses(
+            folder.appendingPathComponent("bad_manifests.json")), 1)
     }
 
     /// The decode options: refused by name before any block runs where the package's decoder
@@ -198,11 +241,13 @@ final class BundleTests: ScratchTestCase {
     func testDecodeOptionsAreCheckedBeforeAnyBlockRuns() throws {
         let families = try replayFolder().appendingPathComponent("families")
         let ltx = families.appendingPathComponent("ltx/package")
-        let b = try ConformanceBundle(contentsOf: families.appendingPathComponent("ltx/bundles/seed"))
+        let b = try ConformanceBundle(
+            contentsOf: families.appendingPathComponent("ltx/bundles/seed"))
         let replay = BundleReplay(b)
         let pipe = try EdgePipeline(package: ltx, backend: replay)
         let latents = b.tensor(b.latents)
-        try assertRefused("given latents", ["decode noise scale 0.025", "given latents", "decodeNoise"]) {
+        try assertRefused("given latents",
+                          ["decode noise scale 0.025", "given latents", "decodeNoise"]) {
             _ = try pipe.generate(b.prompt, latents: latents)
         }
         try assertRefused("noise shape", ["decodeNoise", "\(latents.shape)"]) {
@@ -212,12 +257,16 @@ final class BundleTests: ScratchTestCase {
             _ = try pipe.generate(b.prompt, decodeTimestep: .nan)
         }
         XCTAssertEqual(replay.next, 0, "no block call before a refusal")
-        let conditioning = try pipe.decodeConditioning(seed: nil, timestep: 0.1, noiseScale: nil, noise: latents)
+        let conditioning = try pipe.decodeConditioning(seed: nil, timestep: 0.1, noiseScale: nil,
+                                                       noise: latents)
         XCTAssertEqual(conditioning["decode_t"]?.data, [0.1])
         XCTAssertEqual(conditioning["decode_noise_scale"]?.data, [0.025], "the manifest's scale")
         XCTAssertEqual(conditioning["decode_noise"], latents)
-        XCTAssertEqual(try pipe.decodeConditioning(seed: nil, timestep: nil, noiseScale: 0, noise: nil)["decode_noise"]?.data.allSatisfy { $0 == 0 }, true)
-        let cog = try EdgePipeline(package: families.appendingPathComponent("cogvideox/package"), backend: replay)
+        XCTAssertEqual(try pipe.decodeConditioning(seed: nil, timestep: nil, noiseScale: 0,
+                                                   noise: nil)["decode_noise"]?.data
+                           .allSatisfy { $0 == 0 }, true)
+        let cog = try EdgePipeline(package: families.appendingPathComponent("cogvideox/package"),
+                                   backend: replay)
         try assertRefused("no decode", ["takes no decode timestep or noise"]) {
             _ = try cog.generate("a cat", decodeTimestep: 0.05)
         }
@@ -227,8 +276,10 @@ final class BundleTests: ScratchTestCase {
     /// them or not on whole videos: refused as the Python side refuses them.
     func testRefusesWhatThePythonSideRefusesOfCogVideoXAndLTXManifests() throws {
         let families = try replayFolder().appendingPathComponent("families")
-        XCTAssertEqual(try assertRefusesWhatPythonRefuses(families.appendingPathComponent("cogvideox/bad_manifests.json")), 1)
-        XCTAssertEqual(try assertRefusesWhatPythonRefuses(families.appendingPathComponent("ltx/bad_manifests.json")), 2)
+        XCTAssertEqual(try assertRefusesWhatPythonRefuses(
+            families.appendingPathComponent("cogvideox/bad_manifests.json")), 1)
+        XCTAssertEqual(try assertRefusesWhatPythonRefuses(
+            families.appendingPathComponent("ltx/bad_manifests.json")), 2)
     }
 
     /// The same replay under a budget that streams blocks (the decoder's pieces reload).
@@ -236,9 +287,11 @@ final class BundleTests: ScratchTestCase {
         let package = try wanFolder().appendingPathComponent("package")
         let b = try bundle("seed")
         let replay = BundleReplay(b)
-        let manifest = try ManifestReader.decode(Data(contentsOf: package.appendingPathComponent("manifest.json")))
+        let manifest = try ManifestReader.decode(
+            Data(contentsOf: package.appendingPathComponent("manifest.json")))
         let largest = try EdgePipeline.entries(manifest, root: package).map(\.weightBytes).max()!
-        let pipe = try EdgePipeline(package: package, backend: replay, budget: largest + largest / 2)
+        let pipe = try EdgePipeline(package: package, backend: replay,
+                                    budget: largest + largest / 2)
         let report = try pipe.run(b)
         XCTAssertEqual(report.frameBytesDiffering, 0)
         XCTAssertLessThanOrEqual(pipe.loader.stats.peakBytes, largest + largest / 2)
@@ -250,29 +303,40 @@ final class BundleTests: ScratchTestCase {
     func testBlockErrorsNameTheBlockThatDiffers() throws {
         let package = try wanFolder().appendingPathComponent("package")
         let b = try bundle("seed")
-        let exact = try EdgePipeline(package: package, backend: BundleReplay(b)).blockErrors(against: b)
+        let exact = try EdgePipeline(package: package, backend: BundleReplay(b))
+            .blockErrors(against: b)
         XCTAssertEqual(Set(exact.map(\.key)).count, exact.count)
         XCTAssertTrue(exact.contains { $0.key == "vae_decoder/up_1#first" })
         XCTAssertEqual(exact.map(\.maxAbsError).max(), 0)
-        let off = try EdgePipeline(package: package, backend: Perturbed(BundleReplay(b), key: "transformer/block_1", by: 0.01))
+        let off = try EdgePipeline(package: package,
+                                   backend: Perturbed(BundleReplay(b), key: "transformer/block_1",
+                                                      by: 0.01))
             .blockErrors(against: b)
         for e in off {
-            XCTAssertEqual(e.maxAbsError, e.key == "transformer/block_1" ? 0.01 : 0, accuracy: 1e-6, e.key)
+            XCTAssertEqual(e.maxAbsError, e.key == "transformer/block_1" ? 0.01 : 0, accuracy: 1e-6,
+                           e.key)
         }
         XCTAssertEqual(off.first { $0.key == "transformer/block_1" }?.calls, b.trace.calls)
     }
 
     func testRefusesABundleOfAnotherPackage() throws {
         let package = try wanFolder().appendingPathComponent("package")
-        let other = try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
+        let other = try ConformanceBundle(
+            contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
         let pipe = try EdgePipeline(package: package, backend: BundleReplay(other))
-        try assertRefused("other package", ["tiny_sora_bundle/bundle.json", "manifest digest"]) { _ = try pipe.run(other) }
-        try assertRefused("other package, per block", ["manifest digest"]) { _ = try pipe.blockErrors(against: other) }
+        try assertRefused("other package", ["tiny_sora_bundle/bundle.json", "manifest digest"]) {
+            _ = try pipe.run(other)
+        }
+        try assertRefused("other package, per block", ["manifest digest"]) {
+            _ = try pipe.blockErrors(against: other)
+        }
     }
 
     func copyOfBundle(_ name: String) throws -> URL {
         let copy = scratch.appendingPathComponent(name)
-        try FileManager.default.copyItem(at: try wanFolder().appendingPathComponent("bundles").appendingPathComponent(name), to: copy)
+        try FileManager.default.copyItem(
+            at: try wanFolder().appendingPathComponent("bundles").appendingPathComponent(name),
+            to: copy)
         return copy
     }
 
@@ -281,25 +345,36 @@ final class BundleTests: ScratchTestCase {
         let tensors = copy.appendingPathComponent("tensors.bin")
         let data = try Data(contentsOf: tensors)
         try data.prefix(data.count - 8).write(to: tensors)
-        try assertRefused("truncated", ["tensors.bin", "truncated"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("truncated", ["tensors.bin", "truncated"]) {
+            _ = try ConformanceBundle(contentsOf: copy)
+        }
         var changed = data
         changed[changed.count - 1] ^= 0x40
         try changed.write(to: tensors)
-        try assertRefused("changed", ["tensors.bin", "sha256"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("changed", ["tensors.bin", "sha256"]) {
+            _ = try ConformanceBundle(contentsOf: copy)
+        }
         let json = copy.appendingPathComponent("bundle.json")
         let body = try Data(contentsOf: json)
         try body.prefix(body.count / 2).write(to: json)
-        try assertRefused("truncated bundle.json", ["bundle.json", "not valid JSON", "truncated"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("truncated bundle.json", ["bundle.json", "not valid JSON", "truncated"]) {
+            _ = try ConformanceBundle(contentsOf: copy)
+        }
         try Data("[1, 2]".utf8).write(to: json)
-        try assertRefused("a list", ["bundle.json", "not a JSON object"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("a list", ["bundle.json", "not a JSON object"]) {
+            _ = try ConformanceBundle(contentsOf: copy)
+        }
         try FileManager.default.removeItem(at: json)
-        try assertRefused("no bundle.json", ["bundle.json", "missing"]) { _ = try ConformanceBundle(contentsOf: copy) }
+        try assertRefused("no bundle.json", ["bundle.json", "missing"]) {
+            _ = try ConformanceBundle(contentsOf: copy)
+        }
     }
 
     /// A bundle.json edited by `change`, written back (the arrays untouched).
     func edited(_ change: (inout [String: Any]) -> Void) throws -> ConformanceBundle {
         let copy = scratch.appendingPathComponent("edited-\(UUID().uuidString)")
-        try FileManager.default.copyItem(at: try wanFolder().appendingPathComponent("bundles/seed"), to: copy)
+        try FileManager.default.copyItem(at: try wanFolder().appendingPathComponent("bundles/seed"),
+                                         to: copy)
         let url = copy.appendingPathComponent("bundle.json")
         var body = try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as! [String: Any]
         change(&body)
@@ -314,7 +389,9 @@ final class BundleTests: ScratchTestCase {
         let other = try edited { $0["seed"] = 1 }
         let replay = BundleReplay(other)
         let pipe = try EdgePipeline(package: package, backend: replay)
-        try assertRefused("seed 1", ["bundle.json", "seed 1", "differ from the recorded latents"]) { _ = try pipe.run(other) }
+        try assertRefused("seed 1", ["bundle.json", "seed 1", "differ from the recorded latents"]) {
+            _ = try pipe.run(other)
+        }
         XCTAssertEqual(replay.next, 0, "no block call before the refusal")
         let given = try edited { $0["seed"] = NSNull() }
         XCTAssertNil(given.seed)
@@ -325,16 +402,21 @@ final class BundleTests: ScratchTestCase {
     }
 
     func testRefusesABundleSeedThatIsNoSeed() throws {
-        for (value, words) in [(-1 as Any, ["seed -1", "out of range"]), (1.5, ["seed 1.5", "whole number"]),
+        for (value, words) in [(-1 as Any, ["seed -1", "out of range"]),
+                               (1.5, ["seed 1.5", "whole number"]),
                                ("7", ["seed", "whole number"])] {
-            try assertRefused("seed \(value)", ["bundle.json"] + words) { _ = try edited { $0["seed"] = value } }
+            try assertRefused("seed \(value)", ["bundle.json"] + words) {
+                _ = try edited { $0["seed"] = value }
+            }
         }
     }
 
     func testRefusesCallsThatAreNotThisPackagesBlocks() throws {
         let package = try wanFolder().appendingPathComponent("package")
-        let manifest = try ManifestReader.decode(Data(contentsOf: package.appendingPathComponent("manifest.json")))
-        func call(_ i: Int, _ change: @escaping (inout [String: Any]) -> Void) -> (inout [String: Any]) -> Void {
+        let manifest = try ManifestReader.decode(
+            Data(contentsOf: package.appendingPathComponent("manifest.json")))
+        func call(_ i: Int, _ change: @escaping (inout [String: Any]) -> Void)
+            -> (inout [String: Any]) -> Void {
             return { body in
                 var calls = body["calls"] as! [[String: Any]]
                 change(&calls[i])
@@ -342,13 +424,17 @@ final class BundleTests: ScratchTestCase {
             }
         }
         let unknown = try edited(call(12, { $0["key"] = "transformer/block_9" }))
-        try assertRefused("unknown block", ["bundle.json", "call 12", "transformer/block_9"]) { try unknown.check(manifest) }
+        try assertRefused("unknown block", ["bundle.json", "call 12", "transformer/block_9"]) {
+            try unknown.check(manifest)
+        }
         let renamed = try edited(call(3, { c in
             var inputs = c["inputs"] as! [String: Any]
             inputs["mask"] = inputs.removeValue(forKey: "attention_mask")
             c["inputs"] = inputs
         }))
-        try assertRefused("renamed input", ["call 3", "text_encoder/final", "mask"]) { try renamed.check(manifest) }
+        try assertRefused("renamed input", ["call 3", "text_encoder/final", "mask"]) {
+            try renamed.check(manifest)
+        }
         let reshaped = try edited(call(8, { c in
             var inputs = c["inputs"] as! [String: Any]
             var latent = inputs["latent"] as! [String: Any]
@@ -356,7 +442,10 @@ final class BundleTests: ScratchTestCase {
             inputs["latent"] = latent
             c["inputs"] = inputs
         }))
-        try assertRefused("reshaped input", ["call 8", "transformer/prologue", "latent", "[1, 16, 3, 4, 6]"]) { try reshaped.check(manifest) }
+        try assertRefused("reshaped input",
+                          ["call 8", "transformer/prologue", "latent", "[1, 16, 3, 4, 6]"]) {
+            try reshaped.check(manifest)
+        }
     }
 
     func testRefusesAnArrayOutsideTheTensorFile() throws {
@@ -427,17 +516,22 @@ final class BundleTests: ScratchTestCase {
     /// What the Python side refuses of a Wan manifest, the Swift runtime refuses too (a
     /// chunked decoder's state without a first variant among them).
     func testRefusesWhatThePythonSideRefusesOfAWanManifest() throws {
-        let cases = try assertRefusesWhatPythonRefuses(wanFolder().appendingPathComponent("bad_manifests.json"))
+        let cases = try assertRefusesWhatPythonRefuses(
+            wanFolder().appendingPathComponent("bad_manifests.json"))
         XCTAssertEqual(cases, 5)
     }
 
     /// A tiny-sora bundle (learned null caption, frame-by-frame decoding) on its own package.
     func testATinySoraBundleReplaysOnItsPackage() throws {
-        guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else { throw XCTSkip("EDGE_SWIFT_REPLAY is not set") }
-        let b = try ConformanceBundle(contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
+        guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else {
+            throw XCTSkip("EDGE_SWIFT_REPLAY is not set")
+        }
+        let b = try ConformanceBundle(
+            contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
         XCTAssertNil(b.negativePrompt)
         let replay = BundleReplay(b)
-        let pipe = try EdgePipeline(package: URL(fileURLWithPath: path).appendingPathComponent("package"), backend: replay)
+        let pipe = try EdgePipeline(
+            package: URL(fileURLWithPath: path).appendingPathComponent("package"), backend: replay)
         let report = try pipe.run(b)
         XCTAssertTrue(replay.finished)
         XCTAssertEqual(report.frameBytesDiffering, 0)
@@ -448,7 +542,11 @@ final class BundleTests: ScratchTestCase {
 /// A backend whose block `key` answers `by` more than the recording on every output.
 final class Perturbed: BlockBackend {
     let inner: BundleReplay, key: String, by: Float
-    init(_ inner: BundleReplay, key: String, by: Float) { self.inner = inner; self.key = key; self.by = by }
+    init(_ inner: BundleReplay, key: String, by: Float) {
+        self.inner = inner
+        self.key = key
+        self.by = by
+    }
     func load(_ entry: BlockEntry) throws -> LoadedBlock {
         let block = try inner.load(entry)
         return entry.key == key ? Shifted(block, by) : block
@@ -457,7 +555,9 @@ final class Perturbed: BlockBackend {
         let block: LoadedBlock, by: Float
         init(_ block: LoadedBlock, _ by: Float) { self.block = block; self.by = by }
         func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] {
-            try block.predict(inputs).mapValues { Tensor(shape: $0.shape, data: $0.data.map { $0 + by }) }
+            try block.predict(inputs).mapValues {
+                Tensor(shape: $0.shape, data: $0.data.map { $0 + by })
+            }
         }
     }
 }

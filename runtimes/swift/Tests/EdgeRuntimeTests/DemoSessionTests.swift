@@ -22,18 +22,22 @@ final class ZeroBlock: LoadedBlock {
 final class DemoSessionTests: XCTestCase {
     func testRunsReusesThePipelineAndReportsRows() throws {
         let package = try ReplayFixtures.load().package
-        let session = DemoSession { url, budget in try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget) }
+        let session = DemoSession { url, budget in
+            try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget)
+        }
         var options = DemoOptions()
         options.leap = false
         options.tdtm = true
         var progress: [Double] = []
-        let first = try session.run(package: package, options: options, onProgress: { progress.append($0) })
+        let first = try session.run(package: package, options: options,
+                                    onProgress: { progress.append($0) })
         XCTAssertEqual(progress.last, 1.0)
         XCTAssertEqual(progress.count, 30, "one report per step of the package's 30")
         XCTAssertEqual(first.result.trace.mergedCalls, 15, "TDTM for the first half of the steps")
         XCTAssertEqual(first.result.frames.count, 16)
         let names = first.rows.map(\.0)
-        XCTAssertEqual(Array(names.prefix(5)), ["load + verify", "text_encoder", "transformer", "vae_decoder", "total"])
+        XCTAssertEqual(Array(names.prefix(5)),
+                       ["load + verify", "text_encoder", "transformer", "vae_decoder", "total"])
         XCTAssertEqual(first.rows.first { $0.0 == "merged (TDTM) calls" }?.1, "15")
         XCTAssertEqual(first.rows.first { $0.0 == "leap" }?.1, "no")
 
@@ -43,7 +47,8 @@ final class DemoSessionTests: XCTestCase {
         options.budgetMB = 30
         let streamed = try session.run(package: package, options: options)
         XCTAssertEqual(session.pipelinesMade, 2, "a new budget makes a new pipeline")
-        XCTAssertGreaterThan(streamed.result.timings["block_loads"] ?? 0, 20, "a 30 MB budget streams blocks")
+        XCTAssertGreaterThan(streamed.result.timings["block_loads"] ?? 0, 20,
+                             "a 30 MB budget streams blocks")
 
         options.budgetMB = 16   // below the text encoder's 23.5 MB embeddings block
         XCTAssertThrowsError(try session.run(package: package, options: options)) { error in
@@ -53,10 +58,13 @@ final class DemoSessionTests: XCTestCase {
 
     func testCancellationStopsTheRun() throws {
         let package = try ReplayFixtures.load().package
-        let session = DemoSession { url, budget in try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget) }
+        let session = DemoSession { url, budget in
+            try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget)
+        }
         var steps = 0
         let flag = CancellationFlag()
-        XCTAssertThrowsError(try session.run(package: package, options: DemoOptions(), onProgress: { _ in
+        XCTAssertThrowsError(try session.run(package: package, options: DemoOptions(),
+                                             onProgress: { _ in
             steps += 1
             if steps == 2 { flag.cancel() }
         }, isCancelled: { flag.isCancelled })) { error in

@@ -35,7 +35,10 @@ final class CountingBackend: BlockBackend {
 final class CountedBlock: LoadedBlock {
     let entry: BlockEntry
     weak var backend: CountingBackend?
-    init(_ entry: BlockEntry, _ backend: CountingBackend) { self.entry = entry; self.backend = backend }
+    init(_ entry: BlockEntry, _ backend: CountingBackend) {
+        self.entry = entry
+        self.backend = backend
+    }
     deinit { backend?.note("freed \(entry.key)", bytes: -entry.weightBytes) }
 
     func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] {
@@ -48,7 +51,8 @@ final class CountedBlock: LoadedBlock {
 
 final class LoaderTests: XCTestCase {
     static let empty = try! ManifestReader.jsonDecoder().decode(Manifest.Block.self, from: Data("""
-        {"name": "b", "model": "b.mlpackage", "files": [], "weights": {"path": "w"}, "weight_bytes": 0,
+        {"name": "b", "model": "b.mlpackage", "files": [], "weights": {"path": "w"}, \
+        "weight_bytes": 0,
          "inputs": [], "outputs": []}
         """.utf8))
 
@@ -82,7 +86,8 @@ final class LoaderTests: XCTestCase {
         try run(loader, schedule)
         loader.settle()
         XCTAssertLessThanOrEqual(loader.stats.peakBytes, budget)
-        XCTAssertLessThanOrEqual(backend.peakLiveBytes, budget, "blocks alive at once exceeded the budget")
+        XCTAssertLessThanOrEqual(backend.peakLiveBytes, budget, "blocks alive at once exceeded " +
+            "the budget")
         XCTAssertLessThanOrEqual(loader.residentBytes, budget)
     }
 
@@ -90,7 +95,8 @@ final class LoaderTests: XCTestCase {
         let keys = (0..<6).map { "c/b\($0)" }
         let backend = CountingBackend(loadDelay: 0.01, runDelay: 0.05)
         // room for two blocks: nothing pinned, one running and one prefetched
-        let loader = try BlockLoader(entries: entries(keys.map { ($0, 1000) }), backend: backend, budget: 2000)
+        let loader = try BlockLoader(entries: entries(keys.map { ($0, 1000) }), backend: backend,
+                                     budget: 2000)
         XCTAssertEqual(loader.pinned, [])
         try run(loader, keys + keys)
         XCTAssertEqual(loader.stats.loadOrder, keys + keys, "loads follow the schedule")
@@ -103,23 +109,28 @@ final class LoaderTests: XCTestCase {
     }
 
     func testPinnedBlocksStayAndStreamedOnesAreUnloaded() throws {
-        let sizes = [("transformer/a", 100), ("transformer/b", 100), ("vae/big", 300), ("vae/big2", 300),
+        let sizes = [("transformer/a", 100), ("transformer/b", 100), ("vae/big", 300),
+                     ("vae/big2", 300),
                      ("vae/small", 50)]
         let backend = CountingBackend()
         let loader = try BlockLoader(entries: entries(sizes), backend: backend, budget: 900,
                                      everyStep: ["transformer/a", "transformer/b"])
         XCTAssertTrue(loader.pinned.isSuperset(of: ["transformer/a", "transformer/b"]))
         XCTAssertEqual(loader.pinned, ["transformer/a", "transformer/b", "vae/small"])
-        try run(loader, ["transformer/a", "transformer/b", "transformer/a", "transformer/b", "vae/big"])
+        try run(loader,
+                ["transformer/a", "transformer/b", "transformer/a", "transformer/b", "vae/big"])
         loader.settle()
-        XCTAssertEqual(loader.stats.loadOrder.filter { $0.hasPrefix("transformer") }, ["transformer/a", "transformer/b"],
+        XCTAssertEqual(loader.stats.loadOrder.filter { $0.hasPrefix("transformer") },
+                       ["transformer/a", "transformer/b"],
                        "pinned blocks load once")
         XCTAssertFalse(loader.loadedKeys.contains("vae/big"))
-        XCTAssertEqual(backend.events.filter { $0 == "freed vae/big" }.count, 1, "the streamed block was freed")
+        XCTAssertEqual(backend.events.filter { $0 == "freed vae/big" }.count, 1,
+                       "the streamed block was freed")
     }
 
     func testNoBudgetKeepsEverything() throws {
-        let loader = try BlockLoader(entries: entries([("c/a", 10), ("c/b", 20)]), backend: CountingBackend())
+        let loader = try BlockLoader(entries: entries([("c/a", 10), ("c/b", 20)]),
+                                     backend: CountingBackend())
         try run(loader, ["c/a", "c/b", "c/a"])
         XCTAssertEqual(loader.loadedKeys, ["c/a", "c/b"])
         XCTAssertEqual(loader.stats.loads, 2)
@@ -134,15 +145,19 @@ final class LoaderTests: XCTestCase {
     }
 
     func testAFileChangedAfterVerificationIsRefusedByName() throws {
-        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("edge-loader-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: folder.appendingPathComponent("b.mlpackage"), withIntermediateDirectories: true)
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "edge-loader-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder.appendingPathComponent("b.mlpackage"),
+                                                withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: folder) }
         let file = folder.appendingPathComponent("b.mlpackage/weight.bin")
         try Data(repeating: 7, count: 4096).write(to: file)
-        let entry = BlockEntry(key: "c/b", block: Self.empty, program: folder.appendingPathComponent("b.mlpackage"),
+        let entry = BlockEntry(key: "c/b", block: Self.empty,
+                               program: folder.appendingPathComponent("b.mlpackage"),
                                files: [file], weightBytes: 4096, digest: "d")
         let loader = try BlockLoader(entries: [entry], backend: CountingBackend(), budget: 8192,
-                                     identities: [file.path: FileIdentity.of(file.path)!], coldReads: true)
+                                     identities: [file.path: FileIdentity.of(file.path)!],
+                                     coldReads: true)
         try FileManager.default.removeItem(at: file)
         try Data(repeating: 8, count: 4096).write(to: file)
         XCTAssertThrowsError(try loader.block("c/b")) { error in

@@ -9,7 +9,8 @@ import XCTest
 final class MultifunctionTests: XCTestCase {
     static let manifestURL = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().appendingPathComponent("tests/fixtures/swift/manifest_iphone.json")
+        .deletingLastPathComponent().appendingPathComponent(
+            "tests/fixtures/swift/manifest_iphone.json")
 
     func testVariantsAreFunctionsOfTheBlocksProgram() throws {
         let manifest = try ManifestReader.decode(Data(contentsOf: Self.manifestURL))
@@ -21,11 +22,13 @@ final class MultifunctionTests: XCTestCase {
             for block in comp.blocks {
                 let base = byKey["\(comp.name)/\(block.name)"]!
                 // a block without variants is a plain program; with them, the "main" function
-                XCTAssertEqual(base.function, (block.variants ?? [:]).isEmpty ? nil : "main", base.key)
+                XCTAssertEqual(base.function, (block.variants ?? [:]).isEmpty ? nil : "main",
+                               base.key)
                 for name in (block.variants ?? [:]).keys {
                     let entry = byKey["\(comp.name)/\(block.name)#\(name)"]!
                     XCTAssertEqual(entry.function, name, entry.key)
-                    XCTAssertEqual(entry.program, base.program, "\(entry.key): one program for the block and its variants")
+                    XCTAssertEqual(entry.program, base.program, "\(entry.key): one program " +
+                        "for the block and its variants")
                     XCTAssertEqual(entry.paths, base.paths)
                     XCTAssertEqual(entry.digest, base.digest)
                     variants += 1

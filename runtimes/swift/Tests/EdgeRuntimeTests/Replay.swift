@@ -24,27 +24,35 @@ struct ReplayFixtures {
 
     static func load() throws -> ReplayFixtures {
         guard let path = ProcessInfo.processInfo.environment["EDGE_SWIFT_REPLAY"] else {
-            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest tests/test_swift_runtime.py` writes the replay fixtures (they need the Python runtime) and runs these tests with it")
+            throw XCTSkip("EDGE_SWIFT_REPLAY is not set: `pytest " +
+                          "tests/test_swift_runtime.py` writes the replay fixtures " +
+                          "(they need the Python runtime) and runs these tests with it")
         }
         let folder = URL(fileURLWithPath: path)
         let replay = folder.appendingPathComponent("replay")
-        let raw = try JSONSerialization.jsonObject(with: Data(contentsOf: replay.appendingPathComponent("cases.json"))) as! [[String: Any]]
+        let raw = try JSONSerialization.jsonObject(
+            with: Data(contentsOf: replay.appendingPathComponent("cases.json"))) as! [[String: Any]]
         func ref(_ v: Any?) -> Ref {
             let d = v as! [String: Any]
-            return Ref(dtype: d["dtype"] as! String, shape: (d["shape"] as! [NSNumber]).map(\.intValue),
+            return Ref(dtype: d["dtype"] as! String,
+                       shape: (d["shape"] as! [NSNumber]).map(\.intValue),
                        offset: (d["offset"] as! NSNumber).intValue)
         }
         func refs(_ v: Any?) -> [String: Ref] { (v as! [String: Any]).mapValues(ref) }
         let cases = raw.map { c in
             Case(name: c["name"] as! String, prompt: c["prompt"] as! String,
-                 settings: c["settings"] as! [String: Any], latents: ref(c["latents"]), frames: ref(c["frames"]),
+                 settings: c["settings"] as! [String: Any], latents: ref(c["latents"]),
+                 frames: ref(c["frames"]),
                  trace: c["trace"] as! [String: Any],
                  calls: (c["calls"] as! [[String: Any]]).map {
-                     Call(key: $0["key"] as! String, inputs: refs($0["inputs"]), outputs: refs($0["outputs"]))
+                     Call(key: $0["key"] as! String, inputs: refs($0["inputs"]),
+                          outputs: refs($0["outputs"]))
                  })
         }
         return ReplayFixtures(folder: folder, cases: cases,
-                              tensors: try Data(contentsOf: replay.appendingPathComponent("tensors.bin"), options: .alwaysMapped))
+                              tensors: try Data(
+                                contentsOf: replay.appendingPathComponent("tensors.bin"),
+                                options: .alwaysMapped))
     }
 
     func tensor(_ ref: Ref) -> Tensor {
@@ -57,7 +65,8 @@ struct ReplayFixtures {
         return { settings in
             let encoder = JSONEncoder()
             encoder.keyEncodingStrategy = .convertToSnakeCase
-            var merged = try! JSONSerialization.jsonObject(with: encoder.encode(settings)) as! [String: Any]
+            var merged = try! JSONSerialization.jsonObject(with: encoder.encode(settings))
+                as! [String: Any]
             merged.merge(c.settings) { $1 }
             settings = try! ManifestReader.jsonDecoder().decode(
                 SamplerSettings.self, from: JSONSerialization.data(withJSONObject: merged))
@@ -82,23 +91,29 @@ final class ReplayPlayer {
     func answer(_ key: String, _ inputs: [String: Tensor]) throws -> [String: Tensor] {
         lock.lock(); defer { lock.unlock() }
         guard next < calls.count else {
-            throw RuntimeError.block("replay: call \(next) to \(key), but Python made only \(calls.count) calls")
+            throw RuntimeError.block("replay: call \(next) to \(key), but " +
+                                     "Python made only \(calls.count) calls")
         }
         let call = calls[next]
         guard call.key == key else {
-            throw RuntimeError.block("replay: call \(next) went to \(key); Python's went to \(call.key)")
+            throw RuntimeError.block("replay: call \(next) went to \(key); " +
+                                     "Python's went to \(call.key)")
         }
         guard Set(inputs.keys) == Set(call.inputs.keys) else {
-            throw RuntimeError.block("replay: call \(next) to \(key) fed \(inputs.keys.sorted()); Python fed \(call.inputs.keys.sorted())")
+            throw RuntimeError.block("replay: call \(next) to \(key) " +
+                                     "fed \(inputs.keys.sorted()); Python " +
+                                     "fed \(call.inputs.keys.sorted())")
         }
         for (name, ref) in call.inputs {
             let want = fixtures.tensor(ref), got = inputs[name]!
             guard got.shape == want.shape else {
-                throw RuntimeError.block("replay: call \(next) to \(key): input \(name) of shape \(got.shape); Python's was \(want.shape)")
+                throw RuntimeError.block("replay: call \(next) to \(key): input \(name) " +
+                                         "of shape \(got.shape); Python's was \(want.shape)")
             }
             let worst = relativeDifference(got, want)
             if !(worst <= 1e-5) {  // NaN too
-                throw RuntimeError.block("replay: call \(next) to \(key): input \(name) differs from Python's by \(worst)")
+                throw RuntimeError.block("replay: call \(next) to \(key): input \(name) " +
+                                         "differs from Python's by \(worst)")
             }
             worstInputError = max(worstInputError, worst)
         }
@@ -125,7 +140,9 @@ final class ReplayBlock: LoadedBlock {
     let key: String
     let player: ReplayPlayer
     init(key: String, player: ReplayPlayer) { self.key = key; self.player = player }
-    func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] { try player.answer(key, inputs) }
+    func predict(_ inputs: [String: Tensor]) throws -> [String: Tensor] {
+        try player.answer(key, inputs)
+    }
 }
 
 /// A test case with a scratch folder of its own (removed afterwards) and a check that an
@@ -134,7 +151,8 @@ class ScratchTestCase: XCTestCase {
     var scratch: URL!
 
     override func setUpWithError() throws {
-        scratch = FileManager.default.temporaryDirectory.appendingPathComponent("edge-swift-\(UUID().uuidString)")
+        scratch = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "edge-swift-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
     }
 
@@ -145,11 +163,15 @@ class ScratchTestCase: XCTestCase {
     /// how many there were.
     @discardableResult
     func assertRefusesWhatPythonRefuses(_ file: URL) throws -> Int {
-        let cases = try JSONSerialization.jsonObject(with: Data(contentsOf: file)) as! [[String: Any]]
+        let cases = try JSONSerialization.jsonObject(with: Data(contentsOf: file))
+            as! [[String: Any]]
         for c in cases {
             let name = c["name"] as! String, words = c["names"] as! [String]
             let python = c["python_error"] as! String
-            for word in words { XCTAssertTrue(python.contains(word), "\(name): Python's \"\(python)\" lacks \(word)") }
+            for word in words {
+                XCTAssertTrue(python.contains(word), "\(name): Python's " +
+                                                     "\"\(python)\" lacks \(word)")
+            }
             let data = try JSONSerialization.data(withJSONObject: c["manifest"]!)
             try assertRefused(name, words) { _ = try ManifestReader.decode(data) }
         }
@@ -167,7 +189,8 @@ class ScratchTestCase: XCTestCase {
             throw skip
         } catch {
             for word in words {
-                XCTAssertTrue("\(error)".contains(word), "\(what): \"\(error)\" does not name \(word)", file: file, line: line)
+                XCTAssertTrue("\(error)".contains(word), "\(what): \"\(error)\" does " +
+                    "not name \(word)", file: file, line: line)
             }
         }
     }

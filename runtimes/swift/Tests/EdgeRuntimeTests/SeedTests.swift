@@ -18,24 +18,30 @@ final class SeedTests: ScratchTestCase {
         let copy = scratch.appendingPathComponent("package")
         try FileManager.default.copyItem(at: try ReplayFixtures.load().package, to: copy)
         let url = copy.appendingPathComponent("manifest.json")
-        var body = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any])
+        var body = try XCTUnwrap(
+            JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any])
         body["noise"] = noise
         try JSONSerialization.data(withJSONObject: body).write(to: url)
         return copy
     }
 
     func testASeedDrawsTorchsNoiseForIt() throws {
-        let pipe = try EdgePipeline(package: try ReplayFixtures.load().package, backend: ZeroBackend())
-        XCTAssertEqual(pipe.manifest.noise, TorchNoise.definition, "the exporter writes the noise field")
+        let pipe = try EdgePipeline(package: try ReplayFixtures.load().package,
+                                    backend: ZeroBackend())
+        XCTAssertEqual(pipe.manifest.noise, TorchNoise.definition, "the exporter writes the " +
+            "noise field")
         let shape = [1] + pipe.manifest.latentShape
         let seeded = try pipe.generate("a red circle", seed: 3, configure: twoSteps)
         XCTAssertEqual(seeded.noise, try TorchNoise.randn(shape: shape, seed: 3))
         // no seed and no latents: seed 0; a seed's low 32 bits are the engine's (2^32 + 7 is 7)
-        XCTAssertEqual(try pipe.generate("a red circle", configure: twoSteps).noise, try TorchNoise.randn(shape: shape, seed: 0))
-        XCTAssertEqual(try pipe.generate("a red circle", seed: (1 << 32) + 7, configure: twoSteps).noise,
+        XCTAssertEqual(try pipe.generate("a red circle", configure: twoSteps).noise,
+                       try TorchNoise.randn(shape: shape, seed: 0))
+        XCTAssertEqual(
+            try pipe.generate("a red circle", seed: (1 << 32) + 7, configure: twoSteps).noise,
                        try pipe.generate("a red circle", seed: 7, configure: twoSteps).noise)
         let given = Tensor(shape: shape, data: (0..<shape.reduce(1, *)).map { Float($0 % 7) / 7 })
-        XCTAssertEqual(try pipe.generate("a red circle", latents: given, configure: twoSteps).noise, given)
+        XCTAssertEqual(try pipe.generate("a red circle", latents: given, configure: twoSteps).noise,
+                       given)
     }
 
     func testRefusesASeedOutOfRangeBeforeAnyBlockRuns() throws {
@@ -50,11 +56,14 @@ final class SeedTests: ScratchTestCase {
     }
 
     func testRefusesASeedAndLatentsTogether() throws {
-        let pipe = try EdgePipeline(package: try ReplayFixtures.load().package, backend: ZeroBackend())
+        let pipe = try EdgePipeline(package: try ReplayFixtures.load().package,
+                                    backend: ZeroBackend())
         let latents = Tensor(zeros: [1] + pipe.manifest.latentShape)
         for seed: UInt64 in [0, 5] {
-            try assertRefused("seed \(seed) and latents", ["seed and latents given together", "give one"]) {
-                _ = try pipe.generate("a red circle", seed: seed, latents: latents, configure: twoSteps)
+            try assertRefused("seed \(seed) and latents",
+                              ["seed and latents given together", "give one"]) {
+                _ = try pipe.generate("a red circle", seed: seed, latents: latents,
+                                      configure: twoSteps)
             }
         }
     }
@@ -68,7 +77,8 @@ final class SeedTests: ScratchTestCase {
             let backend = LoadCountingBackend()
             let pipe = try EdgePipeline(package: try package(noise: noise), backend: backend)
             XCTAssertEqual(pipe.manifest.noise, noise)
-            let words = ["manifest.json", "noise 'numpy.pcg64'", "torch.randn/cpu/float32", "initial latents"]
+            let words = ["manifest.json", "noise 'numpy.pcg64'", "torch.randn/cpu/float32",
+                         "initial latents"]
             try assertRefused("noise \(noise ?? "absent"), seed 3", words) {
                 _ = try pipe.generate("a red circle", seed: 3, configure: twoSteps)
             }
@@ -87,7 +97,9 @@ final class SeedTests: ScratchTestCase {
     /// pipeline is made, not trapped on; a valid one is the pipeline's seed.
     func testTheDemoRefusesANegativeSeed() throws {
         let package = try ReplayFixtures.load().package
-        let session = DemoSession { url, budget in try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget) }
+        let session = DemoSession { url, budget in
+            try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget)
+        }
         var options = DemoOptions()
         options.seed = -1
         try assertRefused("demo seed -1", ["seed -1", "out of range", "2^63 - 1"]) {
@@ -96,12 +108,16 @@ final class SeedTests: ScratchTestCase {
         XCTAssertEqual(session.pipelinesMade, 0)
         options.seed = 9
         let report = try session.run(package: package, options: options)
-        XCTAssertEqual(report.result.noise, try TorchNoise.randn(shape: report.result.noise.shape, seed: 9))
+        XCTAssertEqual(report.result.noise,
+                       try TorchNoise.randn(shape: report.result.noise.shape, seed: 9))
     }
 }
 
 /// ZeroBackend, counting the blocks it loads.
 final class LoadCountingBackend: BlockBackend {
     private(set) var loads = 0
-    func load(_ entry: BlockEntry) throws -> LoadedBlock { loads += 1; return ZeroBlock(entry.block) }
+    func load(_ entry: BlockEntry) throws -> LoadedBlock {
+        loads += 1
+        return ZeroBlock(entry.block)
+    }
 }
