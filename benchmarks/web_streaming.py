@@ -36,9 +36,9 @@ PROMPT = "a red circle moving left"
 SAMPLE_S = 0.1
 
 LOAD = """async ([budget, path]) => {
-  const { WebPipeline } = await import('/runtime/pipeline.js');
+  const { Pipeline } = await import('/runtime/pipeline.js');
   const t0 = performance.now();
-  window.pipe = await WebPipeline.load(new URL('/', location.href).href, { budget, path });
+  window.pipe = await Pipeline.load(new URL('/', location.href).href, { budget, path });
   return { load_s: (performance.now() - t0) / 1000, figures: window.pipe.loadFigures,
            path: window.pipe.path }; }"""
 

@@ -106,13 +106,13 @@ def read_video(got: dict, kind: str = "Uint8Array") -> np.ndarray:
     return from_b64(got["data"], DTYPES[kind], got["shape"])
 
 
-# On a page of a served package: WebPipeline.load(url, {path}) kept as window.pipes[path]
+# On a page of a served package: Pipeline.load(url, {path}) kept as window.pipes[path]
 # (runtime/pipeline.js imported on first use); returns the path it runs
 LOAD_PIPE = """async ([url, path]) => {
-  window.WebPipeline = window.WebPipeline
-    || (await import(new URL('runtime/pipeline.js', url).href)).WebPipeline;
+  window.Pipeline = window.Pipeline
+    || (await import(new URL('runtime/pipeline.js', url).href)).Pipeline;
   window.pipes = window.pipes || {};
-  window.pipes[path] = await window.WebPipeline.load(url, { path });
+  window.pipes[path] = await window.Pipeline.load(url, { path });
   return window.pipes[path].path.name; }"""
 
 # generate(prompt, options) on a loaded path, latents as base64 float32 bytes (or null):

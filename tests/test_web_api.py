@@ -1,5 +1,5 @@
 """The web runtime's embedding API (docs/web.md, "Embedding the model in a page"):
-`WebPipeline.load(url, {budget, path, onProgress, signal})` and `generate(prompt, options)`
+`Pipeline.load(url, {budget, path, onProgress, signal})` and `generate(prompt, options)`
 with the Python runtime's option names, in Debian's chromium driven by Playwright.
 
 The minimal page is the ```html block of that docs section, written into the package and
@@ -313,10 +313,10 @@ def test_cancelled_generation_names_its_step_and_the_next_one_runs(minimal):
 
 
 LOADS = """async () => {
-  const { WebPipeline } = await import('/runtime/pipeline.js');
+  const { Pipeline } = await import('/runtime/pipeline.js');
   const base = new URL('/', location.href).href, out = {};
   const attempt = async (name, options) => {
-    try { const pipe = await WebPipeline.load(base, options); out[name] = pipe.path.name;
+    try { const pipe = await Pipeline.load(base, options); out[name] = pipe.path.name;
           pipe.destroy(); }
     catch (err) { out[name] = { name: err.name, message: err.message }; } };
   const early = new AbortController(); early.abort();
@@ -364,10 +364,10 @@ def test_load_stops_cleanly_when_aborted(context):
 
 
 TWO_LOADS = """async () => {
-  const { WebPipeline } = await import('/runtime/pipeline.js');
+  const { Pipeline } = await import('/runtime/pipeline.js');
   const base = new URL('/', location.href).href;
-  const a = await WebPipeline.load(base, { path: 'wasm' });
-  const b = await WebPipeline.load(base, { path: 'wasm' });
+  const a = await Pipeline.load(base, { path: 'wasm' });
+  const b = await Pipeline.load(base, { path: 'wasm' });
   const same = a.executor.ort === b.executor.ort;
   a.destroy(); b.destroy();
   return same; }"""
@@ -388,12 +388,12 @@ def test_onnxruntime_web_is_imported_once_per_page(context, web_package):
 
 START_LOAD = """() => {
   window.loadDone = false;
-  import('/runtime/pipeline.js').then(({ WebPipeline }) =>
-    WebPipeline.load(new URL('/', location.href).href).then(() => { window.loadDone = true; }));
+  import('/runtime/pipeline.js').then(({ Pipeline }) =>
+    Pipeline.load(new URL('/', location.href).href).then(() => { window.loadDone = true; }));
   }"""
 
 CACHED_THEN_LOAD = """async (budget) => {
-  const { WebPipeline } = await import('/runtime/pipeline.js');
+  const { Pipeline } = await import('/runtime/pipeline.js');
   const { fileRecords, sha256Hex } = await import('/runtime/loader.js');
   const base = new URL('/', location.href).href;
   const manifest = await (await fetch(base + 'manifest.json')).json();
@@ -407,7 +407,7 @@ CACHED_THEN_LOAD = """async (budget) => {
     const intact = bytes.byteLength === r.bytes && (await sha256Hex(bytes)) === r.sha256;
     cached.push({ path: r.path, intact });
   }
-  const pipe = await WebPipeline.load(base, { budget });
+  const pipe = await Pipeline.load(base, { budget });
   const out = { cached, fromCache: pipe.files.fromCache, path: pipe.path.name,
                 streamed: [...pipe.blocks.keys()].filter((k) => pipe.weights.source.streamed(k))
                   .length };

@@ -893,14 +893,14 @@ def test_a_blocks_shards_are_read_into_their_places_in_one_buffer(browser, serve
 
 
 LOAD_UNDER_BUDGET = """async (budget) => {
-  const { WebPipeline } = await import('/runtime/pipeline.js');
-  try { (await WebPipeline.load(new URL('/', location.href).href, { path: 'webgpu', budget }))
+  const { Pipeline } = await import('/runtime/pipeline.js');
+  try { (await Pipeline.load(new URL('/', location.href).href, { path: 'webgpu', budget }))
     .destroy(); return null; }
   catch (err) { return err.message; } }"""
 
 
 def webgpu_load_error(browser, served, budget, init_script=None, manifest=None):
-    """`WebPipeline.load` on the WebGPU path in a fresh context (with `init_script`, and
+    """`Pipeline.load` on the WebGPU path in a fresh context (with `init_script`, and
     `manifest` served instead of the package's): its error message and the paths requested."""
     context = browser.new_context()
     if init_script:

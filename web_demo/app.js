@@ -1,7 +1,7 @@
 // The demo page: loads the package it is served from, then generates on request. Lives at
 // the top of a web package, beside runtime/ (edge export --target web copies both in). It uses
 // the embedding API of docs/web.md only: what runtime/pipeline.js exports.
-import { WebPipeline, WebGpuUnavailable, adapterInfo, ortFailure } from "./runtime/pipeline.js";
+import { Pipeline, WebGpuUnavailable, adapterInfo, ortFailure } from "./runtime/pipeline.js";
 
 const $ = (id) => document.getElementById(id);
 // state.unavailable: {webgpu, wasm}, why a path cannot run here (null: it can, or was not
@@ -54,7 +54,7 @@ async function load() {
   state.budget = budget;
   if ($("notice")) $("notice").hidden = true; // said again below if it still holds
   const base = new URL(".", location.href).href;
-  state.pipe = await WebPipeline.load(base, {
+  state.pipe = await Pipeline.load(base, {
     budget, path: askedPath,
     onCacheFailure: notice,
     onProgress: (got, total) => {

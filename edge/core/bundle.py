@@ -1,5 +1,5 @@
 """Conformance bundles: one generation of a package written down call by call, so another
-runtime can check itself against it (`edge record`; the Swift runtime's `EdgePipeline` and
+runtime can check itself against it (`edge record`; the Swift runtime's `Pipeline` and
 `edge-sample --bundle` read it). A bundle is a folder:
 
     bundle.json   what ran and what came of it (below)

@@ -55,7 +55,7 @@ def check(options: ExportOptions) -> None:
     if options.memory_budget is not None:
         raise ExportOptionError(
             "--memory-budget: a web package takes its budget where the page loads it "
-            "(WebPipeline.load(url, {budget}), ?budget= on the demo page), not at export")
+            "(Pipeline.load(url, {budget}), ?budget= on the demo page), not at export")
     refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize", "unguided_variants",
                                   "web_paths"})
     paths = web_paths(options)
@@ -108,7 +108,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
         notes.append(f"without a memory budget the page holds every block's weights: "
                      f"{total / 1e9:.1f} GB as {form} here, past the "
                      f"{PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser gives one page's WebAssembly "
-                     "heap; load it with a budget (WebPipeline.load(url, {budget}), ?budget= "
+                     "heap; load it with a budget (Pipeline.load(url, {budget}), ?budget= "
                      "on the demo page) so blocks stream from the browser's storage")
     # the wasm path holds the stored form (the WebGPU path float32, decoded on the GPU)
     return Prepared(components, notes=notes, plan_lines=lines, held_bytes=held)

@@ -20,7 +20,7 @@ final class DemoModel: ObservableObject {
     @Published var running = false
 
     private let session = DemoSession { url, budget in
-        try EdgePipeline(package: url, budget: budget)
+        try Pipeline(package: url, budget: budget)
     }
     private var packageURL: URL?
     private let cancelFlag = CancellationFlag()

@@ -1,5 +1,5 @@
 // The embedding API's option checks (docs/web.md, "Embedding the model in a page"): what
-// WebPipeline.load and generate refuse, with messages naming the option and the value, all
+// Pipeline.load and generate refuse, with messages naming the option and the value, all
 // before any block runs, so a bad call leaves the pipeline as it was. The sampler settings
 // are checked as the Python runtime checks them (edge/core/options.py).
 import { checkSettings } from "./sampler.js";

@@ -1,5 +1,5 @@
 // The wasm path: runs blocks' ONNX graphs (graphs/<component>/<block>.onnx, weights as graph
-// inputs) with onnxruntime-web's wasm provider, behind the calls WebPipeline makes of
+// inputs) with onnxruntime-web's wasm provider, behind the calls Pipeline makes of
 // PlanExecutor (executor.js), so one pipeline drives either path.
 //
 // onnxruntime-web is never run unchecked: its three files are fetched through PackageFiles

@@ -135,7 +135,7 @@ export function pathRecords(manifest, executor) {
   return out.filter((r) => !seen.has(r.path) && seen.add(r.path));
 }
 
-export class WebPipeline {
+export class Pipeline {
   constructor(files, executor, blocks, weights, tokenizer, nullCaption, adapter) {
     Object.assign(this, { files, executor, blocks, weights, tokenizer, nullCaption, adapter });
     this.manifest = files.manifest;
@@ -206,7 +206,7 @@ export class WebPipeline {
     }
     try {
       stopIf("after choosing the path");
-      const pipe = await WebPipeline.build(
+      const pipe = await Pipeline.build(
         base, files, choice, gpu, { budget, tune, signal, stopIf, started, probeKey });
       files.signal = null; // loaded: the generations' streamed reads answer to their own signals
       return pipe;
@@ -310,7 +310,7 @@ export class WebPipeline {
       JSON.parse(new TextDecoder().decode(bytes.get(m.tokenizer.files[0].path))), m.tokenizer);
     const nullRecord = m.conditioning.null_caption;
     const nullCaption = nullRecord ? parseNpy(bytes.get(nullRecord.path), nullRecord.path) : null;
-    const pipe = new WebPipeline(
+    const pipe = new Pipeline(
       files, executor, blocks, weights, tokenizer, nullCaption, gpu.adapter);
     pipe.path = {
       name: executor.path, why: choice.why, timings: choice.timings, budget: parseSize(budget),

@@ -24,7 +24,7 @@ public struct DemoOptions: Equatable {
 
 /// One finished generation, as the app shows it.
 public struct DemoReport {
-    public let result: EdgePipeline.Result
+    public let result: Pipeline.Result
     public let rows: [(String, String)]   // timings and the sampler's counts, in order
 }
 
@@ -32,10 +32,10 @@ public struct DemoReport {
 /// per (package, budget), reusing it across generations, and turns a result into the rows the
 /// app lists. The app supplies how a pipeline is made (CoreML there; any backend in tests).
 public final class DemoSession {
-    public typealias PipelineMaker = (_ package: URL, _ budget: Int?) throws -> EdgePipeline
+    public typealias PipelineMaker = (_ package: URL, _ budget: Int?) throws -> Pipeline
 
     let makePipeline: PipelineMaker
-    private var pipeline: EdgePipeline?
+    private var pipeline: Pipeline?
     private var key: (URL, Int?)?
     public private(set) var pipelinesMade = 0
 
@@ -68,7 +68,7 @@ public final class DemoSession {
     /// Drop the pipeline and its loaded blocks (a memory warning).
     public func unload() { pipeline?.unload() }
 
-    public static func rows(_ result: EdgePipeline.Result,
+    public static func rows(_ result: Pipeline.Result,
                             loadSeconds: Double) -> [(String, String)] {
         let seconds: [(String, Double)] = [("load + verify", loadSeconds)]
             + ["text_encoder", "transformer", "vae_decoder", "total", "block_load_s",

@@ -315,7 +315,7 @@ public struct BundleReport {
     }
 
     public var blocks: [BlockError] = []      // per block, in the order first called
-    public var frames: EdgePipeline.Result? = nil
+    public var frames: Pipeline.Result? = nil
     public var frameBytesDiffering = 0
     public var framesPSNR: Double = .infinity // of the frames against the bundle's
     /// A bundle recorded from a seed: the worst absolute difference between the latents the
@@ -323,7 +323,7 @@ public struct BundleReport {
     public var seedLatentsDifference: Double? = nil
 }
 
-extension EdgePipeline {
+extension Pipeline {
     /// Each recorded call's inputs through this pipeline's blocks, its outputs against the
     /// recorded ones: per block, the worst error (the check a user runs on a device, where
     /// the blocks run through CoreML). Loads and unloads blocks through the loader.

@@ -91,7 +91,7 @@ final class CoreMLBlock: LoadedBlock {
     }
 }
 
-extension EdgePipeline {
+extension Pipeline {
     /// A pipeline that runs the package's blocks with the framework its layout names: Core AI
     /// for a `--min-ios 27` package (iOS 27 and later), else CoreML on the manifest's compute
     /// units (or `computeUnits`).
@@ -99,7 +99,7 @@ extension EdgePipeline {
                             computeUnits: MLComputeUnits? = nil) throws {
         try self.init(package: root, budget: budget, verify: verify, makeBackend: { manifest in
             if ProgramRuntime.of(manifest) == .coreAI {
-                return try EdgePipeline.coreAIBackend(manifest)
+                return try Pipeline.coreAIBackend(manifest)
             }
             return CoreMLBackend(
                 computeUnits: computeUnits ?? CoreMLBackend.units(manifest.coreml.computeUnits),

@@ -13,7 +13,7 @@ import Foundation
 /// time: the programs have the static shapes of one prompt (the transformer's batch is that
 /// prompt and the unconditional one; an unguided call the prompt's half alone, through the
 /// blocks' `unguided` functions where the package has them).
-public final class EdgePipeline {
+public final class Pipeline {
     /// What `generate` gives: the decoded frames, or the denoised latents alone (the Python
     /// runtime's output_type="latent"; nothing decoded, so they can be decoded elsewhere).
     public enum OutputType: Sendable { case frames, latent }

@@ -28,7 +28,7 @@ public enum ProgramRuntime: String, Sendable {
     }
 }
 
-extension EdgePipeline {
+extension Pipeline {
     /// The backend for a Core AI package: Core AI's own where the system has it (iOS 27,
     /// macOS 27), else refused naming the layout and what to export instead.
     public static func coreAIBackend(_ manifest: Manifest) throws -> BlockBackend {

@@ -192,7 +192,7 @@ struct Options {
     }
 }
 
-func write(_ result: EdgePipeline.Result, to path: String) throws {
+func write(_ result: Pipeline.Result, to path: String) throws {
     let url = URL(fileURLWithPath: path)
     if path.hasSuffix(".npy") {
         try NumPyFile.write(frames: result.frames, height: result.height, width: result.width,
@@ -226,19 +226,19 @@ func write(_ result: EdgePipeline.Result, to path: String) throws {
     #endif
 }
 
-func pipeline(_ options: Options, backend: BlockBackend?) throws -> EdgePipeline {
+func pipeline(_ options: Options, backend: BlockBackend?) throws -> Pipeline {
     let root = URL(fileURLWithPath: options.package)
-    func noticed(_ pipe: EdgePipeline) -> EdgePipeline {
+    func noticed(_ pipe: Pipeline) -> Pipeline {
         for notice in pipe.notices {
             FileHandle.standardError.write("notice: \(notice)\n".data(using: .utf8)!)
         }
         return pipe
     }
     if let backend {
-        return noticed(try EdgePipeline(package: root, backend: backend, budget: options.budget))
+        return noticed(try Pipeline(package: root, backend: backend, budget: options.budget))
     }
     #if canImport(CoreML)
-    return noticed(try EdgePipeline(package: root, budget: options.budget))
+    return noticed(try Pipeline(package: root, budget: options.budget))
     #else
     throw Failure(description: "running a package's blocks needs CoreML (Apple " +
                                "platforms); here edge-sample runs a conformance bundle: " +

@@ -13,8 +13,8 @@ final class BadPackageTests: ScratchTestCase {
         return (copy, fx)
     }
 
-    func open(_ root: URL, budget: Int? = nil) throws -> EdgePipeline {
-        try EdgePipeline(package: root,
+    func open(_ root: URL, budget: Int? = nil) throws -> Pipeline {
+        try Pipeline(package: root,
                          backend: ReplayBackend(ReplayPlayer(try ReplayFixtures.load())),
                          budget: budget)
     }
@@ -148,7 +148,7 @@ final class BadPackageTests: ScratchTestCase {
     func testRefusesABlockFileChangedAfterVerification() throws {
         let (root, fx) = try copyOfPackage()
         let player = ReplayPlayer(fx)
-        let pipe = try EdgePipeline(package: root, backend: ReplayBackend(player))
+        let pipe = try Pipeline(package: root, backend: ReplayBackend(player))
         let path = "models/vae_decoder/up_0.mlpackage/Data/com.apple.CoreML/weights/weight.bin"
         let url = root.appendingPathComponent(path)
         var data = try Data(contentsOf: url)

@@ -31,9 +31,9 @@ final class BundleTests: ScratchTestCase {
     /// inputs within 1e-5 of the recording's, the same frames and trace.
     func replayed(_ b: ConformanceBundle, on package: URL, _ what: String,
                   file: StaticString = #filePath, line: UInt = #line)
-        throws -> (BundleReplay, BundleReport, EdgePipeline) {
+        throws -> (BundleReplay, BundleReport, Pipeline) {
         let replay = BundleReplay(b)
-        let pipe = try EdgePipeline(package: package, backend: replay)
+        let pipe = try Pipeline(package: package, backend: replay)
         let report = try pipe.run(b)
         XCTAssertTrue(replay.finished, "\(what): Swift made \(replay.next) " +
                                        "of \(b.calls.count) calls",
@@ -117,25 +117,25 @@ final class BundleTests: ScratchTestCase {
 
         // the layout picks the framework; a backend refuses the other one's programs by name
         XCTAssertEqual(ProgramRuntime.of(pipe.manifest), .coreAI)
-        let aimodel = try EdgePipeline.entries(pipe.manifest, root: package)[0]
+        let aimodel = try Pipeline.entries(pipe.manifest, root: package)[0]
         XCTAssertNoThrow(try ProgramRuntime.coreAI.check(aimodel))
         XCTAssertThrowsError(try ProgramRuntime.coreML.check(aimodel)) {
             XCTAssertTrue("\($0)".contains("is a Core AI program (layout coreai (--min-ios 27)); " +
                                            "the Core ML backend runs .mlpackage programs only"),
                           "\($0)")
         }
-        let wan = try EdgePipeline(package: wanFolder().appendingPathComponent("package"),
+        let wan = try Pipeline(package: wanFolder().appendingPathComponent("package"),
                                    backend: BundleReplay(try bundle("seed")))
         XCTAssertEqual(ProgramRuntime.of(wan.manifest), .coreML)
         XCTAssertThrowsError(try ProgramRuntime.coreAI.check(
-            try EdgePipeline.entries(wan.manifest, root: wan.root)[0])) {
+            try Pipeline.entries(wan.manifest, root: wan.root)[0])) {
             XCTAssertTrue("\($0)".contains("is a Core ML program (layout " +
                                            "separate or multifunction"),
                           "\($0)")
         }
         #if !canImport(CoreAI)
         // Linux: no Core AI framework
-        XCTAssertThrowsError(try EdgePipeline.coreAIBackend(pipe.manifest)) {
+        XCTAssertThrowsError(try Pipeline.coreAIBackend(pipe.manifest)) {
             XCTAssertTrue(
                 "\($0)".contains("its layout is coreai") && "\($0)".contains("--min-ios 18"),
                           "\($0)")
@@ -244,7 +244,7 @@ final class BundleTests: ScratchTestCase {
         let b = try ConformanceBundle(
             contentsOf: families.appendingPathComponent("ltx/bundles/seed"))
         let replay = BundleReplay(b)
-        let pipe = try EdgePipeline(package: ltx, backend: replay)
+        let pipe = try Pipeline(package: ltx, backend: replay)
         let latents = b.tensor(b.latents)
         try assertRefused("given latents",
                           ["decode noise scale 0.025", "given latents", "decodeNoise"]) {
@@ -265,7 +265,7 @@ final class BundleTests: ScratchTestCase {
         XCTAssertEqual(try pipe.decodeConditioning(seed: nil, timestep: nil, noiseScale: 0,
                                                    noise: nil)["decode_noise"]?.data
                            .allSatisfy { $0 == 0 }, true)
-        let cog = try EdgePipeline(package: families.appendingPathComponent("cogvideox/package"),
+        let cog = try Pipeline(package: families.appendingPathComponent("cogvideox/package"),
                                    backend: replay)
         try assertRefused("no decode", ["takes no decode timestep or noise"]) {
             _ = try cog.generate("a cat", decodeTimestep: 0.05)
@@ -289,8 +289,8 @@ final class BundleTests: ScratchTestCase {
         let replay = BundleReplay(b)
         let manifest = try ManifestReader.decode(
             Data(contentsOf: package.appendingPathComponent("manifest.json")))
-        let largest = try EdgePipeline.entries(manifest, root: package).map(\.weightBytes).max()!
-        let pipe = try EdgePipeline(package: package, backend: replay,
+        let largest = try Pipeline.entries(manifest, root: package).map(\.weightBytes).max()!
+        let pipe = try Pipeline(package: package, backend: replay,
                                     budget: largest + largest / 2)
         let report = try pipe.run(b)
         XCTAssertEqual(report.frameBytesDiffering, 0)
@@ -303,12 +303,12 @@ final class BundleTests: ScratchTestCase {
     func testBlockErrorsNameTheBlockThatDiffers() throws {
         let package = try wanFolder().appendingPathComponent("package")
         let b = try bundle("seed")
-        let exact = try EdgePipeline(package: package, backend: BundleReplay(b))
+        let exact = try Pipeline(package: package, backend: BundleReplay(b))
             .blockErrors(against: b)
         XCTAssertEqual(Set(exact.map(\.key)).count, exact.count)
         XCTAssertTrue(exact.contains { $0.key == "vae_decoder/up_1#first" })
         XCTAssertEqual(exact.map(\.maxAbsError).max(), 0)
-        let off = try EdgePipeline(package: package,
+        let off = try Pipeline(package: package,
                                    backend: Perturbed(BundleReplay(b), key: "transformer/block_1",
                                                       by: 0.01))
             .blockErrors(against: b)
@@ -323,7 +323,7 @@ final class BundleTests: ScratchTestCase {
         let package = try wanFolder().appendingPathComponent("package")
         let other = try ConformanceBundle(
             contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
-        let pipe = try EdgePipeline(package: package, backend: BundleReplay(other))
+        let pipe = try Pipeline(package: package, backend: BundleReplay(other))
         try assertRefused("other package", ["tiny_sora_bundle/bundle.json", "manifest digest"]) {
             _ = try pipe.run(other)
         }
@@ -388,14 +388,14 @@ final class BundleTests: ScratchTestCase {
         let package = try wanFolder().appendingPathComponent("package")
         let other = try edited { $0["seed"] = 1 }
         let replay = BundleReplay(other)
-        let pipe = try EdgePipeline(package: package, backend: replay)
+        let pipe = try Pipeline(package: package, backend: replay)
         try assertRefused("seed 1", ["bundle.json", "seed 1", "differ from the recorded latents"]) {
             _ = try pipe.run(other)
         }
         XCTAssertEqual(replay.next, 0, "no block call before the refusal")
         let given = try edited { $0["seed"] = NSNull() }
         XCTAssertNil(given.seed)
-        let report = try EdgePipeline(package: package, backend: BundleReplay(given)).run(given)
+        let report = try Pipeline(package: package, backend: BundleReplay(given)).run(given)
         XCTAssertNil(report.seedLatentsDifference)
         XCTAssertEqual(report.frameBytesDiffering, 0)
         XCTAssertEqual(report.frames!.noise, given.tensor(given.latents))
@@ -504,7 +504,7 @@ final class BundleTests: ScratchTestCase {
         }
         let replay = BundleReplay(many)
         try assertRefused("steps", ["steps=1000000000", "more than 10000"]) {
-            _ = try EdgePipeline(package: package, backend: replay).run(many)
+            _ = try Pipeline(package: package, backend: replay).run(many)
         }
         XCTAssertEqual(replay.next, 0, "no block call before the refusal")
         XCTAssertNil(checkedCount([1 << 40, 1 << 40, 1 << 40]))
@@ -530,7 +530,7 @@ final class BundleTests: ScratchTestCase {
             contentsOf: wanFolder().appendingPathComponent("tiny_sora_bundle"))
         XCTAssertNil(b.negativePrompt)
         let replay = BundleReplay(b)
-        let pipe = try EdgePipeline(
+        let pipe = try Pipeline(
             package: URL(fileURLWithPath: path).appendingPathComponent("package"), backend: replay)
         let report = try pipe.run(b)
         XCTAssertTrue(replay.finished)

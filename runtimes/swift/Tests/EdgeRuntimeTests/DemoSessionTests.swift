@@ -23,7 +23,7 @@ final class DemoSessionTests: XCTestCase {
     func testRunsReusesThePipelineAndReportsRows() throws {
         let package = try ReplayFixtures.load().package
         let session = DemoSession { url, budget in
-            try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget)
+            try Pipeline(package: url, backend: ZeroBackend(), budget: budget)
         }
         var options = DemoOptions()
         options.leap = false
@@ -59,7 +59,7 @@ final class DemoSessionTests: XCTestCase {
     func testCancellationStopsTheRun() throws {
         let package = try ReplayFixtures.load().package
         let session = DemoSession { url, budget in
-            try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget)
+            try Pipeline(package: url, backend: ZeroBackend(), budget: budget)
         }
         var steps = 0
         let flag = CancellationFlag()

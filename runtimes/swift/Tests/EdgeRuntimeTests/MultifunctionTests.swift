@@ -15,7 +15,7 @@ final class MultifunctionTests: XCTestCase {
     func testVariantsAreFunctionsOfTheBlocksProgram() throws {
         let manifest = try ManifestReader.decode(Data(contentsOf: Self.manifestURL))
         XCTAssertEqual(manifest.coreml.layout, "multifunction")
-        let entries = try EdgePipeline.entries(manifest, root: URL(fileURLWithPath: "/package"))
+        let entries = try Pipeline.entries(manifest, root: URL(fileURLWithPath: "/package"))
         let byKey = Dictionary(uniqueKeysWithValues: entries.map { ($0.key, $0) })
         var variants = 0
         for comp in manifest.components {

@@ -6,7 +6,7 @@ import XCTest
 /// The Swift pipeline against the Python runtime's recorded block calls: the same calls with
 /// the same inputs, in the same order, and the same frames, for each recorded setting.
 final class ReplayPipelineTests: XCTestCase {
-    func assertReproduces(_ pipe: EdgePipeline, _ player: ReplayPlayer, _ fx: ReplayFixtures,
+    func assertReproduces(_ pipe: Pipeline, _ player: ReplayPlayer, _ fx: ReplayFixtures,
                           _ c: ReplayFixtures.Case, file: StaticString = #filePath,
                           line: UInt = #line) throws {
         player.start(c)
@@ -39,7 +39,7 @@ final class ReplayPipelineTests: XCTestCase {
         XCTAssertEqual(fx.cases.map(\.name),
                        ["baseline", "leap", "leap_tail", "merge", "step_cache", "second_prompt"])
         let player = ReplayPlayer(fx)
-        let pipe = try EdgePipeline(package: fx.package, backend: ReplayBackend(player))
+        let pipe = try Pipeline(package: fx.package, backend: ReplayBackend(player))
         for c in fx.cases { try assertReproduces(pipe, player, fx, c) }
         XCTAssertLessThanOrEqual(player.worstInputError, 1e-5)
         print("replay: worst relative input difference from Python's \(player.worstInputError)")
@@ -51,10 +51,10 @@ final class ReplayPipelineTests: XCTestCase {
         let fx = try ReplayFixtures.load()
         let player = ReplayPlayer(fx)
         let backend = ReplayBackend(player)
-        let largest = try EdgePipeline.entries(try manifest(fx), root: fx.package)
+        let largest = try Pipeline.entries(try manifest(fx), root: fx.package)
             .map(\.weightBytes).max()!
         let budget = largest + largest / 4
-        let pipe = try EdgePipeline(package: fx.package, backend: backend, budget: budget)
+        let pipe = try Pipeline(package: fx.package, backend: backend, budget: budget)
         XCTAssertFalse(pipe.loader.pinned.contains("text_encoder/embeddings"))
         for c in fx.cases where c.name == "merge" || c.name == "step_cache" {
             try assertReproduces(pipe, player, fx, c)
@@ -68,9 +68,9 @@ final class ReplayPipelineTests: XCTestCase {
     func testCancelledGenerationLeavesThePipelineReusable() throws {
         let fx = try ReplayFixtures.load()
         let player = ReplayPlayer(fx)
-        let largest = try EdgePipeline.entries(try manifest(fx), root: fx.package)
+        let largest = try Pipeline.entries(try manifest(fx), root: fx.package)
             .map(\.weightBytes).max()!
-        let pipe = try EdgePipeline(package: fx.package, backend: ReplayBackend(player),
+        let pipe = try Pipeline(package: fx.package, backend: ReplayBackend(player),
                                     budget: 2 * largest)
         let c = fx.cases[0]
         player.start(c)
@@ -91,7 +91,7 @@ final class ReplayPipelineTests: XCTestCase {
     func testLatentOutputRunsNoDecoderAndDecodesToTheSameFrames() throws {
         let fx = try ReplayFixtures.load()
         let player = ReplayPlayer(fx)
-        let pipe = try EdgePipeline(package: fx.package, backend: ReplayBackend(player))
+        let pipe = try Pipeline(package: fx.package, backend: ReplayBackend(player))
         let c = fx.cases[0]
         player.start(c)
         let result = try pipe.generate(c.prompt, latents: fx.tensor(c.latents),

@@ -26,7 +26,7 @@ final class SeedTests: ScratchTestCase {
     }
 
     func testASeedDrawsTorchsNoiseForIt() throws {
-        let pipe = try EdgePipeline(package: try ReplayFixtures.load().package,
+        let pipe = try Pipeline(package: try ReplayFixtures.load().package,
                                     backend: ZeroBackend())
         XCTAssertEqual(pipe.manifest.noise, TorchNoise.definition, "the exporter writes the " +
             "noise field")
@@ -46,7 +46,7 @@ final class SeedTests: ScratchTestCase {
 
     func testRefusesASeedOutOfRangeBeforeAnyBlockRuns() throws {
         let backend = LoadCountingBackend()
-        let pipe = try EdgePipeline(package: try ReplayFixtures.load().package, backend: backend)
+        let pipe = try Pipeline(package: try ReplayFixtures.load().package, backend: backend)
         for seed in [TorchNoise.maxSeed + 1, UInt64.max] {
             try assertRefused("seed \(seed)", ["seed \(seed)", "out of range", "2^63 - 1"]) {
                 _ = try pipe.generate("a red circle", seed: seed, configure: twoSteps)
@@ -56,7 +56,7 @@ final class SeedTests: ScratchTestCase {
     }
 
     func testRefusesASeedAndLatentsTogether() throws {
-        let pipe = try EdgePipeline(package: try ReplayFixtures.load().package,
+        let pipe = try Pipeline(package: try ReplayFixtures.load().package,
                                     backend: ZeroBackend())
         let latents = Tensor(zeros: [1] + pipe.manifest.latentShape)
         for seed: UInt64 in [0, 5] {
@@ -75,7 +75,7 @@ final class SeedTests: ScratchTestCase {
         for noise in [nil, "numpy.pcg64"] as [String?] {
             try? FileManager.default.removeItem(at: scratch.appendingPathComponent("package"))
             let backend = LoadCountingBackend()
-            let pipe = try EdgePipeline(package: try package(noise: noise), backend: backend)
+            let pipe = try Pipeline(package: try package(noise: noise), backend: backend)
             XCTAssertEqual(pipe.manifest.noise, noise)
             let words = ["manifest.json", "noise 'numpy.pcg64'", "torch.randn/cpu/float32",
                          "initial latents"]
@@ -98,7 +98,7 @@ final class SeedTests: ScratchTestCase {
     func testTheDemoRefusesANegativeSeed() throws {
         let package = try ReplayFixtures.load().package
         let session = DemoSession { url, budget in
-            try EdgePipeline(package: url, backend: ZeroBackend(), budget: budget)
+            try Pipeline(package: url, backend: ZeroBackend(), budget: budget)
         }
         var options = DemoOptions()
         options.seed = -1
