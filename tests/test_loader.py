@@ -349,8 +349,8 @@ for _ in range(3):
 def test_freed_activations_go_back_to_the_system_on_glibc():
     """The runtime fixes glibc's mmap threshold so that large freed activation buffers are
     unmapped, not kept in the heap (docs/benchmarks.md: 0.84 GB of RSS between generations
-    at Wan 17x128x128, 0.19 GB with it fixed). Left alone, glibc raises the threshold to the first 16 MiB buffer
-    freed and keeps the next one's memory."""
+    at Wan 17x128x128, 0.19 GB with it fixed). Left alone, glibc raises the threshold to the
+    first 16 MiB buffer freed and keeps the next one's memory."""
     import subprocess
     import sys
     from pathlib import Path
