@@ -21,7 +21,7 @@ from edge.exporters import ExportValidationError
 STAND_IN = """
 import json, os, signal, sys, time
 sys.path.insert(0, {folder!r})
-from coreai_worker import claimed
+from worker import claimed  # exporters/iphone/coreai/worker.py
 for path in sys.argv[3:]:   # after -P and the worker's path, as run_worker calls it
     if not claimed(path):
         continue
