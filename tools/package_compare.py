@@ -13,12 +13,12 @@ of one model differ as files though nothing changed:
   and resource names: no two exports of it are alike, so its files are only counted, and
   what the export measured of them (each block's executed error against PyTorch, the
   end-to-end figures, in the package's manifest) is compared instead.
-This compares what a package computes and stores: every file byte for byte, except that a
-graph is compared less its metadata (model, graph and node metadata_props, also in
-subgraphs and functions), a Core ML program less its conversion date and in a canonical
-serialisation, an .mlpackage manifest by its items less their identifiers, and the package's
-manifest less the sizes and digests of the files compared so. It prints one line a
-differing file and a summary; exit status 1 when anything differs.
+This compares what a package computes and stores: every file byte for byte, except that a graph is
+compared less its metadata (model, graph and node metadata_props, as exporters/shared/onnx_graph.py
+clears them), a Core ML program less its conversion date and in a canonical serialisation, an
+.mlpackage manifest by its items less their identifiers, and the package's manifest less the sizes
+and digests of the files compared so. It prints one line a differing file and a summary; exit status
+1 when anything differs.
 """
 
 from __future__ import annotations
@@ -32,26 +32,14 @@ import onnx
 
 
 def graph_digest(path: Path) -> str:
-    """sha256 of an ONNX graph less every metadata entry torch.onnx writes."""
+    """sha256 of an ONNX graph less the metadata torch.onnx writes: the exporter's own
+    digest of what a graph computes, over the graph with its nodes' metadata cleared as
+    the exporter now writes it (graphs made before it did still hold theirs)."""
+    from edge.exporters.shared.onnx_graph import model_digest, strip_node_metadata
+
     model = onnx.load(str(path), load_external_data=False)
-    del model.metadata_props[:]
-
-    def strip(graph: onnx.GraphProto) -> None:
-        del graph.metadata_props[:]
-        for node in graph.node:
-            del node.metadata_props[:]
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    strip(attribute.g)
-                for sub in attribute.graphs:
-                    strip(sub)
-
-    strip(model.graph)
-    for function in model.functions:
-        del function.metadata_props[:]
-        for node in function.node:
-            del node.metadata_props[:]
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    strip_node_metadata(model)
+    return model_digest(model)
 
 
 CONVERSION_DATE = "com.github.apple.coremltools.conversion_date"

@@ -153,24 +153,23 @@ def without_trace_metadata(path: Path) -> None:
     a shipped package would name them) and the qualified names of the modules around it.
     Nothing runs on them; without them a package is the same bytes from any checkout."""
     model = onnx.load(str(path))
-    for graph in _graphs(model.graph):
-        for node in graph.node:
-            del node.metadata_props[:]
-    for function in model.functions:
-        for node in function.node:
-            del node.metadata_props[:]
+    strip_node_metadata(model)
     onnx.save(model, str(path))
 
 
-def _graphs(graph: onnx.GraphProto):
-    """`graph` and every graph nested in its nodes' attributes (an If's or a Loop's body)."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("g"):
-                yield from _graphs(attribute.g)
-            for sub in attribute.graphs:
-                yield from _graphs(sub)
+def strip_node_metadata(model: onnx.ModelProto) -> None:
+    """Clear every node's metadata_props in `model`: its graph, the graphs nested in its
+    nodes' attributes (an If's or a Loop's body) and its functions."""
+    graphs, nodes = [model.graph], [n for f in model.functions for n in f.node]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            nodes.append(node)
+            for attribute in node.attribute:
+                graphs += ([attribute.g] if attribute.HasField("g") else []) + list(
+                    attribute.graphs)
+    for node in nodes:
+        del node.metadata_props[:]
 
 
 MAX_BATCH = 4096
@@ -216,7 +215,11 @@ def computation_digest(graph: Path) -> str:
     the traced program's range constraints there, whose symbol names differ between traces
     of one block (Wan's at 480x832x81, in token chunks), so such graphs differ as files in
     those bytes alone."""
-    model = onnx.load(str(graph))
+    return model_digest(onnx.load(str(graph)))
+
+
+def model_digest(model: onnx.ModelProto) -> str:
+    """`computation_digest` of a loaded graph (its model and graph metadata cleared)."""
     del model.metadata_props[:]
     del model.graph.metadata_props[:]
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
