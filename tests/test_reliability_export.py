@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import sigint_as_at_a_terminal
+from small_disk import small_disk
 from typer.testing import CliRunner
 
 from edge.commands import app
@@ -38,9 +39,9 @@ def reach(name, wait=60.0):
         time.sleep(wait)
 
 real_commit = package._commit
-def commit(tmp, dest):
+def commit(*args):
     reach("commit", wait=1.0)  # signals are held from here: the commit completes first
-    real_commit(tmp, dest)
+    real_commit(*args)
 package._commit = commit
 
 with package.atomic_directory(dest) as tmp:
@@ -351,17 +352,8 @@ def test_a_full_disk_is_the_clean_error_whichever_library_wrote(tmp_path, wrappe
 @pytest.fixture
 def tiny_temporary_folder(tmp_path):
     """A 64 KiB tmpfs, as a full TMPDIR; skipped where this process cannot mount one."""
-    folder = tmp_path / "tmpfs"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip("a full temporary folder is made by mounting a 64 KiB tmpfs, which needs "
-                    f"root with CAP_SYS_ADMIN; mount said: {mounted.stderr.strip()[:200]}")
-    try:
+    with small_disk(tmp_path / "tmpfs", 64) as folder:
         yield folder
-    finally:  # lazily: coremltools may hold a file there until collected
-        subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)
 
 
 def test_a_full_temporary_folder_is_not_blamed_on_the_model(tiny_temporary_folder, tmp_path,

@@ -5,7 +5,6 @@ docs/reliability.md lists the cases and these tests."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -156,47 +155,6 @@ def test_scale_model_replaces_only_its_own_folders(tmp_path):
 
 
 # --- 2. videos and plots are written atomically ---------------------------------------------
-
-def test_a_failed_video_write_leaves_the_earlier_video(tmp_path, monkeypatch):
-    import imageio.v2 as imageio
-
-    from edge.core.video import write_video
-
-    video = np.random.default_rng(0).integers(0, 255, (4, 8, 8, 3), dtype=np.uint8)
-    path = write_video(tmp_path / "v.gif", video, scale=1)
-    before = path.read_bytes()
-
-    def disk_fills(target, frames, **kw):
-        Path(target).write_bytes(b"GIF89a partial")
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
-
-    monkeypatch.setattr(imageio, "mimwrite", disk_fills)
-    with pytest.raises(OutputError, match=r"v\.gif: cannot write \(No space left on device\); "
-                       "nothing was written and an earlier file there is untouched"):
-        write_video(path, video, scale=1)
-    assert path.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["v.gif"]  # no partial file beside it
-    with pytest.raises(OutputError):
-        write_video(tmp_path / "new.mp4", video, scale=1)
-    assert [p.name for p in tmp_path.iterdir()] == ["v.gif"]  # no 0-byte file either
-
-
-def test_full_disk_while_generate_writes_keeps_the_earlier_video(tmp_path, monkeypatch):
-    import imageio.v2 as imageio
-
-    out = tmp_path / "out.gif"
-    assert runner.invoke(app, ["generate", "a red circle", "--steps", "1", "-o",
-                               str(out)]).exit_code == 0
-    before = out.read_bytes()
-
-    def no_space(target, frames, **kw):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
-
-    monkeypatch.setattr(imageio, "mimwrite", no_space)
-    refused(["generate", "a red circle", "--steps", "1", "-o", str(out)],
-            f"{out}: cannot write (No space left on device)")
-    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["out.gif"]
-
 
 @pytest.mark.parametrize("umask, folder, file", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
 def test_written_files_and_packages_have_the_usual_modes(tmp_path, umask, folder, file):

@@ -9,6 +9,8 @@ Imports only the standard library: the runtimes use it too.
 from __future__ import annotations
 
 import errno
+import fcntl
+import glob
 import os
 import stat
 import tempfile
@@ -107,17 +109,74 @@ def check_writable_parent(path: Path, option: str | None = None) -> None:
     _probe_writable(ancestor, what)
 
 
+def check_name_length(path: Path, option: str | None = None) -> None:
+    """`path`'s last part fits its file system's limit on a name (NAME_MAX, 255 bytes on
+    most): refused before the work, not when the result is written."""
+    ancestor = path.parent if path.parent.is_dir() else _first_existing(path.parent)
+    try:
+        most = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return  # the system does not say: the write itself will
+    size = len(os.fsencode(path.name))
+    if size > most:
+        raise OutputError(f"{_named(path, option)}: the name {path.name[:40]}... is {size} "
+                          f"bytes; the file system at {ancestor} allows at most {most}")
+
+
 def check_output_file(path: Path, option: str | None = None) -> None:
     """Before any work: `path` can be written as a file. It may exist only as a regular
     file (which the write will replace); a folder, FIFO or device there is refused, and so is
-    a folder that cannot be written or created."""
+    a name too long for its file system and a folder that cannot be written or created."""
     path = Path(path)
     what = _named(path, option)
     if os.path.lexists(path):
         kind = kind_of(path)
         if kind != "a file":
             raise OutputError(f"{what}: is {kind}; name a file to write")
+    check_name_length(path, option)
     check_writable_parent(path, option)
+
+
+# A temporary file's name: `.NAME.RANDOM.partial.SUFFIX`, NAME cut so that the whole fits
+# every file system's 255 bytes whatever the destination's own length.
+_TEMP_NAME_PART = 120
+
+
+def _temp_prefix(path: Path) -> str:
+    name = os.fsencode(path.name)[:_TEMP_NAME_PART].decode(errors="ignore")
+    return f".{name}."
+
+
+def _hold(fd: int) -> None:
+    """Mark an open temporary file as being written: an exclusive lock the system drops
+    however its writer ends (SIGKILL included), so a file nobody holds is a leftover."""
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _held(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return True  # not ours to judge: leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_leftover_temps(path: Path) -> list[Path]:
+    """Remove the temporary files that writers of `path` killed outright (SIGKILL, power
+    loss) left beside it: those no running writer holds. Returns what was removed."""
+    removed = []
+    prefix, suffix = _temp_prefix(path), f".partial{path.suffix}"
+    for p in path.parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}"):
+        if p.is_file() and not p.is_symlink() and not _held(p):
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 @contextmanager
@@ -130,12 +189,13 @@ def atomic_file(path: Path, option: str | None = None) -> Iterator[Path]:
     check_output_file(path, option)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".partial{path.suffix}",
-                                    dir=path.parent)
+        remove_leftover_temps(path)
+        fd, name = tempfile.mkstemp(prefix=_temp_prefix(path),
+                                    suffix=f".partial{path.suffix}", dir=path.parent)
+        _hold(fd)
     except OSError as err:
         raise OutputError(f"{_named(path, option)}: cannot write ({err.strerror or err}); "
                           "nothing was written") from err
-    os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
@@ -151,6 +211,8 @@ def atomic_file(path: Path, option: str | None = None) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)  # releases the hold
 
 
 # bidirectional overrides and isolates: they reorder what a terminal shows (Trojan Source)

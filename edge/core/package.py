@@ -377,6 +377,18 @@ def _is_being_written(folder: Path) -> bool:
     return False
 
 
+def _other_writer(dest: Path, mine: Path) -> int | None:
+    """The pid of another live writer of `dest` (its held temporary folder beside `dest`),
+    if any. Both of two writers starting at once may see the other: both are refused, and
+    nothing is lost."""
+    for p in dest.parent.glob(f".{glob.escape(dest.name)}.*.partial"):
+        match = _PARTIAL.fullmatch(p.name)
+        if (match and match["name"] == dest.name and p != mine and p.is_dir()
+                and not p.is_symlink() and _is_being_written(p)):
+            return int(match["pid"])
+    return None
+
+
 def recover_interrupted(dest: Path) -> list[Path]:
     """Undo what killed writers left in `dest`'s folder: an earlier package that a crash
     between the two renames of the fallback commit left at `.NAME.old-PID` goes back to
@@ -420,12 +432,79 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(a), None, str(b))
 
 
-def _commit(tmp: Path, dest: Path) -> None:
-    """Put the finished `tmp` at `dest`. An existing `dest` is swapped out atomically where
-    the system can; else renamed aside first and renamed back if the second rename fails."""
-    if not os.path.lexists(dest):
-        os.rename(tmp, dest)
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file system object is at `path` (device, inode); None where nothing is."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename unless `dst` exists, in one step (Linux renameat2 RENAME_NOREPLACE): False
+    where `dst` appeared. Elsewhere a check, then a rename that replaces at most an empty
+    folder (rename(2) refuses a folder that holds anything)."""
+    if sys.platform.startswith("linux"):
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+        except (OSError, AttributeError):
+            fn = None
+        if fn is not None:
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                           ctypes.c_uint]
+            at_fdcwd, rename_noreplace = -100, 1
+            if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
+                return True
+            code = ctypes.get_errno()
+            if code == errno.EEXIST:
+                return False
+            if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise OSError(code, os.strerror(code), str(src), None, str(dst))
+    if os.path.lexists(dst):
+        return False
+    os.rename(src, dst)
+    return True
+
+
+class DestinationChanged(PackageWriteError):
+    """The destination changed while the package was written (a folder made there, another
+    writer's result): it is left as it is, and the finished package kept beside it."""
+
+
+def _keep_beside(tmp: Path, dest: Path, why: str) -> DestinationChanged:
+    """Move the finished `tmp` to the first free `DEST-2`, `DEST-3`...: the error to raise."""
+    for n in range(2, 1000):
+        kept = dest.with_name(f"{dest.name}-{n}")
+        if _rename_noreplace(tmp, kept):
+            return DestinationChanged(f"{dest}: {why} while this write ran; it was left as it "
+                                      f"is, and what this write made is at {kept}")
+    return DestinationChanged(f"{dest}: {why} while this write ran; it was left as it is, "
+                              "and no free name beside it could keep this write's result")
+
+
+def _commit(tmp: Path, dest: Path, before: tuple[int, int] | None,
+            identify: Callable[[Path], str]) -> None:
+    """Put the finished `tmp` at `dest`, provided `dest` is what it was when the write began
+    (`before`, its identity then) and still replaceable: a folder that appeared there
+    meanwhile, or one now holding other files, is left alone and the result kept beside it.
+    An existing `dest` is swapped out atomically where the system can; else renamed aside
+    first and renamed back if the second rename fails."""
+    now = _identity(dest)
+    if now is not None and now != before and _remove_empty(dest):
+        now = None  # an empty folder made meanwhile: nothing there to lose
+    if now is None:
+        if not _rename_noreplace(tmp, dest):
+            raise _keep_beside(tmp, dest, f"{kind_of(dest)} appeared there")
         return
+    if before is None:
+        raise _keep_beside(tmp, dest, f"{kind_of(dest)} appeared there")
+    if now != before:
+        raise _keep_beside(tmp, dest, f"{kind_of(dest)} replaced what was there")
+    try:
+        check_replaceable(dest, force=True, identify=identify)
+    except PackageWriteError as err:
+        raise _keep_beside(tmp, dest, f"what is there changed ({err})") from None
     if _exchange(tmp, dest):
         _remove(tmp)  # tmp now holds the earlier package
         return
@@ -437,6 +516,17 @@ def _commit(tmp: Path, dest: Path) -> None:
         os.rename(old, dest)
         raise
     _remove(old)
+
+
+def _remove_empty(folder: Path) -> bool:
+    """Remove `folder` if it is an empty folder (not a link to one): whether it was."""
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        return False
+    try:
+        os.rmdir(folder)
+    except OSError:
+        return False
+    return True
 
 
 @contextmanager
@@ -547,6 +637,7 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
     next write to `dest` clears (recover_interrupted)."""
     dest = Path(dest).resolve()
     check_replaceable(dest, force=True, identify=identify)
+    before = _identity(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         for stale in recover_interrupted(dest):
@@ -558,11 +649,18 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
         held = _hold_writing(tmp)
     except OSError as err:
         raise _write_error(dest, err) from err
+    other = _other_writer(dest, tmp)
+    if other is not None:
+        _remove(tmp)
+        os.close(held)
+        raise PackageWriteError(f"{dest}: another edge process (pid {other}) is writing there; "
+                                "wait for it to finish or choose another destination "
+                                "(nothing was changed)")
     try:
         with _signals_as_interrupt():
             yield tmp
             with _signals_deferred():
-                _commit(tmp, dest)
+                _commit(tmp, dest, before, identify)
     except Exception as err:  # noqa: BLE001  (a library's wrapped OSError too)
         _remove(tmp)
         cause = write_error_within(err)
