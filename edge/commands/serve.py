@@ -17,16 +17,23 @@ def serve(
         help="Address to bind; anything but loopback exposes the package to the network."
     )] = "127.0.0.1",
     quiet: Annotated[bool, typer.Option(help="Do not log requests.")] = False,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        help="A name requests may be addressed to besides an IP address, localhost and this "
+        "machine's name (repeatable); others are refused, so no other site's page can read "
+        "the package through DNS rebinding.")] = None,
 ) -> None:
     """Serve a package folder over HTTP for the web runtime: its files only, never a listing,
     with the content types browsers require (.wasm, .js, .mjs, .json, .wgsl)."""
+    from edge.core.files import printable
     from edge.core.serve import make_server
 
+    where = f"{printable(str(package))} on {printable(host)}:{port}"
     try:
-        server = make_server(package, host, port, quiet=quiet)
-    except OSError as err:
-        fail(f"cannot serve {package} on {host}:{port}: {err.strerror or err}")
-    echo(f"serving {package} at {server.url} (Ctrl-C to stop)")
+        server = make_server(package, host, port, quiet=quiet,
+                             allow_hosts=tuple(allow_host or ()))
+    except (OSError, UnicodeError) as err:
+        fail(f"cannot serve {where}: {printable(getattr(err, 'strerror', None) or str(err))}")
+    echo(f"serving {printable(str(package))} at {server.url} (Ctrl-C to stop)")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

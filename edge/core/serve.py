@@ -5,7 +5,13 @@ WebAssembly and module scripts from file:// URLs).
 Only regular files inside the folder are served: a request path is decoded once and refused
 if any segment is `..`, `.`, empty, hidden (starts with a dot) or holds a slash, backslash or
 NUL once decoded; the file it names must resolve (symlinks followed) to a regular file inside
-the folder. Folders are never listed. It binds 127.0.0.1 unless another host is asked for.
+the folder, through no hidden segment. Folders are never listed. It binds 127.0.0.1 unless
+another host is asked for (IPv4 or IPv6), and answers only requests addressed to this machine
+(the `Host` header: an IP address, localhost, this machine's name, or a name allowed), so a
+page on another site cannot read the folder by pointing its own name at 127.0.0.1 (DNS
+rebinding). A client gets REQUEST_DEADLINE_S to send its request's headers, however slowly
+it trickles them, and when every connection is taken the one waiting longest for its request
+is closed to let a new one in: slow clients cannot lock others out.
 """
 
 from __future__ import annotations
@@ -14,14 +20,18 @@ import ipaddress
 import mimetypes
 import os
 import re
+import socket
 import stat
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
+
+from edge.core.files import printable
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -58,6 +68,9 @@ _RANGE = re.compile(r"bytes=(\d{0,18})-(\d{0,18})")
 # threads for ever.
 IDLE_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 64
+# From a connection's start (or its previous answer) to the end of its request's headers,
+# however slowly they come: a trickle of one byte every 29 s no longer holds a connection.
+REQUEST_DEADLINE_S = 10.0
 
 
 def content_type(path: Path) -> str:
@@ -108,15 +121,24 @@ def request_segments(target: str) -> list[str]:
     return segments
 
 
-def _contained_file(root: Path, path: Path) -> Path:
-    """`path` resolved (symlinks followed), if it is a regular file inside `root`; else
-    Refused (404)."""
+def _inside(root: Path, path: Path) -> Path:
+    """`path` resolved (symlinks followed), if it lies inside `root` through no hidden segment
+    (a visible link to `.secret` is as hidden as `.secret`); else Refused (404)."""
     try:
         real = path.resolve(strict=True)
     except (OSError, RuntimeError):  # missing, unreadable, a symlink loop
         raise Refused(HTTPStatus.NOT_FOUND) from None
     if not real.is_relative_to(root):  # a symlink leading out of the folder
         raise Refused(HTTPStatus.NOT_FOUND)
+    if any(part.startswith(".") for part in real.relative_to(root).parts):
+        raise Refused(HTTPStatus.NOT_FOUND)
+    return real
+
+
+def _contained_file(root: Path, path: Path) -> Path:
+    """`path` resolved (symlinks followed), if it is a regular file inside `root` (_inside);
+    else Refused (404)."""
+    real = _inside(root, path)
     try:
         if not stat.S_ISREG(os.stat(real).st_mode):
             raise Refused(HTTPStatus.NOT_FOUND)
@@ -134,16 +156,34 @@ def resolve_request(root: Path, target: str) -> Resolved:
     """The regular file inside `root` (already resolved) that `target` names, or Refused.
     A folder's page is its index.html, itself resolved and held inside `root` as any other
     file (a link named index.html leads nowhere outside); a folder is never listed."""
-    path = root.joinpath(*request_segments(target))
-    try:
-        real = path.resolve(strict=True)
-    except (OSError, RuntimeError):
-        raise Refused(HTTPStatus.NOT_FOUND) from None
-    if not real.is_relative_to(root):
-        raise Refused(HTTPStatus.NOT_FOUND)
+    real = _inside(root, root.joinpath(*request_segments(target)))
     if real.is_dir():
         return Resolved(_contained_file(root, real / "index.html"), folder=True)
     return Resolved(_contained_file(root, real), folder=False)
+
+
+def host_name(header: str) -> str:
+    """The name in a `Host` header, without its port or an IPv6 literal's brackets,
+    lowercased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def addressed_here(header: str | None, allowed: frozenset[str]) -> bool:
+    """Is a request with this `Host` header addressed to this server? An IP address (which
+    no one can rebind), localhost, or a name in `allowed`; no header (HTTP/1.0): yes."""
+    if header is None:
+        return True
+    name = host_name(header)
+    if name == "localhost" or name.endswith(".localhost") or name in allowed:
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -175,6 +215,18 @@ class PackageRequestHandler(BaseHTTPRequestHandler):
     server_version = "edge-serve"
     timeout = IDLE_TIMEOUT_S  # every read and write of the connection
 
+    def handle_one_request(self) -> None:
+        self.server.awaiting_request(self)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.request_read(self)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.server.request_read(self)  # its headers are in: the deadline is met
+        return ok
+
     def do_GET(self) -> None:
         self._answer(send_body=True)
 
@@ -182,6 +234,12 @@ class PackageRequestHandler(BaseHTTPRequestHandler):
         self._answer(send_body=False)
 
     def _answer(self, send_body: bool) -> None:
+        if not addressed_here(self.headers.get("Host"), self.server.allowed_hosts):
+            self._refuse(HTTPStatus.MISDIRECTED_REQUEST, note=(
+                f"edge serve answers requests addressed to this machine, not to "
+                f"{printable(self.headers.get('Host', ''))[:100]}: open it by its address or "
+                "localhost, or start it with --allow-host NAME"))
+            return
         try:
             path, folder = resolve_request(self.server.root, self.path)
             where = urlsplit(self.path).path
@@ -219,8 +277,9 @@ class PackageRequestHandler(BaseHTTPRequestHandler):
                 f.seek(first)
                 _copy(f, self.wfile, last - first + 1)
 
-    def _refuse(self, status: HTTPStatus, headers: dict[str, str] | None = None) -> None:
-        body = f"{status.value} {status.phrase}\n".encode()
+    def _refuse(self, status: HTTPStatus, headers: dict[str, str] | None = None,
+                note: str = "") -> None:
+        body = f"{status.value} {status.phrase}\n{note + chr(10) if note else ''}".encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -249,19 +308,65 @@ def _copy(src, dst, length: int) -> None:
 class PackageServer(ThreadingHTTPServer):
     daemon_threads = True  # a stuck client never keeps the process alive at exit
     max_connections = MAX_CONNECTIONS
+    request_deadline_s = REQUEST_DEADLINE_S
 
     def __init__(self, root: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, allow_hosts: tuple[str, ...] = ()) -> None:
         root = Path(root)
         if not root.is_dir():
             raise NotADirectoryError(f"{root}: not a folder; give an edge package folder")
         self.root = root.resolve()
         self.quiet = quiet
+        self.allowed_hosts = frozenset(
+            name.lower() for name in (*allow_hosts, host, socket.gethostname(),
+                                      f"{socket.gethostname()}.local"))
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._awaiting: dict[PackageRequestHandler, float] = {}  # -> when it began waiting
+        self._awaiting_lock = threading.Lock()
+        self._closed = threading.Event()
+        self.address_family = address_family(host, port)
         super().__init__((host, port), PackageRequestHandler)
+        threading.Thread(target=self._drop_late_requests, daemon=True,
+                         name="edge-serve-deadline").start()
+
+    def awaiting_request(self, handler: PackageRequestHandler) -> None:
+        with self._awaiting_lock:
+            self._awaiting[handler] = time.monotonic()
+
+    def request_read(self, handler: PackageRequestHandler) -> None:
+        with self._awaiting_lock:
+            self._awaiting.pop(handler, None)
+
+    def _drop(self, handler: PackageRequestHandler) -> None:
+        """End a connection still sending its request: its thread's read returns at once."""
+        self.request_read(handler)
+        try:
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone
+
+    def _drop_late_requests(self) -> None:
+        while not self._closed.wait(min(1.0, self.request_deadline_s / 4)):
+            now = time.monotonic()
+            with self._awaiting_lock:
+                late = [h for h, began in self._awaiting.items()
+                        if now - began > self.request_deadline_s]
+            for handler in late:
+                self._drop(handler)
+
+    def _drop_longest_waiting(self) -> bool:
+        with self._awaiting_lock:
+            if not self._awaiting:
+                return False
+            handler = min(self._awaiting, key=self._awaiting.__getitem__)
+        self._drop(handler)
+        return True
 
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):  # busy: close rather than queue threads
+        # every slot taken: make room by closing the connection that has waited longest
+        # for its request, else close the new one rather than queue threads
+        if not self._slots.acquire(blocking=False) and not (
+                self._drop_longest_waiting() and self._slots.acquire(timeout=2.0)):
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -271,6 +376,10 @@ class PackageServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
 
     def handle_error(self, request, client_address) -> None:
         """A client that went away (an aborted download, a reset, a timeout) is routine: one
@@ -290,12 +399,28 @@ class PackageServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/"
 
 
+def address_family(host: str, port: int) -> socket.AddressFamily:
+    """IPv6 for an IPv6 address (`::1`, `::`) or a name that resolves only to one; else
+    IPv4 (http.server's own default)."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        pass
+    try:
+        families = {info[0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except (socket.gaierror, UnicodeError):
+        return socket.AF_INET  # binding names the failure
+    return socket.AF_INET if socket.AF_INET in families or not families else socket.AF_INET6
+
+
 def make_server(root: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                quiet: bool = False) -> PackageServer:
+                quiet: bool = False, allow_hosts: tuple[str, ...] = ()) -> PackageServer:
     """A server for `root` bound to `host:port` (port 0: any free port); call
     `serve_forever()` on it. A host other than loopback is warned about on stderr: it exposes
-    the package to the network."""
+    the package to the network. `allow_hosts`: names besides this machine's own that
+    requests may be addressed to."""
     if not is_loopback(host):
-        print(f"warning: serving on {host}: other machines on the network can read "
-              f"{root}; use --host 127.0.0.1 to keep it on this machine", file=sys.stderr)
-    return PackageServer(root, host, port, quiet)
+        print(f"warning: serving on {printable(host)}: other machines on the network can read "
+              f"{printable(str(root))}; use --host 127.0.0.1 to keep it on this machine",
+              file=sys.stderr)
+    return PackageServer(root, host, port, quiet, allow_hosts)
