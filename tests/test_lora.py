@@ -8,6 +8,9 @@ that does not fit, before any export work."""
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import struct
 
 import numpy as np
 import pytest
@@ -99,10 +102,22 @@ def test_two_adapters_fuse_at_their_scales(wan_folders, wan_lora, tmp_path):
     assert psnr(got, want) >= 40.0 and snr(got, want) >= 25.0
 
 
+def safetensors_bytes(header) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text
+
+
 @pytest.mark.parametrize("damage,message", [
     (lambda p: p.unlink(), "no such file"),
     (lambda p: p.write_bytes(p.read_bytes()[:-100]), "truncated"),
     (lambda p: p.write_bytes(b"\x05"), "not a safetensors file"),
+    (lambda p: (p.unlink(), p.symlink_to(p.name)), "is a symbolic link loop, not a LoRA file"),
+    (lambda p: p.write_bytes(safetensors_bytes([1, 2])), r"a JSON list, not an object"),
+    (lambda p: p.write_bytes(safetensors_bytes({"a": {"dtype": "F32", "shape": [2]}})),
+     r"tensor 'a': data_offsets None are not two byte offsets"),
+    (lambda p: p.write_bytes(safetensors_bytes({"a": {"dtype": "F32", "shape": [2],
+                                                      "data_offsets": [0, 4]}})),
+     r"tensor 'a': spans 4 bytes; F32 of shape \[2\] takes 8"),
 ])
 def test_a_missing_or_truncated_adapter_is_refused_naming_it(wan_folders, wan_lora, tmp_path,
                                                              damage, message):
@@ -195,3 +210,66 @@ def test_an_adapter_in_the_original_wan_format_fuses_as_diffusers_converts_it(
         torch.testing.assert_close(tensor, weights[name], rtol=1e-5, atol=1e-6)
         changed += not torch.equal(tensor, dict(base.pipe.transformer.named_parameters())[name])
     assert changed == 2 * len(WAN_ORIGINAL)   # every adapted layer of both blocks
+
+
+def sparse_lora(path, tensors: dict[str, list[int]]):
+    """A safetensors file whose header declares `tensors` (name -> shape, float32) and whose
+    data is a hole: gigabytes on paper, a few KiB on disk."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        nbytes = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    path.write_bytes(safetensors_bytes(header))
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size + offset)
+    return path
+
+
+def test_an_adapter_too_large_for_its_model_is_refused_from_its_header(wan_folders, tmp_path):
+    """A sparse file declaring a rank of a million, or 4 GB of tensors, is refused in the
+    header, before diffusers reads (allocates) a byte of it."""
+    key = "transformer.blocks.0.attn1.to_q"
+    huge_rank = sparse_lora(tmp_path / "rank.safetensors", {
+        f"{key}.lora_A.weight": [1_000_000, 24], f"{key}.lora_B.weight": [24, 1_000_000]})
+    with pytest.raises(FamilyError, match=rf"{key}.lora_A.weight' has rank 1000000; the "
+                       r"transformer's widest linear layer has \d+ features"):
+        _load(wan_folders["unipc"], "wan", lora=[str(huge_rank)])
+    many = sparse_lora(tmp_path / "many.safetensors", {
+        f"transformer.blocks.{i}.ffn.net.2.lora_B.weight": [24, 16] for i in range(1)} | {
+        f"transformer.extra_{i}.lora_B.weight": [1 << 20, 24] for i in range(40)})
+    with pytest.raises(FamilyError, match=r"holds 4,026,53\d,\d+ bytes of tensors, more than "
+                       "twice the transformer's float32 weights"):
+        _load(wan_folders["unipc"], "wan", lora=[str(many)])
+
+
+def test_an_adapter_or_scale_that_is_not_finite_is_refused(wan_folders, wan_lora, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    for scale in ("nan", "inf", "-inf"):
+        with pytest.raises(FamilyError, match=rf":{scale}: the scale {scale} is not a finite"):
+            _load(wan_folders["unipc"], "wan", lora=[f"{wan_lora}:{scale}"])
+    tensors = load_file(wan_lora)
+    key = sorted(k for k in tensors if k.endswith("lora_B.weight"))[3]
+    tensors[key][0, 0] = float("nan")
+    tensors[key][1, 1] = float("inf")
+    poisoned = tmp_path / "poisoned.safetensors"
+    save_file(tensors, poisoned)
+    with pytest.raises(FamilyError, match=rf"{poisoned}: tensor '{key}' holds 2 NaN or "
+                       "infinite values"):
+        _load(wan_folders["unipc"], "wan", lora=[str(poisoned)])
+
+
+def test_a_kohya_lora_for_another_model_says_so(wan_folders, tmp_path):
+    """diffusers' converter for kohya names raises a bare KeyError on another model's."""
+    from safetensors.torch import save_file
+
+    key = "lora_unet_down_blocks_0_attentions_0_proj_in"
+    sd = tmp_path / "sd15.safetensors"
+    save_file({f"{key}.lora_down.weight": torch.zeros(4, 24),
+               f"{key}.lora_up.weight": torch.zeros(24, 4), f"{key}.alpha": torch.tensor(4.0)},
+              sd)
+    with pytest.raises(FamilyError, match=rf"--lora {sd}: its tensor names are not those of a "
+                       r"WanPipeline LoRA \(diffusers' converter looked for '.*'\): a LoRA for "
+                       "another model"):
+        _load(wan_folders["unipc"], "wan", lora=[str(sd)])

@@ -7,14 +7,18 @@ adapter layers: the blocks are cut from plain weights, so every target's graphs 
 weight files are the adapted model's and the package runs at no extra cost. The reference
 an export is checked against is the same pipeline with the same adapters.
 
-Checked before any export work: the file (missing, not a file, a truncated or altered
-safetensors header), then every adapter tensor against the module it adapts (the module
+Checked before any export work: the scale (a finite number), the file (missing, not a
+file, a link loop, a truncated or altered safetensors header), its sizes from the header
+alone before a byte of it is read (no rank above the transformer's widest layer, no more
+bytes than twice the transformer's float32 weights: a sparse file cannot make the export
+allocate gigabytes), then every adapter tensor against the module it adapts (the module
 exists and is a linear layer, A's columns are its inputs, B's rows its outputs, A's rows are
-B's columns), the first that does not fit named with its file.
+B's columns) and its values (finite), the first that does not fit named with its file.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +43,12 @@ class Adapter:
         head, _, tail = str(spec).rpartition(":")
         if head:
             try:
-                return cls(Path(head), float(tail))
+                scale = float(tail)
             except ValueError:
-                pass
+                return cls(Path(spec))
+            if not math.isfinite(scale):
+                raise FamilyError(f"--lora {spec}: the scale {tail} is not a finite number")
+            return cls(Path(head), scale)
         return cls(Path(spec))
 
     def record(self) -> dict:
@@ -52,16 +59,59 @@ class Adapter:
 def check_adapter_file(adapter: Adapter) -> None:
     """The file exists and is a whole safetensors file (its header against its size,
     `lazy_weights.read_header`, as the folders' shards are checked); refused naming it."""
+    from edge.core.files import kind_of
     from edge.graph.lazy_weights import ShardError, read_header
 
-    if not adapter.path.exists():
+    kind = kind_of(adapter.path)
+    if kind == "missing":
         raise FamilyError(f"--lora {adapter.path}: no such file")
+    if kind != "a file":  # a link loop, a broken link, a folder, a FIFO...
+        raise FamilyError(f"--lora {adapter.path}: is {kind}, not a LoRA file")
     try:
         tensors = read_header(adapter.path)
     except ShardError as err:
         raise FamilyError(f"--lora {err}") from None
     if not tensors:
         raise FamilyError(f"--lora {adapter.path}: holds no tensors")
+
+
+# the down projection's names in diffusers' and PEFT's format and in kohya's: its rows are
+# the rank
+_DOWN_SUFFIXES = (".lora_A.weight", ".lora_down.weight")
+
+
+def check_adapter_sizes(adapter: Adapter, transformer) -> None:
+    """From the file's header alone, before diffusers reads a byte of it: no adapter rank
+    above the transformer's widest linear layer (a LoRA of higher rank than its layer adds
+    nothing a full weight would not), and no more bytes than twice the transformer's float32
+    weights (a full-rank A and B of every layer)."""
+    from edge.graph.lazy_weights import read_header
+
+    tensors = read_header(adapter.path)
+    widest = max((max(m.in_features, m.out_features) for m in transformer.modules()
+                  if hasattr(m, "in_features") and hasattr(m, "out_features")), default=0)
+    for name, tensor in sorted(tensors.items()):
+        if name.endswith(_DOWN_SUFFIXES) and tensor.shape and tensor.shape[0] > widest:
+            raise FamilyError(f"--lora {adapter.path}: tensor {name!r} has rank "
+                              f"{tensor.shape[0]}; the transformer's widest linear layer has "
+                              f"{widest} features (a LoRA for another model?)")
+    most = 2 * 4 * sum(p.numel() for p in transformer.parameters())
+    total = sum(t.nbytes for t in tensors.values())
+    if total > most:
+        raise FamilyError(f"--lora {adapter.path}: holds {total:,} bytes of tensors, more than "
+                          f"twice the transformer's float32 weights ({most // 2:,} bytes): not "
+                          "a LoRA for this model")
+
+
+def _check_finite(adapter: Adapter, state: dict) -> None:
+    import torch
+
+    for key, tensor in state.items():
+        if torch.is_tensor(tensor) and tensor.is_floating_point() \
+                and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise FamilyError(f"--lora {adapter.path}: tensor {key!r} holds {bad} NaN or "
+                              "infinite values; fused, they would make every video NaN")
 
 
 def _check_fits(adapter: Adapter, state: dict, transformer) -> None:
@@ -101,13 +151,19 @@ def fuse_adapters(pipe, adapters: list[Adapter]) -> list[dict]:
     """Fuse each adapter at its scale into `pipe`'s transformer, then drop the adapter
     layers; the manifest's records. Refused naming the file: one that does not fit."""
     for i, adapter in enumerate(adapters):
+        check_adapter_sizes(adapter, pipe.transformer)
         try:
             state = pipe.lora_state_dict(str(adapter.path))
-        except (OSError, ValueError, KeyError, RuntimeError) as err:
+        except KeyError as err:  # a converter looking for a key of its own format
+            raise FamilyError(f"--lora {adapter.path}: its tensor names are not those of a "
+                              f"{type(pipe).__name__} LoRA (diffusers' converter looked for "
+                              f"{str(err)[:120]}): a LoRA for another model?") from None
+        except (OSError, ValueError, RuntimeError) as err:
             raise FamilyError(f"--lora {adapter.path}: diffusers cannot read it as a "
                               f"{type(pipe).__name__} LoRA: {str(err).strip()[:300]}") from None
         state = state[0] if isinstance(state, tuple) else state
         _check_fits(adapter, state, pipe.transformer)
+        _check_finite(adapter, state)
         pipe.load_lora_weights(str(adapter.path), adapter_name=f"edge_{i}")
         pipe.fuse_lora(components=["transformer"], lora_scale=adapter.scale,
                        adapter_names=[f"edge_{i}"])

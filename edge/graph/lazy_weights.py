@@ -76,22 +76,50 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
         raise ShardError(f"{path}: truncated: {size} bytes, shorter than its header")
     try:
         header = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ShardError(f"{path}: not a safetensors header ({err})") from None
+    if not isinstance(header, dict):
+        raise ShardError(f"{path}: not a safetensors header (a JSON {type(header).__name__}, "
+                         "not an object of tensors)")
     tensors, data = {}, 8 + length
     for name, spec in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = spec["data_offsets"]
-        if spec["dtype"] not in DTYPES:
-            raise ShardError(f"{path}: tensor {name!r} is {spec['dtype']}; edge reads "
-                             f"{', '.join(DTYPES)}")
-        tensors[name] = StoredTensor(path, spec["dtype"], tuple(spec["shape"]), data + begin,
-                                     end - begin)
+        if name != "__metadata__":
+            begin, shape = _checked_entry(path, name, spec)
+            tensors[name] = StoredTensor(path, spec["dtype"], shape, data + begin,
+                                         _nbytes(spec["dtype"], shape))
     need = max((t.start + t.nbytes for t in tensors.values()), default=data)
     if size < need:
         raise ShardError(f"{path}: truncated: {size} bytes, its header describes {need}")
     return tensors
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    count = 1
+    for n in shape:
+        count *= n
+    return count * DTYPES[dtype].itemsize
+
+
+def _checked_entry(path: Path, name: str, spec) -> tuple[int, tuple[int, ...]]:
+    """A header entry's (first byte, shape), every field checked: its dtype one edge reads,
+    its shape a list of sizes, its offsets two integers spanning exactly the shape's bytes."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(spec, dict):
+        raise ShardError(f"{where}: its header entry is not an object")
+    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ShardError(f"{where} is {dtype!s:.20}; edge reads {', '.join(DTYPES)}")
+    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+        raise ShardError(f"{where}: shape {shape!s:.60} is not a list of sizes")
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(type(n) is int and n >= 0 for n in offsets) and offsets[0] <= offsets[1]):
+        raise ShardError(f"{where}: data_offsets {offsets!s:.60} are not two byte offsets, "
+                         "first to last")
+    shape = tuple(shape)
+    if offsets[1] - offsets[0] != _nbytes(dtype, shape):
+        raise ShardError(f"{where}: spans {offsets[1] - offsets[0]} bytes; {dtype} of shape "
+                         f"{list(shape)} takes {_nbytes(dtype, shape)}")
+    return offsets[0], shape
 
 
 class FolderWeights:
