@@ -421,9 +421,14 @@ def test_a_missing_part_is_named(folder, part):
 
 @pytest.mark.parametrize(("part", "edits", "message"), [
     ("vae", {"model_type": "AutoencoderKL"}, r"vae/config.json: model_type 'AutoencoderKL'"),
-    # the tensors the config's model has and the weights lack, the first named
-    ("transformer", {"depth": 3},
-     r"has tensors the weights in .*transformer lack: spatial_blocks\.2\.[\w.]+"),
+    # more blocks than the weights number, from the headers (nothing built): a depth of ten
+    # million was built block by block on the meta device, without end
+    ("transformer", {"depth": 3}, r"depth=3, but the weights beside it number at most 2 "),
+    ("transformer", {"depth": 10_000_000}, r"depth=10000000, but .* at most 2 blocks"),
+    ("transformer", {"num_heads": 0}, r"transformer/config.json: num_heads=0; must be at "
+                                      "least 1"),
+    ("transformer", {"mlp_ratio": float("nan")}, r"mlp_ratio=nan; must be a number in"),
+    ("transformer", {"mlp_ratio": 0.0}, r"mlp_ratio=0.0; must be a number in"),
     # the stored tensors the config's model lacks, the first named
     ("transformer", {"depth": 1}, r"stored tensors the model .* does not have: "
                                   r"spatial_blocks\.1\."),

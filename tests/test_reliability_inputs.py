@@ -154,6 +154,34 @@ def test_scale_model_replaces_only_its_own_folders(tmp_path):
     refused(["scale-model", str(mine), *small, "--force"], "it also holds notes.txt")
 
 
+def test_scale_model_refuses_what_cannot_fit_before_building_it(tmp_path):
+    """A hundred million pairs are counted (one and two pairs, extended), never built; a seed
+    past PyTorch's range is the option's own error, not "Overflow when unpacking"."""
+    import time
+
+    started = time.monotonic()
+    refused(["scale-model", str(tmp_path / "m"), "--pairs", "100000000"],
+            "--hidden 1024 --pairs 100000000: 3,359,385,610,540,048 parameters need about")
+    assert time.monotonic() - started < 30
+    res = runner.invoke(app, ["scale-model", str(tmp_path / "m"), "--seed", "1" + "0" * 23])
+    assert res.exit_code == 2 and "Invalid value for '--seed'" in res.output
+    assert "Overflow" not in res.output and list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_edge_writes_holds_no_owner_only_file(tmp_path):
+    """safetensors' writer makes its files 0600: scale-model's transformer.safetensors was
+    unreadable beside 0644 files. Everything atomic_directory publishes gets the usual mode."""
+    from edge.core.files import current_umask
+
+    out = tmp_path / "m"
+    assert runner.invoke(app, ["scale-model", str(out), "--hidden", "32", "--pairs", "1",
+                               "--heads", "2"]).exit_code == 0
+    usual = {p.name: 0o666 & ~current_umask() for p in out.rglob("*") if p.is_file()}
+    assert "transformer.safetensors" in usual
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.rglob("*")
+            if p.is_file()} == usual
+
+
 # --- 2. videos and plots are written atomically ---------------------------------------------
 
 @pytest.mark.parametrize("umask, folder, file", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
@@ -641,3 +669,22 @@ def test_notes_print_on_lines_of_their_own_above_the_progress_bar(exported_packa
     notes = [line for line in res.output.splitlines() if "note: prompt" in line]
     assert len(notes) == 1 and notes[0].startswith("note: prompt"), res.output
     assert "is ignored" in notes[0] and out.is_file()
+
+
+@pytest.mark.parametrize("make, message", [
+    (os.mkfifo, "is a FIFO (named pipe); name a file to read"),
+    (lambda p: None, "no such file"),
+])
+def test_latents_that_are_not_a_file_are_refused_not_read(exported_package, tmp_path, make,
+                                                          message):
+    """`edge record --latents FIFO` blocked for ever in np.load: in a process of its own, so
+    a hang fails the test instead of holding the suite."""
+    import subprocess
+
+    latents = tmp_path / "latents.npy"
+    make(latents)
+    res = subprocess.run(
+        [sys.executable, "-c", "from edge.commands import app; app()", "record",
+         str(exported_package[0]), "a red circle", "-o", str(tmp_path / "b"), "--latents",
+         str(latents)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and f"--latents {latents}: {message}" in res.stdout + res.stderr

@@ -254,8 +254,14 @@ def record(
     common.check_destination(output, force, identify_bundle)
     noise = None
     if latents is not None:
+        from edge.core.files import InputError, check_input_file
+
         try:
-            noise = np.load(latents, allow_pickle=False)
+            check_input_file(latents, "--latents")
+            # mapped, not read: a file of any size costs nothing until its shape is checked
+            noise = np.load(latents, mmap_mode="r", allow_pickle=False)
+        except InputError as err:
+            fail(str(err))
         except (OSError, ValueError, EOFError) as err:
             fail(f"--latents {latents}: not a NumPy array file ({err})")
     overrides = common.sampler_overrides(

@@ -27,7 +27,8 @@ def scale_model(
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
     pairs: Annotated[int, typer.Option(min=1, help="Spatial/temporal block pairs.")] = 8,
     heads: Annotated[int, typer.Option(min=1)] = 16,
-    seed: Annotated[int, typer.Option(min=0)] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**64 - 1, help="The random weights' seed "
+                                      "(PyTorch takes up to 2^64 - 1).")] = 0,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a folder scale-model wrote before (never another).")] = False,
 ) -> None:

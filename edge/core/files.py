@@ -51,6 +51,20 @@ def kind_of(path: Path) -> str:
     return next((name for test, name in _KINDS if test(st.st_mode)), "not a file or folder")
 
 
+def check_input_file(path: Path, option: str) -> None:
+    """A file the user names to be read is a regular file: a FIFO or a device would block the
+    read for ever or never end; refused with what is there instead (OutputError's sibling:
+    the message names the option and the path)."""
+    kind = kind_of(Path(path))
+    if kind != "a file":
+        raise InputError(f"{option} {path}: is {kind}; name a file to read"
+                         if kind != "missing" else f"{option} {path}: no such file")
+
+
+class InputError(ValueError):
+    """A file named to be read that cannot be: the message names the option and the path."""
+
+
 def current_umask() -> int:
     """The process's umask, read without changing it where the system tells it (Linux
     /proc); elsewhere set and restored at once."""
@@ -70,6 +84,23 @@ def give_usual_mode(path: Path) -> None:
     owner-only files and folders): a web server or another user can read an export."""
     base = 0o777 if path.is_dir() else 0o666
     os.chmod(path, base & ~current_umask())
+
+
+def give_usual_modes(tree: Path) -> None:
+    """Every file and folder under `tree` (links left alone) gets the mode a plain open() or
+    mkdir() would have given, execute bits kept: libraries that write owner-only files
+    (safetensors' writer makes them 0600) leave none in what edge publishes."""
+    mask = current_umask()
+    for folder, dirs, files in os.walk(tree):
+        for name in dirs:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o777 & ~mask)
+        for name in files:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                os.chmod(path, (0o666 | (st.st_mode & 0o111)) & ~mask)
 
 
 def _named(path: Path, option: str | None) -> str:

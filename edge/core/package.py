@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from edge.core.files import EdgeNotice, give_usual_mode, kind_of
+from edge.core.files import EdgeNotice, give_usual_mode, give_usual_modes, kind_of
 from edge.core.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
     FORMAT,
     FORMAT_VERSION,
@@ -659,6 +659,7 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
     try:
         with _signals_as_interrupt():
             yield tmp
+            give_usual_modes(tmp)
             with _signals_deferred():
                 _commit(tmp, dest, before, identify)
     except Exception as err:  # noqa: BLE001  (a library's wrapped OSError too)

@@ -58,12 +58,21 @@ def identify_scaled_model(dest: Path) -> str:
                           "model_index.json or edge_random_weights.json)")
 
 
+def parameter_count(cfg: STDiTConfig) -> int:
+    """The model's parameters, counted on the meta device (nothing allocated) at one and
+    two pairs and extended linearly: building a hundred million pairs, even without storage,
+    would not end."""
+    with torch.device("meta"):
+        one, two = (sum(p.numel() for p in STDiT(replace(cfg, pairs=n)).parameters())
+                    for n in (1, 2))
+    return one + (cfg.pairs - 1) * (two - one)
+
+
 def _check_fits_memory(cfg: STDiTConfig) -> None:
     """Refuse, before building anything, a model whose float32 weights (held twice while
     written: the model and the file's buffer) exceed this machine's memory; its parameters
     are counted on the meta device, which allocates nothing."""
-    with torch.device("meta"):
-        params = sum(p.numel() for p in STDiT(cfg).parameters())
+    params = parameter_count(cfg)
     need = 2 * 4 * params
     memory = physical_memory_bytes()
     if need > memory:
