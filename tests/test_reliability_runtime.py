@@ -285,7 +285,16 @@ def test_a_block_file_moved_cut_or_replaced_while_streaming_is_one_error(pkg, ho
         pipe.close()
 
 
-def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypatch):
+@pytest.mark.parametrize("change, message", [
+    (_replace, "changed on disk since"),  # the same bytes in another file: a graph that loads
+    (None, "removed or moved since the package was verified"),
+])
+def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypatch, change,
+                                                                   message):
+    """The load's last identity check (after the graphs are read): a graph replaced, or
+    removed (was a bare FileNotFoundError), is one PackageError naming it."""
+    import onnxruntime as ort
+
     from edge.core import package
     from edge.runtimes.python import Pipeline
 
@@ -294,15 +303,26 @@ def test_graph_changed_between_verification_and_session_is_refused(pkg, monkeypa
 
     def verify_then_change(*a, **k):
         found = real(*a, **k)
-        _replace(graph)  # the same bytes in another file: still a graph onnxruntime loads
+        if change is not None:
+            change(graph)
         return found
+
+    real_session = ort.InferenceSession
+
+    def session_then_remove(path_or_bytes, *a, **k):
+        made = real_session(path_or_bytes, *a, **k)
+        if change is None and str(path_or_bytes) == str(graph):
+            graph.unlink()
+        return made
 
     import edge.runtimes.python.pipeline as pipeline
 
     monkeypatch.setattr(package, "verify_files", verify_then_change)
     monkeypatch.setattr(pipeline, "read_package", package.read_package)
-    with pytest.raises(PackageError, match="changed on disk since"):
+    monkeypatch.setattr(ort, "InferenceSession", session_then_remove)
+    with pytest.raises(PackageError, match=message) as err:
         Pipeline.load(pkg)
+    assert str(err.value).startswith(str(graph))
 
 
 def test_cli_generate_names_a_bad_option_combination(exported_package, tmp_path):

@@ -157,6 +157,19 @@ def check_unchanged(path: Path, st: os.stat_result, expected: FileIdentity | Non
                            "modification time or inode differ); load the package again")
 
 
+def check_still_verified(path: Path, expected: FileIdentity | None) -> None:
+    """`path` is still the file verified (check_unchanged); one removed, moved or made
+    unreadable since is the same PackageError, never a bare OSError."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        what = "removed or moved" if isinstance(err, FileNotFoundError) else \
+            f"unreadable ({err.strerror})"
+        raise PackageError(f"{path}: {what} since the package was verified; load the package "
+                           "again") from None
+    check_unchanged(path, st, expected)
+
+
 def _listed_file(root: Path, where: str, record: dict) -> tuple[Path, os.stat_result]:
     path = resolve_inside(root, record["path"], where)
     try:

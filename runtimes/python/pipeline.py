@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 import resource
 import threading
 import time
@@ -46,7 +45,12 @@ from edge.core.options import (
     decode_values,
     with_overrides,
 )
-from edge.core.package import PackageError, check_unchanged, read_package, resolve_inside
+from edge.core.package import (
+    PackageError,
+    check_still_verified,
+    read_package,
+    resolve_inside,
+)
 from edge.core.pieces import piece_bounds
 from edge.core.sampler import (
     SamplerSettings,
@@ -425,7 +429,7 @@ class Pipeline:
                 check_runtime_feeds(manifest, pipe.null_caption)
             # graphs, tokenizer and null caption were read after verification: still the same?
             for path, identity in identities.items():
-                check_unchanged(path, os.stat(path), identity)
+                check_still_verified(path, identity)
             return pipe
         except BaseException:  # refused after its Core AI models were opened
             if programs is not None:
