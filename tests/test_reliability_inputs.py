@@ -397,6 +397,10 @@ def test_a_fifo_where_a_shard_should_be_is_named_not_read(wan_source, tmp_path, 
      "at byte 7)"),
     ("tokenizer/tokenizer_config.json", b"{", "not JSON"),
     ("transformer/config.json", b"[1]", "must be a JSON object"),
+    # JSON, but no tokenizer: transformers raised a bare KeyError: 'added_tokens' (item 20)
+    ("tokenizer/tokenizer.json", b'{"a": 1}', "not a tokenizer the tokenizers library reads"),
+    ("tokenizer/tokenizer.json", b'{"version": "1.0", "model": {"type": "Unigram", "vocab": '
+     b'[["a", 0.0]]}}', "lacks 'added_tokens', 'decoder'"),
 ])
 def test_every_json_file_of_a_component_is_named_when_unreadable(wan_source, tmp_path, name,
                                                                  data, message, never_loads_wan):

@@ -61,6 +61,28 @@ def check_component_files(component: Path) -> None:
                               "and folders only")
         if kind == "a file" and entry.suffix == ".json":
             read_json(entry)
+        if kind == "a file" and entry.name == "tokenizer.json":
+            check_tokenizer_file(entry)
+
+
+def check_tokenizer_file(path: Path) -> None:
+    """A tokenizer.json the `tokenizers` library reads: transformers, given JSON that is no
+    tokenizer, fails with a bare KeyError ('added_tokens') that names nothing."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001  (the library raises its own Exception)
+        raise FamilyError(f"{path}: not a tokenizer the tokenizers library reads "
+                          f"({str(err).strip()[:200]})") from None
+    # the library fills in what a file leaves out; transformers reads the file itself and
+    # expects every top-level field the library writes
+    missing = sorted(set(json.loads(tokenizer.to_str())) - set(read_json(path)))
+    if missing:
+        raise FamilyError(f"{path}: lacks {', '.join(map(repr, missing))}, which every "
+                          "tokenizer.json the tokenizers library writes holds")
 
 
 def number_field(cfg: dict, key: str, default: float, path: Path) -> float:
