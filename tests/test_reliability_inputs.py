@@ -692,3 +692,33 @@ def test_latents_that_are_not_a_file_are_refused_not_read(exported_package, tmp_
          str(exported_package[0]), "a red circle", "-o", str(tmp_path / "b"), "--latents",
          str(latents)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and f"--latents {latents}: {message}" in res.stdout + res.stderr
+
+
+def _component(m: dict, name: str) -> dict:
+    return next(c for c in m["components"] if c["name"] == name)
+
+
+def _decoder_frames(shape: list):
+    return lambda m: _component(m, "vae_decoder")["blocks"][-1]["outputs"][0].__setitem__(
+        "shape", shape)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.__setitem__("components", []), "field 'components' is empty"),
+    (lambda m: _component(m, "vae_decoder").__setitem__("blocks", []),
+     "component vae_decoder: field 'blocks' is empty"),
+    (lambda m: m.__setitem__("components", m["components"][:2]),
+     "no component 'vae_decoder'"),
+    (_decoder_frames(["batch", 3, 0, 32]), "the decoder's frames are 0x32; a frame side is"),
+    (_decoder_frames(["batch", 3, 100000, 32]), "the decoder's frames are 100000x32"),
+])
+def test_generate_refuses_manifests_it_cannot_run_in_a_line(exported_package, tmp_path,
+                                                             change, message):
+    """Manifests the structural check passed crashed `generate` (an IndexError from no
+    components or an empty decoder), or blamed --scale for the manifest's own frame size."""
+    pkg = tmp_path / "pkg"
+    shutil.copytree(exported_package[0], pkg)
+    rewrite(pkg, change)
+    out = refused(["generate", str(pkg), "a red circle", "-o", str(tmp_path / "v.gif")],
+                  message)
+    assert "--scale" not in out

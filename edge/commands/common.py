@@ -167,12 +167,22 @@ def frame_size(manifest: dict) -> tuple[int, int]:
     """(height, width) of the frames a package decodes: the last two axes of its last
     decoder block's output, or for a tiled decoder (whose graphs take any tile) the latent's
     scaled by its tiles' scale."""
-    decoder = manifest["components"][-1]
+    from edge.core.video import MAX_FRAME_SIDE
+
+    decoder = next((c for c in manifest["components"] if c["name"] == "vae_decoder"), None)
+    if decoder is None:
+        fail(f"{MANIFEST}: no component 'vae_decoder'; a package decodes its video with one")
     last = decoder["blocks"][-1]["outputs"][0]["shape"]
     if "tiles" in decoder:
         scale = decoder["tiles"]["scale"]
-        return manifest["latent_shape"][-2] * scale, manifest["latent_shape"][-1] * scale
-    return int(last[-2]), int(last[-1])
+        size = manifest["latent_shape"][-2] * scale, manifest["latent_shape"][-1] * scale
+    else:
+        size = last[-2], last[-1]
+    if not all(isinstance(side, int) and 0 < side <= MAX_FRAME_SIDE for side in size):
+        # the manifest's own figure, not an option: say so rather than blame --scale
+        fail(f"{MANIFEST}: the decoder's frames are {size[0]}x{size[1]}; a frame side is a "
+             f"size of at most {MAX_FRAME_SIDE} (the manifest is damaged or not edge's)")
+    return size
 
 
 def check_texts(prompt: str, negative_prompt: str | None) -> None:

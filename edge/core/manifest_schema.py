@@ -630,12 +630,18 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
                                "positive sizes [channels, frames, height, width]")
     files = _check_files(manifest)
     components = _items(manifest, "components", MANIFEST)
+    if not components:
+        raise PackageError(f"{MANIFEST}: field 'components' is empty; a package holds its "
+                           "model's components")
     seen_components: set[str] = set()
     for comp in components:
         cname = comp["name"]
         if cname in seen_components:
             raise PackageError(f"{MANIFEST}: component {cname!r} appears twice")
         seen_components.add(cname)
+        if not comp["blocks"]:
+            raise PackageError(f"{MANIFEST} component {cname}: field 'blocks' is empty; a "
+                               "component runs as one block at least")
         seen_blocks: set[str] = set()
         for block in comp["blocks"]:
             where = f"{MANIFEST} block {cname}/{block['name']}"
