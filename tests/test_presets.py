@@ -56,6 +56,11 @@ def test_cli_preset_runs_fewer_calls_and_given_options_win(exported_package, tmp
     fast = calls("--preset", "fast")
     assert "15 merged" in fast and "10 guided" in fast
     assert "16 guided" in calls("--preset", "fast", "--guidance-steps", "16")
+    # the preset scales to the steps given, not the package's 30: 60 steps leap after 12 into
+    # 20 and merge 30; 12 steps (merge 6) were refused naming a merge_steps=15 never given
+    assert calls("--preset", "balanced", "--steps", "60").startswith(
+        "sampler: 32 predictions, 32 with the transformer pairs run, 30 merged (TDTM)")
+    assert "6 merged" in calls("--preset", "fast", "--steps", "12")
     res = runner.invoke(app, ["generate", str(root), PROMPT, "--preset", "turbo",
                               "-o", str(tmp_path / "x.gif")])
     assert res.exit_code != 0 and "--preset 'turbo': known: quality, balanced, fast" in res.output

@@ -91,17 +91,21 @@ def sampler_overrides(**values) -> dict:
     return out
 
 
-def preset_options(name: str, defaults, manifest: dict | None) -> dict:
-    """--preset NAME as sampler overrides for these package defaults (`manifest`: the
-    package's, for whether it has merged variants; None: the PyTorch reference, which
-    merges); an unknown name ends the command naming the known ones."""
+def preset_options(name: str, defaults, manifest: dict | None, given: dict) -> dict:
+    """--preset NAME as sampler overrides for these package defaults with the step count the
+    user gave (`given`: the command line's overrides; --steps or --sigmas set the steps the
+    preset's rules scale to) (`manifest`: the package's, for whether it has merged variants;
+    None: the PyTorch reference, which merges); an unknown name ends the command naming the
+    known ones."""
     from edge.core.presets import preset_overrides
 
     merges = manifest is None or any(
         "tdtm" in b.get("variants", {}) for c in manifest["components"]
         if c["name"] == "transformer" for b in c["blocks"])
+    steps = checked_settings(defaults, {k: v for k, v in given.items()
+                                        if k in ("steps", "sigmas")})
     try:
-        return preset_overrides(name, defaults, merges)
+        return preset_overrides(name, steps, merges)
     except ValueError as err:
         fail(str(err))
 

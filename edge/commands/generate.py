@@ -88,7 +88,7 @@ def generate(
     else:
         manifest, defaults, frame = None, common.reference_sampler(weights), None
     if preset is not None:
-        overrides = common.preset_options(preset, defaults, manifest) | overrides
+        overrides = common.preset_options(preset, defaults, manifest, overrides) | overrides
     total = common.checked_settings(defaults, overrides).steps
     if frame is not None:
         _check_scale(frame, scale)
