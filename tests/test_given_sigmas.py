@@ -96,6 +96,16 @@ def test_bad_given_levels_are_refused_naming_the_value(sigmas, message):
         SamplerSettings(steps=4, sigmas=sigmas)
 
 
+@pytest.mark.parametrize("sigmas", [[1e-300, 1e-310], [1.0, 0.9999999999]])
+def test_levels_that_collapse_once_shifted_are_blamed_not_the_shift(sigmas):
+    """Levels that fall but collapse in the schedule's arithmetic: the error names sigmas,
+    which the user gave, not the package's shift (item 24)."""
+    with pytest.raises(ValueError, match=r"^sampler setting sigmas=\[.*\]: no usable noise "
+                       r"schedule") as err:
+        with_overrides(SamplerSettings(shift=3.0), {"sigmas": sigmas})
+    assert "shift=" not in str(err.value)
+
+
 def test_given_levels_and_steps_agree_or_are_refused():
     """Levels given alone set the step count; a package's own levels with another step
     count, or a scheduler that takes none, are refused naming the setting."""

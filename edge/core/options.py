@@ -96,6 +96,10 @@ def check_settings(settings: SamplerSettings) -> SamplerSettings:
     with np.errstate(all="ignore"):
         schedule = timesteps(settings)
     if not (np.isfinite(schedule).all() and (np.diff(schedule) < 0).all()):
+        if settings.sigmas is not None:  # the given levels make the schedule, not the shift
+            raise ValueError(f"sampler setting sigmas={list(settings.sigmas)!r:.120}: no usable "
+                             "noise schedule (the levels, shifted, must fall, finite and "
+                             "distinct)")
         terminal = ("" if settings.shift_terminal is None
                     else f", shift_terminal={settings.shift_terminal!r}")
         raise ValueError(f"sampler settings shift={settings.shift!r}, num_train_timesteps="
