@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -497,6 +498,21 @@ def _shape_of(manifest: dict) -> dict:
                             for b in c["blocks"]] for c in manifest["components"]]}
 
 
+def same_within_rounding(a, b) -> bool:
+    """Equal JSON, floats within float32 rounding of a few operations (rtol 1e-4): NumPy's
+    float32 solves (UniPC's order conditions) differ in the last bits between CPUs and BLAS
+    builds, so a fixture made on one machine is not bit-equal on another; a change of the
+    code moves them far more."""
+    if isinstance(a, float) or isinstance(b, float):
+        return (isinstance(a, int | float) and isinstance(b, int | float)
+                and math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_within_rounding(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(same_within_rounding, a, b))
+    return a == b
+
+
 def test_swift_fixtures_are_current(coreml_package):
     """The fixtures runtimes/swift/Tests read exist and are what the Python side writes now
     (tests/swift_fixtures.py, tests/sampler_fixtures.py), and the manifest example is a
@@ -510,10 +526,11 @@ def test_swift_fixtures_are_current(coreml_package):
 
     for name, data in swift_fixtures.build().items():
         on_disk = json.loads((swift_fixtures.FIXTURES / name).read_text())
-        assert on_disk == json.loads(json.dumps(data)), f"{name}: run tests/swift_fixtures.py"
+        assert same_within_rounding(on_disk, json.loads(json.dumps(data))), \
+            f"{name}: run tests/swift_fixtures.py"
     for name, data in sampler_fixtures.build().items():
         on_disk = json.loads((sampler_fixtures.FIXTURES / f"{name}.json").read_text())
-        assert on_disk == json.loads(json.dumps(data)), name
+        assert same_within_rounding(on_disk, json.loads(json.dumps(data))), name
     tok = swift_fixtures.FIXTURES / "tokenizer.json"
     assert tok.read_bytes() == swift_fixtures.default_tokenizer().read_bytes()
     example = json.loads((swift_fixtures.FIXTURES / "manifest_iphone.json").read_text())

@@ -240,7 +240,8 @@ def test_full_disk_during_export_is_a_clear_error(exported_package, tmp_path, sm
 
 def test_sigterm_during_a_real_export_keeps_the_old_package(exported_package, tmp_path):
     """`edge export --force` in its own process, stopped once the first block's graph is
-    written: the package at the destination is the earlier one, nothing else is left."""
+    written: the package at the destination is the earlier one, nothing else is left, and
+    the command says it was stopped (it exited without a word, item 26)."""
     dest = tmp_path / "pkg"
     shutil.copytree(exported_package[0], dest)
     before = snapshot(dest)
@@ -256,7 +257,9 @@ def test_sigterm_during_a_real_export_keeps_the_old_package(exported_package, tm
             assert time.monotonic() < deadline, "the export wrote no graph in time"
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) != 0
+        code, err = proc.wait(timeout=60), proc.stderr.read().decode()
+        assert code == 143, err[-3000:]  # the shell's status for SIGTERM, and a line
+        assert "stopped by SIGTERM before it finished" in err
     finally:
         proc.kill()
         proc.wait()

@@ -17,7 +17,7 @@ from edge.commands import (
     serve,
     train,
 )
-from edge.commands.common import notices_as_notes
+from edge.commands.common import interruptions_in_a_line, notices_as_notes
 from edge.commands.extras import one_line_for_missing_extras
 
 app = typer.Typer(
@@ -30,8 +30,9 @@ app.add_typer(train_app, name="train")
 
 
 def command(name: str, function):
-    """A command as the CLI runs it: notices as `note:` lines, a missing extra as one line."""
-    return one_line_for_missing_extras(name, notices_as_notes(function))
+    """A command as the CLI runs it: notices as `note:` lines, a missing extra as one line,
+    Ctrl-C and SIGTERM as one line and the signal's exit status."""
+    return one_line_for_missing_extras(name, interruptions_in_a_line(notices_as_notes(function)))
 
 
 app.command("generate")(command("generate", generate.generate))

@@ -311,3 +311,45 @@ def notices_as_notes(function: Callable) -> Callable:
             return function(*args, **kwargs)
 
     return command_function
+
+
+def interruptions_in_a_line(function: Callable) -> Callable:
+    """`function` (a command) stopped by Ctrl-C or SIGTERM ends with one line saying so and
+    the shell's status for the signal (130, 143), not a silent exit or a library's error:
+    SIGTERM is taken as Ctrl-C is, so every write in progress is undone the same way
+    (files.atomic_file, package.atomic_directory), and the signal is remembered, since a
+    library can turn the KeyboardInterrupt into an error of its own (onnxruntime's import
+    into "ImportError: initialization failed")."""
+
+    @functools.wraps(function)
+    def command_function(*args, **kwargs):
+        import signal
+        import threading
+
+        received: list[int] = []
+
+        def interrupt(signum: int, frame) -> None:
+            received.append(signum)
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        wanted = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+        owned = [sig for sig, default in wanted.items()
+                 if threading.current_thread() is threading.main_thread()
+                 and signal.getsignal(sig) is default]
+        for sig in owned:
+            signal.signal(sig, interrupt)
+        try:
+            return function(*args, **kwargs)
+        except BaseException as err:
+            if not received and not isinstance(err, KeyboardInterrupt):
+                raise
+            signum = received[0] if received else signal.SIGINT
+            name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (SIGINT)"
+            print(f"\nstopped by {name} before it finished: what it was writing was removed, "
+                  "and what was at its destination is as it was", file=sys.stderr)
+            raise SystemExit(128 + signum) from None
+        finally:
+            for sig in owned:
+                signal.signal(sig, wanted[sig])
+
+    return command_function
