@@ -77,7 +77,7 @@ def test_the_package_generates_through_coreai_as_the_reference(coreai_package, t
 
     root, manifest = coreai_package
     check = manifest["validation"]
-    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    assert check["identical"] or (check["psnr_db"] >= 35 and check["snr_db"] >= 20), check
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", EdgeNotice)
         pipe = Pipeline.load(root)
@@ -591,7 +591,7 @@ def test_each_family_executes_through_core_ai_and_generates_its_pipelines_video(
     for where, record in _records(manifest):
         assert record["validation"]["relative_error"] <= bound, (where, record["validation"])
     check = manifest["validation"]
-    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    assert check["identical"] or (check["psnr_db"] >= 35 and check["snr_db"] >= 20), check
 
 
 @pytest.mark.slow

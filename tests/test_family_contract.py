@@ -419,6 +419,6 @@ def test_exports_to_the_iphone_and_holds_the_end_to_end_check(request, case):
               for c in manifest["components"] for b in c["blocks"]}
     assert max(errors.values()) <= bound, errors
     check = manifest["validation"]
-    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    assert check["identical"] or (check["psnr_db"] >= 35 and check["snr_db"] >= 20), check
     print(f"{case}: worst block {max(errors, key=errors.get)} {max(errors.values()):.2g}; "
           f"end to end PSNR {check['psnr_db']} dB, SNR {check['snr_db']} dB")

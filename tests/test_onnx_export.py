@@ -34,7 +34,7 @@ def test_manifest_lists_every_block_with_validation(package):
             weights = root / block["weights"]["path"]
             assert weights.stat().st_size % 4096 == 0
             assert all(t["offset"] % 64 == 0 for t in block["weights"]["tensors"])
-    assert manifest["validation"]["psnr_db"] >= PSNR_LIMIT_DB
+    assert manifest["validation"]["identical"] or manifest["validation"]["psnr_db"] >= PSNR_LIMIT_DB
 
 
 def test_runtime_matches_pytorch_and_budget_does_not_change_the_video(package, pipeline):
@@ -230,7 +230,7 @@ def test_scaled_model_exports_with_the_same_command_and_a_budget(tmp_path):
     assert manifest["plan"]["blocks"]["transformer/pair_0-1"] == ["pair_0", "pair_1"]
     assert "tdtm" in manifest["components"][1]["blocks"][1]["variants"]
     # the export's end-to-end check ran the re-cut package against PyTorch
-    assert manifest["validation"]["psnr_db"] >= PSNR_LIMIT_DB
+    assert manifest["validation"]["identical"] or manifest["validation"]["psnr_db"] >= PSNR_LIMIT_DB
     pipe = Pipeline.load(tmp_path / "wide-onnx", memory_budget="50MB")
     try:
         video = pipe.generate("a red circle moving left", steps=2, merge_steps=1)
@@ -247,7 +247,7 @@ def test_end_to_end_check_reports_the_steps_of_both_generations(pipeline, tiny_s
     result = end_to_end_check(tiny_sora, on_step=lambda done, total: seen.append((done, total)))(
         root)
     steps = pipeline.sampler.steps
-    assert result["psnr_db"] >= PSNR_LIMIT_DB
+    assert result["identical"] or result["psnr_db"] >= PSNR_LIMIT_DB
     assert [d for d, _ in seen] == list(range(1, 2 * steps + 1))  # runtime's, then PyTorch's
     assert {t for _, t in seen} == {2 * steps}
 

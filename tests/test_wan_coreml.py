@@ -56,7 +56,7 @@ def test_wan_exports_to_coreml_and_matches_wan_pipeline(wan_iphone):
     assert len(errors) == 4 + 4 + 6 and max(errors.values()) <= 5e-3, errors
     check = manifest["validation"]
     # fp16 weights in diffusers' own pipeline against fp32: the video and its spread
-    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    assert check["identical"] or (check["psnr_db"] >= 35 and check["snr_db"] >= 20), check
 
 
 def test_the_decoder_is_chunked_with_first_frame_programs(wan_iphone):
@@ -88,7 +88,7 @@ def test_the_ios17_layout_exports_and_variants_share_weights_in_the_ios18_one(
         "separate", "iOS17")
     assert check_structure(root, manifest) == []
     check = manifest["validation"]
-    assert check["psnr_db"] >= 35 and check["snr_db"] >= 20, check
+    assert check["identical"] or (check["psnr_db"] >= 35 and check["snr_db"] >= 20), check
     mf_root, mf = wan_iphone
     blocks = {f"{c['name']}/{b['name']}": b for c in manifest["components"]
               for b in c["blocks"]}
