@@ -112,3 +112,76 @@ def test_the_workers_are_bounded_by_cpus_jobs_and_memory(tmp_path, monkeypatch):
     assert pool.worker_count(jobs) == 2
     available.value = 0
     assert pool.worker_count(jobs) == 1            # never fewer than one
+
+
+EXPORTER = """
+import json, sys
+import edge.exporters.iphone.coreai.pool as pool
+from pathlib import Path
+pool.WORKER_PYTHON, pool.WORKERS = sys.argv[1], 2
+jobs = [Path(p) for p in sys.argv[2:]]
+pool.run_worker(jobs, [str(j) for j in jobs])
+"""
+
+
+def test_workers_end_with_an_exporter_killed_outright(tmp_path, stand_in):
+    """SIGKILL of the exporter runs none of its cleanup: its workers converted on for an
+    hour (item 17). The system ends them with it (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    jobs, _ = _jobs(tmp_path, 2)
+    for job in jobs:  # each worker busy for a minute
+        job.write_text(json.dumps(json.loads(job.read_text()) | {"sleep": 60}))
+    exporter = subprocess.Popen([sys.executable, "-c", EXPORTER, pool.WORKER_PYTHON,
+                                 *map(str, jobs)])
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := psutil.Process(exporter.pid).children(recursive=True)) < 2:
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        os.kill(exporter.pid, signal.SIGKILL)
+        exporter.wait()
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers outlived the exporter: {alive}"
+    finally:
+        exporter.kill()
+
+
+HOLDER = """
+import sys, time
+from edge.core.files import held_temporary_folder
+with held_temporary_folder(sys.argv[1]) as folder:
+    (folder / "graph.pt2").write_bytes(b"x" * 1000)
+    print(folder, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_temporary_folder_of_an_export_killed_outright_goes_at_the_next(tmp_path):
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    from edge.core.files import held_temporary_folder
+
+    prefix = f"edge-test-{tmp_path.name}-"
+    procs = [subprocess.Popen([sys.executable, "-c", HOLDER, prefix], stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        killed, alive = procs
+        left, held = (Path(p.stdout.readline().strip()) for p in procs)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        assert left.is_dir() and held.is_dir()
+        with held_temporary_folder(prefix) as mine:
+            assert not left.exists() and held.is_dir()
+        assert not mine.exists()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

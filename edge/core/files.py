@@ -12,6 +12,7 @@ import errno
 import fcntl
 import glob
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -196,6 +197,34 @@ def _held(path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+@contextmanager
+def held_temporary_folder(prefix: str) -> Iterator[Path]:
+    """A new folder in the system's temporary folder, named `PREFIX...`, held (a lock the
+    system drops however its process ends) while in use and removed after. Those that a
+    process killed outright left (SIGKILL, power loss: no cleanup ran) are removed here, by
+    the next use of the same prefix."""
+    remove_unheld_temporary_folders(prefix)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _hold(fd)
+        yield tmp
+    finally:
+        os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_unheld_temporary_folders(prefix: str) -> list[Path]:
+    """The `PREFIX*` folders in the system's temporary folder that no process holds,
+    removed (held_temporary_folder); what was removed."""
+    removed = []
+    for p in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*"):
+        if p.is_dir() and not p.is_symlink() and not _held(p):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def remove_leftover_temps(path: Path) -> list[Path]:

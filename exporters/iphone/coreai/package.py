@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from edge.core.files import held_temporary_folder
 from edge.core.package import file_entry
 from edge.exporters import ExportValidationError
 from edge.exporters.iphone.compression import Compression, auto_target, compression
@@ -363,7 +363,8 @@ def export_blocks(blocks: list[Block], root: Path, precision: Precision,
     repeats an earlier one's shapes (`repeats`) is converted and recorded unexecuted."""
     runs = ([not r for r in repeats(blocks)] if distinct_only else [True] * len(blocks))
     blocks = [with_unguided(b) if unguided else b for b in chained(blocks)]
-    with tempfile.TemporaryDirectory(prefix="edge-coreai-") as tmp:
+    # held while in use: a folder an export killed outright left is removed by the next
+    with held_temporary_folder("edge-coreai-") as tmp:
         jobs = [_job(block, root, precision, Path(tmp) / str(i), run)
                 for i, (block, run) in enumerate(zip(blocks, runs, strict=True))]
         found = run_worker([path for path, _ in jobs], [b.key for b in blocks],

@@ -11,6 +11,8 @@ is named in an ExportValidationError; the other workers are stopped.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import signal
@@ -41,6 +43,18 @@ def _crash_text(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the worker, before it starts: the system ends it (SIGKILL) when the exporter ends
+    however it ends; an exporter killed outright (SIGKILL) left its workers converting for
+    an hour. Linux's PR_SET_PDEATHSIG; elsewhere the worker watches its parent itself
+    (worker.py `exit_with_parent`)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != parent:  # the exporter ended before the request was made
+            os._exit(1)
+
+
 def worker_count(jobs: list[Path]) -> int:
     """How many workers run side by side: one a CPU (Core AI's interpreter runs on one),
     no more than the jobs, and as many as memory holds at WORKER_MEMORY_FACTOR times the
@@ -69,7 +83,10 @@ def run_worker(jobs: list[Path], keys: list[str],
                    for _ in range(worker_count(jobs))]
         children = [subprocess.Popen([WORKER_PYTHON or sys.executable, "-P", str(WORKER),
                                       *map(str, jobs)], stdout=subprocess.DEVNULL,
-                                     stderr=stderr) for stderr in stderrs]
+                                     stderr=stderr,
+                                     preexec_fn=functools.partial(_die_with_parent,
+                                                                  os.getpid()))
+                    for stderr in stderrs]
         try:
             _wait_for(children, results, keys, on_done)
         finally:

@@ -140,9 +140,26 @@ def claimed(job_path: str) -> bool:
     return True
 
 
+def exit_with_parent() -> None:
+    """End this process when the exporter that started it has ended (its parent changes):
+    where the system cannot do it (Linux does, pool.py `_die_with_parent`), a worker would
+    go on converting for nobody."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 def main(job_paths: list[str]) -> int:
     """Each job not claimed by another worker, in turn; the first that fails ends the run
     (the export stops there)."""
+    exit_with_parent()
     modules = quiet_imports()
     for job_path in job_paths:
         if not claimed(job_path):
