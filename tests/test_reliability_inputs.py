@@ -722,3 +722,25 @@ def test_generate_refuses_manifests_it_cannot_run_in_a_line(exported_package, tm
     out = refused(["generate", str(pkg), "a red circle", "-o", str(tmp_path / "v.gif")],
                   message)
     assert "--scale" not in out
+
+
+def test_generate_takes_a_thread_count_for_shared_cores(exported_package, tmp_path,
+                                                        monkeypatch):
+    """`--threads` reaches every onnxruntime session the package opens (item 33: the
+    runtime slowed 5-6x beside other busy processes, and generate had no way to say so)."""
+    import edge.runtimes.python.pipeline as pipeline
+
+    asked = []
+    real = pipeline.session_options
+
+    def counted(threads=None):
+        asked.append(threads)
+        return real(threads)
+
+    monkeypatch.setattr(pipeline, "session_options", counted)
+    res = runner.invoke(app, ["generate", str(exported_package[0]), "a red circle", "--steps",
+                              "1", "--threads", "1", "-o", str(tmp_path / "v.gif")])
+    assert res.exit_code == 0, res.output
+    assert asked and set(asked) == {1}
+    refused(["generate", "a red circle", "--threads", "2", "-o", str(tmp_path / "w.gif")],
+            "--threads applies to exported packages")

@@ -132,15 +132,17 @@ def reference_sampler(weights: Path | None):
         fail(str(err))
 
 
-def load_runtime(package: Path, budget: int | None):
-    """An exported package in the Python runtime (no torch); a bad one ends the command."""
+def load_runtime(package: Path, budget: int | None, threads: int | None = None):
+    """An exported package in the Python runtime (no torch); a bad one ends the command.
+    `threads`: onnxruntime's threads a block call (default: its own choice, one a core)."""
     from edge.core.package import PackageError
     from edge.runtimes.python import BudgetError, Pipeline
 
     try:
         # one generation: no next one to keep the pinned blocks for, so the decoder's
         # activations may take their memory
-        return Pipeline.load(package, memory_budget=budget, lean_decode=budget is not None)
+        return Pipeline.load(package, memory_budget=budget, lean_decode=budget is not None,
+                             threads=threads)
     except (PackageError, BudgetError, ValueError) as err:
         fail(str(err))
 

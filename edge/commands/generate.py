@@ -35,6 +35,9 @@ def generate(
     memory_budget: Annotated[str | None, typer.Option(
         help="With a package: most bytes of block weights held at once, e.g. 64MB "
              "[default: no limit, every block resident].")] = None,
+    threads: Annotated[int | None, typer.Option(
+        min=1, max=1024, help="With a package: onnxruntime's threads a block call; fewer than "
+        "the cores where other programs share them [default: one a core].")] = None,
     leap: common.LeapOption = None,
     leap_after: common.LeapAfterOption = None,
     leap_min_steps: common.LeapMinStepsOption = None,
@@ -68,6 +71,8 @@ def generate(
     package, text = (Path(first), prompt) if prompt is not None else (None, first)
     if package is None and memory_budget:
         fail("--memory-budget applies to exported packages: give the package folder first")
+    if package is None and threads is not None:
+        fail("--threads applies to exported packages: give the package folder first")
     if package is None and negative_prompt is not None:
         fail("--negative-prompt applies to exported packages: give the package folder first")
     budget = common.budget_option(memory_budget)
@@ -92,7 +97,7 @@ def generate(
     total = common.checked_settings(defaults, overrides).steps
     if frame is not None:
         _check_scale(frame, scale)
-    pipe = (common.load_runtime(package, budget) if package
+    pipe = (common.load_runtime(package, budget, threads) if package
             else common.load_reference_pipeline(weights))
     if frame is None:  # the reference's frame size is known once it is loaded (cheaply)
         _check_scale(pipe.frame_size, scale)
