@@ -137,6 +137,12 @@ def check_seed_refusals(sample: Path, wan: Path, tmp_path: Path) -> None:
         assert refused.returncode == 2 and not refused.stdout, refused.stdout + refused.stderr
         assert refused.stderr.splitlines() == [f"error: --seed {seed} {why}"], refused.stderr
         assert not out.exists()
+    # a whole number past Int: out of range, not "not a number" (item 30)
+    huge = run([str(sample), str(wan / "package"), "a cat", "--steps", "9" * 20, "-o", str(out)],
+               timeout=300)
+    assert huge.returncode == 2 and not out.exists(), huge.stdout + huge.stderr
+    assert huge.stderr.splitlines() == [f"error: --steps {'9' * 20}: out of range (at most "
+                                        "9223372036854775807)"], huge.stderr
     np.save(tmp_path / "latents.npy", np.zeros((1, 16, 3, 4, 6), np.float32))
     both = run([str(sample), str(wan / "package"), "a cat", "--seed", "3", "--latents",
                 str(tmp_path / "latents.npy"), "-o", str(out)], timeout=300)

@@ -58,6 +58,12 @@ struct Options {
         func number<T: LosslessStringConvertible>(_ name: String, _ type: T.Type) throws -> T {
             let text = try value(name)
             guard let n = T(text) else {
+                // a whole number too large for the type is no typo: say which it is
+                let digits = text.drop(while: { $0 == "-" || $0 == "+" })
+                if !digits.isEmpty && digits.allSatisfy({ $0.isASCII && $0.isNumber }) {
+                    throw Failure(description: "\(name) \(text): out of range (at most " +
+                                               "\(Int.max))")
+                }
                 throw Failure(description: "\(name) \(text): not a number")
             }
             return n
