@@ -358,7 +358,8 @@ def test_load_stops_cleanly_when_aborted(context):
     assert out["progressAfterAbort"] == 0
     assert out["startedAfterAbort"] == [], out["startedAfterAbort"]
     assert out["typo"]["message"].startswith("unknown load option(s): budjet; known: budget, ")
-    assert out["budget"]["message"].startswith('memory budget "lots": expected e.g. 64MB')
+    assert out["budget"]["message"].startswith('memory budget "lots": not understood; use e.g. '
+                                                   '64MB')
     assert out["after"] in ("wasm", "webgpu"), out["after"]
     assert any(u.endswith("/manifest.json") for u in requested)  # the later loads did fetch
 

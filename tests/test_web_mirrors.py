@@ -755,3 +755,44 @@ def test_guidance_rescale_runs_replay_python(page):
     bad = [{"guidance_rescale": v} for v in (-0.1, 1.5)]
     for case, message in zip(bad, js_refusals(page, bad), strict=True):
         assert message == python_refusal(case), case
+
+
+# the third probe's items 13 and 14: settings and sizes the page took and Python refuses
+SETTINGS_CASES = [
+    {}, {"shift": 5.0}, {"guidance": 7.5}, {"scheduler": "flow_unipc", "steps": 20},
+    {"shift": 1e-300}, {"shift": 0}, {"num_train_timesteps": 1}, {"guidance": 1e300},
+    {"steps": 20000}, {"toString": 1}, {"constructor": 1},
+    {"steps": 2, "sigmas": [1e-300, 1e-310]},
+]
+SIZE_CASES = ["0", "64", "1.5GiB", "512k", " 64 MB ", "1e3", "inf", "-1", "0.5", "1e999",
+              "64XB", 1000, 0, 1.5, [64], {"a": 1}, True]
+
+
+def test_settings_and_sizes_are_refused_as_python_refuses_them(page):
+    """checkSettings against check_settings(SamplerSettings.from_dict(...)), parseSize
+    against parse_size: the same values taken (the same bytes) and the same refused, the
+    refusal naming the setting Python names; the page returned a silent NaN video for a
+    schedule Python refuses."""
+    from edge.core.budget import parse_size
+    from edge.core.options import check_settings
+
+    for case, js in zip(SETTINGS_CASES, js_refusals(page, SETTINGS_CASES), strict=True):
+        try:
+            check_settings(SamplerSettings.from_dict(case))
+            python = None
+        except ValueError as err:
+            python = str(err)
+        assert (js is None) == (python is None), (case, js, python)
+        if python is not None:
+            named = python.split("=")[0].split()[-1].rstrip(":")
+            assert named in js, (case, js, python)
+    got = page.evaluate("""async (cases) => {
+      const l = await import('/runtime/loader.js');
+      return cases.map((c) => { try { return l.parseSize(c); } catch (e) { return 'refused'; } });
+    }""", SIZE_CASES)
+    for case, js in zip(SIZE_CASES, got, strict=True):
+        try:
+            python = parse_size(case)
+        except ValueError:
+            python = "refused"
+        assert js == python, (case, js, python)

@@ -48,8 +48,14 @@ function checkSigmas(s, bad) {
   }
 }
 
+// edge/core/options.py's bounds: far above any useful value, so a typo is not a plan
+const MAX_STEPS = 10000;
+const MAX_TRAIN_TIMESTEPS = 1000000;
+const MAX_GUIDANCE = 1e4;
+
 export function checkSettings(values) {
-  const unknown = Object.keys(values).filter((k) => !(k in DEFAULT_SETTINGS));
+  // own keys only: `toString` or `constructor` is no setting (`in` sees inherited ones)
+  const unknown = Object.keys(values).filter((k) => !Object.hasOwn(DEFAULT_SETTINGS, k));
   if (unknown.length) throw new Error(`unknown sampler setting(s): ${unknown.sort().join(", ")}`);
   const s = { ...DEFAULT_SETTINGS, ...values };
   const bad = (name, why) => new Error(
@@ -57,6 +63,17 @@ export function checkSettings(values) {
   // edge/core/schedulers.py SCHEDULERS, with SamplerSettings' own message (the value as repr())
   if (!isScheduler(s.scheduler)) throw unknownScheduler(s.scheduler);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw bad("steps", "must be at least 1");
+  for (const [name, most] of [["steps", MAX_STEPS], ["leap_steps", MAX_STEPS],
+                              ["num_train_timesteps", MAX_TRAIN_TIMESTEPS]]) {
+    if (s[name] > most) throw bad(name, `more than ${most}`);
+  }
+  if (!Number.isInteger(s.num_train_timesteps) || s.num_train_timesteps < 1) {
+    throw bad("num_train_timesteps", "must be an integer");
+  }
+  if (!(typeof s.shift === "number" && Number.isFinite(s.shift))) {
+    throw bad("shift", "must be a finite number");
+  }
+  if (s.shift <= 0) throw bad("shift", "must be positive");
   if (s.dynamic_guidance && !SCHEDULERS[s.scheduler].takesDynamicGuidance) {
     const takers = Object.keys(SCHEDULERS).filter((n) => SCHEDULERS[n].takesDynamicGuidance)
       .join(", ");
@@ -108,7 +125,32 @@ export function checkSettings(values) {
   }
   if (s.sigmas !== null) checkSigmas(s, bad);
   if (!Number.isFinite(s.guidance)) throw bad("guidance", "must be a finite number");
+  if (Math.abs(s.guidance) > MAX_GUIDANCE) {
+    throw bad("guidance", `larger than ${MAX_GUIDANCE} in size (far above any useful scale)`);
+  }
+  checkSchedule(s);
   return s;
+}
+
+// edge/core/options.py check_settings: the schedule the settings make falls from 1 to 0,
+// finite and distinct (a shift of 1e-300 or one training timestep makes none: NaN videos)
+function checkSchedule(s) {
+  let falls = false;
+  try {
+    const levels = timesteps(s);
+    falls = levels.every((v, i) => Number.isFinite(v) && (i === 0 || v < levels[i - 1]));
+  } catch {
+    falls = false;  // a schedule the arithmetic cannot make is no schedule either
+  }
+  if (falls) return;
+  if (s.sigmas !== null) {
+    throw new Error(`sampler setting sigmas=${JSON.stringify(s.sigmas)}: no usable noise ` +
+                    "schedule (the levels, shifted, must fall, finite and distinct)");
+  }
+  const terminal = s.shift_terminal === null ? "" : `, shift_terminal=${s.shift_terminal}`;
+  throw new Error(`sampler settings shift=${s.shift}, num_train_timesteps=` +
+                  `${s.num_train_timesteps}${terminal}: no usable noise schedule (its levels ` +
+                  "must fall from 1 to 0, finite and distinct)");
 }
 
 // edge/core/sampler.py scheduler_of: the settings' scheduler object (schedulers.js)

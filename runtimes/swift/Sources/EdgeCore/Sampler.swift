@@ -26,6 +26,7 @@ public struct SamplerSettings: Codable, Equatable {
     public var steps = 30
     public static let maxSteps = 10_000               // edge/core/options.py MAX_STEPS
     public static let maxTrainTimesteps = 1_000_000   // edge/core/options.py MAX_TRAIN_TIMESTEPS
+    public static let maxGuidance = 1e4               // edge/core/options.py MAX_GUIDANCE
     public var guidance = 5.0
     public var dynamicGuidance = false   // CogVideoX's use_dynamic_cfg (cogvideox_ddim only)
     public var guidanceRescale = 0.0     // LTXPipeline's guidance_rescale, 0 (off) to 1
@@ -162,6 +163,33 @@ public struct SamplerSettings: Codable, Equatable {
         if let levels = sigmas {
             try validateSigmas(levels, takes: type(of: named).takesSigmas, bad)
         }
+        if !guidance.isFinite { throw bad("guidance", guidance, "must be a finite number") }
+        if abs(guidance) > Self.maxGuidance {
+            throw bad("guidance", guidance, "larger than 10000 in size (far above any useful " +
+                                            "scale)")
+        }
+        try validateSchedule()
+    }
+
+    /// edge/core/options.py check_settings: the schedule falls from 1 to 0, finite and
+    /// distinct (a shift of 1e-300 or one training timestep makes none: a NaN video).
+    private func validateSchedule() throws {
+        if !(shift.isFinite && shift > 0) {
+            throw SettingsError.invalid("sampler setting shift=\(shift): must be positive")
+        }
+        let levels = timesteps(self)
+        let falls = levels.allSatisfy(\.isFinite)
+            && zip(levels, levels.dropFirst()).allSatisfy { $1 < $0 }
+        if falls { return }
+        if let given = sigmas {
+            throw SettingsError.invalid("sampler setting sigmas=\(given): no usable noise " +
+                                        "schedule (the levels, shifted, must fall, finite " +
+                                        "and distinct)")
+        }
+        let terminal = shiftTerminal.map { ", shift_terminal=\($0)" } ?? ""
+        throw SettingsError.invalid("sampler settings shift=\(shift), num_train_timesteps=" +
+                                    "\(numTrainTimesteps)\(terminal): no usable noise schedule " +
+                                    "(its levels must fall from 1 to 0, finite and distinct)")
     }
 
     /// Python's SamplerSettings._check_sigmas: one level a step, finite, in (0, 1], falling.

@@ -267,6 +267,27 @@ final class SchedulersTests: XCTestCase {
         XCTAssertNoThrow(try settings.validate())
     }
 
+    func testRefusesSettingsThatMakeNoScheduleOrAHugeGuidance() throws {
+        // what edge/core/options.py check_settings refuses (the third probe's item 13): the
+        // runtime returned a NaN video for the first two, a video of overflow for the third
+        XCTAssertNoThrow(try SamplerSettings().validate())
+        var tiny = SamplerSettings()
+        tiny.shift = 1e-300
+        XCTAssertThrowsError(try tiny.validate()) { error in
+            XCTAssertTrue("\(error)".hasPrefix("sampler settings shift=1e-300, "
+                                              + "num_train_timesteps=1000: no usable noise "
+                                              + "schedule"), "\(error)")
+        }
+        var one = SamplerSettings()
+        one.numTrainTimesteps = 1
+        XCTAssertThrowsError(try one.validate())
+        var huge = SamplerSettings()
+        huge.guidance = 1e300
+        XCTAssertThrowsError(try huge.validate()) { error in
+            XCTAssertTrue("\(error)".contains("larger than 10000 in size"), "\(error)")
+        }
+    }
+
     func testRefusesLeapStepsWithoutATail() throws {
         // the message edge/core/sampler.py's SamplerSettings gives
         var settings = SamplerSettings()
