@@ -185,7 +185,9 @@ def _hold(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def _held(path: Path) -> bool:
+def is_held(path: Path) -> bool:
+    """Whether a process holds `path` (a temporary file or folder a writer locks while it
+    works); one that cannot be opened is not ours to judge, and counts as held."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -221,7 +223,7 @@ def remove_unheld_temporary_folders(prefix: str) -> list[Path]:
     removed (held_temporary_folder); what was removed."""
     removed = []
     for p in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*"):
-        if p.is_dir() and not p.is_symlink() and not _held(p):
+        if p.is_dir() and not p.is_symlink() and not is_held(p):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -233,7 +235,7 @@ def remove_leftover_temps(path: Path) -> list[Path]:
     removed = []
     prefix, suffix = _temp_prefix(path), f".partial{path.suffix}"
     for p in path.parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}"):
-        if p.is_file() and not p.is_symlink() and not _held(p):
+        if p.is_file() and not p.is_symlink() and not is_held(p):
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from edge.core.files import EdgeNotice, give_usual_mode, give_usual_modes, kind_of
+from edge.core.files import EdgeNotice, give_usual_mode, give_usual_modes, is_held, kind_of
 from edge.core.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
     FORMAT,
     FORMAT_VERSION,
@@ -376,20 +376,6 @@ def _hold_writing(tmp: Path) -> int:
     return fd
 
 
-def _is_being_written(folder: Path) -> bool:
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return True  # not ours to judge: leave it
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing releases the probe's own lock
-    return False
-
-
 def _other_writer(dest: Path, mine: Path) -> int | None:
     """The pid of another live writer of `dest` (its held temporary folder beside `dest`),
     if any. Both of two writers starting at once may see the other: both are refused, and
@@ -397,7 +383,7 @@ def _other_writer(dest: Path, mine: Path) -> int | None:
     for p in dest.parent.glob(f".{glob.escape(dest.name)}.*.partial"):
         match = _PARTIAL.fullmatch(p.name)
         if (match and match["name"] == dest.name and p != mine and p.is_dir()
-                and not p.is_symlink() and _is_being_written(p)):
+                and not p.is_symlink() and is_held(p)):
             return int(match["pid"])
     return None
 
@@ -411,7 +397,7 @@ def recover_interrupted(dest: Path) -> list[Path]:
     removed = []
     for p in sorted(dest.parent.glob(".*.partial")):
         if _PARTIAL.fullmatch(p.name) and p.is_dir() and not p.is_symlink() \
-                and not _is_being_written(p):
+                and not is_held(p):
             _remove(p)
             removed.append(p)
     for p in dest.parent.glob(f".{glob.escape(dest.name)}.old-*"):
