@@ -52,6 +52,10 @@ def kind_of(path: Path) -> str:
     return next((name for test, name in _KINDS if test(st.st_mode)), "not a file or folder")
 
 
+class InputError(ValueError):
+    """A file named to be read that cannot be: the message names the option and the path."""
+
+
 def check_input_file(path: Path, option: str) -> None:
     """A file the user names to be read is a regular file: a FIFO or a device would block the
     read for ever or never end; refused with what is there instead (OutputError's sibling:
@@ -60,10 +64,6 @@ def check_input_file(path: Path, option: str) -> None:
     if kind != "a file":
         raise InputError(f"{option} {path}: is {kind}; name a file to read"
                          if kind != "missing" else f"{option} {path}: no such file")
-
-
-class InputError(ValueError):
-    """A file named to be read that cannot be: the message names the option and the path."""
 
 
 def current_umask() -> int:
@@ -185,6 +185,18 @@ def _hold(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def hold(path: Path) -> int:
+    """Open `path` (a file or folder) and hold it (`_hold`): the descriptor, whose closing
+    releases the hold."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _hold(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def is_held(path: Path) -> bool:
     """Whether a process holds `path` (a temporary file or folder a writer locks while it
     works); one that cannot be opened is not ours to judge, and counts as held."""
@@ -209,9 +221,12 @@ def held_temporary_folder(prefix: str) -> Iterator[Path]:
     the next use of the same prefix."""
     remove_unheld_temporary_folders(prefix)
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
-    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _hold(fd)
+        fd = hold(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
         yield tmp
     finally:
         os.close(fd)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import glob
 import hashlib
 import json
@@ -27,7 +26,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from edge.core.files import EdgeNotice, give_usual_mode, give_usual_modes, is_held, kind_of
+from edge.core.files import (
+    EdgeNotice,
+    give_usual_mode,
+    give_usual_modes,
+    hold,
+    is_held,
+    kind_of,
+)
 from edge.core.manifest_schema import (  # noqa: F401  (re-exported: the package's public names)
     FORMAT,
     FORMAT_VERSION,
@@ -367,15 +373,6 @@ def _remove(path: Path) -> None:
 _PARTIAL = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.partial")
 
 
-def _hold_writing(tmp: Path) -> int:
-    """Mark `tmp` as being written: an exclusive lock on its folder, held by the returned
-    descriptor. The system drops it when the writer ends however it ends (SIGKILL, a
-    crash), so a folder nobody holds is stale, whatever process now has the writer's PID."""
-    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
-
-
 def _other_writer(dest: Path, mine: Path) -> int | None:
     """The pid of another live writer of `dest` (its held temporary folder beside `dest`),
     if any. Both of two writers starting at once may see the other: both are refused, and
@@ -412,9 +409,13 @@ def recover_interrupted(dest: Path) -> list[Path]:
     return removed
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE; the standard
-    library has no binding). False where the system or file system cannot."""
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+
+
+def _renameat2(a: Path, b: Path, flag: int) -> bool:
+    """Linux renameat2 with `flag` (the standard library has no binding): True once done;
+    False where the system or file system cannot; any other failure an OSError (EEXIST, for
+    RENAME_NOREPLACE onto an existing path, is FileExistsError)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -422,13 +423,18 @@ def _exchange(a: Path, b: Path) -> bool:
     except (OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flag) == 0:
         return True
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step; False where the system or file system cannot."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -441,25 +447,14 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _rename_noreplace(src: Path, dst: Path) -> bool:
-    """Rename unless `dst` exists, in one step (Linux renameat2 RENAME_NOREPLACE): False
-    where `dst` appeared. Elsewhere a check, then a rename that replaces at most an empty
-    folder (rename(2) refuses a folder that holds anything)."""
-    if sys.platform.startswith("linux"):
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).renameat2
-        except (OSError, AttributeError):
-            fn = None
-        if fn is not None:
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                           ctypes.c_uint]
-            at_fdcwd, rename_noreplace = -100, 1
-            if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
-                return True
-            code = ctypes.get_errno()
-            if code == errno.EEXIST:
-                return False
-            if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise OSError(code, os.strerror(code), str(src), None, str(dst))
+    """Rename unless `dst` exists, in one step (renameat2 RENAME_NOREPLACE): False where
+    `dst` appeared. Where the system cannot, a check, then a rename that replaces at most an
+    empty folder (rename(2) refuses a folder that holds anything)."""
+    try:
+        if _renameat2(src, dst, _RENAME_NOREPLACE):
+            return True
+    except FileExistsError:
+        return False
     if os.path.lexists(dst):
         return False
     os.rename(src, dst)
@@ -645,7 +640,8 @@ def atomic_directory(dest: str | Path, identify: Callable[[Path], str] = identif
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".partial",
                                     dir=dest.parent))
         give_usual_mode(tmp)  # mkdtemp's 0700 would keep web servers and other users out
-        held = _hold_writing(tmp)
+        # held while written: what a killed writer left, nobody holds (recover_interrupted)
+        held = hold(tmp)
     except OSError as err:
         raise _write_error(dest, err) from err
     other = _other_writer(dest, tmp)
