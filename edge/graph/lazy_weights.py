@@ -20,6 +20,7 @@ shard is named before any work.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -84,25 +85,17 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
     tensors, data = {}, 8 + length
     for name, spec in header.items():
         if name != "__metadata__":
-            begin, shape = _checked_entry(path, name, spec)
-            tensors[name] = StoredTensor(path, spec["dtype"], shape, data + begin,
-                                         _nbytes(spec["dtype"], shape))
+            tensors[name] = _stored_tensor(path, name, spec, data)
     need = max((t.start + t.nbytes for t in tensors.values()), default=data)
     if size < need:
         raise ShardError(f"{path}: truncated: {size} bytes, its header describes {need}")
     return tensors
 
 
-def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count * DTYPES[dtype].itemsize
-
-
-def _checked_entry(path: Path, name: str, spec) -> tuple[int, tuple[int, ...]]:
-    """A header entry's (first byte, shape), every field checked: its dtype one edge reads,
-    its shape a list of sizes, its offsets two integers spanning exactly the shape's bytes."""
+def _stored_tensor(path: Path, name: str, spec, data: int) -> StoredTensor:
+    """A header entry as a StoredTensor (`data`: where the file's data begins), every field
+    checked: its dtype one edge reads, its shape a list of sizes, its offsets two integers
+    spanning exactly the shape's bytes."""
     where = f"{path}: tensor {name!r}"
     if not isinstance(spec, dict):
         raise ShardError(f"{where}: its header entry is not an object")
@@ -115,11 +108,11 @@ def _checked_entry(path: Path, name: str, spec) -> tuple[int, tuple[int, ...]]:
             and all(type(n) is int and n >= 0 for n in offsets) and offsets[0] <= offsets[1]):
         raise ShardError(f"{where}: data_offsets {offsets!s:.60} are not two byte offsets, "
                          "first to last")
-    shape = tuple(shape)
-    if offsets[1] - offsets[0] != _nbytes(dtype, shape):
+    nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+    if offsets[1] - offsets[0] != nbytes:
         raise ShardError(f"{where}: spans {offsets[1] - offsets[0]} bytes; {dtype} of shape "
-                         f"{list(shape)} takes {_nbytes(dtype, shape)}")
-    return offsets[0], shape
+                         f"{shape} takes {nbytes}")
+    return StoredTensor(path, dtype, tuple(shape), data + offsets[0], nbytes)
 
 
 class FolderWeights:
