@@ -424,7 +424,7 @@ def test_a_missing_part_is_named(folder, part):
     # more blocks than the weights number, from the headers (nothing built): a depth of ten
     # million was built block by block on the meta device, without end
     ("transformer", {"depth": 3}, r"depth=3, but the weights beside it number at most 2 "),
-    ("transformer", {"depth": 10_000_000}, r"depth=10000000, but .* at most 2 blocks"),
+    ("transformer", {"depth": 10_000_000}, r"depth=10000000, but .* at most 2 layers"),
     ("transformer", {"num_heads": 0}, r"transformer/config.json: num_heads=0; must be at "
                                       "least 1"),
     ("transformer", {"mlp_ratio": float("nan")}, r"mlp_ratio=nan; must be a number in"),

@@ -28,7 +28,9 @@ from edge.families import FamilyError
 SIZE_FIELD = re.compile(r"^(num_|d_)|_(dim|size|heads|layers|blocks|channels)$"
                         r"|^layers_per_block$")
 # the counts of repeated layers, bounded by the numbered layers in the stored weights
-COUNT_FIELD = re.compile(r"^num_(\w+_)?(layers|blocks)$|^layers_per_block$|^num_res_blocks$")
+# (`depth`: Open-Sora's STDiT3 block pairs)
+COUNT_FIELD = re.compile(r"^num_(\w+_)?(layers|blocks)$|^layers_per_block$|^num_res_blocks$"
+                         r"|^depth$")
 NUMBERED = re.compile(r"\.(\d+)\.")
 
 

@@ -35,7 +35,11 @@ from edge.core.files import kind_of
 from edge.core.package import write_null_caption
 from edge.core.sampler import SamplerSettings
 from edge.families import FamilyError, Shapes, StorageRule
-from edge.families.config_check import check_against_weights, numbered_layers, stored_tensors
+from edge.families.config_check import (
+    check_against_weights,
+    check_layer_counts,
+    stored_tensors,
+)
 from edge.families.folder import check_component_files, read_json
 from edge.families.pipeline_run import Accepted, PipelineModel, with_steps
 from edge.graph.blocks import Block, Chunking
@@ -116,12 +120,9 @@ def transformer_config(folder: Path):
             raise FamilyError(f"{path}: {f.name}={value}; must be at least 1")
     if not (math.isfinite(cfg.mlp_ratio) and 0 < cfg.mlp_ratio <= 64):
         raise FamilyError(f"{path}: mlp_ratio={cfg.mlp_ratio}; must be a number in (0, 64]")
-    # the depth against the blocks the weights number (headers only): building ten million
-    # blocks, even without storage, would run for ever
-    most = numbered_layers(stored_tensors(folder / "transformer"))
-    if cfg.depth > most:
-        raise FamilyError(f"{path}: depth={cfg.depth}, but the weights beside it number at "
-                          f"most {most} blocks of any one kind")
+    # the depth against the blocks the weights number (headers only), as the diffusers
+    # families' counts: building ten million blocks, even without storage, would not end
+    check_layer_counts(path, {"depth": cfg.depth}, stored_tensors(folder / "transformer"))
     if len(cfg.patch_size) != 3 or min(cfg.patch_size) < 1:
         raise FamilyError(f"{path}: patch_size={list(cfg.patch_size)}; must be three positive "
                           "integers")
