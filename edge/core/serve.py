@@ -279,7 +279,7 @@ class PackageRequestHandler(BaseHTTPRequestHandler):
 
     def _refuse(self, status: HTTPStatus, headers: dict[str, str] | None = None,
                 note: str = "") -> None:
-        body = f"{status.value} {status.phrase}\n{note + chr(10) if note else ''}".encode()
+        body = (f"{status.value} {status.phrase}\n" + (f"{note}\n" if note else "")).encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
