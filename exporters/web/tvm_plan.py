@@ -146,7 +146,8 @@ class LaunchPlan:
     storages: list[int] = field(default_factory=list)         # bytes of each storage
     outputs_alloc: list[dict] = field(default_factory=list)   # {"shape", "dtype"}
     constants: list[np.ndarray] = field(default_factory=list)
-    calls: list[dict] = field(default_factory=list)           # {"func", "args": [value ids]}
+    # {"func", "args": [value ids], "kernels", and maybe "scratch": [value ids] (add_scratch)}
+    calls: list[dict] = field(default_factory=list)
     results: list[str] = field(default_factory=list)          # value ids returned, in order
 
     def gpu_sizes(self) -> dict:
@@ -160,7 +161,8 @@ class LaunchPlan:
                   if vid.startswith(("input:", "weight:"))]
         made = [*self.storages, *map(nbytes, self.outputs_alloc),
                 *(c.nbytes for c in self.constants)]
-        bound = [nbytes(self.values[a]) for c in self.calls for a in c["args"]]
+        bound = [nbytes(self.values[a]) for c in self.calls
+                 for a in c["args"] + c.get("scratch", [])]
         return {"largest_buffer": max(handed + made, default=0),
                 "largest_binding": max(bound, default=0)}
 
@@ -390,11 +392,22 @@ def split_wgsl(source: str) -> dict[str, str]:
     return kernels
 
 
+def scratch_buffers(func: tvm.tirx.PrimFunc) -> list:
+    """The buffers a scheduled PrimFunc keeps in global memory from one of its kernels to the
+    next: what dlight's fallback schedule leaves where no rule fused a reduction (a softmax
+    over one key: its row maxima and sums, each written by a kernel the next one reads). TVM's
+    own runtime allocates them as workspace; the web plan gives each a scratch buffer."""
+    root = func.body.block if hasattr(func.body, "block") else None
+    return [b for b in getattr(root, "alloc_buffers", []) if b.scope() == "global"]
+
+
 def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str],
                    key: str) -> list[dict]:
     """For each launch of a PrimFunc: kernel name, which call arguments it binds (in binding
-    order), its grid, and its uniform fields."""
+    order; past the function's parameters, its scratch buffers: `scratch_buffers`), its grid,
+    and its uniform fields."""
     launches = kernel_launches(func)
+    scratch = [b.name for b in scratch_buffers(func)]
     names = [f"{func_name}_kernel"] + [f"{func_name}_kernel_{i}"
                                        for i in range(1, len(launches))]
     records = []
@@ -411,6 +424,8 @@ def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str]
                 raise PlanError(f"block {key}: kernel {name} binds {var} as {ty.strip()}, "
                                 "which the web executor does not support")
             index = _param_index(func, var.removesuffix("_ptr"), stored)
+            if index is None and scratch.count(var.removesuffix("_ptr")) == 1:
+                index = len(func.params) + scratch.index(var.removesuffix("_ptr"))
             if index is None:
                 raise PlanError(f"block {key}: kernel {name} binds {var}, which names no "
                                 f"one parameter of {func_name}")
@@ -472,6 +487,8 @@ def alternative_kernels(lowered: tvm.IRModule, funcs: set[str], key: str
     wgsl = compile_wgsl(scheduled, key)
     out = {}
     for func in matmuls:
+        if scratch_buffers(scheduled[func]):
+            continue  # the call's scratch buffers are its first schedule's (add_scratch)
         records = kernel_records(func, scheduled[func], wgsl, key)
         texts = {}
         for r in records:
@@ -494,16 +511,40 @@ def _workgroups(records: list[dict]) -> int:
     return sum(int(np.prod(r["grid"])) for r in records)
 
 
+def add_scratch(plan: LaunchPlan, scratch: dict[str, list[dict]]) -> None:
+    """Give each call of a function with scratch buffers ({func: [{"shape", "dtype"}]}, in
+    `scratch_buffers` order) its `scratch`: values its kernels bind past the call's `args`.
+    The n-th scratch buffer of every call is a view of one storage, as large as the largest:
+    a call's scratch lives only while its kernels run, and calls run one after another."""
+    storages: dict[int, int] = {}  # n-th scratch buffer -> its storage
+    for call in plan.calls:
+        for n, spec in enumerate(scratch.get(call["func"], [])):
+            nbytes = int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize
+            if n not in storages:
+                storages[n] = len(plan.storages)
+                plan.storages.append(0)
+            plan.storages[storages[n]] = max(plan.storages[storages[n]],
+                                             -(-nbytes // 4) * 4)
+            vid = f"scratch:{call['func']}:{n}"
+            plan.values[vid] = _view(f"storage:{storages[n]}", 0, spec["shape"], spec["dtype"])
+            call.setdefault("scratch", []).append(vid)
+
+
 def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str,
-                 choices: bool = True) -> dict[str, str]:
-    """Schedule and compile the plan's kernels for WebGPU; fills each call's `kernels` and
-    returns {kernel name: WGSL}. With `choices`, a call whose kernels have another schedule
-    also gets `choices`: [its kernels, the alternative's], timed by the page (JIT choice)."""
+                 choices: bool = True) -> tuple[dict[str, str], dict[str, list[dict]]]:
+    """Schedule and compile the plan's kernels for WebGPU; fills each call's `kernels` (and
+    `scratch`: `add_scratch`) and returns ({kernel name: WGSL}, the scratch buffers of each
+    function). With `choices`, a call whose kernels have another schedule also gets
+    `choices`: [its kernels, the alternative's], timed by the page (JIT choice)."""
     scheduled = schedule(prim_funcs(lowered))
     wgsl = compile_wgsl(scheduled, key)
     used: dict[str, str] = {}
     records = {}
     funcs = {call["func"] for call in plan.calls}
+    scratch = {f: [{"shape": _dims(b.shape), "dtype": str(b.dtype)}
+                   for b in scratch_buffers(scheduled[f])] for f in sorted(funcs)}
+    scratch = {f: specs for f, specs in scratch.items() if specs}
+    add_scratch(plan, scratch)
     alternatives = alternative_kernels(lowered, funcs, key) if choices else {}
     for call in plan.calls:
         func = call["func"]
@@ -520,7 +561,7 @@ def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str,
                     _workgroups(records[func]):
                 call["choices"] = [records[func], alt_records]
                 used.update(texts)
-    return used
+    return used, scratch
 
 
 # ---- CPU replay of the plan ---------------------------------------------------------------
@@ -570,6 +611,7 @@ class CompiledBlock:
     lowered: tvm.IRModule
     plan: LaunchPlan
     wgsl: dict[str, str]
+    scratch: dict[str, list[dict]] = field(default_factory=dict)  # build_webgpu's
     built: dict = field(default_factory=dict)  # the llvm builds, made on the first replay;
     # shared by blocks of one structure
 
@@ -642,11 +684,13 @@ class BlockCompiler:
                 call["kernels"] = done["kernels"]
                 if "choices" in done:  # the alternative schedules the page times
                     call["choices"] = done["choices"]
-            return CompiledBlock(mod, cached.lowered, plan, cached.wgsl, cached.built)
+            add_scratch(plan, cached.scratch)
+            return CompiledBlock(mod, cached.lowered, plan, cached.wgsl, cached.scratch,
+                                 cached.built)
         lowered = lower(mod)
         plan = read_plan(lowered, block.inputs, weights, block.key)
-        wgsl = build_webgpu(lowered, plan, block.key)
-        compiled = CompiledBlock(mod, lowered, plan, wgsl)
+        wgsl, scratch = build_webgpu(lowered, plan, block.key)
+        compiled = CompiledBlock(mod, lowered, plan, wgsl, scratch)
         self._keep(self._cache, digest, compiled)
         return compiled
 

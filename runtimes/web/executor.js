@@ -311,8 +311,11 @@ export class PlanExecutor {
   encode(pass, launches, binding) {
     for (const { call, record, pipeline } of launches) {
       const { dims, pack } = dispatchSize(record.grid);
+      // a binding past the call's arguments is one of its scratch buffers: what a kernel
+      // leaves in global memory for the next kernel of the call (tvm_plan.add_scratch)
+      const values = call.scratch ? call.args.concat(call.scratch) : call.args;
       const entries = record.bindings.map(
-        (arg, slot) => ({ binding: slot, resource: binding(call.args[arg]) }));
+        (arg, slot) => ({ binding: slot, resource: binding(values[arg]) }));
       entries.push({ binding: record.uniform_binding, resource: { buffer: this.uniform(pack) } });
       pass.setPipeline(pipeline);
       pass.setBindGroup(
