@@ -733,14 +733,31 @@ def test_generate_takes_a_thread_count_for_shared_cores(exported_package, tmp_pa
     asked = []
     real = pipeline.session_options
 
-    def counted(threads=None):
-        asked.append(threads)
-        return real(threads)
+    def counted(threads=None, spinning=False):
+        asked.append((threads, spinning))
+        return real(threads, spinning)
 
     monkeypatch.setattr(pipeline, "session_options", counted)
     res = runner.invoke(app, ["generate", str(exported_package[0]), "a red circle", "--steps",
                               "1", "--threads", "1", "-o", str(tmp_path / "v.gif")])
     assert res.exit_code == 0, res.output
-    assert asked and set(asked) == {1}
+    assert asked and set(asked) == {(1, False)}
     refused(["generate", "a red circle", "--threads", "2", "-o", str(tmp_path / "w.gif")],
             "--threads applies to exported packages")
+
+
+def test_runtime_threads_wait_rather_than_spin_unless_asked(exported_package):
+    """Every session the runtime opens has onnxruntime's spinning off (its idle threads took
+    cores from the work beside other busy processes: item 33), and on where the caller asks
+    for it; the thread count reaches each session."""
+    from edge.runtimes.python import Pipeline
+
+    key = "session.intra_op.allow_spinning"
+    for spinning, threads, expected in ((False, None, "0"), (True, 1, "1")):
+        pipe = Pipeline.load(exported_package[0], spinning=spinning, threads=threads)
+        sessions = [s for c in pipe.components.values() for s in c.sessions.values()]
+        assert sessions
+        for session in sessions:
+            options = session.get_session_options()
+            assert options.get_session_config_entry(key) == expected
+            assert options.intra_op_num_threads == (threads or 0)

@@ -55,7 +55,7 @@ async function load() {
   if ($("notice")) $("notice").hidden = true; // said again below if it still holds
   const base = new URL(".", location.href).href;
   state.pipe = await Pipeline.load(base, {
-    budget, path: askedPath,
+    budget, path: askedPath, threads: askedThreads,
     onCacheFailure: notice,
     onProgress: (got, total) => {
       $("download").max = total; $("download").value = got;
@@ -197,9 +197,11 @@ export async function generate(extra = {}) {
 state.generate = generate;
 
 // ?budget=64MB&seed=1 preset the controls before the package loads; ?path=wasm or
-// ?path=webgpu runs that path instead of the one the page would choose
+// ?path=webgpu runs that path instead of the one the page would choose; ?threads=2 gives the
+// wasm path that many threads (fewer than the cores where other work shares them)
 const params = new URLSearchParams(location.search);
 const askedPath = params.get("path");
+const askedThreads = params.has("threads") ? Number(params.get("threads")) : null;
 for (const [key, value] of params) if ($(key) && $(key).tagName === "INPUT") $(key).value = value;
 $("steps").addEventListener("input", showExpected);
 $("form").addEventListener("submit", (e) => { e.preventDefault(); generate().catch(() => {}); });

@@ -236,8 +236,9 @@ def block_weights(root: Path, key: str, block: dict, identities: dict,
                                  shards if len(shards) > 1 else (), held_by_program)
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """How the runtime's onnxruntime sessions run a block (`threads`: intra-op threads)."""
+def session_options(threads: int | None = None, spinning: bool = False) -> ort.SessionOptions:
+    """How the runtime's onnxruntime sessions run a block (`threads`: intra-op threads;
+    `spinning`: let idle intra-op threads spin, onnxruntime's own default)."""
     options = ort.SessionOptions()
     # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
     # of streamed weights) for the life of the session, outside the loader's budget
@@ -248,6 +249,12 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     options.enable_mem_pattern = False
     if threads:
         options.intra_op_num_threads = threads
+    # onnxruntime's idle threads spin between ops by default: beside other busy processes
+    # they take cores the work needs (tiny-sora's 10 steps 2.7x slower beside two, and
+    # slower even alone on 2 cores, where the loader's threads share them;
+    # benchmarks/contention.py, docs/benchmarks.md)
+    options.add_session_config_entry("session.intra_op.allow_spinning",
+                                     "1" if spinning else "0")
     return options
 
 
@@ -374,11 +381,14 @@ class Pipeline:
     @classmethod
     def load(cls, package: str | Path, memory_budget: str | int | None = None,
              prefetch: int = 1, cold_reads: bool = False, threads: int | None = None,
-             check_hashes: bool = True, pin: bool = True, lean_decode: bool = False,
-             open_block: OpenBlock | None = None) -> Pipeline:
+             spinning: bool = False, check_hashes: bool = True, pin: bool = True,
+             lean_decode: bool = False, open_block: OpenBlock | None = None) -> Pipeline:
         """Verify the package (sizes, sha256, paths, version) before anything runs, plan the
         loader for `memory_budget` (refused if smaller than the largest block), and create
         one onnxruntime session per block graph (graphs only: weights come from the loader).
+        `threads`: onnxruntime's intra-op threads a block call (default: one a core);
+        `spinning`: let those threads spin while idle, which is faster only where no other
+        process wants the cores (off by default: see `session_options`).
         `lean_decode`: let the pinned blocks go before the VAE decode, so its activations
         take their memory, and read them again on the next generation (peak memory for
         reads: docs/runtime.md). `open_block(key, record)`: run each block (and variant)
@@ -399,7 +409,7 @@ class Pipeline:
                 warnings.warn(EdgeNotice(note), stacklevel=2)
         try:
             check_runnable(manifest, any_target=open_block is not None)
-            options = session_options(threads)
+            options = session_options(threads, spinning)
             components, weights = {}, {}
             for comp in manifest["components"]:
                 c = Component(comp["name"], comp["blocks"], comp.get("chunked"),

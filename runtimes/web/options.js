@@ -25,8 +25,20 @@ export const GENERATE_OPTIONS = ["negative_prompt", "seed", "latents", "noise", 
 // before rounding (float32 in [0, 1]), or the denoised latents, nothing decoded
 export const OUTPUT_TYPES = ["uint8", "float", "latent"];
 export const LOAD_OPTIONS = [
-  "budget", "path", "onProgress", "signal", "useCache", "tune", "onCacheFailure",
+  "budget", "path", "onProgress", "signal", "useCache", "tune", "onCacheFailure", "threads",
 ];
+// the most threads onnxruntime-web may be given (its pool is made of web workers)
+export const MAX_THREADS = 64;
+
+// load()'s threads: null, or a whole number from 1 to MAX_THREADS
+export function checkThreads(threads) {
+  if (threads === null) return null;
+  if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS) {
+    throw new Error(`threads must be a whole number from 1 to ${MAX_THREADS} (or null: ` +
+                    `one a core up to 8), got ${show(threads)}`);
+  }
+  return threads;
+}
 
 // A value as a message shows it: NaN and Infinity as such (JSON.stringify says null)
 export function show(value) {

@@ -67,21 +67,23 @@ function typed(data, dtype) {
 }
 
 // onnxruntime-web from the manifest's location, every file checked first. files: the
-// package's PackageFiles; ortRecord: manifest.web.ort. Throws OrtUnavailable, remembered for
-// ortFailure().
-// onnxruntime-web is imported once per page: a later load of a package naming the same files
-// (by name and SHA-256, wherever they are served from) gets the module imported first, its
-// WebAssembly instance and threads included; a failed import is forgotten, so a later load
-// tries again.
+// package's PackageFiles; ortRecord: manifest.web.ort; threads: its threads (null: one a core
+// up to 8 where the page is cross-origin isolated; always 1 where it is not). Throws
+// OrtUnavailable, remembered for ortFailure().
+// onnxruntime-web is imported once per page and thread count: a later load of a package
+// naming the same files (by name and SHA-256, wherever they are served from) gets the module
+// imported first, its WebAssembly instance and threads included (they are fixed when its first
+// session is made); a failed import is forgotten, so a later load tries again.
 const imported = new Map();
 
-export async function loadOrt(files, ortRecord) {
+export async function loadOrt(files, ortRecord, threads = null) {
+  const count = threadCount(threads);
   const key = ortRecord?.files
-    ? JSON.stringify(ortRecord.files.map((f) => [f.name, f.sha256])) : null;
+    ? JSON.stringify([count, ortRecord.files.map((f) => [f.name, f.sha256])]) : null;
   try {
     let pending = key && imported.get(key);
     if (!pending) {
-      pending = fetchAndImport(files, ortRecord);
+      pending = fetchAndImport(files, ortRecord, count);
       if (key) imported.set(key, pending);
     }
     const ort = await pending;
@@ -96,7 +98,14 @@ export async function loadOrt(files, ortRecord) {
   }
 }
 
-async function fetchAndImport(files, ortRecord) {
+// threads need SharedArrayBuffer, which only a cross-origin isolated page has (edge serve
+// sends the headers); elsewhere onnxruntime runs on one thread
+function threadCount(threads) {
+  if (!globalThis.crossOriginIsolated) return 1;
+  return threads ?? Math.min(navigator.hardwareConcurrency || 1, 8);
+}
+
+async function fetchAndImport(files, ortRecord, threads) {
   if (!ortRecord) {
     const detail = "this package has no wasm path (exported before edge had one): export it again";
     throw new OrtUnavailable(detail, { message: detail });
@@ -125,10 +134,7 @@ async function fetchAndImport(files, ortRecord) {
   }
   ort.env.wasm.wasmPaths = { mjs: blobUrl(GLUE) };
   ort.env.wasm.wasmBinary = bytes[BINARY];
-  // threads need SharedArrayBuffer, which only a cross-origin isolated page has (edge serve
-  // sends the headers); elsewhere onnxruntime runs on one thread
-  ort.env.wasm.numThreads = globalThis.crossOriginIsolated
-    ? Math.min(navigator.hardwareConcurrency || 1, 8) : 1;
+  ort.env.wasm.numThreads = threads;
   return ort;
 }
 
@@ -140,8 +146,8 @@ export class OrtExecutor {
     this.sessions = [];
   }
 
-  static async create(files, ortRecord) {
-    return new OrtExecutor(await loadOrt(files, ortRecord));
+  static async create(files, ortRecord, threads = null) {
+    return new OrtExecutor(await loadOrt(files, ortRecord, threads));
   }
 
   // the file holding a block's (or a variant's) graph on this path
@@ -153,8 +159,12 @@ export class OrtExecutor {
   async prepareFrom(bytes, label, block) {
     let session;
     try {
-      session = await this.ort.InferenceSession.create(
-        new Uint8Array(bytes), { executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+      session = await this.ort.InferenceSession.create(new Uint8Array(bytes), {
+        executionProviders: ["wasm"], graphOptimizationLevel: "all",
+        // idle threads wait rather than spin: spinning takes the cores other tabs and
+        // programs want (the Python runtime's measure: docs/benchmarks.md)
+        extra: { session: { intra_op: { allow_spinning: "0" } } },
+      });
     } catch (err) {
       throw new Error(`block ${label}: onnxruntime-web could not load its graph (${err.message})`);
     }

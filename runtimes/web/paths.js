@@ -64,8 +64,9 @@ function remember(key, choice) {
   } catch { /* no storage: the choice lasts for this page */ }
 }
 
-export async function createExecutor(path, adapter, files) {
-  return path === "wasm" ? OrtExecutor.create(files, files.manifest.web.ort)
+// threads: onnxruntime-web's threads on the wasm path (null: its default, see loadOrt)
+export async function createExecutor(path, adapter, files, threads = null) {
+  return path === "wasm" ? OrtExecutor.create(files, files.manifest.web.ort, threads)
     : PlanExecutor.create(adapter);
 }
 
@@ -82,9 +83,9 @@ export class NoPathAvailable extends Error {
 
 // The wasm executor, or {missing: OrtUnavailable} where onnxruntime-web could not be had;
 // any other error (a bug, not the network) still stops the load.
-async function tryWasm(files) {
+async function tryWasm(files, threads) {
   try {
-    return { executor: await createExecutor("wasm", null, files), missing: null };
+    return { executor: await createExecutor("wasm", null, files, threads), missing: null };
   } catch (err) {
     if (!(err instanceof OrtUnavailable)) throw err;
     return { executor: null, missing: err };
@@ -159,8 +160,10 @@ export async function probeBlock(executor, probe) {
 // -> {path, why, executor, timings}. asked: "webgpu" or "wasm" to skip the choice (the page's
 // ?path=), or null. probe: {key, record, graphs: {webgpu, wasm} bytes, weightBytes}, fetched
 // on demand by getProbe() (only a software adapter needs it). Throws NoPathAvailable where
-// neither path can run (or the asked one cannot); see the top of this file.
-export async function choosePath({ files, gpu, asked = null, modelKey, getProbe }) {
+// neither path can run (or the asked one cannot); see the top of this file. threads: the wasm
+// path's (createExecutor).
+export async function choosePath({ files, gpu, asked = null, modelKey, getProbe,
+  threads = null }) {
   const paths = (files.manifest.web && files.manifest.web.paths) || ["webgpu"];
   // a wasm-only package is, for its wasm path's refusals, as if there were no adapter
   const noPlans = {
@@ -178,7 +181,7 @@ export async function choosePath({ files, gpu, asked = null, modelKey, getProbe 
       if (!gpu.adapter) throw new Error(`path webgpu was asked for, but ${gpu.reason}`);
       return webgpu(why);
     }
-    const wasm = await tryWasm(files);
+    const wasm = await tryWasm(files, threads);
     if (!wasm.executor) {
       throw askedWasmMissing(wasm.missing, paths.includes("webgpu") ? gpu : noPlans);
     }
@@ -188,7 +191,7 @@ export async function choosePath({ files, gpu, asked = null, modelKey, getProbe 
     if (!paths.includes("wasm")) {
       return { path: null, why: gpu.reason, executor: null, timings: null };
     }
-    const wasm = await tryWasm(files);
+    const wasm = await tryWasm(files, threads);
     if (!wasm.executor) throw neitherPath(wasm.missing, gpu);
     return {
       path: "wasm", why: `${gpu.reason}: the CPU runs the model through onnxruntime-web`,
@@ -197,7 +200,7 @@ export async function choosePath({ files, gpu, asked = null, modelKey, getProbe 
   }
   if (!paths.includes("webgpu")) {
     // nothing to choose between, and no plan to run or time on the adapter
-    const wasm = await tryWasm(files);
+    const wasm = await tryWasm(files, threads);
     if (!wasm.executor) throw neitherPath(wasm.missing, noPlans);
     return {
       path: "wasm",
@@ -219,13 +222,13 @@ export async function choosePath({ files, gpu, asked = null, modelKey, getProbe 
     const why = `software GPU adapter (${label}): ${describe(known.timings)}, ` +
                 "timed earlier on this adapter";
     if (known.path === "webgpu") return webgpu(why, known.timings);
-    const wasm = await tryWasm(files);
+    const wasm = await tryWasm(files, threads);
     if (!wasm.executor) return withoutWasm();
     return { path: "wasm", why, executor: wasm.executor, timings: known.timings };
   }
   // onnxruntime-web first: where it is missing there is nothing to time (and nothing is
   // remembered, so a later visit that reaches it times both paths)
-  const wasm = await tryWasm(files);
+  const wasm = await tryWasm(files, threads);
   if (!wasm.executor) return withoutWasm();
   const probe = await getProbe();
   const timings = { block: probe.key };

@@ -13,7 +13,7 @@ import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { DEFAULT_SETTINGS, checkSettings, guidedCall, runPairs, sample } from "./sampler.js";
 import {
   GENERATE_OPTIONS, LOAD_OPTIONS, OUTPUT_TYPES, abortError, abortable, checkLatents, checkSignal,
-  checkText, refuseUnknown, settingsWith, show,
+  checkText, checkThreads, refuseUnknown, settingsWith, show,
 } from "./options.js";
 import { CaptionTokenizer } from "./tokenizer.js";
 import { concatAlong, pieceBounds, sliceAlong } from "./chunks.js";
@@ -154,6 +154,8 @@ export class Pipeline {
   // tune: time the exporter's alternative schedules of the transformer's kernels on this
   // adapter and keep the fastest (remembered per adapter; see PlanExecutor.tune)
   // path: "webgpu" or "wasm" to skip the choice of paths.js (null: choose)
+  // threads: onnxruntime-web's threads on the wasm path, fewer than the cores where other
+  // work shares them (null: one a core up to 8; 1 where the page is not cross-origin isolated)
   // onProgress(loadedBytes, totalBytes, path); onCacheFailure(message): the files could not
   // be stored (quota), they run from memory; signal: an AbortSignal that cancels the load
   // (rejects with an AbortError naming the phase; nothing is kept, the GPU device is released)
@@ -162,9 +164,10 @@ export class Pipeline {
     refuseUnknown(options, LOAD_OPTIONS, "load");
     const {
       budget = null, onProgress = () => {}, useCache = true, tune = true,
-      onCacheFailure = () => {}, path = null, signal = null,
+      onCacheFailure = () => {}, path = null, signal = null, threads = null,
     } = options;
     checkSignal("signal", signal);
+    checkThreads(threads);
     parseSize(budget); // a bad budget is refused before megabytes are downloaded
     const stopIf = (phase) => {
       if (signal?.aborted) {
@@ -185,7 +188,7 @@ export class Pipeline {
     const gpu = await findAdapter();
     // not raced against the signal: an executor made after we gave up would hold a device
     const choice = await choosePath({
-      files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`,
+      files, gpu, asked: path, modelKey: `${m.model}|${m.manifest_sha256 || ""}`, threads,
       getProbe: async () => {
         const weights = blockBuffers([[probeKey, probeRecord]]);
         const paths = new Set(
