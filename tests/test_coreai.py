@@ -546,6 +546,79 @@ def test_a_core_ai_record_must_name_an_aimodel(coreai_package, tmp_path):
         read_package(bad)
 
 
+def _truncated_program(root, tmp_path, keep: int, hash_too: bool):
+    """A copy of the package whose transformer pair_0 program keeps `keep` bytes of its
+    bytecode (negative: drops that many), the manifest's digests rewritten to match the cut
+    file (and Core AI's own main.hash too where `hash_too`), as a faulty copy tool or a
+    careless hand would leave it: every size and sha256 check passes."""
+    import hashlib
+    import shutil
+
+    from manifest_edits import block_record, rewrite
+
+    bad = tmp_path / f"cut{keep}{'h' if hash_too else ''}"
+    shutil.copytree(root, bad)
+    program = bad / "models" / "transformer" / "pair_0.aimodel"
+    data = (program / "main.mlirb").read_bytes()
+    data = data[:keep]
+    (program / "main.mlirb").write_bytes(data)
+    if hash_too:
+        (program / "main.hash").write_bytes(hashlib.sha256(data).digest())
+
+    def redigest(m):
+        record = block_record(m, "transformer", "pair_0")
+        for f in record["files"]:
+            body = (bad / f["path"]).read_bytes()
+            f.update(bytes=len(body), sha256=hashlib.sha256(body).hexdigest())
+        record["weight_bytes"] = len(data)
+
+    rewrite(bad, redigest)
+    return bad
+
+
+GENERATE_ONE_STEP = ("import sys; from edge.runtimes.python import Pipeline; "
+                     "Pipeline.load(sys.argv[1]).generate('a cat', steps=1)")
+
+
+def test_a_truncated_program_is_refused_before_core_ai_aborts_on_it(coreai_package, tmp_path):
+    """A Core AI program cut short, the manifest's digests rewritten to match: Core AI's
+    runtime aborts the process on it (SIGABRT, nothing said: item 18). The runtime refuses it
+    first, naming the file: Core AI's own main.hash disagrees with the manifest, or, that
+    rewritten too, the bytecode's sections do not cover the file."""
+    import signal
+    import subprocess
+
+    from edge.core.mlir_bytecode import sections
+    from edge.core.package import PackageError, read_package
+    from edge.runtimes.python import Pipeline
+
+    root, _ = coreai_package
+    cut_hashed = _truncated_program(root, tmp_path, -1000, hash_too=True)
+    read_package(cut_hashed)  # every size and digest agrees: the bytes alone are wrong
+    # the abort the check prevents, in a process of its own (the check skipped)
+    skipped = ("import edge.runtimes.python.coreai_session as c; "
+               "c.check_program = lambda *a: None; ")
+    ended = subprocess.run([sys.executable, "-c", skipped + GENERATE_ONE_STEP,
+                            str(cut_hashed)], capture_output=True, timeout=600)
+    assert ended.returncode == -signal.SIGABRT, ended.stderr[-500:]
+
+    with pytest.raises(PackageError, match=r"pair_0.aimodel/main.mlirb: not a whole Core AI "
+                       r"program \(block transformer/pair_0\): the bytecode ends \d+ bytes "
+                       r"before the end of section \d+ .*truncated"):
+        Pipeline.load(cut_hashed)
+    cut = _truncated_program(root, tmp_path, -1000, hash_too=False)
+    with pytest.raises(PackageError, match="pair_0.aimodel/main.mlirb: its sha256 in the "
+                       "manifest is not the one Core AI wrote beside it in main.hash"):
+        Pipeline.load(cut)
+    # a cut on a section's boundary leaves whole sections, not every one a module has
+    program = root / "models" / "transformer" / "pair_0.aimodel" / "main.mlirb"
+    _, found = sections(program)
+    last, header_at, _ = found[-1]
+    on_boundary = _truncated_program(root, tmp_path, header_at, hash_too=True)
+    with pytest.raises(PackageError, match=rf"the bytecode has no .*\({last}\) section"):
+        Pipeline.load(on_boundary)
+
+
 @pytest.mark.slow
 def test_merged_steps_run_the_blocks_tdtm_functions(coreai_package, exported_package):
     """With --merge-steps the pairs run their TDTM function (a function of the pair's model,

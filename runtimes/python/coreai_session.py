@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.core.mlir_bytecode import FramingError, check_framing
 from edge.core.package import PackageError, resolve_inside
 
 LAYOUT = "coreai"
@@ -69,6 +70,30 @@ def native_stderr_quiet():
         os.close(saved)
 
 
+def check_program(asset: Path, record: dict, where: str) -> None:
+    """Refuse a program Core AI's native code would abort the process on (SIGABRT, nothing
+    said: a truncated main.mlirb did) before it reads it: main.hash, the sha256 Core AI wrote
+    beside the bytecode, must be the manifest's digest of it (which verification compared
+    with the file), and the bytecode's sections must cover it exactly."""
+    bytecode, hash_file = asset / "main.mlirb", asset / "main.hash"
+    digests = {f["path"]: f["sha256"] for f in record.get("files", [])}
+    listed = digests.get(f"{record['model']}/main.mlirb")
+    try:
+        written = hash_file.read_bytes().hex()
+    except OSError as err:
+        raise PackageError(f"{hash_file}: Core AI's digest of the program cannot be read "
+                           f"({where}): {err.strerror or err}") from None
+    if listed is not None and written != listed:
+        raise PackageError(f"{bytecode}: its sha256 in the manifest is not the one Core AI "
+                           f"wrote beside it in main.hash ({where}): the program was changed "
+                           "after it was made; export the package again")
+    try:
+        check_framing(bytecode)
+    except FramingError as err:
+        raise PackageError(f"{bytecode}: not a whole Core AI program ({where}): the bytecode "
+                           f"{err}; export the package again") from None
+
+
 class CoreAIPrograms:
     """The package's open Core AI models, by path, on one event loop; `close` lets them go."""
 
@@ -88,6 +113,7 @@ class CoreAIPrograms:
         relative = record["model"]
         if relative not in self.models:
             path = resolve_inside(self.root, relative, where)
+            check_program(path, record, where)
             try:
                 asset = self.AIModelAsset.load(path)
                 with native_stderr_quiet():
