@@ -15,16 +15,51 @@ public enum ProgramRuntime: String, Sendable {
     /// The program folder or file this framework opens.
     public var programSuffix: String { self == .coreAI ? "aimodel" : "mlpackage" }
 
-    /// Refuse `entry` where its program is the other framework's.
+    /// Refuse `entry` where its program is the other framework's, or a Core AI program
+    /// Core AI's native code could abort on (`checkCoreAIProgram`).
     public func check(_ entry: BlockEntry) throws {
         let suffix = entry.program.pathExtension
-        guard suffix != programSuffix else { return }
+        guard suffix != programSuffix else {
+            if self == .coreAI { try Self.checkCoreAIProgram(entry) }
+            return
+        }
         let other: ProgramRuntime = self == .coreAI ? .coreML : .coreAI
         let layout = other == .coreAI ? "coreai (--min-ios 27)" : "separate or multifunction " +
             "(--min-ios 17 or 18)"
         throw RuntimeError.package("block \(entry.key): \(entry.program.lastPathComponent) is " +
                                    "a \(other.rawValue) program (layout \(layout)); " +
                                    "the \(rawValue) backend runs .\(programSuffix) programs only")
+    }
+}
+
+extension ProgramRuntime {
+    /// A Core AI program is refused before Core AI reads it where `main.hash`, the sha256
+    /// Core AI writes beside the bytecode, is not the manifest's digest of `main.mlirb`
+    /// (which the package's verification compared with the file), or where the bytecode's
+    /// sections do not cover it (MLIRBytecode): Core AI's Linux runtime aborted the process on
+    /// a truncated one (runtimes/python/coreai_session.py check_program does the same).
+    public static func checkCoreAIProgram(_ entry: BlockEntry) throws {
+        let bytecode = entry.program.appendingPathComponent("main.mlirb")
+        let hashFile = entry.program.appendingPathComponent("main.hash")
+        let listed = entry.block.files.first { $0.path == entry.block.model + "/main.mlirb" }
+        guard let written = try? Data(contentsOf: hashFile) else {
+            throw RuntimeError.package("\(hashFile.path): Core AI's digest of the program " +
+                                       "cannot be read (block \(entry.key))")
+        }
+        let hex = written.map { String(format: "%02x", $0) }.joined()
+        if let listed, hex != listed.sha256 {
+            throw RuntimeError.package("\(bytecode.path): its sha256 in the manifest is not " +
+                                       "the one Core AI wrote beside it in main.hash (block " +
+                                       "\(entry.key)): the program was changed after it was " +
+                                       "made; export the package again")
+        }
+        do {
+            try MLIRBytecode.checkFraming(try Data(contentsOf: bytecode, options: .alwaysMapped))
+        } catch let error as MLIRBytecode.FramingError {
+            throw RuntimeError.package("\(bytecode.path): not a whole Core AI program (block " +
+                                       "\(entry.key)): the bytecode \(error); export the " +
+                                       "package again")
+        }
     }
 }
 

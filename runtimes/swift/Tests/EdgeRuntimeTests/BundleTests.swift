@@ -119,6 +119,7 @@ final class BundleTests: ScratchTestCase {
         XCTAssertEqual(ProgramRuntime.of(pipe.manifest), .coreAI)
         let aimodel = try Pipeline.entries(pipe.manifest, root: package)[0]
         XCTAssertNoThrow(try ProgramRuntime.coreAI.check(aimodel))
+        try checkTruncatedProgramsAreRefused(pipe.manifest, package)
         XCTAssertThrowsError(try ProgramRuntime.coreML.check(aimodel)) {
             XCTAssertTrue("\($0)".contains("is a Core AI program (layout coreai (--min-ios 27)); " +
                                            "the Core ML backend runs .mlpackage programs only"),
@@ -537,6 +538,30 @@ final class BundleTests: ScratchTestCase {
         XCTAssertEqual(report.frameBytesDiffering, 0)
         XCTAssertGreaterThan(report.frames!.trace.mergedCalls, 0)
     }
+    /// A Core AI program cut short is refused before Core AI reads it: by the bytecode's
+    /// framing, or, where main.hash was changed, by Core AI's own digest against the manifest.
+    func checkTruncatedProgramsAreRefused(_ manifest: Manifest, _ package: URL) throws {
+        let copy = FileManager.default.temporaryDirectory
+            .appendingPathComponent("edge-cut-\(UUID().uuidString)")
+        try FileManager.default.copyItem(at: package, to: copy)
+        defer { try? FileManager.default.removeItem(at: copy) }
+        let entry = try Pipeline.entries(manifest, root: copy)[0]
+        let bytecode = entry.program.appendingPathComponent("main.mlirb")
+        let whole = try Data(contentsOf: bytecode)
+        try whole.prefix(whole.count - 1000).write(to: bytecode)
+        XCTAssertThrowsError(try ProgramRuntime.coreAI.check(entry)) {
+            XCTAssertTrue("\($0)".contains("main.mlirb: not a whole Core AI program (block " +
+                                           "\(entry.key)): the bytecode ends "), "\($0)")
+            XCTAssertTrue("\($0)".contains("truncated"), "\($0)")
+        }
+        try Data(repeating: 7, count: 32).write(to: entry.program
+                                                 .appendingPathComponent("main.hash"))
+        XCTAssertThrowsError(try ProgramRuntime.coreAI.check(entry)) {
+            XCTAssertTrue("\($0)".contains("its sha256 in the manifest is not the one Core AI " +
+                                           "wrote beside it in main.hash"), "\($0)")
+        }
+    }
+
 }
 
 /// A backend whose block `key` answers `by` more than the recording on every output.
