@@ -70,8 +70,9 @@ public enum MLIRBytecode {
                 at += pad
             }
             guard length <= UInt64(data.count - at) else {
-                throw FramingError("ends \(length - UInt64(data.count - at)) bytes before the end " +
-                                   "of \(what) (\(length) bytes): truncated")
+                let short = length - UInt64(data.count - at)
+                throw FramingError("ends \(short) bytes before the end of \(what) " +
+                                   "(\(length) bytes): truncated")
             }
             at += Int(length)
             found.append(Section(id: id, header: header, end: at))
