@@ -135,13 +135,11 @@ export function checkSettings(values) {
 // edge/core/options.py check_settings: the schedule the settings make falls from 1 to 0,
 // finite and distinct (a shift of 1e-300 or one training timestep makes none: NaN videos)
 function checkSchedule(s) {
-  let falls = false;
+  let falls = false;  // a schedule the arithmetic cannot make (it throws) is none either
   try {
     const levels = timesteps(s);
     falls = levels.every((v, i) => Number.isFinite(v) && (i === 0 || v < levels[i - 1]));
-  } catch {
-    falls = false;  // a schedule the arithmetic cannot make is no schedule either
-  }
+  } catch { /* falls stays false */ }
   if (falls) return;
   if (s.sigmas !== null) {
     throw new Error(`sampler setting sigmas=${JSON.stringify(s.sigmas)}: no usable noise ` +
