@@ -213,3 +213,18 @@ def test_a_target_folder_imports_no_other_target(graph):
             if mine and theirs and theirs != mine and theirs != "shared":
                 crossing.append(f"{module} imports {target}")
     assert not crossing, "exporters importing across target folders:\n" + "\n".join(crossing)
+
+
+def test_every_target_writes_its_package_through_the_one_writer(graph):
+    """The package folder, its manifest and the component/block loop are written by
+    exporters/shared/package_writer.py alone: a target hands it its blocks (PackageParts)
+    and opens no package folder of its own, so every target's packages are made alike."""
+    writer = "edge.exporters.shared.package_writer"
+    opening = sorted(name for name, path in module_files().items()
+                     if name.startswith("edge.exporters.") and name != writer
+                     and ("atomic_directory(" in path.read_text()
+                          or "write_manifest(" in path.read_text()))
+    assert not opening, f"targets writing a package themselves: {opening}"
+    packaging = {"edge.exporters.onnx.package", "edge.exporters.iphone.coreml.package",
+                 "edge.exporters.iphone.coreai.layout", "edge.exporters.web.package"}
+    assert all(writer in graph[name] for name in packaging)

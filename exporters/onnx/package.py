@@ -18,12 +18,7 @@ import numpy as np
 import torch
 
 from edge.core.manifest_schema import TILE_AXES
-from edge.core.package import (
-    atomic_directory,
-    file_entry,
-    write_manifest,
-    write_weights_file,
-)
+from edge.core.package import file_entry, write_weights_file
 from edge.core.video_metrics import psnr
 from edge.exporters import ExportValidationError
 from edge.exporters.shared.onnx_graph import (
@@ -33,13 +28,13 @@ from edge.exporters.shared.onnx_graph import (
     export_graph,
     validate_block,
 )
-from edge.exporters.shared.package_head import manifest_head
 from edge.exporters.shared.package_run import (
     STREAMED_REFERENCE,
     package_video,
     streamed_reference,
     streaming_budget,
 )
+from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.blocks import Block, chained
 from edge.graph.family_model import FamilyModel
@@ -167,29 +162,18 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
     unvalidated, saying so, and runs no forward pass."""
     components = components or model.cut()
     validated: dict[str, str] | None = {} if distinct_only else None
-    with atomic_directory(dest) as root:
-        manifest = manifest_head(model, root, "onnx", model_name or model.name)
-        if plan is not None:
-            manifest["plan"] = plan
-        manifest["components"] = []
-        for name, blocks in components.items():
-            records = []
-            for block in chained(blocks, computed_only=distinct_only):
-                records.append(export_block(block, root, validated))
-                if on_block:
-                    on_block(block.key)
-            record = {"name": name, "blocks": records}
-            if name in model.chunked:
-                record["chunked"] = model.chunked[name].to_dict(blocks)
-            tiling = getattr(model, "tiled", {}).get(name)
-            if tiling is not None:  # its graphs take any tile (Block.dynamic_space)
-                record["tiles"] = tiling.to_dict()
-            manifest["components"].append(record)
-        write_manifest(root, manifest)
-        if validate_end_to_end:
-            manifest["validation"] = validate_end_to_end(root)
-            write_manifest(root, manifest)
-    return manifest
+    tiled = getattr(model, "tiled", {})
+    parts = PackageParts(
+        "onnx",
+        export_block=lambda name, block, root: export_block(block, root, validated),
+        blocks=lambda name, blocks: chained(blocks, computed_only=distinct_only),
+        head=lambda root: {} if plan is None else {"plan": plan},
+        # a tiled component's graphs take any tile (Block.dynamic_space)
+        component_fields=lambda name, blocks: (
+            {"tiles": tiled[name].to_dict()} if tiled.get(name) is not None else {}),
+        check=None if validate_end_to_end is None else
+        lambda root, manifest: validate_end_to_end(root))
+    return write_package(model, dest, components, parts, model_name, on_block)
 
 
 PSNR_LIMIT_DB = 40.0

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from edge.core.manifest_schema import UNGUIDED, WEB_PATHS
-from edge.core.package import atomic_directory, file_entry, write_manifest
+from edge.core.package import file_entry
 from edge.exporters import ExportValidationError
 from edge.exporters.shared.onnx_graph import export_graph, validate_block
-from edge.exporters.shared.package_head import manifest_head
+from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.exporters.shared.validation import check_validation, output_error
 from edge.exporters.web.check import end_to_end_check, streamed_check
 from edge.exporters.web.inputs import web_example
@@ -274,40 +274,38 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
     # a model out of core is checked once its blocks are written (exporters/web/check.py)
     validation = end_to_end_check(model, components, storage, on_step=on_check_step) \
         if validate_end_to_end and not model.out_of_core else None
-    with atomic_directory(dest) as root:
-        manifest = manifest_head(model, root, "web", model_name or model.name)
-        ort, ort_files = ort_location(root, ort_url, bundle_ort)
-        manifest["web"] = {"guidance_batch": shapes.guidance_batch, "unguided": unguided,
-                           "vae_frames": shapes.decoder_frames,
-                           "shard_bytes": shard_bytes, "ort": ort,
-                           "paths": [p for p in WEB_PATHS if p in paths],
-                           "storage": storage.record()}
-        manifest["components"] = []
-        for name, blocks in components.items():
-            records = []
-            # a chunked component cannot run without its first piece's variant
-            first = model.chunked[name].first_variant if name in model.chunked else None
-            required = frozenset([first] if first is not None else [])
-            halves = unguided and name == "transformer"  # the caption-half programs
-            if halves:
-                required |= {UNGUIDED}
-            for block in chained(blocks):
-                if halves:  # made from the activations the block will see
-                    block = with_unguided(block, optional=variants)
-                records.append(export_block(block, compiler, root, variants, check, required,
-                                            storage, shard_bytes))
-                if on_block:
-                    on_block(block.key)
-            component = {"name": name, "blocks": records}
-            if name in model.chunked:  # run piece by piece, state carried (as for onnx)
-                component["chunked"] = model.chunked[name].to_dict(blocks)
-            manifest["components"].append(component)
-        manifest["files"] = copy_site(root) + ort_files
-        if validate_end_to_end and model.out_of_core:
-            write_manifest(root, manifest)  # the check loads the package as written
-            validation = streamed_check(root, components, storage, model.sampler.steps,
-                                        on_step=on_check_step)
-        if validation is not None:
-            manifest["validation"] = validation
-        write_manifest(root, manifest)
-    return manifest
+    ort_files: list[dict] = []
+
+    def head(root: Path) -> dict:
+        ort, files = ort_location(root, ort_url, bundle_ort)
+        ort_files.extend(files)
+        return {"web": {"guidance_batch": shapes.guidance_batch, "unguided": unguided,
+                        "vae_frames": shapes.decoder_frames, "shard_bytes": shard_bytes,
+                        "ort": ort, "paths": [p for p in WEB_PATHS if p in paths],
+                        "storage": storage.record()}}
+
+    def blocks_of(name: str, blocks: list[Block]):
+        halves = unguided and name == "transformer"  # the caption-half programs
+        for block in chained(blocks):
+            # made from the activations the block will see
+            yield with_unguided(block, optional=variants) if halves else block
+
+    def export(name: str, block: Block, root: Path) -> dict:
+        # a chunked component cannot run without its first piece's variant
+        first = model.chunked[name].first_variant if name in model.chunked else None
+        required = frozenset([first] if first is not None else [])
+        if unguided and name == "transformer":
+            required |= {UNGUIDED}
+        return export_block(block, compiler, root, variants, check, required, storage,
+                            shard_bytes)
+
+    def checked(root: Path, manifest: dict) -> dict | None:
+        if validate_end_to_end and model.out_of_core:   # on the package as written
+            return streamed_check(root, components, storage, model.sampler.steps,
+                                  on_step=on_check_step)
+        return validation
+
+    parts = PackageParts(
+        "web", export_block=export, blocks=blocks_of, head=head,
+        tail=lambda root, manifest: {"files": copy_site(root) + ort_files}, check=checked)
+    return write_package(model, dest, components, parts, model_name, on_block)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge.core.budget import format_size
-from edge.core.package import atomic_directory, folder_bytes, write_manifest
+from edge.core.package import folder_bytes
 from edge.core.video_metrics import psnr, snr
 from edge.exporters import (
     EXECUTE,
@@ -36,7 +36,7 @@ from edge.exporters.iphone.coreai.package import (
     quantizes,
 )
 from edge.exporters.iphone.coreai.worker import PINNED
-from edge.exporters.shared.package_head import manifest_head
+from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.attention import budget_score_limit
 from edge.graph.family_model import FamilyModel
@@ -203,33 +203,34 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
         chosen, recipe = _chosen(model, prepared, quantize, progress)
     else:
         chosen = precision(options, model)
-    with atomic_directory(dest) as root:
-        manifest = manifest_head(model, root, "iphone", model.name, raw_null_caption=True)
-        execute = options.execute or EXECUTE[0]
-        manifest["coreml"] = coreai_section(chosen, execute)
-        manifest["components"] = []
-        if prepared.manifest_plan:
-            manifest["plan"] = prepared.manifest_plan
+    execute = options.execute or EXECUTE[0]
+
+    def export_component(name: str, blocks: list, root: Path, on_block) -> list[dict]:
+        # one child process a component: its graphs wait on disk for it meanwhile; the
+        # transformer's functions at the caption's half too, unless asked not to
+        unguided = name == "transformer" and options.unguided_variants is not False
         with budget_score_limit(options.memory_budget):   # attention chunked as planned
-            for name, blocks in prepared.components.items():
-                # one child process a component: its graphs wait on disk for it meanwhile
-                # the transformer's functions at the caption's half too, unless asked not to
-                unguided = name == "transformer" and options.unguided_variants is not False
-                component = {"name": name, "blocks": export_blocks(
-                    blocks, root, chosen, progress.on_block, unguided,
-                    distinct_only=execute == "distinct")}
-                if name in model.chunked:
-                    component["chunked"] = model.chunked[name].to_dict(blocks)
-                manifest["components"].append(component)
-        write_manifest(root, manifest)   # the runtime reads the package it checks
-        manifest["validation"] = end_to_end(model, root, chosen, progress, execute)
+            return export_blocks(blocks, root, chosen, on_block, unguided,
+                                 distinct_only=execute == "distinct")
+
+    def check(root: Path, manifest: dict) -> dict:
+        validation = end_to_end(model, root, chosen, progress, execute)
         if recipe is not None:   # the chosen recipe whole, against its prediction's floor
             from edge.exporters.iphone.coreai.recipe import recipe_check
 
-            manifest["validation"]["recipe"] = recipe_check(
+            validation["recipe"] = recipe_check(
                 model, prepared.components, chosen, recipe, progress.on_check_step)
-        write_manifest(root, manifest)
-    return manifest
+        return validation
+
+    parts = PackageParts(
+        "iphone", raw_null_caption=True, export_component=export_component,
+        head=lambda root: {"coreml": coreai_section(chosen, execute)},
+        # the plan after the components, where this layout has always written it
+        tail=lambda root, manifest: (
+            {"plan": prepared.manifest_plan} if prepared.manifest_plan else {}),
+        check=check)
+    return write_package(model, dest, prepared.components, parts, model.name,
+                         progress.on_block)
 
 
 def summary(manifest: dict, dest: Path, seconds: float) -> str:

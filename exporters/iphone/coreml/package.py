@@ -65,10 +65,8 @@ from torch import nn
 from edge.core.budget import format_size
 from edge.core.package import (
     PackageWriteError,
-    atomic_directory,
     file_entry,
     write_error_within,
-    write_manifest,
 )
 from edge.exporters import ExportValidationError
 from edge.exporters.iphone.compression import (  # noqa: F401  (the exporter's names too)
@@ -91,7 +89,7 @@ from edge.exporters.iphone.compression import (  # noqa: F401  (the exporter's n
     partition_setting,
 )
 from edge.exporters.iphone.coreml.weights import MAIN, import_coremltools
-from edge.exporters.shared.package_head import manifest_head
+from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.graph.blocks import Block, chained, with_unguided
 from edge.graph.family_model import FamilyModel
 from edge.graph.token_chunks import token_chunks
@@ -409,35 +407,25 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
     if unguided and layout(min_ios).name != "multifunction":
         raise ValueError(unguided_refusal(min_ios))
     components = components or cut_for_device(model)
-    with atomic_directory(dest) as root:
-        manifest = manifest_head(model, root, "iphone", model_name or model.name,
-                                 raw_null_caption=True)
-        manifest["coreml"] = {
-            "format": "mlprogram",
-            "minimum_deployment_target": deployment_target(setting, min_ios),
-            "layout": layout(min_ios).name,
-            "compute_precision": "float16", "compute_units": COMPUTE_UNITS,
-            "output_prefix": OUTPUT_PREFIX, "compression": setting.record(),
-            "compiled": False, "note": MACOS_ONLY_NOTE}
-        if plan is not None:
-            manifest["plan"] = plan
-        manifest["components"] = []
-        for name, blocks in components.items():
-            records = []
-            for block in chained(blocks):
-                if unguided and name == "transformer":
-                    block = with_unguided(block)
-                records.append(export_block(block, root, setting, min_ios))
-                if on_block:
-                    on_block(block.key)
-            component = {"name": name, "blocks": records}
-            if name in model.chunked:  # run piece by piece, state carried (as for onnx)
-                component["chunked"] = model.chunked[name].to_dict(blocks)
-            manifest["components"].append(component)
+    coreml = {"format": "mlprogram",
+              "minimum_deployment_target": deployment_target(setting, min_ios),
+              "layout": layout(min_ios).name, "compute_precision": "float16",
+              "compute_units": COMPUTE_UNITS, "output_prefix": OUTPUT_PREFIX,
+              "compression": setting.record(), "compiled": False, "note": MACOS_ONLY_NOTE}
+
+    def structure(root: Path, manifest: dict) -> dict:
         problems = check_structure(root, manifest)
         if problems:
             raise ExportValidationError("structure: " + "; ".join(problems))
-        if validate_end_to_end:
-            manifest["validation"] = validate_end_to_end(root, manifest, components)
-        write_manifest(root, manifest)
-    return manifest
+        return {}
+
+    parts = PackageParts(
+        "iphone", raw_null_caption=True,
+        export_block=lambda name, block, root: export_block(block, root, setting, min_ios),
+        blocks=lambda name, blocks: (with_unguided(b) if unguided and name == "transformer"
+                                     else b for b in chained(blocks)),
+        head=lambda root: {"coreml": coreml} | ({} if plan is None else {"plan": plan}),
+        tail=structure,
+        check=None if validate_end_to_end is None else
+        lambda root, manifest: validate_end_to_end(root, manifest, components))
+    return write_package(model, dest, components, parts, model_name, on_block)
