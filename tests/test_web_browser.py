@@ -1052,16 +1052,23 @@ def rewritten_manifest(route, change) -> None:
     route.fulfill(body=json.dumps(manifest), content_type="application/json")
 
 
-@pytest.fixture(scope="module")
-def wasm_page(browser, served, web_package):
-    """The demo page in a browser without WebGPU (the wasm path), loaded once; and the paths
-    it requested while loading."""
-    skip_without_ort(web_package[1])
+def page_without_webgpu(browser):
+    """A page, in a browser context of its own, whose browser has no WebGPU; and the list of
+    the paths it requests (growing as it loads)."""
     context = browser.new_context()
     context.add_init_script(NO_WEBGPU)
     pg = context.new_page()
     requested = []
     pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    return context, pg, requested
+
+
+@pytest.fixture(scope="module")
+def wasm_page(browser, served, web_package):
+    """The demo page in a browser without WebGPU (the wasm path), loaded once; and the paths
+    it requested while loading."""
+    skip_without_ort(web_package[1])
+    context, pg, requested = page_without_webgpu(browser)
     pg.goto(served + "index.html")
     pg.wait_for_function(READY, timeout=PAGE_READY_MS)
     assert pg.evaluate("window.edgeDemo.ready"), pg.evaluate("window.edgeDemo.error")
@@ -1097,11 +1104,7 @@ def test_page_refuses_a_thread_count_it_cannot_give(browser, served, web_package
     """?threads= that is not a whole number from 1 to 64 stops the load before the package is
     downloaded, naming the option and the value given."""
     skip_without_ort(web_package[1])
-    context = browser.new_context()
-    context.add_init_script(NO_WEBGPU)
-    pg = context.new_page()
-    requested = []
-    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    context, pg, requested = page_without_webgpu(browser)
     try:
         for given, shown in (("0", "0"), ("two", "NaN"), ("65", "65")):
             requested.clear()
@@ -1132,11 +1135,7 @@ def test_wasm_path_streams_blocks_from_storage_under_a_page_memory_budget(
     skip_without_ort(manifest)
     sizes = {f"{c['name']}/{b['name']}": sum(t["bytes"] for t in b["weights"]["tensors"])
              for c in manifest["components"] for b in c["blocks"]}
-    context = browser.new_context()
-    context.add_init_script(NO_WEBGPU)
-    pg = context.new_page()
-    requested = []
-    pg.on("request", lambda r: requested.append(urlsplit(r.url).path.lstrip("/")))
+    context, pg, requested = page_without_webgpu(browser)
     try:
         # one thread, as a page beside other busy tabs or programs would ask (item 33)
         pg.goto(served + f"index.html?budget={WASM_BUDGET >> 20}MB&threads=1")
