@@ -250,8 +250,8 @@ def session_options(threads: int | None = None, spinning: bool = False) -> ort.S
     if threads:
         options.intra_op_num_threads = threads
     # onnxruntime's idle threads spin between ops by default: beside other busy processes
-    # they take cores the work needs (tiny-sora's 10 steps 2.7x slower beside two, and
-    # slower even alone on 2 cores, where the loader's threads share them;
+    # they take cores the work needs (tiny-sora's 10 steps 3.3x slower beside two, and
+    # 2.3x slower even alone on 2 cores, where the loader's threads share them;
     # benchmarks/contention.py, docs/benchmarks.md)
     options.add_session_config_entry("session.intra_op.allow_spinning",
                                      "1" if spinning else "0")
