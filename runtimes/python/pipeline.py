@@ -12,6 +12,7 @@ whether the VAE decoder takes latents frame by frame or as a whole video.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -19,7 +20,7 @@ import resource
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -333,6 +334,27 @@ def check_vocabulary(tokenizer, manifest_tokenizer: dict, path: Path) -> None:
                            "embedding_rows): ids past it index nothing")
 
 
+class PhaseClock:
+    """Wall seconds of a generation's phases, by name in the order they ran, and the whole
+    (`total`, from the clock's making to `finish`): `last_run["wall_s"]`."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.wall_s: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.wall_s[name] = time.perf_counter() - began
+
+    def finish(self) -> dict[str, float]:
+        self.wall_s["total"] = time.perf_counter() - self.started
+        return self.wall_s
+
+
 class Pipeline:
     def __init__(self, root: Path, manifest: dict, loader: BlockLoader,
                  components: dict[str, Component], lean_decode: bool = False) -> None:
@@ -611,20 +633,55 @@ class Pipeline:
         settings = with_overrides(self.sampler, sampler_overrides)
         stats_before = self.loader.stats.as_dict()
         io_before = _io_read_bytes()
-        figures: dict = {"wall_s": {}}
+        clock = PhaseClock()
+        figures: dict = {"wall_s": clock.wall_s}
         self._compute_s = 0.0
         self._flops = {}
-        started = time.perf_counter()
-
         b = len(prompts)
         rows = self._guided_rows(settings, b)
-        if guided_call(settings, 0) or rows(False) == 2 * b:
-            caption2, mask2 = self._guidance_captions(prompts, negative_prompt)
-        else:  # no call is guided: no unconditional caption to encode
-            caption2, mask2 = self.encode_prompts(prompts)
-        t1 = time.perf_counter()
-        figures["wall_s"]["text_encoder"] = t1 - started
+        with clock.phase("text_encoder"):
+            captions = self._encode(prompts, negative_prompt, settings, rows)
+        with clock.phase("transformer"):
+            latents, trace, denoise = self._denoise(noise, captions, settings, rows, on_step)
+        with clock.phase("vae_decoder"):
+            video = None
+            if output_type != "latent":
+                if self.lean_decode:  # the decoder's activations get the pinned blocks' memory
+                    figures["released_for_decode_bytes"] = self.loader.release_pinned(
+                        keep=self.components["vae_decoder"].keys())
+                video = self._decode(latents, conditioning)
+        clock.finish()
+        figures["transformer_calls"] = trace.transformer_calls
+        # what the transformer computed (None: a package exported before blocks recorded it)
+        figures["transformer_flops"] = self._flops.get("transformer")
+        figures["unguided_batch"] = rows(False) // b   # 1: the caption's half alone
+        figures["sampler"] = trace.to_dict()
+        self.last_run = self._loader_figures(figures, stats_before, io_before, denoise)
+        if output_type == "latent":
+            return latents
+        if output_type == "float":
+            return video.astype(np.float32)
+        return np.round(video * 255).astype(np.uint8)
 
+    def _encode(self, prompts: list[str], negative_prompt: str | None,
+                settings: SamplerSettings, rows: Callable[[bool], int]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """The text encoder's captions and masks for the transformer's calls: the prompts',
+        then the unconditional ones where any call is guided (or the caption's half is run
+        at the guidance batch)."""
+        if guided_call(settings, 0) or rows(False) == 2 * len(prompts):
+            return self._guidance_captions(prompts, negative_prompt)
+        return self.encode_prompts(prompts)  # no call is guided: no unconditional caption
+
+    def _denoise(self, noise: np.ndarray, captions: tuple[np.ndarray, np.ndarray],
+                 settings: SamplerSettings, rows: Callable[[bool], int],
+                 on_step: Callable[[int, int], None] | None
+                 ) -> tuple[np.ndarray, Trace, dict]:
+        """The sampler's loop over the transformer: the denoised latents, its trace, and the
+        loop's own read, I/O-wait and compute seconds (where streaming happens, and what
+        overlap is judged on)."""
+        b = len(noise)
+        caption2, mask2 = captions
         transformer = self.components["transformer"]
         if settings.merge_steps and not any(v == "tdtm" for _, v in transformer.variants):
             raise ValueError(f"merge_steps={settings.merge_steps}: package {self.root} has no "
@@ -657,7 +714,6 @@ class Pipeline:
         finally:
             if runs is not None:
                 runs.close()
-        # the denoising loop alone: where streaming happens, and what overlap is judged on
         denoise = {"read_s": self.loader.stats.read_s - loop_start[0],
                    "io_wait_s": self.loader.stats.wait_s - loop_start[1],
                    "compute_s": self._compute_s - loop_start[2]}  # wall: wall_s.transformer
@@ -665,30 +721,7 @@ class Pipeline:
             raise FloatingPointError(
                 f"the denoised latents hold NaN or infinity (package {self.root}, sampler "
                 f"settings {settings}); the package's blocks or these settings are broken")
-        t2 = time.perf_counter()
-        figures["wall_s"]["transformer"] = t2 - t1
-
-        if output_type == "latent":
-            video = None
-        else:
-            if self.lean_decode:  # the decoder's activations get the pinned blocks' memory
-                figures["released_for_decode_bytes"] = self.loader.release_pinned(
-                    keep=self.components["vae_decoder"].keys())
-            video = self._decode(latents, conditioning)
-        t3 = time.perf_counter()
-        figures["wall_s"]["vae_decoder"] = t3 - t2
-        figures["wall_s"]["total"] = t3 - started
-        figures["transformer_calls"] = trace.transformer_calls
-        # what the transformer computed (None: a package exported before blocks recorded it)
-        figures["transformer_flops"] = self._flops.get("transformer")
-        figures["unguided_batch"] = rows(False) // b   # 1: the caption's half alone
-        figures["sampler"] = trace.to_dict()
-        self.last_run = self._loader_figures(figures, stats_before, io_before, denoise)
-        if output_type == "latent":
-            return latents
-        if output_type == "float":
-            return video.astype(np.float32)
-        return np.round(video * 255).astype(np.uint8)
+        return latents, trace, denoise
 
     def _decode_conditioning(self, seeds: list[int] | None, b: int, timestep: float | None,
                              noise_scale: float | None, noise: np.ndarray | None) -> dict:
