@@ -92,3 +92,20 @@ def test_missing_weights_folder_says_how_to_make_it(tmp_path):
 
     with pytest.raises(WeightsFolderError, match="edge train tiny-sora"):
         TinySora.load(tmp_path)
+
+
+def test_a_generation_records_its_phases_walls_in_order(exported_package):
+    """generate runs encode -> denoise -> decode, each timed by one recorder (PhaseClock):
+    last_run["wall_s"] names the three phases in the order they ran, each a real duration,
+    and a total that holds them; a latent-only run still times its (empty) decode."""
+    from edge.runtimes.python import Pipeline
+
+    pipe = Pipeline.load(exported_package[0])
+    for output_type in ("uint8", "latent"):
+        pipe.generate("a red circle", steps=2, output_type=output_type)
+        walls = pipe.last_run["wall_s"]
+        assert list(walls) == ["text_encoder", "transformer", "vae_decoder", "total"]
+        phases = [walls[k] for k in ("text_encoder", "transformer", "vae_decoder")]
+        assert all(w >= 0 for w in phases) and walls["transformer"] > 0
+        assert sum(phases) <= walls["total"]
+    pipe.close()
