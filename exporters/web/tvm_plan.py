@@ -423,9 +423,10 @@ def kernel_records(func_name: str, func: tvm.tirx.PrimFunc, wgsl: dict[str, str]
             if not re.fullmatch(r"array<(f32|i32|u32)>", ty.strip()):
                 raise PlanError(f"block {key}: kernel {name} binds {var} as {ty.strip()}, "
                                 "which the web executor does not support")
-            index = _param_index(func, var.removesuffix("_ptr"), stored)
-            if index is None and scratch.count(var.removesuffix("_ptr")) == 1:
-                index = len(func.params) + scratch.index(var.removesuffix("_ptr"))
+            buffer = var.removesuffix("_ptr")
+            index = _param_index(func, buffer, stored)
+            if index is None and scratch.count(buffer) == 1:
+                index = len(func.params) + scratch.index(buffer)
             if index is None:
                 raise PlanError(f"block {key}: kernel {name} binds {var}, which names no "
                                 f"one parameter of {func_name}")
@@ -516,17 +517,14 @@ def add_scratch(plan: LaunchPlan, scratch: dict[str, list[dict]]) -> None:
     `scratch_buffers` order) its `scratch`: values its kernels bind past the call's `args`.
     The n-th scratch buffer of every call is a view of one storage, as large as the largest:
     a call's scratch lives only while its kernels run, and calls run one after another."""
-    storages: dict[int, int] = {}  # n-th scratch buffer -> its storage
+    first = len(plan.storages)  # the n-th scratch buffer's storage: first + n
+    plan.storages += [0] * max(map(len, scratch.values()), default=0)
     for call in plan.calls:
         for n, spec in enumerate(scratch.get(call["func"], [])):
             nbytes = int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize
-            if n not in storages:
-                storages[n] = len(plan.storages)
-                plan.storages.append(0)
-            plan.storages[storages[n]] = max(plan.storages[storages[n]],
-                                             -(-nbytes // 4) * 4)
+            plan.storages[first + n] = max(plan.storages[first + n], nbytes)
             vid = f"scratch:{call['func']}:{n}"
-            plan.values[vid] = _view(f"storage:{storages[n]}", 0, spec["shape"], spec["dtype"])
+            plan.values[vid] = _view(f"storage:{first + n}", 0, spec["shape"], spec["dtype"])
             call.setdefault("scratch", []).append(vid)
 
 
@@ -541,9 +539,8 @@ def build_webgpu(lowered: tvm.IRModule, plan: LaunchPlan, key: str,
     used: dict[str, str] = {}
     records = {}
     funcs = {call["func"] for call in plan.calls}
-    scratch = {f: [{"shape": _dims(b.shape), "dtype": str(b.dtype)}
-                   for b in scratch_buffers(scheduled[f])] for f in sorted(funcs)}
-    scratch = {f: specs for f, specs in scratch.items() if specs}
+    scratch = {f: specs for f in sorted(funcs) if (specs := [
+        {"shape": _dims(b.shape), "dtype": str(b.dtype)} for b in scratch_buffers(scheduled[f])])}
     add_scratch(plan, scratch)
     alternatives = alternative_kernels(lowered, funcs, key) if choices else {}
     for call in plan.calls:

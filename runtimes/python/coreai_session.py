@@ -76,8 +76,8 @@ def check_program(asset: Path, record: dict, where: str) -> None:
     beside the bytecode, must be the manifest's digest of it (which verification compared
     with the file), and the bytecode's sections must cover it exactly."""
     bytecode, hash_file = asset / "main.mlirb", asset / "main.hash"
-    digests = {f["path"]: f["sha256"] for f in record.get("files", [])}
-    listed = digests.get(f"{record['model']}/main.mlirb")
+    listed = next((f["sha256"] for f in record.get("files", [])
+                   if f["path"] == f"{record['model']}/main.mlirb"), None)
     try:
         written = hash_file.read_bytes().hex()
     except OSError as err:
