@@ -71,7 +71,10 @@ def test_every_cut_is_refused(tmp_path):
     (bytecode(skip=(6,)), "resources without their offsets"),
     (bytecode(twice=3), "section 3 .* twice"),
     (MAGIC + varint(6) + b"p" * 300, "no producer string"),
-], ids=["magic", "no IR", "no properties", "no resource offsets", "twice", "producer"])
+    (MAGIC + varint(6) + b"p\0" + bytes([5 | 0x80]) + varint(1) + varint(1 << 40) + b"x",
+     "section 5 .* an alignment of 1099511627776"),
+], ids=["magic", "no IR", "no properties", "no resource offsets", "twice", "producer",
+        "alignment past the file"])
 def test_a_broken_frame_is_named(tmp_path, data, message):
     path = tmp_path / "main.mlirb"
     path.write_bytes(data)

@@ -73,7 +73,8 @@ def sections(path: Path) -> tuple[int, list[tuple[int, int, int]]]:
             length = _varint(f, f"the length of {what}")
             if aligned:
                 alignment = _varint(f, f"the alignment of {what}")
-                if alignment < 1 or alignment & (alignment - 1):
+                # bounded by the file, or the padding's read would be unbounded
+                if alignment < 1 or alignment & (alignment - 1) or alignment > size:
                     raise FramingError(f"gives {what} an alignment of {alignment}")
                 padding = f.read(-f.tell() % alignment)
                 if any(b != PADDING for b in padding) or f.tell() % alignment:

@@ -74,6 +74,8 @@ final class MLIRBytecodeTests: XCTestCase {
             (bytecode(twice: 3), "twice"),
             (MLIRBytecode.magic + varint(6) + [UInt8](repeating: 112, count: 300),
              "has no producer string"),
+            (MLIRBytecode.magic + varint(6) + [112, 0, 5 | 0x80] + varint(1) + varint(1 << 40)
+             + [120], "an alignment of 1099511627776"),
         ]
         for (bytes, message) in cases {
             let why = refusal(bytes) ?? "passed"
