@@ -52,7 +52,7 @@ from edge.exporters.iphone.coreml.package import (
     from_rule,
 )
 from edge.exporters.iphone.target import package_bytes
-from edge.families import FamilyModel, StorageRule
+from edge.graph.family_model import FamilyModel, StorageRule
 
 
 def trial(spec: str) -> Compression:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edge.families import FamilyModel, load_model
+from edge.families import load_model
+from edge.graph.family_model import FamilyModel
 
 PROMPTS = ["a red circle moving left", "a blue square moving up",
            "a green triangle moving right", "a yellow ball moving down"]

@@ -1,6 +1,6 @@
 """What Open-Sora 1.2's 2D decoder holds a call when a chunk's 17 frames go through it as one
 batch against one frame after another (edge/models/opensora_blocks.py SpatialDecoder), at
-VAE-v1.2's real shapes with random weights (edge/families/opensora_scaled.py; no download).
+VAE-v1.2's real shapes with random weights (edge/families/opensora/scale.py; no download).
 
 Both forms are exported as the ONNX exporter exports a block (weights as inputs) and each is
 run by onnxruntime in a fresh process: the peak RSS the call adds over the loaded session,
@@ -40,7 +40,7 @@ class Batched(nn.Module):
 
 def blocks(size: str):
     """(frame by frame, batched) spatial decoder blocks of one chunk at `size`."""
-    from edge.families.opensora_scaled import vae_module
+    from edge.families.opensora.scale import vae_module
     from edge.graph.blocks import Block
     from edge.models.opensora_blocks import SpatialDecoder
 

@@ -30,7 +30,7 @@ from edge.core.video_metrics import psnr, snr
 from edge.exporters.shared.weights_in_place import weights_replaced
 from edge.exporters.web.check import decode_in_place
 from edge.exporters.web.storage import FORMS, WebStorage, block_stored_bytes, web_storage
-from edge.families import FamilyModel, StorageRule
+from edge.graph.family_model import FamilyModel, StorageRule
 
 # a web form -> the iphone stored form a StorageRule names for it (WEB_FORM_OF, inverted)
 RULE_NAME = {"fp16": "fp16", "8": "int8", "4": "int4-b32"}

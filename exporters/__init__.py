@@ -1,6 +1,8 @@
 """Per-target exporters: each turns a family's blocks (edge/families) into one target's
-package, knowing no family by name. `TARGETS` names each target's module, which answers the
-same four questions (`edge export` asks nothing else):
+package, knowing no family by name. Each target is a folder, exporters/<target>/: its
+`__init__.py` registers it (NAME, HELP, NEEDS, its export OPTIONS as data, whether it exports a
+model block by block from storage) without torch, so the command line reads every target at
+start; its `target.py` answers the same four questions (`edge export` asks nothing else):
 
 - `check(options)`: refuse options the target does not take, before any work;
 - `folder_name(model_name, options)`: the default package folder's name;
@@ -9,8 +11,8 @@ same four questions (`edge export` asks nothing else):
 - `export(model, prepared, dest, options, progress) -> manifest` and
   `summary(manifest, dest, seconds) -> str`.
 
-Modules are imported on use: the iphone target needs coremltools (the [iphone] extra), the
-web target's WebGPU path TVM (the [web] extra); `target` refuses a target whose modules are
+Target modules are imported on use: the iphone target needs coremltools (the [iphone] extra),
+the web target's WebGPU path TVM (the [web] extra); `target` refuses a target whose modules are
 not installed before any work, as a ModuleNotFoundError naming the module, and a target's
 `check` refuses so what only some of its options need (`--web-paths webgpu,wasm`: TVM).
 """
@@ -20,15 +22,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, make_dataclass
 from types import ModuleType
+from typing import Any
 
-TARGETS = {"onnx": "edge.exporters.onnx.target", "iphone": "edge.exporters.iphone.target",
-           "web": "edge.exporters.web.target"}
-# what each target's compiler needs whatever its options (the web's TVM: web/target.py check)
-NEEDS = {"onnx": ("torch", "onnx"), "iphone": ("torch", "coremltools"),
-         "web": ("torch", "onnx")}
+from edge.core.declared import Option, by_name, takers_text
+from edge.exporters.shared.options import EXECUTE_CHOICES
+
+# target name -> its folder under exporters/
+_FOLDERS = {"onnx": "onnx", "iphone": "iphone", "web": "web"}
+TARGETS = tuple(_FOLDERS)
 
 
 class ExportValidationError(RuntimeError):
@@ -40,28 +43,28 @@ class ExportOptionError(ValueError):
     """An export option the target does not take, or a value it cannot use."""
 
 
-@dataclass(frozen=True)
-class ExportOptions:
-    """What `edge export` was asked besides the model and the destination."""
+def registered(name: str) -> ModuleType:
+    """A target's registration (exporters/<target>/__init__.py), read without torch."""
+    return importlib.import_module(f"edge.exporters.{_FOLDERS[name]}")
 
-    memory_budget: int | None = None   # bytes
-    quantize: str | None = None        # iphone: fp16, 8, 6, 4, auto[:TARGET]; web: fp32,
-                                       # fp16, 8, 4
-    min_ios: int | None = None         # iphone: 18 (multifunction programs) or 17
-    ort_url: str | None = None         # web: where the page loads onnxruntime-web
-    bundle_ort: Path | None = None     # web: a local onnxruntime-web dist to copy in
-    web_paths: str | None = None       # web: "webgpu,wasm" (both, None) or "wasm"
-    # web and iphone --min-ios 27: whether the transformer's blocks are also written at the
-    # caption's half of the guidance batch (variants `unguided`), so calls without guidance
-    # run half the work (None: the target's default, yes)
-    unguided_variants: bool | None = None
-    # onnx and iphone --min-ios 27: which blocks the export runs and holds to PyTorch, "all"
-    # (None) or "distinct" (one of each repeated program: Core AI's interpreter, or a
-    # block's forward pass at a real video size, takes minutes a block)
-    execute: str | None = None
-    # onnx: the end-to-end check's result from a check run beside the export (`edge export
-    # --check small|blocks`), recorded as the manifest's validation instead of running one
-    end_to_end: dict | None = None
+
+def declared_options() -> dict[str, list[tuple[str, Option]]]:
+    """Every target option by name -> (target, declaration) for each target taking it."""
+    return by_name({name: registered(name).OPTIONS for name in TARGETS})
+
+
+# What `edge export` was asked besides the model and the destination: a field for each option
+# some target declares (None: not given; a declaration's `parse` has made its value, e.g. the
+# budget in bytes), and `end_to_end`: the onnx end-to-end check's result from a check run
+# beside the export (`edge export --check small|blocks`), recorded as the manifest's
+# validation instead of running one.
+ExportOptions = make_dataclass(
+    "ExportOptions",
+    [(name, Any, field(default=None)) for name in declared_options()]
+    + [("end_to_end", "dict | None", field(default=None))],
+    frozen=True)
+ExportOptions.__module__ = __name__  # pickling and reprs find it here (make_dataclass's own
+                                     # module= comes with Python 3.12)
 
 
 @dataclass
@@ -78,6 +81,10 @@ class Prepared:
     # bytes of a float activation as the target's programs compute (the iPhone's float16);
     # the activation estimate traces float32 and is scaled by it
     activation_itemsize: int = 4
+    # the rows of a call's batch a runtime runs at once under a budget, by component (the
+    # Python runtime splits an ONNX package's dynamic batch: RUNTIME_BATCH_PIECES); None: the
+    # batch as traced
+    batch_pieces: dict[str, int] | None = None
 
     @property
     def block_count(self) -> int:
@@ -105,8 +112,8 @@ def target(name: str) -> ModuleType:
     """The module of target `name`; an unknown name is refused, listing the known ones."""
     if name not in TARGETS:
         raise ExportOptionError(f"unknown --target {name!r}; available: {', '.join(TARGETS)}")
-    need_modules(f"--target {name}", NEEDS[name])
-    return importlib.import_module(TARGETS[name])
+    need_modules(f"--target {name}", registered(name).NEEDS)
+    return importlib.import_module(f"edge.exporters.{_FOLDERS[name]}.target")
 
 
 def need_modules(what: str, modules: tuple[str, ...]) -> None:
@@ -117,35 +124,19 @@ def need_modules(what: str, modules: tuple[str, ...]) -> None:
             raise ModuleNotFoundError(f"{what} needs {module}", name=module)
 
 
-_OWNED = {"quantize": "--quantize applies to --target iphone and web, not {}",
-          "min_ios": "--min-ios applies to --target iphone, not {}",
-          "ort_url": "--ort-url and --bundle-ort apply to --target web, not {}",
-          "bundle_ort": "--ort-url and --bundle-ort apply to --target web, not {}",
-          "web_paths": "--web-paths applies to --target web, not {}",
-          "memory_budget": "--memory-budget is not built for --target {} yet",
-          "unguided_variants": "--unguided-variants/--no-unguided-variants apply to --target "
-                               "web and iphone --min-ios 18 or 27, not {} (an ONNX graph takes "
-                               "any batch)",
-          "execute": "--execute applies to --target onnx and iphone --min-ios 27, not {} "
-                     "(whose programs run here block by block)",
-          "end_to_end": "--check small and --check blocks apply to --target onnx, not {} "
-                        "(its end-to-end check runs at the export's size)"}
-
-
-# --execute: which blocks an export runs and holds to PyTorch (onnx, iphone --min-ios 27)
-EXECUTE = ("all", "distinct")
-
-
 def check_execute(options: ExportOptions) -> None:
-    if options.execute not in (None, *EXECUTE):
-        raise ExportOptionError(f"--execute {options.execute!r}: one of {', '.join(EXECUTE)}")
+    if options.execute not in (None, *EXECUTE_CHOICES):
+        raise ExportOptionError(f"--execute {options.execute!r}: one of "
+                                f"{', '.join(EXECUTE_CHOICES)}")
 
 
-def refuse_others(target_name: str, options: ExportOptions, takes: set[str]) -> None:
-    """Refuse every option given that `target_name` does not take."""
-    for key, message in _OWNED.items():
-        if getattr(options, key) is not None and key not in takes:
-            raise ExportOptionError(message.format(target_name))
+def refuse_others(target_name: str, options: ExportOptions) -> None:
+    """Refuse every option given that `target_name` does not declare, naming the targets
+    (and layouts) that take it."""
+    for name, takers in declared_options().items():
+        if getattr(options, name) is not None and target_name not in dict(takers):
+            raise ExportOptionError(f"{takers[0][1].flag} applies to --target "
+                                    f"{takers_text(takers)}, not {target_name}")
 
 
 def refuse_out_of_core(target_name: str, model) -> None:

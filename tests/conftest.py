@@ -23,7 +23,7 @@ def pipeline():
 @pytest.fixture(scope="session")
 def tiny_sora(pipeline):
     """The shipped tiny-sora as its family's model (what exporters take)."""
-    from edge.families.tiny_sora import TinySoraModel
+    from edge.families.tiny_sora.family import TinySoraModel
 
     return TinySoraModel(pipeline)
 

@@ -6,7 +6,7 @@ the runtime fed it and the outputs it got. The Swift pipeline then runs the ipho
 the same model with a backend that answers each call from the recording, after checking
 that Swift asked for the same block with the same inputs (<= 1e-5): the Swift text encoding,
 sampler, guidance, leap, TDTM switch, step cache and decoding must reproduce the Python
-runtime's calls and frames. Both packages are cut the same way (edge/families/tiny_sora.py);
+runtime's calls and frames. Both packages are cut the same way (edge/families/tiny_sora/family.py);
 only their batch axes differ, and the calls use one prompt.
 
 Layout of the folder `write(...)` fills:

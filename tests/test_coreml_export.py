@@ -438,7 +438,7 @@ def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sor
     model, for a family without one, or naming a stored form the exporter lacks, the refusal
     says which; the uniform settings need no model."""
     from edge.exporters.iphone.coreml.package import STORAGES, UNIFORM
-    from edge.families import StorageRule
+    from edge.graph.family_model import StorageRule
 
     assert compression("8") is UNIFORM["8"] and compression("8", tiny_sora) is UNIFORM["8"]
     with pytest.raises(ValueError, match="--quantize 4 is worded by each family"):
@@ -457,7 +457,7 @@ def test_a_setting_a_family_words_itself_is_resolved_through_the_family(tiny_sor
 def test_a_setting_needing_a_later_ios_is_refused_for_an_earlier_one(tiny_sora, tmp_path):
     """Per-grouped-channel tables and int4 blocks need iOS 18's ops: --min-ios 17 with a rule
     storing them is refused naming the blocks, before anything converts."""
-    from edge.families import StorageRule
+    from edge.graph.family_model import StorageRule
 
     grouped = replace(tiny_sora, device_storage={"4": StorageRule(
         (("transformer/*", "lut4-g16"), ("*", "int8")), psnr_floor_db=30.0, note="")})

@@ -81,9 +81,9 @@ def test_auto_checks_in_full_only_where_the_estimate_allows(wan_folder, monkeypa
 
 @pytest.mark.parametrize("args, message", [
     (["--check", "some"], "--check 'some': one of auto, full, small, blocks"),
-    (["--check", "small", "--target", "web"], "--check small applies to --target onnx, "
-     "not web"),
-    (["--check", "blocks", "--target", "iphone"], "--check blocks applies to --target onnx"),
+    (["--check", "small", "--target", "web"], "--check applies to --target onnx, not web"),
+    (["--check", "blocks", "--target", "iphone"], "--check applies to --target onnx, not "
+     "iphone"),
     (["--check", "small"], "--check small: tiny-sora's size is fixed"),
 ])
 def test_check_levels_a_target_or_family_cannot_take_are_refused(args, message, tmp_path):

@@ -20,6 +20,7 @@ from edge.families import (
     FAMILIES,
     SIZE_OPTIONS,
     FamilyError,
+    export_options,
     exported_options,
     family_module,
     load_model,
@@ -131,7 +132,7 @@ PIPELINES = {"tiny-sora": None, "wan": "WanPipeline", "cogvideox": "CogVideoXPip
 
 @pytest.mark.parametrize("family,option", [
     (f, o) for f in FAMILIES for o in [*OWN_OPTIONS, *SIZE_OPTIONS]
-    if o not in family_module(f).EXPORT_OPTIONS])
+    if o not in export_options(f)])
 def test_cli_refuses_options_the_family_does_not_take(tmp_path, family, option):
     """Refused naming the option before anything loads (the family is read from
     model_index.json alone, so an index is folder enough): an option of other families

@@ -361,7 +361,8 @@ def test_scale_model_writes_a_folder_the_family_loads(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from edge.commands import app
-    from edge.families import opensora, opensora_scaled
+    from edge.families.opensora import family as opensora
+    from edge.families.opensora import scale as opensora_scaled
 
     monkeypatch.setitem(opensora_scaled.STDIT3_V3, "depth", 1)
     monkeypatch.setitem(opensora_scaled.STDIT3_V3, "hidden_size", 64)

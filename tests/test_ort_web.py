@@ -106,7 +106,7 @@ def test_bundle_is_copied_and_listed(tmp_path):
     (["--target", "web", "--bundle-ort", "/nowhere/ort"], "no such folder"),
     (["--target", "web", "--ort-url", DEFAULT_ORT_URL, "--bundle-ort", "/nowhere"],
      "give one"),
-    (["--target", "onnx", "--ort-url", DEFAULT_ORT_URL], "apply to --target web"),
+    (["--target", "onnx", "--ort-url", DEFAULT_ORT_URL], "--ort-url applies to --target web"),
 ])
 def test_cli_refuses_before_any_work(tmp_path, args, message):
     dest = tmp_path / "pkg"

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from edge.commands import app
 from edge.core.budget import BudgetError
-from edge.families.tiny_sora import cut_text_encoder, cut_transformer
+from edge.families.tiny_sora.family import cut_text_encoder, cut_transformer
 from edge.planning.partition import merge, split
 from edge.planning.plan import block_bytes, partition, plan_residency
 

@@ -280,7 +280,7 @@ def wan_source(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def never_loads_wan(monkeypatch):
-    from edge.families import wan
+    from edge.families.wan import family as wan
 
     monkeypatch.setattr(wan, "load_pipeline", lambda f: pytest.fail("the pipeline was loaded"))
 
@@ -341,7 +341,7 @@ def test_sizes_past_what_the_model_takes_are_refused(wan_source, never_loads_wan
 
 
 def test_tokens_and_memory_are_bounded(wan_source, tmp_path, never_loads_wan, monkeypatch):
-    from edge.families import wan
+    from edge.families.wan import family as wan
 
     folder = edited_copy(wan_source, tmp_path / "wan", "transformer/config.json",
                         rope_max_seq_len=4096)

@@ -16,7 +16,9 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.families import cogvideox, load_model, ltx
+from edge.families import load_model
+from edge.families.cogvideox import family as cogvideox
+from edge.families.ltx import family as ltx
 from edge.models import scaled_cogvideox_ltx
 
 SIZE = {"height": 32, "width": 64, "frames": 17}

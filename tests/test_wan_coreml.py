@@ -181,7 +181,7 @@ def test_dry_run_lists_the_device_cut(wan_model, tmp_path, monkeypatch):
 
 
 def test_wan_words_its_own_4_bit_setting(wan_model, tmp_path, monkeypatch):
-    """Wan's --quantize 4 (edge/families/wan.py STORAGE_4, measured at 1.3B's shapes): the
+    """Wan's --quantize 4 (edge/families/wan/family.py STORAGE_4, measured at 1.3B's shapes): the
     text encoder and the transformer at int4 with block scales, the decoder at int8; it needs
     iOS 18, so --min-ios 17 is refused naming the blocks, nothing written."""
     from edge.exporters.iphone.coreml.package import INT8, STORAGES, compression

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("tvm", reason="apache-tvm (test extra) is not installed")
 
 from edge.exporters.web.tvm_plan import BlockCompiler, PlanError, read_plan, web_example  # noqa: E402
-from edge.families.tiny_sora import cut_text_encoder, cut_transformer  # noqa: E402
+from edge.families.tiny_sora.family import cut_text_encoder, cut_transformer  # noqa: E402
 from edge.graph.blocks import Block  # noqa: E402
 
 

@@ -23,7 +23,7 @@ sys.modules["tvm"] = None   # an `import tvm` anywhere now fails
 import torch
 torch.set_num_threads(int(sys.argv[2]))
 from edge.exporters.web.package import export_web
-from edge.families.tiny_sora import TinySoraModel
+from edge.families.tiny_sora.family import TinySoraModel
 from edge.models.tiny_sora import TinySora
 export_web(TinySoraModel(TinySora.load()), Path(sys.argv[1]), variants=False, unguided=True,
            paths=("wasm",))

@@ -63,15 +63,15 @@ DynamicGuidanceOption = Annotated[bool | None, typer.Option(
 
 
 def parse_sigmas(text: str | None) -> tuple[float, ...] | None:
-    """--sigmas as a tuple of numbers (commas between them); what the values must be (falling,
-    in (0, 1], one a step) the sampler settings check, naming the setting."""
+    """--sigmas as a tuple of numbers (commas between them)."""
+    from edge.core.sampler import levels_from_text
+
     if text is None:
         return None
     try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: give the noise levels as numbers with commas "
-                                 "between them, e.g. 1,0.94,0.75,0.4") from None
+        return levels_from_text(text)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
 
 
 SigmasOption = Annotated[str | None, typer.Option(

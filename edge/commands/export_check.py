@@ -23,7 +23,6 @@ from pathlib import Path
 
 from edge.core.console import echo
 
-LEVELS = ("auto", "full", "small", "blocks")
 CHECK_SECONDS = 600.0  # the most `auto` lets a full check take by its estimate
 
 

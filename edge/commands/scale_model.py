@@ -46,7 +46,7 @@ def scale_model(
     if like is not None:
         from tqdm import tqdm
 
-        from edge.families import opensora_scaled
+        from edge.families.opensora import scale as opensora_scaled
         from edge.models import scaled_cogvideox_ltx, scaled_wan
 
         known = [*scaled_wan.LIKE, *scaled_cogvideox_ltx.LIKE, *opensora_scaled.LIKE]

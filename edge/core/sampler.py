@@ -179,6 +179,17 @@ class SamplerSettings:
         return cls(**values)
 
 
+def levels_from_text(text: str) -> tuple[float, ...]:
+    """Noise levels written with commas between them ("1,0.94,0.75,0.4", as --sigmas takes
+    them); what the values must be (falling, in (0, 1], one a step) `SamplerSettings` checks,
+    naming the setting."""
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r}: give the noise levels as numbers with commas between "
+                         "them, e.g. 1,0.94,0.75,0.4") from None
+
+
 def scheduler_of(settings: SamplerSettings) -> Scheduler:
     return scheduler_for(settings.scheduler, settings.shift, settings.num_train_timesteps,
                          settings.shift_terminal)

@@ -1,46 +1,71 @@
 """Model families: which code knows how to load, cut and sample a model.
 
-`load_model(folder)` reads `folder/model_index.json` (a diffusers pipeline folder), picks the
-family by its `_class_name` and loads the model from local files only; no folder means the
-shipped tiny-sora (a tiny-sora weights folder has no model_index.json: it is recognised by its
-`tiny-sora.json`; an Open-Sora 1.2 folder of released checkpoints by its transformer's
-config, model_type STDiT3). One module per family answers the same questions (`FamilyModel`); the
-exporters, the package format and the runtimes know no family names.
+Each family is a folder, edge/families/<family>/: its `__init__.py` registers it (name, the
+diffusers pipeline class it reads, the folder it takes, its export options as data) without
+torch, so the command line reads every family at start; `family.py` loads, cuts and samples
+it. `load_model(folder)` reads `folder/model_index.json` (a diffusers pipeline folder), picks
+the family by its `_class_name` and loads the model from local files only; no folder means
+the shipped tiny-sora (a tiny-sora weights folder has no model_index.json: it is recognised
+by its `tiny-sora.json`; an Open-Sora 1.2 folder of released checkpoints by its
+transformer's config, model_type STDiT3). Every family answers the same questions
+(`FamilyModel`, edge/graph/family_model.py); the exporters, the package format and the
+runtimes know no family names.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
+from edge.core.declared import Option
 from edge.core.files import kind_of
+from edge.families.pipeline_options import SIZE_OPTIONS as _SIZES
 
-# the protocol lives beside the exporters' view of a model; the families import it from here
-from edge.graph.family_model import FamilyModel, Shapes, StorageRule  # noqa: F401 (re-exported)
+if TYPE_CHECKING:
+    from edge.graph.family_model import FamilyModel
 
 
 class FamilyError(ValueError):
     """A model folder edge cannot take; the message names the folder, file or value."""
 
 
-# `_class_name` in model_index.json -> family module name (edge/families/<module>.py)
-PIPELINE_FAMILIES = {"WanPipeline": "wan", "CogVideoXPipeline": "cogvideox",
-                     "LTXPipeline": "ltx"}
-FAMILIES = ("tiny-sora", *PIPELINE_FAMILIES.values(), "opensora")
+# family name -> its folder under edge/families/; the first is the default model
+_FOLDERS = {"tiny-sora": "tiny_sora", "wan": "wan", "cogvideox": "cogvideox", "ltx": "ltx",
+            "opensora": "opensora"}
+FAMILIES = tuple(_FOLDERS)
+DEFAULT_FAMILY = FAMILIES[0]
 # the export options that size a diffusers family's package (tiny-sora's come with its weights)
-SIZE_OPTIONS = ("height", "width", "frames", "steps")
+SIZE_OPTIONS = tuple(option.name for option in _SIZES)
 
 
-def family_module(family: str):
-    import importlib
+def registered(family: str) -> ModuleType:
+    """A family's registration (edge/families/<family>/__init__.py): NAME, PIPELINE, FOLDER,
+    OPTIONS, read without torch."""
+    return importlib.import_module(f"edge.families.{_FOLDERS[family]}")
 
-    return importlib.import_module(f"edge.families.{family.replace('-', '_')}")
+
+def family_module(family: str) -> ModuleType:
+    """The family itself (edge/families/<family>/family.py): load, accepts, its model."""
+    return importlib.import_module(f"edge.families.{_FOLDERS[family]}.family")
+
+
+def pipeline_families() -> dict[str, str]:
+    """`_class_name` in model_index.json -> the family that reads such a folder."""
+    return {registered(f).PIPELINE: f for f in FAMILIES if registered(f).PIPELINE}
+
+
+def declared_options(family: str) -> tuple[Option, ...]:
+    """The export options a family's `load` takes, as it declares them."""
+    return registered(family).OPTIONS
 
 
 def export_options(family: str) -> tuple[str, ...]:
-    """The options a family's `load` takes, as the family declares them (its module's
-    EXPORT_OPTIONS); `edge export` takes them as --options of the same names."""
-    return family_module(family).EXPORT_OPTIONS
+    """The names of a family's export options; `edge export` takes them as --options of the
+    same names."""
+    return tuple(option.name for option in declared_options(family))
 
 
 def check_size(family: str, folder: Path | None) -> dict[str, int] | None:
@@ -67,7 +92,7 @@ def family_of(folder: Path | None) -> str:
     """The family name of a model folder (None: the shipped tiny-sora), refused with a
     message naming the folder or value when edge cannot take it."""
     if folder is None or (folder / "tiny-sora.json").is_file():
-        return "tiny-sora"
+        return DEFAULT_FAMILY
     index = folder / "model_index.json"
     kind = kind_of(folder)
     if kind == "missing":
@@ -87,11 +112,12 @@ def family_of(folder: Path | None) -> str:
         class_name = json.loads(index.read_text()).get("_class_name")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
         raise FamilyError(f"{index}: not a JSON object ({err})") from None
-    if class_name not in PIPELINE_FAMILIES:
+    pipelines = pipeline_families()
+    if class_name not in pipelines:
         raise FamilyError(f"{index}: _class_name {class_name!r} is not a supported pipeline; "
-                          f"supported: {', '.join(sorted(PIPELINE_FAMILIES))} (and tiny-sora "
+                          f"supported: {', '.join(sorted(pipelines))} (and tiny-sora "
                           "weights folders)")
-    return PIPELINE_FAMILIES[class_name]
+    return pipelines[class_name]
 
 
 def check_options(family: str, options: dict) -> None:

@@ -19,10 +19,8 @@ import torch
 
 from edge.core.package import file_entry
 from edge.core.sampler import SamplerSettings
-from edge.families import SIZE_OPTIONS, FamilyError, Shapes
-
-# what every diffusers family's `load` takes (its EXPORT_OPTIONS, beside any of its own)
-PIPELINE_OPTIONS = (*SIZE_OPTIONS, "sigmas", "out_of_core", "lora")
+from edge.families import FamilyError
+from edge.graph.family_model import Shapes
 
 
 def target_shapes(target: str) -> Shapes:

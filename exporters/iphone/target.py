@@ -22,6 +22,7 @@ from edge.exporters import (
     refuse_others,
     refuse_out_of_core,
 )
+from edge.exporters.iphone import NAME
 from edge.exporters.iphone.coreml.package import (
     DEFAULT_MIN_IOS,
     LAYOUTS,
@@ -38,7 +39,6 @@ from edge.graph.blocks import with_unguided
 from edge.graph.family_model import FamilyModel
 from edge.planning.plan import READ_UNIT, device_residency
 
-NAME = "iphone"
 COREAI_MIN_IOS = 27   # --min-ios 27: the Core AI layout (exporters/iphone/coreai/layout.py)
 
 
@@ -56,8 +56,7 @@ def _coreai(options: ExportOptions):
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"quantize", "min_ios", "memory_budget", "unguided_variants",
-                                  "execute"})
+    refuse_others(NAME, options)
     if coreai := _coreai(options):
         return coreai.check(options)
     if options.execute is not None:

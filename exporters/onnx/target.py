@@ -9,16 +9,16 @@ from pathlib import Path
 
 from edge.core.budget import format_size
 from edge.exporters import ExportOptions, Prepared, Progress, check_execute, refuse_others
+from edge.exporters.onnx import NAME
 from edge.exporters.shared.validation import worst_block
 from edge.graph.attention import budget_score_limit
 from edge.graph.family_model import FamilyModel
+from edge.planning.activation_memory import RUNTIME_BATCH_PIECES
 from edge.planning.plan import READ_UNIT, partition, plan_lines, plan_residency
-
-NAME = "onnx"
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options, {"memory_budget", "end_to_end", "execute"})
+    refuse_others(NAME, options)
     check_execute(options)
 
 
@@ -34,7 +34,8 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     plan = plan_residency(cut.components, budget)
     lines = plan_lines(plan, cut.members, budget)
     return Prepared(cut.components, notes=cut.notes + plan["notes"], plan_lines=lines,
-                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None)
+                    manifest_plan=cut.to_manifest(budget, READ_UNIT) if budget else None,
+                    batch_pieces=RUNTIME_BATCH_PIECES if budget is not None else None)
 
 
 def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOptions,

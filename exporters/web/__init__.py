@@ -1,4 +1,33 @@
 """`--target web`: the registered target (`target.py`) and the static site it writes
 (`package.py`): TVM WebGPU kernels with launch plans (`tvm_plan.py`, `tvm_passes.py`), wasm
 graphs for onnxruntime-web (`ort_web.py`), the stored weight forms (`storage.py`), the inputs
-both paths take (`inputs.py`) and the end-to-end check of the stored form (`check.py`)."""
+both paths take (`inputs.py`) and the end-to-end check of the stored form (`check.py`). What
+the command line reads at start, without torch, is declared here."""
+
+from pathlib import Path
+
+from edge.core.declared import Option
+from edge.exporters.shared.options import UNGUIDED_VARIANTS
+
+NAME = "web"
+HELP = ("WebGPU kernels by TVM and wasm graphs for onnxruntime-web, or the wasm graphs alone "
+        "with --web-paths wasm, with the demo page: a static site for `edge serve`")
+NEEDS = ("torch", "onnx")            # TVM too for the WebGPU path (target.py check)
+READS_BLOCKS_FROM_STORAGE = True
+
+OPTIONS = (
+    Option("quantize", str, "How weights are stored and downloaded: fp32, fp16, 8 (int8 with a "
+           "scale per row) or 4 (the family's rule: int4 with a scale per 32 inputs where its "
+           "phone rule stores 4 bits, int8 elsewhere) [default: fp16]."),
+    Option("ort_url", str, "The https folder URL the page loads onnxruntime-web (its wasm path) "
+           "from, each file checked by sha256 [default: the pinned version on the jsDelivr "
+           "CDN]."),
+    Option("bundle_ort", Path, "Copy onnxruntime-web from this dist folder into the package, so "
+           "the page works offline."),
+    Option("web_paths", str, "The paths the package holds. webgpu,wasm: WebGPU kernels and "
+           "launch plans (TVM, each plan replayed with its llvm build) and the wasm graphs, the "
+           "page running the faster; wasm: onnxruntime-web's wasm graphs alone, no TVM "
+           "(the default model's blocks export in a quarter of the time; the page runs on the "
+           "CPU, a GPU or not) [default: webgpu,wasm]."),
+    UNGUIDED_VARIANTS,
+)

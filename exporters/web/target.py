@@ -18,9 +18,9 @@ from edge.exporters import (
     refuse_others,
 )
 from edge.exporters.shared.validation import worst_block
+from edge.exporters.web import NAME
 from edge.graph.family_model import FamilyModel
 
-NAME = "web"
 # what one page can hold: the wasm32 heap (4 GiB), where onnxruntime-web's wasm path keeps
 # every weight; a Chrome ArrayBuffer stops at about 2 GB (docs/web.md, Limits)
 PAGE_MEMORY_BYTES = 4 * 1024**3
@@ -56,8 +56,7 @@ def check(options: ExportOptions) -> None:
         raise ExportOptionError(
             "--memory-budget: a web package takes its budget where the page loads it "
             "(Pipeline.load(url, {budget}), ?budget= on the demo page), not at export")
-    refuse_others(NAME, options, {"ort_url", "bundle_ort", "quantize", "unguided_variants",
-                                  "web_paths"})
+    refuse_others(NAME, options)
     paths = web_paths(options)
     try:
         if options.quantize is not None:

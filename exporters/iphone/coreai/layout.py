@@ -12,7 +12,6 @@ from edge.core.budget import format_size
 from edge.core.package import folder_bytes
 from edge.core.video_metrics import psnr, snr
 from edge.exporters import (
-    EXECUTE,
     ExportOptionError,
     ExportOptions,
     ExportValidationError,
@@ -36,6 +35,7 @@ from edge.exporters.iphone.coreai.package import (
     quantizes,
 )
 from edge.exporters.iphone.coreai.worker import PINNED
+from edge.exporters.shared.options import EXECUTE_CHOICES
 from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.attention import budget_score_limit
@@ -203,7 +203,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
         chosen, recipe = _chosen(model, prepared, quantize, progress)
     else:
         chosen = precision(options, model)
-    execute = options.execute or EXECUTE[0]
+    execute = options.execute or EXECUTE_CHOICES[0]
 
     def export_component(name: str, blocks: list, root: Path, on_block) -> list[dict]:
         # one child process a component: its graphs wait on disk for it meanwhile; the

@@ -34,20 +34,19 @@ import torch
 from edge.core.files import kind_of
 from edge.core.package import write_null_caption
 from edge.core.sampler import SamplerSettings
-from edge.families import FamilyError, Shapes, StorageRule
+from edge.families import FamilyError
 from edge.families.config_check import (
     check_against_weights,
     check_layer_counts,
     stored_tensors,
 )
 from edge.families.folder import check_component_files, read_json
+from edge.families.opensora import NAME
 from edge.families.pipeline_run import Accepted, PipelineModel, with_steps
 from edge.graph.blocks import Block, Chunking
+from edge.graph.family_model import Shapes, StorageRule
 from edge.graph.reference_device import modules_on
 
-NAME = "opensora"
-# the frame rate is the model's input (LTX-Video's option of the same name is its RoPE's)
-EXPORT_OPTIONS = ("height", "width", "frames", "steps", "frame_rate")
 PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
 DEFAULT_SIZE = {"height": 240, "width": 432, "frames": 51}
 SPATIAL = 8                    # pixels per latent cell (the 2D VAE's)

@@ -53,7 +53,7 @@ def transformer_parts(depth: int) -> Iterator[tuple[str, nn.Module]]:
     """STDiT3 without its blocks, then each spatial and temporal block on its own under the
     name the whole model gives it; the conditioning tables drawn small, not zero, so the
     random model's blocks see their modulation."""
-    from edge.families.opensora import dataclass_config
+    from edge.families.opensora.family import dataclass_config
     from edge.models.opensora_stdit3 import STDiT3, STDiT3Block, STDiT3Config
 
     cfg = dataclass_config(STDiT3Config, STDIT3_V3, Path("config.json"))
@@ -73,7 +73,7 @@ def vae_module() -> nn.Module:
     """The VAE's decoding half at VAE-v1.2's shapes (the SDXL 2D VAE's), random weights."""
     from diffusers import AutoencoderKL
 
-    from edge.families.opensora import SDXL_VAE, dataclass_config
+    from edge.families.opensora.family import SDXL_VAE, dataclass_config
     from edge.models.opensora_vae import OpenSoraVAE, TemporalVAEConfig
 
     temporal = dataclass_config(TemporalVAEConfig, VAE_V12["vae_temporal"], Path("config.json"))

@@ -41,7 +41,7 @@ from torch import nn
 from edge.core.options import decode_values
 from edge.core.sampler import SamplerSettings
 from edge.core.schedulers import ltx_mu
-from edge.families import FamilyError, Shapes, StorageRule
+from edge.families import FamilyError
 from edge.families.folder import (
     check_component_folders,
     checked_sampler,
@@ -52,8 +52,8 @@ from edge.families.folder import (
     physical_memory_bytes,
     train_timesteps,
 )
+from edge.families.ltx import NAME
 from edge.families.pipeline_run import (
-    PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
     load_family,
@@ -61,12 +61,9 @@ from edge.families.pipeline_run import (
 )
 from edge.families.t5 import cut_t5_encoder
 from edge.graph.blocks import Block, Chunking
+from edge.graph.family_model import Shapes, StorageRule
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 
-NAME = "ltx"
-# LTXPipeline's frame_rate (the RoPE positions' time scale) and a timestep-conditioned
-# decoder's defaults (`DecodeSettings`), beside every diffusers family's options
-EXPORT_OPTIONS = (*PIPELINE_OPTIONS, "frame_rate", "decode_timestep", "decode_noise_scale")
 COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 # LTXPipeline.__call__'s defaults
 GUIDANCE = 3.0

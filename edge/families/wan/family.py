@@ -41,7 +41,7 @@ from torch import nn
 
 from edge.core.sampler import SamplerSettings
 from edge.core.tiles import Tiling
-from edge.families import FamilyError, Shapes, StorageRule
+from edge.families import FamilyError
 from edge.families.folder import (
     check_component_folders,
     checked_sampler,
@@ -54,20 +54,19 @@ from edge.families.folder import (
     train_timesteps,
 )
 from edge.families.pipeline_run import (
-    PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
     load_family,
     with_steps,
 )
 from edge.families.t5 import cut_umt5_encoder
+from edge.families.wan import NAME
 from edge.graph.blocks import Block, Chunking
+from edge.graph.family_model import Shapes, StorageRule
 from edge.graph.lazy_weights import materialized
 from edge.graph.reference_device import on_device_of
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 
-NAME = "wan"
-EXPORT_OPTIONS = PIPELINE_OPTIONS
 COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 DEFAULT_SIZE = {"height": 480, "width": 832, "frames": 81}     # Wan 2.1's own defaults
 TEXT_TOKENS = 512                                             # WanPipeline's max_sequence_length

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from edge.core.sampler import SamplerSettings
-from edge.families import FamilyError, Shapes, StorageRule
+from edge.families import FamilyError
+from edge.families.cogvideox import NAME
 from edge.families.folder import (
     check_component_folders,
     checked_sampler,
@@ -51,7 +52,6 @@ from edge.families.folder import (
     train_timesteps,
 )
 from edge.families.pipeline_run import (
-    PIPELINE_OPTIONS,
     Accepted,
     PipelineModel,
     load_family,
@@ -59,12 +59,11 @@ from edge.families.pipeline_run import (
 )
 from edge.families.t5 import cut_t5_encoder
 from edge.graph.blocks import Block, Chunking
+from edge.graph.family_model import Shapes, StorageRule
 from edge.graph.lazy_weights import materialized
 from edge.models.tdtm import merge_token_frames, pair_first_frames, unmerge_token_frames
 from edge.models.video_norm import video_group_norm
 
-NAME = "cogvideox"
-EXPORT_OPTIONS = PIPELINE_OPTIONS
 COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 GUIDANCE = 6.0            # CogVideoXPipeline's guidance_scale
 STEPS = 50

@@ -23,14 +23,13 @@ from torch import nn
 
 from edge.core.package import file_entry, write_null_caption
 from edge.core.sampler import SamplerSettings
-from edge.families import FamilyError, Shapes, StorageRule
+from edge.families import FamilyError
+from edge.families.tiny_sora import NAME
 from edge.graph.blocks import Block, EncoderLayerBlock
+from edge.graph.family_model import Shapes, StorageRule
 from edge.models.stdit import MergedPair, STDiTPair
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, TinySora
 from edge.models.tiny_sora_folder import WeightsFolderError
-
-NAME = "tiny-sora"
-EXPORT_OPTIONS = ()  # its video size and sampler come with its weights
 
 
 class BertEmbeddingsBlock(nn.Module):
