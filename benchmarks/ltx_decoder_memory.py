@@ -1,5 +1,5 @@
 """What LTX-Video's VAE decoder costs in memory over a whole clip, at LTX-Video 0.9.0's real
-shapes with random weights (edge/models/scaled_cogvideox_ltx.py LTX_VAE; no download).
+shapes with random weights (edge/families/ltx/scale.py LTX_VAE; no download).
 
 LTX's decoder is not causal in time (its convolutions pad with copies of the first and the
 last frame), so edge runs it over the whole clip in one call (docs/families.md). Here
@@ -38,7 +38,7 @@ def measure(size: str, threads: int) -> dict:
     import torch
     from diffusers import AutoencoderKLLTXVideo
 
-    from edge.models.scaled_cogvideox_ltx import LTX_VAE
+    from edge.families.ltx.scale import LTX_VAE
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """What Open-Sora 1.2's 2D decoder holds a call when a chunk's 17 frames go through it as one
-batch against one frame after another (edge/models/opensora_blocks.py SpatialDecoder), at
+batch against one frame after another (edge/families/opensora/blocks.py SpatialDecoder), at
 VAE-v1.2's real shapes with random weights (edge/families/opensora/scale.py; no download).
 
 Both forms are exported as the ONNX exporter exports a block (weights as inputs) and each is
@@ -40,9 +40,9 @@ class Batched(nn.Module):
 
 def blocks(size: str):
     """(frame by frame, batched) spatial decoder blocks of one chunk at `size`."""
+    from edge.families.opensora.blocks import SpatialDecoder
     from edge.families.opensora.scale import vae_module
     from edge.graph.blocks import Block
-    from edge.models.opensora_blocks import SpatialDecoder
 
     torch.manual_seed(0)
     height, width = (int(v) for v in size.split("x"))

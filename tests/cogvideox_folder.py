@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from tiny_parts import tiny_t5_encoder
 
-from edge.models.scaled_wan import small_tokenizer
+from edge.families.scaled import small_tokenizer
 
 # the transformer's own size, in latent cells and frames: exports at another size make the
 # sin-cos position table there (diffusers rebuilds it in place when the sizes differ)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tiny_parts import tiny_t5_encoder
 
-from edge.models.scaled_wan import small_tokenizer
+from edge.families.scaled import small_tokenizer
 
 LATENT_CHANNELS = 8
 # the VAE's 2 x 2 patches and two space-time upsamplings: 8x in space, 4x in time (LTX's

@@ -96,7 +96,7 @@ CLEAN_CASES = [
 
 
 def wan_tiny() -> dict:
-    from edge.models.scaled_wan import small_tokenizer
+    from edge.families.scaled import small_tokenizer
 
     return json.loads(small_tokenizer().backend_tokenizer.to_str())
 

@@ -88,7 +88,7 @@ def test_graph_friendly_upsampler_equals_diffusers(frames, compress_time):
     CogVideoXUpsample3D for an odd call (its first frame apart), an even one and one frame."""
     from diffusers.models.upsampling import CogVideoXUpsample3D
 
-    from edge.families.cogvideox.family import GraphFriendlyUpsample
+    from edge.families.cogvideox.networks import GraphFriendlyUpsample
 
     theirs = CogVideoXUpsample3D(4, 4, compress_time=compress_time).eval()
     x = torch.randn(2, 4, frames, 3, 5, generator=torch.Generator().manual_seed(frames))
@@ -104,7 +104,7 @@ def test_graph_friendly_spatial_norm_equals_diffusers(frames, size):
     frame apart, whole multiples in time and space, no resize at all."""
     from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXSpatialNorm3D
 
-    from edge.families.cogvideox.family import GraphFriendlySpatialNorm
+    from edge.families.cogvideox.networks import GraphFriendlySpatialNorm
 
     theirs = CogVideoXSpatialNorm3D(8, 4, groups=4).eval()
     g = torch.Generator().manual_seed(frames)
@@ -172,7 +172,7 @@ def test_merged_block_equals_the_block_when_frame_pairs_are_equal(cog_models):
     """TDTM's variant of a block, fed video tokens whose frames are equal in pairs (the
     last, odd frame alone), gives the block's own output: merging then loses nothing (the
     merged keys' log 2 keeps the caption's share of the joint attention)."""
-    from edge.families.cogvideox.family import CogVideoXBlockCut, MergedCogVideoXBlock
+    from edge.families.cogvideox.networks import CogVideoXBlockCut, MergedCogVideoXBlock
 
     model = cog_models["5b"]
     block = model.pipe.transformer.transformer_blocks[0]

@@ -167,6 +167,28 @@ def test_cli_refuses_options_the_family_does_not_take(tmp_path, family, option):
 # ---- the package ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", CASES)
+def test_the_package_is_the_same_bytes_as_recorded(request, case):
+    """Every family's package is what the code made when its digest was recorded: graphs,
+    weights, tokenizer, conditioning and manifest byte for byte (less what an export
+    measures), so a move of code that changes a package fails here (tests/package_digest.py
+    says how to record them again where a change is meant to)."""
+    from package_digest import package_digest, record, recorded, recording, tool_versions
+
+    root, _ = package_of(request, case)
+    digest = package_digest(root)
+    if recording():
+        record(case, digest)
+        return
+    book = recorded()
+    if book["tools"] != tool_versions():
+        pytest.skip(f"the digests were recorded with {book['tools']}; this install has "
+                    f"{tool_versions()}, whose graphs may differ in bytes")
+    assert book["packages"].get(case) == digest, (
+        f"{case}: the package's bytes changed (digest {digest}); if the change is meant to "
+        "change packages, record them again (tests/package_digest.py)")
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_package_fields_are_the_models(request, case):
     """The manifest carries the model's latents, sampler and tokenizer; a diffusers
     family's also its video size, the layout, the negative prompt, a conditioned decoder's

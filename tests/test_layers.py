@@ -31,7 +31,7 @@ MAY_IMPORT = {
     "graph": {"core"},
     # the dry run's plan: partition, residency, activation memory, compute cost
     "planning": {"core", "graph"},
-    # PyTorch networks: tiny-sora's own, Open-Sora's, the random-weight writers
+    # PyTorch networks tiny-sora is built of (the families' own live in their folders)
     "models": {"core", "graph"},
     # the families that read a folder and cut its networks into blocks
     "families": {"core", "graph", "models"},

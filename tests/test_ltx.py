@@ -125,7 +125,7 @@ def test_graph_friendly_causal_conv_equals_diffusers(causal, kernel, frames):
     kernel (CoreML refuses a repeat of 0), on a permuted input too (a LayerNorm's output)."""
     from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoCausalConv3d
 
-    from edge.families.ltx.family import GraphFriendlyCausalConv3d
+    from edge.families.ltx.networks import GraphFriendlyCausalConv3d
 
     theirs = LTXVideoCausalConv3d(4, 6, kernel_size=kernel, is_causal=causal).eval()
     g = torch.Generator().manual_seed(frames)
@@ -141,7 +141,7 @@ def test_channel_rms_norm_equals_diffusers_norm_of_moved_channels(channels):
     transposes of the widest activations."""
     from diffusers.models.normalization import RMSNorm
 
-    from edge.families.ltx.family import channel_rms_norm
+    from edge.families.ltx.networks import channel_rms_norm
 
     norm = RMSNorm(channels, eps=1e-8, elementwise_affine=False)
     x = torch.randn(2, channels, 3, 6, 10, generator=torch.Generator().manual_seed(channels))
@@ -156,7 +156,7 @@ def test_graph_friendly_resnet_equals_diffusers(channels_in, channels_out, times
     change, the time modulation at rank 5 (diffusers': rank 6, past CoreML's 5)."""
     from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoResnetBlock3d
 
-    from edge.families.ltx.family import GraphFriendlyResnet
+    from edge.families.ltx.networks import GraphFriendlyResnet
 
     torch.manual_seed(1)
     theirs = LTXVideoResnetBlock3d(channels_in, channels_out, is_causal=False,
@@ -177,7 +177,7 @@ def test_graph_friendly_upsampler_equals_diffusers(residual, upscale, frames):
     copies dropped; 0.9.5's residual upsamplers that halve the channels too."""
     from diffusers.models.autoencoders.autoencoder_kl_ltx import LTXVideoUpsampler3d
 
-    from edge.families.ltx.family import GraphFriendlyUpsampler
+    from edge.families.ltx.networks import GraphFriendlyUpsampler
 
     torch.manual_seed(3)
     theirs = LTXVideoUpsampler3d(16, stride=(2, 2, 2), is_causal=False, residual=residual,
@@ -193,7 +193,7 @@ def test_graph_friendly_decoder_equals_diffusers(kind, changes):
     """conv_in, the mid block, the up blocks and the output stage (norm, time modulation,
     the patches back to pixels at rank 5: diffusers' unpatchify reshapes to rank 8) chained
     give LTXVideoDecoder3d's frames, 2x2 and 4x4 patches."""
-    from edge.families.ltx.family import (
+    from edge.families.ltx.networks import (
         GraphFriendlyCausalConv3d,
         GraphFriendlyMidBlock,
         GraphFriendlyUpBlock,
@@ -355,7 +355,7 @@ def test_merged_block_equals_the_block_when_frame_pairs_are_equal(ltx_folders):
     TDTM variant gives the base block's output. An even count of latent frames (13 frames:
     4), so that no frame stands alone: its keys would weigh half a pair's in the merged
     attention."""
-    from edge.families.ltx.family import LTXBlockCut, MergedLTXBlock
+    from edge.families.ltx.networks import LTXBlockCut, MergedLTXBlock
 
     model = load_model(ltx_folders["plain"], **(SIZE | {"frames": 13}))
     _, f, h, w = model.latent_shape

@@ -148,7 +148,7 @@ def test_the_cut_chains_to_the_model(model):
 def test_rflow_levels_are_opensoras_timesteps():
     """edge's `rflow` scheduler (all runtimes) steps through Open-Sora's transformed times."""
     from edge.core.schedulers import scheduler_for
-    from edge.models.opensora_pipeline import rflow_timesteps, time_shift
+    from edge.families.opensora.pipeline import rflow_timesteps, time_shift
 
     for (h, w, f), steps in (((64, 96, 34), 2), ((240, 432, 51), 30), ((480, 848, 102), 7)):
         shift = time_shift(h, w, f)

@@ -33,7 +33,7 @@ def tiny(pipeline):
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """A scaled tiny-sora whose pairs (~3 MiB) are large beside a few-MiB budget."""
-    from edge.models.scaled import write_scaled_model
+    from edge.families.tiny_sora.scale import write_scaled_model
     from edge.models.tiny_sora import TinySora
 
     root = tmp_path_factory.mktemp("plan") / "wide"

@@ -341,7 +341,7 @@ def test_sizes_past_what_the_model_takes_are_refused(wan_source, never_loads_wan
 
 
 def test_tokens_and_memory_are_bounded(wan_source, tmp_path, never_loads_wan, monkeypatch):
-    from edge.families.wan import family as wan
+    from edge.families.wan import folder_checks as wan
 
     folder = edited_copy(wan_source, tmp_path / "wan", "transformer/config.json",
                         rope_max_seq_len=4096)

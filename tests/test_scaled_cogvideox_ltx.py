@@ -16,13 +16,15 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from edge.commands import app
-from edge.families import load_model
+from edge.families import load_model, scaled
 from edge.families.cogvideox import family as cogvideox
+from edge.families.cogvideox import scale as cogvideox_scale
 from edge.families.ltx import family as ltx
-from edge.models import scaled_cogvideox_ltx
+from edge.families.ltx import scale as ltx_scale
 
 SIZE = {"height": 32, "width": 64, "frames": 17}
-TEXT = scaled_cogvideox_ltx.T5_SMALL | {"d_model": 32, "d_kv": 8, "num_heads": 2, "d_ff": 32}
+SCALES = {"cogvideox-2b": cogvideox_scale, "ltx-video-2b": ltx_scale}
+TEXT = scaled.T5_SMALL | {"d_model": 32, "d_kv": 8, "num_heads": 2, "d_ff": 32}
 # each family's preset at a size the test machine writes and loads in seconds; only the
 # widths and counts differ from the real presets
 SMALL = {
@@ -42,7 +44,7 @@ SMALL = {
 
 @pytest.mark.parametrize("like, billions", [("cogvideox-2b", 1.69), ("ltx-video-2b", 1.92)])
 def test_real_size_transformers(like, billions):
-    shape = scaled_cogvideox_ltx.LIKE[like]
+    shape = SCALES[like].LIKE[like]
     with torch.device("meta"):
         transformer = getattr(diffusers, shape.transformer_class)(**shape.transformer)
     assert round(sum(p.numel() for p in transformer.parameters()) / 1e9, 2) == billions
@@ -53,26 +55,23 @@ def test_real_size_transformers(like, billions):
 def test_real_size_configs_are_what_the_families_take(tmp_path, monkeypatch, like, family):
     """The real-size folder's JSON files, written on the meta device with the weights left
     out, pass the family's checks at the model's own video size (its defaults)."""
-    from edge.models import scaled_wan
-
-    # no weights written: the transformer's shards, and the text encoder's (scaled_wan's
-    # write_text_encoder writes them)
-    monkeypatch.setattr(scaled_cogvideox_ltx, "write_shards", lambda *args: 0)
-    monkeypatch.setattr(scaled_wan, "write_shards", lambda *args: 0)
+    # no weights written: the transformer's shards, and the text encoder's (both through
+    # edge/families/scaled.py's write_shards)
+    monkeypatch.setattr(scaled, "write_shards", lambda *args: 0)
     monkeypatch.setattr(diffusers.ModelMixin, "save_pretrained",
                         lambda self, folder, **kw: self.save_config(folder))
     with torch.device("meta"):
-        scaled_cogvideox_ltx.write_family_like(tmp_path / like, like)
+        SCALES[like].write_like(tmp_path / like, like)
     size = family.accepts(tmp_path / like)[0]
     assert size["frames"] == {"cogvideox-2b": 49, "ltx-video-2b": 161}[like]
 
 
 @pytest.mark.parametrize("like", list(SMALL))
 def test_scale_model_writes_a_folder_the_family_loads(tmp_path, monkeypatch, like):
-    shape = scaled_cogvideox_ltx.LIKE[like]
+    shape = SCALES[like].LIKE[like]
     small = replace(shape, transformer=shape.transformer | SMALL[like]["transformer"],
                     vae=SMALL[like]["vae"], text_encoder=TEXT)
-    monkeypatch.setitem(scaled_cogvideox_ltx.LIKE, like, small)
+    monkeypatch.setitem(SCALES[like].LIKE, like, small)
     out = tmp_path / like
     res = CliRunner().invoke(app, ["scale-model", "--like", like, "--seed", "3", str(out)])
     assert res.exit_code == 0, res.output

@@ -80,7 +80,7 @@ def test_the_cut_runs_no_block_and_chained_feeds_each_the_activations_before_it(
 def test_graph_friendly_upsamplers_equal_diffusers(wan_models):
     """The decoder's upsamplers, rewritten with ops CoreML takes (nearest, rank <= 5), give
     exactly what diffusers' WanResample gives, frame by frame with the cache carried."""
-    from edge.families.wan.family import GraphFriendlyResample
+    from edge.families.wan.networks import GraphFriendlyResample
 
     ups = [b.upsamplers[0] for b in wan_models["unipc"].pipe.vae.decoder.up_blocks
            if b.upsamplers is not None]
@@ -443,7 +443,7 @@ def test_cli_refuses_before_writing(wan_folders, tmp_path):
 def test_merged_block_equals_the_block_when_frame_pairs_are_equal(wan_models):
     """With each pair of latent frames equal (tokens and RoPE), merging loses nothing: the
     TDTM variant gives the base block's output."""
-    from edge.families.wan.family import MergedWanBlock, WanBlock
+    from edge.families.wan.networks import MergedWanBlock, WanBlock
 
     model = wan_models["unipc"]
     block = model.pipe.transformer.blocks[0]
@@ -467,7 +467,8 @@ def test_real_size_folders_are_written_block_by_block_and_load(tmp_path):
     diffusers loads; checked here on a small config of the same code path."""
     from diffusers import WanTransformer3DModel
 
-    from edge.models.scaled_wan import WAN21_T2V_13B, transformer_parts, write_shards
+    from edge.families.scaled import write_shards
+    from edge.families.wan.scale import WAN21_T2V_13B, transformer_parts
 
     config = WAN21_T2V_13B | {"num_attention_heads": 2, "attention_head_dim": 12,
                               "ffn_dim": 32, "num_layers": 3, "text_dim": 16, "freq_dim": 16}

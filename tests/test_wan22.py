@@ -53,7 +53,7 @@ def test_rewritten_decoder_pieces_equal_diffusers(wan22):
     rewritten block keeps the block's parameter names."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify as theirs_unpatchify
 
-    from edge.families.wan.family import GraphFriendlyResidualUpBlock, duplicate_up, unpatchify
+    from edge.families.wan.networks import GraphFriendlyResidualUpBlock, duplicate_up, unpatchify
 
     g = torch.Generator().manual_seed(3)
     blocks = [b for b in wan22.pipe.vae.decoder.up_blocks if b.avg_shortcut is not None]
@@ -134,7 +134,7 @@ def test_scale_model_writes_wan22_shapes(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from edge.commands import app
-    from edge.models import scaled_wan
+    from edge.families.wan import scale as scaled_wan
 
     like = scaled_wan.LIKE["wan2.2-ti2v-5b"]
     with torch.device("meta"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from edge.models.scaled_wan import small_tokenizer
+from edge.families.scaled import small_tokenizer
 
 
 def diffusers_frames(vae, z: torch.Tensor) -> torch.Tensor:

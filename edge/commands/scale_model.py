@@ -38,7 +38,7 @@ def scale_model(
     block at a time."""
     from edge.core.budget import format_size
     from edge.core.package import PackageWriteError
-    from edge.models.scaled import identify_scaled_model
+    from edge.families.scaled import identify_scaled_model
 
     if full_text_encoder and like is None:
         fail("--full-text-encoder applies with --like")
@@ -46,30 +46,28 @@ def scale_model(
     if like is not None:
         from tqdm import tqdm
 
-        from edge.families.opensora import scale as opensora_scaled
-        from edge.models import scaled_cogvideox_ltx, scaled_wan
+        from edge.families.cogvideox import scale as cogvideox_scale
+        from edge.families.ltx import scale as ltx_scale
+        from edge.families.opensora import scale as opensora_scale
+        from edge.families.wan import scale as wan_scale
 
-        known = [*scaled_wan.LIKE, *scaled_cogvideox_ltx.LIKE, *opensora_scaled.LIKE]
+        # each family's presets and writer (edge/families/<family>/scale.py)
+        writers = [wan_scale, cogvideox_scale, ltx_scale, opensora_scale]
+        known = [name for writer in writers for name in writer.LIKE]
         if like not in known:
             fail(f"--like {like!r}: known: {', '.join(known)}")
-        if full_text_encoder and like not in scaled_wan.LIKE:
+        if full_text_encoder and like not in wan_scale.LIKE:
             # only Wan's UMT5-XXL shapes are offered; the small T5 already has T5-XXL's width
             fail(f"--full-text-encoder: applies to the Wan presets only, not {like}")
+        writer = next(w for w in writers if like in w.LIKE)
+        own = {"full_text_encoder": full_text_encoder} if writer is wan_scale else {}
         try:
             with tqdm(desc="writing", unit="part") as bar:
                 def on_part(name: str) -> None:
                     bar.set_postfix_str(name)
                     bar.update()
 
-                if like in scaled_cogvideox_ltx.LIKE:
-                    written = scaled_cogvideox_ltx.write_family_like(out, like, seed, on_part,
-                                                                     force)
-                elif like in opensora_scaled.LIKE:
-                    written = opensora_scaled.write_opensora_like(out, like, seed, on_part,
-                                                                  force)
-                else:
-                    written = scaled_wan.write_wan_like(out, like, full_text_encoder, seed,
-                                                        on_part, force)
+                written = writer.write_like(out, like, seed, on_part, force, **own)
         except (ValueError, PackageWriteError) as err:
             fail(str(err))
         params = written["transformer_params"]
@@ -77,7 +75,7 @@ def scale_model(
              f"parameters ({format_size(params * 4)} fp32), text encoder of "
              f"{written['text_encoder_params'] / 1e6:.0f} M, random weights (seed {seed})")
         return
-    from edge.models.scaled import write_scaled_model
+    from edge.families.tiny_sora.scale import write_scaled_model
 
     try:
         config = write_scaled_model(out, hidden, pairs, heads, seed, force=force)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
@@ -20,7 +20,8 @@ import torch
 from edge.core.package import file_entry
 from edge.core.sampler import SamplerSettings
 from edge.families import FamilyError
-from edge.graph.family_model import Shapes
+from edge.graph.blocks import Chunking
+from edge.graph.family_model import Shapes, StorageRule
 
 
 def target_shapes(target: str) -> Shapes:
@@ -115,15 +116,32 @@ class Accepted(NamedTuple):
     own: dict = {}
 
 
+@dataclass
 class PipelineModel:
-    """The closing code of a diffusers family's model (a base of its dataclass, which has
-    `pipe`, `height`, `width`, `frames`, `sampler` and `text_tokens`). Hooks: `clean`,
-    `start` and `pipeline_options`; a family adds manifest fields by extending
-    `package_fields`."""
+    """The fields and closing code every diffusers family's model shares (the base of its
+    dataclass; a family adds its own fields, e.g. LTX-Video's frame rate, and sets `family`
+    and `clean` as class attributes). Hooks: `clean`, `start` and `pipeline_options`; a family
+    adds manifest fields by extending `package_fields`."""
 
+    pipe: object                    # the family's pipeline (diffusers' for a diffusers folder)
+    folder: Path
+    _: KW_ONLY
+    height: int
+    width: int
+    frames: int
+    sampler: SamplerSettings
+    notes: list[str]
+    name: str                       # the folder's name: the package's default name
+    # components run piece by piece, state carried (edge/graph/blocks.py Chunking)
+    chunked: dict[str, Chunking] = field(default_factory=dict)
+    # the family's --quantize rules beside the target's own ("4": StorageRule)
+    device_storage: dict[str, StorageRule] = field(default_factory=dict)
+    out_of_core: bool = False       # weights read block by block (edge/graph/lazy_weights.py)
+
+    family: ClassVar[str]
     clean: ClassVar[str] = "none"  # the prompt cleaner the runtimes apply (edge/core/tokenizer.py)
     # the LoRA adapters fused into the transformer (edge/families/adapters.py): their records
-    adapters: tuple[dict, ...] = ()
+    adapters: ClassVar[tuple[dict, ...]] = ()
 
     def shapes(self, target: str) -> Shapes:
         return target_shapes(target)

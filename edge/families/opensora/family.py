@@ -8,11 +8,12 @@ released checkpoints, which are not a diffusers pipeline:
     FOLDER/text_encoder/  a T5 v1.1 encoder in transformers' layout (DeepFloyd/t5-v1_1-xxl)
     FOLDER/tokenizer/     its tokenizer
 
-The model code is edge's (edge/models/opensora_*.py), checked against the original
-implementation's outputs (tests/test_opensora.py). Nothing downloads: the VAE config's
-`vae_2d.from_pretrained` names the 2D VAE's diffusers folder, whose weights are already in
-the checkpoint; its architecture is read from a config of that name beside the VAE's
-config.json when there is one, else it is the SDXL VAE's (what the released config names).
+The model code is edge's (stdit3.py, vae.py, pipeline.py in this folder; the cut in
+blocks.py), checked against the original implementation's outputs (tests/test_opensora.py).
+Nothing downloads: the VAE config's `vae_2d.from_pretrained` names the 2D VAE's diffusers
+folder, whose weights are already in the checkpoint; its architecture is read from a config
+of that name beside the VAE's config.json when there is one, else it is the SDXL VAE's (what
+the released config names).
 
 Sizes: whole chunks of `micro_frame_size` (17) frames, sides whole patches of the latent grid
 (multiples of 16). Defaults as Open-Sora's v1.2 inference config: 30 steps, guidance 7,
@@ -109,7 +110,7 @@ def dataclass_config(cls, cfg: dict, path: Path, where: str = ""):
 
 
 def transformer_config(folder: Path):
-    from edge.models.opensora_stdit3 import STDiT3Config
+    from edge.families.opensora.stdit3 import STDiT3Config
 
     path = folder / "transformer" / "config.json"
     cfg = dataclass_config(STDiT3Config, model_type(path, "STDiT3"), path)
@@ -139,7 +140,7 @@ class VAEConfigs:
 
 
 def vae_configs(folder: Path) -> VAEConfigs:
-    from edge.models.opensora_vae import TemporalVAEConfig
+    from edge.families.opensora.vae import TemporalVAEConfig
 
     path = folder / "vae" / "config.json"
     cfg = model_type(path, "VideoAutoencoderPipeline")
@@ -194,7 +195,7 @@ def check_video_size(cfg, vae: VAEConfigs, height: int, width: int, frames: int)
 def sampler_settings(height: int, width: int, frames: int) -> SamplerSettings:
     """RFLOW as Open-Sora's v1.2 inference config sets it (edge's `rflow`): its shift the
     timestep transform's ratio for this size."""
-    from edge.models.opensora_pipeline import GUIDANCE, STEPS, time_shift
+    from edge.families.opensora.pipeline import GUIDANCE, STEPS, time_shift
 
     return SamplerSettings(steps=STEPS, guidance=GUIDANCE, shift=time_shift(height, width, frames),
                            num_train_timesteps=NUM_TRAIN_TIMESTEPS, scheduler="rflow",
@@ -215,7 +216,7 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
     """What this family takes, from the folder's JSON files alone (nothing loaded): the four
     parts, their configs against each other, the video size against the model. Refuses
     anything else with a FamilyError naming the file, field or option."""
-    from edge.models.opensora_pipeline import FPS
+    from edge.families.opensora.pipeline import FPS
 
     check_parts(folder)
     cfg, vae = transformer_config(folder), vae_configs(folder)
@@ -262,9 +263,9 @@ def load_pipeline(folder: Path):
     from transformers import AutoTokenizer, T5EncoderModel
 
     from edge.families.folder import stored_dtypes
-    from edge.models.opensora_pipeline import OpenSoraPipeline
-    from edge.models.opensora_stdit3 import STDiT3
-    from edge.models.opensora_vae import OpenSoraVAE
+    from edge.families.opensora.pipeline import OpenSoraPipeline
+    from edge.families.opensora.stdit3 import STDiT3
+    from edge.families.opensora.vae import OpenSoraVAE
 
     cfg, vae_cfg = transformer_config(folder), vae_configs(folder)
     with torch.device("meta"):
@@ -326,19 +327,10 @@ STORAGE_4 = StorageRule(
 
 @dataclass
 class OpenSoraModel(PipelineModel):
-    pipe: object                    # OpenSoraPipeline, float32
-    folder: Path
-    height: int
-    width: int
-    frames: int
-    sampler: SamplerSettings
-    notes: list[str]
     fps: float = 24.0               # the frame rate the model is told (--frame-rate)
-    name: str = NAME
-    family: str = NAME
-    chunked: dict[str, Chunking] = field(default_factory=dict)
-    device_storage: dict[str, StorageRule] = field(default_factory=lambda: {"4": STORAGE_4})
-    out_of_core: bool = False
+    family = NAME
+    device_storage: dict[str, StorageRule] = field(
+        kw_only=True, default_factory=lambda: {"4": STORAGE_4})
 
     @property
     def text_tokens(self) -> int:
@@ -359,7 +351,7 @@ class OpenSoraModel(PipelineModel):
                 "vae_decoder": self._cut_vae_decoder(shapes.videos)}
 
     def _cut_transformer(self, batch: int) -> list[Block]:
-        from edge.models.opensora_blocks import cut_transformer_modules
+        from edge.families.opensora.blocks import cut_transformer_modules
 
         model, tokens = self.pipe.transformer, self.text_tokens
         g = torch.Generator().manual_seed(0)
@@ -389,7 +381,7 @@ class OpenSoraModel(PipelineModel):
         return blocks
 
     def _cut_vae_decoder(self, videos: int) -> list[Block]:
-        from edge.models.opensora_blocks import cut_decoder_modules
+        from edge.families.opensora.blocks import cut_decoder_modules
 
         c, _, h, w = self.latent_shape
         piece = self.chunked["vae_decoder"].size if "vae_decoder" in self.chunked \
@@ -435,7 +427,7 @@ class OpenSoraModel(PipelineModel):
                              "caption; it takes no negative prompt")
         start = self.start(latents, seed)
         if aesthetic:
-            from edge.models.opensora_pipeline import AESTHETIC_SUFFIX
+            from edge.families.opensora.pipeline import AESTHETIC_SUFFIX
 
             prompt = prompt + AESTHETIC_SUFFIX
         pipe = self.pipe

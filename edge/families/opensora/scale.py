@@ -24,9 +24,14 @@ import torch
 from torch import nn
 
 from edge.core.package import atomic_directory, check_replaceable
-from edge.models.scaled import identify_scaled_model
-from edge.models.scaled_cogvideox_ltx import T5_SMALL, text_encoder_parts
-from edge.models.scaled_wan import small_tokenizer, write_shards, write_text_encoder
+from edge.families.scaled import (
+    T5_SMALL,
+    identify_scaled_model,
+    small_tokenizer,
+    t5_encoder_parts,
+    write_shards,
+    write_text_encoder,
+)
 
 # hpcai-tech/OpenSora-STDiT-v3 config.json (the fields edge reads)
 STDIT3_V3 = {"model_type": "STDiT3", "architectures": ["STDiT3"], "depth": 28,
@@ -54,7 +59,7 @@ def transformer_parts(depth: int) -> Iterator[tuple[str, nn.Module]]:
     name the whole model gives it; the conditioning tables drawn small, not zero, so the
     random model's blocks see their modulation."""
     from edge.families.opensora.family import dataclass_config
-    from edge.models.opensora_stdit3 import STDiT3, STDiT3Block, STDiT3Config
+    from edge.families.opensora.stdit3 import STDiT3, STDiT3Block, STDiT3Config
 
     cfg = dataclass_config(STDiT3Config, STDIT3_V3, Path("config.json"))
     rest = STDiT3(STDiT3Config(**{**cfg.__dict__, "depth": 0}))
@@ -74,7 +79,7 @@ def vae_module() -> nn.Module:
     from diffusers import AutoencoderKL
 
     from edge.families.opensora.family import SDXL_VAE, dataclass_config
-    from edge.models.opensora_vae import OpenSoraVAE, TemporalVAEConfig
+    from edge.families.opensora.vae import OpenSoraVAE, TemporalVAEConfig
 
     temporal = dataclass_config(TemporalVAEConfig, VAE_V12["vae_temporal"], Path("config.json"))
     vae = OpenSoraVAE(temporal, AutoencoderKL(**{k: v for k, v in SDXL_VAE.items()}),
@@ -84,9 +89,8 @@ def vae_module() -> nn.Module:
     return vae
 
 
-def write_opensora_like(out: str | Path, like: str = "opensora-1.2", seed: int = 0,
-                        on_part: Callable[[str], None] | None = None,
-                        force: bool = False) -> dict:
+def write_like(out: str | Path, like: str = "opensora-1.2", seed: int = 0,
+               on_part: Callable[[str], None] | None = None, force: bool = False) -> dict:
     """Write the folder atomically; returns what was written (parameter counts). An earlier
     folder at `out` is replaced only with `force`, and only when scale-model wrote it."""
     from safetensors.torch import save_file
@@ -119,6 +123,6 @@ def write_opensora_like(out: str | Path, like: str = "opensora-1.2", seed: int =
                                           "model.safetensors.index.json",
                                           transformer_parts(depth), 2 * depth + 1, on_part)
         text_params = write_text_encoder(tmp / "text_encoder", text_config,
-                                         text_encoder_parts(text_config), on_part)
+                                         t5_encoder_parts(text_config), on_part)
     return {"like": like, "seed": seed, "transformer_params": transformer_params,
             "text_encoder_params": text_params}

@@ -1,4 +1,4 @@
-"""A scaled tiny-sora: the same architecture at a size where streaming matters.
+"""tiny-sora's architecture at a larger size, where streaming matters.
 
 `edge scale-model OUT --hidden 1024 --pairs 8` writes a model folder that every command takes
 through `--model`/`--weights`: a larger STDiT with seeded random weights, and the shipped VAE.
@@ -17,45 +17,10 @@ import torch
 from safetensors.torch import save_file
 
 from edge.core.budget import format_size, physical_memory_bytes
-from edge.core.package import atomic_directory, check_replaceable, not_edges
+from edge.core.package import atomic_directory, check_replaceable
+from edge.families.scaled import identify_scaled_model
 from edge.models.stdit import STDiT, STDiTConfig
 from edge.models.tiny_sora import DEFAULT_WEIGHTS, check_weights_dir
-
-# what `edge scale-model` writes: the top-level names of each kind of folder, and the mark
-# its config carries (tiny-sora.json's "random_weights", model_index.json's
-# "_edge_random_weights": diffusers ignores keys that start with "_")
-SCALED_TINY_SORA = {"tiny-sora.json", "transformer.safetensors", "vae"}
-SCALED_DIFFUSERS = {"model_index.json", "tokenizer", "scheduler", "vae", "transformer",
-                    "text_encoder"}
-# an Open-Sora folder has no index of its own: the mark is a file beside its parts
-SCALED_OPENSORA = {"edge_random_weights.json", "tokenizer", "vae", "transformer",
-                   "text_encoder"}
-
-
-def identify_scaled_model(dest: Path) -> str:
-    """What `edge scale-model` wrote at `dest`; any other folder is refused with the reason
-    (PackageWriteError): scale-model replaces only its own random-weight folders."""
-    for config, names, mark in (("tiny-sora.json", SCALED_TINY_SORA, "random_weights"),
-                                ("model_index.json", SCALED_DIFFUSERS, "_edge_random_weights"),
-                                ("edge_random_weights.json", SCALED_OPENSORA,
-                                 "random_weights")):
-        path = dest / config
-        if not path.is_file():
-            continue
-        try:
-            written = json.loads(path.read_text()).get(mark)
-        except (ValueError, AttributeError):
-            written = None
-        if not isinstance(written, dict):
-            raise not_edges(dest, f"a model folder that `edge scale-model` did not write (its "
-                                  f"{config} has no {mark!r})")
-        other = sorted(p.name for p in dest.iterdir() if p.name not in names)
-        if other:
-            raise not_edges(dest, f"a random-weight model folder, but it also holds "
-                                  f"{', '.join(other[:3])}")
-        return f"the random-weight model folder (seed {written.get('seed')})"
-    raise not_edges(dest, "not a model folder that `edge scale-model` wrote (no tiny-sora.json, "
-                          "model_index.json or edge_random_weights.json)")
 
 
 def parameter_count(cfg: STDiTConfig) -> int:

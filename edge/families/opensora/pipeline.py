@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from edge.models.opensora_stdit3 import STDiT3
-from edge.models.opensora_vae import OpenSoraVAE
+from edge.families.opensora.stdit3 import STDiT3
+from edge.families.opensora.vae import OpenSoraVAE
 
 NUM_TIMESTEPS = 1000
 BASE_RESOLUTION = 512 * 512

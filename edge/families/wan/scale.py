@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from edge.core.package import atomic_directory, check_replaceable
-from edge.models.scaled import identify_scaled_model
+from edge.families.scaled import (
+    identify_scaled_model,
+    small_tokenizer,
+    write_shards,
+    write_text_encoder,
+)
 
 # Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
 WAN21_T2V_13B = {"patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128,
@@ -76,59 +80,6 @@ LIKE = {"wan2.1-t2v-1.3b": WanLike(WAN21_T2V_13B, UMT5_SMALL, {}, True),
         "wan2.1-small": WanLike(WAN21_SMALL, UMT5_SMALL_512, {"base_dim": 32}, False),
         "wan2.2-ti2v-5b": WanLike(WAN22_TI2V_5B, UMT5_SMALL, WAN22_VAE, True, True)}
 
-TOKENIZER_WORDS = ("a red blue green circle square cat dog moving left right up down slowly "
-                   "the over under fast bright dark video of and surfing wave sea sky").split()
-
-
-def small_tokenizer():
-    """A Unigram T5 tokenizer over a few words, built in memory (no hub)."""
-    from transformers import T5Tokenizer
-
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
-    vocab += [(f"▁{w}", -5.0 - i * 0.01) for i, w in enumerate(TOKENIZER_WORDS)]
-    vocab += [(c, -8.0) for c in "abcdefghijklmnopqrstuvwxyz"]
-    return T5Tokenizer(vocab=vocab, extra_ids=0)
-
-
-def write_shards(folder: Path, weights_name: str, index_name: str,
-                 parts: Iterator[tuple[str, nn.Module]], count: int,
-                 on_part: Callable[[str], None] | None = None) -> int:
-    """Each of the `count` (prefix, module) pairs `parts` yields as its own safetensors shard
-    (tensor names prefixed), plus the index that maps every tensor to its shard; returns the
-    parameter count. `parts` is consumed lazily: one module exists at a time."""
-    stem = weights_name.removesuffix(".safetensors")
-    weight_map, total_bytes, params = {}, 0, 0
-    for i, (prefix, module) in enumerate(parts):
-        shard = f"{stem}-{i + 1:05d}-of-{count:05d}.safetensors"
-        tensors, seen = {}, set()
-        for k, v in module.state_dict().items():
-            if v.data_ptr() in seen:  # a tied copy (UMT5's encoder.embed_tokens is `shared`)
-                continue
-            seen.add(v.data_ptr())
-            tensors[f"{prefix}{k}"] = v.detach().contiguous()
-        save_file(tensors, folder / shard, metadata={"format": "pt"})
-        for name, t in tensors.items():
-            weight_map[name] = shard
-            total_bytes += t.numel() * t.element_size()
-        params += sum(p.numel() for p in module.parameters())
-        del module, tensors
-        if on_part:
-            on_part(prefix or "rest")
-    (folder / index_name).write_text(json.dumps(
-        {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}, indent=1) + "\n")
-    return params
-
-
-def write_text_encoder(folder: Path, config, parts: Iterator[tuple[str, nn.Module]],
-                       on_part: Callable[[str], None] | None = None) -> int:
-    """A transformers encoder's folder: its config, then `parts` (the encoder without layers,
-    then each layer) one shard each with transformers' index; returns the parameter count."""
-    folder.mkdir()
-    config.save_pretrained(folder)
-    return write_shards(folder, "model.safetensors", "model.safetensors.index.json", parts,
-                        config.num_layers + 1, on_part)
-
-
 def transformer_parts(config: dict) -> Iterator[tuple[str, nn.Module]]:
     """The transformer without its blocks, then each WanTransformerBlock on its own."""
     from diffusers import WanTransformer3DModel
@@ -153,9 +104,9 @@ def text_encoder_parts(config) -> Iterator[tuple[str, nn.Module]]:
         yield f"encoder.block.{i}.", UMT5Block(config, layer_idx=i)
 
 
-def write_wan_like(out: str | Path, like: str = "wan2.1-t2v-1.3b",
-                   full_text_encoder: bool = False, seed: int = 0,
-                   on_part: Callable[[str], None] | None = None, force: bool = False) -> dict:
+def write_like(out: str | Path, like: str = "wan2.1-t2v-1.3b", seed: int = 0,
+               on_part: Callable[[str], None] | None = None, force: bool = False,
+               full_text_encoder: bool = False) -> dict:
     """Write the folder atomically; returns what was written (parameter counts). An earlier
     folder at `out` is replaced only with `force`, and only when scale-model wrote it."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler

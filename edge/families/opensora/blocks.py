@@ -1,7 +1,7 @@
 """Open-Sora 1.2 cut into the blocks edge exports, as On-device Sora cut it: the transformer
 into an embedding part, one block per spatial-temporal pair and the final layer; the VAE's
 decoder into the temporal decoder and the 2D decoder. Chained, each component
-computes what edge/models/opensora_stdit3.py and opensora_vae.py compute (tested).
+computes what edge/families/opensora/stdit3.py and vae.py compute (tested).
 
 Transformer (latents in diffusers' layout (B, C, T, h, w), time in [0, 1]):
   prologue  latent, t, caption, caption_mask -> x (B, T*S, C), temb (B, C) for the final
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge.families.opensora.stdit3 import STDiT3, caption_bias, position_table, rotary_tables
+from edge.families.opensora.vae import SPATIAL_SCALE, OpenSoraVAE
 from edge.graph.reference_device import on_device_of
-from edge.models.opensora_stdit3 import STDiT3, caption_bias, position_table, rotary_tables
-from edge.models.opensora_vae import SPATIAL_SCALE, OpenSoraVAE
 
 
 class OpenSoraPrologue(nn.Module):
