@@ -187,6 +187,20 @@ def test_unguided_calls_run_the_caption_half_alone(minimal, web_package, python_
         assert minimal.evaluate("window.edge.pipe.lastRun.transformer_batches") == batches
 
 
+def test_a_generation_records_its_phases_walls_in_order(minimal):
+    """The page's generate reads as encode -> denoise -> decode with one clock, as the
+    Python runtime's: lastRun.wall_s names the text encoder, the transformer and the VAE
+    decoder in the order they ran, each a positive time, and a total that holds them."""
+    got = generate(minimal, f"{{ seed: {SEED}, steps: 2 }}")
+    assert "error" not in got, got
+    wall = minimal.evaluate("Object.entries(window.edge.pipe.lastRun.wall_s)")
+    assert [name for name, _ in wall] == ["text_encoder", "transformer", "vae_decoder", "total"]
+    seconds = dict(wall)
+    phases = [seconds[n] for n in ("text_encoder", "transformer", "vae_decoder")]
+    assert all(s > 0 for s in phases), seconds
+    assert sum(phases) <= seconds["total"] + 1e-6, seconds
+
+
 def test_python_runtime_on_the_web_package_runs_unguided_calls_alone(web_package,
                                                                      python_pipe):
     """The Python runtime on the web package's wasm graphs (fixed shapes) takes the same

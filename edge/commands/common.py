@@ -81,6 +81,18 @@ SigmasOption = Annotated[str | None, typer.Option(
     "own); flow schedulers only (not CogVideoX's DDIM) [default: the model's spacing].")]
 
 
+# the sampler options `generate` and `record` both take, declared once; each command takes
+# them after its own (edge/commands/declared.py with_options) and hands them on as **sampler
+SAMPLER_OPTIONS = {
+    "leap": LeapOption, "leap_after": LeapAfterOption, "leap_min_steps": LeapMinStepsOption,
+    "leap_patience": LeapPatienceOption, "leap_tol": LeapTolOption,
+    "leap_steps": LeapStepsOption, "merge_steps": MergeStepsOption,
+    "cache_threshold": CacheOption, "guidance_steps": GuidanceStepsOption,
+    "sigmas": SigmasOption, "dynamic_guidance": DynamicGuidanceOption,
+    "guidance_rescale": GuidanceRescaleOption,
+}
+
+
 def sampler_overrides(**values) -> dict:
     """The sampler settings given on the command line (None: not given)."""
     out = {k: v for k, v in values.items() if v is not None}

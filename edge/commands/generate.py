@@ -10,11 +10,12 @@ from typing import Annotated
 import typer
 
 from edge.commands import common
+from edge.commands.declared import with_options
 from edge.core.console import echo, fail
 from edge.core.noise import MAX_SEED
 
 
-def generate(
+def _generate(
     first: Annotated[str, typer.Argument(
         metavar="[PACKAGE] PROMPT",
         help='An exported package folder (optional), then what to draw, e.g. '
@@ -38,18 +39,6 @@ def generate(
     threads: Annotated[int | None, typer.Option(
         min=1, max=1024, help="With a package: onnxruntime's threads a block call; fewer than "
         "the cores where other programs share them [default: one a core].")] = None,
-    leap: common.LeapOption = None,
-    leap_after: common.LeapAfterOption = None,
-    leap_min_steps: common.LeapMinStepsOption = None,
-    leap_patience: common.LeapPatienceOption = None,
-    leap_tol: common.LeapTolOption = None,
-    leap_steps: common.LeapStepsOption = None,
-    merge_steps: common.MergeStepsOption = None,
-    cache_threshold: common.CacheOption = None,
-    guidance_steps: common.GuidanceStepsOption = None,
-    sigmas: common.SigmasOption = None,
-    dynamic_guidance: common.DynamicGuidanceOption = None,
-    guidance_rescale: common.GuidanceRescaleOption = None,
     preset: Annotated[str | None, typer.Option(
         help="A set of the speed-ups, measured on tiny-sora (docs/benchmarks.md): quality "
         "(the package's sampler), balanced (the leap rule and token merging: 2.4x fewer "
@@ -58,6 +47,7 @@ def generate(
     negative_prompt: Annotated[str | None, typer.Option(
         help="With a package: what the unconditional pass is told [default: the package's "
         "learned null caption or negative prompt].")] = None,
+    **sampler,
 ) -> None:
     """Generate a video from a prompt, with the PyTorch pipeline or an exported package."""
     from tqdm import tqdm
@@ -81,12 +71,7 @@ def generate(
         check_output_file(output, "-o")
     except OutputError as err:
         fail(str(err))
-    overrides = common.sampler_overrides(
-        steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
-        leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
-        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
-        guidance_steps=guidance_steps, sigmas=sigmas,
-        dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
+    overrides = common.sampler_overrides(steps=steps, guidance=guidance, **sampler)
     if package:  # the manifest alone (no file hashed yet) says what the options must fit
         manifest = common.manifest_before_loading(package, output)
         defaults, frame = common.package_sampler(manifest), common.frame_size(manifest)
@@ -131,3 +116,7 @@ def _check_scale(frame: tuple[int, int], scale: int) -> None:
         check_scale(frame, scale)
     except ValueError as err:
         fail(str(err))
+
+
+# its options, then the sampler's (declared once: edge/commands/common.py)
+generate = with_options(_generate, common.SAMPLER_OPTIONS)

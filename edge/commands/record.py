@@ -23,6 +23,7 @@ import typer
 
 import edge
 from edge.commands import common
+from edge.commands.declared import with_options
 from edge.core.bundle import TensorFile, identify_bundle, write_bundle
 from edge.core.console import echo, fail
 from edge.core.manifest_schema import MANIFEST, is_coreai
@@ -205,7 +206,7 @@ def record_bundle(package: Path, prompt: str, dest: Path, seed: int = 0,
     return {**fields, "call_count": len(calls), "tensor_bytes": tensors.size}
 
 
-def record(
+def _record(
     package: Annotated[Path, typer.Argument(help="An exported package folder (onnx or iphone).")],
     prompt: Annotated[str, typer.Argument(help='What to draw, e.g. "a red circle moving left".')],
     output: Annotated[Path, typer.Option(
@@ -225,20 +226,9 @@ def record(
     model: Annotated[Path | None, typer.Option(
         help="An iphone package's source model folder, whose family builds the blocks its "
              "stored weights run in [default: the shipped tiny-sora].")] = None,
-    leap: common.LeapOption = None,
-    leap_after: common.LeapAfterOption = None,
-    leap_min_steps: common.LeapMinStepsOption = None,
-    leap_patience: common.LeapPatienceOption = None,
-    leap_tol: common.LeapTolOption = None,
-    leap_steps: common.LeapStepsOption = None,
-    merge_steps: common.MergeStepsOption = None,
-    cache_threshold: common.CacheOption = None,
-    guidance_steps: common.GuidanceStepsOption = None,
-    sigmas: common.SigmasOption = None,
-    dynamic_guidance: common.DynamicGuidanceOption = None,
-    guidance_rescale: common.GuidanceRescaleOption = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a bundle written before (never another folder).")] = False,
+    **sampler,
 ) -> None:
     """Record one generation of a package, every block call's inputs and outputs, as a
     conformance bundle another runtime checks itself against (the Swift runtime's
@@ -264,12 +254,7 @@ def record(
             fail(str(err))
         except (OSError, ValueError, EOFError) as err:
             fail(f"--latents {latents}: not a NumPy array file ({err})")
-    overrides = common.sampler_overrides(
-        steps=steps, guidance=guidance, leap=leap, leap_after=leap_after,
-        leap_min_steps=leap_min_steps, leap_patience=leap_patience, leap_tol=leap_tol,
-        leap_steps=leap_steps, merge_steps=merge_steps, cache_threshold=cache_threshold,
-        guidance_steps=guidance_steps, sigmas=sigmas,
-        dynamic_guidance=dynamic_guidance, guidance_rescale=guidance_rescale)
+    overrides = common.sampler_overrides(steps=steps, guidance=guidance, **sampler)
     # the manifest alone (no file hashed yet) says what the options must fit
     manifest = common.manifest_before_loading(package, output)
     common.check_texts(prompt, negative_prompt)
@@ -286,3 +271,7 @@ def record(
     echo(f"wrote {output} in {time.perf_counter() - started:.1f} s: {info['call_count']} "
          f"block calls, {format_size(info['tensor_bytes'])} of arrays, recorded with "
          f"{info['recorded_with']}")
+
+
+# its options, then the sampler's (declared once: edge/commands/common.py)
+record = with_options(_record, common.SAMPLER_OPTIONS)

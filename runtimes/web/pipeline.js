@@ -96,6 +96,30 @@ function blockBuffers(blocks) {
 
 const now = () => performance.now() / 1000;
 
+// Wall seconds of a generation's phases, by name in the order they ran, and the whole
+// (`total`, from the clock's making to `finish`): lastRun.wall_s, as the Python runtime's
+// PhaseClock records them
+export class PhaseClock {
+  constructor() {
+    this.started = now();
+    this.wall_s = {};
+  }
+
+  async phase(name, work) {
+    const began = now();
+    try {
+      return await work();
+    } finally {
+      this.wall_s[name] = now() - began;
+    }
+  }
+
+  finish() {
+    this.wall_s.total = now() - this.started;
+    return this.wall_s;
+  }
+}
+
 // Which variant a transformer call runs (edge/core/manifest_schema.py call_variant): merged
 // (TDTM) or not, and the caption's half alone ("unguided") or the guidance pair
 export function callVariant(merged, alone) {
@@ -549,8 +573,8 @@ export class Pipeline {
     return [caption2, mask2, truncated];
   }
 
+  // a generation as encode -> denoise -> decode, each phase's wall seconds in one clock
   async run(prompt, { x0, settings, negative, onStep, signal, decode, outputType }) {
-    const n = x0.length;
     // cancellation between steps: the error names where it stopped (err.step: the step that
     // did not run, 1-based; 0 before the text encoder)
     let done = 0, total = settings.steps;
@@ -562,13 +586,32 @@ export class Pipeline {
     };
     const stepped = (d, t) => { done = d; total = t; if (onStep) onStep(d, t); };
     stopIf("before the text encoder", 0);
-    const tKeys = this.keys("transformer");
-    const figures = {
-      wall_s: {}, uploads_before: this.weights.stats.uploads,
-      streamed_before: { ...this.weights.source.stats },
+    const clock = new PhaseClock();
+    const before = {
+      uploads: this.weights.stats.uploads, streamed: { ...this.weights.source.stats },
     };
     this.computeS = 0;
-    const t0 = now();
+    const captions = await clock.phase("text_encoder", () => this.encode(prompt, negative,
+                                                                         settings));
+    let denoised;
+    try {
+      denoised = await clock.phase("transformer", () => this.denoise(
+        x0, settings, captions, stepped, (step) =>
+          stopIf(`before step ${step} of ${total} (${done} done)`, step)));
+    } finally { // also when cancelled: the pipeline stays usable and leaks nothing
+      captions.destroy();
+    }
+    stopIf(`after step ${done} of ${total}, before the VAE decoder`, done + 1);
+    const frames = await clock.phase("vae_decoder", () => outputType === "latent"
+      ? { latents: denoised.latents, shape: [...this.latentShape] }
+      : this.decode(denoised.latents, decode, outputType));
+    this.lastRun = this.runFigures(clock.finish(), denoised, captions.truncated, before);
+    return frames;
+  }
+
+  // the captions every transformer call takes, uploaded: the guidance pair (the caption's
+  // half first) and the caption's half alone; which calls may run that half alone
+  async encode(prompt, negative, settings) {
     // a call without guidance runs the caption's half alone where every transformer block
     // has that variant (`unguided`; `tdtm_unguided` for a merged call), else the pair;
     // decided once a generation, for unmerged and merged calls
@@ -583,23 +626,30 @@ export class Pipeline {
     // no call guided and the caption's half runnable alone: no unconditional caption to encode
     const [caption2, mask2, truncated] = guidedCall(settings, 0) || !aloneUnmerged
       ? await this.guidanceCaptions(prompt, negative) : await this.promptCaption(prompt);
-    const rows2 = caption2.length / 2;
-    const captionBuf = this.upload(caption2);
-    const maskBuf = this.upload(mask2);
-    // the caption's half for the calls run alone (a copy: a buffer is bound whole)
-    const captionOne = this.upload(caption2.subarray(0, rows2));
-    const maskOne = this.upload(mask2.subarray(0, mask2.length / 2));
-    const t1 = now();
-    figures.wall_s.text_encoder = t1 - t0;
+    const buffers = {
+      caption: this.upload(caption2), mask: this.upload(mask2),
+      // the caption's half for the calls run alone (a copy: a buffer is bound whole)
+      captionOne: this.upload(caption2.subarray(0, caption2.length / 2)),
+      maskOne: this.upload(mask2.subarray(0, mask2.length / 2)),
+    };
+    return {
+      ...buffers, truncated, aloneUnmerged, aloneMerged,
+      destroy: () => { for (const b of Object.values(buffers)) b.destroy(); },
+    };
+  }
 
-    const [prologue, ...rest] = tKeys;
+  // the sampler's loop over the transformer from the initial latents `x0`; `beforeCall(step)`
+  // may stop it (cancellation), `stepped(done, total)` hears each step
+  async denoise(x0, settings, captions, stepped, beforeCall) {
+    const n = x0.length;
+    const [prologue, ...rest] = this.keys("transformer");
     const epilogue = rest.pop();
     const pairs = rest;
     const batches = [];
     const predict = async (x, t, step) => {
-      stopIf(`before step ${step.index + 1} of ${total} (${done} done)`, step.index + 1);
+      beforeCall(step.index + 1);
       const temp = [];
-      const one = !step.guided && (step.merged ? aloneMerged : aloneUnmerged);
+      const one = !step.guided && (step.merged ? captions.aloneMerged : captions.aloneUnmerged);
       const variant = callVariant(step.merged, one);
       const xShape = this.signature(prologue, "x", "outputs", variant);
       const tmodShape = this.signature(prologue, "t_mod", "outputs", variant);
@@ -610,7 +660,8 @@ export class Pipeline {
       batches.push(one ? 1 : 2);
       const inputs = {
         latent: this.upload(latent), t: this.upload(new Float32Array(one ? [t] : [t, t])),
-        caption: one ? captionOne : captionBuf, caption_mask: one ? maskOne : maskBuf,
+        caption: one ? captions.captionOne : captions.caption,
+        caption_mask: one ? captions.maskOne : captions.mask,
       };
       temp.push(inputs.latent, inputs.t);
       let feeds = await this.runBlocks([prologue], inputs, variant, temp);
@@ -636,50 +687,40 @@ export class Pipeline {
       return [v.subarray(0, n), step.guided ? v.subarray(n, 2 * n) : null];
     };
     const trace = {};
-    let latents;
-    try {
-      latents = await sample(predict, x0, settings, stepped, trace);
-    } finally { // also when cancelled: the pipeline stays usable and leaks nothing
-      for (const b of [captionBuf, maskBuf, captionOne, maskOne]) b.destroy();
-    }
-    stopIf(`after step ${done} of ${total}, before the VAE decoder`, done + 1);
-    const t2 = now();
-    figures.wall_s.transformer = t2 - t1;
+    const latents = await sample(predict, x0, settings, stepped, trace);
+    return { latents, trace, batches };
+  }
 
-    const frames = outputType === "latent" ? { latents, shape: [...this.latentShape] }
-      : await this.decode(latents, decode, outputType);
-    const t3 = now();
-    figures.wall_s.vae_decoder = t3 - t2;
-    figures.wall_s.total = t3 - t0;
-    figures.compute_submit_s = this.computeS;
-    figures.transformer_calls = trace.transformer_calls;
-    // rows a call ran: 2 guided (or run as the pair), 1 alone
-    figures.transformer_batches = batches;
-    figures.sampler = trace;
-    figures.prompt_truncated = truncated;
-    figures.weight_uploads = this.weights.stats.uploads - figures.uploads_before;
-    figures.peak_gpu_weight_bytes = this.weights.stats.peakHeldBytes;
-    // where the weights were held, under what budget, and what was read from storage
+  // lastRun: the phases' walls, the transformer's calls, and where the weights were held and
+  // what was read from storage since `before` (the counters when the generation began)
+  runFigures(wallS, { trace, batches }, truncated, before) {
     const streamed = this.weights.source.stats;
-    const before = figures.streamed_before;
-    figures.weights = {
-      held_in: this.path.held_in, budget: this.path.budget,
-      stored_as: this.manifest.web?.storage?.quantize ?? "fp32",
-      peak_held_bytes: this.weights.stats.peakHeldBytes,
-      streamed_reads: streamed.reads - before.reads,
-      streamed_bytes: streamed.bytes - before.bytes, read_s: streamed.read_s - before.read_s,
-      read_wait_s: streamed.wait_s - before.wait_s,
-      peak_streamed_bytes: streamed.peak_streamed_bytes,
-      // reads started while another block ran; reads that found both reused buffers held
-      read_ahead: streamed.read_ahead - before.read_ahead,
-      slot_misses: streamed.slot_misses - before.slot_misses,
-      // WebGPU: how blocks reach the GPU (pieces through one scratch buffer, bytes in flight)
-      upload: this.executor.uploadFigures(),
+    const was = before.streamed;
+    return {
+      wall_s: wallS,
+      compute_submit_s: this.computeS,
+      transformer_calls: trace.transformer_calls,
+      // rows a call ran: 2 guided (or run as the pair), 1 alone
+      transformer_batches: batches,
+      sampler: trace,
+      prompt_truncated: truncated,
+      weight_uploads: this.weights.stats.uploads - before.uploads,
+      peak_gpu_weight_bytes: this.weights.stats.peakHeldBytes,
+      weights: {
+        held_in: this.path.held_in, budget: this.path.budget,
+        stored_as: this.manifest.web?.storage?.quantize ?? "fp32",
+        peak_held_bytes: this.weights.stats.peakHeldBytes,
+        streamed_reads: streamed.reads - was.reads,
+        streamed_bytes: streamed.bytes - was.bytes, read_s: streamed.read_s - was.read_s,
+        read_wait_s: streamed.wait_s - was.wait_s,
+        peak_streamed_bytes: streamed.peak_streamed_bytes,
+        // reads started while another block ran; reads that found both reused buffers held
+        read_ahead: streamed.read_ahead - was.read_ahead,
+        slot_misses: streamed.slot_misses - was.slot_misses,
+        // WebGPU: how blocks reach the GPU (pieces through one scratch buffer, bytes in flight)
+        upload: this.executor.uploadFigures(),
+      },
     };
-    delete figures.uploads_before;
-    delete figures.streamed_before;
-    this.lastRun = figures;
-    return frames;
   }
 
   // latents (C, T, h, w) -> {frames: (T, H, W, 3), shape: [T, H, W, 3]}, frames a Uint8Array

@@ -259,48 +259,76 @@ public final class Pipeline {
             throw ManifestError.invalid("merge_steps=\(settings.mergeSteps): the package " +
                                         "has no tdtm transformer variants; export it again")
         }
-        var timings: [String: Double] = [:]
-        let before = loader.stats
-        let started = Date()
-
         // an unguided call runs the caption's half alone where every block has its programs
         // (`unguided` variants), else the pair with the null half dropped
         let alone = BlockVariants.runsAlone(dit.blocks, mergeSteps: settings.mergeSteps)
-        let prologue = dit.blocks[0], epilogue = dit.blocks[dit.blocks.count - 1]
-        // the prologue's program of call `call` (it never merges)
-        let prologueKey = { [settings] (call: Int) throws -> String in
-            try Self.key("transformer", prologue, BlockVariants.callVariant(
-                merged: false, alone: alone && !guidedCall(settings, call)))
+        let before = loader.stats
+        var clock = PhaseClock()
+        let captions = try clock.phase("text_encoder") {
+            try guidanceCaptions(prompt, negativePrompt: negativePrompt, alone: alone,
+                                 settings: settings,
+                                 firstStep: prologueKey(dit, 0, alone, settings))
         }
+        var trace = Trace()
+        let denoised = try clock.phase("transformer") {
+            try denoise(noise, captions: captions, alone: alone, settings: settings,
+                        onStep: onStep, isCancelled: isCancelled, trace: &trace)
+        }
+        let (video, width, height) = try clock.phase("vae_decoder") {
+            outputType == .latent ? ([], 0, 0)
+                : try decode(denoised, vae, conditioning: conditioning)
+        }
+        var timings = clock.finish()
+        let after = loader.stats
+        timings["block_loads"] = Double(after.loads - before.loads)
+        timings["block_load_s"] = after.loadSeconds - before.loadSeconds
+        timings["block_wait_s"] = after.waitSeconds - before.waitSeconds
+        return Result(frames: video, width: width, height: height, timings: timings, trace: trace,
+                      noise: noise,
+                      latents: denoised)
+    }
 
-        // the guidance batch's captions: the prompt's, then the unconditional one; where no
-        // call is guided and the caption's half runs alone, the prompt's only
-        let firstStep = try prologueKey(0)
-        let caption2: Tensor, mask2: Tensor
+    /// The transformer prologue's program of call `call` (it never merges).
+    func prologueKey(_ dit: Manifest.Component, _ call: Int, _ alone: Bool,
+                     _ settings: SamplerSettings) throws -> String {
+        try Self.key("transformer", dit.blocks[0], BlockVariants.callVariant(
+            merged: false, alone: alone && !guidedCall(settings, call)))
+    }
+
+    /// The guidance batch's captions and masks: the prompt's, then the unconditional one;
+    /// where no call is guided and the caption's half runs `alone`, the prompt's only.
+    func guidanceCaptions(_ prompt: String, negativePrompt: String?, alone: Bool,
+                          settings: SamplerSettings,
+                          firstStep: String) throws -> (hidden: Tensor, mask: Tensor) {
         let n = manifest.tokenizer.maxTokens
         if alone && !guidedCall(settings, 0) {
             let (hidden, mask) = try encode(prompt, prefetchAfter: firstStep)
-            caption2 = hidden
-            mask2 = Tensor(shape: [1, n], data: mask)
-        } else if let nullCaption, negativePrompt == nil {
+            return (hidden, Tensor(shape: [1, n], data: mask))
+        }
+        if let nullCaption, negativePrompt == nil {
             let (hidden, mask) = try encode(prompt, prefetchAfter: firstStep)
-            caption2 = Tensor.concat([hidden, nullCaption])
             // the manifest's null_caption_mask: as the prompt's (Open-Sora), else every token
             let nullMask = manifest.nullCaptionMask == "prompt"
                 ? mask : [Float](repeating: 1, count: n)
-            mask2 = Tensor(shape: [2, n], data: mask + nullMask)
-        } else {
-            let text = try manifest.component("text_encoder")
-            let (hidden, mask) = try encode(prompt,
-                                            prefetchAfter: "text_encoder/\(text.blocks[0].name)")
-            let (unconditional, unconditionalMask) = try encode(
-                negativePrompt ?? manifest.negativePrompt ?? "", prefetchAfter: firstStep)
-            caption2 = Tensor.concat([hidden, unconditional])
-            mask2 = Tensor(shape: [2, n], data: mask + unconditionalMask)
+            return (Tensor.concat([hidden, nullCaption]),
+                    Tensor(shape: [2, n], data: mask + nullMask))
         }
-        let t1 = Date()
-        timings["text_encoder"] = t1.timeIntervalSince(started)
+        let text = try manifest.component("text_encoder")
+        let (hidden, mask) = try encode(prompt,
+                                        prefetchAfter: "text_encoder/\(text.blocks[0].name)")
+        let (unconditional, unconditionalMask) = try encode(
+            negativePrompt ?? manifest.negativePrompt ?? "", prefetchAfter: firstStep)
+        return (Tensor.concat([hidden, unconditional]),
+                Tensor(shape: [2, n], data: mask + unconditionalMask))
+    }
 
+    /// The sampler's loop over the transformer from `noise`, the calls taking `captions`;
+    /// `isCancelled` is asked before every call.
+    func denoise(_ noise: Tensor, captions: (hidden: Tensor, mask: Tensor), alone: Bool,
+                 settings: SamplerSettings, onStep: ((Int, Int) -> Void)?,
+                 isCancelled: (() -> Bool)?, trace: inout Trace) throws -> Tensor {
+        let dit = try manifest.component("transformer"), vae = try manifest.component("vae_decoder")
+        let prologue = dit.blocks[0], epilogue = dit.blocks[dit.blocks.count - 1]
         let pairs = Array(dit.blocks.dropFirst().dropLast())
         let predict: Predictor = { [self] x, t, step in
             if isCancelled?() == true { throw RuntimeError.cancelled }
@@ -312,8 +340,8 @@ public final class Pipeline {
             var feeds = try run("transformer", [prologue], [
                 "latent": single ? x : Tensor.concat([x, x]),
                 "t": Tensor(shape: [rows], data: Array(repeating: t, count: rows)),
-                "caption": caption2.slice(axis: 0, 0..<rows),
-                "caption_mask": mask2.slice(axis: 0, 0..<rows)],
+                "caption": captions.hidden.slice(axis: 0, 0..<rows),
+                "caption_mask": captions.mask.slice(axis: 0, 0..<rows)],
                 variant: variant, prefetchAfter: nextPair)
             guard let tokens = feeds["x"], let tMod = feeds["t_mod"] else {
                 throw RuntimeError.block("transformer/\(prologue.name): gave no x or t_mod")
@@ -324,7 +352,7 @@ public final class Pipeline {
             }
             feeds["x"] = after
             let next = step.last ? "vae_decoder/\(vae.blocks[0].name)"
-                : try prologueKey(step.index + 1)
+                : try prologueKey(dit, step.index + 1, alone, settings)
             guard let v = try run("transformer", [epilogue], feeds, variant: variant,
                                   prefetchAfter: next)["velocity"] else {
                 throw RuntimeError.block("transformer/\(epilogue.name): gave no velocity")
@@ -332,7 +360,6 @@ public final class Pipeline {
             // a pair run on an unguided step (no caption-half programs) keeps the caption's half
             return (v.item(0), step.guided ? v.item(1) : nil)
         }
-        var trace = Trace()
         let denoised = try sample(predict: predict, noise: noise, settings: settings,
                                   onStep: onStep, trace: &trace)
         if denoised.data.contains(where: { !$0.isFinite }) {
@@ -340,21 +367,7 @@ public final class Pipeline {
                                      "(sampler settings \(settings)); the " +
                                      "package's blocks or these settings are broken")
         }
-        let t2 = Date()
-        timings["transformer"] = t2.timeIntervalSince(t1)
-
-        let (video, width, height) = outputType == .latent ? ([], 0, 0)
-            : try decode(denoised, vae, conditioning: conditioning)
-        let t3 = Date()
-        timings["vae_decoder"] = t3.timeIntervalSince(t2)
-        timings["total"] = t3.timeIntervalSince(started)
-        let after = loader.stats
-        timings["block_loads"] = Double(after.loads - before.loads)
-        timings["block_load_s"] = after.loadSeconds - before.loadSeconds
-        timings["block_wait_s"] = after.waitSeconds - before.waitSeconds
-        return Result(frames: video, width: width, height: height, timings: timings, trace: trace,
-                      noise: noise,
-                      latents: denoised)
+        return denoised
     }
 
     /// A timestep-conditioned decoder's inputs, where the manifest has `decode` (else none,
