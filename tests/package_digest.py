@@ -43,7 +43,12 @@ def package_digest(root: Path) -> str:
 
 
 def tool_versions() -> dict[str, str]:
-    return {name: version(name) for name in TOOLS}
+    """The tools' versions, and the CPU kernels torch picks (a table computed at export, e.g.
+    RoPE's, may round differently with other vector instructions)."""
+    import torch
+
+    return {name: version(name) for name in TOOLS} | {
+        "torch_cpu": torch.backends.cpu.get_cpu_capability()}
 
 
 def recorded() -> dict:
