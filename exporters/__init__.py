@@ -65,6 +65,8 @@ ExportOptions = make_dataclass(
     frozen=True)
 ExportOptions.__module__ = __name__  # pickling and reprs find it here (make_dataclass's own
                                      # module= comes with Python 3.12)
+ExportOptions.__doc__ = ("What `edge export` was asked besides the model and the destination: "
+                         "the targets' declared options (None: not given) and `end_to_end`.")
 
 
 @dataclass
