@@ -19,6 +19,7 @@ not installed before any work, as a ModuleNotFoundError naming the module, and a
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -27,7 +28,6 @@ from types import ModuleType
 from typing import Any
 
 from edge.core.declared import Option, by_name, takers_text
-from edge.exporters.shared.options import EXECUTE_CHOICES
 
 # target name -> its folder under exporters/
 _FOLDERS = {"onnx": "onnx", "iphone": "iphone", "web": "web"}
@@ -48,6 +48,7 @@ def registered(name: str) -> ModuleType:
     return importlib.import_module(f"edge.exporters.{_FOLDERS[name]}")
 
 
+@functools.cache
 def declared_options() -> dict[str, list[tuple[str, Option]]]:
     """Every target option by name -> (target, declaration) for each target taking it."""
     return by_name({name: registered(name).OPTIONS for name in TARGETS})
@@ -126,27 +127,35 @@ def need_modules(what: str, modules: tuple[str, ...]) -> None:
             raise ModuleNotFoundError(f"{what} needs {module}", name=module)
 
 
-def check_execute(options: ExportOptions) -> None:
-    if options.execute not in (None, *EXECUTE_CHOICES):
-        raise ExportOptionError(f"--execute {options.execute!r}: one of "
-                                f"{', '.join(EXECUTE_CHOICES)}")
-
-
-def refuse_others(target_name: str, options: ExportOptions) -> None:
+def check_declared(target_name: str, options: ExportOptions) -> None:
     """Refuse every option given that `target_name` does not declare, naming the targets
-    (and layouts) that take it."""
+    (and layouts) that take it, and a value outside its declaration's choices."""
     for name, takers in declared_options().items():
-        if getattr(options, name) is not None and target_name not in dict(takers):
+        value = getattr(options, name)
+        if value is None:
+            continue
+        mine = dict(takers).get(target_name)
+        if mine is None:
             raise ExportOptionError(f"{takers[0][1].flag} applies to --target "
                                     f"{takers_text(takers)}, not {target_name}")
+        try:
+            mine.check_choice(value)
+        except ValueError as err:
+            raise ExportOptionError(str(err)) from None
+
+
+def out_of_core_targets() -> list[str]:
+    """The targets that export a model too large for memory block by block from storage."""
+    return [name for name in TARGETS if registered(name).READS_BLOCKS_FROM_STORAGE]
 
 
 def refuse_out_of_core(target_name: str, model) -> None:
     """A model built without weights (larger than memory, `FamilyModel.out_of_core`) goes to
-    the onnx and web targets only: the iphone's converts whole programs with their
-    weights."""
+    the targets that read blocks from storage only (`out_of_core_targets`): the iphone's
+    converts whole programs with their weights."""
     if model.out_of_core:
+        only = " and ".join(f"--target {name}" for name in out_of_core_targets())
         raise ExportOptionError(
             f"--target {target_name}: {model.name} is loaded out of core (its float32 "
             "weights exceed half this machine's memory, or --out-of-core was given); only "
-            "--target onnx and --target web export a model block by block from storage")
+            f"{only} export a model block by block from storage")

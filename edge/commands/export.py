@@ -37,7 +37,6 @@ CPU_ONLY = [f for f in FAMILIES if getattr(registered(f), "REFERENCE_ON_CPU", No
 
 
 def _export_command(
-    ctx: typer.Context,
     target: Annotated[str, typer.Option(help=TARGET_HELP + ".")] = exporters.TARGETS[0],
     model: Annotated[Path | None, typer.Option(help=MODEL_HELP)] = None,
     output: Annotated[Path | None, typer.Option(
@@ -161,8 +160,7 @@ def _check_out_of_core(family_options: dict, target: str) -> None:
     from edge.exporters import ExportOptionError
 
     if family_options.get("out_of_core"):
-        takers = [t for t in exporters.TARGETS
-                  if exporters.registered(t).READS_BLOCKS_FROM_STORAGE]
+        takers = exporters.out_of_core_targets()
         if target not in takers:
             raise ExportOptionError(f"--out-of-core applies to --target {' or '.join(takers)}, "
                                     f"not {target}")

@@ -28,6 +28,12 @@ class Option:
     parse: Callable[[Any], Any] | None = None
     # where a target takes it in only some of its layouts, as refusals say it: "--min-ios 27"
     only: str | None = None
+    choices: tuple[str, ...] | None = None   # the values it takes, where it takes a few
+
+    def check_choice(self, value) -> None:
+        """Refuse, naming the option and its choices, a value outside them."""
+        if self.choices is not None and value is not None and value not in self.choices:
+            raise ValueError(f"{self.flag} {value!r}: one of {', '.join(self.choices)}")
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

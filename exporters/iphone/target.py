@@ -18,8 +18,8 @@ from edge.exporters import (
     ExportOptions,
     Prepared,
     Progress,
+    check_declared,
     inputs_text,
-    refuse_others,
     refuse_out_of_core,
 )
 from edge.exporters.iphone import NAME
@@ -56,7 +56,7 @@ def _coreai(options: ExportOptions):
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options)
+    check_declared(NAME, options)
     if coreai := _coreai(options):
         return coreai.check(options)
     if options.execute is not None:

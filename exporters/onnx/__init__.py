@@ -13,12 +13,6 @@ READS_BLOCKS_FROM_STORAGE = True     # exports a model too large for memory bloc
 CHECK_LEVELS = ("auto", "full", "small", "blocks")
 
 
-def _check_level(text: str) -> str:
-    if text not in CHECK_LEVELS:
-        raise ValueError(f"{text!r}: one of {', '.join(CHECK_LEVELS)}")
-    return text
-
-
 OPTIONS = (
     MEMORY_BUDGET,
     EXECUTE,
@@ -26,5 +20,5 @@ OPTIONS = (
            "family's reference at the export's size; small: at the family's small size, "
            "exported alongside through the same code; blocks: each block only; auto: full "
            "when its estimate here is under 10 minutes, else small [default: auto].",
-           parse=_check_level),
+           choices=CHECK_LEVELS),
 )

@@ -8,7 +8,7 @@ import resource
 from pathlib import Path
 
 from edge.core.budget import format_size
-from edge.exporters import ExportOptions, Prepared, Progress, check_execute, refuse_others
+from edge.exporters import ExportOptions, Prepared, Progress, check_declared
 from edge.exporters.onnx import NAME
 from edge.exporters.shared.validation import worst_block
 from edge.graph.attention import budget_score_limit
@@ -18,8 +18,7 @@ from edge.planning.plan import READ_UNIT, partition, plan_lines, plan_residency
 
 
 def check(options: ExportOptions) -> None:
-    refuse_others(NAME, options)
-    check_execute(options)
+    check_declared(NAME, options)
 
 
 def folder_name(model_name: str, options: ExportOptions) -> str:

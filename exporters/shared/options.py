@@ -28,7 +28,8 @@ EXECUTE = Option(
     "block_1..29) and every block that repeats none, the repeats converted and written unrun, "
     "as the manifest and summary say: for real-size models, whose blocks take minutes each to "
     "run (a Wan 1.3B block at 480x832x81 in PyTorch; on Linux, where Core AI's interpreter "
-    "emulates float16, one of its transformer blocks) [default: all].")
+    "emulates float16, one of its transformer blocks) [default: all].",
+    choices=EXECUTE_CHOICES)
 
 
 def only_in(option: Option, layouts: str) -> Option:

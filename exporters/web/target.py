@@ -13,9 +13,9 @@ from edge.exporters import (
     ExportOptions,
     Prepared,
     Progress,
+    check_declared,
     inputs_text,
     need_modules,
-    refuse_others,
 )
 from edge.exporters.shared.validation import worst_block
 from edge.exporters.web import NAME
@@ -56,7 +56,7 @@ def check(options: ExportOptions) -> None:
         raise ExportOptionError(
             "--memory-budget: a web package takes its budget where the page loads it "
             "(Pipeline.load(url, {budget}), ?budget= on the demo page), not at export")
-    refuse_others(NAME, options)
+    check_declared(NAME, options)
     paths = web_paths(options)
     try:
         if options.quantize is not None:

@@ -17,7 +17,6 @@ from edge.exporters import (
     ExportValidationError,
     Prepared,
     Progress,
-    check_execute,
     inputs_text,
     refuse_out_of_core,
 )
@@ -63,7 +62,6 @@ def precision(options: ExportOptions, model: FamilyModel) -> Precision:
 
 def check(options: ExportOptions) -> None:
     quantize = options.quantize or DEFAULT_QUANTIZE
-    check_execute(options)
     try:
         check_setting(quantize)
     except ValueError as err:
