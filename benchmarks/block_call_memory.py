@@ -58,7 +58,7 @@ def run_block(out: Path) -> dict:
     import numpy as np
     import onnxruntime as ort
 
-    from edge.runtimes.python.pipeline import session_options
+    from edge.runtimes.python.sessions import session_options
 
     session = ort.InferenceSession(str(out / "block.onnx"), session_options(),
                                    providers=["CPUExecutionProvider"])

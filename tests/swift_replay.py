@@ -42,7 +42,8 @@ from edge.commands.record import Recorder
 from edge.core.bundle import TensorFile
 from edge.core.package import MANIFEST, PackageError, read_package, write_manifest
 from edge.core.sampler import initial_noise
-from edge.runtimes.python.pipeline import Pipeline, check_runnable
+from edge.runtimes.python.package_checks import check_runnable
+from edge.runtimes.python.pipeline import Pipeline
 
 STEPS = 8
 # (name, prompt, seed, sampler overrides); the Swift tests run them in this order through

@@ -194,16 +194,16 @@ def package_copy(exported_package, tmp_path_factory):
 def cached_sessions(monkeypatch):
     """Sessions made once per graph file: only the manifest changes between examples, and
     creating ~20 sessions would dominate each one. The graph checks still run on each."""
-    import edge.runtimes.python.pipeline as pipeline
+    import edge.runtimes.python.sessions as sessions
 
-    real, cache = pipeline.ort.InferenceSession, {}
+    real, cache = sessions.ort.InferenceSession, {}
 
     def session(path, *args, **kwargs):
         if path not in cache:
             cache[path] = real(path, *args, **kwargs)
         return cache[path]
 
-    monkeypatch.setattr(pipeline.ort, "InferenceSession", session)
+    monkeypatch.setattr(sessions.ort, "InferenceSession", session)
 
 
 # edits of these fields never reach a computation (metadata, or ignored unknown fields)

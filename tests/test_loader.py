@@ -328,7 +328,7 @@ def test_blocks_recurring_in_one_run_are_read_once_where_the_budget_has_room(tmp
 KEPT_AFTER_FREE = """
 import ctypes, ctypes.util, sys
 if sys.argv[1] == "fix":
-    from edge.runtimes.python.pipeline import return_freed_activations_to_the_system
+    from edge.runtimes.python.process_memory import return_freed_activations_to_the_system
     assert return_freed_activations_to_the_system()
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -184,11 +184,12 @@ def _tensor(m, name="spatial.attn.q.weight"):
 def test_manifest_that_disagrees_with_its_graphs_is_refused_at_load(pkg, monkeypatch, change,
                                                                     message):
     import edge.runtimes.python.pipeline as pipeline
+    import edge.runtimes.python.sessions as sessions
     from edge.runtimes.python import Pipeline
 
     ran = []
     monkeypatch.setattr(pipeline.Pipeline, "_run_blocks", lambda *a, **k: ran.append(a))
-    real = pipeline.ort.InferenceSession
+    real = sessions.ort.InferenceSession
 
     def session(path, *a, **k):  # made once per graph of the package: the checks still run
         key = (os.path.relpath(path, pkg), os.path.getsize(path))
@@ -196,7 +197,7 @@ def test_manifest_that_disagrees_with_its_graphs_is_refused_at_load(pkg, monkeyp
             SESSIONS[key] = real(path, *a, **k)
         return SESSIONS[key]
 
-    monkeypatch.setattr(pipeline.ort, "InferenceSession", session)
+    monkeypatch.setattr(sessions.ort, "InferenceSession", session)
     rewrite(pkg, change)
     with pytest.raises(PackageError, match=message):
         Pipeline.load(pkg)

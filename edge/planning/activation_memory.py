@@ -78,7 +78,7 @@ class _LiveBytes(TorchDispatchMode):
 
 
 # The rows of a dynamic batch the Python runtime gives each call of a component under a
-# memory budget, for one prompt (runtimes/python/pipeline.py, run_in_batch_pieces): the
+# memory budget, for one prompt (runtimes/python/sessions.py, run_in_batch_pieces): the
 # transformer takes the caption and the null half of the guidance batch as two calls, the
 # decoder one video.
 # A device's programs have a static batch and run as traced.

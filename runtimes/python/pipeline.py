@@ -12,46 +12,21 @@ whether the VAE decoder takes latents frame by frame or as a whole video.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import functools
-import resource
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
 
 import numpy as np
-import onnxruntime as ort
 
 from edge.core.budget import parse_size
 from edge.core.files import EdgeNotice
-from edge.core.manifest_schema import (
-    MANIFEST,
-    as_variant,
-    block_variant,
-    call_variant,
-    check_chain,
-    is_coreai,
-)
-from edge.core.noise import check_noise, torch_randn_draws
-from edge.core.options import (
-    check_prompts,
-    check_seeds,
-    check_settings,
-    decode_values,
-    with_overrides,
-)
-from edge.core.package import (
-    PackageError,
-    check_still_verified,
-    read_package,
-    resolve_inside,
-)
+from edge.core.manifest_schema import MANIFEST, block_variant, call_variant, is_coreai
+from edge.core.noise import check_noise
+from edge.core.options import check_prompts, check_seeds, with_overrides
+from edge.core.package import PackageError, check_still_verified, read_package, resolve_inside
 from edge.core.pieces import piece_bounds
 from edge.core.sampler import (
     SamplerSettings,
@@ -64,241 +39,28 @@ from edge.core.sampler import (
     sample,
 )
 from edge.core.tiles import BlendedTiles, Tiling
-from edge.core.tokenizer import CLEANERS, clean_prompt, load_tokenizer, tokenize
-from edge.runtimes.python.graph_check import BATCH, check_block_graph, check_runtime_feeds
-from edge.runtimes.python.loader import BlockLoader, BlockWeights
+from edge.core.tokenizer import clean_prompt, load_tokenizer, tokenize
+from edge.runtimes.python.generation_inputs import checked_latents, decode_conditioning
+from edge.runtimes.python.graph_check import BATCH, check_runtime_feeds
+from edge.runtimes.python.loader import BlockLoader
+from edge.runtimes.python.package_checks import check_runnable, check_vocabulary
+from edge.runtimes.python.phase_clock import PhaseClock
+from edge.runtimes.python.process_memory import (
+    io_read_bytes,
+    peak_rss_bytes,
+    return_freed_activations_to_the_system,
+)
+from edge.runtimes.python.sessions import (
+    Component,
+    OpenBlock,
+    handed_over,
+    open_components,
+    run_in_batch_pieces,
+    session_options,
+)
 
-
-def _io_read_bytes() -> int | None:
-    """Bytes this process caused to be read from storage (Linux /proc/self/io)."""
-    try:
-        for line in Path("/proc/self/io").read_text().splitlines():
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-# glibc's mallopt parameter: allocations at least this large are mapped on their own
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 << 10
-
-
-def return_freed_activations_to_the_system() -> bool:
-    """Fix glibc's mmap threshold at its default (128 KiB), so every activation buffer
-    onnxruntime and NumPy free goes back to the system at once. Left alone, glibc raises the
-    threshold to the size of each large buffer freed (up to 32 MiB), after which such
-    buffers come from the heap, whose freed middle the process keeps: measured on Wan at
-    17x128x128, 0.84 GB more RSS between generations than the loader held, 0.19 GB with the
-    threshold fixed (docs/benchmarks.md). Process-wide, as the allocator is; False where the
-    C library is not glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
-    except (OSError, AttributeError):
-        return False
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-@dataclass
-class Component:
-    name: str
-    blocks: list[dict]
-    chunked: dict | None = None   # run piece by piece, state carried (manifest "chunked")
-    tiles: Tiling | None = None   # decoded in spatial tiles (manifest "tiles")
-    sessions: dict[str, ort.InferenceSession] = field(default_factory=dict)
-    # (block key, variant name) -> session of that variant's graph; the weights are the
-    # base block's (same names), so the loader holds one copy whichever graph runs
-    variants: dict[tuple[str, str], ort.InferenceSession] = field(default_factory=dict)
-    # (block key, variant name) -> the block's record as that variant runs (its signature)
-    variant_records: dict[tuple[str, str], dict] = field(default_factory=dict)
-
-    def keys(self) -> list[str]:
-        return [f"{self.name}/{b['name']}" for b in self.blocks]
-
-
-RUNTIME_TARGET = "onnx"
-# what this runtime feeds each component and what it takes from it (see docs/package-format.md)
-# a decoder conditioned on a timestep (the manifest's `decode`) takes these beside z, at the
-# batch: the timestep, the scale s of the noise mixed in as (1 - s) z + s noise, the noise
-DECODE_INPUTS = {"decode_t", "decode_noise_scale", "decode_noise"}
-COMPONENT_INPUTS = {"text_encoder": {"input_ids", "attention_mask"},
-                    "transformer": {"latent", "t", "caption", "caption_mask"},  # any of these
-                    "vae_decoder": {"z"} | DECODE_INPUTS}
-COMPONENT_OUTPUTS = {"text_encoder": {"hidden"}, "transformer": {"velocity"},
-                     "vae_decoder": {"frames"}}
-# how the VAE decoder takes the latents (B, C, T, h, w): "frames" as B*T images (C, h, w) and
-# gives (B*T, 3, H, W); "video" as they are and gives (B, 3, T', H, W) (a causal video VAE)
-LATENT_LAYOUTS = ("frames", "video")
 # what generate gives back: the video, the video before rounding, the denoised latents
 OUTPUT_TYPES = ("uint8", "float", "latent")
-
-
-def check_runnable(manifest: dict, any_target: bool = False) -> None:
-    """Refuse, before any session exists, a well-formed package this runtime cannot run: another
-    target (unless `any_target`: its blocks run some other way), a missing component, blocks
-    needing inputs the runtime does not give or not making the outputs it takes, sampler
-    settings it does not know."""
-    if manifest["target"] != RUNTIME_TARGET and not any_target:
-        raise PackageError(f"{MANIFEST}: target {manifest['target']!r}; the Python runtime "
-                           f"runs {RUNTIME_TARGET!r} packages and iphone packages of the "
-                           "Core AI layout (edge export --target iphone --min-ios 27)")
-    components = {c["name"]: c["blocks"] for c in manifest["components"]}
-    chunking = {c["name"]: c["chunked"] for c in manifest["components"] if "chunked" in c}
-    for name, given in COMPONENT_INPUTS.items():
-        if name not in components:
-            raise PackageError(f"{MANIFEST}: no component {name!r}; the Python runtime needs "
-                               f"{', '.join(COMPONENT_INPUTS)}")
-        chunked = chunking.get(name)
-        if chunked is None:
-            check_chain(name, components[name], provided=given)
-        else:  # the manifest check saw the chains; here: what this runtime feeds and takes
-            if chunked["input"] not in given or chunked["output"] not in COMPONENT_OUTPUTS[name]:
-                raise PackageError(f"{MANIFEST} component {name} chunked: pieces of "
-                                   f"{chunked['input']!r} giving {chunked['output']!r}; the "
-                                   f"Python runtime feeds {', '.join(sorted(given))} and takes "
-                                   f"{', '.join(sorted(COMPONENT_OUTPUTS[name]))}")
-        made = {s["name"] for b in components[name] for s in b["outputs"]}
-        if not COMPONENT_OUTPUTS[name] <= made:
-            raise PackageError(f"{MANIFEST}: component {name!r} makes no "
-                               f"{', '.join(sorted(COMPONENT_OUTPUTS[name] - made))}")
-    if "latent_shape" not in manifest:
-        raise PackageError(f"{MANIFEST}: the Python runtime needs 'latent_shape'")
-    if ("null_caption" not in manifest["conditioning"]
-            and not isinstance(manifest.get("negative_prompt"), str)):
-        raise PackageError(f"{MANIFEST}: the unconditional pass needs "
-                           "'conditioning.null_caption' or a 'negative_prompt' string")
-    check_decode(manifest, components["vae_decoder"], "vae_decoder" in chunking)
-    tiled = [c["name"] for c in manifest["components"] if "tiles" in c]
-    if tiled and (tiled != ["vae_decoder"] or manifest.get("latent_layout") != "video"
-                  or "decode" in manifest):
-        raise PackageError(f"{MANIFEST} component {tiled[0]} tiles: the Python runtime tiles "
-                           "only a decoder of latents laid out as 'video' without decode "
-                           "conditioning")
-    if manifest.get("latent_layout", "frames") not in LATENT_LAYOUTS:
-        raise PackageError(f"{MANIFEST}: latent_layout {manifest['latent_layout']!r}; known: "
-                           f"{', '.join(LATENT_LAYOUTS)}")
-    if manifest["tokenizer"].get("clean", "none") not in CLEANERS:
-        raise PackageError(f"{MANIFEST} tokenizer: clean {manifest['tokenizer']['clean']!r}; "
-                           f"known: {', '.join(CLEANERS)}")
-    try:
-        check_settings(SamplerSettings.from_dict(manifest["sampler"]))
-    except (TypeError, ValueError) as err:
-        raise PackageError(f"{MANIFEST} sampler: {err}") from None
-
-
-def check_decode(manifest: dict, decoder: list[dict], chunked: bool) -> None:
-    """A decoder that takes the decode inputs needs the manifest's `decode` settings, and
-    runs on whole videos (the noise is one video's latents); a package with them has such a
-    decoder."""
-    takes = {s["name"] for b in decoder for s in b["inputs"]} & DECODE_INPUTS
-    spec = manifest.get("decode")
-    if spec is None and not takes:
-        return
-    if spec is None:
-        raise PackageError(f"{MANIFEST}: the vae_decoder takes {', '.join(sorted(takes))} "
-                           "but the manifest has no 'decode' settings")
-    if takes != DECODE_INPUTS or chunked or manifest.get("latent_layout") != "video":
-        raise PackageError(f"{MANIFEST} decode: needs a whole-video vae_decoder (latent_layout "
-                           f"'video', not chunked) taking {', '.join(sorted(DECODE_INPUTS))}")
-    number = (int, float)
-    if not (isinstance(spec, dict) and isinstance(spec.get("timestep"), number)
-            and (spec.get("noise_scale") is None or isinstance(spec["noise_scale"], number))
-            and not any(isinstance(spec.get(k), bool) for k in ("timestep", "noise_scale"))):
-        raise PackageError(f"{MANIFEST} decode: must be {{\"timestep\": number, "
-                           f"\"noise_scale\": number or null}}, got {spec!r}")
-
-
-class BlockSession(Protocol):
-    """What the pipeline calls to run a block: onnxruntime's `run`, given output names as
-    "out:<name>" and the feeds (inputs and the loader's weights) by name."""
-
-    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        ...
-
-
-# (loader key, e.g. "transformer/block_0" or "transformer/block_0#tdtm"; the block's
-# manifest record as that graph runs) -> its session
-OpenBlock = Callable[[str, dict], BlockSession]
-
-
-def block_weights(root: Path, key: str, block: dict, identities: dict,
-                  where: str, held_by_program: bool = False) -> BlockWeights:
-    """Where the loader reads a block's weights: its file, or a web package's shards.
-    `held_by_program`: the block's program maps the file itself (Core AI): never read."""
-    path = resolve_inside(root, block["weights"]["path"], where)
-    shards = tuple((p, p.stat().st_size, identities.get(p)) for p in (
-        resolve_inside(root, s, where) for s in block["weights"].get("shards", [])))
-    return BlockWeights.of_block(key, path, block, identities.get(path),
-                                 shards if len(shards) > 1 else (), held_by_program)
-
-
-def session_options(threads: int | None = None, spinning: bool = False) -> ort.SessionOptions:
-    """How the runtime's onnxruntime sessions run a block (`threads`: intra-op threads;
-    `spinning`: let idle intra-op threads spin, onnxruntime's own default)."""
-    options = ort.SessionOptions()
-    # onnxruntime's arena would keep the largest per-run buffers (e.g. transposed copies
-    # of streamed weights) for the life of the session, outside the loader's budget
-    options.enable_cpu_mem_arena = False
-    # nor its memory pattern, which after a first run allocates every intermediate of a run
-    # in one block: a 480p decoder tile's up_3 peaked at +1.22 GB with it, +0.84 GB without
-    # it (buffers freed as they die), at the same speed
-    options.enable_mem_pattern = False
-    if threads:
-        options.intra_op_num_threads = threads
-    # onnxruntime's idle threads spin between ops by default: beside other busy processes
-    # they take cores the work needs (tiny-sora's 10 steps 3.3x slower beside two, and
-    # 2.3x slower even alone on 2 cores, where the loader's threads share them;
-    # benchmarks/contention.py, docs/benchmarks.md)
-    options.add_session_config_entry("session.intra_op.allow_spinning",
-                                     "1" if spinning else "0")
-    return options
-
-
-def _session(root: Path, graph: str, options: ort.SessionOptions, where: str,
-             block: dict) -> ort.InferenceSession:
-    """A session of a verified graph file, refused unless it is a graph whose inputs and
-    outputs are what the manifest declares for the block."""
-    path = resolve_inside(root, graph, where)
-    try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as err:  # onnxruntime's own exception types, e.g. InvalidProtobuf
-        raise PackageError(f"{path}: not a graph onnxruntime can load ({where}): "
-                           f"{str(err)[:200]}") from None
-    check_block_graph(f"{MANIFEST} {where}", block, session)
-    return session
-
-
-def run_in_batch_pieces(session: BlockSession, block: dict, inputs: dict[str, np.ndarray],
-                        weights: dict[str, np.ndarray], piece: int | None) -> list[np.ndarray]:
-    """The block's outputs, its graph run on `piece` rows of the batch at a time where its
-    batch is dynamic (the signature's "batch"), the pieces' batched outputs joined and an
-    unbatched output taken from the first piece (all compute it alike). A call's
-    activations are then one piece's: the guidance batch's caption and null halves as two
-    calls (as diffusers' Wan pipeline runs them), one video of a batch through the decoder."""
-    names = [f"out:{s['name']}" for s in block["outputs"]]
-    batched = {s["name"] for s in block["inputs"] if s["shape"][0] == BATCH}
-    whole = next((inputs[n].shape[0] for n in batched), 0)
-    if piece is None or whole <= piece:
-        return session.run(names, inputs | weights)
-    runs = [session.run(names, {n: v[start:start + piece] if n in batched else v
-                                for n, v in inputs.items()} | weights)
-            for start in range(0, whole, piece)]
-    return [np.concatenate([r[i] for r in runs]) if s["shape"][0] == BATCH else runs[0][i]
-            for i, s in enumerate(block["outputs"])]
-
-
-def handed_over(feeds: dict[str, np.ndarray], state: dict[str, np.ndarray],
-                extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`feeds | state | extra`, `state` emptied: the result is then the only reference to
-    the state's arrays, and a block that returns an array of the same name frees it."""
-    merged = feeds | state | extra
-    state.clear()
-    return merged
 
 
 def _one_at_a_time(method: Callable) -> Callable:
@@ -320,39 +82,6 @@ def _one_at_a_time(method: Callable) -> Callable:
                 self._running_in = self._running_in_method = None
 
     return serialised
-
-
-def check_vocabulary(tokenizer, manifest_tokenizer: dict, path: Path) -> None:
-    """Every id the tokenizer can give indexes the text encoder's embedding table (the
-    manifest's `embedding_rows`): a larger vocabulary would fail inside onnxruntime's Gather
-    on the first prompt that uses a token past the table."""
-    rows = manifest_tokenizer.get("embedding_rows")
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-    if rows is not None and vocab > rows:
-        raise PackageError(f"{path}: a vocabulary of {vocab} tokens, but the text encoder's "
-                           f"embedding table has {rows} rows ({MANIFEST} tokenizer "
-                           "embedding_rows): ids past it index nothing")
-
-
-class PhaseClock:
-    """Wall seconds of a generation's phases, by name in the order they ran, and the whole
-    (`total`, from the clock's making to `finish`): `last_run["wall_s"]`."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.wall_s: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.wall_s[name] = time.perf_counter() - began
-
-    def finish(self) -> dict[str, float]:
-        self.wall_s["total"] = time.perf_counter() - self.started
-        return self.wall_s
 
 
 class Pipeline:
@@ -431,25 +160,9 @@ class Pipeline:
                 warnings.warn(EdgeNotice(note), stacklevel=2)
         try:
             check_runnable(manifest, any_target=open_block is not None)
-            options = session_options(threads, spinning)
-            components, weights = {}, {}
-            for comp in manifest["components"]:
-                c = Component(comp["name"], comp["blocks"], comp.get("chunked"),
-                              Tiling.from_dict(comp["tiles"]) if "tiles" in comp else None)
-                for block, key in zip(c.blocks, c.keys(), strict=True):
-                    where = f"block {key}"
-                    c.sessions[key] = (open_block(key, block) if open_block else
-                                       _session(root, block["graph"], options, where, block))
-                    for variant in block.get("variants", {}):
-                        record = as_variant(block, variant)
-                        c.variant_records[key, variant] = record
-                        c.variants[key, variant] = (
-                            open_block(f"{key}#{variant}", record) if open_block else
-                            _session(root, record["graph"], options, f"{where} variant {variant}",
-                                     record))
-                    weights[key] = block_weights(root, key, block, identities, where,
-                                                 held_by_program=programs is not None)
-                components[c.name] = c
+            components, weights = open_components(
+                root, manifest, session_options(threads, spinning), identities, open_block,
+                held_by_program=programs is not None)
             loader = BlockLoader(weights, budget,
                                  every_step=tuple(components["transformer"].keys()),
                                  prefetch=prefetch, cold_reads=cold_reads, pin=pin)
@@ -576,19 +289,6 @@ class Pipeline:
         text = negative_prompt if negative_prompt is not None else self.negative_prompt
         return self.encode_prompts(prompts + [text] * b)
 
-    def _check_latents(self, latents: Any, b: int) -> np.ndarray:
-        want = (b, *self.latent_shape)
-        if not isinstance(latents, np.ndarray) or latents.shape != want:
-            got = latents.shape if isinstance(latents, np.ndarray) else type(latents).__name__
-            raise ValueError(f"latents must be a NumPy array of shape {want} (batch, channels, "
-                             f"frames, height, width; diffusers' layout), got {got}")
-        if latents.dtype.kind != "f":  # ints, bools, complex, strings: no silent cast
-            raise ValueError(f"latents must hold floating-point numbers (float32 or float64), "
-                             f"got {latents.dtype}")
-        if not np.isfinite(latents).all():
-            raise ValueError("latents hold NaN or infinity")
-        return latents.astype(np.float32)
-
     @_one_at_a_time
     def generate(self, prompts: str | list[str], seed: int | list[int] | None = None,
                  on_step: Callable[[int, int], None] | None = None,
@@ -608,7 +308,7 @@ class Pipeline:
         draws for `torch.Generator().manual_seed(seed)` (edge.core.noise); default 0.
         `decode_timestep`, `decode_noise_scale`, `decode_noise`: for a package whose decoder
         is conditioned on a timestep (the manifest's `decode`, whose values they replace; see
-        `_decode_conditioning`)."""
+        `decode_conditioning`)."""
         if self._closed:
             raise ValueError(f"the pipeline of {self.root} is closed (close() was called); "
                              "load the package again to generate")
@@ -626,13 +326,14 @@ class Pipeline:
                 raise ValueError("negative_prompt must be one string")
             check_prompts(negative_prompt, "negative prompt")  # valid Unicode
         noise = (initial_noise(self.latent_shape, seeds) if latents is None
-                 else self._check_latents(latents, len(prompts)))
-        conditioning = self._decode_conditioning(seeds if latents is None else None,
-                                                 len(prompts), decode_timestep,
-                                                 decode_noise_scale, decode_noise)
+                 else checked_latents(latents, (len(prompts), *self.latent_shape)))
+        conditioning = decode_conditioning(
+            self.manifest.get("decode"), self.root, self.latent_shape,
+            seeds if latents is None else None, len(prompts), decode_timestep,
+            decode_noise_scale, decode_noise)
         settings = with_overrides(self.sampler, sampler_overrides)
         stats_before = self.loader.stats.as_dict()
-        io_before = _io_read_bytes()
+        io_before = io_read_bytes()
         clock = PhaseClock()
         figures: dict = {"wall_s": clock.wall_s}
         self._compute_s = 0.0
@@ -723,48 +424,9 @@ class Pipeline:
                 f"settings {settings}); the package's blocks or these settings are broken")
         return latents, trace, denoise
 
-    def _decode_conditioning(self, seeds: list[int] | None, b: int, timestep: float | None,
-                             noise_scale: float | None, noise: np.ndarray | None) -> dict:
-        """The decoder's decode inputs, where the manifest has `decode` (else none, and
-        giving any is refused): the timestep; the noise scale (given, else the manifest's,
-        else the timestep's value, as diffusers' decode_noise_scale=None); the noise, given
-        (B, *latent_shape), else for each seed the second `torch.randn(latent_shape)` of its
-        generator (diffusers draws it from the pipeline's generator after the initial
-        latents). Given latents need a given noise unless the scale is 0."""
-        spec = self.manifest.get("decode")
-        if spec is None:
-            if any(v is not None for v in (timestep, noise_scale, noise)):
-                raise ValueError(f"package {self.root}: its decoder takes no decode timestep "
-                                 "or noise (the manifest has no 'decode')")
-            return {}
-        for name, value in (("decode_timestep", timestep), ("decode_noise_scale", noise_scale)):
-            if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, int | float)
-                                      or not np.isfinite(value)):
-                raise ValueError(f"{name} {value!r} must be a finite number")
-        t, s = decode_values(spec, timestep, noise_scale)
-        shape = (b, *self.latent_shape)
-        if noise is not None:
-            if not isinstance(noise, np.ndarray) or noise.shape != shape \
-                    or noise.dtype.kind != "f" or not np.isfinite(noise).all():
-                raise ValueError(f"decode_noise must be a finite NumPy array of shape {shape} "
-                                 "holding floating-point numbers")
-            noise = noise.astype(np.float32)
-        elif s == 0:
-            noise = np.zeros(shape, np.float32)  # mixed in with weight 0
-        elif seeds is not None:
-            noise = np.stack([torch_randn_draws([self.latent_shape] * 2, seed)[1]
-                              for seed in seeds])
-        else:
-            raise ValueError(f"decode noise scale {s} with given latents: pass decode_noise "
-                             "too (diffusers draws it from the pipeline's generator), or "
-                             "decode_noise_scale=0")
-        return {"decode_t": np.full(b, t, np.float32),
-                "decode_noise_scale": np.full(b, s, np.float32), "decode_noise": noise}
-
     def _decode(self, latents: np.ndarray, conditioning: dict | None = None) -> np.ndarray:
         """latents (B, C, T, h, w) -> video (B, T', H, W, 3) in [0, 1]; `conditioning`: a
-        timestep-conditioned decoder's inputs (`_decode_conditioning`)."""
+        timestep-conditioned decoder's inputs (`decode_conditioning`)."""
         b, c, t, h, w = latents.shape
         tiles = self.components["vae_decoder"].tiles
         if self.latent_layout == "video":
@@ -888,7 +550,7 @@ class Pipeline:
             figures[k] = after[k] - stats_before[k]
         figures["read_bandwidth_bytes_per_s"] = (figures["bytes_read"] / figures["read_s"]
                                                  if figures["read_s"] else None)
-        io_after = _io_read_bytes()
+        io_after = io_read_bytes()
         figures["storage_read_bytes"] = (io_after - io_before) if io_before is not None else None
         figures["compute_s"] = self._compute_s
         figures["denoise"] = denoise
@@ -897,7 +559,7 @@ class Pipeline:
             max(0.0, 1.0 - denoise["io_wait_s"] / denoise["read_s"])
             if streamed and denoise["read_s"] > 0 else None)
         figures["peak_held_bytes"] = self.loader.stats.peak_held_bytes
-        figures["peak_rss_bytes"] = _peak_rss_bytes()
+        figures["peak_rss_bytes"] = peak_rss_bytes()
         return figures
 
     @_one_at_a_time

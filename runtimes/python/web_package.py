@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edge.runtimes.python.graph_check import ORT_TYPES
-from edge.runtimes.python.pipeline import OpenBlock, _session, session_options
+from edge.runtimes.python.sessions import OpenBlock, open_session, session_options
 
 # onnxruntime's input type names -> NumPy's (graph_check's table turned round): what a web
 # graph's static inputs take (token ids int32, where the Python runtime makes int64)
@@ -55,7 +55,7 @@ def wasm_graph_opener(root: Path, threads: int | None = None) -> OpenBlock:
     def open_block(key: str, record: dict) -> StaticGraphSession:
         base, _, variant = key.partition("#")
         where = f"block {base}" + (f" variant {variant}" if variant else "")
-        return StaticGraphSession(_session(root, record["wasm"]["graph"], options, where,
+        return StaticGraphSession(open_session(root, record["wasm"]["graph"], options, where,
                                            record))
 
     return open_block

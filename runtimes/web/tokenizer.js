@@ -40,7 +40,7 @@ export function vocabularySize(tokenizerJson) {
 
 // Every id must index the text encoder's embedding table (the manifest's embedding_rows,
 // absent in older packages): a larger vocabulary would fail inside the text encoder's Gather
-// on the first prompt using a token past it. As runtimes/python/pipeline.py checks.
+// on the first prompt using a token past it. As runtimes/python/package_checks.py checks.
 function checkVocabulary(tokenizerJson, rows) {
   if (rows === undefined) return;
   const size = vocabularySize(tokenizerJson);

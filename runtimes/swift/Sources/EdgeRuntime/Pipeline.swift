@@ -376,7 +376,7 @@ public final class Pipeline {
     /// decode_noise_scale=None); the noise, given (1, C, T, h, w), else for `seed` the second
     /// draw of its generator after the initial latents (what diffusers draws from the
     /// pipeline's generator; TorchNoise.randnDraws). Given latents (`seed` nil) need a given
-    /// noise unless the scale is 0. As runtimes/python/pipeline.py _decode_conditioning.
+    /// noise unless the scale is 0. As runtimes/python/generation_inputs.py decode_conditioning.
     func decodeConditioning(seed: UInt64?, timestep: Double?, noiseScale: Double?,
                             noise: Tensor?) throws -> [String: Tensor] {
         guard let spec = manifest.decode else {
