@@ -409,7 +409,7 @@ START_LOAD = """() => {
 
 CACHED_THEN_LOAD = """async (budget) => {
   const { Pipeline } = await import('/runtime/pipeline.js');
-  const { fileRecords, sha256Hex } = await import('/runtime/loader.js');
+  const { fileRecords, sha256Hex } = await import('/runtime/manifest.js');
   const base = new URL('/', location.href).href;
   const manifest = await (await fetch(base + 'manifest.json')).json();
   const records = new Map(fileRecords(manifest).map((r) => [new URL(r.path, base).href, r]));

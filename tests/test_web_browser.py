@@ -460,7 +460,7 @@ def test_loader_takes_the_noise_field_as_an_optional_string(runtime_page, web_pa
     manifest = web_package[1]
     assert manifest["noise"] == "torch.randn/cpu/float32"
     out = runtime_page.evaluate("""async (manifest) => {
-      const { checkManifest } = await import('/runtime/loader.js');
+      const { checkManifest } = await import('/runtime/manifest.js');
       const out = {};
       for (const [name, noise] of [["written", manifest.noise], ["absent", undefined],
           ["other", "numpy.pcg64"], ["number", 7], ["null", null], ["list", ["a"]]]) {
@@ -483,7 +483,7 @@ def test_corrupt_shard_is_refetched_then_refused(page, web_package, served):
     _, manifest = web_package
     record = manifest["components"][2]["blocks"][0]["files"][1]
     script = """async (record) => {
-      const { PackageFiles } = await import('/runtime/loader.js');
+      const { PackageFiles } = await import('/runtime/package_files.js');
       const files = await PackageFiles.open(location.origin + '/');
       const cache = await caches.open('edge-web-packages-v1');
       await cache.put(files.url(record.path), new Response(new Uint8Array(record.bytes)));
@@ -549,7 +549,7 @@ def cutting(web_package):
 
 # every file of the package through the loader, as the page loads it (no kernels compiled)
 FETCH_ALL = """async (records) => {
-  const { PackageFiles } = await import('/runtime/loader.js');
+  const { PackageFiles } = await import('/runtime/package_files.js');
   const files = await PackageFiles.open(location.origin + '/');
   const progress = [];
   files.onProgress = (got, total) => progress.push([got, total]);
@@ -560,7 +560,7 @@ FETCH_ALL = """async (records) => {
 
 # path -> [bytes, sha256] of each file the Cache API holds for this origin
 CACHED = """async () => {
-  const { sha256Hex } = await import('/runtime/loader.js');
+  const { sha256Hex } = await import('/runtime/manifest.js');
   const cache = await caches.open('edge-web-packages-v1'), out = {};
   for (const request of await cache.keys()) {
     const b = await (await cache.match(request)).arrayBuffer();
@@ -634,7 +634,7 @@ def test_interrupted_download_is_retried_and_never_cached(browser, cutting, web_
         cutting.cuts[always["path"]] = [always["bytes"] // 3, 99]
         before = cutting.gets[always["path"]]
         error = pg.evaluate("""async (record) => {
-          const { PackageFiles } = await import('/runtime/loader.js');
+          const { PackageFiles } = await import('/runtime/package_files.js');
           const files = await PackageFiles.open(location.origin + '/');
           try { await files.fetchFile(record); return null; } catch (err) { return err.message; }
         }""", always)
@@ -912,7 +912,8 @@ def test_a_blocks_shards_are_read_into_their_places_in_one_buffer(browser, serve
     pg = context.new_page()
     pg.goto(served + "manifest.json")
     placed = """async (records) => {
-      const { PackageFiles, sha256Hex } = await import('/runtime/loader.js');
+      const { PackageFiles } = await import('/runtime/package_files.js');
+      const { sha256Hex } = await import('/runtime/manifest.js');
       const files = await PackageFiles.open(location.origin + '/');
       const joined = new ArrayBuffer(records.reduce((n, r) => n + r.bytes, 0));
       const places = new Map();

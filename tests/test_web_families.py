@@ -129,14 +129,14 @@ def test_a_seed_means_the_pipelines_noise_decode_noise_included(exported, browse
 
 def test_the_page_refuses_decode_settings_that_do_not_fit_the_decoder(exported, browser):
     """The manifest's `decode` and a decoder taking decode_t, decode_noise_scale and
-    decode_noise go together, as the Python runtime checks (loader.js checkManifest)."""
+    decode_noise go together, as the Python runtime checks (manifest.js checkManifest)."""
     _, root, manifest, _ = exported
     takes = "decode" in manifest
     edits = {"absent": None, "bad": {"timestep": "0.05", "noise_scale": None}} if takes \
         else {"added": {"timestep": 0.05, "noise_scale": None}}
     with served_page(browser, root) as (pg, url):
         out = pg.evaluate("""async ([url, manifest, edits]) => {
-          const { checkManifest } = await import(new URL('runtime/loader.js', url).href);
+          const { checkManifest } = await import(new URL('runtime/manifest.js', url).href);
           const out = {};
           const cases = [["as written", manifest.decode], ...Object.entries(edits)];
           for (const [name, decode] of cases) {

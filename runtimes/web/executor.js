@@ -6,7 +6,7 @@
 // `weight:NAME`, `const:N`, `storage:N` (intermediate, at a byte offset) or `output:N`.
 
 import { decodedBytes, scaleNames, WeightDecoder } from "./decode.js";
-import { shardHolding } from "./loader.js";
+import { shardHolding } from "./package_files.js";
 
 // a block whose weights or intermediates are larger than the adapter can make or bind
 export class AdapterLimitError extends Error {}

@@ -10,7 +10,7 @@
 // onnxruntime-web is loaded only when the wasm path is wanted (paths.js), and its failure
 // (offline, the CDN blocked, a file that fails its digest) is an OrtUnavailable that paths.js
 // catches: the WebGPU path needs none of it, so the page can still run there.
-import { PackageError } from "./loader.js";
+import { PackageError } from "./manifest.js";
 
 // onnxruntime-web could not be had. `detail` says which URL and what failed, without what
 // follows from it (the caller knows: the page stops, or runs on WebGPU instead); `url` is the

@@ -1,13 +1,14 @@
 // Runs a web package (edge export --target web) in the browser: tokenizer -> text encoder ->
 // rectified-flow sampler over the transformer blocks -> VAE decoder, every block either a
 // launch plan replayed on WebGPU (executor.js) or an ONNX graph run by onnxruntime-web's wasm
-// provider (ort_executor.js), whichever paths.js picks; weights fetched and verified by
-// loader.js; a seed's initial noise drawn as PyTorch draws it (noise.js).
+// provider (ort_executor.js), whichever paths.js picks; files fetched and verified by
+// package_files.js, weights kept under the budget by loader.js; a seed's initial noise drawn
+// as PyTorch draws it (noise.js).
 import { byteSize } from "./executor.js";
 import { BlockBytes } from "./block_bytes.js";
-import {
-  GpuWeights, PackageError, PackageFiles, parseSize, planPins, shardFiles, shardPaths,
-} from "./loader.js";
+import { GpuWeights, parseSize, planPins } from "./loader.js";
+import { PackageError } from "./manifest.js";
+import { PackageFiles, shardFiles, shardPaths } from "./package_files.js";
 import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";
 import { choosePath, findAdapter, timeBlock } from "./paths.js";
 import { DEFAULT_SETTINGS, checkSettings, guidedCall, runPairs, sample } from "./sampler.js";
