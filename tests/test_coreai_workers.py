@@ -14,10 +14,11 @@ from types import SimpleNamespace
 import pytest
 
 import edge.exporters.iphone.coreai.pool as pool
+from edge.core.files import EdgeNotice
 from edge.exporters import ExportValidationError
 
 # the stand-in: claims jobs through the worker's own `claimed`; a job may ask it to fail
-# (ok false) or to crash (SIGABRT) once claimed
+# (ok false) or to crash (SIGABRT) once claimed, every time or the first time only
 STAND_IN = """
 import json, os, signal, sys, time
 sys.path.insert(0, {folder!r})
@@ -27,7 +28,8 @@ for path in sys.argv[3:]:   # after -P and the worker's path, as run_worker call
         continue
     job = json.load(open(path))
     time.sleep(job.get("sleep", 0.2))
-    if job.get("crash"):
+    if job.get("crash") or job.get("crash_once") and not os.path.exists(path + ".crashed"):
+        open(path + ".crashed", "w").close()
         os.kill(os.getpid(), signal.SIGABRT)
     found = {{"ok": not job.get("fail"), "functions": {{}}, "pid": os.getpid()}}
     if job.get("fail"):
@@ -87,9 +89,25 @@ def test_a_failed_job_is_named_and_ends_the_other_worker(tmp_path, stand_in):
 
 def test_a_crash_names_the_job_the_crashed_worker_held(tmp_path, stand_in):
     jobs, keys = _jobs(tmp_path, 4, crash=1)
-    with pytest.raises(ExportValidationError, match="block c/block_1: Core AI's converter or "
-                       "runtime ended by SIGABRT"):
+    with pytest.warns(EdgeNotice, match="block c/block_1: .*SIGABRT.*running the blocks not "
+                      "done again"), \
+            pytest.raises(ExportValidationError, match="block c/block_1: Core AI's converter or "
+                          "runtime ended by SIGABRT"):
         pool.run_worker(jobs, keys)
+
+
+def test_a_job_a_crash_left_undone_is_run_once_more(tmp_path, stand_in):
+    """Core AI's beta interpreter aborted once on a block it then ran (SIGABRT): the jobs a
+    crashed worker left, its own and those the stopped workers had not done, run again, and
+    each is done once; the jobs done before the crash are not run again."""
+    jobs, keys = _jobs(tmp_path, 6, crash_once=1)
+    done = []
+    with pytest.warns(EdgeNotice, match="block c/block_1: .*ended by SIGABRT"):
+        found = pool.run_worker(jobs, keys, on_done=done.append)
+    assert all(f["ok"] for f in found)
+    assert sorted(done) == list(range(6))
+    for job, f in zip(jobs, found, strict=True):
+        assert pool._claimant(job) == f["pid"]
 
 
 def test_the_workers_are_bounded_by_cpus_jobs_and_memory(tmp_path, monkeypatch):

@@ -20,11 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from edge.core.files import EdgeNotice
 from edge.exporters import ExportValidationError
 
 WORKER_SECONDS = 3600   # one block's conversion and execution; a hang ends as an error
@@ -32,6 +34,7 @@ WORKER = Path(__file__).with_name("worker.py")
 WORKER_PYTHON: str | None = None   # the interpreter the worker runs in (default: this one)
 WORKERS: int | None = None   # workers side by side (default: `worker_count`'s choice)
 WORKER_MEMORY_FACTOR, WORKER_BASE_BYTES = 5, 256 << 20   # a worker's memory, by its graphs
+CRASH_RETRIES = 1   # tries more for the jobs a crashed worker left (run_worker)
 
 
 def _crash_text(code: int) -> str:
@@ -74,7 +77,49 @@ def run_worker(jobs: list[Path], keys: list[str],
     """Convert and execute the blocks' jobs in child processes (`worker_count` side by side,
     each taking the next job none has claimed); the results of each, or an
     ExportValidationError naming the first block that failed and how (the converter's or
-    runtime's message, or the crash). `on_done(i)`: job i has its results (in any order)."""
+    runtime's message, or the crash). `on_done(i)`: job i has its results (in any order).
+    Jobs left undone by a worker a signal ended are run once more (CRASH_RETRIES): the beta
+    interpreter has aborted on a block it then ran (Wan 2.2's `vae_decoder/up_3`, SIGABRT,
+    "C++ exception handling detected..."); a crash on the retry is the error."""
+    found: list[dict | None] = [None] * len(jobs)
+    for attempt in range(CRASH_RETRIES + 1):
+        todo = [i for i, done in enumerate(found) if done is None]
+        for i in todo:   # a crashed try's claims would keep the jobs from every worker
+            jobs[i].with_name("claim").unlink(missing_ok=True)
+        reported = on_done and functools.partial(_report_as, todo, on_done)
+        try:
+            for i, done in zip(todo, _run_workers([jobs[i] for i in todo],
+                                                  [keys[i] for i in todo], reported),
+                               strict=True):
+                found[i] = done
+            return found
+        except _Crashed as crash:
+            for i, done in zip(todo, crash.found, strict=True):
+                found[i] = done
+            if attempt == CRASH_RETRIES:
+                raise crash.error from None
+            warnings.warn(EdgeNotice(f"{crash.error}; running the blocks not done again"),
+                          stacklevel=2)
+    raise AssertionError("unreachable")
+
+
+def _report_as(todo: list[int], on_done: Callable[[int], None], j: int) -> None:
+    """A retry's job j done, reported by its place in the whole list."""
+    on_done(todo[j])
+
+
+class _Crashed(Exception):
+    """A worker ended by a signal without writing its job's results (`error` says which
+    job and how); `found`: the results the try did write."""
+
+    def __init__(self, error: ExportValidationError, found: list[dict | None]) -> None:
+        super().__init__(str(error))
+        self.error, self.found = error, found
+
+
+def _run_workers(jobs: list[Path], keys: list[str],
+                 on_done: Callable[[int], None] | None) -> list[dict]:
+    """One try of `run_worker`: _Crashed where a worker a signal ended left jobs undone."""
     # the worker is a script of its own (it imports nothing of the toolkit); -P: its folder
     # is not put on sys.path, where this module's name would hide Core AI's `coreai`
     results = [job.with_name("results.json") for job in jobs]
@@ -102,7 +147,10 @@ def run_worker(jobs: list[Path], keys: list[str],
             raise ExportValidationError(f"block {keys[failed]}: Core AI {what}: "
                                         f"{done['error']}")
         if None in found:
-            raise _crash(children, stderrs, jobs, found, keys)
+            error, signalled = _crash(children, stderrs, jobs, found, keys)
+            if signalled:
+                raise _Crashed(error, found)
+            raise error
     return found
 
 
@@ -130,9 +178,10 @@ def _wait_for(children: list[subprocess.Popen], results: list[Path], keys: list[
 
 
 def _crash(children: list[subprocess.Popen], stderrs: list, jobs: list[Path],
-           found: list[dict | None], keys: list[str]) -> ExportValidationError:
+           found: list[dict | None], keys: list[str]) -> tuple[ExportValidationError, bool]:
     """The error for a worker that ended without writing a job's results: the job it had
-    claimed (else the first without results), how it ended and its last words."""
+    claimed (else the first without results), how it ended and its last words; and whether
+    a signal ended it (a crash of native code, not an exit of its own)."""
     missing = [i for i, done in enumerate(found) if done is None]
     crashed = next((c for c in children if c.returncode not in (0, None, -signal.SIGKILL)),
                    children[0])
@@ -140,8 +189,9 @@ def _crash(children: list[subprocess.Popen], stderrs: list, jobs: list[Path],
     stderr = stderrs[children.index(crashed)]
     stderr.seek(0)
     tail = " | ".join(stderr.read().strip().splitlines()[-3:])
-    return ExportValidationError(f"block {keys[index]}: Core AI's converter or runtime "
-                                 f"{_crash_text(crashed.returncode)} (nothing written): {tail}")
+    return (ExportValidationError(f"block {keys[index]}: Core AI's converter or runtime "
+                                  f"{_crash_text(crashed.returncode)} (nothing written): "
+                                  f"{tail}"), crashed.returncode < 0)
 
 
 def _claimant(job: Path) -> int | None:
