@@ -20,12 +20,15 @@ from edge.commands import (
 from edge.commands.common import interruptions_in_a_line, notices_as_notes
 from edge.commands.extras import one_line_for_missing_extras
 
+# help as plain text (click's formatter): typer's rich formatter reads "[default: 30]" in a
+# help string as a markup tag and deletes it, boxes the options and cuts their names
 app = typer.Typer(
     help="edge: make text-to-video models fit and run fast on devices.\n\n"
          "The default model, tiny-sora, ships with the package: every command works offline.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
+    no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False,
+    rich_markup_mode=None)
 train_app = typer.Typer(help="Train a model the project ships, from scratch.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(train_app, name="train")
 
 
