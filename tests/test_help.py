@@ -48,3 +48,12 @@ def test_every_help_string_is_shown_whole_within_100_columns():
                 assert _words(said) in shown, (f"edge {' '.join(path)} --help lost {said!r} "
                                               f"of {param.name}'s help")
     assert defaults >= 20   # the help strings do state their defaults
+
+
+def test_version_names_edge_and_the_package_format():
+    from edge import __version__
+    from edge.core.manifest_schema import FORMAT_VERSION
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0, res.output
+    assert res.output.strip() == f"edge {__version__} (package format {FORMAT_VERSION})"

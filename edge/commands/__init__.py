@@ -5,6 +5,8 @@ a command that needs an extra the install lacks says which, in one line (extras.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from edge.commands import (
@@ -30,6 +32,23 @@ app = typer.Typer(
 train_app = typer.Typer(help="Train a model the project ships, from scratch.",
                         no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(train_app, name="train")
+
+
+def _show_version(asked: bool) -> None:
+    if asked:
+        from edge import __version__
+        from edge.core.manifest_schema import FORMAT_VERSION
+
+        typer.echo(f"edge {__version__} (package format {FORMAT_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_show_version,
+        help="Print edge's version and the package format it writes and reads, and exit.")]
+        = False) -> None:
+    """The options before any command (the app's help is the Typer's own)."""
 
 
 def command(name: str, function):
