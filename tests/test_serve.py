@@ -395,3 +395,22 @@ def test_a_host_holding_escape_characters_is_printed_escaped(tmp_path):
     res = CliRunner().invoke(app, ["serve", str(tmp_path), "--host", "\x1b]0;owned\x07bad"])
     assert res.exit_code == 2 and "\x1b" not in res.output and "\a" not in res.output
     assert "\\x1b]0;owned\\x07bad" in res.output, res.output
+
+
+@pytest.mark.parametrize("manifest, said", [
+    (None, "has no manifest.json: not an edge package"),
+    ({"format": "edge-package", "target": "onnx"},
+     "is a --target onnx package: the page runs --target web packages"),
+    ({"format": "edge-package", "target": "web"}, None),
+])
+def test_serve_says_what_a_folder_that_is_no_web_package_is(tmp_path, manifest, said):
+    """A browser asking an ONNX package for its page got a bare 404: the command says up
+    front what it serves, and serves it all the same."""
+    import json
+
+    from edge.commands.serve import _what_is_served
+
+    if manifest is not None:
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    note = _what_is_served(tmp_path)
+    assert (note is None) if said is None else (said in note and str(tmp_path) in note), note

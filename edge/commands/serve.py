@@ -34,9 +34,33 @@ def serve(
     except (OSError, UnicodeError) as err:
         fail(f"cannot serve {where}: {printable(getattr(err, 'strerror', None) or str(err))}")
     echo(f"serving {printable(str(package))} at {server.url} (Ctrl-C to stop)")
+    if note := _what_is_served(package):
+        echo(f"note: {note}")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+
+
+def _what_is_served(package: Path) -> str | None:
+    """What a browser will not find in the folder, said up front (a page asking for
+    index.html of an ONNX package got a bare 404): None for a web package."""
+    import json
+
+    from edge.core.files import printable
+
+    name = printable(str(package))
+    try:
+        target = json.loads((package / "manifest.json").read_text()).get("target")
+    except FileNotFoundError:
+        return f"{name} has no manifest.json: not an edge package; its files are served as is"
+    except (OSError, ValueError, AttributeError):
+        return f"{name}/manifest.json is not a manifest edge can read; its files are served as is"
+    if target == "web":
+        return None
+    return (f"{name} is a --target {printable(str(target))} package: the page runs --target web "
+            "packages (edge export --target web), so it has no page to open; its files are "
+            "served as is")
+
