@@ -111,20 +111,29 @@ def inputs_text(block) -> str:
                                                              strict=True))
 
 
-def target(name: str) -> ModuleType:
-    """The module of target `name`; an unknown name is refused, listing the known ones."""
+def target(name: str, options: dict | None = None) -> ModuleType:
+    """The module of target `name`; an unknown name is refused, listing the known ones, and
+    an install that lacks what the target needs with these options (the registration's
+    NEEDS, and its `needs(options)` where it has one) is answered naming all of it at once."""
     if name not in TARGETS:
         raise ExportOptionError(f"unknown --target {name!r}; available: {', '.join(TARGETS)}")
-    need_modules(f"--target {name}", registered(name).NEEDS)
+    registration = registered(name)
+    more, instead = (registration.needs(options or {}) if hasattr(registration, "needs")
+                     else ((), None))
+    need_modules(f"--target {name}", (*registration.NEEDS, *more), instead)
     return importlib.import_module(f"edge.exporters.{_FOLDERS[name]}.target")
 
 
-def need_modules(what: str, modules: tuple[str, ...]) -> None:
-    """A ModuleNotFoundError naming the first of `modules` not installed, which `what` needs
-    (the CLI answers it with the extra to install: edge/commands/extras.py)."""
-    for module in modules:
-        if importlib.util.find_spec(module) is None:
-            raise ModuleNotFoundError(f"{what} needs {module}", name=module)
+def need_modules(what: str, modules: tuple[str, ...], instead: tuple | None = None) -> None:
+    """A ModuleNotFoundError for the `modules` not installed, which `what` needs: its `name`
+    the first, `missing` all of them, `instead` (a lighter choice and the modules it needs)
+    where there is one. The CLI answers it with the extras to install in one line
+    (edge/commands/extras.py)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        err = ModuleNotFoundError(f"{what} needs {', '.join(missing)}", name=missing[0])
+        err.missing, err.instead = missing, instead
+        raise err
 
 
 def check_declared(target_name: str, options: ExportOptions) -> None:

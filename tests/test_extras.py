@@ -18,8 +18,9 @@ from edge.commands.extras import EXTRA_OF_MODULE
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-ONE_LINE = re.compile(r'^error: edge [a-z -]+ needs (\S+), which the \[(\w+)\] extra installs: '
-                      r'pip install "edge\[\w+\]".*$')
+# "error: edge export needs torch, onnx (the [export] extra) and apache-tvm (the [web] extra):
+# pip install "edge[export,web]" (...)[; or <a lighter choice>, which needs [export] alone]"
+ONE_LINE = re.compile(r'^error: edge [a-z -]+ needs (.+): pip install "edge\[([\w,]+)\]".*$')
 
 
 def requirement_names(requirements: list[str]) -> set[str]:
@@ -61,6 +62,10 @@ def run_without(blocked: tuple[str, ...], args: list[str],
     (("torch",), ["export", "--dry-run"], "export"),
     (("torch",), ["generate", "a red circle moving left", "-o", "x.gif"], "export"),
     (("torch", "diffusers"), ["scale-model", "m"], "export"),
+    # a base install: everything a web export needs, in one step
+    (("torch", "onnx", "tvm"), ["export", "--target", "web", "--dry-run"], "export,web"),
+    (("torch", "onnx", "coremltools"), ["export", "--target", "iphone", "--dry-run"],
+     "export,iphone"),
 ])
 def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, extra):
     done = run_without(blocked, args, tmp_path)
@@ -69,6 +74,21 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, extra):
     match = ONE_LINE.match(lines[-1])
     assert match and match[2] == extra, lines[-1]
     assert not (tmp_path / "x.gif").exists() and not (tmp_path / "m").exists()
+
+
+def test_the_web_target_without_tvm_names_the_wasm_path_that_needs_none(tmp_path):
+    """The one line names every extra a web export lacks, and the package an install
+    without TVM can make: --web-paths wasm (export: [export] alone)."""
+    done = run_without(("torch", "onnx", "tvm"), ["export", "--target", "web", "--dry-run"],
+                       tmp_path)
+    line = done.stderr.strip().splitlines()[-1]
+    assert ("needs torch, onnx (the [export] extra) and apache-tvm (the [web] extra): pip "
+            'install "edge[export,web]"') in line, line
+    assert line.endswith("; or --web-paths wasm, which needs [export] alone"), line
+    done = run_without(("torch", "onnx", "tvm"), ["export", "--target", "web", "--web-paths",
+                                                  "wasm", "--dry-run"], tmp_path)
+    line = done.stderr.strip().splitlines()[-1]
+    assert 'pip install "edge[export]"' in line and "tvm" not in line, line
 
 
 def test_a_wasm_only_web_package_needs_no_tvm(tmp_path):

@@ -56,16 +56,20 @@ def _export_command(
     """Export a model to a device package: one graph per block, validated against PyTorch."""
     from edge.exporters import ExportOptionError, ExportOptions
     from edge.families import FamilyError, check_options, family_of
-    from edge.graph.reference_device import DeviceError, reference_device
 
     target_options = parsed(declared, TARGET_OPTIONS)
     family_options = parsed(declared, FAMILY_OPTIONS)
-    # refused before any work: an unknown folder or target, options the family or the target
-    # does not take, a destination edge may not replace
+    try:  # what the install lacks, all of it in one line, before anything imports torch
+        exporter = exporters.target(target, target_options)
+    except ExportOptionError as err:
+        fail(str(err))
+    from edge.graph.reference_device import DeviceError, reference_device
+
+    # refused before any work: an unknown folder, options the family or the target does
+    # not take, a destination edge may not replace
     try:
         family = family_of(model)
         reference_on = _reference_device(device, family)
-        exporter = exporters.target(target)
         check_options(family, family_options)
         _check_out_of_core(family_options, target)
         options = ExportOptions(**target_options)

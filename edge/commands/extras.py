@@ -35,13 +35,27 @@ EXTRA_OF_MODULE = {
 
 def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:
     """The one line for `err` raised under `command`, or None when no extra brings the
-    module (a real bug, which keeps its traceback)."""
-    top = (err.name or "").split(".")[0]
-    if top not in EXTRA_OF_MODULE:
+    module (a real bug, which keeps its traceback). Every module the error lists (`missing`,
+    exporters.need_modules) is named with its extra, in one install command, and the
+    lighter choice (`instead`) where the error has one."""
+    names = [m.split(".")[0] for m in getattr(err, "missing", None) or [err.name or ""]]
+    if not all(name in EXTRA_OF_MODULE for name in names):
         return None
-    distribution, extra = EXTRA_OF_MODULE[top]
-    return (f"edge {command} needs {distribution}, which the [{extra}] extra installs: "
-            f"pip install \"edge[{extra}]\" (in a checkout: pip install -e \".[{extra}]\")")
+    by_extra: dict[str, list[str]] = {}
+    for name in names:
+        distribution, extra = EXTRA_OF_MODULE[name]
+        by_extra.setdefault(extra, []).append(distribution)
+    needs = " and ".join(f"{', '.join(ds)} (the [{extra}] extra)"
+                         for extra, ds in by_extra.items())
+    extras = ",".join(by_extra)
+    line = (f"edge {command} needs {needs}: pip install \"edge[{extras}]\" (in a checkout: "
+            f"pip install -e \".[{extras}]\")")
+    instead = getattr(err, "instead", None)
+    if instead:
+        choice, modules = instead
+        lighter = sorted({EXTRA_OF_MODULE[m][1] for m in modules if m in EXTRA_OF_MODULE})
+        line += f"; or {choice}, which needs [{','.join(lighter)}] alone"
+    return line
 
 
 def one_line_for_missing_extras(command: str, function: Callable) -> Callable:

@@ -12,7 +12,7 @@ from edge.exporters.shared.options import UNGUIDED_VARIANTS
 NAME = "web"
 HELP = ("WebGPU kernels by TVM and wasm graphs for onnxruntime-web, or the wasm graphs alone "
         "with --web-paths wasm, with the demo page: a static site for `edge serve`")
-NEEDS = ("torch", "onnx")            # TVM too for the WebGPU path (target.py check)
+NEEDS = ("torch", "onnx")            # TVM too for the WebGPU path: `needs`
 READS_BLOCKS_FROM_STORAGE = True
 
 OPTIONS = (
@@ -31,3 +31,13 @@ OPTIONS = (
            "CPU, a GPU or not) [default: webgpu,wasm]."),
     UNGUIDED_VARIANTS,
 )
+
+
+def needs(options: dict) -> tuple[tuple[str, ...], tuple[str, tuple[str, ...]] | None]:
+    """What the options add to NEEDS: TVM, unless the package holds the wasm path alone; and
+    the lighter choice an install without TVM has (the same check in target.py)."""
+    paths = options.get("web_paths") or "webgpu,wasm"
+    if "webgpu" not in str(paths):
+        return (), None
+    return ("tvm",), ("--web-paths wasm", NEEDS)
+
