@@ -18,9 +18,10 @@ from edge.commands.extras import EXTRA_OF_MODULE
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-# "error: edge export needs torch, onnx (the [export] extra) and apache-tvm (the [web] extra):
-# pip install "edge[export,web]" (...)[; or <a lighter choice>, which needs [export] alone]"
-ONE_LINE = re.compile(r'^error: edge [a-z -]+ needs (.+): pip install "edge\[([\w,]+)\]".*$')
+# "error: edge export needs torch, onnx, apache-tvm, which the [web] extra installs: pip
+# install "edge[web]" (...)[; or <a lighter choice>, which needs [export] alone]"
+ONE_LINE = re.compile(r'^error: edge [a-z -]+ needs (.+), which the \[(\w+)\] extra installs: '
+                      r'pip install "edge\[\w+\]".*$')
 
 
 def requirement_names(requirements: list[str]) -> set[str]:
@@ -63,9 +64,8 @@ def run_without(blocked: tuple[str, ...], args: list[str],
     (("torch",), ["generate", "a red circle moving left", "-o", "x.gif"], "export"),
     (("torch", "diffusers"), ["scale-model", "m"], "export"),
     # a base install: everything a web export needs, in one step
-    (("torch", "onnx", "tvm"), ["export", "--target", "web", "--dry-run"], "export,web"),
-    (("torch", "onnx", "coremltools"), ["export", "--target", "iphone", "--dry-run"],
-     "export,iphone"),
+    (("torch", "onnx", "tvm"), ["export", "--target", "web", "--dry-run"], "web"),
+    (("torch", "onnx", "coremltools"), ["export", "--target", "iphone", "--dry-run"], "iphone"),
 ])
 def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, extra):
     done = run_without(blocked, args, tmp_path)
@@ -77,18 +77,30 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, extra):
 
 
 def test_the_web_target_without_tvm_names_the_wasm_path_that_needs_none(tmp_path):
-    """The one line names every extra a web export lacks, and the package an install
+    """The one line names all a web export lacks, in one install, and the package an install
     without TVM can make: --web-paths wasm (export: [export] alone)."""
     done = run_without(("torch", "onnx", "tvm"), ["export", "--target", "web", "--dry-run"],
                        tmp_path)
     line = done.stderr.strip().splitlines()[-1]
-    assert ("needs torch, onnx (the [export] extra) and apache-tvm (the [web] extra): pip "
-            'install "edge[export,web]"') in line, line
+    assert ('needs torch, onnx, apache-tvm, which the [web] extra installs: pip install '
+            '"edge[web]"') in line, line
     assert line.endswith("; or --web-paths wasm, which needs [export] alone"), line
     done = run_without(("torch", "onnx", "tvm"), ["export", "--target", "web", "--web-paths",
                                                   "wasm", "--dry-run"], tmp_path)
     line = done.stderr.strip().splitlines()[-1]
     assert 'pip install "edge[export]"' in line and "tvm" not in line, line
+
+
+def test_the_extras_inside_others_are_pyprojects():
+    from edge.commands.extras import EXTRAS_INSIDE
+
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for extra, inside in EXTRAS_INSIDE.items():
+        assert {f"edge[{e}]" for e in inside} <= set(extras[extra]), extra
+    for extra, requirements in extras.items():
+        if extra != "test":
+            assert not {r for r in requirements if r.startswith("edge[")} - {
+                f"edge[{e}]" for e in EXTRAS_INSIDE.get(extra, ())}, extra
 
 
 def test_a_wasm_only_web_package_needs_no_tvm(tmp_path):

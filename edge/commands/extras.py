@@ -33,27 +33,36 @@ EXTRA_OF_MODULE = {
 }
 
 
+# extra -> the extras it installs too (pyproject.toml's "edge[export]" inside it)
+EXTRAS_INSIDE = {"iphone": {"export"}, "web": {"export"}, "ray": {"export"}}
+
+
+def _fewest_extras(extras: list[str]) -> list[str]:
+    """The extras to name: none that another of them installs too."""
+    return [e for e in dict.fromkeys(extras)
+            if not any(e in EXTRAS_INSIDE.get(other, ()) for other in extras if other != e)]
+
+
 def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:
     """The one line for `err` raised under `command`, or None when no extra brings the
     module (a real bug, which keeps its traceback). Every module the error lists (`missing`,
-    exporters.need_modules) is named with its extra, in one install command, and the
-    lighter choice (`instead`) where the error has one."""
+    exporters.need_modules) is named, with the fewest extras that install them all in one
+    step, and the lighter choice (`instead`) where the error has one."""
     names = [m.split(".")[0] for m in getattr(err, "missing", None) or [err.name or ""]]
     if not all(name in EXTRA_OF_MODULE for name in names):
         return None
-    by_extra: dict[str, list[str]] = {}
-    for name in names:
-        distribution, extra = EXTRA_OF_MODULE[name]
-        by_extra.setdefault(extra, []).append(distribution)
-    needs = " and ".join(f"{', '.join(ds)} (the [{extra}] extra)"
-                         for extra, ds in by_extra.items())
-    extras = ",".join(by_extra)
-    line = (f"edge {command} needs {needs}: pip install \"edge[{extras}]\" (in a checkout: "
-            f"pip install -e \".[{extras}]\")")
+    distributions = ", ".join(EXTRA_OF_MODULE[n][0] for n in names)
+    extras = _fewest_extras([EXTRA_OF_MODULE[n][1] for n in names])
+    which = (f"the [{extras[0]}] extra installs" if len(extras) == 1 else
+             f"the {' and '.join(f'[{e}]' for e in extras)} extras install")
+    named = ",".join(extras)
+    line = (f"edge {command} needs {distributions}, which {which}: pip install "
+            f"\"edge[{named}]\" (in a checkout: pip install -e \".[{named}]\")")
     instead = getattr(err, "instead", None)
     if instead:
         choice, modules = instead
-        lighter = sorted({EXTRA_OF_MODULE[m][1] for m in modules if m in EXTRA_OF_MODULE})
+        lighter = _fewest_extras([EXTRA_OF_MODULE[m][1] for m in modules
+                                  if m in EXTRA_OF_MODULE])
         line += f"; or {choice}, which needs [{','.join(lighter)}] alone"
     return line
 
