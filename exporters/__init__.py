@@ -113,13 +113,14 @@ def inputs_text(block) -> str:
 
 def target(name: str, options: dict | None = None) -> ModuleType:
     """The module of target `name`; an unknown name is refused, listing the known ones, and
-    an install that lacks what the target needs with these options (the registration's
-    NEEDS, and its `needs(options)` where it has one) is answered naming all of it at once."""
+    an install that lacks what the target needs (the registration's NEEDS, and with
+    `options` given its `needs(options)` where it has one) is answered naming all of it at
+    once. Without `options`, the target's `check` asks for what they add."""
     if name not in TARGETS:
         raise ExportOptionError(f"unknown --target {name!r}; available: {', '.join(TARGETS)}")
     registration = registered(name)
-    more, instead = (registration.needs(options or {}) if hasattr(registration, "needs")
-                     else ((), None))
+    more, instead = (registration.needs(options)
+                     if options is not None and hasattr(registration, "needs") else ((), None))
     need_modules(f"--target {name}", (*registration.NEEDS, *more), instead)
     return importlib.import_module(f"edge.exporters.{_FOLDERS[name]}.target")
 

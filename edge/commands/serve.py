@@ -63,4 +63,3 @@ def _what_is_served(package: Path) -> str | None:
     return (f"{name} is a --target {printable(str(target))} package: the page runs --target web "
             "packages (edge export --target web), so it has no page to open; its files are "
             "served as is")
-

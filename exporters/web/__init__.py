@@ -7,6 +7,7 @@ the command line reads at start, without torch, is declared here."""
 from pathlib import Path
 
 from edge.core.declared import Option
+from edge.core.manifest_schema import WEB_PATHS
 from edge.exporters.shared.options import UNGUIDED_VARIANTS
 
 NAME = "web"
@@ -14,6 +15,10 @@ HELP = ("WebGPU kernels by TVM and wasm graphs for onnxruntime-web, or the wasm 
         "with --web-paths wasm, with the demo page: a static site for `edge serve`")
 NEEDS = ("torch", "onnx")            # TVM too for the WebGPU path: `needs`
 READS_BLOCKS_FROM_STORAGE = True
+# `--web-paths`: both paths (the default), or the wasm graphs alone. No webgpu-only package:
+# the wasm graphs are the cheap part of an export and the page's fallback without WebGPU
+BUILT_PATHS = (WEB_PATHS, ("wasm",))
+DEFAULT_WEB_PATHS = ",".join(WEB_PATHS)
 
 OPTIONS = (
     Option("quantize", str, "How weights are stored and downloaded: fp32, fp16, 8 (int8 with a "
@@ -35,9 +40,9 @@ OPTIONS = (
 
 def needs(options: dict) -> tuple[tuple[str, ...], tuple[str, tuple[str, ...]] | None]:
     """What the options add to NEEDS: TVM, unless the package holds the wasm path alone; and
-    the lighter choice an install without TVM has (the same check in target.py)."""
-    paths = options.get("web_paths") or "webgpu,wasm"
-    if "webgpu" not in str(paths):
+    the lighter choice an install without TVM has (target.py's `check` refuses the same for
+    callers that name no options to `exporters.target`)."""
+    given = options.get("web_paths") or DEFAULT_WEB_PATHS
+    if "webgpu" not in {name.strip() for name in given.split(",")}:
         return (), None
     return ("tvm",), ("--web-paths wasm", NEEDS)
-

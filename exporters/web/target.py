@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.core.manifest_schema import WEB_PATHS
 from edge.exporters import (
     ExportOptionError,
     ExportOptions,
@@ -18,16 +17,12 @@ from edge.exporters import (
     need_modules,
 )
 from edge.exporters.shared.validation import worst_block
-from edge.exporters.web import NAME
+from edge.exporters.web import BUILT_PATHS, DEFAULT_WEB_PATHS, NAME
 from edge.graph.family_model import FamilyModel
 
 # what one page can hold: the wasm32 heap (4 GiB), where onnxruntime-web's wasm path keeps
 # every weight; a Chrome ArrayBuffer stops at about 2 GB (docs/web.md, Limits)
 PAGE_MEMORY_BYTES = 4 * 1024**3
-# `--web-paths`: both paths (the default), or the wasm graphs alone. No webgpu-only package:
-# the wasm graphs are the cheap part of an export and the page's fallback without WebGPU
-BUILT_PATHS = (WEB_PATHS, ("wasm",))
-DEFAULT_WEB_PATHS = ",".join(WEB_PATHS)
 
 
 def web_paths(options: ExportOptions) -> tuple[str, ...]:
