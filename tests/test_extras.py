@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from edge import DISTRIBUTION
 from edge.commands.extras import EXTRA_OF_MODULE
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # "error: edge export needs torch, onnx, apache-tvm, which the [web] extra installs: pip
-# install "edge[web]" (...)[; or <a lighter choice>, which needs [export] alone]"
+# install "edge-video[web]" (...)[; or <a lighter choice>, which needs [export] alone]"
 ONE_LINE = re.compile(r'^error: edge [a-z -]+ needs (.+), which the \[(\w+)\] extra installs: '
-                      r'pip install "edge\[\w+\]".*$')
+                      r'pip install "edge-video\[\w+\]".*$')
 
 
 def requirement_names(requirements: list[str]) -> set[str]:
@@ -37,7 +38,14 @@ def test_the_extras_table_names_what_pyproject_installs():
         assert distribution in requirement_names(extras[extra]), (module, extra)
     # the test extra installs every other one
     for extra in ("export", "iphone", "web", "ray"):
-        assert any(r.startswith("edge[") and extra in r for r in extras["test"]), extra
+        assert any(r.startswith(f"{DISTRIBUTION}[") and extra in r for r in extras["test"]), extra
+
+
+def test_the_distribution_is_named_as_the_one_line_answers_name_it():
+    """pyproject installs what the answers tell users to install (`edge` on the package index
+    is another project: edge/__init__.py); the import name stays edge."""
+    assert PYPROJECT["project"]["name"] == DISTRIBUTION != "edge"
+    assert PYPROJECT["project"]["scripts"] == {"edge": "edge.commands:main"}
 
 
 def run_without(blocked: tuple[str, ...], args: list[str],
@@ -83,12 +91,12 @@ def test_the_web_target_without_tvm_names_the_wasm_path_that_needs_none(tmp_path
                        tmp_path)
     line = done.stderr.strip().splitlines()[-1]
     assert ('needs torch, onnx, apache-tvm, which the [web] extra installs: pip install '
-            '"edge[web]"') in line, line
+            '"edge-video[web]"') in line, line
     assert line.endswith("; or --web-paths wasm, which needs [export] alone"), line
     done = run_without(("torch", "onnx", "tvm"), ["export", "--target", "web", "--web-paths",
                                                   "wasm", "--dry-run"], tmp_path)
     line = done.stderr.strip().splitlines()[-1]
-    assert 'pip install "edge[export]"' in line and "tvm" not in line, line
+    assert 'pip install "edge-video[export]"' in line and "tvm" not in line, line
 
 
 def test_the_extras_inside_others_are_pyprojects():
@@ -96,11 +104,11 @@ def test_the_extras_inside_others_are_pyprojects():
 
     extras = PYPROJECT["project"]["optional-dependencies"]
     for extra, inside in EXTRAS_INSIDE.items():
-        assert {f"edge[{e}]" for e in inside} <= set(extras[extra]), extra
+        assert {f"{DISTRIBUTION}[{e}]" for e in inside} <= set(extras[extra]), extra
     for extra, requirements in extras.items():
         if extra != "test":
-            assert not {r for r in requirements if r.startswith("edge[")} - {
-                f"edge[{e}]" for e in EXTRAS_INSIDE.get(extra, ())}, extra
+            assert not {r for r in requirements if r.startswith(f"{DISTRIBUTION}[")} - {
+                f"{DISTRIBUTION}[{e}]" for e in EXTRAS_INSIDE.get(extra, ())}, extra
 
 
 def test_a_wasm_only_web_package_needs_no_tvm(tmp_path):
@@ -142,7 +150,7 @@ def source_tree(dest: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_base_install_generates_from_a_package_without_torch(tmp_path, exported_package):
-    """A fresh virtual environment with `pip install edge` alone (no extra): everything it
+    """A fresh virtual environment with `pip install edge-video` alone (no extra): everything it
     installs is under edge/, torch cannot be imported, `edge generate` makes a video from an
     exported package, and `edge export` says which extra it needs."""
     wheels = tmp_path / "wheels"
@@ -150,7 +158,7 @@ def test_the_base_install_generates_from_a_package_without_torch(tmp_path, expor
                             str(wheels), str(source_tree(tmp_path / "src"))],
                            capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = wheels.glob("edge-*.whl")
+    (wheel,) = wheels.glob("edge_video-*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"edge", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     names = zipfile.ZipFile(wheel).namelist()

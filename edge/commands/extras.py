@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from edge import DISTRIBUTION
 from edge.core.console import fail
 
 # top-level import name -> (the distribution pip installs, the extra that brings it)
@@ -33,7 +34,7 @@ EXTRA_OF_MODULE = {
 }
 
 
-# extra -> the extras it installs too (pyproject.toml's "edge[export]" inside it)
+# extra -> the extras it installs too (pyproject.toml's "edge-video[export]" inside it)
 EXTRAS_INSIDE = {"iphone": {"export"}, "web": {"export"}, "ray": {"export"}}
 
 
@@ -57,7 +58,7 @@ def missing_extra_message(command: str, err: ModuleNotFoundError) -> str | None:
              f"the {' and '.join(f'[{e}]' for e in extras)} extras install")
     named = ",".join(extras)
     line = (f"edge {command} needs {distributions}, which {which}: pip install "
-            f"\"edge[{named}]\" (in a checkout: pip install -e \".[{named}]\")")
+            f"\"{DISTRIBUTION}[{named}]\" (in a checkout: pip install -e \".[{named}]\")")
     instead = getattr(err, "instead", None)
     if instead:
         choice, modules = instead
