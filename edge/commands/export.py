@@ -1,4 +1,4 @@
-"""`edge export`: a model (the default one, or a folder) to a target's package.
+"""`edge export`: a model (the default one, a folder or a Hub id) to a target's package.
 
 The options every export takes are this module's; the others are declared as data by what
 takes them: each target (exporters/<target>/__init__.py) and each family
@@ -31,14 +31,16 @@ TARGET_OPTIONS, FAMILY_OPTIONS = _declared()
 TARGET_HELP = "; ".join(f"{name}: {exporters.registered(name).HELP}"
                         for name in exporters.TARGETS)
 MODEL_HELP = ("The model folder: " + "; ".join(registered(f).FOLDER for f in FAMILIES[1:])
-              + f"; or {registered(DEFAULT_FAMILY).FOLDER} [default: the shipped "
-              f"{DEFAULT_FAMILY}]. Local files only.")
+              + f"; or {registered(DEFAULT_FAMILY).FOLDER}. Or a diffusers pipeline's Hub id, "
+              "ORG/NAME[@REVISION], read through huggingface_hub's cache (HF_HUB_OFFLINE, "
+              f"HF_TOKEN) [default: the shipped {DEFAULT_FAMILY}].")
 CPU_ONLY = [f for f in FAMILIES if getattr(registered(f), "REFERENCE_ON_CPU", None)]
 
 
 def _export_command(
     target: Annotated[str, typer.Option(help=TARGET_HELP + ".")] = exporters.TARGETS[0],
-    model: Annotated[Path | None, typer.Option(help=MODEL_HELP)] = None,
+    model: Annotated[str | None, typer.Option(metavar="FOLDER|ORG/NAME", help=MODEL_HELP)
+                     ] = None,
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].")] = None,
     dry_run: Annotated[bool, typer.Option(
@@ -56,6 +58,7 @@ def _export_command(
     """Export a model to a device package: one graph per block, validated against PyTorch."""
     from edge.exporters import ExportOptionError, ExportOptions
     from edge.families import FamilyError, check_options, family_of
+    from edge.families.hub import HubModelError, model_folder_of
 
     target_options = parsed(declared, TARGET_OPTIONS)
     family_options = parsed(declared, FAMILY_OPTIONS)
@@ -66,27 +69,48 @@ def _export_command(
     from edge.graph.reference_device import DeviceError, reference_device
 
     # refused before any work: an unknown folder, options the family or the target does
-    # not take, a destination edge may not replace
-    try:
-        family = family_of(model)
-        reference_on = _reference_device(device, family)
+    # not take, a destination edge may not replace (for a Hub id, on its model_index.json
+    # alone: before any weights are fetched)
+    checked = {}
+
+    def refusals(folder: Path | None) -> None:
+        family = family_of(folder)
+        checked.update(family=family, reference_on=_reference_device(device, family))
         check_options(family, family_options)
         _check_out_of_core(family_options, target)
+        _check_level(options, family)
+
+    try:
         options = ExportOptions(**target_options)
         exporter.check(options)
-        _check_level(options, family)
-    except (FamilyError, ExportOptionError, DeviceError) as err:
+        dest = output or Path("dist") / exporter.folder_name(model_name(model), options)
+        if not dry_run:
+            common.check_destination(dest, force)
+        folder = model_folder_of(model, check_pipeline=refusals)
+        refusals(folder)
+    except (FamilyError, ExportOptionError, DeviceError, HubModelError) as err:
         fail(str(err))
+    reference_on = checked["reference_on"]
     with reference_device(reference_on), _gpu_memory_refused(reference_on):
-        _export(target, model, output, dry_run, force, family, family_options, exporter,
+        _export(target, folder, dest, dry_run, checked["family"], family_options, exporter,
                 options)
 
 
 export = with_declared_options(_export_command, TARGET_OPTIONS | FAMILY_OPTIONS)
 
 
-def _export(target: str, model: Path | None, output: Path | None, dry_run: bool, force: bool,
-            family: str, family_options: dict, exporter, options) -> None:
+def model_name(model: str | None) -> str:
+    """What the package is named after: the folder's name, a Hub id's repository name."""
+    from edge.families.hub import hub_id
+
+    if model is None:
+        return DEFAULT_FAMILY
+    found = hub_id(model)
+    return found.name if found else Path(model).expanduser().resolve().name
+
+
+def _export(target: str, model: Path | None, dest: Path, dry_run: bool, family: str,
+            family_options: dict, exporter, options) -> None:
     """The export (or its plan) once its options are checked."""
     from edge.core.budget import BudgetError
     from edge.exporters import ExportOptionError
@@ -94,10 +118,6 @@ def _export(target: str, model: Path | None, output: Path | None, dry_run: bool,
     from edge.graph.shapes_only import shapes_only
     from edge.planning.compute_cost import model_generation_cost
 
-    model_name = model.resolve().name if model else DEFAULT_FAMILY
-    dest = output or Path("dist") / exporter.folder_name(model_name, options)
-    if not dry_run:
-        common.check_destination(dest, force)
     try:
         family_model = load_model(model, **family_options)
         for note in getattr(family_model, "notes", []):

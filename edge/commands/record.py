@@ -74,7 +74,7 @@ class Recorder:
 
 
 @contextmanager
-def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | None
+def stored_weight_blocks(package: Path, manifest: dict, model_folder: str | Path | None
                          ) -> Iterator[Callable[[str, dict], TorchBlockSession]]:
     """`Pipeline.load`'s `open_block` for an iphone package: its blocks in PyTorch with the
     weights stored in its programs, for the duration of the `with` block. The stored weights
@@ -83,20 +83,22 @@ def stored_weight_blocks(package: Path, manifest: dict, model_folder: Path | Non
     from edge.exporters.iphone.coreml.check import stored_weights_in_place
     from edge.exporters.iphone.coreml.package import device_blocks
     from edge.families import FamilyError, exported_options, family_of, load_model
+    from edge.families.hub import HubModelError, model_folder_of
     from edge.graph.blocks import torch_block_opener
     from edge.planning.plan import READ_UNIT
 
     source = model_folder or "the shipped tiny-sora"
     try:
-        family = family_of(model_folder)
+        folder = model_folder_of(model_folder, check_pipeline=family_of)  # a Hub id: fetched
+        family = family_of(folder)
         if family != manifest.get("family"):
             raise FamilyError(f"{package}: exported from a {manifest.get('family')} model; "
                               f"{source} is a {family} model: pass the folder it was "
                               "exported from with --model")
         # the size exported at, and the family's own options (LTX-Video's frame rate: its
         # RoPE positions) as the package wrote them
-        model = load_model(model_folder, **exported_options(manifest))
-    except FamilyError as err:
+        model = load_model(folder, **exported_options(manifest))
+    except (FamilyError, HubModelError) as err:
         raise RecordError(str(err)) from None
     if model.latent_shape != tuple(manifest["latent_shape"]):
         raise RecordError(
@@ -128,7 +130,7 @@ def decode_noise_scale(manifest: dict) -> float:
 
 def record_bundle(package: Path, prompt: str, dest: Path, seed: int = 0,
            latents: np.ndarray | None = None, negative_prompt: str | None = None,
-           overrides: dict | None = None, model_folder: Path | None = None) -> dict:
+           overrides: dict | None = None, model_folder: str | Path | None = None) -> dict:
     """Run one generation of `package` and write its bundle to `dest` (atomically); returns
     the bundle's description (bundle.json without the calls)."""
     package = Path(package)
@@ -223,9 +225,11 @@ def _record(
     negative_prompt: Annotated[str | None, typer.Option(
         help="What the unconditional pass is told [default: the package's learned null "
              "caption or negative prompt].")] = None,
-    model: Annotated[Path | None, typer.Option(
-        help="An iphone package's source model folder, whose family builds the blocks its "
-             "stored weights run in [default: the shipped tiny-sora].")] = None,
+    model: Annotated[str | None, typer.Option(
+        metavar="FOLDER|ORG/NAME",
+        help="An iphone package's source model: its folder or a diffusers pipeline's Hub id "
+             "(ORG/NAME[@REVISION], as edge export takes it), whose family builds the blocks "
+             "its stored weights run in [default: the shipped tiny-sora].")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace a bundle written before (never another folder).")] = False,
     **sampler,

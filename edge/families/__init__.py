@@ -4,7 +4,8 @@ Each family is a folder, edge/families/<family>/: its `__init__.py` registers it
 diffusers pipeline class it reads, the folder it takes, its export options as data) without
 torch, so the command line reads every family at start; `family.py` loads, cuts and samples
 it. `load_model(folder)` reads `folder/model_index.json` (a diffusers pipeline folder), picks
-the family by its `_class_name` and loads the model from local files only; no folder means
+the family by its `_class_name` and loads the model from local files only (a Hub id is
+fetched into huggingface_hub's cache first, and read there: hub.py); no folder means
 the shipped tiny-sora (a tiny-sora weights folder has no model_index.json: it is recognised
 by its `tiny-sora.json`; an Open-Sora 1.2 folder of released checkpoints by its
 transformer's config, model_type STDiT3). Every family answers the same questions
