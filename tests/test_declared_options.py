@@ -107,3 +107,11 @@ def test_the_registrations_load_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_an_option_names_a_help_group_edge_lists():
+    from edge.core.declared import GROUPS, Option
+
+    assert Option("x", int, "h").group in GROUPS
+    with pytest.raises(TypeError, match="group 'Misc' is not one of"):
+        Option("x", int, "h", group="Misc")

@@ -57,3 +57,28 @@ def test_version_names_edge_and_the_package_format():
     res = runner.invoke(app, ["--version"])
     assert res.exit_code == 0, res.output
     assert res.output.strip() == f"edge {__version__} (package format {FORMAT_VERSION})"
+
+
+def test_export_lists_its_options_under_their_groups():
+    """`edge export --help` writes a heading for each group (edge.core.declared.GROUPS) in
+    that order, and each option under the one its declaration (or the command) names."""
+    from edge.commands.export import FAMILY_OPTIONS, TARGET_OPTIONS
+    from edge.core.declared import GROUPS
+
+    res = runner.invoke(app, ["export", "--help"], terminal_width=100, env={"COLUMNS": "100"})
+    assert res.exit_code == 0, res.output
+    headings = [line[:-1] for line in res.output.splitlines() if re.fullmatch(r"[A-Z][\w ]*:",
+                                                                               line)]
+    assert headings == [*GROUPS, "Options"], headings
+    under = {}
+    for line in res.output.splitlines():
+        if line[:-1] in headings:
+            group = line[:-1]
+        option = re.match(r"  (?:-\w, )?(--[a-z][a-z-]*)", line)  # not a wrapped help line
+        if option:
+            under[option[1]] = group
+    for name, takers in (TARGET_OPTIONS | FAMILY_OPTIONS).items():
+        assert under[takers[0][1].flag] == takers[0][1].group, name
+    assert (under["--model"], under["--target"], under["--device"]) == ("Model", "Target",
+                                                                         "Checks")
+    assert under["--quantize"] == "Quantization" and under["--height"] == "Video size"

@@ -21,6 +21,7 @@ from edge.commands import (
 )
 from edge.commands.common import interruptions_in_a_line, notices_as_notes
 from edge.commands.extras import one_line_for_missing_extras
+from edge.commands.help_groups import GroupedHelp
 
 # help as plain text (click's formatter): typer's rich formatter reads "[default: 30]" in a
 # help string as a markup tag and deletes it, boxes the options and cuts their names
@@ -57,14 +58,14 @@ def command(name: str, function):
     return one_line_for_missing_extras(name, interruptions_in_a_line(notices_as_notes(function)))
 
 
-app.command("generate")(command("generate", generate.generate))
-app.command("record")(command("record", record.record))
-app.command("bench")(command("bench", bench.bench))
-app.command("serve")(command("serve", serve.serve))
-app.command("export")(command("export", export.export))
-app.command("eval")(command("eval", evaluate.evaluate))
-app.command("scale-model")(command("scale-model", scale_model.scale_model))
-train_app.command("tiny-sora")(command("train tiny-sora", train.train_tiny_sora))
+app.command("generate", cls=GroupedHelp)(command("generate", generate.generate))
+app.command("record", cls=GroupedHelp)(command("record", record.record))
+app.command("bench", cls=GroupedHelp)(command("bench", bench.bench))
+app.command("serve", cls=GroupedHelp)(command("serve", serve.serve))
+app.command("export", cls=GroupedHelp)(command("export", export.export))
+app.command("eval", cls=GroupedHelp)(command("eval", evaluate.evaluate))
+app.command("scale-model", cls=GroupedHelp)(command("scale-model", scale_model.scale_model))
+train_app.command("tiny-sora", cls=GroupedHelp)(command("train tiny-sora", train.train_tiny_sora))
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ def _annotation(takers: list[tuple[str, Option]]):
     extra = {} if option.minimum is None else {"min": option.minimum}
     declarations = (option.switch,) if option.switch else ()
     return Annotated[value | None, typer.Option(*declarations, help=merged_help(takers),
-                                                **extra)]
+                                                rich_help_panel=option.group, **extra)]
 
 
 def with_options(function: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:

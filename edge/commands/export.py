@@ -38,21 +38,25 @@ CPU_ONLY = [f for f in FAMILIES if getattr(registered(f), "REFERENCE_ON_CPU", No
 
 
 def _export_command(
-    target: Annotated[str, typer.Option(help=TARGET_HELP + ".")] = exporters.TARGETS[0],
-    model: Annotated[str | None, typer.Option(metavar="FOLDER|ORG/NAME", help=MODEL_HELP)
-                     ] = None,
+    target: Annotated[str, typer.Option(help=TARGET_HELP + ".", rich_help_panel="Target")
+                      ] = exporters.TARGETS[0],
+    model: Annotated[str | None, typer.Option(metavar="FOLDER|ORG/NAME", help=MODEL_HELP,
+                                              rich_help_panel="Model")] = None,
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].")] = None,
+        "-o", "--output", help="Package folder [default: dist/MODEL-TARGET].",
+        rich_help_panel="Target")] = None,
     dry_run: Annotated[bool, typer.Option(
-        help="Print the blocks, their bytes and what stays resident; write nothing.")] = False,
+        help="Print the blocks, their bytes and what stays resident; write nothing.",
+        rich_help_panel="Target")] = False,
     force: Annotated[bool, typer.Option(
-        "--force", help="Replace a package already at the destination.")] = False,
+        "--force", help="Replace a package already at the destination.",
+        rich_help_panel="Target")] = False,
     device: Annotated[str, typer.Option(
         help="Where the PyTorch reference runs: every block's forward pass the graphs are "
         "held to, and the end-to-end check's reference video (the family's pipeline "
         "or sampling): cpu, cuda, cuda:N, or auto: cuda where torch sees a GPU. "
         "Tracing and the package's own runs stay on the CPU, and so does the reference of "
-        f"{', '.join(CPU_ONLY)} (seconds).")] = "auto",
+        f"{', '.join(CPU_ONLY)} (seconds).", rich_help_panel="Checks")] = "auto",
     **declared,
 ) -> None:
     """Export a model to a device package: one graph per block, validated against PyTorch."""

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 KINDS = (str, int, float, bool, Path, list)
+# the headings `--help` lists options under, in this order (edge/commands/help_groups.py)
+GROUPS = ("Model", "Video size", "Sampler", "Target", "Quantization", "Checks")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Option:
     # where a target takes it in only some of its layouts, as refusals say it: "--min-ios 27"
     only: str | None = None
     choices: tuple[str, ...] | None = None   # the values it takes, where it takes a few
+    group: str = "Target"   # its heading in `--help`, one of GROUPS
 
     def check_choice(self, value) -> None:
         """Refuse, naming the option and its choices, a value outside them."""
@@ -38,6 +41,8 @@ class Option:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise TypeError(f"option {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if self.group not in GROUPS:
+            raise TypeError(f"option {self.name}: group {self.group!r} is not one of {GROUPS}")
 
     @property
     def flag(self) -> str:
@@ -51,9 +56,11 @@ def by_name(declared: dict[str, Iterable[Option]]) -> dict[str, list[tuple[str, 
     for owner, options in declared.items():
         for option in options:
             taken = out.setdefault(option.name, [])
-            if taken and (taken[0][1].kind, taken[0][1].switch) != (option.kind, option.switch):
+            first = taken[0][1] if taken else option
+            if (first.kind, first.switch, first.group) != (option.kind, option.switch,
+                                                           option.group):
                 raise TypeError(f"{option.flag}: {owner} and {taken[0][0]} declare it with "
-                                "different kinds or flags")
+                                "different kinds, flags or help groups")
             taken.append((owner, option))
     return out
 

@@ -24,7 +24,7 @@ OPTIONS = (
            "auto:7x or auto:14MB, the weight files' size); with --min-ios 27 fp32, fp16, 8, 4 "
            "(the family's rule in int8 and int4 with a scale per 32 inputs) or auto (fp16, "
            "int8 and int4 per block, measured on coreai-opt's simulated weights) "
-           "[default: fp16]."),
+           "[default: fp16].", group="Quantization"),
     Option("min_ios", int, "The oldest iOS the package runs on. 27: a Core AI model (.aimodel) "
            "per block, its variants as functions sharing its weights, every program executed "
            "through Core AI at export; 18: a block and its variants (TDTM, the decoder's first "

@@ -20,5 +20,5 @@ OPTIONS = (
            "family's reference at the export's size; small: at the family's small size, "
            "exported alongside through the same code; blocks: each block only; auto: full "
            "when its estimate here is under 10 minutes, else small [default: auto].",
-           choices=CHECK_LEVELS),
+           choices=CHECK_LEVELS, group="Checks"),
 )

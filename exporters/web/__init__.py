@@ -23,7 +23,7 @@ DEFAULT_WEB_PATHS = ",".join(WEB_PATHS)
 OPTIONS = (
     Option("quantize", str, "How weights are stored and downloaded: fp32, fp16, 8 (int8 with a "
            "scale per row) or 4 (the family's rule: int4 with a scale per 32 inputs where its "
-           "phone rule stores 4 bits, int8 elsewhere) [default: fp16]."),
+           "phone rule stores 4 bits, int8 elsewhere) [default: fp16].", group="Quantization"),
     Option("ort_url", str, "The https folder URL the page loads onnxruntime-web (its wasm path) "
            "from, each file checked by sha256 [default: the pinned version on the jsDelivr "
            "CDN]."),

@@ -11,11 +11,11 @@ FOLDER = "a diffusers LTXPipeline folder (LTX-Video 0.9.x)"
 OPTIONS = (
     *PIPELINE_OPTIONS,
     Option("frame_rate", float, "The frames per second the positions are scaled for "
-           "(LTXPipeline's frame_rate) [default: 25]."),
+           "(LTXPipeline's frame_rate) [default: 25].", group="Video size"),
     Option("decode_timestep", float, "With a timestep-conditioned decoder (0.9.5+): the "
            "decode timestep the package defaults to, in [0, 1] (LTXPipeline's "
-           "decode_timestep) [default: 0]."),
+           "decode_timestep) [default: 0].", group="Sampler"),
     Option("decode_noise_scale", float, "With a timestep-conditioned decoder: how much decode "
            "noise the package mixes into the latents by default, in [0, 1] (LTXPipeline's "
-           "decode_noise_scale) [default: the decode timestep]."),
+           "decode_noise_scale) [default: the decode timestep].", group="Sampler"),
 )

@@ -10,4 +10,5 @@ PIPELINE = None   # not a diffusers folder: its transformer's config says model_
 FOLDER = "an Open-Sora 1.2 folder (transformer/, vae/, text_encoder/, tokenizer/)"
 # the frame rate is the model's input (LTX-Video's option of the same name is its RoPE's)
 OPTIONS = (*SIZE_OPTIONS, Option("frame_rate", float, "The frames per second the model is "
-                                 "told it runs at [default: 24]."))
+                                 "told it runs at [default: 24].",
+                                 group="Video size"))
