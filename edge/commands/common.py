@@ -300,9 +300,18 @@ def print_run_figures(run: dict) -> None:
         f"peak RSS {format_size(run['peak_rss_bytes'])}")
 
 
+# Third-party warnings a command keeps from its user: each is about the library's own code,
+# not about the model, the options or the result (other warnings are shown as they come)
+SILENCED_WARNINGS = (
+    # torch's pytree deprecating its own LeafSpec, raised as torch.export copies a program
+    # (about 20 a web export)
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+)
+
+
 def notices_as_notes(function: Callable) -> Callable:
     """`function` (a command), printing each EdgeNotice raised while it runs as a `note:`
-    line on stderr (a library user sees them as warnings)."""
+    line on stderr (a library user sees them as warnings), and none of SILENCED_WARNINGS."""
 
     @functools.wraps(function)
     def command_function(*args, **kwargs):
@@ -310,6 +319,8 @@ def notices_as_notes(function: Callable) -> Callable:
 
         with warnings.catch_warnings():
             warnings.simplefilter("always", EdgeNotice)
+            for category, message in SILENCED_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=category)
             shown = warnings.showwarning
 
             def show(message, category, filename, lineno, file=None, line=None):

@@ -31,6 +31,7 @@ from tvm.relax.frontend.torch import from_exported_program
 from edge.exporters import ExportValidationError
 from edge.exporters.shared.graph_reuse import graph_key
 from edge.exporters.web.inputs import web_example
+from edge.exporters.web.tvm_log import harmless_tvm_warnings_dropped
 from edge.exporters.web.tvm_passes import (
     fold_constant_calls,
     fuse_within,
@@ -41,7 +42,9 @@ from edge.graph.attention import replaced_sdpa, written_out_attention
 from edge.graph.blocks import Block
 from edge.graph.token_chunks import token_chunks
 
-WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
+# the host side of a WebGPU build (never shipped: the package holds the WGSL alone); its
+# vector width given, as LLVM would pick it, so TVM does not warn that it picked it
+WGSL_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm", "vector-width": 128}
 BINDING_OFFSET_ALIGN = 256        # WebGPU minStorageBufferOffsetAlignment
 MAX_GRID_X = 65535                # WebGPU maxComputeWorkgroupsPerDimension
 # WebGPU's default maxStorageBuffersPerShaderStage, which every adapter gives: a plan whose
@@ -684,7 +687,8 @@ class BlockCompiler:
             add_scratch(plan, cached.scratch)
             return CompiledBlock(mod, cached.lowered, plan, cached.wgsl, cached.scratch,
                                  cached.built)
-        lowered = lower(mod)
+        with harmless_tvm_warnings_dropped():
+            lowered = lower(mod)
         plan = read_plan(lowered, block.inputs, weights, block.key)
         wgsl, scratch = build_webgpu(lowered, plan, block.key)
         compiled = CompiledBlock(mod, lowered, plan, wgsl, scratch)
