@@ -473,7 +473,7 @@ def test_options_the_core_ai_layout_does_not_take_are_refused(tmp_path, args, me
 def test_the_dry_run_prints_the_blocks_at_the_stored_precision(tmp_path):
     result = _cli("--dry-run", "-o", str(tmp_path / "pkg"))
     assert result.exit_code == 0, result.output
-    assert "fp16 MB" in result.output and "transformer/pair_0" in result.output
+    assert "fp16 MiB" in result.output and "transformer/pair_0" in result.output
     assert "(+tdtm function)" in result.output
     assert not (tmp_path / "pkg").exists()
 

@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("coremltools", reason="coremltools is in the test extras (pip install -e "
                     "'.[test]'); the CoreML exporter needs it")
 
+from edge.core.budget import format_size  # noqa: E402
 from edge.core.manifest_schema import PackageError, check_manifest  # noqa: E402
 from edge.core.package import read_package  # noqa: E402
 from edge.exporters.iphone.coreml.check import (  # noqa: E402
@@ -552,7 +553,7 @@ def test_cli_summary_reports_size_psnr_and_the_macos_note(coreml_package):
     on_disk = package_bytes(root)
     fp32 = sum(b["reference_weight_bytes"] for c in manifest["components"]
                for b in c["blocks"])
-    assert f"{on_disk / 1e6:.1f} MB on disk (the whole package)" in text
+    assert f"{format_size(on_disk)} on disk (the whole package)" in text
     assert f"the package is {fp32 / on_disk:.2f}x smaller than the fp32 tensors" in text
     assert 1.85 < fp32 / on_disk < 2.0, fp32 / on_disk
     assert "layout multifunction, runs on iOS18 and later" in text and "needs macOS" in text
@@ -570,7 +571,7 @@ def test_cli_dry_run_shows_the_device_cut():
     assert "transformer/pair_0" in result.output
     assert "(+tdtm, unguided, tdtm_unguided variants)" in result.output
     assert "latent [2, 4, 16, 8, 8]" in result.output  # static shapes: one prompt + null
-    assert ("102.2 MB fp32 parameters, about 25.6 MB of weight files at 8 (estimate) for "
+    assert ("97.5 MiB fp32 parameters, about 24.4 MiB of weight files at 8 (estimate) for "
             "iOS 18: a block's variants are functions") in result.output
     assert "macOS" in result.output
     result = CliRunner().invoke(app, ["export", "--target", "iphone", "--dry-run",
@@ -579,7 +580,7 @@ def test_cli_dry_run_shows_the_device_cut():
     # each of the 4 pairs' TDTM programs holds another copy of its pair's weights (and no
     # caption-half programs: they would be copies too)
     assert "(+tdtm variant)" in result.output and "unguided" not in result.output
-    assert ("about 27.8 MB of weight files at 8 (estimate) for iOS 17: each variant is an "
+    assert ("about 26.5 MiB of weight files at 8 (estimate) for iOS 17: each variant is an "
             ".mlpackage of its own") in result.output
 
 

@@ -203,5 +203,5 @@ def test_wan_words_its_own_4_bit_setting(wan_model, tmp_path, monkeypatch):
             "--min-ios 17 "
             "cannot load them: use --min-ios 18 or --quantize fp16 / 8 / 6") in res.output
     res = CliRunner().invoke(app, ["export", *options, "--dry-run"])
-    assert res.exit_code == 0 and "~4 MB" in res.output, res.output
+    assert res.exit_code == 0 and "~4 MiB" in res.output, res.output
     assert list(tmp_path.iterdir()) == []

@@ -32,6 +32,7 @@ from browser import (  # noqa: E402  (after the skips)
 )
 from conftest import WEB_SMALL_SHARDS  # noqa: E402
 
+from edge.core.budget import format_size  # noqa: E402
 from edge.core.serve import PackageRequestHandler, PackageServer  # noqa: E402
 from edge.core.video_metrics import psnr  # noqa: E402
 from edge.exporters.web.storage import DEFAULT_FORM  # noqa: E402
@@ -1184,7 +1185,7 @@ def test_wasm_path_streams_blocks_from_storage_under_a_page_memory_budget(
     # every streamed read after the first is read ahead, into one of the two reused buffers
     assert weights["read_ahead"] >= weights["streamed_reads"] - 1 and weights["slot_misses"] == 0
     assert not [p for p in requested[loaded:] if p.startswith("weights/")]  # storage only
-    assert "streamed from storage" in where and f"{WASM_BUDGET / 1e6:.1f} MB budget" in where
+    assert "streamed from storage" in where and f"{format_size(WASM_BUDGET)} budget" in where
     assert "streamed" in shown and "fp16" in shown
 
 

@@ -773,7 +773,7 @@ def test_settings_and_sizes_are_refused_as_python_refuses_them(page):
     against parse_size: the same values taken (the same bytes) and the same refused, the
     refusal naming the setting Python names; the page returned a silent NaN video for a
     schedule Python refuses."""
-    from edge.core.budget import parse_size
+    from edge.core.budget import format_size, parse_size
     from edge.core.options import check_settings
 
     for case, js in zip(SETTINGS_CASES, js_refusals(page, SETTINGS_CASES), strict=True):
@@ -787,7 +787,7 @@ def test_settings_and_sizes_are_refused_as_python_refuses_them(page):
             named = python.split("=")[0].split()[-1].rstrip(":")
             assert named in js, (case, js, python)
     got = page.evaluate("""async (cases) => {
-      const l = await import('/runtime/loader.js');
+      const l = await import('/runtime/sizes.js');
       return cases.map((c) => { try { return l.parseSize(c); } catch (e) { return 'refused'; } });
     }""", SIZE_CASES)
     for case, js in zip(SIZE_CASES, got, strict=True):
@@ -796,3 +796,9 @@ def test_settings_and_sizes_are_refused_as_python_refuses_them(page):
         except ValueError:
             python = "refused"
         assert js == python, (case, js, python)
+    # and written as Python writes them
+    shown = [0, 1, 1023, 1024, 1536, (1 << 20) - 1, 64 << 20, 3 << 29, 5 << 40]
+    assert page.evaluate("""async (sizes) => {
+      const l = await import('/runtime/sizes.js');
+      return sizes.map((n) => l.formatSize(n));
+    }""", shown) == [format_size(n) for n in shown]

@@ -2,6 +2,7 @@
 // the top of a web package, beside runtime/ (edge export --target web copies both in). It uses
 // the embedding API of docs/web.md only: what runtime/pipeline.js exports.
 import { Pipeline, WebGpuUnavailable, adapterInfo, ortFailure } from "./runtime/pipeline.js";
+import { formatSize as mb } from "./runtime/sizes.js";
 
 const $ = (id) => document.getElementById(id);
 // state.unavailable: {webgpu, wasm}, why a path cannot run here (null: it can, or was not
@@ -43,8 +44,6 @@ function notice(text) {
   box.hidden = false;
   state.notice = text;
 }
-
-function mb(n) { return `${(n / 1e6).toFixed(1)} MB`; }
 
 async function load() {
   const budget = $("budget").value.trim() || null;

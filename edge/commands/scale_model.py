@@ -15,15 +15,15 @@ def scale_model(
     out: Annotated[Path, typer.Argument(help="Model folder to write.")],
     like: Annotated[str | None, typer.Option(
         help="Write a diffusers folder with a real model's shapes instead: wan2.1-t2v-1.3b "
-        "(transformer 1.42 B parameters, 5.7 GB fp32; Wan's VAE; a small UMT5), "
-        "wan2.2-ti2v-5b (transformer 5.00 B, 20.0 GB fp32; Wan 2.2's 705 M VAE; a small "
+        "(transformer 1.42 B parameters, 5.3 GiB fp32; Wan's VAE; a small UMT5), "
+        "wan2.2-ti2v-5b (transformer 5.00 B, 18.6 GiB fp32; Wan 2.2's 705 M VAE; a small "
         "UMT5), wan2.1-small (Wan's architecture at a size a browser page holds), "
         "cogvideox-2b (transformer 1.69 B; CogVideoX's VAE; a small T5), ltx-video-2b "
         "(LTX-Video 0.9.0: transformer 1.92 B; its VAE; a small T5) or opensora-1.2 (the "
         "released STDiT-v3 and VAE-v1.2 checkpoints' shapes in their layout; a small T5).")
     ] = None,
     full_text_encoder: Annotated[bool, typer.Option(
-        help="With a Wan --like: UMT5-XXL's shapes (5.7 B parameters, 22.7 GB fp32).")] = False,
+        help="With a Wan --like: UMT5-XXL's shapes (5.7 B parameters, 21.1 GiB fp32).")] = False,
     hidden: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 1024,
     pairs: Annotated[int, typer.Option(min=1, help="Spatial/temporal block pairs.")] = 8,
     heads: Annotated[int, typer.Option(min=1)] = 16,

@@ -11,7 +11,10 @@ from collections.abc import Iterable
 
 # far above any machine's memory: a budget past it is a typo, not a plan
 MAX_SIZE = 1 << 60
+# One convention for sizes, in what edge reads and what it writes: binary units. A size given
+# as 64MB, 64MiB or 64M is 64 x 2^20 bytes; sizes are written in KiB, MiB and GiB.
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MIB, GIB = _UNITS["M"], _UNITS["G"]
 
 
 def physical_memory_bytes() -> int:

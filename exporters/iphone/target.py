@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from edge.core.budget import MIB, format_size
 from edge.core.manifest_schema import is_coreai
 from edge.core.package import folder_bytes
 from edge.exporters import (
@@ -110,7 +111,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     copies = chosen.name == "separate"   # each variant's program holds its own copy
     cut = device_blocks(model, quantize, budget)
     held = {b.key: estimated_bytes(b, setting) for bs in cut.components.values() for b in bs}
-    lines = [f"{'block':<28}{'fp32 MB':>9}{f'~{counted} MB':>10}  inputs"]
+    lines = [f"{'block':<28}{'fp32 MiB':>9}{f'~{counted} MiB':>10}  inputs"]
     total = estimate = 0
     unguided = _unguided(options)
     for component, blocks in cut.components.items():
@@ -123,9 +124,9 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                          == "transformer" else block.variants)
             extra = (f" (+{', '.join(names)} variant{'s' if len(names) > 1 else ''})"
                      if names else "")
-            lines.append(f"{block.key:<28}{block.weight_bytes() / 1e6:>9.2f}"
-                         f"{est / 1e6:>10.2f}  {shapes}{extra}")
-    lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {estimate / 1e6:.1f} MB "
+            lines.append(f"{block.key:<28}{block.weight_bytes() / MIB:>9.2f}"
+                         f"{est / MIB:>10.2f}  {shapes}{extra}")
+    lines.append(f"total {format_size(total)} fp32 parameters, about {format_size(estimate)} "
                  f"of weight files at {counted} (estimate) for iOS {chosen.min_ios}: "
                  f"{chosen.text}. {MACOS_ONLY_NOTE}.")
     if auto:
@@ -200,10 +201,10 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
                   LAYOUTS[17])
     return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks"
             f"{f' (+{variants} variants)' if variants else ''} as .mlpackage, "
-            f"{on_disk / 1e6:.1f} MB on disk (the whole package)\n"
+            f"{format_size(on_disk)} on disk (the whole package)\n"
             f"layout {chosen.name}, runs on {target} and later: {chosen.text}\n"
             f"weights ({setting}): the package is {reference / on_disk:.2f}x smaller than the "
-            f"fp32 tensors it stores ({reference / 1e6:.1f} MB: parameters and the tables "
+            f"fp32 tensors it stores ({format_size(reference)}: parameters and the tables "
             f"folded from them at conversion, each tensor once)\n"
             + (f"storage {coreml['compression']['note']}\n"
                if auto_target(setting) is not None else "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge.core.budget import MIB, format_size
 from edge.exporters import (
     ExportOptionError,
     ExportOptions,
@@ -85,23 +86,23 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     except ValueError as err:
         raise ExportOptionError(str(err)) from None
     components = web_blocks(model)
-    lines = [f"{'block':<28}{'weights MB':>11}  inputs"]
+    lines = [f"{'block':<28}{'weights MiB':>12}  inputs"]
     held = {}
     for blocks in components.values():
         for block in blocks:
             held[block.key] = block_stored_bytes(block, storage)
-            lines.append(f"{block.key:<28}{held[block.key] / 1e6:>11.2f}  {inputs_text(block)}")
+            lines.append(f"{block.key:<28}{held[block.key] / MIB:>12.2f}  {inputs_text(block)}")
     total = sum(held.values())
     paths = web_paths(options)
-    lines.append(f"total {total / 1e6:.1f} MB stored as {form} (--quantize), for the "
+    lines.append(f"total {format_size(total)} stored as {form} (--quantize), for the "
                  f"{' and '.join(paths)} path{'s' * (len(paths) > 1)} (--web-paths); the page "
                  "keeps what its memory budget holds and streams the rest from the browser's "
                  "storage")
     notes = []
     if total > PAGE_MEMORY_BYTES:
         notes.append(f"without a memory budget the page holds every block's weights: "
-                     f"{total / 1e9:.1f} GB as {form} here, past the "
-                     f"{PAGE_MEMORY_BYTES / 1e9:.0f} GB a browser gives one page's WebAssembly "
+                     f"{format_size(total)} as {form} here, past the "
+                     f"{format_size(PAGE_MEMORY_BYTES)} a browser gives one page's WebAssembly "
                      "heap; load it with a budget (Pipeline.load(url, {budget}), ?budget= "
                      "on the demo page) so blocks stream from the browser's storage")
     # the wasm path holds the stored form (the WebGPU path float32, decoded on the GPU)
@@ -155,7 +156,7 @@ def summary(manifest: dict, dest: Path, seconds: float) -> str:
               for b in c["blocks"]]
     worst = _worst(manifest)
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {size / 1e6:.1f} MB "
+    return (f"wrote {dest} in {seconds:.0f} s: {len(blocks)} blocks, {format_size(size)} "
             f"(weights stored as {manifest['web']['storage']['quantize']}{_end_to_end(manifest)}), "
             f"worst block error {worst[0]:.2g} of its largest output ({worst[1]}; "
             f"{_checked(manifest)})\n"

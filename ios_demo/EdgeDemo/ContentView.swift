@@ -22,7 +22,7 @@ struct ContentView: View {
                     Toggle("Token merging (TDTM, first half)", isOn: $model.tdtm)
                     Toggle("Memory budget", isOn: $model.useBudget)
                     if model.useBudget {
-                        Stepper("\(Int(model.budgetMB)) MB of blocks", value: $model.budgetMB,
+                        Stepper("\(Int(model.budgetMiB)) MiB of blocks", value: $model.budgetMiB,
                                 in: 32...512, step: 16)
                     }
                 }

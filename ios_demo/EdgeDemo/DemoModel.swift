@@ -10,8 +10,8 @@ final class DemoModel: ObservableObject {
     @Published var prompt = "a red circle moving left"
     @Published var leap = false            // Linear Proportional Leap
     @Published var tdtm = false            // temporal token merging for the first half
-    @Published var useBudget = false       // keep at most `budgetMB` of blocks loaded
-    @Published var budgetMB = 64.0
+    @Published var useBudget = false       // keep at most `budgetMiB` of blocks loaded
+    @Published var budgetMiB = 64.0
     @Published var seed = 0
     @Published var progress = 0.0
     @Published var status = "No package loaded"
@@ -65,7 +65,7 @@ final class DemoModel: ObservableObject {
         options.leap = leap
         options.tdtm = tdtm
         options.seed = seed
-        options.budgetMB = useBudget ? budgetMB : nil
+        options.budgetMiB = useBudget ? budgetMiB : nil
         let (session, flag) = (self.session, cancelFlag)
         Task.detached(priority: .userInitiated) {
             do {

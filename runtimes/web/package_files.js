@@ -12,6 +12,7 @@
 import { eachChunk, streamOf } from "./bodies.js";
 import { PackageError, checkManifest, fileRecords, sha256Hex } from "./manifest.js";
 import { abortError } from "./options.js";
+import { formatSize } from "./sizes.js";
 
 const CACHE_NAME = "edge-web-packages-v1";
 
@@ -284,12 +285,12 @@ export class PackageFiles {
     for (const r of records) if (!(await cache.match(this.url(r.path)))) needed += r.bytes;
     const { usage = 0, quota = Infinity } = await navigator.storage.estimate();
     if (needed > quota - usage) {
-      const mb = (n) => `${(n / 1e6).toFixed(1)} MB`;
-      throw new PackageError(`this package streams ${mb(needed)} of block weights from the ` +
+      const [need, room] = [formatSize(needed), formatSize(Math.max(0, quota - usage))];
+      throw new PackageError(`this package streams ${need} of block weights from the ` +
                              "browser's storage under the memory budget, but the browser " +
-                             `lets this site store ${mb(Math.max(0, quota - usage))} more ` +
-                             `(quota ${mb(quota)}, ${mb(usage)} used); nothing was ` +
-                             "downloaded: free storage for this site, or load with a " +
+                             `lets this site store ${room} more (quota ${formatSize(quota)}, ` +
+                             `${formatSize(usage)} used); nothing was downloaded: free ` +
+                             "storage for this site, or load with a " +
                              "budget that holds every block");
     }
   }

@@ -6,7 +6,8 @@
 // as PyTorch draws it (noise.js).
 import { byteSize } from "./executor.js";
 import { BlockBytes } from "./block_bytes.js";
-import { GpuWeights, parseSize, planPins } from "./loader.js";
+import { GpuWeights, planPins } from "./loader.js";
+import { parseSize } from "./sizes.js";
 import { PackageError } from "./manifest.js";
 import { PackageFiles, shardFiles, shardPaths } from "./package_files.js";
 import { checkNoise, checkSeed, torchRandn, torchRandnDraws } from "./noise.js";

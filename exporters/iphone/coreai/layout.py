@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.core.budget import format_size
+from edge.core.budget import MIB, format_size
 from edge.core.package import folder_bytes
 from edge.core.video_metrics import psnr, snr
 from edge.exporters import (
@@ -94,19 +94,19 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     budget = options.memory_budget
     cut = device_blocks(model, chosen, budget)
     held = {b.key: stored_bytes(b, chosen) for bs in cut.components.values() for b in bs}
-    lines = [f"{'block':<28}{'fp32 MB':>9}{f'{chosen.setting} MB':>10}  inputs"]
+    lines = [f"{'block':<28}{'fp32 MiB':>9}{f'{chosen.setting} MiB':>10}  inputs"]
     total = stored = 0
     for blocks in cut.components.values():
         for block in blocks:
             fp32, kept = block.weight_bytes(), held[block.key]
             total, stored = total + fp32, stored + kept
             extra = f" (+{', '.join(block.variants)} function)" if block.variants else ""
-            lines.append(f"{block.key:<28}{fp32 / 1e6:>9.2f}{kept / 1e6:>10.2f}  "
+            lines.append(f"{block.key:<28}{fp32 / MIB:>9.2f}{kept / MIB:>10.2f}  "
                          f"{inputs_text(block)}{extra}")
     executed = (f"{EXECUTED_BLOCKS['distinct']} executed through Core AI at export, the "
                 "repeats written unexecuted" if options.execute == "distinct" else
                 "every program executed through Core AI at export")
-    lines.append(f"total {total / 1e6:.1f} MB fp32 parameters, about {stored / 1e6:.1f} MB "
+    lines.append(f"total {format_size(total)} fp32 parameters, about {format_size(stored)} "
                  f"of Core AI models at {chosen.setting} for iOS {MIN_IOS}: a block and its "
                  f"variants as the functions of one .aimodel, {executed}")
     quantize = options.quantize or DEFAULT_QUANTIZE

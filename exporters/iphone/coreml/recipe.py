@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edge.core.budget import MIB
 from edge.core.video_metrics import mse
 from edge.core.video_metrics import psnr_of_mse as psnr_of
 from edge.exporters.iphone.coreml.package import (
@@ -285,7 +286,7 @@ def chosen_setting(model: FamilyModel, components: dict[str, list[Block]], quant
     smaller = fp32 / recipe.weight_bytes
     note = (f"chosen by measurement for {quantize}: {len(forms)} forms of each of "
             f"{total // len(forms)} blocks, each alone on {len(videos)} videos; predicted "
-            f"{recipe.weight_bytes / 1e6:.2f} MB of weight files ({smaller:.2f}x smaller "
+            f"{recipe.weight_bytes / MIB:.2f} MiB of weight files ({smaller:.2f}x smaller "
             f"than fp32), worst video {recipe.psnr_db:.1f} dB")
     floor = psnr_of(recipe.mse[0]) - PREDICTION_MARGIN_DB
     return recipe.setting(round(floor, 1), note=note, name=quantize)

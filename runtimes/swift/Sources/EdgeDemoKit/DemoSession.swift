@@ -7,13 +7,13 @@ public struct DemoOptions: Equatable {
     public var prompt = "a red circle moving left"
     public var leap = false          // Linear Proportional Leap
     public var tdtm = false          // temporal token merging for the first half of the steps
-    public var budgetMB: Double?     // keep at most this many MB (10^6 bytes) of blocks loaded
+    public var budgetMiB: Double?    // keep at most this many MiB (2^20 bytes) of blocks loaded
     public var seed = 0              // 0 to 2^63 - 1: torch.randn's noise for it (EdgeCore
                                      // TorchNoise)
 
     public init() {}
 
-    public var budgetBytes: Int? { budgetMB.map { Int($0 * 1_000_000) } }
+    public var budgetBytes: Int? { budgetMiB.map { Int($0 * 1_048_576) } }
 
     /// The package's sampler settings with the form's switches applied.
     public func configure(_ settings: inout SamplerSettings) {

@@ -44,13 +44,13 @@ final class DemoSessionTests: XCTestCase {
         options.tdtm = false
         _ = try session.run(package: package, options: options)
         XCTAssertEqual(session.pipelinesMade, 1, "same package and budget: the pipeline is reused")
-        options.budgetMB = 30
+        options.budgetMiB = 30
         let streamed = try session.run(package: package, options: options)
         XCTAssertEqual(session.pipelinesMade, 2, "a new budget makes a new pipeline")
         XCTAssertGreaterThan(streamed.result.timings["block_loads"] ?? 0, 20,
-                             "a 30 MB budget streams blocks")
+                             "a 30 MiB budget streams blocks")
 
-        options.budgetMB = 16   // below the text encoder's 23.5 MB embeddings block
+        options.budgetMiB = 16   // below the text encoder's 22.4 MiB embeddings block
         XCTAssertThrowsError(try session.run(package: package, options: options)) { error in
             XCTAssertTrue("\(error)".contains("text_encoder/embeddings"), "\(error)")
         }
