@@ -1,8 +1,10 @@
 // The demo page: loads the package it is served from, then generates on request. Lives at
 // the top of a web package, beside runtime/ (edge export --target web copies both in). It uses
-// the embedding API of docs/web.md only: what runtime/pipeline.js exports.
-import { Pipeline, WebGpuUnavailable, adapterInfo, ortFailure } from "./runtime/pipeline.js";
-import { formatSize as mb } from "./runtime/sizes.js";
+// the embedding API of docs/web.md only: what the runtime's package, edge-video-runtime
+// (runtime/package.json; index.html's import map resolves the name), exports.
+import {
+  Pipeline, WebGpuUnavailable, adapterInfo, formatSize as mb, ortFailure,
+} from "edge-video-runtime";
 
 const $ = (id) => document.getElementById(id);
 // state.unavailable: {webgpu, wasm}, why a path cannot run here (null: it can, or was not

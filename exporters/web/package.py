@@ -224,7 +224,8 @@ def copy_site(root: Path) -> list[dict]:
     copied = []
     for src_dir, dest_dir in ((RUNTIME_DIR, root / "runtime"), (DEMO_DIR, root)):
         for src in sorted(src_dir.rglob("*")):
-            if src.is_file() and (src.suffix in SITE_SUFFIXES or src.name.endswith("LICENSE")):
+            if src.is_file() and (src.suffix in SITE_SUFFIXES or src.name.endswith("LICENSE")
+                                  or src.name == "package.json"):
                 dest = dest_dir / src.relative_to(src_dir)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dest)

@@ -21,6 +21,7 @@ import { CaptionTokenizer } from "./tokenizer.js";
 import { concatAlong, pieceBounds, sliceAlong } from "./chunks.js";
 // so that a page needs this module alone: why the wasm path is missing, where it is
 export { ortFailure } from "./ort_executor.js";
+export { formatSize, parseSize } from "./sizes.js";
 
 export class WebGpuUnavailable extends Error {}
 
