@@ -161,7 +161,9 @@ def model_at_size(model: FamilyModel, folder: Path, **options) -> FamilyModel:
 
     accepts = family_module(family_of(folder)).accepts
     given = {k: v for k, v in options.items() if v is not None and k not in LOAD_OPTIONS}
-    accepted = accepts(folder, **given)
+    from edge.families.pipeline_run import accepted_with_recipe
+
+    accepted = accepted_with_recipe(accepts, folder, **given)
     # replace(), not a copy: a model's fields derived from its size (CogVideoX's decoder
     # chunking) are made again
     resized = dataclasses.replace(model, sampler=accepted.sampler, **accepted.size,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from edge.core.declared import Option
 from edge.core.sampler import levels_from_text
+from edge.families.recipes import recipe_from
 
 HEIGHT = Option("height", int, "Video height of the package (static) [default: the family's; "
                 "Wan: 480].", group="Video size")
@@ -33,6 +34,13 @@ LORA = Option(
     "FILE:SCALE [default scale: 1]; repeatable. The manifest records each file's name, "
     "SHA-256 and scale.", group="Model")
 
+RECIPE = Option(
+    "recipe", str, "A distilled model's sampling as the package's defaults: its steps, "
+    "guidance, noise levels, shift and flow scheduler, by name (lightx2v-4step: LightX2V's "
+    "4-step Wan 2.1 distillation) or from a JSON file of those fields (edge/families/"
+    "recipes.py); --steps and --sigmas given win over its own [default: the folder's "
+    "scheduler and the family's steps and guidance].", parse=recipe_from, group="Sampler")
+
 SIZE_OPTIONS = (HEIGHT, WIDTH, FRAMES, STEPS)
 # what every diffusers family's `load` takes, beside any of its own
-PIPELINE_OPTIONS = (*SIZE_OPTIONS, SIGMAS, OUT_OF_CORE, LORA)
+PIPELINE_OPTIONS = (*SIZE_OPTIONS, SIGMAS, RECIPE, OUT_OF_CORE, LORA)

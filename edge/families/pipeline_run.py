@@ -33,6 +33,44 @@ def target_shapes(target: str) -> Shapes:
     return Shapes(prompts=2, guidance_batch=2, videos=2, tiled_decoder=True)
 
 
+def accepted_with_recipe(accepts: Callable[..., Accepted], folder: Path,
+                         recipe=None, **options) -> Accepted:
+    """What the family's `accepts` makes of `folder` and `options`, sampled as `recipe`
+    (--recipe: a name or a file, edge/families/recipes.py) says where one is given; given
+    --steps or --sigmas win over its steps and levels."""
+    accepted = accepts(folder, **options)
+    if recipe is None:
+        return accepted
+    from edge.families.recipes import RecipeError, recipe_from
+
+    try:
+        sampler = recipe_from(recipe).sampler(accepted.sampler)
+    except RecipeError as err:
+        raise FamilyError(f"--recipe {err}") from None
+    steps, sigmas = options.get("steps"), options.get("sigmas")
+    if steps is not None or sigmas is not None:
+        sampler = with_steps(replace(sampler, sigmas=None), steps, sigmas)
+    return accepted._replace(sampler=sampler)
+
+
+def reference_scheduler(current, sampler: SamplerSettings):
+    """The diffusers scheduler that samples as `sampler` does, for the reference pipeline
+    of a model given a recipe: `current` (the folder's) where it already does, else the
+    sampler's flow scheduler at its shift, with `current`'s settings where it is of that
+    kind."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+    kind, shift_field = {"flow_euler": (FlowMatchEulerDiscreteScheduler, "shift"),
+                         "flow_unipc": (UniPCMultistepScheduler, "flow_shift")}[sampler.scheduler]
+    config = dict(current.config) if isinstance(current, kind) else (
+        {"prediction_type": "flow_prediction", "use_flow_sigmas": True}
+        if kind is UniPCMultistepScheduler else {})
+    if isinstance(current, kind) and config.get(shift_field) == sampler.shift:
+        return current
+    return kind.from_config(config | {shift_field: sampler.shift,
+                                      "num_train_timesteps": sampler.num_train_timesteps})
+
+
 def with_steps(sampler: SamplerSettings, steps: int | None,
                sigmas: tuple[float, ...] | None = None) -> SamplerSettings:
     """The folder's sampler at `--steps` (None: its own, or as many as `--sigmas` gives) and
@@ -218,8 +256,13 @@ def load_family(folder: Path, accepts: Callable[..., Accepted], load_pipeline: C
         out_of_core = False
     for adapter in adapters:
         check_adapter_file(adapter)
-    accepted = accepts(folder, **options)
+    accepted = accepted_with_recipe(accepts, folder, **options)
     pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
+    if options.get("recipe") is not None:  # the reference samples as the package will
+        from edge.families.recipes import recipe_from
+
+        pipe.scheduler = reference_scheduler(pipe.scheduler, accepted.sampler)
+        notes = [*notes, recipe_from(options["recipe"]).summary()]
     model = model_class(pipe, folder, sampler=accepted.sampler, notes=notes,
                         name=folder.resolve().name, out_of_core=out_of_core, **accepted.size,
                         **accepted.own)
