@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from chromium_launch import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-SWIFT_PACKAGE = REPO / "runtimes" / "swift"
+SWIFT_PACKAGE = REPO   # Package.swift at the root; the sources in runtimes/swift
 JS_TIMING = """async ([count, seed, repeat]) => {
   const { torchRandn } = await import('/noise.js');
   const times = [];

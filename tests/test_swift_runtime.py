@@ -18,7 +18,7 @@ import swift_replay
 pytestmark = pytest.mark.slow  # swift build and swift test: half a minute
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGE = REPO / "runtimes" / "swift"
+PACKAGE = REPO   # Package.swift is at the root (SwiftPM's place); the sources in runtimes/swift
 
 
 def swift_tool() -> str:
