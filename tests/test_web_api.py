@@ -36,8 +36,8 @@ pytestmark = pytest.mark.slow  # headless Chromium
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "web.md"
 SECTION = "## Embedding the model in a page"
-PROMPT = "a red circle moving left"  # what the minimal page generates: seed 3, 2 steps
-SEED, STEPS = 3, 2
+PROMPT = "a red circle moving left"  # what the minimal page generates: seed 3, 10 steps
+SEED, STEPS = 3, 10
 NO_WEBGPU = "delete Navigator.prototype.gpu;"
 
 
@@ -100,10 +100,16 @@ def python_pipe(exported_package):
 FIRST_VIDEO = f"({VIDEO_B64})(window.edge.video)"  # the minimal page's own video
 
 
-def test_docs_minimal_page_generates_the_python_video(minimal, web_package, python_pipe):
-    """The docs' page, as written, loads the model and generates seed 3 in 2 steps: the
+def test_docs_minimal_page_generates_the_python_video(minimal, web_package, python_pipe,
+                                                      classifier):
+    """The docs' page, as written, loads the model and generates seed 3 in 10 steps: the
     Python runtime's video for that seed and step count (option names map to the same
-    meanings), as a Uint8Array (T, H, W, 3)."""
+    meanings), as a Uint8Array (T, H, W, 3), and the prompt's: the attribute classifier
+    sees a red subject moving left (its shape tiny-sora draws as a round blob, which the
+    classifier reads as a square at 32 x 32)."""
+    from edge.eval.metrics import classify
+    from edge.models.tiny_sora_data import COLORS, DIRECTIONS
+
     status = minimal.inner_text("#status")
     assert minimal.evaluate("!!window.edge"), status
     manifest = web_package[1]
@@ -112,6 +118,9 @@ def test_docs_minimal_page_generates_the_python_video(minimal, web_package, pyth
     assert got.shape[0] == t and got.shape[3] == 3
     assert re.fullmatch(rf"{t} frames of \d+x\d+", status), status
     assert_same_video(got, python_pipe.generate(PROMPT, seed=SEED, steps=STEPS)[0])
+    seen = classify(classifier, got[None])
+    assert (list(COLORS)[seen["color"][0]], DIRECTIONS[seen["direction"][0]]) == ("red",
+                                                                                 "left")
 
 
 def test_given_noise_levels_mean_what_they_mean_in_python(minimal, python_pipe):
@@ -211,7 +220,7 @@ def test_python_runtime_on_the_web_package_runs_unguided_calls_alone(web_package
     from edge.runtimes.python import Pipeline
     from edge.runtimes.python.web_package import wasm_graph_opener
 
-    root = web_package[0]
+    root = str(web_package[0])   # a str, as Pipeline.load and the opener both take it
     pipe = Pipeline.load(root, open_block=wasm_graph_opener(root))
     try:
         with warnings.catch_warnings():

@@ -48,9 +48,10 @@ class StaticGraphSession:
         return [np.concatenate(parts) for parts in zip(*runs, strict=True)]
 
 
-def wasm_graph_opener(root: Path, threads: int | None = None) -> OpenBlock:
+def wasm_graph_opener(root: Path | str, threads: int | None = None) -> OpenBlock:
     """`Pipeline.load`'s `open_block` for a web package: its blocks' wasm graphs."""
     options = session_options(threads)
+    root = Path(root)  # as Pipeline.load takes it: a str too
 
     def open_block(key: str, record: dict) -> StaticGraphSession:
         base, _, variant = key.partition("#")
