@@ -74,15 +74,15 @@ def _export_command(
 
     # refused before any work: an unknown folder, options the family or the target does
     # not take, a destination edge may not replace (for a Hub id, on its model_index.json
-    # alone: before any weights are fetched)
-    checked = {}
-
-    def refusals(folder: Path | None) -> None:
+    # alone too: before any weights are fetched)
+    def refusals(folder: Path | None) -> tuple[str, str]:
+        """The folder's family and the device its reference runs on, once checked."""
         family = family_of(folder)
-        checked.update(family=family, reference_on=_reference_device(device, family))
+        reference_on = _reference_device(device, family)
         check_options(family, family_options)
         _check_out_of_core(family_options, target)
         _check_level(options, family)
+        return family, reference_on
 
     try:
         options = ExportOptions(**target_options)
@@ -91,13 +91,11 @@ def _export_command(
         if not dry_run:
             common.check_destination(dest, force)
         folder = model_folder_of(model, check_pipeline=refusals)
-        refusals(folder)
+        family, reference_on = refusals(folder)
     except (FamilyError, ExportOptionError, DeviceError, HubModelError) as err:
         fail(str(err))
-    reference_on = checked["reference_on"]
     with reference_device(reference_on), _gpu_memory_refused(reference_on):
-        _export(target, folder, dest, dry_run, checked["family"], family_options, exporter,
-                options)
+        _export(target, folder, dest, dry_run, family, family_options, exporter, options)
 
 
 export = with_declared_options(_export_command, TARGET_OPTIONS | FAMILY_OPTIONS)

@@ -33,18 +33,32 @@ def target_shapes(target: str) -> Shapes:
     return Shapes(prompts=2, guidance_batch=2, videos=2, tiled_decoder=True)
 
 
-def accepted_with_recipe(accepts: Callable[..., Accepted], folder: Path,
-                         recipe=None, **options) -> Accepted:
-    """What the family's `accepts` makes of `folder` and `options`, sampled as `recipe`
-    (--recipe: a name or a file, edge/families/recipes.py) says where one is given; given
-    --steps or --sigmas win over its steps and levels."""
-    accepted = accepts(folder, **options)
+def resolved_recipe(recipe):
+    """--recipe's value (a Recipe, a name or a file: edge/families/recipes.py) as a Recipe,
+    or None; one it refuses is a FamilyError naming it."""
     if recipe is None:
-        return accepted
+        return None
     from edge.families.recipes import RecipeError, recipe_from
 
     try:
-        sampler = recipe_from(recipe).sampler(accepted.sampler)
+        return recipe_from(recipe)
+    except RecipeError as err:
+        raise FamilyError(f"--recipe {err}") from None
+
+
+def accepted_with_recipe(accepts: Callable[..., Accepted], folder: Path,
+                         recipe=None, **options) -> Accepted:
+    """What the family's `accepts` makes of `folder` and `options`, sampled as `recipe`
+    (`resolved_recipe` takes it) says where one is given; given --steps or --sigmas win
+    over its steps and levels."""
+    accepted = accepts(folder, **options)
+    recipe = resolved_recipe(recipe)
+    if recipe is None:
+        return accepted
+    from edge.families.recipes import RecipeError
+
+    try:
+        sampler = recipe.sampler(accepted.sampler)
     except RecipeError as err:
         raise FamilyError(f"--recipe {err}") from None
     steps, sigmas = options.get("steps"), options.get("sigmas")
@@ -256,13 +270,12 @@ def load_family(folder: Path, accepts: Callable[..., Accepted], load_pipeline: C
         out_of_core = False
     for adapter in adapters:
         check_adapter_file(adapter)
-    accepted = accepted_with_recipe(accepts, folder, **options)
+    recipe = resolved_recipe(options.pop("recipe", None))   # a file read once
+    accepted = accepted_with_recipe(accepts, folder, recipe, **options)
     pipe, notes, out_of_core = load_pipeline(folder, out_of_core)
-    if options.get("recipe") is not None:  # the reference samples as the package will
-        from edge.families.recipes import recipe_from
-
+    if recipe is not None:  # the reference samples as the package will
         pipe.scheduler = reference_scheduler(pipe.scheduler, accepted.sampler)
-        notes = [*notes, recipe_from(options["recipe"]).summary()]
+        notes = [*notes, recipe.summary()]
     model = model_class(pipe, folder, sampler=accepted.sampler, notes=notes,
                         name=folder.resolve().name, out_of_core=out_of_core, **accepted.size,
                         **accepted.own)
