@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -309,6 +309,20 @@ def unguided_variant(variant: str | None) -> str:
     return f"{variant}_{UNGUIDED}" if variant else UNGUIDED
 
 
+TILE_VARIANT = re.compile(r"(?:^|_)tile_(\d+)x(\d+)$")
+
+
+def tile_variant(variant: str | None, size: Sequence[int], base: Sequence[int]) -> str | None:
+    """The variant a tile of `size` latent rows and columns runs for `variant` (None: the
+    block's own; "first": a chunked decoder's first piece) in a package of static shapes,
+    whose blocks were traced at the tile size `base`: `variant` itself at `base`, else its
+    `tile_RxC` form (`first_tile_RxC`), a program of that tile's shape."""
+    if tuple(size) == tuple(base):
+        return variant
+    tag = f"tile_{size[0]}x{size[1]}"
+    return f"{variant}_{tag}" if variant else tag
+
+
 def call_variant(merged: bool, alone: bool) -> str | None:
     """Which variant a transformer call runs: merged (TDTM) or not, and the caption's half
     alone (`alone`: an unguided call on a package with `unguided` variants)."""
@@ -382,21 +396,44 @@ def _check_chunked(comp: dict, where: str) -> None:
                                f"{label} pieces")
 
 
-def _check_tiles(comp: dict, where: str) -> None:
-    """A component decoded in spatial tiles (edge/core/tiles.py): a valid tiling, and graphs that
-    take any tile's height and width."""
+def _check_tiles(comp: dict, where: str, latent_shape: list[int] | None) -> None:
+    """A component decoded in spatial tiles (edge/core/tiles.py): a valid tiling, and graphs
+    that take any tile's height and width (ONNX) or, in a package of static shapes, traced
+    at the first tile of its latents with a `tile_RxC` variant for every other tile size
+    they need (and its first piece's, where the component is chunked)."""
     from edge.core.tiles import Tiling
 
     spec = require(comp, "tiles", dict, where)
     try:
-        Tiling.from_dict(spec)
+        tiling = Tiling.from_dict(spec)
     except (KeyError, TypeError, ValueError) as err:
         raise PackageError(f"{where} tiles: {err}") from None
-    fixed = [b["name"] for b in comp["blocks"]
-             if not any(d in TILE_AXES for s in b["inputs"] for d in s["shape"])]
-    if fixed:
-        raise PackageError(f"{where} tiles: block {fixed[0]!r} takes one size, not any tile's "
-                           "height and width")
+    dynamic = [any(d in TILE_AXES for s in b["inputs"] for d in s["shape"])
+               for b in comp["blocks"]]
+    if all(dynamic):
+        return
+    if any(dynamic) or latent_shape is None:
+        fixed = comp["blocks"][dynamic.index(False)]["name"]
+        raise PackageError(f"{where} tiles: block {fixed!r} takes one size, not any tile's "
+                           "height and width" + ("" if any(dynamic) else
+                                                 ", and there is no latent_shape to tile"))
+    sizes = tiling.tile_sizes(*latent_shape[-2:])
+    first = comp.get("chunked", {}).get("first_variant")
+    head = comp["blocks"][0]
+    traced = [s["shape"][-2:] for s in head["inputs"] if len(s["shape"]) == 5]
+    if traced[:1] != [list(sizes[0])]:
+        raise PackageError(f"{where} tiles: block {head['name']!r} takes latents of "
+                           f"{'x'.join(map(str, traced[0])) if traced else 'no video'}, not "
+                           f"the first tile's {sizes[0][0]}x{sizes[0][1]} of latents "
+                           f"{latent_shape[-2]}x{latent_shape[-1]}")
+    for block in comp["blocks"]:
+        for size in sizes[1:]:
+            for variant in dict.fromkeys([None, first]):
+                name = tile_variant(variant, size, sizes[0])
+                if name not in block.get("variants", {}):
+                    raise PackageError(f"{where} tiles: block {block['name']!r} has no variant "
+                                       f"{name!r} for the tiles of {size[0]}x{size[1]} latents "
+                                       "this package's latent_shape needs")
 
 
 def _check_wasm_graph(record: dict, listed: set[str], where: str) -> None:
@@ -654,7 +691,7 @@ def check_manifest(manifest: Any) -> dict[str, dict]:
         else:
             check_chain(cname, comp["blocks"])
         if "tiles" in comp:
-            _check_tiles(comp, f"{MANIFEST} component {cname}")
+            _check_tiles(comp, f"{MANIFEST} component {cname}", manifest.get("latent_shape"))
     if target == "iphone":
         _check_coreml(manifest)
     if target == "web":

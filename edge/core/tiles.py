@@ -54,6 +54,19 @@ class Tiling:
         """Each tile's first latent row and column."""
         return range(0, height, self.latent_stride[0]), range(0, width, self.latent_stride[1])
 
+    def tile_sizes(self, height: int, width: int) -> list[tuple[int, int]]:
+        """The distinct (rows, cols) of latent the tiles of latents `height` x `width` take,
+        in `starts` order: the first is a whole tile (or the latents, where smaller); those
+        at the far edges are cut short. A target of static shapes runs a program per size."""
+        rows, cols = self.starts(height, width)
+        sizes: list[tuple[int, int]] = []
+        for r in rows:
+            for c in cols:
+                size = (min(self.latent_size[0], height - r), min(self.latent_size[1], width - c))
+                if size not in sizes:
+                    sizes.append(size)
+        return sizes
+
     def tiles_of_work(self, height: int, width: int) -> float:
         """How many whole tiles' work a decode of latents `height` x `width` is: each tile's
         area (those at the far edges are cut short) over a whole tile's; 1 for latents

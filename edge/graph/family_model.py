@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from edge.core.sampler import SamplerSettings
+from edge.core.tiles import Tiling
 from edge.graph.blocks import Block, Chunking
 
 
@@ -29,6 +30,11 @@ class Shapes:
     tiled_decoder: bool = False        # a family that tiles its decoder (its `tiled`) traces
                                        # graphs of any tile size giving unclamped frames,
                                        # clamped by the runtime after blending (ONNX)
+    static_tiles: bool = False         # with tiled_decoder, on a target of static shapes
+                                       # (the web): traced at the first tile of the video's
+                                       # latents, a variant per other tile size it needs
+                                       # (manifest_schema.tile_variant); where one tile holds
+                                       # the latents, the whole frame as without tiles
 
 
 @dataclass(frozen=True)
@@ -87,3 +93,14 @@ class FamilyModel(Protocol):
         """The PyTorch reference video, uint8 (1, T, H, W, 3), for the runtime's noise of
         `seed` (and `steps`, default the sampler's): what an exported package must
         reproduce."""
+
+
+def applied_tiles(model: FamilyModel, shapes: Shapes) -> dict[str, Tiling]:
+    """The components `model.cut(shapes)` tiles, with their tiling (the manifest's `tiles`):
+    the family's `tiled` where the target tiles, and on a target of static shapes only where
+    the latents take more than one tile."""
+    if not shapes.tiled_decoder:
+        return {}
+    size = model.latent_shape[-2:]
+    return {name: tiling for name, tiling in getattr(model, "tiled", {}).items()
+            if not shapes.static_tiles or tiling.applies(*size)}

@@ -19,7 +19,9 @@ Shapes are static on the web (WGSL kernels are compiled for one shape): the text
 one caption, the transformer the guidance batch of 2 (caption, unconditional caption) and,
 in its `unguided` variants, the caption's half alone (calls without guidance), the VAE
 decoder the family's piece per call (`FamilyModel.shapes("web")`: tiny-sora 4 frames; Wan one
-latent frame, the component chunked with its caches carried, as the manifest records). Each
+latent frame, the component chunked with its caches carried, as the manifest records). A
+decoder whose family tiles it (Wan 2.1) decodes latents larger than one tile in tiles, a
+program per tile size the video needs (`tile_RxC` variants), blended by the page. Each
 block's plan is replayed with TVM's llvm build of the same kernels, and its ONNX graph run by
 onnxruntime, against the PyTorch block at export; drift over `BLOCK_TOLERANCE` (of the
 outputs' largest magnitude where that exceeds 1) fails the export. A block's `graph` is its
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edge.core.manifest_schema import UNGUIDED, WEB_PATHS
+from edge.core.manifest_schema import TILE_VARIANT, UNGUIDED, WEB_PATHS
 from edge.core.package import file_entry
 from edge.exporters import ExportValidationError
 from edge.exporters.shared.onnx_graph import export_graph, validate_block
@@ -59,7 +61,7 @@ from edge.exporters.web.storage import (
     write_stored,
 )
 from edge.graph.blocks import Block, chained, with_unguided
-from edge.graph.family_model import FamilyModel
+from edge.graph.family_model import FamilyModel, applied_tiles
 from edge.graph.lazy_weights import materialized
 from edge.planning.compute_cost import block_flops
 
@@ -297,6 +299,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
         required = frozenset([first] if first is not None else [])
         if unguided and name == "transformer":
             required |= {UNGUIDED}
+        # a tiled decoder cannot decode its other tile sizes without their programs
+        required |= {v for v in block.variants if TILE_VARIANT.search(v)}
         return export_block(block, compiler, root, variants, check, required, storage,
                             shard_bytes)
 
@@ -306,7 +310,10 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                                   on_step=on_check_step)
         return validation
 
+    tiles = applied_tiles(model, shapes)
     parts = PackageParts(
         "web", export_block=export, blocks=blocks_of, head=head,
+        component_fields=lambda name, blocks: (
+            {"tiles": tiles[name].to_dict()} if name in tiles else {}),
         tail=lambda root, manifest: {"files": copy_site(root) + ort_files}, check=checked)
     return write_package(model, dest, components, parts, model_name, on_block)

@@ -23,7 +23,13 @@ import numpy as np
 
 from edge.core.budget import parse_size
 from edge.core.files import EdgeNotice
-from edge.core.manifest_schema import MANIFEST, block_variant, call_variant, is_coreai
+from edge.core.manifest_schema import (
+    MANIFEST,
+    block_variant,
+    call_variant,
+    is_coreai,
+    tile_variant,
+)
 from edge.core.noise import check_noise
 from edge.core.options import check_prompts, check_seeds, with_overrides
 from edge.core.package import PackageError, check_still_verified, read_package, resolve_inside
@@ -220,18 +226,23 @@ class Pipeline:
         self._flops[component] = self._flops.get(component, 0) + flops["per_row"] * rows
 
     def _run_component(self, name: str, feeds: dict[str, np.ndarray],
-                       batch_piece: int | None = None) -> dict:
+                       batch_piece: int | None = None,
+                       as_tile: Callable[[str | None], str | None] = lambda v: v) -> dict:
+        """`as_tile`: the variant each call runs for the one it would run untiled (a tile's
+        programs in a package of static shapes)."""
         comp = self.components[name]
         if comp.chunked is not None:
-            return self._run_chunked(comp, feeds, batch_piece)
+            return self._run_chunked(comp, feeds, batch_piece, as_tile)
         runs = self.loader.run(comp.keys())
         try:
-            return self._run_blocks(comp, runs, feeds, batch_piece=batch_piece)
+            return self._run_blocks(comp, runs, feeds, variant=as_tile(None),
+                                    batch_piece=batch_piece)
         finally:
             runs.close()
 
     def _run_chunked(self, comp: Component, feeds: dict[str, np.ndarray],
-                     batch_piece: int | None = None) -> dict:
+                     batch_piece: int | None = None,
+                     as_tile: Callable[[str | None], str | None] = lambda v: v) -> dict:
         """The component's blocks once per piece of its input, the first piece through the
         first variant, the state handed from each piece to the next; the output's pieces
         joined. One loader schedule covers every piece, so the loader sees the blocks
@@ -253,7 +264,8 @@ class Pipeline:
                 # activations outlives it (at 480p they are hundreds of MB a block)
                 out = self._run_blocks(comp, runs, handed_over(feeds, state,
                                                                {spec["input"]: piece}),
-                                       variant=spec.get("first_variant") if i == 0 else None,
+                                       variant=as_tile(spec.get("first_variant")
+                                                       if i == 0 else None),
                                        batch_piece=batch_piece)
                 pieces.append(out.pop(spec["output"]))
                 state = {n: out.pop(n) for n in spec["state"]}
@@ -453,13 +465,17 @@ class Pipeline:
         frame (its own caches), then blended (edge/core/tiles.py); (B, 3, T', H, W)."""
         h, w = latents.shape[-2:]
         (rows, cols), (th, tw) = tiles.starts(h, w), tiles.latent_size
+        base = self.components["vae_decoder"].tile_base()
         # blended as they come: only the strips later tiles blend with are kept
         blended = BlendedTiles(tiles, h, w)
         for a, i in enumerate(rows):
             for b, j in enumerate(cols):
+                tile = latents[..., i:i + th, j:j + tw]
+                size = tile.shape[-2:]
                 blended.add(a, b, self._run_component(
-                    "vae_decoder", {"z": latents[..., i:i + th, j:j + tw]},
-                    batch_piece=self._piece(1))["frames"])
+                    "vae_decoder", {"z": tile}, batch_piece=self._piece(1),
+                    as_tile=lambda v, size=size: v if base is None else
+                    tile_variant(v, size, base))["frames"])
         return blended.output
 
     def _guided_rows(self, settings: SamplerSettings, b: int) -> Callable[[bool], int]:

@@ -34,6 +34,15 @@ class Component:
     def keys(self) -> list[str]:
         return [f"{self.name}/{b['name']}" for b in self.blocks]
 
+    def tile_base(self) -> tuple[int, int] | None:
+        """The tile size a tiled component's programs were traced at, where they take one
+        size (a static package's: its other tile sizes are `tile_RxC` variants); None where
+        they take any tile's height and width (ONNX) or the component is not tiled."""
+        if self.tiles is None:
+            return None
+        shape = next(s["shape"] for s in self.blocks[0]["inputs"] if len(s["shape"]) == 5)
+        return None if any(isinstance(d, str) for d in shape[-2:]) else tuple(shape[-2:])
+
 
 
 class BlockSession(Protocol):

@@ -3,6 +3,8 @@
 // checks the Python runtime makes (edge/core/manifest_schema.py, runtimes/python/
 // package_checks.py) with its messages.
 
+import { Tiling, tileVariant } from "./tiles.js";
+
 export const FORMAT = "edge-package";
 export const FORMAT_VERSION = 1;
 
@@ -51,6 +53,7 @@ export function checkManifest(manifest, url) {
                            `is ${JSON.stringify(manifest.null_caption_mask)}; known: all, prompt`);
   }
   checkDecode(manifest, where);
+  checkTiles(manifest, where);
   for (const r of fileRecords(manifest)) {
     if (typeof r.path !== "string" || r.path.startsWith("/")
         || r.path.split("/").some((p) => p === ".." || p === "." || p === "")) {
@@ -86,5 +89,32 @@ function checkDecode(manifest, where) {
            || number(spec.noise_scale))) {
     throw new PackageError(`${where} decode: must be {"timestep": number, ` +
                            `"noise_scale": number or null}, got ${JSON.stringify(spec)}`);
+  }
+}
+
+// A decoder in tiles (edge/core/manifest_schema.py _check_tiles): its blocks traced at the
+// first tile of the latents, with a program for every other tile size they need
+function checkTiles(manifest, where) {
+  const decoder = (manifest.components || []).find((c) => c.name === "vae_decoder");
+  if (!decoder?.tiles) return;
+  const [h, w] = manifest.latent_shape.slice(-2);
+  const sizes = new Tiling(decoder.tiles).tileSizes(h, w);
+  const head = decoder.blocks[0];
+  const traced = head.inputs.find((s) => s.shape.length === 5)?.shape.slice(-2);
+  if (!traced || traced.join("x") !== sizes[0].join("x")) {
+    throw new PackageError(`${where} vae_decoder tiles: block ${head.name} takes latents of ` +
+                           `${traced?.join("x")}, not the first tile's ${sizes[0].join("x")}`);
+  }
+  const first = decoder.chunked?.first_variant ?? null;
+  for (const b of decoder.blocks) {
+    for (const size of sizes.slice(1)) {
+      for (const v of new Set([null, first])) {
+        const name = tileVariant(v, size, sizes[0]);
+        if (!(name in (b.variants || {}))) {
+          throw new PackageError(`${where} vae_decoder tiles: block ${b.name} has no variant ` +
+                                 `'${name}' for the tiles of ${size.join("x")} latents`);
+        }
+      }
+    }
   }
 }

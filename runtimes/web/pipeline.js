@@ -19,6 +19,7 @@ import {
 } from "./options.js";
 import { CaptionTokenizer } from "./tokenizer.js";
 import { concatAlong, pieceBounds, sliceAlong } from "./chunks.js";
+import { BlendedTiles, Tiling, tileVariant } from "./tiles.js";
 // so that a page needs this module alone: why the wasm path is missing, where it is
 export { ortFailure } from "./ort_executor.js";
 export { formatSize, parseSize } from "./sizes.js";
@@ -69,6 +70,18 @@ function roundHalfEven(x) {
 function videoStore(count, outputType) {
   if (outputType === "float") return [new Float32Array(count), (v) => Math.min(1, Math.max(0, v))];
   return [new Uint8ClampedArray(count), (v) => roundHalfEven(Math.fround(v * 255))];
+}
+
+// latents (C, T, h, w)'s tile from row `top`, column `left`, of `size` [rows, cols]
+function latentTile(latents, [c, t, h, w], top, left, [rows, cols]) {
+  const tile = new Float32Array(c * t * rows * cols);
+  for (let k = 0; k < c * t; k++) {
+    for (let y = 0; y < rows; y++) {
+      const from = (k * h + top + y) * w + left;
+      tile.set(latents.subarray(from, from + cols), (k * rows + y) * cols);
+    }
+  }
+  return tile;
 }
 
 function handBack(video, shape) {
@@ -173,6 +186,8 @@ export class Pipeline {
     this.negativePrompt = nullCaption ? null : this.manifest.negative_prompt;
     this.chunking = Object.fromEntries(this.manifest.components.filter((c) => c.chunked)
       .map((c) => [c.name, c.chunked]));
+    this.tiling = Object.fromEntries(this.manifest.components.filter((c) => c.tiles)
+      .map((c) => [c.name, new Tiling(c.tiles)]));
     this.lastRun = null;
   }
 
@@ -742,9 +757,12 @@ export class Pipeline {
     const extra = decode ? {
       decode_t: new Float32Array([decode.t]), decode_noise_scale: new Float32Array([decode.s]),
       decode_noise: decode.noise } : {};
-    const { data, shape } = await this.runComponent(
-      "vae_decoder", "z", latents, [1, ...this.latentShape], "frames", extra);
-    const [, , t, H, W] = shape; // (1, 3, T, H, W)
+    const tiling = this.tiling.vae_decoder;
+    const { data, shape } = tiling?.applies(...this.latentShape.slice(-2))
+      ? await this.decodeTiles(latents, tiling)
+      : await this.runComponent(
+        "vae_decoder", "z", latents, [1, ...this.latentShape], "frames", extra);
+    const [, , t, H, W] = shape; // (1, 3, T, H, W); a tiled decoder's unclamped: store clamps
     const [video, store] = videoStore(t * H * W * 3, outputType);
     for (let ch = 0; ch < 3; ch++) {
       for (let f = 0; f < t; f++) {
@@ -756,11 +774,35 @@ export class Pipeline {
     return handBack(video, [t, H, W, 3]);
   }
 
+  // latents (C, T, h, w) decoded a tile at a time, each tile through its size's programs
+  // (tileVariant) and blended as it comes (tiles.js) -> {data, shape: (1, 3, T, H, W)}
+  async decodeTiles(latents, tiling) {
+    const [c, t, h, w] = this.latentShape;
+    const base = this.signature(this.keys("vae_decoder")[0], "z", "inputs").slice(-2);
+    const [rows, cols] = tiling.starts(h, w);
+    let blended = null;
+    let frames = 0;
+    for (const [i, top] of rows.entries()) {
+      for (const [j, left] of cols.entries()) {
+        const size = [Math.min(tiling.size[0], h - top), Math.min(tiling.size[1], w - left)];
+        const tile = latentTile(latents, [c, t, h, w], top, left, size);
+        const { data, shape } = await this.runComponent(
+          "vae_decoder", "z", tile, [1, c, t, ...size], "frames", {},
+          (v) => tileVariant(v, size, base));
+        blended ??= new BlendedTiles(tiling, h, w, shape[1] * shape[2]);
+        blended.add(i, j, data, shape[3], shape[4]);
+        frames = shape[2];
+      }
+    }
+    return { data: blended.output, shape: [1, 3, frames, blended.H, blended.W] };
+  }
+
   // A component given one host array `input` (C-ordered, `shape`) -> its output `output` as
   // {data, shape} on the host: run once, or piece by piece where the manifest says it is
   // chunked (the first piece through the first variant, each piece's state fed to the next,
   // the outputs joined), holding one piece's activations at a time.
-  async runComponent(name, input, data, shape, output, extra = {}) {
+  // asTile: the variant each call runs for the one it would run untiled (a tile's programs)
+  async runComponent(name, input, data, shape, output, extra = {}, asTile = (v) => v) {
     const keys = this.keys(name);
     const spec = this.chunking[name]
       || { input, output, axis: 0, size: shape[0], first_variant: null, state: [] };
@@ -772,7 +814,7 @@ export class Pipeline {
     try {
       for (const [i, [start, stop]] of bounds.entries()) {
         // no first_variant: every piece through the blocks themselves (pieces decoded alone)
-        const variant = i === 0 ? spec.first_variant ?? null : null;
+        const variant = asTile(i === 0 ? spec.first_variant ?? null : null);
         const temp = [this.upload(sliceAlong(data, shape, spec.axis, start, stop - start))];
         let feeds = null;
         try {

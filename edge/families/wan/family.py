@@ -30,11 +30,12 @@ once would need 12 GB for one activation of the last stage at Wan's 81 frames of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from edge.core.manifest_schema import tile_variant
 from edge.core.tiles import Tiling
 from edge.families.pipeline_run import (
     Accepted,
@@ -126,8 +127,7 @@ class WanModel(PipelineModel):
         ids, mask = self._ids(["a red circle moving left", "the dog"][:shapes.prompts])
         return {"text_encoder": cut_umt5_encoder(self.pipe.text_encoder.encoder, ids, mask),
                 "transformer": self._cut_transformer(shapes.guidance_batch),
-                "vae_decoder": self._cut_vae_decoder(
-                    shapes.videos, tiled=shapes.tiled_decoder and bool(self.tiled))}
+                "vae_decoder": self._cut_vae_decoder(shapes)}
 
     def _cut_transformer(self, batch: int) -> list[Block]:
         model = self.pipe.transformer
@@ -158,17 +158,37 @@ class WanModel(PipelineModel):
                             chained=("x",)))
         return blocks
 
-    def _cut_vae_decoder(self, videos: int, tiled: bool = False) -> list[Block]:
+    def _cut_vae_decoder(self, shapes: Shapes) -> list[Block]:
         """One block per stage, run once per latent frame (`chunked`); its variant "first"
-        is the first frame's. `videos`: the batch traced (a dynamic batch traced at 1 would
-        be specialised to 1). `tiled`: graphs of any tile's height and width, whose frames
-        are left unclamped for the runtime to blend and then clamp (edge/core/tiles.py), traced,
-        validated and estimated at one tile: what a call runs."""
+        is the first frame's. `shapes.videos`: the batch traced (a dynamic batch traced at 1
+        would be specialised to 1). A tiled decoder (`shapes.tiled_decoder`) leaves its
+        frames unclamped for the runtime to blend and then clamp (edge/core/tiles.py): ONNX's
+        graphs take any tile's height and width, traced, validated and estimated at one
+        tile (what a call runs); a target of static shapes (`shapes.static_tiles`) gets
+        blocks at the first tile of this video's latents and a variant per other tile size
+        (`tile_RxC`, `first_tile_RxC`), or the whole frame where one tile holds it."""
         g = torch.Generator().manual_seed(1)
-        z = torch.randn(videos, *self.latent_shape, generator=g)
-        if tiled:
-            rows, cols = self.tiled["vae_decoder"].latent_size
-            z = z[..., :rows, :cols]
+        z = torch.randn(shapes.videos, *self.latent_shape, generator=g)
+        tiling = self.tiled.get("vae_decoder") if shapes.tiled_decoder else None
+        if tiling is None or (shapes.static_tiles and not tiling.applies(*z.shape[-2:])):
+            return self._decoder_stages(z, tiled=False, dynamic=False)
+        if not shapes.static_tiles:
+            rows, cols = tiling.latent_size
+            return self._decoder_stages(z[..., :rows, :cols], tiled=True, dynamic=True)
+        sizes = tiling.tile_sizes(*z.shape[-2:])
+        blocks = self._decoder_stages(z[..., :sizes[0][0], :sizes[0][1]], tiled=True,
+                                      dynamic=False)
+        for size in sizes[1:]:
+            stages = self._decoder_stages(z[..., :size[0], :size[1]], tiled=True,
+                                          dynamic=False)
+            for block, stage in zip(blocks, stages, strict=True):
+                block.variants[tile_variant(None, size, sizes[0])] = replace(stage, variants={})
+                block.variants[tile_variant("first", size, sizes[0])] = stage.variants["first"]
+        return blocks
+
+    def _decoder_stages(self, z: torch.Tensor, tiled: bool, dynamic: bool) -> list[Block]:
+        """The decoder's stage blocks for latents `z` (each with its variant "first"):
+        `tiled` leaves the frames unclamped, `dynamic` frees their height and width."""
         # a one-frame video runs only "first"; its later-frame graphs get a stand-in frame
         first_x, x = z[:, :, :1], z[:, :, 1:2] if z.shape[2] > 1 else z[:, :, :1]
         firsts = dict(cut_vae_decoder(self.pipe.vae, first=True, clamp=not tiled))
@@ -185,9 +205,9 @@ class WanModel(PipelineModel):
             state = [f"{name}_cache_{k}" for k in range(len(first_out) - 1)]
             dyn = [True] * (1 + len(state))
             first = Block("vae_decoder", name, firsts[name].eval(), [x_in], [x_out, *state],
-                          (first_x,), [True], dynamic_space=tiled)
+                          (first_x,), [True], dynamic_space=dynamic)
             block = Block("vae_decoder", name, stage.eval(), [x_in, *state], [x_out, *state],
-                          (x, *first_out[1:]), dyn, {"first": first}, dynamic_space=tiled)
+                          (x, *first_out[1:]), dyn, {"first": first}, dynamic_space=dynamic)
             blocks.append(block)
             first_x, x = first_out[0], out[0]
         return blocks
