@@ -147,6 +147,29 @@ def wan_models(wan_folders):
     return {s: load_model(f, steps=12, **WAN_SIZE) for s, f in wan_folders.items()}
 
 
+# the VAE tiling of the tiled-decoder tests' Wan (enable_tiling's tile height, width,
+# stride height, width in pixels): its 4 x 6 latents decode as tiles of 4 x 4, 4 x 4, 4 x 2
+WAN_TILING = (32, 32, 32, 16)
+
+
+@pytest.fixture(scope="session")
+def wan_tiled(wan_folders):
+    """The tiny Wan (UniPC) whose VAE tiles as WAN_TILING: a model of its own (the shared
+    ones decode whole frames, 256-pixel tiles holding their video)."""
+    from edge.families import load_model
+
+    model = load_model(wan_folders["unipc"], steps=12, **WAN_SIZE)
+    model.pipe.vae.enable_tiling(*WAN_TILING)
+    return model
+
+
+@pytest.fixture(scope="session")
+def wan_tiled_coreai_package(tmp_path_factory, wan_tiled):
+    """wan_tiled exported --min-ios 27 at fp32 once a run: (root, manifest)."""
+    return package_once(tmp_path_factory, "wan-tiled-coreai",
+                        lambda root: coreai_export(wan_tiled, root))
+
+
 # Wan 2.2 TI2V-5B's tests' size: 16x spatial, latents 48 x 3 x 2 x 4
 WAN22_SIZE = {"height": 32, "width": 64, "frames": 9}
 

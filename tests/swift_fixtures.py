@@ -33,6 +33,8 @@ tests/fixtures/swift/ holds:
   noise levels, SamplerSettings.sigmas), its `schedule` (noise levels, model times), a
   leap's `tail`, a `solver` stepped through the schedule with given velocities
   (the sample after each step) and its `jump`;
+- tiles.json: a decoder's tiles (edge/core/tiles.py): for a few tilings, random decoded
+  tiles in starts order, the tiles' sizes, each size's variant names and the blend;
 - tokenizer.json + tokens.json: the package's tokenizer file and the ids and masks that
   `edge.core.tokenizer` makes of a few prompts (punctuation, capitals, accents, unknown words,
   truncation);
@@ -348,13 +350,44 @@ def default_tokenizer() -> Path:
     return minilm_dir() / "tokenizer.json"
 
 
+def tile_cases() -> list[dict]:
+    """Decoded tiles (random, lead x h x w) of a few tilings, in starts order, and what
+    edge.core.tiles gives of them: the tiles' sizes and each size's variant names
+    (manifest_schema.tile_variant), and the blended output."""
+    from edge.core.manifest_schema import tile_variant
+    from edge.core.tiles import BlendedTiles, Tiling
+
+    rng = np.random.default_rng(11)
+    cases = []
+    for size, stride, scale, (h, w), lead in [((3, 3), (2, 2), 2, (4, 7), 2),
+                                              ((2, 4), (2, 2), 3, (2, 6), 1),
+                                              ((4, 2), (3, 2), 1, (10, 3), 3)]:
+        tiling = Tiling(size, stride, scale)
+        rows, cols = tiling.starts(h, w)
+        tiles, blended = [], BlendedTiles(tiling, h, w)
+        for i, r in enumerate(rows):
+            for j, c in enumerate(cols):
+                th, tw = min(size[0], h - r) * scale, min(size[1], w - c) * scale
+                tile = rng.standard_normal((lead, th, tw)).astype(np.float32)
+                tiles.append({"i": i, "j": j, "h": th, "w": tw,
+                              "values": tile.ravel().tolist()})
+                blended.add(i, j, tile.copy())
+        sizes = tiling.tile_sizes(h, w)
+        cases.append({"tiling": tiling.to_dict(), "height": h, "width": w, "lead": lead,
+                      "applies": tiling.applies(h, w), "sizes": [list(s) for s in sizes],
+                      "variants": [[tile_variant(v, s, sizes[0]) for v in (None, "first")]
+                                   for s in sizes],
+                      "tiles": tiles, "output": blended.output.ravel().tolist()})
+    return cases
+
+
 def build() -> dict[str, object]:
     """File name -> JSON content of every generated fixture (the manifests excepted)."""
     return {"timesteps.json": timestep_cases(), "guided_merge.json": guided_runs(),
             "modulated_input.json": modulated_case(), "unipc.json": unipc_cases(),
             "dynamic_guidance.json": dynamic_guidance_cases(),
             "guidance_rescale.json": {"runs": replay_runs(guidance_rescale_settings(), 400)},
-            "schedulers.json": scheduler_cases(),
+            "schedulers.json": scheduler_cases(), "tiles.json": tile_cases(),
             "tokens.json": token_cases(default_tokenizer()), **build_unigram()}
 
 

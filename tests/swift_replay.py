@@ -26,6 +26,8 @@ Layout of the folder `write(...)` fills:
                         bad_manifests.json
     coreai/             with `coreai=`: tiny-sora's Core AI package (--min-ios 27) and bundles
                         recorded from its executed programs (write_coreai)
+    tiled/              with `tiled=`: the tiny Wan's Core AI package with its decoder in
+                        tiles, and bundles recorded alike
 """
 
 from __future__ import annotations
@@ -285,26 +287,53 @@ COREAI_BUNDLES = {
 }
 
 
-def write_coreai(folder: Path, coreai_package: Path) -> None:
+# Bundles of the tiny Wan whose VAE tiles (conftest's wan_tiled), as a Core AI package: the
+# decoder's tiles through their sizes' functions (`tile_4x2`, `first_tile_4x2`)
+TILED_BUNDLES = {
+    "tiles": ("a red circle moving left", {"seed": 2, "overrides": {"steps": 2}}),
+}
+
+
+def _decoder(manifest: dict) -> dict:
+    return next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+
+
+# Manifests of the tiled package the Python side refuses: a tile size's program missing, the
+# tiles not those the programs were traced for
+TILED_BAD_MANIFESTS = [
+    ("tile_program_missing", lambda m: _decoder(m)["blocks"][2]["variants"].pop(
+        "first_tile_4x2"), ["up_1", "first_tile_4x2", "4x2"]),
+    ("tile_size", lambda m: _decoder(m)["tiles"].update(latent_size=[4, 3]),
+     ["head", "4x4", "4x3"]),
+]
+
+
+def write_coreai(folder: Path, coreai_package: Path,
+                 bundles: dict[str, tuple[str, dict]] = COREAI_BUNDLES,
+                 bad_edits: list | None = None) -> None:
     """folder/package: a Core AI iphone package (a copy); folder/bundles/<name>: its
-    COREAI_BUNDLES, recorded by `edge record` from the programs Core AI executed."""
+    `bundles`, recorded by `edge record` from the programs Core AI executed; with
+    `bad_edits`, folder/bad_manifests.json."""
     from edge.commands.record import record_bundle as record
 
     folder.mkdir(parents=True)
     shutil.copytree(coreai_package, folder / "package")
-    for name, (prompt, options) in COREAI_BUNDLES.items():
+    for name, (prompt, options) in bundles.items():
         record(folder / "package", prompt, folder / "bundles" / name, **options)
+    if bad_edits:
+        write_bad_manifests(folder, bad_edits)
 
 
 def write(folder: Path, onnx_package: Path, iphone_package: Path,
           wan: tuple[Path, Path] | None = None,
           families: dict[str, tuple[Path, Path]] | None = None,
-          coreai: Path | None = None) -> Path:
+          coreai: Path | None = None, tiled: Path | None = None) -> Path:
     """Fill `folder` (see the module docstring); returns it. `wan`: (the tiny Wan's iphone
     package, its model folder), written under folder/wan (write_wan); `families`: {family:
     (its iphone package, its model folder)}, each under folder/families/<family> with its
     FAMILY_BUNDLES (write_package_bundles); `coreai`: tiny-sora's Core AI package, under
-    folder/coreai with its COREAI_BUNDLES (write_coreai)."""
+    folder/coreai with its COREAI_BUNDLES (write_coreai); `tiled`: the tiled Wan's Core AI
+    package, under folder/tiled with its TILED_BUNDLES and TILED_BAD_MANIFESTS."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(iphone_package, folder / "package")
     replay = folder / "replay"
@@ -321,4 +350,6 @@ def write(folder: Path, onnx_package: Path, iphone_package: Path,
                               FAMILY_BUNDLES[family], FAMILY_BAD_MANIFESTS[family])
     if coreai is not None:
         write_coreai(folder / "coreai", coreai)
+    if tiled is not None:
+        write_coreai(folder / "tiled", tiled, TILED_BUNDLES, TILED_BAD_MANIFESTS)
     return folder

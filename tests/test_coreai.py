@@ -17,7 +17,7 @@ from torch import nn
 pytest.importorskip("coreai_torch", reason="Core AI's converter (coreai-torch, the [iphone] "
                     "extra) is not installed")
 
-from conftest import coreai_export  # noqa: E402  (after the skip)
+from conftest import WAN_TILING, coreai_export  # noqa: E402  (after the skip)
 
 from edge.core.files import EdgeNotice  # noqa: E402
 from edge.core.video_metrics import psnr, snr  # noqa: E402
@@ -642,11 +642,14 @@ def test_merged_steps_run_the_blocks_tdtm_functions(coreai_package, exported_pac
 
 # case -> (the session's models fixture, its key or None, the bound on every program's
 # relative error at fp32): each family's tiny folder as the other targets' tests load it
-# (tests/conftest.py); Open-Sora's decoder up blocks measure 2.9e-5
-FAMILIES = {"wan2.1": ("wan_models", "unipc", 1e-5), "wan2.2": ("wan22", None, 1e-5),
+# (tests/conftest.py); Open-Sora's decoder up blocks measure 2.9e-5. Wan 2.1's VAE tiles its
+# 4 x 6 latents (conftest WAN_TILING), so its decoder runs a program per tile size; its
+# package is the session's (the Swift runtime replays it too)
+FAMILIES = {"wan2.1-tiled": ("wan_tiled", None, 1e-5), "wan2.2": ("wan22", None, 1e-5),
             "cogvideox-5b": ("cog_models", "5b", 1e-5),
             "ltx-timestep": ("ltx_models", "timestep", 1e-5),
             "opensora": ("opensora_model", None, 5e-5)}
+SHARED_PACKAGES = {"wan2.1-tiled": "wan_tiled_coreai_package"}
 
 
 @pytest.mark.slow
@@ -654,17 +657,49 @@ FAMILIES = {"wan2.1": ("wan_models", "unipc", 1e-5), "wan2.2": ("wan22", None, 1
 def test_each_family_executes_through_core_ai_and_generates_its_pipelines_video(
         request, tmp_path, case):
     """Every block and variant of each family (Wan's and CogVideoX's chunked decoders with
-    their first-piece functions, LTX's timestep-conditioned decoder) executed through Core
-    AI within float32 rounding, and the package generated through Core AI against the
-    family's diffusers pipeline."""
+    their first-piece functions, Wan 2.1's tiles, LTX's timestep-conditioned decoder)
+    executed through Core AI within float32 rounding, and the package generated through Core
+    AI against the family's diffusers pipeline (Wan 2.1's VAE tiling alike)."""
     fixture, key, bound = FAMILIES[case]
     model = request.getfixturevalue(fixture)
     model = model[key] if key else model
-    manifest = coreai_export(model, tmp_path / "pkg")
+    if case in SHARED_PACKAGES:
+        _, manifest = request.getfixturevalue(SHARED_PACKAGES[case])
+    else:
+        manifest = coreai_export(model, tmp_path / "pkg")
     for where, record in _records(manifest):
         assert record["validation"]["relative_error"] <= bound, (where, record["validation"])
     check = manifest["validation"]
     assert check["identical"] or (check["psnr_db"] >= 35 and check["snr_db"] >= 20), check
+
+
+@pytest.mark.slow
+def test_each_tile_size_runs_its_own_core_ai_functions(wan_tiled_coreai_package, wan_tiled):
+    """The tiled decoder's stages are traced at the first tile (4 x 4 latents), the 4 x 2
+    tile's programs are functions of each stage's model; the video Core AI generates is
+    WanPipeline's with the same tiling, which its untiled video is not."""
+    from edge.runtimes.python import Pipeline
+
+    root, manifest = wan_tiled_coreai_package
+    decoder = next(c for c in manifest["components"] if c["name"] == "vae_decoder")
+    assert decoder["tiles"] == {"latent_size": [4, 4], "latent_stride": [4, 2], "scale": 8}
+    for block in decoder["blocks"]:
+        assert set(block["variants"]) == {"first", "tile_4x2", "first_tile_4x2"}
+        assert {v["model"] for v in block["variants"].values()} == {block["model"]}
+    pipe = Pipeline.load(root)
+    try:
+        got = pipe.generate(PROMPT, seed=3, steps=2)[0]
+    finally:
+        pipe.close()
+    want = wan_tiled.generate(PROMPT, seed=3, steps=2)[0]
+    vae = wan_tiled.pipe.vae
+    vae.disable_tiling()
+    try:
+        whole = wan_tiled.generate(PROMPT, seed=3, steps=2)[0]
+    finally:
+        vae.enable_tiling(*WAN_TILING)
+    assert psnr(got, want) >= 40 and snr(got, want) >= 25
+    assert psnr(whole, want) < 35
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ def test_swift_package_builds_and_its_tests_pass(request, tmp_path, exported_pac
                                                  coreml_package, wan_iphone_package,
                                                  wan_folder, cog_iphone_package, cog_folders,
                                                  ltx_iphone_package, ltx_folders,
-                                                 coreai_package):
+                                                 coreai_package, wan_tiled_coreai_package):
     from conftest import OPENSORA_FIXTURE
 
     swift = swift_tool()
@@ -52,7 +52,8 @@ def test_swift_package_builds_and_its_tests_pass(request, tmp_path, exported_pac
                                 OPENSORA_FIXTURE)
     fixtures = swift_replay.write(tmp_path / "replay", exported_package[0], coreml_package[0],
                                   wan=(wan_iphone_package[0], wan_folder), families=families,
-                                  coreai=coreai_package[0])
+                                  coreai=coreai_package[0],
+                                  tiled=wan_tiled_coreai_package[0])
     build = run([swift, "build", "--build-tests"], timeout=900, cwd=PACKAGE)
     assert build.returncode == 0, (
         f"swift build failed:\n{build.stdout[-6000:]}\n{build.stderr[-3000:]}")
@@ -73,7 +74,8 @@ def test_swift_package_builds_and_its_tests_pass(request, tmp_path, exported_pac
     replayed = re.findall(r"bundle (\w+): \d+ calls, worst relative input difference", output)
     assert sorted(replayed) == sorted([*swift_replay.WAN_BUNDLES] + [
         f"{family}_{name}" for family, names in swift_replay.FAMILY_BUNDLES.items()
-        for name in names] + [f"coreai_{name}" for name in swift_replay.COREAI_BUNDLES]), replayed
+        for name in names] + [f"coreai_{name}" for name in swift_replay.COREAI_BUNDLES]
+        + [f"tiled_{name}" for name in swift_replay.TILED_BUNDLES]), replayed
     check_edge_sample(fixtures / "wan", tmp_path)
 
 

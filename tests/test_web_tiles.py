@@ -1,11 +1,11 @@
 """Wan 2.1's decoder in spatial tiles on the web target: a program per tile size (static
 shapes), the page blending the tiles as diffusers' `AutoencoderKLWan.tiled_decode` does.
 
-The tiny Wan folder's VAE tiles at 32 pixels with a stride of 16 across (diffusers'
-`enable_tiling(32, 32, 32, 16)`): its 4 x 6 latents are decoded as three tiles of 4 x 4, 4 x 4
-and 4 x 2 latents, so the package holds the decoder's stages at 4 x 4 and their `tile_4x2`
-and `first_tile_4x2` variants. The page's video, on each path, equals WanPipeline's with the
-same tiling, and is told apart from its untiled video."""
+The tiny Wan folder's VAE tiles at 32 pixels with a stride of 16 across (conftest's
+WAN_TILING, diffusers' `enable_tiling(32, 32, 32, 16)`): its 4 x 6 latents are decoded as
+tiles of 4 x 4, 4 x 4 and 4 x 2 latents, so the package holds the decoder's stages at 4 x 4
+and their `tile_4x2` and `first_tile_4x2` variants. The page's video, on each path, equals
+WanPipeline's with the same tiling, and is told apart from its untiled video."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from browser import (  # noqa: E402  (after the skips)
     served_page,
     skip_without_webgpu,
 )
-from conftest import WAN_SIZE  # noqa: E402
+from conftest import WAN_TILING  # noqa: E402
 
 from edge.core.video_metrics import psnr  # noqa: E402
 
@@ -34,17 +34,11 @@ pytestmark = pytest.mark.slow  # headless chromium, a Wan export
 
 PROMPT = "a red circle moving  left"
 OPTIONS = {"negative_prompt": "blue dog", "steps": 2, "guidance": 4.0}
-TILING = (32, 32, 32, 16)  # enable_tiling's tile height, width, stride height, width (pixels)
 
 
 @pytest.fixture(scope="module")
-def tiled_model(wan_folders):
-    """The tiny Wan (UniPC), a model of its own whose VAE tiles as TILING says."""
-    from edge.families import load_model
-
-    model = load_model(wan_folders["unipc"], steps=12, **WAN_SIZE)
-    model.pipe.vae.enable_tiling(*TILING)
-    return model
+def tiled_model(wan_tiled):
+    return wan_tiled
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +61,7 @@ def diffusers_videos(tiled_model, latents):
     try:
         whole = tiled_model.reference(PROMPT, latents=latents, **OPTIONS)[0]
     finally:
-        vae.enable_tiling(*TILING)
+        vae.enable_tiling(*WAN_TILING)
     # the tiles must make a difference the checks can see
     assert psnr(whole, tiled) < 35.0
     return tiled, whole

@@ -28,11 +28,9 @@ def target_shapes(target: str) -> Shapes:
     """A device (iphone, web) encodes one prompt and decodes one video per call; ONNX traces
     two of each, so its dynamic batch is not specialised to one. A chunked decoder takes its
     own piece on every target."""
-    if target == "web":  # the page decodes in tiles; the phone's runtimes do not yet
+    if target in ("iphone", "web"):  # static shapes: a decoder's programs per tile size
         return Shapes(prompts=1, guidance_batch=2, videos=1, tiled_decoder=True,
                       static_tiles=True)
-    if target == "iphone":
-        return Shapes(prompts=1, guidance_batch=2, videos=1)
     return Shapes(prompts=2, guidance_batch=2, videos=2, tiled_decoder=True)
 
 

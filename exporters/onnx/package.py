@@ -37,7 +37,7 @@ from edge.exporters.shared.package_run import (
 from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.blocks import Block, chained
-from edge.graph.family_model import FamilyModel
+from edge.graph.family_model import FamilyModel, applied_tiles
 from edge.graph.lazy_weights import materialized
 from edge.graph.reference_device import reference_record
 from edge.planning.compute_cost import flops_record
@@ -162,15 +162,13 @@ def export_onnx(model: FamilyModel, dest: Path, model_name: str | None = None,
     unvalidated, saying so, and runs no forward pass."""
     components = components or model.cut()
     validated: dict[str, str] | None = {} if distinct_only else None
-    tiled = getattr(model, "tiled", {})
     parts = PackageParts(
         "onnx",
         export_block=lambda name, block, root: export_block(block, root, validated),
         blocks=lambda name, blocks: chained(blocks, computed_only=distinct_only),
         head=lambda root: {} if plan is None else {"plan": plan},
         # a tiled component's graphs take any tile (Block.dynamic_space)
-        component_fields=lambda name, blocks: (
-            {"tiles": tiled[name].to_dict()} if tiled.get(name) is not None else {}),
+        tiles=applied_tiles(model, model.shapes("onnx")),
         check=None if validate_end_to_end is None else
         lambda root, manifest: validate_end_to_end(root))
     return write_package(model, dest, components, parts, model_name, on_block)

@@ -12,10 +12,11 @@ alike.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge.core.package import atomic_directory, write_manifest
+from edge.core.tiles import Tiling
 from edge.exporters.shared.package_head import manifest_head
 from edge.graph.blocks import Block, chained
 from edge.graph.family_model import FamilyModel
@@ -53,6 +54,9 @@ class PackageParts:
     tail: Callable[[Path, dict], dict] = lambda root, manifest: {}
     check: Callable[[Path, dict], dict | None] | None = None
     raw_null_caption: bool = False  # a raw float32 null caption too (Swift reads no .npy)
+    # the components decoded in tiles, as the blocks were cut (FamilyModel applied_tiles):
+    # the manifest's `tiles`
+    tiles: dict[str, Tiling] = field(default_factory=dict)
 
 
 def write_package(model: FamilyModel, dest: Path, components: dict[str, list[Block]],
@@ -72,6 +76,8 @@ def write_package(model: FamilyModel, dest: Path, components: dict[str, list[Blo
                          "blocks": _records(name, blocks, root, parts, on_block)}
             if name in model.chunked:   # run piece by piece, the state carried
                 component["chunked"] = model.chunked[name].to_dict(blocks)
+            if name in parts.tiles:
+                component["tiles"] = parts.tiles[name].to_dict()
             component |= parts.component_fields(name, blocks)
             manifest["components"].append(component)
         manifest |= parts.tail(root, manifest)

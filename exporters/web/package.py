@@ -310,10 +310,8 @@ def export_web(model: FamilyModel, dest: Path, model_name: str | None = None,
                                   on_step=on_check_step)
         return validation
 
-    tiles = applied_tiles(model, shapes)
     parts = PackageParts(
         "web", export_block=export, blocks=blocks_of, head=head,
-        component_fields=lambda name, blocks: (
-            {"tiles": tiles[name].to_dict()} if name in tiles else {}),
+        tiles=applied_tiles(model, shapes),
         tail=lambda root, manifest: {"files": copy_site(root) + ort_files}, check=checked)
     return write_package(model, dest, components, parts, model_name, on_block)

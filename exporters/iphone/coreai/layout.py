@@ -38,7 +38,7 @@ from edge.exporters.shared.options import EXECUTE_CHOICES
 from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.attention import budget_score_limit
-from edge.graph.family_model import FamilyModel
+from edge.graph.family_model import FamilyModel, applied_tiles
 from edge.graph.reference_device import reference_record
 from edge.planning.plan import READ_UNIT, Partition, device_residency, partition
 
@@ -223,6 +223,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
     parts = PackageParts(
         "iphone", raw_null_caption=True, export_component=export_component,
         head=lambda root: {"coreml": coreai_section(chosen, execute)},
+        tiles=applied_tiles(model, model.shapes("iphone")),
         # the plan after the components, where this layout has always written it
         tail=lambda root, manifest: (
             {"plan": prepared.manifest_plan} if prepared.manifest_plan else {}),

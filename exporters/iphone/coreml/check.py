@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from edge.core.manifest_schema import as_variant
+from edge.core.tiles import Tiling
 from edge.exporters.iphone.compression import Compression, compression
 from edge.exporters.iphone.coreml.weights import (
     MAIN,
@@ -156,6 +157,8 @@ def check_structure(root: Path, manifest: dict) -> list[str]:
         z = [1, *latent]
         if "chunked" in decoder:
             z[decoder["chunked"]["axis"]] = decoder["chunked"]["size"]
+        if "tiles" in decoder:  # its programs take the first tile; the others are variants
+            z[-2:] = Tiling.from_dict(decoder["tiles"]).tile_sizes(*latent[-2:])[0]
         z_link = ("latents (one video) -> vae_decoder z", z, vae["z"]["shape"])
     links = [  # (what, got, want): shapes that must agree across components
         ("text_encoder hidden -> transformer caption (one prompt + null caption)",

@@ -91,7 +91,7 @@ from edge.exporters.iphone.compression import (  # noqa: F401  (the exporter's n
 from edge.exporters.iphone.coreml.weights import MAIN, import_coremltools
 from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.graph.blocks import Block, chained, with_unguided
-from edge.graph.family_model import FamilyModel
+from edge.graph.family_model import FamilyModel, applied_tiles
 from edge.graph.token_chunks import token_chunks
 from edge.planning.plan import READ_UNIT, Partition, partition
 
@@ -425,6 +425,7 @@ def export_coreml(model: FamilyModel, dest: Path, quantize: str | Compression = 
         blocks=lambda name, blocks: (with_unguided(b) if unguided and name == "transformer"
                                      else b for b in chained(blocks)),
         head=lambda root: {"coreml": coreml} | ({} if plan is None else {"plan": plan}),
+        tiles=applied_tiles(model, model.shapes("iphone")),
         tail=structure,
         check=None if validate_end_to_end is None else
         lambda root, manifest: validate_end_to_end(root, manifest, components))

@@ -82,6 +82,7 @@ public struct Manifest: Decodable {
         public let name: String
         public let blocks: [Block]
         public let chunked: Chunked?
+        public let tiles: Tiling?      // decoded in spatial tiles (Tiles.swift)
     }
 
     public struct TokenizerSpec: Decodable, Equatable {
@@ -259,6 +260,7 @@ public enum ManifestReader {
         }
         try checkLayout(m)
         try checkDecode(m)
+        try checkTiles(m)
         for comp in m.components {
             guard let spec = comp.chunked else { continue }
             if comp.name != "vae_decoder" || spec.input != "z" || spec.output != "frames" {
@@ -285,6 +287,46 @@ public enum ManifestReader {
                 throw ManifestError.invalid("manifest.json component \(comp.name) " +
                                             "block \(block.name): no " +
                                             "variant \(first) for the first piece")
+            }
+        }
+    }
+
+    /// A component in tiles (edge/core/manifest_schema.py _check_tiles): the decoder of
+    /// one video's latents without decode conditioning, a valid tiling, its first block
+    /// traced at the first tile of the latents, and every block with the variants of every
+    /// other tile size (and their first pieces').
+    static func checkTiles(_ m: Manifest) throws {
+        for comp in m.components {
+            guard let tiling = comp.tiles else { continue }
+            let at = "manifest.json component \(comp.name) tiles"
+            if comp.name != "vae_decoder" || m.latentLayout != "video" || m.decode != nil {
+                throw ManifestError.invalid("\(at): the Swift runtime tiles only a decoder " +
+                                            "of latents laid out as 'video' without decode " +
+                                            "conditioning")
+            }
+            if let problem = tiling.problem { throw ManifestError.invalid("\(at): \(problem)") }
+            let (h, w) = (m.latentShape[m.latentShape.count - 2], m.latentShape.last!)
+            let sizes = tiling.tileSizes(height: h, width: w)
+            let head = comp.blocks[0]
+            let traced = head.inputs.first { $0.shape.count == 5 }.map { Array($0.shape.suffix(2)) }
+            guard traced == sizes[0] else {
+                let took = traced.map { $0.map(String.init).joined(separator: "x") } ?? "no video"
+                throw ManifestError.invalid("\(at): block \(head.name) takes latents of " +
+                                            "\(took), not the first tile's " +
+                                            "\(sizes[0][0])x\(sizes[0][1])")
+            }
+            let pieces = Set([nil, comp.chunked?.firstVariant])
+            for block in comp.blocks {
+                for size in sizes.dropFirst() {
+                    for variant in pieces {
+                        let name = Tiling.tileVariant(variant, size: size, base: sizes[0])!
+                        if block.variants?[name] == nil {
+                            throw ManifestError.invalid("\(at): block \(block.name) has no " +
+                                                        "variant \(name) for the tiles of " +
+                                                        "\(size[0])x\(size[1]) latents")
+                        }
+                    }
+                }
             }
         }
     }

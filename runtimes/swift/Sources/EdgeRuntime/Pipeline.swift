@@ -428,7 +428,10 @@ public final class Pipeline {
         let video = manifest.latentLayout == "video"
         let z = video ? latents : Self.framesFirst(latents)
         let decoded: Tensor
-        if let spec = vae.chunked {
+        let (h, w) = (z.shape[z.shape.count - 2], z.shape[z.shape.count - 1])
+        if video, let tiling = vae.tiles, tiling.applies(height: h, width: w) {
+            decoded = try decodeTiles(vae, tiling, z)
+        } else if let spec = vae.chunked {
             decoded = try runChunked(vae, spec, z)
         } else {
             guard let out = try run("vae_decoder", vae.blocks,
@@ -445,11 +448,52 @@ public final class Pipeline {
         return (Self.rgbFrames(decoded), decoded.shape[3], decoded.shape[2])
     }
 
+    /// Latents (1, C, T, h, w) decoded a tile at a time, each tile through its size's
+    /// programs (`tile_RxC` variants) and blended as it comes (Tiles.swift, as
+    /// runtimes/python/pipeline.py _decode_tiles) -> (1, 3, T', H, W), unclamped (the frames
+    /// are clamped as they are made bytes).
+    func decodeTiles(_ vae: Manifest.Component, _ tiling: Tiling, _ z: Tensor) throws -> Tensor {
+        let (h, w) = (z.shape[3], z.shape[4])
+        let base = Array(vae.blocks[0].inputs.first { $0.shape.count == 5 }!.shape.suffix(2))
+        let (rows, cols) = tiling.starts(height: h, width: w)
+        var blended: BlendedTiles? = nil
+        var frames = 0
+        for (i, top) in rows.enumerated() {
+            for (j, left) in cols.enumerated() {
+                let size = tiling.size(row: top, col: left, height: h, width: w)
+                let tile = z.slice(axis: 3, top..<(top + size[0]))
+                    .slice(axis: 4, left..<(left + size[1]))
+                let out: Tensor
+                if let spec = vae.chunked {
+                    out = try runChunked(vae, spec, tile) {
+                        Tiling.tileVariant($0, size: size, base: base)
+                    }
+                } else {
+                    guard let got = try run("vae_decoder", vae.blocks, ["z": tile],
+                                            variant: Tiling.tileVariant(nil, size: size,
+                                                                        base: base))["frames"]
+                    else { throw RuntimeError.block("vae_decoder: gave no frames") }
+                    out = got
+                }
+                let s = out.shape  // (1, 3, T', th, tw)
+                if blended == nil {
+                    blended = BlendedTiles(tiling, latentHeight: h, latentWidth: w,
+                                           lead: s[1] * s[2])
+                }
+                blended!.add(i, j, out.data, h: s[3], w: s[4])
+                frames = s[2]
+            }
+        }
+        return Tensor(shape: [1, 3, frames, blended!.height, blended!.width],
+                      data: blended!.output)
+    }
+
     /// A chunked component: its blocks once per piece of the input, the first piece through
     /// the first variant, the state handed from each piece to the next, the output's pieces
     /// joined (runtimes/python/pipeline.py _run_chunked).
-    func runChunked(_ comp: Manifest.Component, _ spec: Manifest.Chunked,
-                    _ whole: Tensor) throws -> Tensor {
+    /// `asTile`: the variant each call runs for the one it would run untiled (a tile's).
+    func runChunked(_ comp: Manifest.Component, _ spec: Manifest.Chunked, _ whole: Tensor,
+                    asTile: (String?) -> String? = { $0 }) throws -> Tensor {
         guard spec.axis < whole.shape.count,
               let bounds = spec.pieceBounds(whole.shape[spec.axis]) else {
             throw RuntimeError.block("component \(comp.name): \(spec.input) of " +
@@ -462,7 +506,8 @@ public final class Pipeline {
             let piece = whole.slice(axis: spec.axis, range)
             let next = i + 1 < bounds.count ? "\(comp.name)/\(comp.blocks[0].name)" : nil
             let out = try run(comp.name, comp.blocks, state.merging([spec.input: piece]) { $1 },
-                              variant: i == 0 ? spec.firstVariant : nil, prefetchAfter: next)
+                              variant: asTile(i == 0 ? spec.firstVariant : nil),
+                              prefetchAfter: next)
             guard let part = out[spec.output] else {
                 throw RuntimeError.block("\(comp.name): gave no \(spec.output)")
             }

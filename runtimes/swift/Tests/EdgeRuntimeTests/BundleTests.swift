@@ -144,6 +144,29 @@ final class BundleTests: ScratchTestCase {
         #endif
     }
 
+    /// The tiny Wan whose VAE tiles its 4 x 6 latents (4 x 4 tiles, a stride of 2 across),
+    /// as a Core AI package: the Swift pipeline decodes tile by tile, each tile through its
+    /// size's functions (`tile_4x2`, `first_tile_4x2` where the tile is 4 x 2), making the
+    /// calls the Python runtime made, and blends them into the same frames.
+    func testATiledDecoderBundleReplaysTileByTile() throws {
+        let folder = try replayFolder().appendingPathComponent("tiled")
+        let b = try ConformanceBundle(contentsOf: folder.appendingPathComponent("bundles")
+            .appendingPathComponent("tiles"))
+        let (replay, _, pipe) = try replayed(b, on: folder.appendingPathComponent("package"),
+                                             "tiled tiles")
+        let tiling = try XCTUnwrap(pipe.manifest.component("vae_decoder").tiles)
+        XCTAssertEqual(tiling.tileSizes(height: 4, width: 6), [[4, 4], [4, 2]])
+        let head = b.calls.map(\.key).filter { $0.hasPrefix("vae_decoder/head") }
+        // 3 tiles of 3 latent frames: the first frame's, then two later ones, per tile
+        XCTAssertEqual(head, ["#first", "", "", "#first", "", "", "#first_tile_4x2",
+                              "#tile_4x2", "#tile_4x2"].map { "vae_decoder/head\($0)" })
+        print("bundle tiled_tiles: \(b.calls.count) calls, worst relative input " +
+              "difference \(replay.worstInputDifference)")
+        // a tile size without its program, tiles other than the programs': refused by name
+        XCTAssertEqual(try assertRefusesWhatPythonRefuses(
+            folder.appendingPathComponent("bad_manifests.json")), 2)
+    }
+
     /// CogVideoX (DDIM with v-prediction and dynamic guidance, joint text+video blocks, the
     /// decoder by its frame batches with their caches) and LTX-Video (LTX's flow-match
     /// schedule, a decoder conditioned on a timestep) through the same pipeline: every block
