@@ -158,9 +158,7 @@ def wan_tiled(wan_folders):
     ones decode whole frames, 256-pixel tiles holding their video)."""
     from edge.families import load_model
 
-    model = load_model(wan_folders["unipc"], steps=12, **WAN_SIZE)
-    model.pipe.vae.enable_tiling(*WAN_TILING)
-    return model
+    return load_model(wan_folders["unipc"], steps=12, vae_tiles=WAN_TILING, **WAN_SIZE)
 
 
 @pytest.fixture(scope="session")

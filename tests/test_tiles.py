@@ -74,3 +74,34 @@ def test_blended_tiles_hold_no_tile_once_added():
     gc.collect()
     assert all(ref() is None for ref in gone)  # only copies of their strips are kept
     np.testing.assert_array_equal(blended.output, want)
+
+
+def test_tile_sizes_are_the_distinct_sizes_in_starts_order():
+    """What a package of static shapes holds a program for: the first tile's size, then each
+    other size as the tiles meet it (the last row's and column's are cut short)."""
+    # columns from 12 and 16 are cut to 5 and 1 wide, the row from 12 to 1 high
+    assert TILING.tile_sizes(HEIGHT, WIDTH) == [(4, 6), (4, 5), (4, 1), (1, 6), (1, 5), (1, 1)]
+    assert TILING.tile_sizes(4, 6) == [(4, 6)]   # one tile holds the latents
+    assert TILING.tile_sizes(3, 5) == [(3, 5)]   # smaller than a tile: its own size
+    # Wan 2.1 at 480 x 832: latents 60 x 104, 32-latent tiles at a stride of 24
+    assert Tiling((32, 32), (24, 24), 8).tile_sizes(60, 104) == [(32, 32), (32, 8), (12, 32),
+                                                                 (12, 8)]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("256", "TILE:STRIDE"), ("a:b", "TILE:STRIDE"), ("1x2x3:4", "HxW:HxW"),
+    ("256:300", "the stride (300x300) is longer than the tile (256x256)"),
+    ("0:0", "at least 1 pixel")])
+def test_vae_tiles_text_is_refused_saying_why(text, words):
+    from edge.core.tiles import vae_tiles_from
+
+    with pytest.raises(ValueError) as err:
+        vae_tiles_from(text)
+    assert repr(text) in str(err.value) and words in str(err.value)
+
+
+def test_vae_tiles_text_reads_as_enable_tiling_takes_it():
+    from edge.core.tiles import vae_tiles_from
+
+    assert vae_tiles_from("256:192") == (256, 256, 192, 192)
+    assert vae_tiles_from("256x320:192X256") == (256, 320, 192, 256)

@@ -589,3 +589,23 @@ def test_a_tiled_decoder_is_traced_and_estimated_at_one_tile(wan_models):
     whole_peaks, tile_peaks = activation_peaks(whole), activation_peaks(tiled)
     largest = max(whole_peaks, key=whole_peaks.get)
     assert 0.2 < tile_peaks[largest] / whole_peaks[largest] < 0.35  # a quarter of the pixels
+
+
+def test_vae_tiles_set_the_decoders_tiles_checked_before_anything_loads(wan_folders,
+                                                                       wan22_folder):
+    """--vae-tiles (enable_tiling's four sizes in pixels) tiles the decoder, the reference
+    pipeline's VAE alike; sizes that are not whole latent cells, and Wan 2.2's decoder (RGB in
+    patches, not tiled), are refused naming the option and the figure."""
+    from conftest import WAN22_SIZE, WAN_SIZE
+
+    from edge.core.tiles import Tiling
+
+    model = load_model(wan_folders["unipc"], vae_tiles=(32, 32, 32, 16), **WAN_SIZE)
+    assert model.tiled["vae_decoder"] == Tiling((4, 4), (4, 2), 8)
+    vae = model.pipe.vae
+    assert vae.use_tiling and (vae.tile_sample_min_width, vae.tile_sample_stride_width) == (32, 16)
+    with pytest.raises(FamilyError, match=r"--vae-tiles: the stride width \(12 pixels\) is not "
+                       r"a multiple of the VAE's 8 pixels"):
+        load_model(wan_folders["unipc"], vae_tiles=(32, 32, 32, 12), **WAN_SIZE)
+    with pytest.raises(FamilyError, match=r"--vae-tiles: .*vae/config.json is Wan 2.2's"):
+        load_model(wan22_folder, vae_tiles=(32, 32, 16, 16), **WAN22_SIZE)

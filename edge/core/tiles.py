@@ -19,6 +19,32 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 
+def vae_tiles_from(text: str) -> tuple[int, int, int, int]:
+    """`--vae-tiles` as diffusers' `enable_tiling` takes it, in pixels: "TILE:STRIDE" (square)
+    or "HxW:HxW" -> (tile height, tile width, stride height, stride width). Refuses, saying
+    why, what is not two sizes, a size below 1, or a stride longer than its tile (tiles
+    would leave gaps)."""
+    def sides(part: str) -> tuple[int, int]:
+        values = part.lower().split("x")
+        if len(values) not in (1, 2) or not all(v.strip().isdigit() for v in values):
+            raise ValueError(f"{text!r}: TILE:STRIDE in pixels (256:192) or HxW:HxW "
+                             "(256x320:192x256)")
+        numbers = [int(v) for v in values]
+        return (numbers[0], numbers[-1])
+
+    parts = str(text).split(":")
+    if len(parts) != 2:
+        raise ValueError(f"{text!r}: TILE:STRIDE in pixels (256:192) or HxW:HxW "
+                         "(256x320:192x256)")
+    (th, tw), (sh, sw) = sides(parts[0]), sides(parts[1])
+    if min(th, tw, sh, sw) < 1:
+        raise ValueError(f"{text!r}: tile and stride sizes must be at least 1 pixel")
+    if sh > th or sw > tw:
+        raise ValueError(f"{text!r}: the stride ({sh}x{sw}) is longer than the tile "
+                         f"({th}x{tw}): tiles would leave gaps")
+    return th, tw, sh, sw
+
+
 @dataclass(frozen=True)
 class Tiling:
     latent_size: tuple[int, int]     # (rows, cols) of latent a tile takes at most
@@ -57,7 +83,10 @@ class Tiling:
     def tile_sizes(self, height: int, width: int) -> list[tuple[int, int]]:
         """The distinct (rows, cols) of latent the tiles of latents `height` x `width` take,
         in `starts` order: the first is a whole tile (or the latents, where smaller); those
-        at the far edges are cut short. A target of static shapes runs a program per size."""
+        at the far edges are cut short. A target of static shapes runs a program per size.
+        Latents one tile holds are one piece of their own size (diffusers tiles no more)."""
+        if not self.applies(height, width):
+            return [(height, width)]
         rows, cols = self.starts(height, width)
         sizes: list[tuple[int, int]] = []
         for r in rows:

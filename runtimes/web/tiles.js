@@ -24,8 +24,10 @@ export class Tiling {
     return [along(height, this.stride[0]), along(width, this.stride[1])];
   }
 
-  // the distinct [rows, cols] of latent the tiles take, in starts order
+  // the distinct [rows, cols] of latent the tiles take, in starts order (latents one tile
+  // holds: one piece of their own size)
   tileSizes(height, width) {
+    if (!this.applies(height, width)) return [[height, width]];
     const [rows, cols] = this.starts(height, width);
     const sizes = new Map();
     for (const r of rows) {

@@ -30,6 +30,7 @@ once would need 12 GB for one activation of the last stage at Wan's 81 frames of
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +38,7 @@ import torch
 
 from edge.core.manifest_schema import tile_variant
 from edge.core.tiles import Tiling
+from edge.families import FamilyError
 from edge.families.pipeline_run import (
     Accepted,
     PipelineModel,
@@ -238,8 +240,31 @@ def accepts(folder: Path, height: int | None = None, width: int | None = None,
     return Accepted(size, with_steps(sampler, steps, sigmas))
 
 
-def load(folder: Path, out_of_core: bool | None = None, **options) -> WanModel:
+def load(folder: Path, out_of_core: bool | None = None,
+         vae_tiles: tuple[int, int, int, int] | None = None, **options) -> WanModel:
     """The folder's WanPipeline as an edge model; `options`: what `accepts` takes.
     `out_of_core`: build the models without weights and read each block's when it is
-    exported (default: when the float32 weights exceed half this machine's memory)."""
-    return load_family(folder, accepts, load_pipeline, WanModel, out_of_core, **options)
+    exported (default: when the float32 weights exceed half this machine's memory).
+    `vae_tiles`: the decoder's tile and stride in pixels (enable_tiling's four), checked
+    against the folder before anything loads."""
+    if vae_tiles is not None:
+        check_vae_tiles(folder, vae_tiles)
+    model = load_family(folder, accepts, load_pipeline, WanModel, out_of_core, **options)
+    if vae_tiles is not None:
+        model.pipe.vae.enable_tiling(*vae_tiles)
+    return model
+
+
+def check_vae_tiles(folder: Path, vae_tiles: tuple[int, int, int, int]) -> None:
+    """--vae-tiles for this folder's VAE: a decoder that tiles (not Wan 2.2's, RGB in
+    patches), and sizes that are whole latent cells."""
+    scale = check_components(folder).spatial
+    config = json.loads((folder / "vae" / "config.json").read_text())
+    if config.get("patch_size") is not None:
+        raise FamilyError(f"--vae-tiles: {folder / 'vae' / 'config.json'} is Wan 2.2's decoder "
+                          "(RGB in patches), which edge does not tile")
+    names = ("tile height", "tile width", "stride height", "stride width")
+    for name, value in zip(names, vae_tiles, strict=True):
+        if value % scale:
+            raise FamilyError(f"--vae-tiles: the {name} ({value} pixels) is not a multiple of "
+                              f"the VAE's {scale} pixels a latent cell")

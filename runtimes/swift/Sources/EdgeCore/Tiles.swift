@@ -44,8 +44,10 @@ public struct Tiling: Decodable, Equatable {
         [min(latentSize[0], height - row), min(latentSize[1], width - col)]
     }
 
-    /// The distinct [rows, cols] of latent the tiles take, in starts order.
+    /// The distinct [rows, cols] of latent the tiles take, in starts order (latents one
+    /// tile holds: one piece of their own size).
     public func tileSizes(height: Int, width: Int) -> [[Int]] {
+        if !applies(height: height, width: width) { return [[height, width]] }
         let (rows, cols) = starts(height: height, width: width)
         var sizes: [[Int]] = []
         for r in rows {
