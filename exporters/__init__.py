@@ -159,13 +159,19 @@ def out_of_core_targets() -> list[str]:
     return [name for name in TARGETS if registered(name).READS_BLOCKS_FROM_STORAGE]
 
 
-def refuse_out_of_core(target_name: str, model) -> None:
+def refuse_out_of_core(target_name: str, model) -> list[str]:
     """A model built without weights (larger than memory, `FamilyModel.out_of_core`) goes to
     the targets that read blocks from storage only (`out_of_core_targets`): the iphone's
-    converts whole programs with their weights."""
-    if model.out_of_core:
-        only = " and ".join(f"--target {name}" for name in out_of_core_targets())
-        raise ExportOptionError(
-            f"--target {target_name}: {model.name} is loaded out of core (its float32 "
-            "weights exceed half this machine's memory, or --out-of-core was given); only "
-            f"{only} export a model block by block from storage")
+    converts whole programs with their weights. A plan (a cut of shapes only, `--dry-run`)
+    needs no weights: it goes on, with a note saying the export would be refused."""
+    from edge.graph import shapes_only
+
+    if not model.out_of_core:
+        return []
+    only = " and ".join(f"--target {name}" for name in out_of_core_targets())
+    why = (f"--target {target_name}: {model.name} is loaded out of core (its float32 "
+           "weights exceed half this machine's memory, or --out-of-core was given); only "
+           f"{only} export a model block by block from storage")
+    if shapes_only.active():
+        return [f"a plan only: {why}"]
+    raise ExportOptionError(why)

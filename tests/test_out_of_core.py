@@ -168,11 +168,20 @@ def test_only_onnx_and_web_export_out_of_core(wan_folders, tmp_path):
     assert "--out-of-core applies to --target onnx or web, not iphone" in result.output
     assert not dest.exists()
     model = load_model(wan_folders["euler"], out_of_core=True, **WAN_SIZE)
-    with pytest.raises(ExportOptionError, match="only --target onnx and --target web export "
-                                                "a model block by block"):
-        target_module("iphone").prepare(model, ExportOptions())
-    # the web's plan (a dry run) needs the shapes alone
+    for min_ios in (None, 27):   # Core ML, Core AI
+        with pytest.raises(ExportOptionError, match="only --target onnx and --target web "
+                                                    "export a model block by block"):
+            target_module("iphone").prepare(model, ExportOptions(min_ios=min_ios))
+    # the web's plan (a dry run) needs the shapes alone; so does the iphone's, which says the
+    # export itself would be refused
     assert target_module("web").prepare(model, ExportOptions()).held_bytes
+    from edge.graph.shapes_only import shapes_only
+
+    for min_ios in (None, 27):
+        with shapes_only():
+            plan = target_module("iphone").prepare(model, ExportOptions(min_ios=min_ios))
+        assert plan.held_bytes and any(n.startswith("a plan only: --target iphone: ")
+                                       and "loaded out of core" in n for n in plan.notes)
 
 
 def test_tiny_sora_refuses_the_option(tmp_path):

@@ -98,7 +98,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
     if coreai := _coreai(options):
         return coreai.prepare(model, options)
-    refuse_out_of_core(NAME, model)
+    refused = refuse_out_of_core(NAME, model)
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
     try:   # the family's own settings ("4") and the iOS they need are known once it is loaded
         setting = partition_setting(quantize, model)   # auto: counted at fp16 until chosen
@@ -138,7 +138,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                      f"measurement ({len(forms)} forms x {count} blocks, each "
                      f"rendering {len(VIDEOS)} videos; counted above at fp16, the most any "
                      "form stores)")
-    notes = list(cut.notes)
+    notes = [*cut.notes, *refused]
     if budget is not None:
         residency, plan_notes = device_residency(cut, budget, held, counted, f"~{counted}")
         lines += residency

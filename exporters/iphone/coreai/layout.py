@@ -89,7 +89,7 @@ def device_blocks(model: FamilyModel, chosen: Precision, budget: int | None) -> 
 
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
-    refuse_out_of_core("iphone", model)
+    refused = refuse_out_of_core("iphone", model)
     chosen = precision(options, model)
     budget = options.memory_budget
     cut = device_blocks(model, chosen, budget)
@@ -119,7 +119,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                      f"measurement ({len(CANDIDATES)} forms x {count} blocks, coreai-opt's "
                      f"weights simulated, each rendering {len(VIDEOS)} videos; counted above "
                      "at fp16, the most any form stores)")
-    notes = list(cut.notes)
+    notes = [*cut.notes, *refused]
     if budget is not None:
         residency, plan_notes = device_residency(cut, budget, held, chosen.setting,
                                                  chosen.setting)
