@@ -48,6 +48,10 @@ def test_a_dry_run_of_a_long_video_computes_nothing(wan_folder, block_outputs):
     # and the activations each call holds, the transformer's blocks in one row
     assert "transformer/block_0 .. block_1" in result.output
     assert "largest activation peak" in result.output
+    # the decoder in tiles of 32 x 32 latents (256 pixels): a program per tile size
+    assert "z [1, 16, 1, 32, 32]" in result.output and "tile_32x16" in result.output
+    assert re.search(r"largest call of each stage: text_encoder [\d.]+ [KMG]iB, transformer "
+                     r"[\d.]+ [KMG]iB, vae_decoder [\d.]+ [KMG]iB \(a tile\)", result.output)
     # and what a generation computes, the steps of the transformer (Wan's 50) counted
     assert "compute per generation: " in result.output and "(50 steps of " in result.output
     assert "at this machine's float32 matrix-product rate" in result.output

@@ -19,6 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from edge.core.budget import BudgetError, format_size
+from edge.core.manifest_schema import TILE_VARIANT
 from edge.graph.attention import replaced_sdpa, written_out_attention
 from edge.graph.blocks import Block
 from edge.graph.lazy_weights import materialized
@@ -172,6 +173,9 @@ def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
             rows.append((name, peaks[block.key]))
             run = []
     lines += [f"{name:<34}{format_size(peak):>12}" for name, peak in rows]
+    lines.append("largest call of each stage: " + ", ".join(
+        f"{name} {format_size(max(peaks[b.key] for b in bs))}{_tiled(bs)}"
+        for name, bs in components.items()))
     largest = max(peaks, key=peaks.get)
     lines.append(f"largest activation peak {format_size(peaks[largest])} ({largest}); with "
                  f"every block streamed ({format_size(streaming_floor)} of weights) a run "
@@ -183,6 +187,14 @@ def activation_lines(components: dict[str, list[Block]], streaming_floor: int,
                      + ", ".join(over) if over else _run_time_budget_line(budget,
                                                                           peaks[largest]))
     return lines
+
+
+def _tiled(blocks: list[Block]) -> str:
+    """" (a tile)" for a component decoded in tiles: traced at one tile, of any size (ONNX)
+    or with a program per other size (manifest_schema.tile_variant)."""
+    tiled = any(b.dynamic_space or any(TILE_VARIANT.search(v) for v in b.variants)
+                for b in blocks)
+    return " (a tile)" if tiled else ""
 
 
 def _run_time_budget_line(budget: int, largest_peak: int) -> str:
