@@ -18,7 +18,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edge.core.budget import BudgetError, format_size
+from edge.core.budget import MIB, BudgetError, format_size
 from edge.core.manifest_schema import TILE_VARIANT
 from edge.graph.attention import replaced_sdpa, written_out_attention
 from edge.graph.blocks import Block
@@ -230,5 +230,5 @@ def check_calls_fit(components: dict[str, list[Block]], budget: int, size: str,
             f"(estimated from shapes, attention and feed-forwards in chunks) beside its "
             f"{format_size(need[worst] - peaks[worst])} of weights: more than --memory-budget "
             f"{format_size(budget)} even with every other block streamed; give a budget of at "
-            f"least {format_size(need[worst])} or a smaller --height, --width or --frames "
+            f"least {-(-need[worst] // MIB)}MiB or a smaller --height, --width or --frames "
             "(edge export --dry-run lists every call's figure)")
