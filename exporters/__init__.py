@@ -155,21 +155,32 @@ def check_declared(target_name: str, options: ExportOptions) -> None:
 
 
 def out_of_core_targets() -> list[str]:
-    """The targets that export a model too large for memory block by block from storage."""
-    return [name for name in TARGETS if registered(name).READS_BLOCKS_FROM_STORAGE]
+    """The targets that export a model too large for memory block by block from storage, as
+    --target says them (with the layout, where only one of a target's does)."""
+    return [name if takes is True else f"{name} {takes}" for name in TARGETS
+            if (takes := registered(name).READS_BLOCKS_FROM_STORAGE)]
 
 
-def refuse_out_of_core(target_name: str, model) -> list[str]:
+def reads_blocks_from_storage(target_name: str, options: ExportOptions) -> bool:
+    """Whether `target_name` with `options` exports a model larger than memory: True or
+    False for the whole target, else its layout's answer (`reads_blocks_from_storage`)."""
+    module = registered(target_name)
+    takes = module.READS_BLOCKS_FROM_STORAGE
+    return module.reads_blocks_from_storage(options) if isinstance(takes, str) else takes
+
+
+def refuse_out_of_core(target_name: str, model, layout: str = "") -> list[str]:
     """A model built without weights (larger than memory, `FamilyModel.out_of_core`) goes to
-    the targets that read blocks from storage only (`out_of_core_targets`): the iphone's
-    converts whole programs with their weights. A plan (a cut of shapes only, `--dry-run`)
-    needs no weights: it goes on, with a note saying the export would be refused."""
+    the targets that read blocks from storage only (`out_of_core_targets`): Core ML converts
+    whole programs with their weights (`layout` names it). A plan (a cut of shapes only,
+    `--dry-run`) needs no weights: it goes on, with a note saying the export would be
+    refused."""
     from edge.graph import shapes_only
 
     if not model.out_of_core:
         return []
-    only = " and ".join(f"--target {name}" for name in out_of_core_targets())
-    why = (f"--target {target_name}: {model.name} is loaded out of core (its float32 "
+    only = ", ".join(f"--target {name}" for name in out_of_core_targets())
+    why = (f"--target {target_name}{layout}: {model.name} is loaded out of core (its float32 "
            "weights exceed half this machine's memory, or --out-of-core was given); only "
            f"{only} export a model block by block from storage")
     if shapes_only.active():

@@ -11,6 +11,7 @@ import json
 import shutil
 import struct
 
+import numpy as np
 import pytest
 import torch
 from conftest import WAN_SIZE, chunked_attention_for_tests
@@ -153,35 +154,69 @@ def test_out_of_core_is_chosen_for_a_model_over_half_the_memory(wan_folders, mon
     assert not load_model(wan_folders["euler"], **WAN_SIZE).out_of_core
 
 
-def test_only_onnx_and_web_export_out_of_core(wan_folders, tmp_path):
+def test_core_ml_alone_refuses_a_model_out_of_core(wan_folders, tmp_path):
+    """Core ML converts whole programs with their weights: --out-of-core on its layouts is
+    refused at once, and a model loaded out of core is refused before any work, naming the
+    targets that take it; its plan (a dry run, shapes only) goes on, saying so. Core AI,
+    onnx and the web take it."""
     from typer.testing import CliRunner
 
     from edge.commands import app
     from edge.exporters import ExportOptionError, ExportOptions
     from edge.exporters import target as target_module
+    from edge.graph.shapes_only import shapes_only
 
     runner = CliRunner()
     dest = tmp_path / "pkg"
     result = runner.invoke(app, ["export", "--model", str(wan_folders["euler"]), "--target",
                                  "iphone", "--out-of-core", "-o", str(dest)])
     assert result.exit_code != 0
-    assert "--out-of-core applies to --target onnx or web, not iphone" in result.output
+    assert ("--out-of-core applies to --target onnx or iphone --min-ios 27 or web, not iphone"
+            in result.output), result.output
     assert not dest.exists()
     model = load_model(wan_folders["euler"], out_of_core=True, **WAN_SIZE)
-    for min_ios in (None, 27):   # Core ML, Core AI
-        with pytest.raises(ExportOptionError, match="only --target onnx and --target web "
-                                                    "export a model block by block"):
-            target_module("iphone").prepare(model, ExportOptions(min_ios=min_ios))
-    # the web's plan (a dry run) needs the shapes alone; so does the iphone's, which says the
-    # export itself would be refused
+    with pytest.raises(ExportOptionError, match=r"--target iphone --min-ios 18 \(Core ML\): .* "
+                       "only --target onnx, --target iphone --min-ios 27, --target web export "
+                       "a model block by block"):
+        target_module("iphone").prepare(model, ExportOptions())
+    # the plans need the shapes alone; the Core ML one says the export would be refused
     assert target_module("web").prepare(model, ExportOptions()).held_bytes
-    from edge.graph.shapes_only import shapes_only
+    assert target_module("iphone").prepare(model, ExportOptions(min_ios=27)).held_bytes
+    with shapes_only():
+        plan = target_module("iphone").prepare(model, ExportOptions())
+    assert plan.held_bytes and any(n.startswith("a plan only: --target iphone --min-ios 18")
+                                   for n in plan.notes)
 
-    for min_ios in (None, 27):
-        with shapes_only():
-            plan = target_module("iphone").prepare(model, ExportOptions(min_ios=min_ios))
-        assert plan.held_bytes and any(n.startswith("a plan only: --target iphone: ")
-                                       and "loaded out of core" in n for n in plan.notes)
+
+@pytest.mark.slow
+def test_core_ai_exports_out_of_core_what_it_exports_in_memory(wan_folders,
+                                                             wan_tiled_coreai_package,
+                                                             tmp_path):
+    """The tiled tiny Wan through Core AI with its weights read block by block: the end-to-end
+    check streams the PyTorch blocks (reading the folder) against the package through Core
+    AI, and the package generates, through Core AI, the in-memory package's video (Core AI's
+    programs are not byte-for-byte the same from one conversion to the next: the videos
+    are compared)."""
+    from conftest import WAN_TILING, coreai_export
+
+    from edge.exporters.shared.package_run import STREAMED_FROM_FOLDER
+    from edge.runtimes.python import Pipeline
+
+    model = load_model(wan_folders["unipc"], steps=12, out_of_core=True,
+                       vae_tiles=WAN_TILING, **WAN_SIZE)
+    manifest = coreai_export(model, tmp_path / "pkg")
+    check = manifest["validation"]
+    assert check["reference"] == STREAMED_FROM_FOLDER and check["identical"], check
+
+    def video(root):
+        pipe = Pipeline.load(root)
+        try:
+            return pipe.generate("a blue dog", seed=5, steps=3)[0]
+        finally:
+            pipe.close()
+
+    got, want = video(tmp_path / "pkg"), video(wan_tiled_coreai_package[0])
+    assert np.array_equal(got, want)
 
 
 def test_tiny_sora_refuses_the_option(tmp_path):

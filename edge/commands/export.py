@@ -80,7 +80,7 @@ def _export_command(
         family = family_of(folder)
         reference_on = _reference_device(device, family)
         check_options(family, family_options)
-        _check_out_of_core(family_options, target)
+        _check_out_of_core(family_options, target, options)
         _check_level(options, family)
         return family, reference_on
 
@@ -181,15 +181,16 @@ def _gpu_memory_refused(device):
              "--device cpu runs it on the CPU")
 
 
-def _check_out_of_core(family_options: dict, target: str) -> None:
+def _check_out_of_core(family_options: dict, target: str, options) -> None:
     """--out-of-core (a family's option) asks for a target that exports block by block."""
     from edge.exporters import ExportOptionError
 
-    if family_options.get("out_of_core"):
+    if family_options.get("out_of_core") and not exporters.reads_blocks_from_storage(
+            target, options):
         takers = exporters.out_of_core_targets()
-        if target not in takers:
-            raise ExportOptionError(f"--out-of-core applies to --target {' or '.join(takers)}, "
-                                    f"not {target}")
+        raise ExportOptionError(f"--out-of-core applies to --target {' or '.join(takers)}, "
+                                f"not {target}" + (f" --min-ios {options.min_ios}"
+                                                   if options.min_ios else ""))
 
 
 def _check_level(options, family: str) -> None:

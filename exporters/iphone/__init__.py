@@ -15,7 +15,13 @@ NAME = "iphone"
 HELP = ("Core ML: one .mlpackage per block (compiling them to .mlmodelc is macOS-only), or Core "
         "AI with --min-ios 27")
 NEEDS = ("torch", "coremltools")
-READS_BLOCKS_FROM_STORAGE = False    # converts whole programs with their weights
+# Core AI (--min-ios 27) reads each block's weights while its graph is saved for the
+# converter; Core ML converts whole programs with their weights
+READS_BLOCKS_FROM_STORAGE = "--min-ios 27"
+
+
+def reads_blocks_from_storage(options) -> bool:
+    return options.min_ios == 27
 
 OPTIONS = (
     Option("quantize", str, "Weight compression fp16, 8 (int8 linear), 6 (palettized), 4 "

@@ -98,7 +98,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
     if coreai := _coreai(options):
         return coreai.prepare(model, options)
-    refused = refuse_out_of_core(NAME, model)
+    refused = refuse_out_of_core(NAME, model, f" --min-ios {_min_ios(options)} (Core ML)")
     quantize, chosen = options.quantize or "fp16", layout(_min_ios(options))
     try:   # the family's own settings ("4") and the iOS they need are known once it is loaded
         setting = partition_setting(quantize, model)   # auto: counted at fp16 until chosen

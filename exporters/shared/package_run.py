@@ -13,6 +13,9 @@ from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.blocks import Block, torch_block_opener
 
 STREAMED_REFERENCE = "the family's PyTorch blocks, streamed with the package's weights"
+# where the package's programs hold their weights (Core AI's): the blocks read the folder's
+STREAMED_FROM_FOLDER = ("the family's PyTorch blocks, streamed, each reading its float32 "
+                        "weights from the model folder")
 
 
 def streaming_budget(components: dict[str, list[Block]]) -> int:

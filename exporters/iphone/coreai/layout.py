@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge.core.budget import MIB, format_size
-from edge.core.package import folder_bytes
+from edge.core.package import folder_bytes, read_manifest
 from edge.core.video_metrics import psnr, snr
 from edge.exporters import (
     ExportOptionError,
@@ -18,7 +18,6 @@ from edge.exporters import (
     Prepared,
     Progress,
     inputs_text,
-    refuse_out_of_core,
 )
 from edge.exporters.iphone.compression import Compression, auto_target
 from edge.exporters.iphone.coreai.package import (
@@ -35,6 +34,12 @@ from edge.exporters.iphone.coreai.package import (
 )
 from edge.exporters.iphone.coreai.worker import PINNED
 from edge.exporters.shared.options import EXECUTE_CHOICES
+from edge.exporters.shared.package_run import (
+    STREAMED_FROM_FOLDER,
+    package_video,
+    streamed_reference,
+    streaming_budget,
+)
 from edge.exporters.shared.package_writer import PackageParts, write_package
 from edge.exporters.shared.validation import VALIDATION_PROMPT
 from edge.graph.attention import budget_score_limit
@@ -89,7 +94,6 @@ def device_blocks(model: FamilyModel, chosen: Precision, budget: int | None) -> 
 
 
 def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
-    refused = refuse_out_of_core("iphone", model)
     chosen = precision(options, model)
     budget = options.memory_budget
     cut = device_blocks(model, chosen, budget)
@@ -119,7 +123,7 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
                      f"measurement ({len(CANDIDATES)} forms x {count} blocks, coreai-opt's "
                      f"weights simulated, each rendering {len(VIDEOS)} videos; counted above "
                      "at fp16, the most any form stores)")
-    notes = [*cut.notes, *refused]
+    notes = list(cut.notes)
     if budget is not None:
         residency, plan_notes = device_residency(cut, budget, held, chosen.setting,
                                                  chosen.setting)
@@ -131,26 +135,31 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 
 def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Progress,
-               execute: str, seed: int = 0) -> dict:
+               execute: str, components: dict[str, list], seed: int = 0) -> dict:
     """The package generated through Core AI by the Python runtime against the family's
     reference on a fixed prompt and seed (`execute`: which blocks were executed, said where
-    float16 keeps the generation from running)."""
+    float16 keeps the generation from running). A model loaded out of core is never held
+    whole: both run streamed under twice the largest block, the reference its PyTorch blocks
+    (`components`, as exported) each reading its float32 weights from the folder."""
     if chosen.dtype.itemsize < 4:
         return {"prompt": VALIDATION_PROMPT, "seed": seed,
                 "skipped": FP16_NOTE.format(EXECUTED_BLOCKS[execute])}
-    from edge.runtimes.python import Pipeline
-
     on_step = progress.on_check_step
-    runtime = Pipeline.load(root)
-    try:
-        got = runtime.generate(VALIDATION_PROMPT, seed=seed,
-                               on_step=None if on_step is None else
-                               lambda i, n: on_step(i, 2 * n))
-    finally:
-        runtime.close()
-    want = model.generate(VALIDATION_PROMPT, seed=seed,
-                          on_step=None if on_step is None else
-                          lambda i, n: on_step(n + i, 2 * n))
+
+    def steps(offset: int):
+        return None if on_step is None else lambda i, n: on_step(offset * n + i, 2 * n)
+
+    # the loader counts a block as its program's bytes: twice the largest, or of its weights
+    programs = max(b["weight_bytes"] for c in read_manifest(root)["components"]
+                   for b in c["blocks"])
+    budget = (max(streaming_budget(components), 2 * programs) if model.out_of_core
+              else None)
+    got = package_video(root, budget, seed, steps(0))
+    if model.out_of_core:
+        want = streamed_reference(root, components, budget, seed, steps(1),
+                                  fed_weights=False)
+    else:
+        want = model.generate(VALIDATION_PROMPT, seed=seed, on_step=steps(1))
     value, ratio = float(psnr(got, want)), float(snr(got, want))
     if not (value >= PSNR_FLOOR_DB and ratio >= SNR_FLOOR_DB):
         raise ExportValidationError(
@@ -163,6 +172,7 @@ def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Prog
             "snr_db": None if identical else round(ratio, 2),
             "psnr_floor_db": PSNR_FLOOR_DB, "snr_floor_db": SNR_FLOOR_DB,
             "measures": "the package generated through Core AI's runtime",
+            **({"reference": STREAMED_FROM_FOLDER} if model.out_of_core else {}),
             **reference_record()}
 
 
@@ -212,7 +222,7 @@ def export(model: FamilyModel, prepared: Prepared, dest: Path, options: ExportOp
                                  distinct_only=execute == "distinct")
 
     def check(root: Path, manifest: dict) -> dict:
-        validation = end_to_end(model, root, chosen, progress, execute)
+        validation = end_to_end(model, root, chosen, progress, execute, prepared.components)
         if recipe is not None:   # the chosen recipe whole, against its prediction's floor
             from edge.exporters.iphone.coreai.recipe import recipe_check
 

@@ -47,6 +47,7 @@ from edge.exporters.iphone.coreml.weights import MAIN
 from edge.exporters.shared.validation import largest_finite, worse, worst_difference
 from edge.graph.blocks import Block, chained, with_unguided
 from edge.graph.family_model import FamilyModel
+from edge.graph.lazy_weights import materialized
 from edge.graph.token_chunks import token_chunks
 
 LAYOUT = "coreai"
@@ -255,14 +256,17 @@ def _save_graph(block: Block, precision: Precision, where: Path,
         module = HalfPrecision(module, frozenset(i for i, name in enumerate(block.inputs)
                                                  if name in FLOAT32_INPUTS))
     example = tuple(t.contiguous() for t in block.example)
-    try:
-        with token_chunks():
-            program = torch.export.export(module, example)
-    except Exception as err:  # a graph torch cannot capture: the block and why, no traceback
-        raise ExportValidationError(f"block {block.key}: torch.export cannot capture its "
-                                    f"{precision.setting} graph for Core AI: "
-                                    f"{type(err).__name__}: {err}") from err
-    torch.export.save(program, where.with_suffix(".pt2"))
+    # a model larger than memory: this block's weights read for its graph, then dropped (the
+    # saved graph holds them on disk for the worker)
+    with materialized(block.module):
+        try:
+            with token_chunks():
+                program = torch.export.export(module, example)
+        except Exception as err:  # a graph torch cannot capture: the block and why
+            raise ExportValidationError(f"block {block.key}: torch.export cannot capture its "
+                                        f"{precision.setting} graph for Core AI: "
+                                        f"{type(err).__name__}: {err}") from err
+        torch.export.save(program, where.with_suffix(".pt2"))
     np.savez(where.with_suffix(".npz"),
              **{n: _device_input(t) for n, t in zip(block.inputs, example, strict=True)})
     entry = {"program": str(where.with_suffix(".pt2")), "inputs": str(where.with_suffix(".npz")),
