@@ -91,7 +91,11 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
     for blocks in components.values():
         for block in blocks:
             held[block.key] = block_stored_bytes(block, storage)
-            lines.append(f"{block.key:<28}{held[block.key] / MIB:>12.2f}  {inputs_text(block)}")
+            names = list(block.variants)   # their programs read the block's weights
+            extra = (f" (+{', '.join(names)} variant{'s' * (len(names) > 1)})" if names
+                     else "")
+            lines.append(f"{block.key:<28}{held[block.key] / MIB:>12.2f}  {inputs_text(block)}"
+                         f"{extra}")
     total = sum(held.values())
     paths = web_paths(options)
     lines.append(f"total {format_size(total)} stored as {form} (--quantize), for the "
