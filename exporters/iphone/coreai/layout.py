@@ -135,16 +135,22 @@ def prepare(model: FamilyModel, options: ExportOptions) -> Prepared:
 
 
 def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Progress,
-               execute: str, components: dict[str, list], seed: int = 0) -> dict:
+               execute: str, components: dict[str, list] | None = None,
+               seed: int = 0) -> dict:
     """The package generated through Core AI by the Python runtime against the family's
     reference on a fixed prompt and seed (`execute`: which blocks were executed, said where
     float16 keeps the generation from running). A model loaded out of core is never held
     whole: both run streamed under twice the largest block, the reference its PyTorch blocks
-    (`components`, as exported) each reading its float32 weights from the folder."""
+    (`components`, as exported; default: the device cut) each reading its float32 weights
+    from the folder."""
     if chosen.dtype.itemsize < 4:
         return {"prompt": VALIDATION_PROMPT, "seed": seed,
                 "skipped": FP16_NOTE.format(EXECUTED_BLOCKS[execute])}
     on_step = progress.on_check_step
+    if model.out_of_core and components is None:
+        from edge.exporters.iphone.coreml.package import cut_for_device
+
+        components = cut_for_device(model)
 
     def steps(offset: int):
         return None if on_step is None else lambda i, n: on_step(offset * n + i, 2 * n)
