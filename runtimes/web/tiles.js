@@ -109,6 +109,13 @@ function strip(tile, h, w, y0, x0, lead) {
   return { data, h: sh, w: sw };
 }
 
+// (1 - k/e) of a, k/e of b, each product and the sum rounded to float32 as NumPy's float32
+// arrays compute them (edge/core/tiles.py): the same bits as the Python and Swift runtimes
+function mix(a, b, k, e) {
+  const f = Math.fround;
+  return f(f(a * f(1 - k / e)) + f(b * f(k / e)));
+}
+
 // row y of the overlap: (1 - y/e) of the tile above's row, y/e of this tile's
 function blendRows(above, tile, h, w, extent, lead) {
   const e = Math.min(above.h, h, extent);
@@ -116,9 +123,7 @@ function blendRows(above, tile, h, w, extent, lead) {
     for (let y = 0; y < e; y++) {
       const a = (l * above.h + above.h - e + y) * above.w;
       const t = (l * h + y) * w;
-      for (let x = 0; x < w; x++) {
-        tile[t + x] = above.data[a + x] * (1 - y / e) + tile[t + x] * (y / e);
-      }
+      for (let x = 0; x < w; x++) tile[t + x] = mix(above.data[a + x], tile[t + x], y, e);
     }
   }
 }
@@ -130,7 +135,7 @@ function blendCols(left, tile, h, w, extent, lead) {
       const a = (l * h + y) * left.w + left.w - e;
       const t = (l * h + y) * w;
       for (let x = 0; x < e; x++) {
-        tile[t + x] = left.data[a + x] * (1 - x / e) + tile[t + x] * (x / e);
+        tile[t + x] = mix(left.data[a + x], tile[t + x], x, e);
       }
     }
   }
