@@ -37,29 +37,24 @@ OPTIONS = {"negative_prompt": "blue dog", "steps": 2, "guidance": 4.0}
 
 
 @pytest.fixture(scope="module")
-def tiled_model(wan_tiled):
-    return wan_tiled
+def tiled_package(tmp_path_factory, wan_tiled):
+    return bundled_web_package(tmp_path_factory, "wan-tiles-web", wan_tiled, variants=False)
 
 
 @pytest.fixture(scope="module")
-def tiled_package(tmp_path_factory, tiled_model):
-    return bundled_web_package(tmp_path_factory, "wan-tiles-web", tiled_model, variants=False)
-
-
-@pytest.fixture(scope="module")
-def latents(tiled_model):
-    return np.random.default_rng(7).standard_normal((1, *tiled_model.latent_shape),
+def latents(wan_tiled):
+    return np.random.default_rng(7).standard_normal((1, *wan_tiled.latent_shape),
                                                    dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
-def diffusers_videos(tiled_model, latents):
+def diffusers_videos(wan_tiled, latents):
     """WanPipeline's video with the VAE tiled, and without tiles."""
-    vae = tiled_model.pipe.vae
-    tiled = tiled_model.reference(PROMPT, latents=latents, **OPTIONS)[0]
+    vae = wan_tiled.pipe.vae
+    tiled = wan_tiled.reference(PROMPT, latents=latents, **OPTIONS)[0]
     vae.disable_tiling()
     try:
-        whole = tiled_model.reference(PROMPT, latents=latents, **OPTIONS)[0]
+        whole = wan_tiled.reference(PROMPT, latents=latents, **OPTIONS)[0]
     finally:
         vae.enable_tiling(*WAN_TILING)
     # the tiles must make a difference the checks can see

@@ -91,10 +91,13 @@ class Tiling:
         sizes: list[tuple[int, int]] = []
         for r in rows:
             for c in cols:
-                size = (min(self.latent_size[0], height - r), min(self.latent_size[1], width - c))
-                if size not in sizes:
+                if (size := self.size_at(r, c, height, width)) not in sizes:
                     sizes.append(size)
         return sizes
+
+    def size_at(self, row: int, col: int, height: int, width: int) -> tuple[int, int]:
+        """(rows, cols) of latent of the tile starting at `row`, `col`."""
+        return (min(self.latent_size[0], height - row), min(self.latent_size[1], width - col))
 
     def tiles_of_work(self, height: int, width: int) -> float:
         """How many whole tiles' work a decode of latents `height` x `width` is: each tile's

@@ -31,7 +31,7 @@ class Shapes:
                                        # graphs of any tile size giving unclamped frames,
                                        # clamped by the runtime after blending (ONNX)
     static_tiles: bool = False         # with tiled_decoder, on a target of static shapes
-                                       # (the web): traced at the first tile of the video's
+                                       # (iphone, web): traced at the first tile of the video's
                                        # latents, a variant per other tile size it needs
                                        # (manifest_schema.tile_variant); where one tile holds
                                        # the latents, the whole frame as without tiles

@@ -784,7 +784,7 @@ export class Pipeline {
     let frames = 0;
     for (const [i, top] of rows.entries()) {
       for (const [j, left] of cols.entries()) {
-        const size = [Math.min(tiling.size[0], h - top), Math.min(tiling.size[1], w - left)];
+        const size = tiling.sizeAt(top, left, h, w);
         const tile = latentTile(latents, [c, t, h, w], top, left, size);
         const { data, shape } = await this.runComponent(
           "vae_decoder", "z", tile, [1, c, t, ...size], "frames", {},

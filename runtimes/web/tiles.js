@@ -24,6 +24,11 @@ export class Tiling {
     return [along(height, this.stride[0]), along(width, this.stride[1])];
   }
 
+  // [rows, cols] of latent of the tile starting at row `top`, column `left`
+  sizeAt(top, left, height, width) {
+    return [Math.min(this.size[0], height - top), Math.min(this.size[1], width - left)];
+  }
+
   // the distinct [rows, cols] of latent the tiles take, in starts order (latents one tile
   // holds: one piece of their own size)
   tileSizes(height, width) {
@@ -32,7 +37,7 @@ export class Tiling {
     const sizes = new Map();
     for (const r of rows) {
       for (const c of cols) {
-        const size = [Math.min(this.size[0], height - r), Math.min(this.size[1], width - c)];
+        const size = this.sizeAt(r, c, height, width);
         sizes.set(size.join("x"), size);
       }
     }

@@ -30,7 +30,6 @@ once would need 12 GB for one activation of the last stage at Wan's 81 frames of
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -258,9 +257,9 @@ def load(folder: Path, out_of_core: bool | None = None,
 def check_vae_tiles(folder: Path, vae_tiles: tuple[int, int, int, int]) -> None:
     """--vae-tiles for this folder's VAE: a decoder that tiles (not Wan 2.2's, RGB in
     patches), and sizes that are whole latent cells."""
-    scale = check_components(folder).spatial
-    config = json.loads((folder / "vae" / "config.json").read_text())
-    if config.get("patch_size") is not None:
+    shapes = check_components(folder)
+    scale = shapes.spatial
+    if shapes.decoder_patch is not None:
         raise FamilyError(f"--vae-tiles: {folder / 'vae' / 'config.json'} is Wan 2.2's decoder "
                           "(RGB in patches), which edge does not tile")
     names = ("tile height", "tile width", "stride height", "stride width")

@@ -91,6 +91,7 @@ class WanShapes:
     rope_max_seq_len: int       # positions the transformer's RoPE tables hold on each axis
     ffn_dim: int
     decoder_channels: int       # channels of the VAE decoder's full-resolution stage
+    decoder_patch: int | None = None  # Wan 2.2's decoder: RGB in patches of this side
 
 
 def check_components(folder: Path) -> WanShapes:
@@ -133,7 +134,8 @@ def check_components(folder: Path) -> WanShapes:
     return WanShapes(latent_channels=z_dim, spatial=int_field(vae, "scale_factor_spatial"),
                      temporal=int_field(vae, "scale_factor_temporal"), patch=tuple(patch),
                      rope_max_seq_len=int_field(tr, "rope_max_seq_len"),
-                     ffn_dim=int_field(tr, "ffn_dim"), decoder_channels=base * mult[0])
+                     ffn_dim=int_field(tr, "ffn_dim"), decoder_channels=base * mult[0],
+                     decoder_patch=vae_patch)
 
 
 def check_video_size(shapes: WanShapes, height: int, width: int, frames: int) -> None:

@@ -147,19 +147,21 @@ def end_to_end(model: FamilyModel, root: Path, chosen: Precision, progress: Prog
         return {"prompt": VALIDATION_PROMPT, "seed": seed,
                 "skipped": FP16_NOTE.format(EXECUTED_BLOCKS[execute])}
     on_step = progress.on_check_step
-    if model.out_of_core and components is None:
-        from edge.exporters.iphone.coreml.package import cut_for_device
-
-        components = cut_for_device(model)
 
     def steps(offset: int):
         return None if on_step is None else lambda i, n: on_step(offset * n + i, 2 * n)
 
-    # the loader counts a block as its program's bytes: twice the largest, or of its weights
-    programs = max(b["weight_bytes"] for c in read_manifest(root)["components"]
-                   for b in c["blocks"])
-    budget = (max(streaming_budget(components), 2 * programs) if model.out_of_core
-              else None)
+    budget = None
+    if model.out_of_core:
+        if components is None:
+            from edge.exporters.iphone.coreml.package import cut_for_device
+
+            components = cut_for_device(model)
+        # the loader counts a block as its program's bytes: twice the largest, or of its
+        # float32 weights
+        programs = max(b["weight_bytes"] for c in read_manifest(root)["components"]
+                       for b in c["blocks"])
+        budget = max(streaming_budget(components), 2 * programs)
     got = package_video(root, budget, seed, steps(0))
     if model.out_of_core:
         want = streamed_reference(root, components, budget, seed, steps(1),
